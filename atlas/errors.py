@@ -1,0 +1,104 @@
+"""Domain exceptions.
+
+Every error the product raises on purpose is an :class:`AtlasError` carrying the HTTP status
+and a stable machine-readable ``code``. The HTTP layer renders all of them with one handler
+as ``{"code", "message", "detail"}``; no other layer knows about HTTP beyond this number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AtlasError(Exception):
+    """Base class of domain errors.
+
+    Parameters
+    ----------
+    message
+        Human-readable explanation, safe to show to API users.
+    detail
+        Optional structured detail (JSON-serialisable).
+    """
+
+    status_code: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, detail: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+    def to_body(self) -> dict[str, Any]:
+        """Return the error body ``{"code", "message", "detail"}``."""
+        return {"code": self.code, "message": self.message, "detail": self.detail}
+
+
+class InvalidInput(AtlasError):
+    """The request or upload is malformed or violates a constraint (422)."""
+
+    status_code = 422
+    code = "invalid_input"
+
+
+class NotFound(AtlasError):
+    """A task, job, space or key does not exist (404)."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(AtlasError):
+    """The request conflicts with stored state, e.g. a duplicate task name (409)."""
+
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(AtlasError):
+    """An upload, sample count, sample or prompt exceeds a configured limit (413)."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class Unauthorized(AtlasError):
+    """No valid API key was presented (401)."""
+
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(AtlasError):
+    """The API key lacks the scope the operation needs (403)."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class QueueFull(AtlasError):
+    """The job queue is at capacity; retry later (429)."""
+
+    status_code = 429
+    code = "queue_full"
+
+
+class ModelUnavailable(AtlasError):
+    """The language model is not loaded or cannot be loaded (503)."""
+
+    status_code = 503
+    code = "model_unavailable"
+
+
+class IncompatibleSpace(AtlasError):
+    """Signatures of different model fingerprints or sketch specs were mixed (409)."""
+
+    status_code = 409
+    code = "incompatible_space"
+
+
+class NotReady(AtlasError):
+    """A task has no signature yet (its job has not finished) (409)."""
+
+    status_code = 409
+    code = "not_ready"

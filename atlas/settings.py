@@ -1,0 +1,70 @@
+"""Service settings, validated at start (pydantic-settings).
+
+Every setting has an environment twin ``FISHER_ATLAS_<NAME>`` and, for the CLI, a flag. The
+embedded defaults run everything in one process: SQLite and FAISS files under ``data_dir``, an
+in-process worker and the bundled model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL = "bundled"
+"""Model name meaning the small GPT-2-architecture model shipped inside the package."""
+
+
+class Settings(BaseSettings):
+    """All runtime configuration of FisherAtlas."""
+
+    model_config = SettingsConfigDict(env_prefix="FISHER_ATLAS_", extra="ignore")
+
+    data_dir: Path = Field(default=Path("./fisher-atlas-data"), description="SQLite file, FAISS files, uploads.")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/atlas.sqlite."
+    )
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    model: str = Field(default=DEFAULT_MODEL, description="'bundled', a hub name or a local directory.")
+    model_revision: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    sketch_dim: int = Field(default=4096, ge=64, le=65536, description="m, signature length.")
+    sketch_seed: int = 0
+    error_projection: Literal["auto", "srht", "dense"] = "auto"
+
+    queue: Literal["inprocess", "celery"] = "inprocess"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    worker_threads: int = Field(default=1, ge=1, le=64)
+    max_queued_jobs: int = Field(default=64, ge=1)
+    checkpoint_every: int = Field(default=256, ge=1, description="Samples between job checkpoints.")
+    job_stale_after_s: float = Field(default=120.0, gt=0)
+
+    max_upload_bytes: int = 64 * 1024 * 1024
+    max_samples: int = 200_000
+    max_sample_chars: int = 100_000
+    max_tokens_per_sample: int = 512
+    max_prompt_chars: int = 20_000
+    max_matrix_tasks: int = 256
+
+    require_keys: bool | None = Field(
+        default=None, description="Require API keys; default: only when bound to a non-loopback host."
+    )
+    index_kind: Literal["flat", "ivf"] = "flat"
+
+    def resolved_database_url(self) -> str:
+        """Return the database URL, defaulting to a SQLite file in ``data_dir``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'atlas.sqlite').resolve()}"
+
+
+def get_settings(**overrides: object) -> Settings:
+    """Build settings from the environment, with explicit overrides (CLI flags) on top."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**clean)
