@@ -37,7 +37,7 @@ def sample_id(sample: Sample) -> int:
     The FisherSketch A/B split is a hash of this id and the sketch seed, so the same sample lands in
     the same split whichever process, shard or retry handles it.
     """
-    digest = hashlib.blake2b(sample.canonical_json().encode("utf-8"), digest_size=8).digest()
+    digest = hashlib.blake2b(sample.canonical_json().encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
         default=None, description="Require API keys; default: only when bound to a non-loopback host."
     )
     index_kind: Literal["flat", "ivf"] = "flat"
+    index_nprobe: int = Field(default=32, ge=1, description="IVF lists probed per query.")
+    index_ivf_min_size: int = Field(default=50_000, ge=1, description="Below this many signatures a space stays flat.")
+
+    celery_queue: str = "fisher_atlas"
+    celery_visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
+    job_max_attempts: int = Field(default=5, ge=1)
 
     def resolved_database_url(self) -> str:
         """Return the database URL, defaulting to a SQLite file in ``data_dir``."""

@@ -1,0 +1,105 @@
+"""The change sequence: a durable, gap-free log of signature upserts and deletes.
+
+The FAISS index of a space is a pure function of the ``changes`` log (or, equivalently, of the
+``signatures`` table at a given sequence number); an index records the last sequence number it
+applied — its *watermark* — and catches up by reading ``seq > watermark``.
+
+Sequence numbers are allocated by incrementing ``atlas_state.last_seq`` inside the writing
+transaction. That row lock is held until commit, so two transactions can never commit their changes
+out of sequence order: a reader that sees ``seq = s`` is guaranteed to see every change ``<= s``
+(a plain autoincrement column would let ``s + 1`` commit before ``s`` and a reader could skip ``s``
+forever). Writers allocate the number as the last statement of their transaction to keep the lock
+short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from atlas.models import CHANGE_DELETE, CHANGE_UPSERT, AtlasState, Change
+
+
+@dataclass(frozen=True)
+class ChangeRecord:
+    """One applied-or-to-apply change."""
+
+    seq: int
+    space_id: int
+    task_id: int
+    op: str
+
+
+def record_change(session: Session, space_id: int, task_id: int, op: str) -> int:
+    """Append a change in the current transaction and return its sequence number.
+
+    Parameters
+    ----------
+    session
+        The session whose transaction also writes (or deletes) the signature.
+    space_id, task_id
+        What changed.
+    op
+        ``"upsert"`` or ``"delete"``.
+    """
+    if op not in (CHANGE_UPSERT, CHANGE_DELETE):
+        raise ValueError(f"unknown change op {op!r}")
+    seq = session.execute(
+        update(AtlasState).where(AtlasState.id == 1).values(last_seq=AtlasState.last_seq + 1)
+        .returning(AtlasState.last_seq)
+    ).scalar_one()
+    session.add(Change(seq=seq, space_id=space_id, task_id=task_id, op=op))
+    session.flush()
+    return int(seq)
+
+
+def last_seq(session: Session) -> int:
+    """Highest committed sequence number (0 when nothing changed yet)."""
+    return int(session.execute(select(AtlasState.last_seq).where(AtlasState.id == 1)).scalar_one())
+
+
+def instance_id(session: Session) -> str:
+    """Random identity of this database, fixed at migration time (guards persisted index files)."""
+    return str(session.execute(select(AtlasState.instance_id).where(AtlasState.id == 1)).scalar_one())
+
+
+def pruned_seq(session: Session) -> int:
+    """Changes with ``seq <= pruned_seq`` have been deleted from the log."""
+    return int(session.execute(select(AtlasState.pruned_seq).where(AtlasState.id == 1)).scalar_one())
+
+
+def changes_since(
+    session: Session, after: int, *, space_id: int | None = None, limit: int | None = None
+) -> list[ChangeRecord]:
+    """Changes with ``seq > after`` in sequence order (optionally one space, at most ``limit``)."""
+    stmt = select(Change.seq, Change.space_id, Change.task_id, Change.op).where(Change.seq > after)
+    if space_id is not None:
+        stmt = stmt.where(Change.space_id == space_id)
+    stmt = stmt.order_by(Change.seq)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [ChangeRecord(int(s), int(sp), int(t), str(o)) for s, sp, t, o in session.execute(stmt)]
+
+
+def count_since(session: Session, after: int, *, space_id: int | None = None) -> int:
+    """Number of changes with ``seq > after``."""
+    stmt = select(func.count()).select_from(Change).where(Change.seq > after)
+    if space_id is not None:
+        stmt = stmt.where(Change.space_id == space_id)
+    return int(session.execute(stmt).scalar_one())
+
+
+def prune(session: Session, through: int) -> int:
+    """Delete changes with ``seq <= through`` and return how many were removed.
+
+    An index whose watermark is below the pruned point can no longer catch up and is rebuilt from
+    the ``signatures`` table instead.
+    """
+    through = min(through, last_seq(session))
+    session.execute(
+        update(AtlasState).where(AtlasState.id == 1, AtlasState.pruned_seq < through).values(pruned_seq=through)
+    )
+    result = session.execute(delete(Change).where(Change.seq <= through))
+    return int(result.rowcount or 0)

@@ -1,0 +1,192 @@
+"""Engines, sessions and schema migrations.
+
+One schema serves SQLite (embedded) and PostgreSQL (scale-out). SQLite is made to behave like a
+proper transactional database:
+
+* WAL journal, foreign keys ON, ``busy_timeout`` so writers wait for each other instead of failing;
+* the ``sqlite3`` driver's legacy transaction handling is disabled and SQLAlchemy emits ``BEGIN``
+  itself — ``BEGIN IMMEDIATE`` for ordinary sessions, so a read-modify-write transaction holds the
+  write lock from its first statement (serialisable, never ``SQLITE_BUSY`` half-way), and a plain
+  deferred ``BEGIN`` for read-only sessions (:func:`session_factory` with ``readonly=True``), which
+  read a consistent WAL snapshot without blocking writers.
+
+PostgreSQL runs through psycopg 3 at READ COMMITTED; the repositories take row locks
+(``SELECT ... FOR UPDATE``) or use conditional ``UPDATE`` statements where they read and then write.
+
+Migrations are Alembic scripts in the top-level ``migrations`` package; :func:`upgrade` and
+:func:`downgrade` run them programmatically (``fisher-atlas serve`` migrates the embedded SQLite file at
+start; the compose prestart runs ``alembic upgrade head``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session, sessionmaker
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a SQLite writer waits for the write lock before failing."""
+
+_READONLY = "atlas_readonly"
+_migrate_lock = threading.Lock()
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Return a SQLAlchemy URL, mapping plain PostgreSQL URLs to the psycopg 3 driver.
+
+    Parameters
+    ----------
+    url
+        ``sqlite:///path``, ``postgresql://...``, ``postgres://...`` or a full SQLAlchemy URL.
+    """
+    u = make_url(str(url)) if not isinstance(url, URL) else url
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    return u
+
+
+def is_sqlite(url_or_engine: str | URL | Engine) -> bool:
+    """Whether a URL or engine points at SQLite."""
+    if isinstance(url_or_engine, Engine):
+        return url_or_engine.dialect.name == "sqlite"
+    return normalize_url(url_or_engine).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str | URL, *, echo: bool = False, pool_size: int = 10) -> Engine:
+    """Create an engine configured for FisherAtlas.
+
+    Parameters
+    ----------
+    url
+        Database URL (see :func:`normalize_url`).
+    echo
+        Log SQL statements.
+    pool_size
+        Connection pool size (PostgreSQL; SQLite uses the default queue pool as well).
+
+    Returns
+    -------
+    Engine
+        For SQLite: WAL, foreign keys, busy timeout, ``BEGIN IMMEDIATE`` per transaction (deferred
+        ``BEGIN`` when the connection carries the read-only execution option).
+    """
+    u = normalize_url(url)
+    if u.get_backend_name() == "sqlite":
+        database = u.database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            u,
+            echo=echo,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            pool_size=pool_size,
+            max_overflow=2 * pool_size,
+            pool_pre_ping=False,
+        )
+        _install_sqlite_hooks(engine)
+        return engine
+    return create_engine(
+        u, echo=echo, pool_size=pool_size, max_overflow=2 * pool_size, pool_pre_ping=True
+    )
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from the driver (see module docstring).
+        dbapi_connection.isolation_level = None
+        cur = dbapi_connection.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        if conn.get_execution_options().get(_READONLY):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def session_factory(engine: Engine, *, readonly: bool = False) -> sessionmaker[Session]:
+    """Return a session factory bound to ``engine``.
+
+    Parameters
+    ----------
+    engine
+        From :func:`make_engine`.
+    readonly
+        On SQLite, sessions start a deferred transaction (a snapshot read that never takes the write
+        lock). Use only for sessions that do not write. No effect on PostgreSQL.
+
+    Notes
+    -----
+    Repository functions never commit; use ``with factory.begin() as session:`` to run one unit of
+    work in one transaction.
+    """
+    bind = engine.execution_options(**{_READONLY: True}) if readonly else engine
+    return sessionmaker(bind=bind, expire_on_commit=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Alembic
+# --------------------------------------------------------------------------------------------------
+
+
+def migrations_dir() -> Path:
+    """Directory of the Alembic scripts (the ``migrations`` package)."""
+    import migrations  # the top-level package shipped next to atlas
+
+    return Path(migrations.__file__).resolve().parent
+
+
+def alembic_config(url: str | URL) -> Any:
+    """Build an Alembic :class:`~alembic.config.Config` for ``url`` without an ini file."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    rendered = normalize_url(url).render_as_string(hide_password=False)
+    cfg.set_main_option("sqlalchemy.url", rendered.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str | URL, revision: str = "head") -> None:
+    """Upgrade the schema of the database at ``url`` to ``revision`` (default: latest)."""
+    from alembic import command
+
+    with _migrate_lock:
+        command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str | URL, revision: str = "base") -> None:
+    """Downgrade the schema of the database at ``url`` to ``revision`` (default: empty)."""
+    from alembic import command
+
+    with _migrate_lock:
+        command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str | URL) -> str | None:
+    """Current Alembic revision of the database at ``url`` (``None`` when unversioned)."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str | None:
+    """Latest revision shipped in the ``migrations`` package."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(migrations_dir())).get_current_head()

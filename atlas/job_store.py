@@ -1,0 +1,326 @@
+"""Job rows: claiming with a lease, heartbeats, checkpoints, completion, cancellation, recovery.
+
+Whoever runs a job (an in-process thread or a Celery worker on another machine) first *claims* it
+with one conditional ``UPDATE``: ``queued -> running``, or a ``running`` job whose heartbeat is older
+than ``stale_after_s`` (its worker died). The claim writes a fresh random *lease*; every later write
+of that worker (heartbeat, checkpoint, final result) is conditional on the lease, so a worker that
+lost its job to another (it was presumed dead) can no longer change anything. Two workers can never
+both hold a job, and a job can be finished only once.
+
+Functions take a session and do not commit, except where noted; run each in its own short
+transaction (``with factory.begin() as s:``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, func, literal, or_, select, update
+from sqlalchemy.orm import Session
+
+from atlas.errors import InvalidInput, NotFound
+from atlas.models import (
+    JOB_CANCELLED,
+    JOB_FAILED,
+    JOB_FINAL_STATUSES,
+    JOB_QUEUED,
+    JOB_RUNNING,
+    JOB_STATUSES,
+    JOB_SUCCEEDED,
+    Job,
+    JobCheckpoint,
+    UTCDateTime,
+    utcnow,
+)
+from atlas.repository import Page, mark_task_failed_if_empty
+
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job claimed by one worker.
+
+    Attributes
+    ----------
+    job_id, kind, task_id, upload_id, space_id
+        Copied from the job row.
+    lease
+        The lease token every later write must present.
+    attempts
+        Attempts including this one.
+    cancel_requested
+        The job was asked to cancel before it (re)started.
+    """
+
+    job_id: int
+    kind: str
+    task_id: int | None
+    upload_id: int
+    space_id: int
+    lease: str
+    attempts: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class Beat:
+    """Answer of :func:`heartbeat`: whether the lease is still held and whether cancel was asked."""
+
+    alive: bool
+    cancel_requested: bool
+
+
+def _stale_cutoff(stale_after_s: float) -> dt.datetime:
+    return utcnow() - dt.timedelta(seconds=stale_after_s)
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    """Return a job or raise :class:`NotFound`."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist", {"job_id": job_id})
+    return job
+
+
+def list_jobs(
+    session: Session,
+    *,
+    task_id: int | None = None,
+    status: str | None = None,
+    offset: int = 0,
+    limit: int = 50,
+) -> Page[Job]:
+    """List jobs, newest first, optionally of one task and/or one status."""
+    if not 1 <= limit <= 1000 or offset < 0:
+        raise InvalidInput("limit must be in 1..1000 and offset >= 0")
+    if status is not None and status not in JOB_STATUSES:
+        raise InvalidInput(f"status must be one of {JOB_STATUSES}", {"status": status})
+    conds = []
+    if task_id is not None:
+        conds.append(Job.task_id == task_id)
+    if status is not None:
+        conds.append(Job.status == status)
+    total = session.execute(select(func.count()).select_from(Job).where(*conds)).scalar_one()
+    items = session.execute(select(Job).where(*conds).order_by(Job.id.desc()).offset(offset).limit(limit)).scalars()
+    return Page(items=list(items), total=int(total), offset=offset, limit=limit)
+
+
+def count_jobs(session: Session, statuses: Sequence[str] = (JOB_QUEUED,)) -> int:
+    """Number of jobs in the given statuses (the cluster-wide queue depth for ``queued``)."""
+    stmt = select(func.count()).select_from(Job).where(Job.status.in_(list(statuses)))
+    return int(session.execute(stmt).scalar_one())
+
+
+def request_cancel(session: Session, job_id: int) -> Job:
+    """Cancel a job: a queued job is cancelled at once, a running one is asked to stop.
+
+    A finished job is returned unchanged. A cancelled ``create`` job leaves its task ``failed`` if the
+    task has no signature.
+    """
+    job = get_job(session, job_id)
+    if job.status == JOB_QUEUED:
+        done = session.execute(
+            update(Job).where(Job.id == job_id, Job.status == JOB_QUEUED)
+            .values(status=JOB_CANCELLED, cancel_requested=True, finished_at=utcnow(), error="cancelled by request")
+        ).rowcount
+        if done and job.task_id is not None and job.kind == "create":
+            mark_task_failed_if_empty(session, job.task_id)
+    elif job.status == JOB_RUNNING:
+        session.execute(update(Job).where(Job.id == job_id, Job.status == JOB_RUNNING).values(cancel_requested=True))
+    session.flush()
+    session.refresh(job)
+    return job
+
+
+def claim_job(
+    session: Session, job_id: int, *, worker: str, stale_after_s: float
+) -> Claim | None:
+    """Atomically take a job: ``queued``, or ``running`` with a heartbeat older than ``stale_after_s``.
+
+    Returns
+    -------
+    Claim or None
+        ``None`` when the job does not exist, is finished, or is held by a live worker.
+    """
+    lease = secrets.token_hex(16)
+    now = utcnow()
+    claimable = or_(
+        Job.status == JOB_QUEUED,
+        (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_cutoff(stale_after_s)),
+    )
+    result = session.execute(
+        update(Job).where(Job.id == job_id, claimable)
+        .values(
+            status=JOB_RUNNING, lease=lease, worker=worker[:200], heartbeat_at=now, attempts=Job.attempts + 1,
+            started_at=func.coalesce(Job.started_at, literal(now, UTCDateTime())),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        return None
+    job = session.execute(select(Job).where(Job.id == job_id).execution_options(populate_existing=True)).scalar_one()
+    return Claim(
+        job_id=job.id, kind=job.kind, task_id=job.task_id, upload_id=job.upload_id, space_id=job.space_id,
+        lease=lease, attempts=job.attempts, cancel_requested=bool(job.cancel_requested),
+    )
+
+
+def heartbeat(session: Session, job_id: int, lease: str, progress: dict[str, Any] | None = None) -> Beat:
+    """Refresh the heartbeat (and optionally the progress) of a held job."""
+    values: dict[str, Any] = {"heartbeat_at": utcnow()}
+    if progress is not None:
+        values["progress"] = progress
+    rows = session.execute(
+        update(Job).where(Job.id == job_id, Job.lease == lease, Job.status == JOB_RUNNING).values(**values)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
+    return Beat(alive=rows == 1, cancel_requested=bool(cancel))
+
+
+def is_cancel_requested(session: Session, job_id: int) -> bool:
+    """Whether someone asked the job to cancel (``True`` also if the job vanished)."""
+    value = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
+    return True if value is None else bool(value)
+
+
+def save_checkpoint(
+    session: Session,
+    job_id: int,
+    lease: str,
+    *,
+    samples_done: int,
+    tokens: int,
+    state: bytes,
+    baselines: bytes | None,
+    progress: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> bool:
+    """Store the job's mergeable state after ``samples_done`` samples; ``False`` if the lease is lost.
+
+    The checkpoint and the heartbeat are written in the caller's transaction, so a crash leaves
+    either the previous checkpoint or this one, never a mix.
+    """
+    beat = heartbeat(session, job_id, lease, progress)
+    if not beat.alive:
+        return False
+    row = session.get(JobCheckpoint, job_id)
+    if row is None:
+        session.add(JobCheckpoint(job_id=job_id, samples_done=samples_done, tokens=tokens, state=state,
+                                  baselines=baselines, extra=extra or {}, updated_at=utcnow()))
+    else:
+        row.samples_done, row.tokens, row.state, row.baselines = samples_done, tokens, state, baselines
+        row.extra = extra or {}
+        row.updated_at = utcnow()
+    session.flush()
+    return True
+
+
+def get_checkpoint(session: Session, job_id: int) -> JobCheckpoint | None:
+    """The job's latest checkpoint, or ``None``."""
+    return session.get(JobCheckpoint, job_id)
+
+
+def lock_held_job(session: Session, job_id: int, lease: str) -> Job | None:
+    """Lock the job row for its final transaction; ``None`` unless it is running under ``lease``.
+
+    Checking inside the final transaction is what makes completion idempotent: a duplicate or
+    superseded run finds the job finished (or re-leased) and changes nothing.
+    """
+    stmt = (
+        select(Job).where(Job.id == job_id, Job.lease == lease, Job.status == JOB_RUNNING)
+        .with_for_update().execution_options(populate_existing=True)
+    )
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def _finish(job: Job, status: str, *, error: str | None = None, result: dict[str, Any] | None = None) -> None:
+    job.status = status
+    job.finished_at = utcnow()
+    job.heartbeat_at = job.finished_at
+    job.lease = None
+    if error is not None:
+        job.error = error[:MAX_ERROR_CHARS]
+    if result is not None:
+        job.result = result
+
+
+def mark_succeeded(session: Session, job: Job, result: dict[str, Any], progress: dict[str, Any] | None = None) -> None:
+    """Finish a locked job as succeeded and drop its checkpoint."""
+    _finish(job, JOB_SUCCEEDED, result=result)
+    if progress is not None:
+        job.progress = progress
+    session.execute(delete(JobCheckpoint).where(JobCheckpoint.job_id == job.id))
+    session.flush()
+
+
+def finish_job(session: Session, job_id: int, lease: str, status: str, error: str | None = None) -> bool:
+    """Finish a held job as ``failed`` or ``cancelled``; ``False`` if the lease is no longer held.
+
+    A failed or cancelled ``create`` job leaves its task ``failed`` when the task has no signature.
+    """
+    if status not in (JOB_FAILED, JOB_CANCELLED):
+        raise ValueError(f"finish_job cannot set status {status!r}")
+    job = lock_held_job(session, job_id, lease)
+    if job is None:
+        return False
+    finish_locked(session, job, status, error)
+    return True
+
+
+def finish_locked(session: Session, job: Job, status: str, error: str | None = None) -> None:
+    """Finish a job locked with :func:`lock_held_job` as ``failed`` or ``cancelled``."""
+    if status not in (JOB_FAILED, JOB_CANCELLED):
+        raise ValueError(f"finish_locked cannot set status {status!r}")
+    _finish(job, status, error=error or status)
+    if job.kind == "create" and job.task_id is not None:
+        mark_task_failed_if_empty(session, job.task_id)
+    session.flush()
+
+
+def release_job(session: Session, job_id: int, lease: str, error: str | None = None) -> bool:
+    """Give a held job back to the queue (``running -> queued``) after a transient failure."""
+    values: dict[str, Any] = {"status": JOB_QUEUED, "lease": None, "heartbeat_at": None}
+    if error is not None:
+        values["error"] = error[:MAX_ERROR_CHARS]
+    rows = session.execute(
+        update(Job).where(Job.id == job_id, Job.lease == lease, Job.status == JOB_RUNNING).values(**values)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return rows == 1
+
+
+def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:
+    """Fail a job that has been claimed ``max_attempts`` times without finishing (a poison job)."""
+    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+    if job is None or job.status in JOB_FINAL_STATUSES or job.attempts < max_attempts:
+        return False
+    _finish(job, JOB_FAILED, error=f"gave up after {job.attempts} attempts (the worker died each time)")
+    if job.kind == "create" and job.task_id is not None:
+        mark_task_failed_if_empty(session, job.task_id)
+    session.flush()
+    return True
+
+
+def recoverable_jobs(
+    session: Session, *, stale_after_s: float, queued_older_than_s: float | None = 0.0, limit: int = 1000
+) -> list[int]:
+    """Ids of jobs a sweep should (re-)enqueue, oldest first.
+
+    Running jobs whose heartbeat is older than ``stale_after_s`` (their worker died) and, unless
+    ``queued_older_than_s`` is ``None``, queued jobs created more than that many seconds ago (their
+    wake-up may have been lost).
+    """
+    conds = [
+        (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_cutoff(stale_after_s))
+    ]
+    if queued_older_than_s is not None:
+        queued_cutoff = utcnow() - dt.timedelta(seconds=queued_older_than_s)
+        conds.append((Job.status == JOB_QUEUED) & (Job.created_at <= queued_cutoff))
+    stmt = select(Job.id).where(or_(*conds)).order_by(Job.id).limit(limit)
+    return [int(i) for i in session.execute(stmt).scalars()]

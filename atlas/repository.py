@@ -1,0 +1,641 @@
+"""Repository functions for spaces, uploads, tasks and their stored results.
+
+Every function takes a :class:`~sqlalchemy.orm.Session` and works inside the caller's transaction;
+none of them commits. One unit of work is one transaction::
+
+    with factory.begin() as session:
+        task, job = create_task_with_job(session, space_id, "qa", "text", {}, samples)
+
+so a rejected request (an exception) leaves nothing behind. Errors are :mod:`atlas.errors`
+exceptions. Blobs are opaque bytes here (``SketchState.to_bytes``, ``BaselineSums.to_bytes``);
+signatures are float32 vectors.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from atlas.changes import record_change
+from atlas.errors import Conflict, InvalidInput, NotFound
+from atlas.models import (
+    CHANGE_DELETE,
+    CHANGE_UPSERT,
+    JOB_APPEND,
+    JOB_CREATE,
+    JOB_QUEUED,
+    JOB_RUNNING,
+    TASK_FAILED,
+    TASK_PENDING,
+    TASK_READY,
+    TASK_STATUSES,
+    BaselineRow,
+    Job,
+    Signature,
+    SketchStateRow,
+    Space,
+    Task,
+    Upload,
+    utcnow,
+)
+from atlas.samples import Sample
+
+T = TypeVar("T")
+
+MODES = ("text", "completion")
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a listing and the total number of matching rows."""
+
+    items: list[T]
+    total: int
+    offset: int
+    limit: int
+
+
+# --------------------------------------------------------------------------------------------------
+# Spaces
+# --------------------------------------------------------------------------------------------------
+
+
+def get_or_create_space(
+    session: Session,
+    *,
+    model_fingerprint: str,
+    spec_fingerprint: str,
+    model_name: str,
+    d: int,
+    K: int,
+    m: int,
+    seed: int,
+    spec: dict[str, Any],
+) -> Space:
+    """Return the space of (model fingerprint, sketch spec), creating it on first use.
+
+    Parameters
+    ----------
+    model_fingerprint
+        ``ModelFingerprint.key()`` of the loaded model.
+    spec_fingerprint
+        ``SketchSpec.fingerprint()``.
+    model_name, d, K, m, seed, spec
+        Descriptive copies (``spec`` is the JSON form of the ``SketchSpec``, enough to rebuild it).
+    """
+    stmt = select(Space).where(
+        Space.model_fingerprint == model_fingerprint, Space.spec_fingerprint == spec_fingerprint
+    )
+    found = session.execute(stmt).scalar_one_or_none()
+    if found is not None:
+        return found
+    space = Space(
+        model_fingerprint=model_fingerprint, spec_fingerprint=spec_fingerprint, model_name=model_name,
+        d=d, K=K, m=m, seed=seed, spec=dict(spec),
+    )
+    try:
+        with session.begin_nested():
+            session.add(space)
+    except IntegrityError:  # created concurrently by another transaction
+        return session.execute(stmt).scalar_one()
+    return space
+
+
+def get_space(session: Session, space_id: int) -> Space:
+    """Return a space or raise :class:`NotFound`."""
+    space = session.get(Space, space_id)
+    if space is None:
+        raise NotFound(f"space {space_id} does not exist", {"space_id": space_id})
+    return space
+
+
+def list_spaces(session: Session) -> list[Space]:
+    """All spaces, oldest first."""
+    return list(session.execute(select(Space).order_by(Space.id)).scalars())
+
+
+# --------------------------------------------------------------------------------------------------
+# Uploads
+# --------------------------------------------------------------------------------------------------
+
+
+def encode_samples(samples: Sequence[Sample]) -> tuple[bytes, str]:
+    """Serialise samples to gzip-compressed JSONL.
+
+    Returns
+    -------
+    blob : bytes
+        gzip (deterministic: ``mtime=0``) of one ``Sample.canonical_json()`` per line.
+    sha256 : str
+        Hex digest of the uncompressed JSONL text (the content address).
+    """
+    text = "".join(s.canonical_json() + "\n" for s in samples).encode("utf-8")
+    return gzip.compress(text, compresslevel=6, mtime=0), hashlib.sha256(text).hexdigest()
+
+
+def decode_samples(blob: bytes) -> list[Sample]:
+    """Inverse of :func:`encode_samples`."""
+    text = gzip.decompress(blob).decode("utf-8")
+    return [Sample.model_validate_json(line) for line in text.splitlines() if line]
+
+
+def get_or_create_upload(session: Session, samples: Sequence[Sample]) -> Upload:
+    """Store the samples once (content-addressed by sha256) and return the upload row."""
+    if not samples:
+        raise InvalidInput("an upload needs at least one sample")
+    blob, digest = encode_samples(samples)
+    stmt = select(Upload).where(Upload.sha256 == digest)
+    found = session.execute(stmt).scalar_one_or_none()
+    if found is not None:
+        return found
+    upload = Upload(sha256=digest, n_samples=len(samples), size_bytes=len(blob), content=blob)
+    try:
+        with session.begin_nested():
+            session.add(upload)
+    except IntegrityError:
+        return session.execute(stmt).scalar_one()
+    return upload
+
+
+def load_upload_samples(session: Session, upload_id: int) -> list[Sample]:
+    """The samples of an upload, in upload order."""
+    upload = session.get(Upload, upload_id)
+    if upload is None:
+        raise NotFound(f"upload {upload_id} does not exist", {"upload_id": upload_id})
+    return decode_samples(upload.content)
+
+
+def purge_orphan_uploads(session: Session) -> int:
+    """Delete uploads no job references any more; return how many."""
+    referenced = exists().where(Job.upload_id == Upload.id)
+    result = session.execute(delete(Upload).where(~referenced))
+    return int(result.rowcount or 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tasks
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_name(name: str) -> str:
+    clean = name.strip()
+    if not clean or len(clean) > 300:
+        raise InvalidInput("a task name must have 1 to 300 characters", {"name": name})
+    return clean
+
+
+def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise InvalidInput("task metadata must be a JSON object")
+    return dict(metadata)
+
+
+def _job_by_key(session: Session, key: str) -> Job | None:
+    return session.execute(select(Job).where(Job.idempotency_key == key)).scalar_one_or_none()
+
+
+def _replay(session: Session, job: Job, kind: str, **expect: Any) -> tuple[Task, Job]:
+    """Answer a repeated request carrying an idempotency key that is already stored."""
+    task = session.get(Task, job.task_id) if job.task_id is not None else None
+    mismatch = job.kind != kind or task is None or any(getattr(task, k) != v for k, v in expect.items())
+    if mismatch:
+        raise Conflict(
+            "this idempotency key was already used for a different request",
+            {"idempotency_key": job.idempotency_key, "job_id": job.id},
+        )
+    assert task is not None
+    return task, job
+
+
+def create_task_with_job(
+    session: Session,
+    space_id: int,
+    name: str,
+    mode: str,
+    metadata: dict[str, Any] | None,
+    samples: Sequence[Sample],
+    idempotency_key: str | None = None,
+) -> tuple[Task, Job]:
+    """Create a pending task, store its samples and queue its ``create`` job — all or nothing.
+
+    Parameters
+    ----------
+    space_id
+        The space of the model and sketch spec the task is computed in.
+    name
+        Unique within the space.
+    mode
+        ``"text"`` or ``"completion"``.
+    metadata
+        User metadata (a JSON object).
+    samples
+        The task's samples, in upload order.
+    idempotency_key
+        Optional client key: repeating the request with the same key returns the stored task and
+        job instead of creating new ones.
+
+    Returns
+    -------
+    (Task, Job)
+        The new (or, for a repeated key, the stored) task and job; the job is ``queued``.
+
+    Raises
+    ------
+    Conflict
+        The name exists in the space, or the key was used for a different request.
+    NotFound
+        Unknown space.
+    InvalidInput
+        Bad name, mode, metadata or no samples.
+    """
+    name = _check_name(name)
+    if mode not in MODES:
+        raise InvalidInput(f"mode must be one of {MODES}", {"mode": mode})
+    meta = _check_metadata(metadata)
+    if idempotency_key is not None:
+        job = _job_by_key(session, idempotency_key)
+        if job is not None:
+            return _replay(session, job, JOB_CREATE, name=name, space_id=space_id)
+    get_space(session, space_id)
+    upload = get_or_create_upload(session, samples)
+    task = Task(space_id=space_id, name=name, mode=mode, meta=meta, status=TASK_PENDING, n_samples=0, n_tokens=0)
+    try:
+        with session.begin_nested():
+            session.add(task)
+    except IntegrityError:
+        if idempotency_key is not None and (job := _job_by_key(session, idempotency_key)) is not None:
+            return _replay(session, job, JOB_CREATE, name=name, space_id=space_id)
+        raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
+    job = Job(
+        kind=JOB_CREATE, space_id=space_id, task_id=task.id, upload_id=upload.id, status=JOB_QUEUED,
+        progress={"samples_done": 0, "samples_total": len(samples)}, idempotency_key=idempotency_key,
+        attempts=0, cancel_requested=False,
+    )
+    try:
+        with session.begin_nested():
+            session.add(job)
+    except IntegrityError:
+        raise Conflict(
+            "a request with this idempotency key is being processed; retry", {"idempotency_key": idempotency_key}
+        ) from None
+    return task, job
+
+
+def append_samples(
+    session: Session, task_id: int, samples: Sequence[Sample], idempotency_key: str | None = None
+) -> Job:
+    """Store more samples for an existing task and queue an ``append`` job.
+
+    The job sketches only the new samples and merges its state into the task's stored state when it
+    finishes (merging is exact: states are sums), then updates the signature and the index entry.
+    """
+    if idempotency_key is not None:
+        job = _job_by_key(session, idempotency_key)
+        if job is not None:
+            return _replay(session, job, JOB_APPEND, id=task_id)[1]
+    task = get_task(session, task_id)
+    upload = get_or_create_upload(session, samples)
+    job = Job(
+        kind=JOB_APPEND, space_id=task.space_id, task_id=task.id, upload_id=upload.id, status=JOB_QUEUED,
+        progress={"samples_done": 0, "samples_total": len(samples)}, idempotency_key=idempotency_key,
+        attempts=0, cancel_requested=False,
+    )
+    try:
+        with session.begin_nested():
+            session.add(job)
+    except IntegrityError:
+        raise Conflict(
+            "a request with this idempotency key is being processed; retry", {"idempotency_key": idempotency_key}
+        ) from None
+    return job
+
+
+def get_task(session: Session, task_id: int) -> Task:
+    """Return a task or raise :class:`NotFound`."""
+    task = session.get(Task, task_id)
+    if task is None:
+        raise NotFound(f"task {task_id} does not exist", {"task_id": task_id})
+    return task
+
+
+def get_task_by_name(session: Session, space_id: int, name: str) -> Task:
+    """Return the task called ``name`` in a space or raise :class:`NotFound`."""
+    task = session.execute(select(Task).where(Task.space_id == space_id, Task.name == name)).scalar_one_or_none()
+    if task is None:
+        raise NotFound(f"no task named {name!r}", {"space_id": space_id, "name": name})
+    return task
+
+
+def get_tasks(session: Session, task_ids: Sequence[int]) -> list[Task]:
+    """Tasks in the order of ``task_ids``; raises :class:`NotFound` naming the missing ids."""
+    rows = {t.id: t for t in session.execute(select(Task).where(Task.id.in_(list(task_ids)))).scalars()}
+    missing = [i for i in task_ids if i not in rows]
+    if missing:
+        raise NotFound(f"tasks do not exist: {missing}", {"task_ids": missing})
+    return [rows[i] for i in task_ids]
+
+
+def lock_task(session: Session, task_id: int) -> Task | None:
+    """Load a task with a row lock (PostgreSQL ``FOR UPDATE``) for a read-modify-write; ``None`` if gone."""
+    stmt = select(Task).where(Task.id == task_id).with_for_update(of=Task).execution_options(populate_existing=True)
+    return session.execute(stmt).scalar_one_or_none()
+
+
+def list_tasks(
+    session: Session,
+    *,
+    space_id: int | None = None,
+    name_prefix: str | None = None,
+    status: str | None = None,
+    offset: int = 0,
+    limit: int = 50,
+) -> Page[Task]:
+    """List tasks (oldest first) with optional filters; ``total`` counts all matches.
+
+    Parameters
+    ----------
+    space_id
+        Only tasks of this space.
+    name_prefix
+        Only names starting with this text (case-sensitive; ``%`` and ``_`` are literal).
+    status
+        ``pending``, ``ready`` or ``failed``.
+    offset, limit
+        Page window (``limit`` 1..1000).
+    """
+    if not 1 <= limit <= 1000 or offset < 0:
+        raise InvalidInput("limit must be in 1..1000 and offset >= 0", {"offset": offset, "limit": limit})
+    if status is not None and status not in TASK_STATUSES:
+        raise InvalidInput(f"status must be one of {TASK_STATUSES}", {"status": status})
+    conds = []
+    if space_id is not None:
+        conds.append(Task.space_id == space_id)
+    if name_prefix:
+        escaped = name_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        conds.append(Task.name.like(escaped + "%", escape="\\"))
+    if status is not None:
+        conds.append(Task.status == status)
+    total = session.execute(select(func.count()).select_from(Task).where(*conds)).scalar_one()
+    items = session.execute(select(Task).where(*conds).order_by(Task.id).offset(offset).limit(limit)).scalars()
+    return Page(items=list(items), total=int(total), offset=offset, limit=limit)
+
+
+def update_task(
+    session: Session,
+    task_id: int,
+    *,
+    name: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    replace_metadata: bool = False,
+) -> Task:
+    """Rename a task and/or change its metadata.
+
+    ``metadata`` is merged key by key (a ``None`` value removes the key, as in JSON merge patch)
+    unless ``replace_metadata`` is true.
+    """
+    task = lock_task(session, task_id)
+    if task is None:
+        raise NotFound(f"task {task_id} does not exist", {"task_id": task_id})
+    if metadata is not None:
+        patch = _check_metadata(metadata)
+        if replace_metadata:
+            task.meta = {k: v for k, v in patch.items() if v is not None}
+        else:
+            merged = dict(task.meta or {})
+            for key, value in patch.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            task.meta = merged
+    if name is not None and _check_name(name) != task.name:
+        task.name = _check_name(name)
+        try:
+            with session.begin_nested():
+                session.flush()
+        except IntegrityError:
+            raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
+    task.updated_at = utcnow()
+    session.flush()
+    return task
+
+
+def delete_task(session: Session, task_id: int) -> None:
+    """Delete a task with its state, signature and baselines, and log a delete change.
+
+    Its queued jobs are cancelled and removed with their finished jobs; a running job is asked to
+    cancel (its final transaction finds the task gone and records ``cancelled``). Samples no job
+    references any more are deleted.
+    """
+    task = lock_task(session, task_id)
+    if task is None:
+        raise NotFound(f"task {task_id} does not exist", {"task_id": task_id})
+    had_signature = session.execute(select(exists().where(Signature.task_id == task_id))).scalar_one()
+    session.execute(
+        update(Job).where(Job.task_id == task_id, Job.status == JOB_RUNNING)
+        .values(cancel_requested=True)
+    )
+    session.execute(delete(Job).where(Job.task_id == task_id, Job.status != JOB_RUNNING))
+    session.execute(delete(Task).where(Task.id == task_id))
+    session.expunge(task)
+    try:  # an upload a concurrent request just reused stays (and is purged by a later delete)
+        with session.begin_nested():
+            purge_orphan_uploads(session)
+    except IntegrityError:
+        pass
+    if had_signature:  # last: the change-sequence row lock is held only until commit
+        record_change(session, task.space_id, task_id, CHANGE_DELETE)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stored results
+# --------------------------------------------------------------------------------------------------
+
+
+def vector_to_bytes(vector: np.ndarray, m: int) -> bytes:
+    """Validate a signature (shape ``(m,)``, finite) and encode it as little-endian float32."""
+    vec = np.asarray(vector, dtype=np.float32)
+    if vec.shape != (m,):
+        raise InvalidInput(f"signature must have shape ({m},), got {vec.shape}")
+    if not np.all(np.isfinite(vec)):
+        raise InvalidInput("signature has non-finite values")
+    return vec.astype("<f4", copy=False).tobytes()
+
+
+def bytes_to_vectors(blobs: Sequence[bytes], m: int) -> np.ndarray:
+    """Decode signature blobs into a C-contiguous float32 matrix of shape ``(n, m)``."""
+    out = np.empty((len(blobs), m), dtype=np.float32)
+    for i, blob in enumerate(blobs):
+        out[i] = np.frombuffer(blob, dtype="<f4", count=m)
+    return out
+
+
+def store_task_result(
+    session: Session,
+    task: Task,
+    *,
+    state: bytes,
+    signature: np.ndarray,
+    baselines: bytes | None,
+    n_samples: int,
+    n_tokens: int,
+) -> int:
+    """Write a task's (already merged) state, signature and baselines; mark it ready; log the change.
+
+    Call it inside the transaction that also finishes the job, after :func:`lock_task`.
+
+    Returns
+    -------
+    int
+        The sequence number of the ``upsert`` change.
+    """
+    space = task.space
+    vec = vector_to_bytes(signature, space.m)
+    now = utcnow()
+    rows: list[tuple[type[Any], dict[str, Any]]] = [(SketchStateRow, {"blob": state}), (Signature, {"vector": vec})]
+    if baselines is not None:
+        rows.append((BaselineRow, {"blob": baselines}))
+    for model, values in rows:
+        row = session.get(model, task.id, populate_existing=True)
+        if row is None:
+            extra = {"space_id": task.space_id} if model is Signature else {}
+            session.add(model(task_id=task.id, version=1, updated_at=now, **values, **extra))
+        else:
+            for key, value in values.items():
+                setattr(row, key, value)
+            row.version = row.version + 1
+            row.updated_at = now
+    task.n_samples = int(n_samples)
+    task.n_tokens = int(n_tokens)
+    task.status = TASK_READY
+    task.version = (task.version or 0) + 1
+    task.updated_at = now
+    session.flush()
+    return record_change(session, task.space_id, task.id, CHANGE_UPSERT)
+
+
+def create_ready_task(
+    session: Session,
+    space_id: int,
+    name: str,
+    mode: str,
+    metadata: dict[str, Any] | None,
+    *,
+    state: bytes,
+    signature: np.ndarray,
+    baselines: bytes | None,
+    n_samples: int,
+    n_tokens: int,
+) -> Task:
+    """Create a task that already has its results (import/restore): no upload, no job.
+
+    Raises :class:`Conflict` when the name exists in the space; logs the ``upsert`` change.
+    """
+    name = _check_name(name)
+    if mode not in MODES:
+        raise InvalidInput(f"mode must be one of {MODES}", {"mode": mode})
+    get_space(session, space_id)
+    task = Task(space_id=space_id, name=name, mode=mode, meta=_check_metadata(metadata), status=TASK_PENDING,
+                n_samples=0, n_tokens=0, version=0)
+    try:
+        with session.begin_nested():
+            session.add(task)
+    except IntegrityError:
+        raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
+    store_task_result(session, task, state=state, signature=signature, baselines=baselines, n_samples=n_samples,
+                      n_tokens=n_tokens)
+    return task
+
+
+def mark_task_failed_if_empty(session: Session, task_id: int) -> None:
+    """Set a task ``failed`` if it has no signature yet (its creation did not succeed)."""
+    session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.status == TASK_PENDING)
+        .values(status=TASK_FAILED, updated_at=utcnow())
+    )
+
+
+def get_state_blob(session: Session, task_id: int) -> bytes | None:
+    """The task's stored state blob, or ``None``."""
+    return session.execute(select(SketchStateRow.blob).where(SketchStateRow.task_id == task_id)).scalar_one_or_none()
+
+
+def get_baseline_blob(session: Session, task_id: int) -> bytes | None:
+    """The task's stored baseline blob, or ``None``."""
+    return session.execute(select(BaselineRow.blob).where(BaselineRow.task_id == task_id)).scalar_one_or_none()
+
+
+def get_states(session: Session, task_ids: Sequence[int]) -> dict[int, bytes]:
+    """State blobs of the given tasks (tasks without a state are absent from the result)."""
+    stmt = select(SketchStateRow.task_id, SketchStateRow.blob).where(SketchStateRow.task_id.in_(list(task_ids)))
+    return {int(t): b for t, b in session.execute(stmt)}
+
+
+def get_baselines(session: Session, task_ids: Sequence[int]) -> dict[int, bytes]:
+    """Baseline blobs of the given tasks (tasks without baselines are absent)."""
+    stmt = select(BaselineRow.task_id, BaselineRow.blob).where(BaselineRow.task_id.in_(list(task_ids)))
+    return {int(t): b for t, b in session.execute(stmt)}
+
+
+def get_signatures(
+    session: Session, *, task_ids: Sequence[int] | None = None, space_id: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Signatures of given tasks or of a whole space.
+
+    Returns
+    -------
+    ids : ndarray, shape (n,), int64
+        Task ids, ascending (tasks without a signature are left out).
+    vectors : ndarray, shape (n, m), float32
+    """
+    if (task_ids is None) == (space_id is None):
+        raise ValueError("give exactly one of task_ids or space_id")
+    stmt = select(Signature.task_id, Signature.vector, Signature.space_id)
+    stmt = stmt.where(Signature.task_id.in_(list(task_ids))) if task_ids is not None else stmt.where(
+        Signature.space_id == space_id
+    )
+    rows = session.execute(stmt.order_by(Signature.task_id)).all()
+    if not rows:
+        return np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.float32)
+    spaces = {int(r[2]) for r in rows}
+    if len(spaces) > 1:
+        from atlas.errors import IncompatibleSpace
+
+        raise IncompatibleSpace("the tasks belong to different spaces", {"space_ids": sorted(spaces)})
+    m = session.get(Space, spaces.pop()).m  # type: ignore[union-attr]
+    return np.array([r[0] for r in rows], dtype=np.int64), bytes_to_vectors([r[1] for r in rows], m)
+
+
+def iter_signatures(
+    session: Session, space_id: int, m: int, *, chunk: int = 4096
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield ``(ids, vectors)`` chunks of a space's signatures in task-id order (keyset paging)."""
+    after = -1
+    while True:
+        rows = session.execute(
+            select(Signature.task_id, Signature.vector)
+            .where(Signature.space_id == space_id, Signature.task_id > after)
+            .order_by(Signature.task_id)
+            .limit(chunk)
+        ).all()
+        if not rows:
+            return
+        yield np.array([r[0] for r in rows], dtype=np.int64), bytes_to_vectors([r[1] for r in rows], m)
+        after = int(rows[-1][0])
+
+
+def count_signatures(session: Session, space_id: int) -> int:
+    """Number of stored signatures in a space."""
+    stmt = select(func.count()).select_from(Signature).where(Signature.space_id == space_id)
+    return int(session.execute(stmt).scalar_one())

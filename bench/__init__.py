@@ -1,0 +1,1 @@
+"""Benchmarks and the quality harness of FisherAtlas (not part of the installed package)."""

@@ -1,0 +1,1 @@
+"""HTTP API benchmarks (results in bench/results/api.md)."""

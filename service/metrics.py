@@ -1,0 +1,102 @@
+"""Prometheus metrics of one app instance (``GET /metrics``).
+
+Each app owns a :class:`prometheus_client.CollectorRegistry`, so several apps in one process (tests)
+never clash. Request latency and query stage timings are observed in-process; job durations,
+tokens processed and queue depth are read from the database at scrape time (the source of truth,
+also for jobs run by Celery workers on other machines).
+
+Metrics
+-------
+``fisher_atlas_http_requests_total{method,route,status}`` / ``fisher_atlas_http_request_duration_seconds``
+    Every request, by route template.
+``fisher_atlas_search_seconds{kind}``
+    Search + exact re-rank time, model forward excluded (``kind`` = route | sources | align | atlas).
+``fisher_atlas_prompt_forward_seconds``
+    Prompt forward + sketch time of ``/v1/route`` (per prompt).
+``fisher_atlas_job_duration_seconds`` (summary from SQL), ``fisher_atlas_job_tokens_total``,
+``fisher_atlas_job_tokens_per_second`` (last finished job), ``fisher_atlas_jobs{status}``,
+``fisher_atlas_queue_depth``, ``fisher_atlas_index_size``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger("fisher_atlas.service")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+JobStats = dict[str, Any]
+"""What the store snapshot callback returns: ``{"by_status": {status: n}, "duration_count",
+"duration_sum", "tokens_total", "last_tokens_per_s", "queue_depth", "index_size"}``."""
+
+
+class _StoreCollector(Collector):
+    """Reads job and queue figures through a callback at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], JobStats]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            s = self._snapshot()
+        except Exception:
+            logger.warning("metrics snapshot failed", exc_info=True)
+            return []
+        jobs = GaugeMetricFamily("fisher_atlas_jobs", "Jobs by status.", labels=["status"])
+        for status, n in sorted(s.get("by_status", {}).items()):
+            jobs.add_metric([status], float(n))
+        duration = SummaryMetricFamily(
+            "fisher_atlas_job_duration_seconds",
+            "Wall time of finished jobs (started to finished).",
+            count_value=float(s.get("duration_count", 0)),
+            sum_value=float(s.get("duration_sum", 0.0)),
+        )
+        tokens = GaugeMetricFamily(
+            "fisher_atlas_job_tokens_total", "Tokens processed by finished jobs.", value=float(s.get("tokens_total", 0))
+        )
+        tps = GaugeMetricFamily(
+            "fisher_atlas_job_tokens_per_second",
+            "Tokens per second of the most recently finished job.",
+            value=float(s.get("last_tokens_per_s", 0.0)),
+        )
+        depth = GaugeMetricFamily(
+            "fisher_atlas_queue_depth", "Jobs queued or running.", value=float(s.get("queue_depth", 0))
+        )
+        index = GaugeMetricFamily(
+            "fisher_atlas_index_size", "Signatures in the FAISS index of the default space.",
+            value=float(s.get("index_size", 0)),
+        )
+        return [jobs, duration, tokens, tps, depth, index]
+
+
+class Metrics:
+    """The metrics of one app; ``registry`` is what ``/metrics`` exposes."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "fisher_atlas_http_requests", "HTTP requests.", ["method", "route", "status"], registry=self.registry
+        )
+        self.request_seconds = Histogram(
+            "fisher_atlas_http_request_duration_seconds", "HTTP request latency.", ["method", "route"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.search_seconds = Histogram(
+            "fisher_atlas_search_seconds", "Search + exact re-rank time, model forward excluded.", ["kind"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.forward_seconds = Histogram(
+            "fisher_atlas_prompt_forward_seconds", "Prompt forward + sketch time per prompt.",
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+
+    def watch_store(self, snapshot: Callable[[], JobStats]) -> None:
+        """Register the scrape-time collector of job/queue figures."""
+        self.registry.register(_StoreCollector(snapshot))

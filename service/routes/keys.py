@@ -1,0 +1,84 @@
+"""``/v1/keys``: API key management over HTTP (admin scope); the CLI acts on the database directly."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from atlas import apikeys
+from service.deps import AdminPrincipal, EngineDep
+from service.routes import MAX_ID, error_responses
+from service.schemas import Scope
+
+router = APIRouter(prefix="/v1/keys", tags=["keys"])
+
+
+class KeyCreate(BaseModel):
+    """A new key's label and scopes."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "ci", "scopes": ["read"]}]})
+
+    name: str = Field(min_length=1, max_length=200)
+    scopes: list[Scope] = Field(min_length=1, max_length=3)
+
+
+class KeyOut(BaseModel):
+    """A key without its secret."""
+
+    id: int
+    name: str
+    prefix: str
+    scopes: list[str]
+    created_at: dt.datetime | None = None
+    last_used_at: dt.datetime | None = None
+    revoked: bool = False
+
+
+class KeyCreated(KeyOut):
+    """A new key: ``key`` is the plaintext, shown only in this answer."""
+
+    key: str
+
+
+class KeyList(BaseModel):
+    """All keys."""
+
+    items: list[KeyOut]
+
+
+def _out(k: object) -> dict:
+    return {"id": k.id, "name": k.name, "prefix": k.prefix, "scopes": list(k.scopes),  # type: ignore[attr-defined]
+            "created_at": k.created_at, "last_used_at": k.last_used_at,  # type: ignore[attr-defined]
+            "revoked": k.revoked_at is not None}  # type: ignore[attr-defined]
+
+
+@router.get("", response_model=KeyList, summary="List API keys", responses=error_responses(401, 403))
+def list_keys(engine: EngineDep, _: AdminPrincipal) -> KeyList:
+    """Active keys (no secrets)."""
+    with engine.read() as session:
+        return KeyList(items=[KeyOut(**_out(k)) for k in apikeys.list_api_keys(session)])
+
+
+@router.post("", status_code=201, response_model=KeyCreated, summary="Create an API key",
+             responses=error_responses(401, 403, 422))
+async def create_key(body: KeyCreate, engine: EngineDep, _: AdminPrincipal) -> KeyCreated:
+    """Create a key; its plaintext is returned once and stored only as a sha256 hash."""
+    def run() -> KeyCreated:
+        with engine.session() as session:
+            key, plaintext = apikeys.create_api_key(session, body.name, list(body.scopes))
+            return KeyCreated(**_out(key), key=plaintext)
+
+    return await run_in_threadpool(run)
+
+
+@router.delete("/{key_id}", status_code=204, response_class=Response, summary="Revoke an API key",
+               responses=error_responses(401, 403, 404, 422))
+def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_ID)], engine: EngineDep, _: AdminPrincipal) -> Response:
+    """Revoke a key (idempotent)."""
+    with engine.session() as session:
+        apikeys.revoke_api_key(session, key_id)
+    return Response(status_code=204)

@@ -1,0 +1,114 @@
+"""Queries: ``/v1/route`` (open-set prompt routing), ``/v1/align``, ``/v1/align/matrix``, ``/v1/atlas``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+from starlette.concurrency import run_in_threadpool
+
+from atlas.errors import InvalidInput
+from service.deps import EngineDep, ReadPrincipal
+from service.routes import MAX_ID, error_responses
+from service.schemas import (
+    AlignMatrixRequest,
+    AlignMatrixResponse,
+    AlignResponse,
+    AtlasPoint,
+    AtlasResponse,
+    RouteMatch,
+    RouteRequest,
+    RouteResponse,
+    RouteResult,
+    TaskRef,
+)
+
+router = APIRouter(prefix="/v1", tags=["queries"])
+
+
+@router.post(
+    "/route", response_model=RouteResponse, summary="Route prompts to stored tasks (open set)",
+    responses=error_responses(401, 403, 404, 409, 413, 422, 429, 503),
+)
+async def route(body: RouteRequest, response: Response, engine: EngineDep, _: ReadPrincipal) -> RouteResponse:
+    """Sketch each prompt (all its next-token positions) with the loaded model, take the FAISS top
+    ``candidates`` by signature, re-rank them exactly by the Fisher alignment of the prompt's and the
+    task's stored states, and return the top ``k``. ``none`` is true when the best score is below
+    ``threshold`` — the prompt fits no stored task.
+
+    The ``Server-Timing`` header splits the server time into ``forward`` (model forward + sketch) and
+    ``search`` (FAISS + state loading + exact re-rank).
+    """
+    answers, timings = await run_in_threadpool(
+        engine.route, body.texts(), k=body.k, threshold=body.threshold, candidates=body.candidates,
+        space_ref=body.space,
+    )
+    response.headers["Server-Timing"] = timings.header()
+    results = [
+        RouteResult(
+            matches=[RouteMatch(task_id=m.task_id, name=m.name, score=m.score, faiss_score=m.faiss_score,
+                                activation=m.activation, error=m.error) for m in a.matches],
+            none=a.none, best_score=a.best_score, threshold=a.threshold,
+        )
+        for a in answers
+    ]
+    first = results[0]
+    return RouteResponse(matches=first.matches, none=first.none, best_score=first.best_score,
+                         threshold=first.threshold, results=results)
+
+
+@router.get(
+    "/align", response_model=AlignResponse, summary="Alignment of two tasks",
+    responses=error_responses(401, 403, 404, 409, 422),
+)
+def align(
+    engine: EngineDep,
+    _: ReadPrincipal,
+    a: Annotated[int, Query(ge=1, le=MAX_ID, description="First task id.")],
+    b: Annotated[int, Query(ge=1, le=MAX_ID, description="Second task id.")],
+) -> AlignResponse:
+    """Fisher alignment of tasks ``a`` and ``b`` with its factors: activation S_cov(M_a), error
+    S_cov(Γ_e), coupling ρ (and χ), split-half SE, the activation-dark flag, and the empirical-Bayes
+    shrunk alignment (shrinkage estimated over ``a`` and its nearest stored tasks)."""
+    ta, tb, f = engine.align(a, b)
+    return AlignResponse(
+        a=TaskRef(task_id=ta.task_id, name=ta.name), b=TaskRef(task_id=tb.task_id, name=tb.name),
+        fisher=f.fisher, fisher_shrunk=f.fisher_shrunk, activation=f.activation, error=f.error, rho=f.rho,
+        se=f.se, activation_dark=f.activation_dark, chi=f.chi,
+    )
+
+
+@router.post(
+    "/align/matrix", response_model=AlignMatrixResponse, summary="Alignment matrices of a set of tasks",
+    responses=error_responses(401, 403, 404, 409, 413, 422),
+)
+def align_matrix(body: AlignMatrixRequest, engine: EngineDep, _: ReadPrincipal) -> AlignMatrixResponse:
+    """All pairwise alignments of ``task_ids`` (one space, all ready, at most ``max_matrix_tasks``):
+    Fisher, shrunk Fisher, activation, error and ρ matrices, row/column ``i`` = ``ids[i]``."""
+    if any(not 1 <= i <= MAX_ID for i in body.task_ids):
+        raise InvalidInput(f"task ids must be in 1..{MAX_ID}")
+    m = engine.align_matrix(body.task_ids)
+
+    def rows(x: object) -> list[list[float]]:
+        return [[round(float(v), 6) for v in row] for row in x]  # type: ignore[attr-defined]
+
+    return AlignMatrixResponse(ids=m.ids, names=m.names, fisher=rows(m.fisher), fisher_shrunk=rows(m.fisher_shrunk),
+                               activation=rows(m.activation), error=rows(m.error), rho=rows(m.rho))
+
+
+@router.get(
+    "/atlas", response_model=AtlasResponse, summary="2-D map of a space",
+    responses=error_responses(401, 403, 404, 409, 422, 503),
+)
+def atlas(
+    engine: EngineDep,
+    _: ReadPrincipal,
+    space: Annotated[str | None, Query(max_length=300, description="Space id or name; default: the model's.")] = None,
+) -> AtlasResponse:
+    """Classical MDS of 1 − Fisher alignment (deterministic, sign-fixed) with average-linkage clusters.
+    Spaces above ``max_matrix_tasks`` ready tasks are drawn from an even subset (``sampled``)."""
+    sp, amap, total, sampled = engine.atlas(space)
+    return AtlasResponse(
+        space_id=sp.id, method=amap.method, total=total, sampled=sampled, n_clusters=amap.n_clusters,
+        points=[AtlasPoint(task_id=p.task_id, name=p.name, x=p.x, y=p.y, cluster=p.cluster) for p in amap.points],
+    )

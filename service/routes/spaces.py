@@ -1,0 +1,91 @@
+"""``/v1/spaces``: list spaces, export a space, import an export."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from atlas.errors import InvalidInput
+from service.deps import EngineDep, ReadPrincipal, WritePrincipal
+from service.routes import error_responses
+from service.schemas import ImportResult, SpaceList, SpaceOut
+from service.uploads import IMPORT_FORM_SCHEMA, _content_type
+
+router = APIRouter(prefix="/v1/spaces", tags=["spaces"])
+
+SpaceRef = Annotated[str, Path(min_length=1, max_length=300, description="Space id, model name or `default`.")]
+
+
+@router.get("", response_model=SpaceList, summary="List spaces", responses=error_responses(401, 403))
+def list_spaces(engine: EngineDep, _: ReadPrincipal) -> SpaceList:
+    """Every (model fingerprint, sketch spec) space with its task count; ``default`` marks the loaded
+    model's space."""
+    return SpaceList(items=[SpaceOut(**s) for s in engine.list_spaces()])
+
+
+@router.get("/{space}", response_model=SpaceOut, summary="Get a space", responses=error_responses(401, 403, 404, 409,
+                                                                                                  422, 503))
+def get_space(space: SpaceRef, engine: EngineDep, _: ReadPrincipal) -> SpaceOut:
+    """One space by id, model name or ``default``."""
+    with engine.read() as session:
+        sp = engine.resolve_space(session, space)
+        space_id = sp.id
+    return SpaceOut(**next(s for s in engine.list_spaces() if s["id"] == space_id))
+
+
+@router.get(
+    "/{space}/export", summary="Export a space", response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+              "description": "JSON lines: a header (format, space spec and fingerprints), then one line per "
+                             "ready task with name, mode, metadata, counts and base64 state, signature and "
+                             "baselines."},
+        **error_responses(401, 403, 404, 409, 422, 503),
+    },
+)
+def export_space(space: SpaceRef, engine: EngineDep, _: ReadPrincipal) -> StreamingResponse:
+    """Everything needed to restore the space's answers elsewhere (``POST /v1/spaces/import``)."""
+    sp, lines = engine.export_lines(space)
+    return StreamingResponse(
+        lines, media_type="application/x-ndjson",
+        headers={"Content-Disposition": f'attachment; filename="fisher-atlas-space-{sp.id}.jsonl"'},
+    )
+
+
+@router.post(
+    "/import", response_model=ImportResult, summary="Import an exported space",
+    openapi_extra={"requestBody": {"required": True,
+                                   "content": {"multipart/form-data": {"schema": IMPORT_FORM_SCHEMA}}}},
+    responses=error_responses(401, 403, 409, 413, 415, 422),
+)
+async def import_space(
+    request: Request,
+    engine: EngineDep,
+    _: WritePrincipal,
+    on_conflict: Annotated[Literal["fail", "skip"], Query(description="Existing task names: fail or skip.")] = "fail",
+) -> ImportResult:
+    """Restore the tasks of an export (new ids; same states, signatures, metadata), all or nothing,
+    into the space with the export's model and spec fingerprints (created if needed); the index is
+    updated before the answer, so queries give the same answers as on the exporting service."""
+    from starlette.datastructures import UploadFile
+
+    from service.uploads import UnsupportedMediaType
+
+    if _content_type(request) != "multipart/form-data":
+        raise UnsupportedMediaType("send the export as multipart/form-data with a 'file' part")
+    try:
+        form = await request.form(max_files=1, max_fields=8)
+    except (ValueError, KeyError, AssertionError) as exc:
+        raise InvalidInput(f"malformed multipart body: {exc}") from None
+    try:
+        file = form.get("file")
+        if not isinstance(file, UploadFile):
+            raise InvalidInput("the multipart body needs a 'file' part")
+        data = await file.read()
+    finally:
+        await form.close()
+    space_id, imported, skipped = await run_in_threadpool(engine.import_space, data, on_conflict=on_conflict)
+    return ImportResult(space_id=space_id, imported=imported, skipped=skipped)

@@ -1,0 +1,169 @@
+"""``/v1/tasks``: create (upload), append, list, get, patch, delete, and source recommendation."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from atlas.errors import InvalidInput
+from service.deps import EngineDep, ReadPrincipal, WritePrincipal
+from service.engine import job_view, task_view
+from service.routes import MAX_ID, error_responses
+from service.schemas import (
+    JobAccepted,
+    JobOut,
+    SamplesAppend,
+    SourceOut,
+    SourcesResponse,
+    TaskCreate,
+    TaskCreated,
+    TaskList,
+    TaskOut,
+    TaskPatch,
+    TaskRef,
+)
+from service.uploads import APPEND_FORM_SCHEMA, TASK_FORM_SCHEMA, read_upload
+
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+TaskId = Annotated[int, Path(ge=1, le=MAX_ID, description="Task id.")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", max_length=200,
+           description="Optional client key: repeating a request with the same key returns the first answer."),
+]
+
+
+def _request_body(form_schema: dict, json_ref: str) -> dict:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {"schema": form_schema},
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{json_ref}"}},
+            },
+        }
+    }
+
+
+@router.post(
+    "", status_code=202, response_model=TaskCreated, summary="Add a task (upload a file or JSON samples)",
+    openapi_extra=_request_body(TASK_FORM_SCHEMA, "TaskCreate"),
+    responses=error_responses(401, 403, 404, 409, 413, 415, 422, 429, 503),
+)
+async def create_task(
+    request: Request, engine: EngineDep, _: WritePrincipal, idempotency_key: IdempotencyKey = None
+) -> TaskCreated:
+    """Create a task from a multipart upload (``file`` + ``name``, ``mode``, ``space``, ``metadata``)
+    or a JSON body with ``samples``; its job is queued at once (202).
+
+    Files: JSONL (``{"text"}`` or ``{"prompt","completion"}`` per line), JSON array, CSV (same columns),
+    Parquet, or plain text (one sample per line). Limits: upload bytes, sample count and sample length
+    answer 413; malformed input 422; a full queue 429; no model 503. A rejected upload stores nothing.
+    """
+    up = await read_upload(request, max_upload_bytes=engine.settings.max_upload_bytes, json_model=TaskCreate,
+                           with_task_fields=True)
+    assert up.name is not None
+
+    def run() -> TaskCreated:
+        samples = up.samples()
+        task, job = engine.create_task(up.name or "", up.mode, up.metadata, samples, up.space,
+                                       idempotency_key=idempotency_key)
+        return TaskCreated(task=TaskOut(**task_view(task)), job=JobOut(**job_view(job)))
+
+    return await run_in_threadpool(run)
+
+
+@router.post(
+    "/{task_id}/samples", status_code=202, response_model=JobAccepted, summary="Append samples to a task",
+    openapi_extra=_request_body(APPEND_FORM_SCHEMA, "SamplesAppend"),
+    responses=error_responses(401, 403, 404, 409, 413, 415, 422, 429, 503),
+)
+async def append_samples(
+    task_id: TaskId, request: Request, engine: EngineDep, _: WritePrincipal, idempotency_key: IdempotencyKey = None
+) -> JobAccepted:
+    """Queue an ``append`` job: the new samples are sketched and merged into the task's state (exact,
+    states are sums), then its signature and index entry are updated. The task's mode applies."""
+    up = await read_upload(request, max_upload_bytes=engine.settings.max_upload_bytes, json_model=SamplesAppend,
+                           with_task_fields=False)
+
+    def run() -> JobAccepted:
+        task = engine.get_task(task_id)
+        job = engine.append_samples(task_id, up.samples(task.mode), idempotency_key=idempotency_key)
+        return JobAccepted(job=JobOut(**job_view(job)))
+
+    return await run_in_threadpool(run)
+
+
+@router.get("", response_model=TaskList, summary="List tasks", responses=error_responses(401, 403, 404, 422))
+def list_tasks(
+    engine: EngineDep,
+    _: ReadPrincipal,
+    space: Annotated[str | None, Query(max_length=300, description="Space id or name; default: all spaces.")] = None,
+    name: Annotated[str | None, Query(max_length=300, description="Exact task name.")] = None,
+    name_prefix: Annotated[str | None, Query(max_length=300, description="Task names starting with this.")] = None,
+    status: Annotated[Literal["pending", "ready", "failed"] | None, Query()] = None,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> TaskList:
+    """Tasks, oldest first, filtered by space, exact name or name prefix, and status; paginated."""
+    page = engine.list_tasks(space_ref=space, name=name, name_prefix=name_prefix, status=status, offset=offset,
+                             limit=limit)
+    return TaskList(items=[TaskOut(**task_view(t)) for t in page.items], total=page.total, offset=page.offset,
+                    limit=page.limit)
+
+
+@router.get("/{task_id}", response_model=TaskOut, summary="Get a task", responses=error_responses(401, 403, 404, 422))
+def get_task(task_id: TaskId, engine: EngineDep, _: ReadPrincipal) -> TaskOut:
+    """One task with its counts and status."""
+    return TaskOut(**task_view(engine.get_task(task_id)))
+
+
+@router.patch(
+    "/{task_id}", response_model=TaskOut, summary="Update a task's metadata",
+    responses=error_responses(401, 403, 404, 422),
+)
+def patch_task(task_id: TaskId, body: TaskPatch, engine: EngineDep, _: WritePrincipal) -> TaskOut:
+    """Merge ``metadata`` into the task's metadata (a ``null`` value removes the key)."""
+    return TaskOut(**task_view(engine.patch_task(task_id, body.metadata)))
+
+
+@router.delete(
+    "/{task_id}", status_code=204, summary="Delete a task", response_class=Response,
+    responses=error_responses(401, 403, 404, 422),
+)
+def delete_task(task_id: TaskId, engine: EngineDep, _: WritePrincipal) -> Response:
+    """Remove the task, its state, signature and samples from the store and its entry from the index."""
+    engine.delete_task(task_id)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{task_id}/sources", response_model=SourcesResponse, summary="Recommend fine-tuning sources",
+    responses=error_responses(401, 403, 404, 409, 422),
+)
+def sources(
+    task_id: TaskId,
+    engine: EngineDep,
+    _: ReadPrincipal,
+    k: Annotated[int, Query(ge=1, le=100, description="Sources returned.")] = 5,
+    candidates: Annotated[
+        int | None, Query(ge=1, le=4096, description="Nearest tasks compared (default max(4k, 32)); all when fewer.")
+    ] = None,
+) -> SourcesResponse:
+    """Rank the target's nearest stored tasks as fine-tuning sources by empirical-Bayes shrunk Fisher
+    alignment, with the three factors (activation S_cov(M_a), error S_cov(Γ_e), coupling ρ), the
+    split-half SE and the activation-dark flag (activation ≥ 0.8 while Fisher alignment ≤ 0.3)."""
+    if k > engine.settings.max_matrix_tasks:
+        raise InvalidInput(f"k must be at most {engine.settings.max_matrix_tasks}")
+    target, found, compared = engine.sources(task_id, k=k, candidates=candidates)
+    return SourcesResponse(
+        target=TaskRef(task_id=target.task_id, name=target.name),
+        sources=[SourceOut(task_id=s.task_id, name=s.name, fisher=s.factors.fisher,
+                           fisher_shrunk=s.factors.fisher_shrunk, activation=s.factors.activation,
+                           error=s.factors.error, rho=s.factors.rho, se=s.factors.se,
+                           activation_dark=s.factors.activation_dark) for s in found],
+        compared=compared,
+    )

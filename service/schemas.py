@@ -1,0 +1,500 @@
+"""Request and response bodies of the REST API (``/v1``), pydantic v2 with OpenAPI examples.
+
+These models are shared by the service (response validation, OpenAPI) and the Python client
+(:mod:`service.client` returns them), so this module imports nothing beyond pydantic.
+Field names are part of the public contract: extend, never rename.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Mode = Literal["text", "completion"]
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+TaskStatus = Literal["pending", "ready", "failed"]
+Scope = Literal["read", "write", "admin"]
+
+_TASK_EXAMPLE = {
+    "id": 3,
+    "name": "smiles",
+    "space_id": 1,
+    "mode": "text",
+    "status": "ready",
+    "metadata": {"domain": "chemistry"},
+    "n_samples": 40,
+    "n_tokens": 1873,
+    "version": 1,
+    "created_at": "2025-01-01T12:00:00Z",
+    "updated_at": "2025-01-01T12:00:09Z",
+}
+_JOB_EXAMPLE = {
+    "id": 7,
+    "kind": "create",
+    "task_id": 3,
+    "status": "running",
+    "progress": {"samples_done": 20, "samples_total": 40, "tokens": 911, "tokens_per_s": 412.5},
+    "error": None,
+    "created_at": "2025-01-01T12:00:00Z",
+    "started_at": "2025-01-01T12:00:01Z",
+    "finished_at": None,
+}
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# --------------------------------------------------------------------------------------------------
+# errors
+# --------------------------------------------------------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"code": "not_found", "message": "task 42 does not exist", "detail": None}]
+        }
+    )
+
+    code: str = Field(description="Stable machine-readable error code, e.g. `invalid_input`, `queue_full`.")
+    message: str = Field(description="Human-readable explanation.")
+    detail: Any = Field(default=None, description="Optional structured detail.")
+
+
+# --------------------------------------------------------------------------------------------------
+# tasks and jobs
+# --------------------------------------------------------------------------------------------------
+
+
+class SampleIn(BaseModel):
+    """One sample: ``{"text"}`` (mode text) or ``{"prompt", "completion"}`` (mode completion)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"text": "CCO"}, {"prompt": "2+2=", "completion": "4"}]},
+    )
+
+    text: str | None = None
+    prompt: str | None = None
+    completion: str | None = None
+
+
+class TaskCreate(BaseModel):
+    """JSON alternative to the multipart upload of ``POST /v1/tasks``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "smiles",
+                    "mode": "text",
+                    "metadata": {"domain": "chemistry"},
+                    "samples": [{"text": "CCO"}, {"text": "c1ccccc1O"}],
+                }
+            ]
+        },
+    )
+
+    name: str = Field(min_length=1, max_length=300, description="Task name, unique in its space.")
+    mode: Mode = Field(default="text", description="`text`: every next token counts; `completion`: only completions.")
+    space: str | None = Field(default=None, description="Space id or name; default: the loaded model's space.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form user metadata (JSON object).")
+    samples: list[SampleIn] = Field(min_length=1, description="The samples of the task.")
+
+
+class SamplesAppend(BaseModel):
+    """JSON alternative to the multipart upload of ``POST /v1/tasks/{id}/samples``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"samples": [{"text": "CC(=O)O"}]}]},
+    )
+
+    samples: list[SampleIn] = Field(min_length=1)
+
+
+class TaskPatch(BaseModel):
+    """Metadata update: top-level keys are merged, a ``null`` value removes the key."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"metadata": {"owner": "chem-team", "old": None}}]}
+    )
+
+    metadata: dict[str, Any] = Field(description="JSON merge patch applied to the task's metadata.")
+
+
+class TaskOut(_Out):
+    """A task and its counts."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [_TASK_EXAMPLE]})
+
+    id: int
+    name: str
+    space_id: int
+    mode: Mode
+    status: TaskStatus = Field(description="`pending` until its first job succeeds, then `ready`; `failed`.")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    n_samples: int = 0
+    n_tokens: int = 0
+    version: int = Field(default=0, description="Increases with every merged job.")
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+
+
+class TaskList(_Out):
+    """A page of tasks."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={"examples": [{"items": [_TASK_EXAMPLE], "total": 1, "offset": 0, "limit": 50}]},
+    )
+
+    items: list[TaskOut]
+    total: int = Field(description="Number of tasks matching the filter (all pages).")
+    offset: int = 0
+    limit: int = 50
+
+
+class JobProgress(_Out):
+    """Progress counters of a job."""
+
+    samples_done: int = 0
+    samples_total: int = 0
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+
+
+class JobOut(_Out):
+    """A job (``create`` or ``append``) and its progress."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [_JOB_EXAMPLE]})
+
+    id: int
+    kind: str = Field(description="`create` or `append`.")
+    task_id: int | None = None
+    status: JobStatus
+    progress: JobProgress = Field(default_factory=JobProgress)
+    error: str | None = None
+    created_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the job reached a terminal status."""
+        return self.status in ("succeeded", "failed", "cancelled")
+
+
+class JobList(_Out):
+    """A page of jobs, newest first."""
+
+    items: list[JobOut]
+    total: int
+    offset: int = 0
+    limit: int = 50
+
+
+class TaskCreated(_Out):
+    """Answer of ``POST /v1/tasks`` (202): the new task and its job."""
+
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra={"examples": [{"task": _TASK_EXAMPLE, "job": _JOB_EXAMPLE}]}
+    )
+
+    task: TaskOut
+    job: JobOut
+
+
+class JobAccepted(_Out):
+    """Answer of ``POST /v1/tasks/{id}/samples`` (202)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"job": _JOB_EXAMPLE}]})
+
+    job: JobOut
+
+
+# --------------------------------------------------------------------------------------------------
+# queries
+# --------------------------------------------------------------------------------------------------
+
+
+class RouteRequest(BaseModel):
+    """Route one prompt (``prompt``) or a batch (``prompts``) to the nearest stored tasks."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"prompt": "Is the Eiffel tower in Paris?", "k": 3},
+                {"prompts": ["CCOc1ccccc1", "To be, or not to be"], "k": 1, "threshold": 0.2},
+            ]
+        },
+    )
+
+    prompt: str | None = Field(default=None, min_length=1, description="One prompt.")
+    prompts: list[str] | None = Field(default=None, min_length=1, max_length=64, description="A batch of prompts.")
+    k: int = Field(default=5, ge=1, le=100, description="Matches returned per prompt.")
+    threshold: float | None = Field(
+        default=None, ge=-1.0, le=1.0,
+        description="Open-set threshold on the best score; `none` is true below it. Default: the service's.",
+    )
+    candidates: int | None = Field(
+        default=None, ge=1, le=4096, description="FAISS candidates re-ranked exactly; default max(4k, 32)."
+    )
+    space: str | None = Field(default=None, description="Space id or name; default: the loaded model's space.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RouteRequest:
+        if (self.prompt is None) == (self.prompts is None):
+            raise ValueError("give exactly one of 'prompt' or 'prompts'")
+        if self.prompts is not None and any(not p for p in self.prompts):
+            raise ValueError("prompts must be non-empty strings")
+        return self
+
+    def texts(self) -> list[str]:
+        """The prompts as a list."""
+        return [self.prompt] if self.prompt is not None else list(self.prompts or [])
+
+
+class RouteMatch(_Out):
+    """One candidate task for a prompt."""
+
+    task_id: int
+    name: str
+    score: float = Field(description="Exact re-rank score: Fisher alignment of the prompt state and the task state.")
+    faiss_score: float = Field(description="Inner product of the unit signatures (the ANN stage).")
+    activation: float = Field(description="S_cov(M_a) of prompt and task: activation-side similarity.")
+    error: float = Field(description="S_cov(Γ_e) of prompt and task: error-side similarity.")
+
+
+class RouteResult(_Out):
+    """The answer for one prompt."""
+
+    matches: list[RouteMatch]
+    none: bool = Field(description="True when the best score is under the threshold (no stored task fits).")
+    best_score: float | None = None
+    threshold: float
+
+
+class RouteResponse(_Out):
+    """Answer of ``POST /v1/route``.
+
+    The top-level ``matches``/``none`` answer ``prompt`` (or ``prompts[0]``); ``results[i]``
+    answers ``prompts[i]``.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "matches": [
+                        {"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
+                         "activation": 0.93, "error": 0.58}
+                    ],
+                    "none": False,
+                    "best_score": 0.61,
+                    "threshold": 0.05,
+                    "results": [
+                        {"matches": [{"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
+                                      "activation": 0.93, "error": 0.58}],
+                         "none": False, "best_score": 0.61, "threshold": 0.05}
+                    ],
+                }
+            ]
+        },
+    )
+
+    matches: list[RouteMatch]
+    none: bool
+    best_score: float | None = None
+    threshold: float
+    results: list[RouteResult]
+
+
+class TaskRef(_Out):
+    """A task's id and name."""
+
+    task_id: int
+    name: str
+
+
+class PairFactors(_Out):
+    """Fisher alignment of a pair and its factors."""
+
+    fisher: float = Field(description="Â_F: sketched Fisher alignment (cosine of the head-gradient Fishers).")
+    fisher_shrunk: float = Field(description="Empirical-Bayes shrunk Fisher alignment (the ranking score).")
+    activation: float = Field(description="S_cov(M_a): activation-covariance similarity.")
+    error: float = Field(description="S_cov(Γ_e): error-covariance similarity.")
+    rho: float = Field(description="ρ: coupling ratio; low ρ warns that separable proxies are unreliable.")
+    se: float | None = Field(default=None, description="Split-half standard error of log ρ (null if not estimable).")
+    activation_dark: bool = Field(description="Activations alike (activation ≥ 0.8) but updates not (fisher ≤ 0.3).")
+
+
+class SourceOut(PairFactors):
+    """One recommended source for a target task."""
+
+    task_id: int
+    name: str
+
+
+class SourcesResponse(_Out):
+    """Answer of ``GET /v1/tasks/{id}/sources``: sources sorted by ``fisher_shrunk``, best first."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "target": {"task_id": 3, "name": "boolq"},
+                    "sources": [
+                        {"task_id": 5, "name": "rte", "fisher": 0.52, "fisher_shrunk": 0.49, "activation": 0.95,
+                         "error": 0.55, "rho": 0.97, "se": 0.04, "activation_dark": False}
+                    ],
+                    "compared": 12,
+                }
+            ]
+        },
+    )
+
+    target: TaskRef
+    sources: list[SourceOut]
+    compared: int = Field(description="Number of candidate sources compared (EB shrinkage is over this set).")
+
+
+class AlignResponse(PairFactors):
+    """Answer of ``GET /v1/align``: one pair's alignment and factors."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {"a": {"task_id": 3, "name": "boolq"}, "b": {"task_id": 5, "name": "rte"}, "fisher": 0.52,
+                 "fisher_shrunk": 0.5, "activation": 0.95, "error": 0.55, "rho": 0.97, "se": 0.04,
+                 "activation_dark": False, "chi": 1.8}
+            ]
+        },
+    )
+
+    a: TaskRef
+    b: TaskRef
+    chi: float | None = None
+
+
+class AlignMatrixRequest(BaseModel):
+    """Tasks of one space for ``POST /v1/align/matrix`` (at most the service's ``max_matrix_tasks``)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"task_ids": [1, 2, 3]}]})
+
+    task_ids: list[int] = Field(min_length=1, description="Distinct task ids, all ready, all in one space.")
+
+
+class AlignMatrixResponse(_Out):
+    """Alignment matrices; row/column ``i`` is ``ids[i]``."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {"ids": [1, 2], "names": ["a", "b"], "fisher": [[1.0, 0.3], [0.3, 1.0]],
+                 "fisher_shrunk": [[1.0, 0.28], [0.28, 1.0]], "activation": [[1.0, 0.9], [0.9, 1.0]],
+                 "error": [[1.0, 0.4], [0.4, 1.0]], "rho": [[1.0, 0.8], [0.8, 1.0]]}
+            ]
+        },
+    )
+
+    ids: list[int]
+    names: list[str]
+    fisher: list[list[float]]
+    fisher_shrunk: list[list[float]]
+    activation: list[list[float]]
+    error: list[list[float]]
+    rho: list[list[float]]
+
+
+class AtlasPoint(_Out):
+    """One task on the 2-D map."""
+
+    task_id: int
+    name: str
+    x: float
+    y: float
+    cluster: int
+
+
+class AtlasResponse(_Out):
+    """Answer of ``GET /v1/atlas``: a deterministic 2-D map of a space's ready tasks."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {"space_id": 1, "method": "mds-fisher", "total": 2, "sampled": False, "n_clusters": 1,
+                 "points": [{"task_id": 1, "name": "a", "x": -0.4, "y": 0.0, "cluster": 0},
+                            {"task_id": 2, "name": "b", "x": 0.4, "y": 0.0, "cluster": 0}]}
+            ]
+        },
+    )
+
+    space_id: int
+    method: str = Field(description="Layout method: classical MDS of 1 − Â_F.")
+    total: int = Field(description="Ready tasks in the space.")
+    sampled: bool = Field(description="True when the space exceeds max_matrix_tasks and a subset is drawn.")
+    n_clusters: int
+    points: list[AtlasPoint]
+
+
+# --------------------------------------------------------------------------------------------------
+# spaces, health
+# --------------------------------------------------------------------------------------------------
+
+
+class SpaceOut(_Out):
+    """A (model fingerprint, sketch spec) space."""
+
+    id: int
+    model_name: str
+    model_fingerprint: str
+    spec_fingerprint: str
+    d: int
+    K: int
+    m: int
+    seed: int
+    spec: dict[str, Any] = Field(default_factory=dict)
+    n_tasks: int | None = None
+    default: bool = Field(default=False, description="Whether this is the loaded model's space.")
+
+
+class SpaceList(_Out):
+    """All spaces."""
+
+    items: list[SpaceOut]
+
+
+class ImportResult(_Out):
+    """Answer of ``POST /v1/spaces/import``."""
+
+    space_id: int
+    imported: int
+    skipped: list[str] = Field(default_factory=list)
+
+
+class Health(_Out):
+    """Liveness."""
+
+    status: Literal["ok"] = "ok"
+    version: str | None = None
+
+
+class Readiness(_Out):
+    """Readiness: the database is reachable, the model is loaded and the index is caught up."""
+
+    ready: bool
+    checks: dict[str, bool]
+    detail: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,1199 @@
+/* FisherAtlas dashboard: a single page over the public REST API (/v1), plain JS + SVG.
+ *
+ * Hash routes: #/atlas, #/matrix[?ids=1,2,3], #/task/{id}, #/route, #/jobs.
+ * Every data request carries the X-API-Key header from the key field (localStorage).
+ * Stable data-testid attributes are used by tests/service/test_dashboard_browser.py.
+ */
+(() => {
+  "use strict";
+
+  // ------------------------------------------------------------------ constants
+  const KEY_STORAGE = "fisherAtlas.apiKey";
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const API_BASE = (() => {
+    const p = window.location.pathname;
+    const i = p.lastIndexOf("/dashboard");
+    return (i >= 0 ? p.slice(0, i) : "") + "/v1";
+  })();
+  // Okabe–Ito (colour-blind safe) first, then a few extra distinct hues.
+  const PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#7A5CC4",
+    "#8C8C3C", "#1B9E9E", "#B24A6B", "#5A7D2B", "#C28A2C"];
+  const NO_GROUP = "#a9b1bb";
+  const MATRIX_DEFAULT_MAX = 40;
+  const POLL_MS = 1500;
+
+  // ------------------------------------------------------------------ DOM helpers
+  function setAttrs(node, attrs) {
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.setAttribute("class", v);
+      else if (k === "text") node.textContent = v;
+      else if (k.startsWith("on") && typeof v === "function") node.addEventListener(k.slice(2), v);
+      else if (k === "value" && "value" in node && !(node instanceof SVGElement)) node.value = v;
+      else if (k === "checked" && "checked" in node) node.checked = !!v;
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+  }
+  function addKids(node, kids) {
+    for (const kid of kids.flat(Infinity)) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      node.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+  }
+  function h(tag, attrs, ...kids) {
+    const node = document.createElement(tag);
+    setAttrs(node, attrs);
+    addKids(node, kids);
+    return node;
+  }
+  function s(tag, attrs, ...kids) {
+    const node = document.createElementNS(SVGNS, tag);
+    setAttrs(node, attrs);
+    addKids(node, kids);
+    return node;
+  }
+  const $ = (sel, root = document) => root.querySelector(sel);
+
+  // ------------------------------------------------------------------ formatting
+  function fmt(x, digits = 3) {
+    if (x === null || x === undefined || Number.isNaN(Number(x))) return "—";
+    return Number(x).toFixed(digits);
+  }
+  function fmtInt(x) {
+    if (x === null || x === undefined || Number.isNaN(Number(x))) return "—";
+    return Number(x).toLocaleString("en-US");
+  }
+  function fmtDate(x) {
+    if (!x) return "—";
+    const d = new Date(x);
+    return Number.isNaN(d.getTime()) ? String(x) : d.toLocaleString();
+  }
+  function fmtDuration(seconds) {
+    if (!Number.isFinite(seconds) || seconds < 0) return "—";
+    if (seconds < 60) return `${Math.round(seconds)} s`;
+    if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
+    return `${Math.floor(seconds / 3600)} h ${Math.round((seconds % 3600) / 60)} min`;
+  }
+  function truncate(text, n) {
+    const t = String(text ?? "");
+    return t.length > n ? t.slice(0, n - 1) + "…" : t;
+  }
+  function pick(obj, ...names) {
+    if (!obj) return undefined;
+    for (const n of names) if (obj[n] !== undefined && obj[n] !== null) return obj[n];
+    return undefined;
+  }
+  const clamp01 = (x) => Math.max(0, Math.min(1, x));
+
+  // ------------------------------------------------------------------ API
+  class ApiError extends Error {
+    constructor(code, message, status, detail) {
+      super(message);
+      this.code = code;
+      this.status = status;
+      this.detail = detail;
+    }
+  }
+  function apiKey() {
+    try { return window.localStorage.getItem(KEY_STORAGE) || ""; } catch (_) { return ""; }
+  }
+  async function api(path, { method = "GET", body, signal } = {}) {
+    const headers = { Accept: "application/json" };
+    const key = apiKey();
+    if (key) headers["X-API-Key"] = key;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    let res;
+    try {
+      res = await fetch(API_BASE + path, {
+        method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch (err) {
+      if (err && err.name === "AbortError") throw err;
+      throw new ApiError("network", `Cannot reach the service (${err && err.message ? err.message : err}).`, 0);
+    }
+    const text = await res.text();
+    let data = null;
+    try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+    if (!res.ok) {
+      let message = data && typeof data.message === "string" ? data.message : null;
+      if (!message && data && typeof data.detail === "string") message = data.detail;
+      if (!message) message = `${res.status} ${res.statusText || "error"}`;
+      if (res.status === 401) message += " — enter a read key in the API key field above.";
+      throw new ApiError((data && data.code) || String(res.status), message, res.status, data && data.detail);
+    }
+    return data;
+  }
+  function qs(params) {
+    const parts = [];
+    for (const [k, v] of Object.entries(params)) {
+      if (v === undefined || v === null || v === "") continue;
+      parts.push(`${encodeURIComponent(k)}=${encodeURIComponent(v)}`);
+    }
+    return parts.length ? `?${parts.join("&")}` : "";
+  }
+  async function listAllTasks(params = {}, cap = 2000) {
+    const items = [];
+    let offset = 0;
+    const limit = 200;
+    for (;;) {
+      const page = await api(`/tasks${qs({ ...params, limit, offset })}`);
+      const got = (page && page.items) || [];
+      items.push(...got);
+      const total = page && Number.isFinite(page.total) ? page.total : items.length;
+      offset += got.length;
+      if (!got.length || offset >= total || items.length >= cap) break;
+    }
+    return items;
+  }
+  const taskName = (t) => (t && (t.name ?? `task ${t.id}`)) || "";
+  const taskSamples = (t) => pick(t, "n_samples", "sample_count", "samples");
+  const taskTokens = (t) => pick(t, "n_tokens", "token_count", "tokens");
+  const taskMeta = (t) => (t && (t.metadata || t.meta)) || {};
+  const taskSpace = (t) => pick(t, "space_id", "space");
+
+  // ------------------------------------------------------------------ page chrome
+  const view = () => $("#view");
+  function showBanner(message) {
+    const b = $("#banner");
+    if (!message) { b.hidden = true; b.textContent = ""; return; }
+    b.textContent = message;
+    b.hidden = false;
+  }
+  function errorBox(err, what) {
+    const msg = err instanceof Error ? err.message : String(err);
+    return h("div", { class: "error", role: "alert", "data-testid": "error" },
+      h("strong", {}, what ? `${what}: ` : "Error: "), msg);
+  }
+  function emptyState(title, ...lines) {
+    return h("div", { class: "empty" }, h("h3", {}, title), lines.map((l) => h("p", { class: "muted" }, l)));
+  }
+  function statusBadge(status) {
+    const st = String(status || "unknown");
+    return h("span", { class: `badge st-${st}`, "data-testid": "status-badge" }, st);
+  }
+
+  const tooltip = {
+    show(evt, content, anchor) {
+      const tip = $("#tooltip");
+      tip.replaceChildren(...(Array.isArray(content) ? content : [content]).filter((c) => c !== null && c !== undefined && c !== false));
+      tip.hidden = false;
+      let x; let y;
+      if (evt && Number.isFinite(evt.clientX) && (evt.clientX || evt.clientY)) {
+        x = evt.clientX; y = evt.clientY;
+      } else if (anchor) {
+        const r = anchor.getBoundingClientRect();
+        x = r.left + r.width / 2; y = r.top + r.height / 2;
+      } else { x = 0; y = 0; }
+      const tw = tip.offsetWidth; const th = tip.offsetHeight;
+      let left = x + 14; let top = y + 14;
+      if (left + tw > window.innerWidth - 8) left = x - tw - 14;
+      if (top + th > window.innerHeight - 8) top = y - th - 14;
+      tip.style.left = `${Math.max(4, left) + window.scrollX}px`;
+      tip.style.top = `${Math.max(4, top) + window.scrollY}px`;
+    },
+    hide() { $("#tooltip").hidden = true; },
+  };
+  function kv(rows) {
+    return h("dl", { class: "kv" }, rows.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+  }
+
+  // ------------------------------------------------------------------ colour
+  function colourGroups(values) {
+    // values: array of raw group values (null = no group). Returns {colourOf(v), legend:[{label,colour,count}], numeric}
+    const present = values.filter((v) => v !== null && v !== undefined && v !== "");
+    const numeric = present.length > 0 && present.every((v) => typeof v === "number");
+    const distinct = [...new Set(present.map((v) => (typeof v === "object" ? JSON.stringify(v) : v)))];
+    if (numeric && distinct.length > PALETTE.length) {
+      const lo = Math.min(...present); const hi = Math.max(...present);
+      const f = (v) => (v === null || v === undefined ? NO_GROUP : seqColour(hi > lo ? (v - lo) / (hi - lo) : 0.5));
+      return { colourOf: f, legend: [], numeric: { lo, hi } };
+    }
+    const counts = new Map();
+    for (const v of present) {
+      const key = typeof v === "object" ? JSON.stringify(v) : v;
+      counts.set(key, (counts.get(key) || 0) + 1);
+    }
+    distinct.sort((a, b) => (typeof a === "number" && typeof b === "number" ? a - b
+      : (counts.get(b) - counts.get(a)) || String(a).localeCompare(String(b))));
+    const shown = distinct.slice(0, PALETTE.length - (distinct.length > PALETTE.length ? 1 : 0));
+    const map = new Map(shown.map((v, i) => [v, PALETTE[i]]));
+    const other = distinct.length > shown.length;
+    const colourOf = (v) => {
+      if (v === null || v === undefined || v === "") return NO_GROUP;
+      const key = typeof v === "object" ? JSON.stringify(v) : v;
+      return map.get(key) || "#6b7280";
+    };
+    const legend = shown.map((v) => ({ label: String(v), colour: map.get(v), count: counts.get(v) }));
+    if (other) {
+      legend.push({ label: "other", colour: "#6b7280",
+        count: distinct.slice(shown.length).reduce((a, v) => a + counts.get(v), 0) });
+    }
+    const none = values.length - present.length;
+    if (none) legend.push({ label: "none", colour: NO_GROUP, count: none });
+    return { colourOf, legend, numeric: null };
+  }
+  // Sequential scale for alignments (0 → pale, 1 → deep blue), interpolated in RGB between stops.
+  const SEQ_STOPS = [[247, 251, 255], [208, 225, 242], [148, 196, 223], [74, 152, 201], [23, 100, 171], [8, 48, 107]];
+  function seqColour(t) {
+    const x = clamp01(Number.isFinite(t) ? t : 0) * (SEQ_STOPS.length - 1);
+    const i = Math.min(SEQ_STOPS.length - 2, Math.floor(x));
+    const f = x - i;
+    const c = SEQ_STOPS[i].map((a, k) => Math.round(a + (SEQ_STOPS[i + 1][k] - a) * f));
+    return `rgb(${c[0]},${c[1]},${c[2]})`;
+  }
+
+  // ------------------------------------------------------------------ router
+  let navSeq = 0;
+  let cleanups = [];
+  function currentCtx() {
+    const id = navSeq;
+    return {
+      alive: () => id === navSeq,
+      onCleanup: (fn) => cleanups.push(fn),
+    };
+  }
+  const ROUTES = [
+    [/^\/atlas$/, (ctx) => viewAtlas(ctx), "atlas"],
+    [/^\/matrix$/, (ctx, m, q) => viewMatrix(ctx, q), "matrix"],
+    [/^\/task\/([^/]+)$/, (ctx, m) => viewTask(ctx, decodeURIComponent(m[1])), "atlas"],
+    [/^\/route$/, (ctx) => viewRoute(ctx), "route"],
+    [/^\/jobs$/, (ctx) => viewJobs(ctx), "jobs"],
+  ];
+  function parseHash() {
+    const raw = window.location.hash.replace(/^#/, "") || "/atlas";
+    const [path, query = ""] = raw.split("?");
+    return { path, query: new URLSearchParams(query) };
+  }
+  function navigate() {
+    navSeq += 1;
+    for (const fn of cleanups.splice(0)) { try { fn(); } catch (_) { /* ignore */ } }
+    tooltip.hide();
+    showBanner(null);
+    const { path, query } = parseHash();
+    const route = ROUTES.find(([re]) => re.test(path));
+    if (!route) { window.location.replace("#/atlas"); return; }
+    for (const a of document.querySelectorAll("[data-nav]")) {
+      if (a.dataset.nav === route[2]) a.setAttribute("aria-current", "page");
+      else a.removeAttribute("aria-current");
+    }
+    const ctx = currentCtx();
+    view().replaceChildren(h("p", { class: "muted loading" }, "Loading…"));
+    Promise.resolve(route[1](ctx, path.match(route[0]), query)).catch((err) => {
+      if (!ctx.alive()) return;
+      view().replaceChildren(errorBox(err));
+    });
+  }
+
+  // ------------------------------------------------------------------ shared widgets
+  function pageHeader(title, subtitle, ...right) {
+    return h("div", { class: "page-head" },
+      h("div", {}, h("h1", {}, title), subtitle ? h("p", { class: "muted" }, subtitle) : null),
+      h("div", { class: "page-tools" }, right));
+  }
+  function select(id, label, options, value, onchange) {
+    return h("label", { class: "field", for: id }, h("span", {}, label),
+      h("select", { id, onchange: (e) => onchange(e.target.value) },
+        options.map(([v, text]) => h("option", { value: v, selected: String(v) === String(value) }, text))));
+  }
+  function spacesOf(tasks) {
+    return [...new Set(tasks.map(taskSpace).filter((v) => v !== undefined && v !== null))];
+  }
+  function taskLink(id, name, attrs = {}) {
+    return h("a", { href: `#/task/${encodeURIComponent(id)}`, ...attrs }, name ?? `task ${id}`);
+  }
+
+  // ------------------------------------------------------------------ Atlas view
+  const atlasState = { colourBy: "cluster", space: "" };
+
+  async function viewAtlas(ctx) {
+    const [atlas, tasks, spaceList] = await Promise.all([
+      api(`/atlas${qs({ space: atlasState.space })}`),
+      listAllTasks(atlasState.space ? { space: atlasState.space } : {}),
+      api("/spaces").then((r) => (Array.isArray(r) ? r : (r && r.items) || [])).catch(() => []),
+    ]);
+    if (!ctx.alive()) return;
+    const byId = new Map(tasks.map((t) => [String(t.id), t]));
+    const points = ((atlas && atlas.points) || []).map((p) => ({ ...p, task: byId.get(String(p.task_id)) }));
+    const spaceOptions = spaceList.length
+      ? spaceList.map((sp) => [String(sp.id), `${sp.id}: ${truncate(sp.model_name || "space", 28)}${sp.default ? " (default)" : ""}`
+        + (sp.n_tasks !== undefined && sp.n_tasks !== null ? ` · ${sp.n_tasks} tasks` : "")])
+      : spacesOf(tasks).map((sp) => [String(sp), `space ${sp}`]);
+    const metaKeys = [...new Set(tasks.flatMap((t) => Object.keys(taskMeta(t))))].sort();
+
+    const root = h("section", { class: "page", "data-testid": "atlas-view" });
+    const tools = [];
+    if (spaceOptions.length > 1 || atlasState.space) {
+      tools.push(select("atlas-space", "Space", [["", "default space"], ...spaceOptions],
+        atlasState.space, (v) => { atlasState.space = v; navigate(); }));
+    }
+    const colourOptions = [["cluster", "cluster"], ["status", "status"], ["mode", "mode"],
+      ...metaKeys.map((k) => [`meta:${k}`, `metadata · ${k}`])];
+    if (!colourOptions.some(([v]) => v === atlasState.colourBy)) atlasState.colourBy = "cluster";
+    tools.push(select("atlas-colour", "Colour by", colourOptions, atlasState.colourBy,
+      (v) => { atlasState.colourBy = v; draw(); }));
+    const sampled = atlas && atlas.sampled ? ` (a sample of ${points.length} of ${atlas.total})` : "";
+    root.append(pageHeader("Task atlas",
+      `${points.length} task${points.length === 1 ? "" : "s"}${sampled} placed in 2-D` +
+      `${atlas && atlas.method ? ` by ${atlas.method}` : ""}: nearby marks have aligned Fisher geometry. ` +
+      "Hover for details, click to open a task.", tools));
+
+    if (!points.length) {
+      const pending = tasks.filter((t) => t.status === "pending").length;
+      root.append(emptyState("No tasks on the map yet",
+        tasks.length ? `${tasks.length} task(s) stored, ${pending} still processing — see Jobs.`
+          : "Add a task with the CLI (fisher-atlas add NAME samples.jsonl --wait) or POST /v1/tasks.",
+        "Tasks appear here as soon as their first job succeeds."));
+      view().replaceChildren(root);
+      return;
+    }
+
+    const layout = h("div", { class: "atlas-layout" });
+    const mapCard = h("div", { class: "card map-card" });
+    const legendBox = h("div", { class: "legend", "data-testid": "atlas-legend" });
+    const listCard = h("div", { class: "card list-card" });
+    layout.append(mapCard, listCard);
+    root.append(layout);
+    view().replaceChildren(root);
+
+    const W = 760; const H = 520; const PAD = 34;
+    function groupValue(p) {
+      const t = p.task || {};
+      if (atlasState.colourBy === "cluster") return p.cluster === -1 ? null : p.cluster ?? null;
+      if (atlasState.colourBy === "status") return t.status ?? null;
+      if (atlasState.colourBy === "mode") return t.mode ?? null;
+      const key = atlasState.colourBy.slice(5);
+      const v = taskMeta(t)[key];
+      return v === undefined ? null : v;
+    }
+
+    function draw() {
+      const groups = colourGroups(points.map(groupValue));
+      // equal-aspect scaling so distances on the map are honest
+      const xs = points.map((p) => Number(p.x)); const ys = points.map((p) => Number(p.y));
+      const xmin = Math.min(...xs); const xmax = Math.max(...xs);
+      const ymin = Math.min(...ys); const ymax = Math.max(...ys);
+      const span = Math.max(xmax - xmin, ymax - ymin) || 1;
+      const scale = Math.min((W - 2 * PAD) / span, (H - 2 * PAD) / span);
+      const cx = (xmin + xmax) / 2; const cy = (ymin + ymax) / 2;
+      const X = (x) => W / 2 + (x - cx) * scale;
+      const Y = (y) => H / 2 - (y - cy) * scale;
+
+      const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "atlas-svg", role: "img",
+        "aria-label": `Map of ${points.length} tasks`, "data-testid": "atlas-map" });
+      svg.append(s("rect", { x: 0, y: 0, width: W, height: H, class: "plot-bg" }));
+      for (let i = 1; i < 6; i++) {
+        svg.append(s("line", { x1: (W * i) / 6, x2: (W * i) / 6, y1: 0, y2: H, class: "grid" }));
+        svg.append(s("line", { y1: (H * i) / 6, y2: (H * i) / 6, x1: 0, x2: W, class: "grid" }));
+      }
+      const showLabels = points.length <= 60;
+      // greedy label placement: right, left, above, below the mark; skipped when all four collide
+      const boxes = points.map((p) => ({ x0: X(Number(p.x)) - 8, x1: X(Number(p.x)) + 8, y0: Y(Number(p.y)) - 8, y1: Y(Number(p.y)) + 8 }));
+      const overlaps = (b) => boxes.some((o) => b.x0 < o.x1 && b.x1 > o.x0 && b.y0 < o.y1 && b.y1 > o.y0);
+      function placeLabel(px, py, text) {
+        const tw = text.length * 6.3 + 4; const th = 13;
+        const options = [
+          [px + 10, py - th / 2, "start", px + 11, py + 4], [px - 10 - tw, py - th / 2, "end", px - 11, py + 4],
+          [px - tw / 2, py - 11 - th, "middle", px, py - 13], [px - tw / 2, py + 10, "middle", px, py + 21],
+        ];
+        for (const [x0, y0, anchor, tx, ty] of options) {
+          const b = { x0, x1: x0 + tw, y0, y1: y0 + th };
+          if (b.x0 < 2 || b.x1 > W - 2 || b.y0 < 2 || b.y1 > H - 2 || overlaps(b)) continue;
+          boxes.push(b);
+          labels.append(s("text", { x: tx.toFixed(1), y: ty.toFixed(1), "text-anchor": anchor, class: "point-label" }, text));
+          return;
+        }
+      }
+      const labels = s("g", { class: "labels", "aria-hidden": "true" });
+      const marks = s("g", { class: "marks" });
+      for (const p of points) {
+        const px = X(Number(p.x)); const py = Y(Number(p.y));
+        const colour = groups.colourOf(groupValue(p));
+        const mark = s("circle", {
+          cx: px.toFixed(2), cy: py.toFixed(2), r: 7, fill: colour, class: "atlas-point",
+          tabindex: 0, role: "link", "aria-label": `${p.name ?? taskName(p.task)}, cluster ${p.cluster ?? "none"}`,
+          "data-testid": "atlas-point", "data-task-id": p.task_id, "data-cluster": p.cluster ?? "",
+        });
+        const open = () => { window.location.hash = `#/task/${encodeURIComponent(p.task_id)}`; };
+        const tip = (evt) => tooltip.show(evt, pointTooltip(p), mark);
+        mark.addEventListener("click", open);
+        mark.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(); } });
+        mark.addEventListener("mouseenter", (e) => { tip(e); highlightRow(p.task_id, true); });
+        mark.addEventListener("mousemove", tip);
+        mark.addEventListener("mouseleave", () => { tooltip.hide(); highlightRow(p.task_id, false); });
+        mark.addEventListener("focus", () => { tip(null); highlightRow(p.task_id, true); });
+        mark.addEventListener("blur", () => { tooltip.hide(); highlightRow(p.task_id, false); });
+        marks.append(mark);
+        if (showLabels) placeLabel(px, py, truncate(p.name ?? taskName(p.task), 22));
+      }
+      svg.append(labels, marks);
+
+      const legendItems = groups.numeric
+        ? [h("span", { class: "legend-ramp" }, fmt(groups.numeric.lo, 2), h("span", { class: "ramp" }), fmt(groups.numeric.hi, 2))]
+        : groups.legend.map((g) => {
+          const sw = h("span", { class: "swatch" });
+          sw.style.background = g.colour;
+          return h("span", { class: "legend-item" }, sw, `${g.label} (${g.count})`);
+        });
+      legendBox.replaceChildren(
+        h("span", { class: "legend-title" }, atlasState.colourBy.replace(/^meta:/, "metadata · ")), ...legendItems);
+      mapCard.replaceChildren(svg, legendBox);
+
+      // task list beside the map
+      const rows = [...points].sort((a, b) => String(a.cluster ?? "").localeCompare(String(b.cluster ?? ""), undefined, { numeric: true })
+        || String(a.name).localeCompare(String(b.name)));
+      const table = h("table", { class: "table compact", "data-testid": "atlas-list" },
+        h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, "Task"), h("th", { class: "num" }, "Samples"))),
+        h("tbody", {}, rows.map((p) => {
+          const dot = h("span", { class: "dot" });
+          dot.style.background = groups.colourOf(groupValue(p));
+          return h("tr", { "data-task-id": p.task_id,
+            onmouseenter: () => highlightPoint(p.task_id, true), onmouseleave: () => highlightPoint(p.task_id, false) },
+          h("td", {}, dot), h("td", {}, taskLink(p.task_id, truncate(p.name ?? taskName(p.task), 40))),
+          h("td", { class: "num" }, fmtInt(taskSamples(p.task))));
+        })));
+      const notReady = tasks.filter((t) => t.status !== "ready" && String(taskSpace(t)) === String(atlas.space_id ?? taskSpace(t)));
+      const pending = notReady.filter((t) => t.status === "pending").length;
+      const failed = notReady.filter((t) => t.status === "failed").length;
+      listCard.replaceChildren(h("h2", {}, "Tasks"), h("div", { class: "scroll" }, table),
+        notReady.length ? h("p", { class: "muted small list-note", "data-testid": "atlas-not-ready" },
+          [pending ? `${pending} processing` : null, failed ? `${failed} failed` : null].filter(Boolean).join(", "),
+          " — not on the map. ", h("a", { href: "#/jobs" }, "See jobs")) : null);
+    }
+    function highlightRow(id, on) {
+      const row = listCard.querySelector(`tr[data-task-id="${CSS.escape(String(id))}"]`);
+      if (row) row.classList.toggle("hl", on);
+    }
+    function highlightPoint(id, on) {
+      const pt = mapCard.querySelector(`circle[data-task-id="${CSS.escape(String(id))}"]`);
+      if (pt) pt.classList.toggle("hl", on);
+    }
+    draw();
+  }
+
+  function pointTooltip(p) {
+    const t = p.task || {};
+    const meta = Object.entries(taskMeta(t)).slice(0, 6);
+    return [
+      h("div", { class: "tip-title" }, p.name ?? taskName(t)),
+      kv([
+        ["id", String(p.task_id)],
+        ["cluster", p.cluster === null || p.cluster === undefined || p.cluster === -1 ? "none" : String(p.cluster)],
+        t.status ? ["status", t.status] : null,
+        t.mode ? ["mode", t.mode] : null,
+        ["samples", fmtInt(taskSamples(t))],
+        ["tokens", fmtInt(taskTokens(t))],
+        ...meta.map(([k, v]) => [k, truncate(typeof v === "object" ? JSON.stringify(v) : String(v), 40)]),
+      ]),
+      h("div", { class: "tip-hint" }, "click to open"),
+    ];
+  }
+
+  // ------------------------------------------------------------------ ordering
+  function greedyChain(indices, sim) {
+    // nearest-neighbour chain: start at the most central item, always step to the most similar unvisited one
+    if (indices.length <= 2) return [...indices];
+    const left = new Set(indices);
+    let start = indices[0]; let best = -Infinity;
+    for (const i of indices) {
+      let sum = 0;
+      for (const j of indices) if (j !== i) sum += sim[i][j];
+      if (sum > best) { best = sum; start = i; }
+    }
+    const order = [start]; left.delete(start);
+    while (left.size) {
+      const last = order[order.length - 1];
+      let next = null; let nb = -Infinity;
+      for (const j of left) if (sim[last][j] > nb) { nb = sim[last][j]; next = j; }
+      order.push(next); left.delete(next);
+    }
+    return order;
+  }
+  function orderMatrix(n, fisher, clusters, how) {
+    const all = [...Array(n).keys()];
+    const sim = fisher.map((row) => row.map((v) => (Number.isFinite(v) ? v : 0)));
+    if (how === "input") return all;
+    if (how === "chain" || !clusters.some((c) => c !== null && c !== undefined)) return greedyChain(all, sim);
+    const groups = new Map();
+    all.forEach((i) => {
+      const c = clusters[i] === null || clusters[i] === undefined ? "none" : String(clusters[i]);
+      if (!groups.has(c)) groups.set(c, []);
+      groups.get(c).push(i);
+    });
+    const keys = [...groups.keys()];
+    // order clusters by a chain over mean inter-cluster Fisher alignment
+    const csim = keys.map((a) => keys.map((b) => {
+      let sum = 0; let cnt = 0;
+      for (const i of groups.get(a)) for (const j of groups.get(b)) if (i !== j) { sum += sim[i][j]; cnt++; }
+      return cnt ? sum / cnt : 0;
+    }));
+    const korder = greedyChain(keys.map((_, i) => i), csim);
+    return korder.flatMap((k) => greedyChain(groups.get(keys[k]), sim));
+  }
+
+  // ------------------------------------------------------------------ Matrix view
+  // Same rule as the API's `activation_dark` flag (activation >= 0.8 and fisher <= 0.3); adjustable on the page.
+  const matrixState = { selected: null, order: "cluster", show: "all", darkAct: 0.8, darkFisher: 0.3 };
+  function isDark(fisher, activation) {
+    return Number.isFinite(activation) && Number.isFinite(fisher)
+      && activation >= matrixState.darkAct && fisher <= matrixState.darkFisher;
+  }
+
+  async function viewMatrix(ctx, query) {
+    const atlas = await api(`/atlas${qs({ space: atlasState.space })}`);
+    if (!ctx.alive()) return;
+    const points = (atlas && atlas.points) || [];
+    const pointById = new Map(points.map((p) => [String(p.task_id), p]));
+    const fromHash = (query.get("ids") || "").split(",").map((x) => x.trim()).filter(Boolean);
+    if (fromHash.length) matrixState.selected = new Set(fromHash);
+    if (!matrixState.selected) matrixState.selected = new Set(points.slice(0, MATRIX_DEFAULT_MAX).map((p) => String(p.task_id)));
+
+    const root = h("section", { class: "page", "data-testid": "matrix-view" });
+    root.append(pageHeader("Alignment matrix",
+      "Fisher alignment next to its activation-only and error-only factors, ordered by cluster. " +
+      "Outlined cells are activation-dark pairs: activations look alike, gradient updates do not."));
+    if (!points.length) {
+      root.append(emptyState("No tasks with signatures yet", "Add tasks and wait for their jobs; see Jobs."));
+      view().replaceChildren(root);
+      return;
+    }
+    const layout = h("div", { class: "matrix-layout" });
+    const side = h("aside", { class: "card select-card" });
+    const main = h("div", { class: "matrix-main" });
+    layout.append(side, main);
+    root.append(layout);
+    view().replaceChildren(root);
+
+    // --- selection panel
+    const filter = h("input", { type: "search", placeholder: "filter tasks", "aria-label": "Filter tasks", class: "input" });
+    const list = h("div", { class: "checklist", role: "group", "aria-label": "Tasks in the matrix" });
+    const countLabel = h("span", { class: "muted small" });
+    function renderList() {
+      const f = filter.value.trim().toLowerCase();
+      list.replaceChildren(...points.filter((p) => !f || String(p.name).toLowerCase().includes(f)).map((p) => {
+        const id = String(p.task_id);
+        return h("label", { class: "check" },
+          h("input", { type: "checkbox", checked: matrixState.selected.has(id), "data-task-id": id,
+            onchange: (e) => { if (e.target.checked) matrixState.selected.add(id); else matrixState.selected.delete(id); updateCount(); } }),
+          h("span", {}, truncate(p.name, 34)));
+      }));
+      updateCount();
+    }
+    function updateCount() { countLabel.textContent = `${matrixState.selected.size} of ${points.length} selected`; }
+    filter.addEventListener("input", renderList);
+    const setAll = (ids) => { matrixState.selected = new Set(ids); renderList(); };
+    side.append(
+      h("h2", {}, "Tasks"), filter,
+      h("div", { class: "btn-row" },
+        h("button", { class: "btn small ghost", type: "button", onclick: () => setAll(points.map((p) => String(p.task_id))) }, "All"),
+        h("button", { class: "btn small ghost", type: "button", onclick: () => setAll([]) }, "None"),
+        h("button", { class: "btn small ghost", type: "button",
+          onclick: () => setAll(points.slice(0, MATRIX_DEFAULT_MAX).map((p) => String(p.task_id))) }, `First ${MATRIX_DEFAULT_MAX}`)),
+      list, countLabel,
+      h("button", { class: "btn primary", type: "button", "data-testid": "matrix-compute", onclick: () => compute() }, "Compute matrix"));
+    renderList();
+
+    // --- controls
+    const showSeg = h("div", { class: "segmented", role: "radiogroup", "aria-label": "Heatmaps shown" });
+    for (const [v, label] of [["all", "Side by side"], ["fisher", "Fisher"], ["activation", "Activation"], ["error", "Error"]]) {
+      showSeg.append(h("button", { type: "button", role: "radio", "aria-checked": matrixState.show === v ? "true" : "false",
+        "data-show": v, onclick: () => { matrixState.show = v; for (const b of showSeg.children) b.setAttribute("aria-checked", b.dataset.show === v ? "true" : "false"); paint(); } }, label));
+    }
+    const numInput = (label, key, step) => h("label", { class: "field inline" }, h("span", {}, label),
+      h("input", { type: "number", step, min: 0, max: 1, value: matrixState[key], class: "input num-input",
+        onchange: (e) => { const v = Number(e.target.value); if (Number.isFinite(v)) { matrixState[key] = v; paint(); } } }));
+    const controls = h("div", { class: "card controls" },
+      select("matrix-order", "Order", [["cluster", "cluster, then chain"], ["chain", "Fisher chain"], ["input", "as selected"]],
+        matrixState.order, (v) => { matrixState.order = v; paint(); }),
+      showSeg,
+      h("span", { class: "sep" }),
+      h("span", { class: "muted small" }, "activation-dark:"),
+      numInput("activation ≥", "darkAct", 0.05),
+      numInput("and Fisher ≤", "darkFisher", 0.05));
+    const out = h("div", { class: "matrix-out" });
+    const pairCard = h("div", { class: "pair-card", "data-testid": "pair-detail", hidden: true });
+    main.append(controls, out, pairCard);
+
+    let result = null;
+    async function compute() {
+      const ids = points.map((p) => String(p.task_id)).filter((id) => matrixState.selected.has(id));
+      if (ids.length < 2) { out.replaceChildren(emptyState("Select at least two tasks")); return; }
+      out.replaceChildren(h("p", { class: "muted loading" }, `Computing the ${ids.length}×${ids.length} matrix…`));
+      pairCard.hidden = true;
+      try {
+        const body = await api("/align/matrix", { method: "POST",
+          body: { task_ids: ids.map((x) => (/^\d+$/.test(x) ? Number(x) : x)) } });
+        if (!ctx.alive()) return;
+        result = body;
+        paint();
+      } catch (err) {
+        if (!ctx.alive()) return;
+        out.replaceChildren(errorBox(err, "Matrix"));
+      }
+    }
+
+    function paint() {
+      if (!result) return;
+      const ids = (result.ids || []).map(String);
+      const n = ids.length;
+      const F = result.fisher; const A = result.activation; const E = result.error;
+      const clusters = ids.map((id) => (pointById.get(id) ? pointById.get(id).cluster : null));
+      const order = orderMatrix(n, F, clusters, matrixState.order);
+      const names = ids.map((id, i) => (Array.isArray(result.names) && result.names[i] !== undefined ? result.names[i]
+        : pointById.get(id) ? pointById.get(id).name : `task ${id}`));
+      const kinds = [["fisher", "Fisher alignment", F, "Â_F"], ["activation", "Activation only", A, "S_cov(M_a)"],
+        ["error", "Error only", E, "S_cov(Γ_e)"]];
+      const shown = matrixState.show === "all" ? kinds : kinds.filter(([k]) => k === matrixState.show);
+      const single = shown.length === 1;
+      const labelW = 150;
+      const avail = Math.max(480, (out.clientWidth || 900) - 30);
+      const perPanel = single ? Math.min(620, avail - labelW - 20) : (avail - labelW - shown.length * 22) / shown.length;
+      const cell = Math.max(3, Math.min(single ? 56 : 44, Math.floor(perPanel / n)));
+      let darkCount = 0;
+      for (let i = 0; i < n; i++) for (let j = i + 1; j < n; j++) if (isDark(F[i][j], A[i][j])) darkCount++;
+
+      const panels = shown.map(([kind, title, M, symbol], pi) => {
+        const withLabels = pi === 0;
+        const grid = n * cell;
+        const pad = Math.max(0, Math.ceil((150 - grid) / 2)); // keep room for the title over small grids
+        const ox = (withLabels ? labelW : 4) + pad; const oy = 24;
+        const w = ox + grid + 4 + pad; const hgt = oy + grid + 4;
+        const svg = s("svg", { viewBox: `0 0 ${w} ${hgt}`, width: w, height: hgt, class: "heatmap-svg",
+          role: "img", "aria-label": `${title}: ${n} by ${n} heatmap` });
+        svg.append(s("text", { x: ox + grid / 2, y: 14, "text-anchor": "middle", class: "heatmap-title" }, title,
+          s("tspan", { class: "heatmap-symbol", dx: 6 }, symbol)));
+        const g = s("g", {});
+        const outlines = s("g", { class: "dark-outlines" });
+        order.forEach((i, r) => {
+          if (withLabels) {
+            const lab = s("text", { x: ox - 8, y: oy + r * cell + cell / 2 + 4, "text-anchor": "end", class: "row-label" },
+              truncate(names[i], 22));
+            if (cell < 11) lab.setAttribute("class", "row-label tiny");
+            if (cell >= 7) svg.append(lab);
+          }
+          order.forEach((j, c) => {
+            const v = Number(M[i][j]);
+            const dark = i !== j && isDark(F[i][j], A[i][j]);
+            const rect = s("rect", { x: ox + c * cell, y: oy + r * cell, width: cell, height: cell,
+              fill: seqColour(v), class: "heatmap-cell", "data-testid": "heatmap-cell", "data-kind": kind,
+              "data-row": ids[i], "data-col": ids[j], "data-value": Number.isFinite(v) ? v.toFixed(4) : "",
+              "data-dark": dark ? "true" : null });
+            rect.addEventListener("mouseenter", (e) => { cross(i, j, true); tooltip.show(e, cellTooltip(i, j)); });
+            rect.addEventListener("mousemove", (e) => tooltip.show(e, cellTooltip(i, j)));
+            rect.addEventListener("mouseleave", () => { cross(i, j, false); tooltip.hide(); });
+            rect.addEventListener("click", () => { if (i !== j) showPair(ids[i], ids[j]); else window.location.hash = `#/task/${encodeURIComponent(ids[i])}`; });
+            g.append(rect);
+            if (dark) {
+              outlines.append(s("rect", { x: ox + c * cell + 1, y: oy + r * cell + 1, width: Math.max(1, cell - 2),
+                height: Math.max(1, cell - 2), class: "dark-outline" }));
+            }
+          });
+        });
+        const bounds = s("g", { class: "cluster-bounds" });
+        if (matrixState.order === "cluster") {
+          for (let r = 1; r < n; r++) {
+            if (String(clusters[order[r]]) === String(clusters[order[r - 1]])) continue;
+            const at = r * cell;
+            bounds.append(s("line", { x1: ox + at, x2: ox + at, y1: oy, y2: oy + n * cell, class: "cluster-bound" }),
+              s("line", { x1: ox, x2: ox + n * cell, y1: oy + at, y2: oy + at, class: "cluster-bound" }));
+          }
+        }
+        svg.append(g, bounds, outlines);
+        return h("figure", { class: "heatmap", "data-testid": "heatmap", "data-kind": kind, "data-size": n }, svg);
+      });
+
+      function cellTooltip(i, j) {
+        const dark = i !== j && isDark(F[i][j], A[i][j]);
+        return [
+          h("div", { class: "tip-title" }, i === j ? names[i] : `${names[i]} ↔ ${names[j]}`),
+          kv([["Fisher", fmt(F[i][j])], ["activation", fmt(A[i][j])], ["error", fmt(E[i][j])]]),
+          dark ? h("div", { class: "badge dark" }, "activation-dark") : null,
+          h("div", { class: "tip-hint" }, i === j ? "click to open the task" : "click for the pair's factors"),
+        ];
+      }
+      function cross(i, j, on) {
+        for (const r of out.querySelectorAll(`rect[data-row="${CSS.escape(ids[i])}"][data-col="${CSS.escape(ids[j])}"]`)) r.classList.toggle("hl", on);
+      }
+
+      const legend = h("div", { class: "legend matrix-legend" },
+        h("span", { class: "legend-ramp" }, "0", h("span", { class: "ramp" }), "1"),
+        h("span", { class: "legend-item" }, h("span", { class: "swatch outline" }),
+          `activation-dark pair (activation ≥ ${matrixState.darkAct} and Fisher ≤ ${matrixState.darkFisher}): ${darkCount} pair${darkCount === 1 ? "" : "s"}`),
+        h("span", { class: "muted small" }, "Values below 0 (estimator noise) are drawn as 0. Hover a cell to compare the three factors."));
+      out.replaceChildren(h("div", { class: "card heatmap-card" },
+        h("div", { class: `heatmaps ${single ? "single" : ""}`, "data-testid": "heatmaps" }, panels), legend));
+    }
+
+    async function showPair(a, b) {
+      pairCard.hidden = false;
+      pairCard.replaceChildren(h("p", { class: "muted loading" }, "Loading pair…"));
+      try {
+        const r = await api(`/align${qs({ a, b })}`);
+        if (!ctx.alive()) return;
+        const name = (id) => (pointById.get(String(id)) ? pointById.get(String(id)).name : `task ${id}`);
+        const rows = Object.entries(r || {}).filter(([, v]) => typeof v === "number" || typeof v === "boolean");
+        const flags = Array.isArray(r && r.flags) ? r.flags : [];
+        pairCard.replaceChildren(
+          h("div", { class: "pair-head" },
+            h("h2", {}, taskLink(a, name(a)), " ↔ ", taskLink(b, name(b))),
+            h("button", { class: "btn small ghost", type: "button", "aria-label": "Close", onclick: () => { pairCard.hidden = true; } }, "×")),
+          factorBars(r, { big: true }),
+          kv(rows.map(([k, v]) => [k, typeof v === "number" ? fmt(v, 4) : String(v)])),
+          flags.length ? h("div", { class: "flags" }, flags.map((f) => h("span", { class: "badge" }, String(f)))) : null);
+      } catch (err) {
+        if (!ctx.alive()) return;
+        pairCard.replaceChildren(errorBox(err, "Alignment"));
+      }
+    }
+
+    await compute();
+  }
+
+  // ------------------------------------------------------------------ factor bars
+  // Fisher (EB-shrunk), activation, error on [0, 1]. Coupling rho on a log axis from 0.1 to 10, drawn as a
+  // diverging bar from rho = 1 (separable) with the split-half SE of log rho as a whisker (rho ×/÷ e^SE).
+  const RHO_LOG_SPAN = 1; // decades either side of rho = 1
+  function factorBars(src, { big = false } = {}) {
+    const W = big ? 420 : 300; const rowH = big ? 20 : 16; const labelW = 78; const barW = W - labelW - 74;
+    const rho = Number(pick(src, "rho"));
+    const se = Number(pick(src, "se", "rho_se", "se_log_rho"));
+    const shrunk = pick(src, "fisher_shrunk", "fisher_eb");
+    const fisher = Number(shrunk !== undefined ? shrunk : pick(src, "fisher"));
+    const rows = [
+      ["Fisher", fisher, "f-fisher", shrunk !== undefined ? "Fisher alignment, empirical-Bayes shrunk" : "Fisher alignment"],
+      ["activation", Number(pick(src, "activation")), "f-act", "S_cov(M_a): activation-only similarity"],
+      ["error", Number(pick(src, "error")), "f-err", "S_cov(Γ_e): error-only similarity"],
+      ["coupling ρ", rho, "f-rho", "coupling ratio ρ (log axis 0.1–10, centre ρ = 1); whisker: ρ ×/÷ e^SE, SE of log ρ"],
+    ];
+    const svg = s("svg", { viewBox: `0 0 ${W} ${rows.length * rowH + 4}`, width: W, height: rows.length * rowH + 4,
+      class: "factor-bars", role: "img", "aria-label": rows.map(([l, v]) => `${l} ${fmt(v)}`).join(", ") });
+    const rhoX = (r) => labelW + clamp01((Math.log10(Math.max(r, 1e-12)) / RHO_LOG_SPAN + 1) / 2) * barW;
+    rows.forEach(([label, v, cls, title], r) => {
+      const y = 2 + r * rowH;
+      const g = s("g", {}, s("title", {}, title));
+      g.append(s("text", { x: labelW - 6, y: y + rowH * 0.68, "text-anchor": "end", class: "bar-label" }, label));
+      g.append(s("rect", { x: labelW, y: y + 3, width: barW, height: rowH - 6, class: "bar-track", rx: 2 }));
+      if (cls !== "f-rho" && Number.isFinite(v)) {
+        g.append(s("rect", { x: labelW, y: y + 3, width: Math.max(0.5, clamp01(v) * barW), height: rowH - 6, class: `bar ${cls}`,
+          rx: 2, "data-factor": cls.slice(2) }));
+      }
+      if (cls === "f-rho") {
+        const one = rhoX(1);
+        if (Number.isFinite(v)) {
+          const x = rhoX(v);
+          g.append(s("rect", { x: Math.min(one, x), y: y + 3, width: Math.max(1, Math.abs(x - one)), height: rowH - 6,
+            class: `bar ${cls}`, rx: 2, "data-factor": "rho" }));
+          if (Number.isFinite(se) && se > 0 && v > 0) {
+            const lo = rhoX(v * Math.exp(-se)); const hi = rhoX(v * Math.exp(se)); const ym = y + rowH / 2;
+            g.append(s("line", { x1: lo, x2: hi, y1: ym, y2: ym, class: "whisker", "data-testid": "se-whisker" }),
+              s("line", { x1: lo, x2: lo, y1: ym - 4, y2: ym + 4, class: "whisker" }),
+              s("line", { x1: hi, x2: hi, y1: ym - 4, y2: ym + 4, class: "whisker" }));
+          }
+        }
+        g.append(s("line", { x1: one, x2: one, y1: y + 1, y2: y + rowH - 1, class: "ref-line" }));
+      }
+      const txt = cls === "f-rho"
+        ? `${fmt(v, 2)}${Number.isFinite(se) ? ` ±${fmt(se, 2)}` : ""}` : fmt(v, 3);
+      g.append(s("text", { x: labelW + barW + 6, y: y + rowH * 0.68, class: "bar-value" }, txt));
+      svg.append(g);
+    });
+    return svg;
+  }
+
+  // ------------------------------------------------------------------ Task view
+  async function viewTask(ctx, id) {
+    const task = await api(`/tasks/${encodeURIComponent(id)}`);
+    if (!ctx.alive()) return;
+    const root = h("section", { class: "page", "data-testid": "task-page", "data-task-id": task.id });
+    const meta = taskMeta(task);
+    root.append(h("nav", { class: "crumbs", "aria-label": "Breadcrumb" }, h("a", { href: "#/atlas" }, "Atlas"), " / ", taskName(task)));
+    root.append(h("div", { class: "page-head" },
+      h("div", {}, h("h1", { "data-testid": "task-name" }, taskName(task), " ", statusBadge(task.status)),
+        h("p", { class: "muted" }, `task ${task.id} · ${task.mode || "?"} mode · space ${taskSpace(task) ?? "?"}`)),
+      h("div", { class: "page-tools" },
+        h("a", { class: "btn small ghost", href: "#/route" }, "Route a prompt"))));
+
+    const stats = h("div", { class: "stats" },
+      stat("samples", fmtInt(taskSamples(task)), "task-samples"),
+      stat("tokens", fmtInt(taskTokens(task)), "task-tokens"),
+      stat("version", pick(task, "version") ?? "—"),
+      stat("updated", fmtDate(pick(task, "updated_at", "created_at"))));
+    const info = h("div", { class: "grid-2" });
+    const modelCard = h("div", { class: "card" }, h("h2", {}, "Model & sketch"), h("p", { class: "muted" }, "Loading…"));
+    const metaEntries = Object.entries(meta);
+    const metaCard = h("div", { class: "card" }, h("h2", {}, "Metadata"),
+      metaEntries.length ? kv(metaEntries.map(([k, v]) => [k, typeof v === "object" ? JSON.stringify(v) : String(v)]))
+        : h("p", { class: "muted" }, "No metadata."),
+      kv([["created", fmtDate(task.created_at)], ["updated", fmtDate(task.updated_at)]]));
+    info.append(modelCard, metaCard);
+    const jobBox = h("div", {});
+    const sourcesCard = h("div", { class: "card", "data-testid": "sources" }, h("h2", {}, "Recommended sources"),
+      h("p", { class: "muted loading" }, "Loading…"));
+    const neighbours = h("div", { class: "grid-2" });
+    const nearestCard = h("div", { class: "card", "data-testid": "nearest" }, h("h2", {}, "Nearest tasks"), h("p", { class: "muted loading" }, "Loading…"));
+    const darkCard = h("div", { class: "card", "data-testid": "dark-neighbours" }, h("h2", {}, "Activation-dark neighbours"),
+      h("p", { class: "muted loading" }, "Loading…"));
+    neighbours.append(nearestCard, darkCard);
+    root.append(stats, jobBox, info, sourcesCard, neighbours);
+    view().replaceChildren(root);
+
+    // model & spec: from the task itself or its space
+    (async () => {
+      let space = typeof task.space === "object" && task.space ? task.space : null;
+      if (!space && taskSpace(task) !== undefined) {
+        try {
+          const list = await api("/spaces");
+          const items = Array.isArray(list) ? list : (list && list.items) || [];
+          space = items.find((sp) => String(sp.id) === String(taskSpace(task))) || null;
+        } catch (_) { space = null; }
+      }
+      if (!ctx.alive()) return;
+      const src = { ...(space || {}), ...task };
+      const spec = pick(src, "spec", "sketch_spec") || {};
+      const rows = [
+        ["model", pick(src, "model_name", "model")],
+        ["model fingerprint", pick(src, "model_fingerprint", "fingerprint")],
+        ["d (head input)", pick(src, "d") ?? spec.d],
+        ["K (vocabulary)", pick(src, "K") ?? spec.K],
+        ["m (sketch)", pick(src, "m") ?? spec.m],
+        ["seed", pick(src, "seed") ?? spec.seed],
+        ["error projection", spec.error_projection],
+        ["granularity", spec.granularity],
+        ["spec fingerprint", pick(src, "spec_fingerprint")],
+      ].filter(([, v]) => v !== undefined && v !== null && v !== "")
+        .map(([k, v]) => [k, h("span", { class: "mono" }, typeof v === "object" ? JSON.stringify(v) : String(v))]);
+      modelCard.replaceChildren(h("h2", {}, "Model & sketch"),
+        rows.length ? kv(rows) : h("p", { class: "muted" }, `space ${taskSpace(task) ?? "?"} (details not exposed by the API)`));
+    })();
+
+    // latest job, when the task says which
+    let jobId = pick(task, "latest_job_id", "job_id", "last_job_id") ?? (task.latest_job && task.latest_job.id);
+    {
+      const jobRefresh = async () => {
+        if (jobId === undefined) {
+          try {
+            const page = await api(`/jobs${qs({ task_id: task.id, limit: 1 })}`);
+            const items = Array.isArray(page) ? page : (page && page.items) || [];
+            if (items.length) jobId = items[0].id;
+          } catch (_) { /* no job list */ }
+          if (!ctx.alive()) return;
+        }
+        if (jobId === undefined) {
+          if (task.status === "pending") jobBox.replaceChildren(h("div", { class: "card note" }, "This task is still being processed; see Jobs."));
+          return;
+        }
+        try {
+          const job = await api(`/jobs/${encodeURIComponent(jobId)}`);
+          if (!ctx.alive()) return;
+          if (job.status === "succeeded") {
+            const p = job.progress || {};
+            jobBox.replaceChildren(h("p", { class: "muted small", "data-testid": "latest-job" },
+              `Latest job ${job.id} (${job.kind || "job"}) succeeded ${fmtDate(job.finished_at)}: ${fmtInt(p.samples_done)} samples, ` +
+              `${fmtInt(p.tokens)} tokens${Number(p.tokens_per_s) > 0 ? ` at ${fmtInt(Math.round(Number(p.tokens_per_s)))} tokens/s` : ""}.`));
+          } else {
+            jobBox.replaceChildren(h("div", { class: "card", "data-testid": "latest-job" }, h("h2", {}, "Latest job"),
+              jobRow(job, new Map([[String(task.id), task]]))));
+          }
+          if (job.status === "queued" || job.status === "running") {
+            const t = setTimeout(jobRefresh, POLL_MS); ctx.onCleanup(() => clearTimeout(t));
+          } else if (task.status === "pending" && job.status === "succeeded") {
+            navigate();
+          }
+        } catch (_) { /* the job list is optional */ }
+      };
+      jobRefresh();
+    }
+
+    if (task.status !== "ready") {
+      const msg = task.status === "failed" ? "This task has no signature: its job failed (see Jobs)." : "Sources and neighbours appear once the task's first job succeeds.";
+      for (const c of [sourcesCard, nearestCard, darkCard]) c.replaceChildren(c.firstChild, h("p", { class: "muted" }, msg));
+      return;
+    }
+
+    // recommended sources
+    (async () => {
+      try {
+        const res = await api(`/tasks/${encodeURIComponent(task.id)}/sources${qs({ k: 8, candidates: 64 })}`);
+        if (!ctx.alive()) return;
+        const sources = (res && res.sources) || [];
+        if (!sources.length) {
+          sourcesCard.replaceChildren(sourcesCard.firstChild, h("p", { class: "muted" }, "No other task in this space to recommend yet."));
+          return;
+        }
+        sourcesCard.replaceChildren(h("h2", {}, "Recommended sources"),
+          h("p", { class: "muted small" }, "Ranked by empirical-Bayes-shrunk Fisher alignment. Bars: Fisher (shrunk), activation-only, error-only on 0–1; coupling ρ on a log axis 0.1–10 from the centre line ρ = 1, whisker ρ ×/÷ e^SE (SE of log ρ)."),
+          h("ol", { class: "sources" }, sources.map((src, i) => h("li", { class: "source-row", "data-testid": "source-row", "data-task-id": src.task_id },
+            h("div", { class: "source-head" },
+              h("span", { class: "rank" }, String(i + 1)),
+              taskLink(src.task_id, src.name ?? `task ${src.task_id}`),
+              src.activation_dark ? h("span", { class: "badge dark", title: "activations alike, updates not", "data-testid": "dark-badge" }, "activation-dark") : null,
+              h("span", { class: "score mono", title: "Fisher (raw → shrunk)" },
+                `A_F ${fmt(src.fisher)}${src.fisher_shrunk !== undefined ? ` → ${fmt(src.fisher_shrunk)}` : ""}`)),
+            factorBars(src)))));
+      } catch (err) {
+        if (!ctx.alive()) return;
+        sourcesCard.replaceChildren(sourcesCard.firstChild, errorBox(err, "Sources"));
+      }
+    })();
+
+    // nearest + activation-dark neighbours from one matrix row against the task's space
+    (async () => {
+      try {
+        const atlas = await api(`/atlas${qs({ space: taskSpace(task) })}`).catch(() => api("/atlas"));
+        const others = ((atlas && atlas.points) || []).filter((p) => String(p.task_id) !== String(task.id)).slice(0, 127);
+        if (!ctx.alive()) return;
+        if (!others.length) {
+          for (const c of [nearestCard, darkCard]) c.replaceChildren(c.firstChild, h("p", { class: "muted" }, "No other task in this space yet."));
+          return;
+        }
+        const ids = [task.id, ...others.map((p) => p.task_id)];
+        const m = await api("/align/matrix", { method: "POST", body: { task_ids: ids } });
+        if (!ctx.alive()) return;
+        const mids = (m.ids || ids).map(String);
+        const me = mids.indexOf(String(task.id));
+        const names = new Map(others.map((p) => [String(p.task_id), p.name]));
+        const rows = mids.map((tid, j) => ({ id: tid, name: names.get(tid) ?? `task ${tid}`,
+          fisher: m.fisher[me][j], activation: m.activation[me][j], error: m.error[me][j] })).filter((r) => r.id !== String(task.id));
+        const nearest = [...rows].sort((a, b) => b.fisher - a.fisher).slice(0, 8);
+        const dark = rows.filter((r) => isDark(r.fisher, r.activation)).sort((a, b) => (b.activation - b.fisher) - (a.activation - a.fisher)).slice(0, 8);
+        nearestCard.replaceChildren(h("h2", {}, "Nearest tasks"), h("p", { class: "muted small" }, "By Fisher alignment."), neighbourTable(nearest, "nearest-row"));
+        darkCard.replaceChildren(h("h2", {}, "Activation-dark neighbours"),
+          h("p", { class: "muted small" }, `Activation ≥ ${matrixState.darkAct} but Fisher ≤ ${matrixState.darkFisher}: they look alike to the model's activations, yet fine-tuning on them moves the head differently.`),
+          dark.length ? neighbourTable(dark, "dark-row") : h("p", { class: "muted" }, "None — every task whose activations resemble this one's also aligns in Fisher geometry."));
+      } catch (err) {
+        if (!ctx.alive()) return;
+        for (const c of [nearestCard, darkCard]) c.replaceChildren(c.firstChild, errorBox(err, "Neighbours"));
+      }
+    })();
+  }
+  function stat(label, value, testid) {
+    return h("div", { class: "stat", "data-testid": testid || null }, h("div", { class: "stat-value" }, value), h("div", { class: "stat-label" }, label));
+  }
+  function miniBar(v, cls) {
+    const wrap = h("span", { class: "minibar" });
+    const fill = h("span", { class: `minibar-fill ${cls}` });
+    fill.style.width = `${(clamp01(Number(v)) * 100).toFixed(1)}%`;
+    wrap.append(fill);
+    return wrap;
+  }
+  function neighbourTable(rows, testid) {
+    return h("table", { class: "table compact" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Task"), h("th", { class: "num" }, "Fisher"), h("th", { class: "num" }, "Activation"),
+        h("th", { class: "num" }, "Error"))),
+      h("tbody", {}, rows.map((r) => h("tr", { "data-testid": testid, "data-task-id": r.id },
+        h("td", {}, taskLink(r.id, truncate(r.name, 32))),
+        h("td", { class: "num" }, miniBar(r.fisher, "f-fisher"), fmt(r.fisher, 2)),
+        h("td", { class: "num" }, miniBar(r.activation, "f-act"), fmt(r.activation, 2)),
+        h("td", { class: "num" }, miniBar(r.error, "f-err"), fmt(r.error, 2))))));
+  }
+
+  // ------------------------------------------------------------------ Routing playground
+  const routeState = { prompt: "", k: 5, threshold: "" };
+  async function viewRoute(ctx) {
+    const root = h("section", { class: "page", "data-testid": "route-view" });
+    root.append(pageHeader("Routing playground",
+      "Type a prompt: its signature (all next-token positions) is matched against the stored tasks. " +
+      "When no task is close enough the open-set answer is “none”: treat the prompt as a new task."));
+    const prompt = h("textarea", { id: "route-prompt", rows: 5, class: "input", "data-testid": "route-prompt",
+      placeholder: "e.g. Question: is the sky blue? Answer:", value: routeState.prompt });
+    const k = h("input", { id: "route-k", type: "number", min: 1, max: 100, value: routeState.k, class: "input num-input" });
+    const thr = h("input", { id: "route-threshold", type: "number", step: 0.01, min: -1, max: 1, value: routeState.threshold,
+      placeholder: "auto", class: "input num-input" });
+    const results = h("div", { class: "route-results", "data-testid": "route-results", "aria-live": "polite" });
+    const submit = h("button", { class: "btn primary", type: "submit", "data-testid": "route-submit" }, "Route");
+    const form = h("form", { class: "card route-form" },
+      h("label", { for: "route-prompt", class: "field block" }, h("span", {}, "Prompt")), prompt,
+      h("div", { class: "form-row" },
+        h("label", { class: "field inline", for: "route-k" }, h("span", {}, "top k"), k),
+        h("label", { class: "field inline", for: "route-threshold" }, h("span", {}, "threshold"), thr),
+        h("span", { class: "grow" }), h("span", { class: "muted small" }, "Ctrl+Enter"), submit));
+    prompt.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); } });
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      routeState.prompt = prompt.value; routeState.k = Number(k.value) || 5; routeState.threshold = thr.value;
+      if (!prompt.value.trim()) { results.replaceChildren(errorBox(new Error("Type a prompt first."), "Routing")); return; }
+      const body = { prompt: prompt.value, k: routeState.k };
+      if (thr.value !== "" && Number.isFinite(Number(thr.value))) body.threshold = Number(thr.value);
+      submit.disabled = true;
+      results.replaceChildren(h("p", { class: "muted loading" }, "Routing…"));
+      const t0 = performance.now();
+      try {
+        let res = await api("/route", { method: "POST", body });
+        if (Array.isArray(res)) res = res[0];
+        if (res && Array.isArray(res.results)) res = res.results[0];
+        if (!ctx.alive()) return;
+        renderRoute(res || {}, performance.now() - t0);
+      } catch (err) {
+        if (!ctx.alive()) return;
+        results.replaceChildren(errorBox(err, "Routing"));
+      } finally { submit.disabled = false; }
+    });
+    function renderRoute(res, ms) {
+      const matches = res.matches || [];
+      const none = !!res.none;
+      const thrUsed = pick(res, "threshold");
+      const top = res.best_score !== undefined && res.best_score !== null ? Number(res.best_score)
+        : matches.length ? Number(matches[0].score) : null;
+      const maxScore = Math.max(1e-9, ...matches.map((m) => Math.abs(Number(m.score)) || 0), 1);
+      results.replaceChildren(
+        h("div", { class: `verdict ${none ? "none" : "match"}`, "data-testid": "route-verdict", "data-none": String(none),
+          "data-threshold": thrUsed !== undefined ? String(thrUsed) : null },
+          none
+            ? h("div", { "data-testid": "route-none" }, h("strong", {}, "None of the stored tasks. "),
+              `The best score${top !== null ? ` (${fmt(top)})` : ""} is below the threshold${thrUsed !== undefined ? ` ${fmt(thrUsed)}` : ""}: this prompt looks like a new task (open set).`)
+            : h("div", {}, h("strong", {}, "Routed. "), matches.length ? `Best match: ${matches[0].name ?? `task ${matches[0].task_id}`} (score ${fmt(top)})` : "No tasks stored.",
+              thrUsed !== undefined ? ` · threshold ${fmt(thrUsed)}` : ""),
+          h("span", { class: "muted small" }, `${Math.round(ms)} ms`)),
+        matches.length ? h("ol", { class: "matches" }, matches.map((m, i) => {
+          const fill = h("span", { class: "score-fill" });
+          fill.style.width = `${(clamp01(Number(m.score) / maxScore) * 100).toFixed(1)}%`;
+          const below = thrUsed !== undefined && Number(m.score) < Number(thrUsed);
+          const bar = h("span", { class: "score-bar" }, fill);
+          if (thrUsed !== undefined && Number.isFinite(Number(thrUsed))) {
+            const tick = h("span", { class: "thr-tick", title: `threshold ${fmt(thrUsed)}` });
+            tick.style.left = `${(clamp01(Number(thrUsed) / maxScore) * 100).toFixed(1)}%`;
+            bar.append(tick);
+          }
+          return h("li", { class: `match-row ${below ? "below" : ""}`, "data-testid": "route-match", "data-task-id": m.task_id },
+            h("span", { class: "rank" }, String(i + 1)),
+            taskLink(m.task_id, m.name ?? `task ${m.task_id}`),
+            bar,
+            h("span", { class: "mono score" }, fmt(m.score)));
+        })) : null);
+    }
+    root.append(form, results);
+    view().replaceChildren(root);
+    prompt.focus();
+  }
+
+  // ------------------------------------------------------------------ Jobs
+  async function fetchJobs() {
+    // Preferred: GET /v1/jobs. Fallback: latest job of each task (when the task exposes it).
+    try {
+      const res = await api(`/jobs${qs({ limit: 100 })}`);
+      const items = Array.isArray(res) ? res : (res && (res.items || res.jobs)) || [];
+      return { jobs: items, source: "jobs" };
+    } catch (err) {
+      if (!(err instanceof ApiError) || (err.status !== 404 && err.status !== 405)) throw err;
+    }
+    const tasks = await listAllTasks({}, 500);
+    const ids = tasks.map((t) => pick(t, "latest_job_id", "job_id", "last_job_id") ?? (t.latest_job && t.latest_job.id))
+      .filter((x) => x !== undefined && x !== null);
+    const jobs = (await Promise.all(ids.slice(0, 60).map((id) => api(`/jobs/${encodeURIComponent(id)}`).catch(() => null)))).filter(Boolean);
+    return { jobs, source: "tasks", tasks };
+  }
+  function jobRow(job, taskById) {
+    const p = job.progress || {};
+    const done = Number(p.samples_done) || 0; const total = Number(p.samples_total) || 0;
+    const frac = total > 0 ? clamp01(done / total) : job.status === "succeeded" ? 1 : 0;
+    const tps = Number(p.tokens_per_s);
+    const active = job.status === "running" || job.status === "queued";
+    const task = taskById && taskById.get(String(job.task_id));
+    const fill = h("span", { class: `progress-fill st-${job.status}` });
+    fill.style.width = `${(Math.max(frac, job.status === "running" ? 0.015 : 0) * 100).toFixed(1)}%`;
+    let eta = null;
+    if (job.status === "running" && total > done && done > 0 && job.started_at) {
+      const elapsed = (Date.now() - new Date(job.started_at).getTime()) / 1000;
+      if (elapsed > 0) eta = (elapsed / done) * (total - done);
+    }
+    return h("div", { class: `job-row ${active ? "active" : ""}`, "data-testid": "job-row", "data-job-id": job.id, "data-status": job.status },
+      h("div", { class: "job-head" },
+        statusBadge(job.status),
+        h("span", { class: "job-title" }, job.task_id !== undefined && job.task_id !== null
+          ? taskLink(job.task_id, task ? taskName(task) : pick(job, "task_name", "name") ?? `task ${job.task_id}`) : "(task deleted)"),
+        h("span", { class: "muted small" }, `job ${job.id}${job.kind ? ` · ${job.kind}` : ""}${job.attempts ? ` · attempt ${job.attempts}` : ""}`),
+        h("span", { class: "grow" }),
+        h("span", { class: "muted small" }, fmtDate(pick(job, "finished_at", "started_at", "created_at")))),
+      h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100,
+        "aria-valuenow": Math.round(frac * 100), "aria-label": `progress of job ${job.id}` }, fill),
+      h("div", { class: "job-stats muted small" },
+        `${fmtInt(done)} / ${total ? fmtInt(total) : "?"} samples · ${fmtInt(p.tokens)} tokens`,
+        Number.isFinite(tps) && tps > 0 ? ` · ${fmtInt(Math.round(tps))} tokens/s` : "",
+        eta !== null ? ` · about ${fmtDuration(eta)} left` : ""),
+      job.status === "failed" && job.error ? h("pre", { class: "job-error", "data-testid": "job-error" }, String(job.error)) : null);
+  }
+  function finishedTable(jobs, taskById) {
+    return h("table", { class: "table compact" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Status"), h("th", {}, "Task"), h("th", {}, "Job"), h("th", { class: "num" }, "Samples"),
+        h("th", { class: "num" }, "Tokens"), h("th", { class: "num" }, "Tokens/s"), h("th", { class: "num" }, "Finished"))),
+      h("tbody", {}, jobs.map((job) => {
+        const p = job.progress || {};
+        const task = taskById.get(String(job.task_id));
+        return h("tr", { "data-testid": "job-row", "data-job-id": job.id, "data-status": job.status },
+          h("td", {}, statusBadge(job.status)),
+          h("td", {}, job.task_id !== undefined && job.task_id !== null
+            ? taskLink(job.task_id, task ? taskName(task) : pick(job, "task_name", "name") ?? `task ${job.task_id}`) : "—"),
+          h("td", { class: "muted" }, `${job.id}${job.kind ? ` · ${job.kind}` : ""}`),
+          h("td", { class: "num" }, fmtInt(p.samples_done)),
+          h("td", { class: "num" }, fmtInt(p.tokens)),
+          h("td", { class: "num" }, Number(p.tokens_per_s) > 0 ? fmtInt(Math.round(Number(p.tokens_per_s))) : "—"),
+          h("td", { class: "num muted" }, fmtDate(pick(job, "finished_at", "started_at", "created_at"))));
+      })));
+  }
+  async function viewJobs(ctx) {
+    const root = h("section", { class: "page", "data-testid": "jobs-view" });
+    const stamp = h("span", { class: "muted small", "aria-live": "off" });
+    root.append(pageHeader("Jobs", "Uploads being sketched, live; failed jobs with their error.", stamp));
+    const body = h("div", { class: "stack" });
+    root.append(body);
+    view().replaceChildren(root);
+    let first = true;
+    const refresh = async () => {
+      let active = false;
+      try {
+        const { jobs, source, tasks } = await fetchJobs();
+        if (!ctx.alive()) return;
+        const taskById = new Map((tasks || []).map((t) => [String(t.id), t]));
+        if (source === "jobs" && first) {
+          // names for the job rows (cheap: one list call)
+          try { for (const t of await listAllTasks({}, 500)) taskById.set(String(t.id), t); } catch (_) { /* names optional */ }
+          body.taskNames = taskById;
+        } else if (body.taskNames) for (const [k2, v] of body.taskNames) if (!taskById.has(k2)) taskById.set(k2, v);
+        first = false;
+        const byNewest = (a, b) => String(pick(b, "created_at") || "").localeCompare(String(pick(a, "created_at") || "")) || Number(b.id) - Number(a.id);
+        const running = jobs.filter((j) => j.status === "running" || j.status === "queued").sort(byNewest);
+        const failed = jobs.filter((j) => j.status === "failed").sort(byNewest);
+        const finished = jobs.filter((j) => j.status === "succeeded" || j.status === "cancelled").sort(byNewest).slice(0, 30);
+        active = running.length > 0;
+        const section = (title, list, emptyText, testid, render) => h("div", { class: "card", "data-testid": testid },
+          h("h2", {}, title, h("span", { class: "count" }, String(list.length))),
+          list.length ? render(list) : h("p", { class: "muted" }, emptyText));
+        const rowsOf = (list) => list.map((j) => jobRow(j, taskById));
+        body.replaceChildren(
+          section("Running and queued", running, "Nothing running.", "jobs-running", rowsOf),
+          section("Failed", failed, "No failed jobs.", "jobs-failed", rowsOf),
+          section("Recently finished", finished, "No finished jobs yet.", "jobs-finished", (list) => finishedTable(list, taskById)));
+        stamp.textContent = `updated ${new Date().toLocaleTimeString()}${active ? " · live" : ""}`;
+      } catch (err) {
+        if (!ctx.alive()) return;
+        body.replaceChildren(errorBox(err, "Jobs"));
+      }
+      if (!ctx.alive()) return;
+      const t = setTimeout(refresh, active ? POLL_MS : 5000);
+      ctx.onCleanup(() => clearTimeout(t));
+    };
+    await refresh();
+  }
+
+  // ------------------------------------------------------------------ boot
+  function initKeyForm() {
+    const form = $("#keyform"); const input = $("#apikey"); const state = $("#keystate");
+    input.value = apiKey();
+    state.textContent = apiKey() ? "saved" : "";
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      try {
+        if (input.value.trim()) window.localStorage.setItem(KEY_STORAGE, input.value.trim());
+        else window.localStorage.removeItem(KEY_STORAGE);
+      } catch (_) { /* private mode */ }
+      state.textContent = input.value.trim() ? "saved" : "cleared";
+      navigate();
+    });
+  }
+  window.addEventListener("hashchange", navigate);
+  window.addEventListener("scroll", () => tooltip.hide(), { passive: true });
+  document.addEventListener("DOMContentLoaded", () => {
+    initKeyForm();
+    if (!window.location.hash) window.history.replaceState(null, "", "#/atlas");
+    navigate();
+  });
+})();

@@ -1,0 +1,249 @@
+"""Reading task uploads: multipart files or JSON bodies, with size limits enforced while streaming.
+
+:class:`BodyLimitMiddleware` caps every request body at the upload limit (plus a small allowance for
+the multipart envelope): a declared ``Content-Length`` above it is refused at once with 413, and an
+undeclared (chunked) body is counted as it arrives and cut off with 413 as soon as it crosses the
+limit — a 10 GB upload is never read into memory or onto disk. Parsing into samples uses
+:func:`atlas.samples.parse_upload` / :func:`atlas.samples.samples_from_records`; nothing is stored
+before the whole upload is parsed and validated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
+from atlas.samples import Sample, parse_upload, samples_from_records
+
+ENVELOPE_BYTES = 256 * 1024
+"""Allowance above ``max_upload_bytes`` for multipart headers and form fields."""
+
+
+class UnsupportedMediaType(AtlasError):
+    """The request body has a content type this endpoint does not read (415)."""
+
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class _BodyTooLarge(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body exceeds the upload limit of {limit} bytes")
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI middleware refusing request bodies above ``max_bytes`` (413) without buffering them."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = None
+        for key, value in scope.get("headers", []):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+        if declared is not None and declared > self.max_bytes:
+            await _send_413(send, self.max_bytes, declared)
+            return
+        received = 0
+        limit = self.max_bytes
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyTooLarge(limit)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await _send_413(send, limit, None)
+
+
+async def _send_413(send: Send, limit: int, declared: int | None) -> None:
+    body = json.dumps({
+        "code": "payload_too_large",
+        "message": f"the request body exceeds the upload limit of {limit} bytes",
+        "detail": {"max_upload_bytes": limit, "content_length": declared},
+    }).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class Upload:
+    """A parsed upload request."""
+
+    name: str | None = None
+    mode: str = "text"
+    space: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    raw: bytes | None = None
+    filename: str | None = None
+    records: list[dict[str, Any]] | None = None
+
+    def samples(self, mode: str | None = None) -> list[Sample]:
+        """Parse into samples for ``mode`` (default: the upload's own mode)."""
+        m = mode or self.mode
+        if self.records is not None:
+            return samples_from_records(list(self.records), m)  # type: ignore[arg-type]
+        assert self.raw is not None
+        return parse_upload(self.raw, self.filename or "upload.txt", m)  # type: ignore[arg-type]
+
+
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _field(form: Any, key: str) -> str | None:
+    value = form.get(key)
+    if value is None:
+        return None
+    if isinstance(value, UploadFile):
+        raise InvalidInput(f"form field {key!r} must be a text field, not a file")
+    return str(value)
+
+
+async def read_upload(request: Request, *, max_upload_bytes: int, json_model: Any, with_task_fields: bool) -> Upload:
+    """Read a multipart (``file`` + form fields) or JSON (``samples``) upload.
+
+    Parameters
+    ----------
+    json_model
+        Pydantic model validating the JSON variant (``TaskCreate`` or ``SamplesAppend``).
+    with_task_fields
+        Whether ``name``/``mode``/``space``/``metadata`` are read (task creation).
+
+    Raises
+    ------
+    InvalidInput, PayloadTooLarge, UnsupportedMediaType
+    """
+    ctype = _content_type(request)
+    if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        return await _read_multipart(request, max_upload_bytes, with_task_fields)
+    if ctype in ("application/json", "") or ctype.endswith("+json"):
+        body = await request.body()
+        if not body:
+            raise InvalidInput("the request body is empty: send multipart/form-data with a file, or JSON")
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
+        try:
+            model = json_model.model_validate(data)
+        except ValidationError as exc:
+            raise RequestValidationError(
+                [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
+            ) from None
+        up = Upload(records=[s.model_dump(exclude_none=True) for s in model.samples])
+        if with_task_fields:
+            up.name, up.mode, up.space, up.metadata = model.name, model.mode, model.space, dict(model.metadata)
+        return up
+    raise UnsupportedMediaType(
+        f"unsupported content type {ctype!r}: send multipart/form-data (file) or application/json (samples)"
+    )
+
+
+async def _read_multipart(request: Request, max_upload_bytes: int, with_task_fields: bool) -> Upload:
+    try:
+        form = await request.form(max_files=1, max_fields=32)
+    except StarletteHTTPException as exc:
+        if exc.status_code == 413:
+            raise
+        raise InvalidInput(f"malformed multipart body: {exc.detail}") from None
+    except (ValueError, KeyError, AssertionError) as exc:
+        raise InvalidInput(f"malformed multipart body: {exc}") from None
+    try:
+        file = form.get("file")
+        if not isinstance(file, UploadFile):
+            raise InvalidInput("the multipart body needs a 'file' part holding the samples")
+        if file.size is not None and file.size > max_upload_bytes:
+            raise PayloadTooLarge(
+                f"the file has {file.size} bytes; the upload limit is {max_upload_bytes}",
+                {"bytes": file.size, "max_upload_bytes": max_upload_bytes},
+            )
+        raw = await file.read(max_upload_bytes + 1)
+        if len(raw) > max_upload_bytes:
+            raise PayloadTooLarge(f"the file exceeds the upload limit of {max_upload_bytes} bytes",
+                                  {"max_upload_bytes": max_upload_bytes})
+        up = Upload(raw=raw, filename=file.filename or "upload.txt")
+        if with_task_fields:
+            name = _field(form, "name")
+            if name is None or not name.strip():
+                raise InvalidInput("form field 'name' is required")
+            if len(name) > 300:
+                raise InvalidInput("a task name must have 1 to 300 characters")
+            mode = _field(form, "mode") or "text"
+            if mode not in ("text", "completion"):
+                raise InvalidInput("form field 'mode' must be 'text' or 'completion'", {"mode": mode})
+            meta_text = _field(form, "metadata")
+            metadata: dict[str, Any] = {}
+            if meta_text and meta_text.strip():
+                try:
+                    metadata = json.loads(meta_text)
+                except json.JSONDecodeError as exc:
+                    raise InvalidInput(f"form field 'metadata' is not valid JSON: {exc.msg}") from None
+                if not isinstance(metadata, dict):
+                    raise InvalidInput("form field 'metadata' must be a JSON object")
+            up.name, up.mode, up.space, up.metadata = name, mode, _field(form, "space") or None, metadata
+        return up
+    finally:
+        await form.close()
+
+
+TASK_FORM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["file", "name"],
+    "properties": {
+        "file": {"type": "string", "format": "binary",
+                 "description": "JSONL/JSON ({\"text\"} or {\"prompt\",\"completion\"} per record), CSV (same "
+                                "columns), Parquet, or plain text (one sample per line). The extension decides."},
+        "name": {"type": "string", "minLength": 1, "maxLength": 300, "example": "smiles"},
+        "mode": {"type": "string", "enum": ["text", "completion"], "default": "text"},
+        "space": {"type": "string", "description": "Space id or name (default: the loaded model's)."},
+        "metadata": {"type": "string", "description": "Task metadata as a JSON object.",
+                     "example": "{\"domain\": \"chemistry\"}"},
+    },
+}
+
+APPEND_FORM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {"file": TASK_FORM_SCHEMA["properties"]["file"]},
+}
+
+IMPORT_FORM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {"file": {"type": "string", "format": "binary",
+                            "description": "A file written by GET /v1/spaces/{space}/export."}},
+}

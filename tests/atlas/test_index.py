@@ -1,0 +1,192 @@
+"""FAISS index derived from SQL: brute-force oracle, persistence, catch-up, rebuilds, IVF recall."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from atlas import changes, repository
+from atlas.index import IndexManager
+from tests.atlas.fixtures import add_ready_task, bulk_ready_tasks, make_space, unit_vectors
+
+M = 48
+
+
+def _oracle(factory: sessionmaker[Session], space_id: int, queries: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+    """Exact top-k straight from the signatures table."""
+    with factory() as s:
+        ids, vecs = repository.get_signatures(s, space_id=space_id)
+    scores = queries @ vecs.T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, order, axis=1), ids[order]
+
+
+def _assert_matches(index: IndexManager, factory: sessionmaker[Session], space_id: int, k: int = 10) -> None:
+    queries = unit_vectors(20, M, seed=99)
+    scores, ids = index.search(space_id, queries, k)
+    exp_scores, exp_ids = _oracle(factory, space_id, queries, k)
+    np.testing.assert_array_equal(ids, exp_ids)
+    np.testing.assert_allclose(scores, exp_scores, rtol=1e-5, atol=1e-5)
+
+
+def _populate(factory: sessionmaker[Session], space_id: int, n: int, seed: int = 0, prefix: str = "t") -> list[int]:
+    vecs = unit_vectors(n, M, seed=seed)
+    return [add_ready_task(factory, space_id, f"{prefix}{i}", vecs[i]) for i in range(n)]
+
+
+def test_flat_equals_bruteforce_with_updates_and_deletes(factory, ro_factory, tmp_path: Path) -> None:
+    space = make_space(factory, m=M)
+    ids = _populate(factory, space.id, 60)
+    index = IndexManager(ro_factory, tmp_path / "idx")
+    assert [r.action for r in index.open()] == ["rebuilt"]
+    _assert_matches(index, factory, space.id)
+
+    # Deletes, re-stored signatures (appends) and new tasks are caught up from the change sequence.
+    new = unit_vectors(5, M, seed=7)
+    for tid in ids[:5]:
+        with factory.begin() as s:
+            repository.delete_task(s, tid)
+    for i, tid in enumerate(ids[5:10]):
+        with factory.begin() as s:
+            task = repository.lock_task(s, tid)
+            repository.store_task_result(s, task, state=b"m", signature=new[i], baselines=None, n_samples=2,
+                                         n_tokens=6)
+    _populate(factory, space.id, 7, seed=3, prefix="late")
+    assert index.catch_up() == 17
+    assert index.catch_up() == 0
+    _assert_matches(index, factory, space.id, k=100)  # k beyond N returns all N
+    with factory() as s:
+        assert index.watermark(space.id) == changes.last_seq(s)
+        assert index.ids(space.id).tolist() == repository.get_signatures(s, space_id=space.id)[0].tolist()
+
+
+def test_persisted_index_is_loaded_caught_up_or_rebuilt(factory, ro_factory, tmp_path: Path) -> None:
+    space = make_space(factory, m=M)
+    _populate(factory, space.id, 40)
+    directory = tmp_path / "idx"
+    first = IndexManager(ro_factory, directory)
+    first.open()
+    assert first.persist() == [space.id]
+    assert first.persist() == []  # nothing changed since
+    queries = unit_vectors(8, M, seed=5)
+    reference = first.search(space.id, queries, 10)
+
+    # Watermark matches SQL: loaded as is.
+    again = IndexManager(ro_factory, directory)
+    assert [(r.action, r.applied) for r in again.open()] == [("loaded", 0)]
+    for got, exp in zip(again.search(space.id, queries, 10), reference, strict=True):
+        np.testing.assert_array_equal(got, exp)
+
+    # Stale file: catch up from the change sequence.
+    _populate(factory, space.id, 4, seed=11, prefix="new")
+    stale = IndexManager(ro_factory, directory)
+    report = stale.open()[0]
+    assert (report.action, report.applied) == ("caught_up", 4)
+    _assert_matches(stale, factory, space.id)
+    stale.persist()
+    expected = stale.search(space.id, queries, 10)
+
+    # Corrupt file, missing file, foreign metadata: rebuilt from SQL with identical answers.
+    path = stale.index_path(space.id)
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    corrupt = IndexManager(ro_factory, directory)
+    assert corrupt.open()[0].action == "rebuilt" and "checksum" in corrupt.reports[space.id].reason
+    for got, exp in zip(corrupt.search(space.id, queries, 10), expected, strict=True):
+        np.testing.assert_array_equal(got, exp)
+
+    path.unlink()
+    missing = IndexManager(ro_factory, directory)
+    assert missing.open()[0].action == "rebuilt"
+    for got, exp in zip(missing.search(space.id, queries, 10), expected, strict=True):
+        np.testing.assert_array_equal(got, exp)
+    missing.persist()
+
+    meta = json.loads(stale.meta_path(space.id).read_text())
+    meta["instance_id"] = "another-database"
+    stale.meta_path(space.id).write_text(json.dumps(meta))
+    foreign = IndexManager(ro_factory, directory)
+    assert foreign.open()[0].action == "rebuilt"
+    foreign.persist()
+
+    meta = json.loads(stale.meta_path(space.id).read_text())
+    meta["watermark"] += 1000  # ahead of SQL: the database was restored from an older backup
+    stale.meta_path(space.id).write_text(json.dumps(meta))
+    ahead = IndexManager(ro_factory, directory)
+    assert ahead.open()[0].action == "rebuilt"
+    _assert_matches(ahead, factory, space.id)
+
+
+def test_pruned_changes_force_rebuild(factory, ro_factory, tmp_path: Path) -> None:
+    space = make_space(factory, m=M)
+    _populate(factory, space.id, 10)
+    index = IndexManager(ro_factory, tmp_path)
+    index.open()
+    index.persist()
+    _populate(factory, space.id, 3, seed=2, prefix="n")
+    with factory.begin() as s:
+        assert changes.prune(s, changes.last_seq(s)) == 13
+    reopened = IndexManager(ro_factory, tmp_path)
+    assert reopened.open()[0].action == "rebuilt"
+    _assert_matches(reopened, factory, space.id)
+    # A live index behind the pruned point rebuilds on catch-up too.
+    _populate(factory, space.id, 2, seed=4, prefix="p")
+    with factory.begin() as s:
+        changes.prune(s, changes.last_seq(s))
+    index.catch_up()
+    _assert_matches(index, factory, space.id)
+
+
+def test_spaces_are_separate_and_discovered(factory, ro_factory) -> None:
+    a = make_space(factory, m=M)
+    index = IndexManager(ro_factory, None)
+    assert [r.action for r in index.open()] == ["rebuilt"]
+    _populate(factory, a.id, 5)
+    b = make_space(factory, m=M, key="model-b")
+    _populate(factory, b.id, 3, seed=1, prefix="b")
+    index.catch_up()
+    assert index.stats(a.id)["count"] == 5 and index.stats(b.id)["count"] == 3
+    _assert_matches(index, factory, b.id)
+    empty = make_space(factory, m=16, key="model-c")
+    scores, ids = index.search(empty.id, np.zeros(16, np.float32), 3)
+    assert scores.shape == (1, 0) and ids.shape == (1, 0)
+    with pytest.raises(Exception, match="shape"):
+        index.search(a.id, np.zeros(7, np.float32), 3)
+
+
+def test_ivf_recall_against_flat(factory, ro_factory, tmp_path: Path) -> None:
+    """IVF on clustered signatures (like real task families) keeps recall@10 high vs flat."""
+    space = make_space(factory, m=M)
+    rng = np.random.default_rng(0)
+    centers = unit_vectors(20, M, seed=1)
+    n = 1200
+    vecs = centers[rng.integers(0, 20, n)] + 0.35 * rng.standard_normal((n, M)).astype(np.float32) / np.sqrt(M)
+    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+    bulk_ready_tasks(factory, space.id, vecs)
+    flat = IndexManager(ro_factory, None)
+    ivf = IndexManager(ro_factory, tmp_path, kind="ivf", nprobe=8, ivf_min_size=500)
+    flat.open()
+    ivf.open()
+    assert ivf.stats(space.id)["kind"] == "ivf" and ivf.stats(space.id)["nlist"] == 35
+    queries = vecs[rng.choice(n, 50, replace=False)] + 0.1 * rng.standard_normal((50, M)).astype(np.float32)
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    _, exact = flat.search(space.id, queries, 10)
+    _, approx = ivf.search(space.id, queries, 10)
+    recall = np.mean([len(set(a) & set(e)) / 10 for a, e in zip(approx, exact, strict=True)])
+    assert recall >= 0.9, recall
+    # Persisted IVF reloads to the same answers; deletes apply to IVF too.
+    ivf.persist()
+    again = IndexManager(ro_factory, tmp_path, kind="ivf", nprobe=8, ivf_min_size=500)
+    assert again.open()[0].action == "loaded"
+    np.testing.assert_array_equal(again.search(space.id, queries, 10)[1], approx)
+    victim = int(approx[0, 0])
+    with factory.begin() as s:
+        repository.delete_task(s, victim)
+    again.catch_up()
+    assert victim not in again.search(space.id, queries[:1], 10)[1]
+    assert again.stats(space.id)["count"] == n - 1

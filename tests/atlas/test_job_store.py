@@ -1,0 +1,122 @@
+"""Job leases: one claimer wins, stale jobs are re-claimed, a lost lease cannot write, finishing is once-only."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from atlas import job_store, repository
+from atlas.models import Job, utcnow
+from atlas.samples import Sample
+from tests.atlas.fixtures import make_space
+
+
+def _job(factory: sessionmaker[Session], name: str = "t") -> tuple[int, int]:
+    space = make_space(factory)
+    with factory.begin() as s:
+        task, job = repository.create_task_with_job(s, space.id, name, "text", {}, [Sample(text=name)])
+    return task.id, job.id
+
+
+def _age_heartbeat(factory: sessionmaker[Session], job_id: int, seconds: float) -> None:
+    with factory.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - dt.timedelta(seconds=seconds)))
+
+
+def test_concurrent_claims_have_one_winner(factory: sessionmaker[Session]) -> None:
+    _, job_id = _job(factory)
+    barrier = threading.Barrier(6)
+    wins: list[job_store.Claim] = []
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        with factory.begin() as s:
+            got = job_store.claim_job(s, job_id, worker=f"w{i}", stale_after_s=60)
+        if got is not None:
+            wins.append(got)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1 and wins[0].attempts == 1
+    with factory() as s:
+        job = job_store.get_job(s, job_id)
+        assert (job.status, job.lease, job.attempts) == ("running", wins[0].lease, 1)
+
+
+def test_stale_job_is_reclaimed_and_old_lease_is_dead(factory: sessionmaker[Session]) -> None:
+    _, job_id = _job(factory)
+    with factory.begin() as s:
+        first = job_store.claim_job(s, job_id, worker="a", stale_after_s=60)
+    assert first is not None
+    with factory.begin() as s:
+        assert job_store.claim_job(s, job_id, worker="b", stale_after_s=60) is None  # alive
+        assert job_store.recoverable_jobs(s, stale_after_s=60) == []
+    _age_heartbeat(factory, job_id, 120)
+    with factory.begin() as s:
+        assert job_store.recoverable_jobs(s, stale_after_s=60) == [job_id]
+        second = job_store.claim_job(s, job_id, worker="b", stale_after_s=60)
+    assert second is not None and second.attempts == 2 and second.lease != first.lease
+    with factory.begin() as s:
+        assert not job_store.heartbeat(s, job_id, first.lease).alive
+        assert not job_store.save_checkpoint(s, job_id, first.lease, samples_done=1, tokens=1, state=b"x",
+                                             baselines=None)
+        assert job_store.lock_held_job(s, job_id, first.lease) is None
+        assert job_store.save_checkpoint(s, job_id, second.lease, samples_done=2, tokens=5, state=b"y",
+                                         baselines=b"b", progress={"samples_done": 2})
+    with factory.begin() as s:
+        cp = job_store.get_checkpoint(s, job_id)
+        assert (cp.samples_done, cp.state, cp.baselines) == (2, b"y", b"b")
+        job = job_store.lock_held_job(s, job_id, second.lease)
+        job_store.mark_succeeded(s, job, {"ok": True})
+    with factory.begin() as s:
+        assert job_store.get_checkpoint(s, job_id) is None
+        assert job_store.claim_job(s, job_id, worker="c", stale_after_s=0.0) is None  # finished for good
+        assert job_store.lock_held_job(s, job_id, second.lease) is None
+        assert job_store.get_job(s, job_id).status == "succeeded"
+
+
+def test_cancel_and_fail(factory: sessionmaker[Session]) -> None:
+    task_id, job_id = _job(factory, "a")
+    with factory.begin() as s:
+        claim = job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
+        job_store.request_cancel(s, job_id)
+    with factory.begin() as s:
+        beat = job_store.heartbeat(s, job_id, claim.lease)
+        assert beat.alive and beat.cancel_requested
+        assert job_store.finish_job(s, job_id, claim.lease, "cancelled")
+    with factory() as s:
+        assert job_store.get_job(s, job_id).status == "cancelled"
+        assert repository.get_task(s, task_id).status == "failed"
+
+    task_b, job_b = _job(factory, "b")
+    with factory.begin() as s:
+        claim = job_store.claim_job(s, job_b, worker="w", stale_after_s=60)
+        assert job_store.finish_job(s, job_b, claim.lease, "failed", "tokenizer exploded")
+        assert not job_store.finish_job(s, job_b, claim.lease, "failed", "again")
+    with factory() as s:
+        job = job_store.get_job(s, job_b)
+        assert (job.status, job.error) == ("failed", "tokenizer exploded")
+        assert job_store.count_jobs(s, ["failed", "cancelled"]) == 2
+        assert job_store.list_jobs(s, task_id=task_b).total == 1
+
+
+def test_release_and_poison(factory: sessionmaker[Session]) -> None:
+    _, job_id = _job(factory)
+    with factory.begin() as s:
+        claim = job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
+        assert job_store.release_job(s, job_id, claim.lease, "database hiccup")
+    with factory.begin() as s:
+        assert job_store.get_job(s, job_id).status == "queued"
+        assert job_store.recoverable_jobs(s, stale_after_s=60) == [job_id]
+        assert job_store.recoverable_jobs(s, stale_after_s=60, queued_older_than_s=3600) == []
+        job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
+        assert not job_store.fail_exhausted(s, job_id, max_attempts=3)
+        assert job_store.fail_exhausted(s, job_id, max_attempts=2)
+    with factory() as s:
+        assert job_store.get_job(s, job_id).status == "failed"

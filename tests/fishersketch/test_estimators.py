@@ -1,0 +1,159 @@
+"""Estimators: sketch versus exact, split halves, EB shrinkage, degenerate inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from fishersketch import (
+    EPS,
+    Sketcher,
+    SketchSpec,
+    SketchState,
+    SpecMismatch,
+    align,
+    align_matrix,
+    exact_matrix,
+    split_of_array,
+)
+from fishersketch.synthetic import make_tasks
+
+
+def _offdiag(x: np.ndarray) -> np.ndarray:
+    return x[np.triu_indices(x.shape[0], 1)]
+
+
+@pytest.mark.parametrize("kind,K,n", [("dense", 32, 200), ("srht", 4100, 120)])
+def test_sketch_matches_exact_rankings_at_m_4096(kind: str, K: int, n: int) -> None:
+    tasks = make_tasks(8, n, 16, K, seed=0, kind="mixture")
+    ex = exact_matrix([(t.a, t.e) for t in tasks], statistic="u")
+    sk = Sketcher(SketchSpec(d=16, K=K, m=4096, seed=1, error_projection=kind))
+    mr = align_matrix([sk.sketch(t.a, t.e, t.sample_ids) for t in tasks])
+    assert spearmanr(_offdiag(mr.s_ae), _offdiag(ex.s_ae)).statistic >= 0.99
+    assert spearmanr(_offdiag(mr.fisher), _offdiag(ex.fisher)).statistic >= 0.9
+    assert spearmanr(_offdiag(mr.activation), _offdiag(ex.activation)).statistic >= 0.9
+    assert spearmanr(_offdiag(mr.error), _offdiag(ex.error)).statistic >= 0.9
+    # The U-statistic diagonal matches the exact U-statistic.
+    np.testing.assert_allclose(np.diagonal(mr.s_ae), np.diagonal(ex.s_ae), rtol=0.25)
+
+
+def test_sequence_granularity_matches_exact_shared_parameter_kernel() -> None:
+    tasks = make_tasks(6, 240, 12, 20, seed=3, kind="mixture", tokens_per_sample=4)
+    ex = exact_matrix([(t.a, t.e) for t in tasks], statistic="u", sample_ids=[t.sample_ids for t in tasks])
+    sk = Sketcher(SketchSpec(d=12, K=20, m=4096, seed=2, granularity="sequence"))
+    mr = align_matrix([sk.sketch(t.a, t.e, t.sample_ids) for t in tasks])
+    assert np.all(mr.n_draws == 60)
+    assert spearmanr(_offdiag(mr.s_ae), _offdiag(ex.s_ae)).statistic >= 0.95
+    assert spearmanr(_offdiag(mr.fisher), _offdiag(ex.fisher)).statistic >= 0.85
+
+
+def _states(T: int = 6, n: int = 160, seed: int = 0) -> tuple[list, Sketcher]:
+    tasks = make_tasks(T, n, 10, 14, seed=seed, kind="mixture", tokens_per_sample=2)
+    sk = Sketcher(SketchSpec(d=10, K=14, m=512, seed=seed), chunk_rows=64)
+    return [sk.sketch(t.a, t.e, t.sample_ids) for t in tasks], sk
+
+
+def test_point_estimates_follow_their_definitions() -> None:
+    states, _ = _states()
+    mr = align_matrix(states)
+    r = align(states[1], states[4])
+    assert r.fisher == pytest.approx(mr.fisher[1, 4]) and r.rho == pytest.approx(mr.rho[1, 4])
+    np.testing.assert_allclose(mr.fisher, mr.proxy * mr.rho, rtol=1e-10)
+    np.testing.assert_allclose(mr.fisher, mr.fisher.T)
+    np.testing.assert_allclose(np.diagonal(mr.fisher), 1.0)
+    s1, s4 = states[1], states[4]
+    mu1, mu4 = s1.mean("ae"), s4.mean("ae")
+    n1 = s1.n_draws
+    tot = s1.feature_sum("ae")
+    u1 = (tot @ tot - s1.sq_norms[:, 0].sum()) / (n1 * (n1 - 1))
+    assert mr.s_ae[1, 4] == pytest.approx(max(mu1 @ mu4, EPS))
+    assert mr.s_ae[1, 1] == pytest.approx(u1)
+    chi = mr.s_ae[1, 4] / (mr.s_a[1, 4] * mr.s_e[1, 4])
+    assert r.chi == pytest.approx(chi)
+
+
+def _split_only(state: SketchState, split: int) -> SketchState:
+    out = state.copy()
+    out.sums[1 - split] = 0.0
+    out.sq_norms[1 - split] = 0.0
+    out.token_counts[1 - split] = 0
+    out.sample_counts[1 - split] = 0
+    return out
+
+
+def test_split_half_log_rho_uses_within_split_estimates() -> None:
+    states, _ = _states()
+    mr = align_matrix(states)
+    for split, field in ((0, "log_rho_a"), (1, "log_rho_b")):
+        halves = [_split_only(s, split) for s in states]
+        pooled_half = align_matrix(halves)
+        np.testing.assert_allclose(getattr(mr, field), np.log(pooled_half.rho), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(mr.log_rho_split, 0.5 * (mr.log_rho_a + mr.log_rho_b))
+    np.testing.assert_allclose(mr.se, 0.5 * np.abs(mr.log_rho_a - mr.log_rho_b))
+
+
+def test_empirical_bayes_shrinkage_formulas() -> None:
+    states, _ = _states(T=7)
+    mr = align_matrix(states, c=1.5)
+    iu = np.triu_indices(7, 1)
+    lbar, se = mr.log_rho_split[iu], mr.se[iu]
+    tau2 = max(0.0, np.var(lbar, ddof=1) - 1.5 * np.mean(se**2))
+    assert mr.tau2 == pytest.approx(tau2)
+    w = tau2 / (tau2 + se**2 + 1e-10)
+    np.testing.assert_allclose(mr.weight[iu], w)
+    assert mr.alpha_eb == pytest.approx(w.mean())
+    np.testing.assert_allclose(mr.rho_eb[iu], np.exp(w * lbar))
+    np.testing.assert_allclose(mr.fisher_eb, mr.proxy * mr.rho_eb)
+    assert mr.reliability_r == pytest.approx(np.corrcoef(mr.log_rho_a[iu], mr.log_rho_b[iu])[0, 1])
+    # More noise inflation, at least as much shrinkage.
+    assert align_matrix(states, c=4.0).alpha_eb <= mr.alpha_eb + 1e-12
+
+
+def test_degenerate_inputs_give_defined_values_and_flags() -> None:
+    states, sk = _states(T=3)
+    spec = sk.spec
+    empty = SketchState.empty(spec)
+    rng = np.random.default_rng(0)
+    one = sk.sketch(rng.standard_normal((1, 10)), rng.standard_normal((1, 14)), [5])
+    zero_a = sk.sketch(np.zeros((20, 10)), rng.standard_normal((20, 14)), np.arange(20))
+    mr = align_matrix([*states, empty, one, zero_a])
+    for name in ("fisher", "activation", "error", "proxy", "chi", "rho", "log_rho_split", "se", "rho_eb",
+                 "fisher_eb", "weight"):
+        assert np.all(np.isfinite(getattr(mr, name))), name
+    r = mr.pair(0, 3)
+    assert "empty" in r.flags and r.fisher == 0.0 and r.rho == 1.0 and r.se == 0.0
+    r = mr.pair(0, 4)
+    assert "single_draw" in r.flags and "split_half_unavailable" in r.flags
+    assert r.fisher >= 0.0 and np.isfinite(r.fisher)
+    r = mr.pair(0, 5)
+    assert "zero_norm_a" in r.flags and r.activation == 0.0 and r.rho == 1.0
+    assert mr.weight[0, 3] == 0.0 and mr.rho_eb[0, 3] == 1.0
+    # Two empty states and a single state.
+    both = align(empty, empty)
+    assert both.fisher == 0.0 and "empty" in both.flags and np.isfinite(both.to_dict()["chi"])
+    single = align_matrix([states[0]])
+    assert single.fisher.shape == (1, 1) and "eb_insufficient_pairs" in single.flags
+    assert "reliability_undefined" in align_matrix(states[:2]).flags
+
+
+def test_one_draw_per_split_is_flagged() -> None:
+    states, sk = _states(T=2)
+    ids = np.arange(1000)
+    split = split_of_array(ids, sk.spec.seed)
+    pick = np.array([ids[split == 0][0], ids[split == 1][0]])
+    rng = np.random.default_rng(1)
+    two = sk.sketch(rng.standard_normal((2, 10)), rng.standard_normal((2, 14)), pick)
+    assert list(two.token_counts) == [1, 1]
+    r = align(states[0], two)
+    assert "split_half_unavailable" in r.flags and "single_draw" not in r.flags
+    assert np.isfinite([r.fisher, r.rho, r.chi, r.log_rho_split, r.se]).all()
+
+
+def test_align_refuses_mixed_specs() -> None:
+    states, _ = _states(T=2)
+    other = SketchState.empty(SketchSpec(d=10, K=14, m=512, seed=99))
+    with pytest.raises(SpecMismatch):
+        align(states[0], other)
+    with pytest.raises(ValueError):
+        align_matrix([])

@@ -1,0 +1,128 @@
+"""``atlas.analysis``: the pure query logic, on real FisherSketch states of synthetic tasks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atlas import analysis
+from fishersketch import Sketcher, SketchSpec, SketchState, align, align_matrix
+from fishersketch.synthetic import make_tasks
+
+D, K, M = 12, 40, 512
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[analysis.TaskState]:
+    spec = SketchSpec(d=D, K=K, m=M, seed=3)
+    sk = Sketcher(spec)
+    out = []
+    for i, t in enumerate(make_tasks(6, 600, D, K, seed=5)):
+        st = SketchState.empty(spec)
+        sk.update(st, t.a, t.e, t.sample_ids)
+        out.append(analysis.TaskState(i + 1, f"task{i + 1}", st))
+    return out
+
+
+def _sub(state: SketchState, n: int, seed: int) -> SketchState:
+    """A small state from the same distribution (first n tokens of a re-drawn task)."""
+    spec = state.spec
+    t = make_tasks(6, 600, D, K, seed=5)[seed]
+    st = SketchState.empty(spec)
+    Sketcher(spec).update(st, t.a[:n], t.e[:n], t.sample_ids[:n])
+    return st
+
+
+def test_self_similarity_matches_the_estimator(tasks) -> None:
+    a, b = tasks[0].state, tasks[1].state
+    mr = align_matrix([a, b])
+    assert analysis.self_similarity(a) == pytest.approx(mr.s_ae[0, 0], rel=1e-9)
+    assert analysis.self_similarity(b, "a") == pytest.approx(mr.s_a[1, 1], rel=1e-9)
+    assert analysis.self_similarity(SketchState.empty(a.spec)) == 0.0
+
+
+def test_route_ranks_like_fisher_alignment_and_finds_the_source(tasks) -> None:
+    prompt = _sub(tasks[2].state, 60, 2)
+    cands = [analysis.Candidate(t.task_id, t.name, t.state, float(prompt.signature() @ t.state.signature()))
+             for t in tasks]
+    ans = analysis.rerank_route(prompt, cands, k=3, threshold=0.0)
+    assert ans.matches[0].task_id == 3 and len(ans.matches) == 3 and not ans.none
+    fisher = {t.task_id: align(prompt, t.state).fisher for t in tasks}
+    by_fisher = sorted(fisher, key=lambda i: -fisher[i])[:3]
+    if all(fisher[i] > 0 for i in by_fisher):
+        assert [m.task_id for m in ans.matches] == by_fisher
+    assert analysis.rerank_route(prompt, cands, k=3, threshold=ans.best_score + 1e-6).none
+    empty = analysis.rerank_route(prompt, [], k=3, threshold=0.0)
+    assert empty.none and empty.matches == [] and empty.best_score is None
+
+
+def test_recommendation_is_sorted_by_shrunk_alignment_and_excludes_the_target(tasks) -> None:
+    out = analysis.recommend_sources(tasks[0], tasks, k=4)
+    assert len(out) == 4 and all(s.task_id != 1 for s in out)
+    shrunk = [s.factors.fisher_shrunk for s in out]
+    assert shrunk == sorted(shrunk, reverse=True)
+    mr = align_matrix([t.state for t in tasks])
+    j = out[0].task_id - 1
+    assert out[0].factors.fisher == pytest.approx(mr.fisher[0, j])
+    assert out[0].factors.fisher_shrunk == pytest.approx(mr.fisher_eb[0, j])
+    assert analysis.recommend_sources(tasks[0], [tasks[0]], k=3) == []
+
+
+def test_pair_factors_match_align(tasks) -> None:
+    f = analysis.pair_factors(tasks[0], tasks[1], tasks[2:])
+    r = align(tasks[0].state, tasks[1].state)
+    assert (f.fisher, f.activation, f.error, f.rho, f.se, f.chi) == pytest.approx(
+        (r.fisher, r.activation, r.error, r.rho, r.se, r.chi))
+    assert f.activation_dark == analysis.is_activation_dark(r.activation, r.fisher)
+
+
+def test_activation_dark_rule() -> None:
+    assert analysis.is_activation_dark(0.9, 0.1)
+    assert analysis.is_activation_dark(0.8, 0.3)
+    assert not analysis.is_activation_dark(0.79, 0.1)
+    assert not analysis.is_activation_dark(0.95, 0.31)
+
+
+def test_atlas_is_deterministic_and_sign_fixed(tasks) -> None:
+    m1 = analysis.atlas_layout(tasks)
+    m2 = analysis.atlas_layout(list(tasks))
+    assert m1 == m2 and len(m1.points) == 6
+    assert m1.n_clusters == analysis.cluster_count(6) == 2
+    xs = np.array([p.x for p in m1.points])
+    assert xs[np.argmax(np.abs(xs))] > 0  # sign convention
+    # distances in the plane follow the alignment: the most aligned pair is closer than the least
+    mats = analysis.alignment_matrix(tasks)
+    a = mats.fisher + np.eye(6) * -10
+    i, j = np.unravel_index(np.argmax(a), a.shape)
+    b = mats.fisher + np.eye(6) * 10
+    p, q = np.unravel_index(np.argmin(b), b.shape)
+    xy = np.array([[pt.x, pt.y] for pt in m1.points])
+    assert np.linalg.norm(xy[i] - xy[j]) < np.linalg.norm(xy[p] - xy[q])
+    assert analysis.atlas_layout([]).points == []
+    assert analysis.atlas_layout(tasks[:1]).points[0].x == 0.0
+
+
+def test_mds_recovers_a_line() -> None:
+    pos = np.array([0.0, 1.0, 3.0, 7.0])
+    d = np.abs(pos[:, None] - pos[None, :])
+    xy = analysis.classical_mds(d)
+    assert np.allclose(np.abs(xy[:, 0] - xy[0, 0]), pos, atol=1e-9)
+    assert np.allclose(xy[:, 1], 0.0, atol=1e-9)
+
+
+def test_even_sample() -> None:
+    assert analysis.even_sample([1, 2, 3], 5) == [1, 2, 3]
+    s = analysis.even_sample(list(range(100)), 10)
+    assert len(s) == 10 and s[0] == 0 and s[-1] == 99
+
+
+def test_route_diagnostics_equal_align(tasks) -> None:
+    prompt = _sub(tasks[1].state, 80, 1)
+    cands = [analysis.Candidate(t.task_id, t.name, t.state, 0.0) for t in tasks]
+    ans = analysis.rerank_route(prompt, cands, k=6, threshold=0.0)
+    for m in ans.matches:
+        r = align(prompt, tasks[m.task_id - 1].state)
+        assert (m.activation, m.error) == pytest.approx((r.activation, r.error), rel=1e-9, abs=1e-12)
+        assert m.score == pytest.approx(analysis.route_score(
+            prompt.signature().astype(np.float64) / np.linalg.norm(prompt.signature()),
+            tasks[m.task_id - 1].state), rel=1e-5)

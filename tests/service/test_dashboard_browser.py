@@ -1,0 +1,371 @@
+"""The dashboard in a real browser against a real service.
+
+Starts the service (``service.app.create_app``) with uvicorn in a thread on a free loopback port,
+with a temporary data directory, a tiny GPT-2 saved by :mod:`tests.tiny_models` and a small sketch,
+adds a few tasks through the REST API, waits for their jobs, then drives ``/dashboard`` with
+Debian's headless Chromium (``/usr/bin/chromium``) through Playwright: one map mark per task, the
+heatmaps have ``n × n`` cells, a click on a mark opens its task page, the routing playground returns
+matches and the open-set "none", the jobs page lists the jobs. Screenshots are written to
+``artifacts/dashboard/`` (CI keeps them as test artifacts).
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts" / "dashboard"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"
+    ),
+]
+
+JOB_TIMEOUT_S = 60.0
+
+
+def _task_texts() -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """Five small tasks from clearly different text families (deterministic)."""
+    rng = random.Random(7)
+    words = ["fox", "dog", "river", "stone", "cloud", "garden", "light", "window"]
+    return {
+        "arithmetic": (
+            {"domain": "math"},
+            [f"{a} + {b} = {a + b}" for a, b in ((rng.randint(1, 99), rng.randint(1, 99)) for _ in range(10))],
+        ),
+        "python-code": ({"domain": "code"}, [f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(10)]),
+        "smiles": (
+            {"domain": "chemistry"},
+            [
+                "CC(=O)OC1=CC=CC=C1C(=O)O",
+                "CCO",
+                "c1ccccc1O",
+                "CC(C)O",
+                "CCN(CC)CC",
+                "C1CCCCC1",
+                "CC(=O)O",
+                "OC(=O)C1=CC=CC=C1",
+                "CCOC(=O)C",
+                "N#CC1=CC=CC=C1",
+            ],
+        ),
+        "questions": (
+            {"domain": "qa"},
+            [
+                f"Question: is the {w} blue? Answer: {'yes' if i % 2 else 'no'}."
+                for i, w in enumerate(words + words[:2])
+            ],
+        ),
+        "prose": (
+            {"domain": "prose"},
+            [
+                f"The quick brown {w} jumps over the lazy {rng.choice(words)} near the {rng.choice(words)}."
+                for w in words + words[:2]
+            ],
+        ),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+FAILING_TASK = "too-short"
+"""A task whose samples are single characters: no next-token positions, so its job fails."""
+
+
+class _Service:
+    def __init__(
+        self, base: str, tasks: dict[str, dict[str, Any]], jobs: list[dict[str, Any]], failed_job: dict[str, Any]
+    ) -> None:
+        self.base = base
+        self.tasks = tasks  # the ready ones
+        self.jobs = jobs  # their (succeeded) jobs
+        self.failed_job = failed_job
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Service]:
+    httpx = pytest.importorskip("httpx")
+    uvicorn = pytest.importorskip("uvicorn")
+    from atlas.settings import Settings
+    from service.app import create_app
+    from tests.tiny_models import save_tiny_gpt2
+
+    tmp = tmp_path_factory.mktemp("dashboard")
+    model_dir = save_tiny_gpt2(tmp / "model")
+    settings = Settings(
+        data_dir=tmp / "data",
+        database_url=None,
+        host="127.0.0.1",
+        port=_free_port(),
+        model=str(model_dir),
+        device="cpu",
+        dtype="float32",
+        sketch_dim=256,
+        queue="inprocess",
+        worker_threads=1,
+        require_keys=False,
+        checkpoint_every=64,
+    )
+    app = create_app(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on", ws="none")
+    )
+    thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{settings.port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the service did not start")
+            time.sleep(0.05)
+        tasks: dict[str, dict[str, Any]] = {}
+        jobs: list[dict[str, Any]] = []
+        with httpx.Client(base_url=base, timeout=30) as http:
+            for name, (metadata, texts) in _task_texts().items():
+                r = http.post(
+                    "/v1/tasks",
+                    json={"name": name, "mode": "text", "metadata": metadata, "samples": [{"text": t} for t in texts]},
+                )
+                assert r.status_code == 202, r.text
+                body = r.json()
+                tasks[name] = body["task"]
+                jobs.append(body["job"])
+            r = http.post("/v1/tasks", json={"name": FAILING_TASK, "samples": [{"text": "a"}, {"text": "b"}]})
+            assert r.status_code == 202, r.text
+            failing = r.json()["job"]
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            done: dict[int, dict[str, Any]] = {}
+            while len(done) < len(jobs) + 1:
+                assert time.monotonic() < deadline, f"jobs did not finish in {JOB_TIMEOUT_S} s: {jobs}"
+                for job in [*jobs, failing]:
+                    if job["id"] in done:
+                        continue
+                    j = http.get(f"/v1/jobs/{job['id']}").json()
+                    if j["status"] in ("succeeded", "failed", "cancelled"):
+                        assert j["status"] == ("failed" if job is failing else "succeeded"), j
+                        done[job["id"]] = j
+                time.sleep(0.1)
+            failed_job = done.pop(failing["id"])
+            assert failed_job["error"], failed_job
+            for name, t in tasks.items():
+                tasks[name] = http.get(f"/v1/tasks/{t['id']}").json()
+                assert tasks[name]["status"] == "ready", tasks[name]
+        yield _Service(base, tasks, list(done.values()), failed_job)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(20_000)
+    problems: list[str] = []
+    pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    pg.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
+    yield pg
+    context.close()
+    assert not problems, problems
+
+
+def _ready_ids(service: _Service) -> list[str]:
+    """Ids of the ready tasks, as the API lists them now."""
+    import httpx
+
+    r = httpx.get(f"{service.base}/v1/tasks", params={"status": "ready", "limit": 1000}, timeout=10)
+    r.raise_for_status()
+    return sorted(str(t["id"]) for t in r.json()["items"])
+
+
+def _shot(page: Any, name: str) -> None:
+    page.wait_for_timeout(150)  # let hover styles and transitions settle
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_static_files_served_with_content_types(service: _Service) -> None:
+    import httpx
+
+    with httpx.Client(base_url=service.base, timeout=10) as http:
+        r = http.get("/dashboard", follow_redirects=False)
+        assert r.status_code in (301, 302, 307, 308) and r.headers["location"].endswith("dashboard/")
+        r = http.get("/dashboard/")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert 'src="app.js"' in r.text
+        for name, ctype in (("app.js", "text/javascript"), ("style.css", "text/css")):
+            r = http.get(f"/dashboard/{name}")
+            assert r.status_code == 200 and r.headers["content-type"].startswith(ctype), (name, r.headers)
+            assert r.headers["x-content-type-options"] == "nosniff"
+        assert http.get("/dashboard/missing.js").status_code == 404
+        assert http.get("/dashboard/..%2Fdashboard.py").status_code == 404
+
+
+def test_atlas_draws_one_mark_per_task_and_click_opens_task_page(service: _Service, page: Any) -> None:
+    page.goto(f"{service.base}/dashboard")
+    points = page.locator("[data-testid=atlas-point]")
+    points.first.wait_for()
+    ready = _ready_ids(service)
+    assert sorted(str(t["id"]) for t in service.tasks.values()) == ready
+    assert points.count() == len(ready)
+    assert sorted(points.nth(i).get_attribute("data-task-id") for i in range(points.count())) == ready
+    assert "1 failed" in page.locator("[data-testid=atlas-not-ready]").inner_text()  # the too-short task
+    target = service.tasks["smiles"]
+    mark = page.locator(f"[data-testid=atlas-point][data-task-id='{target['id']}']")
+    mark.hover()
+    tip = page.locator("#tooltip")
+    tip.wait_for(state="visible")
+    assert "smiles" in tip.inner_text()
+    _shot(page, "atlas")
+
+    page.select_option("#atlas-colour", "meta:domain")
+    assert page.locator("[data-testid=atlas-legend]").inner_text().count("(1)") == len(service.tasks)
+
+    mark.click()
+    task_page = page.locator("[data-testid=task-page]")
+    task_page.wait_for()
+    assert page.url.endswith(f"#/task/{target['id']}")
+    assert task_page.get_attribute("data-task-id") == str(target["id"])
+    assert "smiles" in page.locator("[data-testid=task-name]").inner_text()
+    assert page.locator("[data-testid=task-samples]").inner_text().startswith(str(target["n_samples"]))
+    sources = page.locator("[data-testid=source-row]")
+    sources.first.wait_for()
+    assert 1 <= sources.count() <= len(service.tasks) - 1
+    assert page.locator("[data-testid=source-row] [data-factor=fisher]").count() == sources.count()
+    page.locator("[data-testid=nearest-row]").first.wait_for()
+    assert page.locator("[data-testid=nearest-row]").count() == len(service.tasks) - 1
+    assert page.locator("[data-testid=dark-neighbours] .loading").count() == 0
+    _shot(page, "task")
+
+
+def test_heatmaps_have_the_right_size(service: _Service, page: Any) -> None:
+    n = len(_ready_ids(service))
+    page.goto(f"{service.base}/dashboard/#/matrix")
+    page.locator("[data-testid=heatmap-cell]").first.wait_for()
+    kinds = page.locator("[data-testid=heatmap]")
+    assert sorted(kinds.nth(i).get_attribute("data-kind") for i in range(kinds.count())) == [
+        "activation",
+        "error",
+        "fisher",
+    ]
+    for kind in ("fisher", "activation", "error"):
+        cells = page.locator(f"[data-testid=heatmap][data-kind={kind}] [data-testid=heatmap-cell]")
+        assert cells.count() == n * n, kind
+    diag = page.locator("[data-testid=heatmap][data-kind=fisher] [data-testid=heatmap-cell]").evaluate_all(
+        "cells => cells.filter(c => c.dataset.row === c.dataset.col).map(c => Number(c.dataset.value))"
+    )
+    assert len(diag) == n and all(abs(v - 1.0) < 1e-3 for v in diag)
+    page.locator("[data-testid=heatmap][data-kind=activation] [data-testid=heatmap-cell]").nth(1).hover()
+    page.locator("#tooltip").wait_for(state="visible")
+    _shot(page, "matrix")
+
+    # one heatmap at a time, and the pair detail from GET /v1/align
+    page.get_by_role("radio", name="Error").click()
+    assert page.locator("[data-testid=heatmap]").count() == 1
+    assert page.locator("[data-testid=heatmap][data-kind=error] [data-testid=heatmap-cell]").count() == n * n
+    page.locator("[data-testid=heatmap-cell]").nth(1).click()
+    detail = page.locator("[data-testid=pair-detail]")
+    detail.locator("svg.factor-bars").wait_for()
+    assert "↔" in detail.inner_text()
+
+
+def test_routing_playground_returns_matches_and_none(service: _Service, page: Any) -> None:
+    import httpx
+
+    prompt = "Question: is the cloud blue? Answer:"
+    page.goto(f"{service.base}/dashboard/#/route")
+    page.fill("[data-testid=route-prompt]", prompt)
+    page.fill("#route-k", "3")
+    page.click("[data-testid=route-submit]")
+    matches = page.locator("[data-testid=route-match]")
+    matches.first.wait_for()
+    with httpx.Client(base_url=service.base, timeout=30) as http:
+        expected = http.post("/v1/route", json={"prompt": prompt, "k": 3}).json()
+        strict = http.post("/v1/route", json={"prompt": prompt, "k": 3, "threshold": 1.0}).json()
+    shown = [matches.nth(i).get_attribute("data-task-id") for i in range(matches.count())]
+    assert shown == [str(m["task_id"]) for m in expected["matches"]]
+    assert 1 <= len(shown) <= 3
+    verdict = page.locator("[data-testid=route-verdict]")
+    assert verdict.get_attribute("data-none") == str(expected["none"]).lower()
+    _shot(page, "route")
+
+    # the open-set answer at the strictest threshold: the page says what the API says
+    page.fill("#route-threshold", "1")
+    page.click("[data-testid=route-submit]")
+    page.locator("[data-testid=route-verdict][data-threshold='1']").wait_for()
+    assert verdict.get_attribute("data-none") == str(strict["none"]).lower()
+    assert page.locator("[data-testid=route-none]").count() == (1 if strict["none"] else 0)
+    _shot(page, "route-threshold")
+
+
+def test_jobs_page_lists_the_jobs_and_the_failed_one_with_its_error(service: _Service, page: Any) -> None:
+    page.goto(f"{service.base}/dashboard/#/jobs")
+    rows = page.locator("[data-testid=jobs-finished] [data-testid=job-row][data-status=succeeded]")
+    rows.first.wait_for()
+    assert rows.count() == len(service.jobs)
+    failed = page.locator("[data-testid=jobs-failed] [data-testid=job-row][data-status=failed]")
+    assert failed.count() == 1
+    assert failed.get_attribute("data-job-id") == str(service.failed_job["id"])
+    assert failed.locator("[data-testid=job-error]").inner_text().strip() == service.failed_job["error"].strip()
+    assert page.locator("[data-testid=jobs-running] [data-testid=job-row]").count() == 0
+    assert page.locator("[data-testid=error]").count() == 0
+    _shot(page, "jobs")
+
+    # live progress: a bigger upload appears and ends as succeeded without reloading the page
+    import httpx
+
+    texts = [f"Line {i}: the {i % 7} quick brown foxes jump over {i % 5} lazy dogs." for i in range(1500)]
+    r = httpx.post(
+        f"{service.base}/v1/tasks",
+        json={"name": "live-upload", "samples": [{"text": t} for t in texts]},
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job"]["id"]
+    page.goto(f"{service.base}/dashboard/#/jobs")
+    page.reload()
+    row = page.locator(f"[data-testid=job-row][data-job-id='{job_id}']")
+    row.first.wait_for()
+    if row.first.get_attribute("data-status") in ("queued", "running"):
+        _shot(page, "jobs-live")
+    page.locator(
+        f"[data-testid=jobs-finished] [data-testid=job-row][data-job-id='{job_id}'][data-status=succeeded]"
+    ).wait_for(timeout=JOB_TIMEOUT_S * 1000)

@@ -1,0 +1,171 @@
+"""Limits answer with their documented codes and store nothing; API-key scopes are enforced."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from atlas import apikeys
+from atlas.models import ApiKey, Job, Task, Upload
+from atlas.settings import Settings
+from service.client import AtlasClient, AtlasClientError
+
+
+def _counts(engine) -> tuple[int, int, int]:
+    with engine.read() as s:
+        return tuple(int(s.execute(select(func.count()).select_from(m)).scalar_one()) for m in (Task, Job, Upload))
+
+
+def _upload(url: str, name: str, content: bytes, filename: str = "t.jsonl", **form: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/tasks", data={"name": name, **form}, files={"file": (filename, content)})
+
+
+def test_limits_use_documented_codes_and_store_nothing(serve, tiny_lm) -> None:
+    svc = serve(lm=tiny_lm, max_upload_bytes=4000, max_samples=5, max_sample_chars=60, max_prompt_chars=40,
+                max_queued_jobs=2, overrides={"start_runner": False})
+    url = svc.url
+
+    def lines(n: int, text: str = "hello world") -> bytes:
+        return "".join(json.dumps({"text": f"{text} {i}"}) + "\n" for i in range(n)).encode()
+
+    rejected = [
+        # (response, status, code)
+        (_upload(url, "big", b"x" * 5000, "t.txt"), 413, "payload_too_large"),
+        (_upload(url, "many", lines(6)), 413, "payload_too_large"),
+        (_upload(url, "long", lines(1, "y" * 61)), 413, "payload_too_large"),
+        (_upload(url, "bad-json", b'{"text": "a"}\n{oops\n'), 422, "invalid_input"),
+        (_upload(url, "bad-field", b'{"txt": "a"}\n'), 422, "invalid_input"),
+        (_upload(url, "bad-utf8", b"\xff\xfe\x00bad", "t.txt"), 422, "invalid_input"),
+        (_upload(url, "bad-mode", lines(1), mode="other"), 422, "invalid_input"),
+        (_upload(url, "bad-meta", lines(1), metadata="[1, 2]"), 422, "invalid_input"),
+        (_upload(url, "empty", b"\n\n", "t.txt"), 422, "invalid_input"),
+        (_upload(url, "pairs-as-text", b"a\nb\n", "t.txt", mode="completion"), 422, "invalid_input"),
+        (httpx.post(f"{url}/v1/tasks", data={"name": "no-file"}), 422, "invalid_input"),
+        (httpx.post(f"{url}/v1/tasks", json={"name": "j", "samples": [{"text": "a"}] * 6}), 413, "payload_too_large"),
+        (httpx.post(f"{url}/v1/tasks", json={"name": "j", "samples": []}), 422, "invalid_input"),
+        (httpx.post(f"{url}/v1/tasks", json={"name": "j", "mode": "completion", "samples": [{"text": "a"}]}), 422,
+         "invalid_input"),
+        (httpx.post(f"{url}/v1/tasks", content=b"name=x", headers={"content-type": "text/plain"}), 415,
+         "unsupported_media_type"),
+        (httpx.post(f"{url}/v1/route", json={"prompt": "z" * 41}), 413, "payload_too_large"),
+        (httpx.post(f"{url}/v1/route", json={"prompt": "ok", "k": 0}), 422, "invalid_input"),
+    ]
+
+    # A chunked body (no Content-Length) is cut off while it streams.
+    def chunks() -> Iterator[bytes]:
+        boundary = b"--b0undary\r\n"
+        yield boundary + b'Content-Disposition: form-data; name="name"\r\n\r\nchunked\r\n'
+        yield boundary + b'Content-Disposition: form-data; name="file"; filename="t.txt"\r\n\r\n'
+        for _ in range(100):
+            yield b"z" * 1000 + b"\n"
+        yield b"\r\n--b0undary--\r\n"
+
+    rejected.append((httpx.post(f"{url}/v1/tasks", content=chunks(),
+                                headers={"content-type": "multipart/form-data; boundary=b0undary"}),
+                     413, "payload_too_large"))
+    for resp, status, code in rejected:
+        assert resp.status_code == status, (resp.request.url, resp.text)
+        body = resp.json()
+        assert body["code"] == code and body["message"], body
+    assert _counts(svc.engine) == (0, 0, 0), "a rejected upload left rows behind"
+
+    # A full queue answers 429 before anything is stored (the runner is off: jobs stay queued).
+    assert _upload(url, "q1", lines(2)).status_code == 202
+    assert _upload(url, "q2", lines(2)).status_code == 202
+    full = _upload(url, "q3", lines(2))
+    assert full.status_code == 429 and full.json()["code"] == "queue_full"
+    assert "retry-after" in full.headers
+    assert _counts(svc.engine) == (2, 2, 1)  # identical samples share one content-addressed upload
+    # a duplicate name is a conflict, also storing nothing
+    with AtlasClient(url) as c:
+        c.cancel_job(c.list_tasks(name="q1").items[0].id)
+        dup = _upload(url, "q2", lines(3))
+        assert dup.status_code == 409 and dup.json()["code"] == "conflict"
+    assert _counts(svc.engine)[0] == 2
+
+
+def test_model_not_loaded_answers_503(serve) -> None:
+    svc = serve(lm=None)
+    ready = httpx.get(f"{svc.url}/readyz")
+    assert ready.status_code == 503 and ready.json()["checks"]["model"] is False
+    assert httpx.get(f"{svc.url}/healthz").status_code == 200
+    r = httpx.post(f"{svc.url}/v1/route", json={"prompt": "hello"})
+    assert r.status_code == 503 and r.json()["code"] == "model_unavailable"
+    r = httpx.post(f"{svc.url}/v1/tasks", json={"name": "t", "samples": [{"text": "a b c"}]})
+    assert r.status_code == 503 and r.json()["code"] == "model_unavailable"
+    assert httpx.get(f"{svc.url}/v1/tasks").json()["total"] == 0
+
+
+def test_a_model_that_fails_to_load_still_starts_the_service(serve, tmp_path: Path) -> None:
+    svc = serve(model=str(tmp_path / "no-such-model"))
+    ready = httpx.get(f"{svc.url}/readyz").json()
+    assert ready["ready"] is False and "no-such-model" in ready["detail"]["model"]
+    assert httpx.post(f"{svc.url}/v1/route", json={"prompt": "hi"}).status_code == 503
+
+
+def test_scopes_are_enforced(serve, tiny_lm) -> None:
+    svc = serve(lm=tiny_lm, require_keys=True)
+    with svc.engine.session() as s:
+        _, read = apikeys.create_api_key(s, "r", ["read"])
+        _, write = apikeys.create_api_key(s, "w", ["write"])
+        _, admin = apikeys.create_api_key(s, "a", ["admin"])
+        revoked_row, revoked = apikeys.create_api_key(s, "x", ["admin"])
+    with svc.engine.session() as s:
+        apikeys.revoke_api_key(s, revoked_row.id)
+    with svc.engine.read() as s:  # stored hashed, never in plaintext
+        hashes = set(s.execute(select(ApiKey.key_hash)).scalars())
+    assert read not in hashes and apikeys.hash_key(read) in hashes
+
+    url = svc.url
+    sample = {"name": "t", "samples": [{"text": "hello world, hello fox"}]}
+
+    def call(method: str, path: str, key: str | None, bearer: bool = False, **kw) -> int:
+        headers = {}
+        if key:
+            headers = {"Authorization": f"Bearer {key}"} if bearer else {"X-API-Key": key}
+        return httpx.request(method, url + path, headers=headers, **kw).status_code
+
+    assert call("GET", "/healthz", None) == 200 and call("GET", "/readyz", None) == 200
+    assert call("GET", "/metrics", None) == 200
+    r = httpx.get(f"{url}/v1/tasks")
+    assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+    assert call("GET", "/v1/tasks", "fa_wrong") == 401
+    assert call("GET", "/v1/tasks", revoked) == 401
+    assert call("GET", "/v1/tasks", read) == 200
+    assert call("GET", "/v1/tasks", read, bearer=True) == 200
+    r = httpx.post(f"{url}/v1/tasks", json=sample, headers={"X-API-Key": read})
+    assert r.status_code == 403 and r.json()["code"] == "forbidden"
+    assert call("POST", "/v1/tasks", write, json=sample) == 202
+    assert call("GET", "/v1/tasks", write) == 200  # write implies read
+    assert call("GET", "/v1/keys", write) == 403
+    assert call("GET", "/v1/keys", admin) == 200
+    created = httpx.post(f"{url}/v1/keys", json={"name": "new", "scopes": ["read"]}, headers={"X-API-Key": admin})
+    assert created.status_code == 201 and created.json()["key"].startswith("fa_")
+    assert call("GET", "/v1/tasks", created.json()["key"]) == 200
+    assert call("DELETE", f"/v1/keys/{created.json()['id']}", admin) == 204
+    assert call("GET", "/v1/tasks", created.json()["key"]) == 401
+    with AtlasClient(url, api_key=read) as c:
+        assert c.list_tasks().total == 1
+        with pytest.raises(AtlasClientError) as exc:
+            c.delete_task(1)
+        assert exc.value.status == 403
+
+
+def test_non_loopback_bind_needs_keys(tmp_path: Path) -> None:
+    from service.auth import check_bind_allowed
+    from service.cli import main
+
+    s = Settings(data_dir=tmp_path, host="0.0.0.0")
+    with pytest.raises(RuntimeError, match="keys create"):
+        check_bind_allowed(s, 0)
+    check_bind_allowed(s, 1)
+    with pytest.raises(RuntimeError):
+        check_bind_allowed(Settings(data_dir=tmp_path, host="0.0.0.0", require_keys=False), 1)
+    check_bind_allowed(Settings(data_dir=tmp_path, host="127.0.0.1"), 0)
+    # the CLI refuses before loading anything
+    assert main(["serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path / "d")]) == 1

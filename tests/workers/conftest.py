@@ -1,0 +1,61 @@
+"""Fixtures for the workers tests: tiny real models saved to disk once per session and loaded back."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers / huggingface_hub are imported
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tiny_models import save_tiny_gpt2, save_tiny_llama
+from workers.model_loading import LoadedModel, load_causal_lm
+
+torch.set_num_threads(1)  # tiny models: intra-op threads only add contention on a shared 2-core box
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_gpt2(tmp_path_factory.mktemp("models") / "tiny-gpt2")
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def gpt2_lm(gpt2_dir: Path) -> LoadedModel:
+    return load_causal_lm(str(gpt2_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def llama_lm(llama_dir: Path) -> LoadedModel:
+    return load_causal_lm(str(llama_dir), device="cpu")
+
+
+@pytest.fixture(scope="session", params=["gpt2", "llama"])
+def tiny_lm(request: pytest.FixtureRequest) -> LoadedModel:
+    """Each tiny architecture in turn."""
+    return request.getfixturevalue(f"{request.param}_lm")
+
+
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n",
+    "Question: is the sky blue? Answer: yes.",
+    "CC(=O)OC1=CC=CC=C1C(=O)O",
+    "Fisher alignment compares the geometry of tasks through their head gradients.",
+    "A vector database stores signatures.",
+    "Hi there",
+)
+
+
+@pytest.fixture
+def texts() -> list[str]:
+    """A few short texts of different lengths that the tiny tokenizer knows."""
+    return list(TEXTS)

@@ -1,0 +1,281 @@
+"""run_job and the in-process runner against the real store (SQLite and PostgreSQL) and a tiny real model."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from atlas import changes, job_store, repository
+from atlas.errors import QueueFull
+from atlas.index import IndexManager
+from atlas.models import Change, Job, utcnow
+from atlas.queue import JobQueue, ensure_capacity
+from atlas.samples import Sample
+from atlas.settings import Settings
+from tests.atlas.fixtures import (  # noqa: F401 - fixtures
+    db_url,
+    engine,
+    factory,
+    pg_database,
+    pg_server,
+    ro_factory,
+    sqlite_template,
+)
+from workers.extraction import Extractor
+from workers.inprocess import InProcessRunner
+from workers.jobs import WorkerContext, ensure_space, run_job
+from workers.model_loading import LoadedModel
+
+M = 256
+EVERY = 4
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine more threads oversubscribe badly (20x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_samples(n: int, seed: int = 0) -> list[Sample]:
+    words = ["fox", "dog", "tasks", "alignment", "vector", "database", "signature", "blue", "sky"]
+    rng = np.random.default_rng(seed)
+    return [Sample(text=" ".join(rng.choice(words, size=int(rng.integers(4, 12))))) for _ in range(n)]
+
+
+@pytest.fixture
+def settings(db_url: str, gpt2_dir: Path, tmp_path: Path) -> Settings:  # noqa: F811
+    return Settings(
+        data_dir=tmp_path, database_url=db_url, model=str(gpt2_dir), device="cpu", sketch_dim=M,
+        checkpoint_every=EVERY, job_stale_after_s=1.0, max_tokens_per_sample=64,
+    )
+
+
+@pytest.fixture
+def ctx(settings: Settings, factory: sessionmaker[Session], gpt2_lm: LoadedModel) -> WorkerContext:  # noqa: F811
+    return WorkerContext(settings=settings, factory=factory, lm=gpt2_lm)
+
+
+@pytest.fixture
+def space_id(ctx: WorkerContext) -> int:
+    with ctx.factory.begin() as s:
+        return ensure_space(s, ctx.lm, ctx.settings).id
+
+
+def reference(ctx: WorkerContext, space_id: int, samples: list[Sample], mode: str = "text"):
+    """State of an uninterrupted in-memory extraction with the job's settings."""
+    with ctx.factory() as s:
+        space = repository.get_space(s, space_id)
+        s.expunge(space)
+    extractor: Extractor = ctx.extractor_for(space)
+    return extractor.extract(samples, mode=mode, checkpoint_every=EVERY)
+
+
+def create(ctx: WorkerContext, space_id: int, name: str, samples: list[Sample], mode: str = "text") -> tuple[int, int]:
+    with ctx.factory.begin() as s:
+        task, job = repository.create_task_with_job(s, space_id, name, mode, {"k": 1}, samples)
+    return task.id, job.id
+
+
+def stored_state(ctx: WorkerContext, task_id: int) -> bytes:
+    with ctx.factory() as s:
+        return repository.get_state_blob(s, task_id)
+
+
+def test_create_job_end_to_end(ctx: WorkerContext, space_id: int) -> None:
+    from fishersketch import SketchState
+
+    samples = make_samples(11)
+    task_id, job_id = create(ctx, space_id, "qa", samples)
+    assert run_job(job_id, ctx) == "succeeded"
+    assert run_job(job_id, ctx) == "skipped"  # idempotent: a duplicate delivery does nothing
+    ref = reference(ctx, space_id, samples)
+    blob = stored_state(ctx, task_id)
+    assert blob == ref.state.to_bytes()
+    with ctx.factory() as s:
+        task = repository.get_task(s, task_id)
+        assert (task.status, task.n_samples, task.n_tokens) == ("ready", ref.state.n_samples, ref.state.n_tokens)
+        _ids, vecs = repository.get_signatures(s, task_ids=[task_id])
+        np.testing.assert_array_equal(vecs[0], SketchState.from_bytes(blob).signature())
+        job = job_store.get_job(s, job_id)
+        assert (job.status, job.attempts, job.error) == ("succeeded", 1, None)
+        assert job.progress["samples_done"] == job.progress["samples_total"] == 11
+        assert job.result["samples_used"] == 11 and job.result["change_seq"] == changes.last_seq(s)
+        assert job_store.get_checkpoint(s, job_id) is None
+        assert repository.get_baselines(s, [task_id])[task_id] == ref.baselines.to_bytes()
+        log = s.execute(select(Change.task_id, Change.op)).all()
+        assert [tuple(r) for r in log] == [(task_id, "upsert")]
+
+
+def test_append_merges_and_updates_index(ctx: WorkerContext, space_id: int, ro_factory, tmp_path: Path) -> None:  # noqa: F811
+    index = IndexManager(ro_factory, tmp_path / "index")
+    index.open()
+    ctx.index = index
+    first, more = make_samples(6, seed=1), make_samples(5, seed=2)
+    task_id, job_id = create(ctx, space_id, "grow", first)
+    assert run_job(job_id, ctx) == "succeeded"
+    old_sig = index.search(space_id, np.ones(M, np.float32) / np.sqrt(M), 1)
+    with ctx.factory.begin() as s:
+        append = repository.append_samples(s, task_id, more)
+    assert run_job(append.id, ctx) == "succeeded"
+    expected = reference(ctx, space_id, first).state.merge(reference(ctx, space_id, more).state)
+    assert stored_state(ctx, task_id) == expected.to_bytes()
+    with ctx.factory() as s:
+        task = repository.get_task(s, task_id)
+        assert (task.n_samples, task.version) == (11, 2)
+        _, vec = repository.get_signatures(s, task_ids=[task_id])
+    np.testing.assert_allclose(vec[0], expected.signature())
+    scores, ids = index.search(space_id, expected.signature(), 1)  # caught up right after the job
+    assert ids[0, 0] == task_id and scores[0, 0] == pytest.approx(1.0, abs=1e-5)
+    assert not np.allclose(old_sig[0], scores)
+    assert index.watermark(space_id) == 2
+
+
+def test_resume_after_worker_death_equals_uninterrupted(ctx: WorkerContext, space_id: int) -> None:
+    """A worker that died after a checkpoint: the next claim resumes and ends bit-identical."""
+    samples = make_samples(14, seed=3)
+    task_id, job_id = create(ctx, space_id, "resume", samples)
+    # What the dead worker did before dying: claim, sketch the first window, checkpoint it.
+    with ctx.factory.begin() as s:
+        dead = job_store.claim_job(s, job_id, worker="dead", stale_after_s=1.0)
+    with ctx.factory() as s:
+        space = repository.get_space(s, space_id)
+        s.expunge(space)
+    partial = ctx.extractor_for(space).extract(samples[:EVERY * 2], checkpoint_every=EVERY)
+    with ctx.factory.begin() as s:
+        assert job_store.save_checkpoint(s, job_id, dead.lease, samples_done=partial.samples_done,
+                                         tokens=partial.tokens, state=partial.state.to_bytes(),
+                                         baselines=partial.baselines.to_bytes())
+    assert run_job(job_id, ctx) == "skipped"  # its heartbeat is still fresh
+    with ctx.factory.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - dt.timedelta(seconds=5)))
+    assert run_job(job_id, ctx) == "succeeded"
+    assert stored_state(ctx, task_id) == reference(ctx, space_id, samples).state.to_bytes()
+    with ctx.factory() as s:
+        job = job_store.get_job(s, job_id)
+        assert job.attempts == 2 and job.result["samples_used"] == len(samples) - EVERY * 2
+    with ctx.factory.begin() as s:  # the dead worker's lease can no longer write anything
+        assert not job_store.save_checkpoint(s, job_id, dead.lease, samples_done=1, tokens=1, state=b"",
+                                             baselines=None)
+
+
+def test_concurrent_duplicate_runs_merge_once(ctx: WorkerContext, space_id: int) -> None:
+    base, extra = make_samples(5, seed=4), make_samples(7, seed=5)
+    task_id, job_id = create(ctx, space_id, "dup", base)
+    run_job(job_id, ctx)
+    with ctx.factory.begin() as s:
+        append_id = repository.append_samples(s, task_id, extra).id
+    outcomes: list[str] = []
+    threads = [threading.Thread(target=lambda: outcomes.append(run_job(append_id, ctx))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["skipped", "skipped", "succeeded"]
+    expected = reference(ctx, space_id, base).state.merge(reference(ctx, space_id, extra).state)
+    assert stored_state(ctx, task_id) == expected.to_bytes()
+
+
+def test_failures_are_recorded(ctx: WorkerContext, space_id: int, gpt2_lm: LoadedModel) -> None:
+    # Nothing usable: every sample is too short.
+    task_id, job_id = create(ctx, space_id, "empty", [Sample(text="a"), Sample(text="")])
+    assert run_job(job_id, ctx) == "failed"
+    with ctx.factory() as s:
+        job = job_store.get_job(s, job_id)
+        assert "no usable tokens" in job.error
+        assert repository.get_task(s, task_id).status == "failed"
+    with ctx.factory.begin() as s:  # a failed task without samples can be deleted
+        repository.delete_task(s, task_id)
+
+    # A job whose space needs another model fails with a clear message.
+    with ctx.factory.begin() as s:
+        other = repository.get_or_create_space(
+            s, model_fingerprint="0" * 20, spec_fingerprint="x", model_name="other-model", d=1, K=1, m=M, seed=0,
+            spec={},
+        )
+        _task, job = repository.create_task_with_job(s, other.id, "foreign", "text", {}, make_samples(2))
+    assert run_job(job.id, ctx) == "failed"
+    with ctx.factory() as s:
+        assert "other-model" in job_store.get_job(s, job.id).error
+
+    # Cancelled before it ran; a task deleted while queued.
+    _, job_c = create(ctx, space_id, "cancel-me", make_samples(3))
+    with ctx.factory.begin() as s:
+        job_store.request_cancel(s, job_c)
+    assert run_job(job_c, ctx) == "skipped"
+    with ctx.factory() as s:
+        assert job_store.get_job(s, job_c).status == "cancelled"
+
+
+def test_cancel_while_running(ctx: WorkerContext, space_id: int) -> None:
+    samples = make_samples(400, seed=6)
+    task_id, job_id = create(ctx, space_id, "long", samples)
+    result: list[str] = []
+    t = threading.Thread(target=lambda: result.append(run_job(job_id, ctx)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with ctx.factory() as s:
+            if job_store.get_job(s, job_id).status == "running":
+                break
+        time.sleep(0.05)
+    with ctx.factory.begin() as s:
+        job_store.request_cancel(s, job_id)
+    t.join(timeout=60)
+    assert result == ["cancelled"]
+    with ctx.factory() as s:
+        assert repository.get_task(s, task_id).status == "failed"
+        assert repository.get_state_blob(s, task_id) is None
+
+
+def test_inprocess_runner_recovers_and_resumes(ctx: WorkerContext, space_id: int) -> None:
+    # Jobs queued while no runner was up (e.g. the embedded service crashed) run at start.
+    jobs = [create(ctx, space_id, f"r{i}", make_samples(3, seed=10 + i)) for i in range(3)]
+    runner = InProcessRunner(ctx, threads=2)
+    assert isinstance(runner, JobQueue)
+    assert runner.start() == 3
+    assert runner.join(timeout=60)
+    assert [runner.outcomes[j] for _, j in jobs] == ["succeeded"] * 3
+
+    # Stopping mid-job releases it with its checkpoint; the next start resumes it.
+    samples = make_samples(300, seed=7)
+    task_id, job_id = create(ctx, space_id, "stop-me", samples)
+    runner.enqueue(job_id)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with ctx.factory() as s:
+            if job_store.get_checkpoint(s, job_id) is not None:
+                break
+        time.sleep(0.02)
+    runner.stop()
+    with ctx.factory() as s:
+        job = job_store.get_job(s, job_id)
+        assert job.status == "queued" and job_store.get_checkpoint(s, job_id) is not None
+    fresh = InProcessRunner(ctx, threads=1)
+    assert fresh.start() == 1
+    assert fresh.join(timeout=60)
+    fresh.stop()
+    assert fresh.outcomes[job_id] == "succeeded"
+    assert stored_state(ctx, task_id) == reference(ctx, space_id, samples).state.to_bytes()
+
+
+def test_queue_capacity(ctx: WorkerContext, space_id: int) -> None:
+    runner = InProcessRunner(ctx, threads=1)  # not started: jobs wait
+    ids = [create(ctx, space_id, f"q{i}", make_samples(2, seed=20 + i))[1] for i in range(3)]
+    for job_id in ids + ids[:1]:  # a duplicate wake-up is ignored
+        runner.enqueue(job_id)
+    assert runner.depth() == 3
+    ensure_capacity(runner, 4)
+    with pytest.raises(QueueFull):
+        ensure_capacity(runner, 3)

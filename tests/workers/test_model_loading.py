@@ -1,0 +1,131 @@
+"""Loading tiny causal LMs from disk, offline errors and model fingerprints."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import workers.model_loading as ml
+from atlas.errors import InvalidInput, ModelUnavailable
+from tests.tiny_models import save_tiny_gpt2
+from workers.model_loading import BUNDLED_MODEL_DIR, LoadedModel, load_causal_lm
+
+
+def test_loads_local_dir_in_eval_mode_without_grad(tiny_lm: LoadedModel) -> None:
+    assert not tiny_lm.model.training
+    assert all(not p.requires_grad for p in tiny_lm.model.parameters())
+    assert tiny_lm.tokenizer.pad_token_id is not None
+    assert tiny_lm.device == torch.device("cpu") and tiny_lm.dtype == torch.float32
+    assert tiny_lm.head.weight.shape[0] == tiny_lm.K and tiny_lm.d == tiny_lm.hidden_size == 32
+    assert tiny_lm.max_positions == 256
+
+
+def test_fingerprint_is_stable_and_content_sensitive(gpt2_dir: Path, gpt2_lm: LoadedModel, llama_lm: LoadedModel,
+                                                     tmp_path: Path) -> None:
+    again = load_causal_lm(str(gpt2_dir), device="cpu")
+    assert again.fingerprint == gpt2_lm.fingerprint and again.fingerprint.key() == gpt2_lm.fingerprint.key()
+    fp = gpt2_lm.fingerprint
+    assert fp.name == str(gpt2_dir.resolve()) and fp.revision is None
+    assert len(fp.config_sha256) == 64 and len(fp.head_sha256) == 64 and len(fp.key()) == 20
+    assert llama_lm.fingerprint.key() != fp.key()
+    # other weights, same architecture: same config hash, different head hash and key
+    other = load_causal_lm(str(save_tiny_gpt2(tmp_path / "seed1", seed=1)), device="cpu")
+    assert other.fingerprint.config_sha256 == fp.config_sha256
+    assert other.fingerprint.head_sha256 != fp.head_sha256 and other.fingerprint.key() != fp.key()
+
+
+def test_dtypes(gpt2_dir: Path, gpt2_lm: LoadedModel) -> None:
+    bf16 = load_causal_lm(str(gpt2_dir), device="cpu", dtype="bf16")
+    assert bf16.dtype == torch.bfloat16 and bf16.model.dtype == torch.bfloat16
+    # the head hash is over float32 values: rounding to bf16 changes it
+    assert bf16.fingerprint.head_sha256 != gpt2_lm.fingerprint.head_sha256
+    with pytest.raises(InvalidInput, match="unsupported dtype"):
+        load_causal_lm(str(gpt2_dir), dtype="int8")
+
+
+def test_device_resolution(gpt2_dir: Path) -> None:
+    assert ml.resolve_device("cpu") == torch.device("cpu")
+    assert ml.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(InvalidInput):
+        ml.resolve_device("tpu:0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelUnavailable, match="CUDA is not available"):
+            load_causal_lm(str(gpt2_dir), device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_loads_on_cuda(gpt2_dir: Path) -> None:
+    lm = load_causal_lm(str(gpt2_dir), device="cuda", dtype="bfloat16")
+    assert lm.device.type == "cuda"
+
+
+def test_missing_local_path_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelUnavailable, match="does not exist") as info:
+        load_causal_lm(str(missing))
+    assert str(missing) in info.value.message
+
+
+def test_dir_without_config(tmp_path: Path) -> None:
+    with pytest.raises(ModelUnavailable, match=r"no config\.json"):
+        load_causal_lm(str(tmp_path))
+
+
+def test_dir_with_missing_tokenizer(gpt2_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "weights-only"
+    target.mkdir()
+    for f in gpt2_dir.iterdir():
+        if f.name in ("config.json", "model.safetensors", "generation_config.json"):
+            shutil.copy(f, target / f.name)
+    with pytest.raises(ModelUnavailable, match="tokenizer"):
+        load_causal_lm(str(target))
+
+
+def test_unknown_hub_model_offline_explains_how_to_supply_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelUnavailable) as info:
+        load_causal_lm("fisher-atlas-tests/definitely-not-cached", device="cpu")
+    msg = info.value.message
+    assert "fisher-atlas-tests/definitely-not-cached" in msg
+    assert "local directory" in msg and "huggingface-cli download" in msg
+    assert info.value.detail["model"] == "fisher-atlas-tests/definitely-not-cached"
+
+
+def test_bundled_resolves_to_module_directory(monkeypatch: pytest.MonkeyPatch, gpt2_dir: Path, tmp_path: Path) -> None:
+    assert Path(__file__).resolve().parents[2] / "workers" / "bundled_model" == BUNDLED_MODEL_DIR.resolve()
+    monkeypatch.setattr(ml, "BUNDLED_MODEL_DIR", tmp_path / "absent")
+    with pytest.raises(ModelUnavailable, match="bundled model is missing"):
+        load_causal_lm("bundled")
+    monkeypatch.setattr(ml, "BUNDLED_MODEL_DIR", gpt2_dir)
+    lm = load_causal_lm("bundled", device="cpu")
+    assert lm.fingerprint.name == "bundled" and lm.fingerprint.revision is None
+
+
+def test_make_spec_matches_model(gpt2_lm: LoadedModel) -> None:
+    try:
+        from fishersketch import SketchSpec  # noqa: F401
+    except ImportError:
+        pytest.skip("fishersketch is not available yet")
+    spec = gpt2_lm.make_spec(m=256, seed=3)
+    assert (spec.d, spec.K, spec.m, spec.seed) == (gpt2_lm.d, gpt2_lm.K, 256, 3)
+
+
+def test_bad_names() -> None:
+    with pytest.raises(InvalidInput):
+        load_causal_lm("   ")
+
+
+@pytest.mark.skipif(not (BUNDLED_MODEL_DIR / "config.json").is_file(), reason="bundled model not built")
+def test_bundled_model_loads_and_extracts() -> None:
+    from atlas.samples import Sample
+    from workers.extraction import Extractor
+
+    lm = load_causal_lm("bundled", device="cpu")
+    assert lm.fingerprint.name == "bundled" and lm.d == lm.hidden_size and lm.head.weight.shape[0] == lm.K
+    batches = list(Extractor(lm, None, logits_chunk=8).iter_head_batches([Sample(text="Hello there, world.")]))
+    e = torch.cat([b.e for b in batches])
+    torch.testing.assert_close(e.sum(dim=1), torch.zeros(e.shape[0]), atol=1e-5, rtol=0)

@@ -1,0 +1,190 @@
+"""Celery over Redis: workers on other machines run the same ``run_job``.
+
+Start a worker with ``fisher-atlas worker`` (:func:`run_worker`) or
+``celery -A workers.celery_app worker --pool=solo -c 1`` (one process per GPU). Configuration comes
+from the ``FISHER_ATLAS_*`` environment (:func:`atlas.settings.get_settings`): ``redis_url`` is the
+broker, ``database_url`` the store the jobs live in, ``model`` the model this worker serves.
+
+Delivery guarantees
+
+* ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged only after
+  ``run_job`` returned, so a worker killed mid-job (even ``kill -9``) leaves it unacknowledged and
+  Redis re-delivers it after the ``visibility_timeout``.
+* Much sooner, a **sweep** — at worker start and every ``job_stale_after_s / 2`` seconds, by one
+  worker at a time (a Redis lock) — re-enqueues running jobs whose heartbeat went stale, and queued
+  jobs when the broker queue is empty (their wake-up was lost). Duplicate messages are harmless:
+  ``run_job`` claims with a lease, so a job runs once at a time and finishes once.
+* Store outages raise :class:`~workers.jobs.TransientJobError` and are retried with exponential
+  backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery import Celery, signals
+
+from atlas import job_store
+from atlas.settings import Settings, get_settings
+from workers.jobs import TransientJobError, WorkerContext, run_job
+
+log = logging.getLogger(__name__)
+
+TASK_NAME = "fisher_atlas.run_job"
+SWEEP_TASK_NAME = "fisher_atlas.sweep"
+
+
+def queue_name(settings: Settings) -> str:
+    """Broker queue of the jobs (``FISHER_ATLAS_CELERY_QUEUE``, default ``fisher_atlas``)."""
+    return settings.celery_queue
+
+
+def create_app(settings: Settings | None = None, *, queue: str | None = None) -> Celery:
+    """Build the Celery app for ``settings`` (default: from the environment).
+
+    Parameters
+    ----------
+    settings
+        Broker URL (``redis_url``), staleness threshold, and what the workers load.
+    queue
+        Broker queue name (default :func:`queue_name`); producers and workers must agree.
+    """
+    settings = settings or get_settings()
+    visibility = float(settings.celery_visibility_timeout_s)
+    app = Celery("fisher_atlas", broker=settings.redis_url)
+    app.conf.update(
+        task_default_queue=queue or queue_name(settings),
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": visibility},
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    app.fisher_atlas_settings = settings  # type: ignore[attr-defined]
+    return app
+
+
+app = create_app()
+
+# One worker context per process (prefork children get their own engine and model).
+_ctx: WorkerContext | None = None
+_ctx_pid: int | None = None
+_ctx_lock = threading.Lock()
+
+
+def get_context() -> WorkerContext:
+    """This process's worker context, created on first use from the app's settings."""
+    global _ctx, _ctx_pid
+    with _ctx_lock:
+        if _ctx is None or _ctx_pid != os.getpid():
+            _ctx = WorkerContext.from_settings(app.fisher_atlas_settings)  # type: ignore[attr-defined]
+            _ctx_pid = os.getpid()
+        return _ctx
+
+
+@app.task(
+    name=TASK_NAME,
+    bind=True,
+    acks_late=True,
+    autoretry_for=(TransientJobError,),
+    retry_backoff=2,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=12,
+)
+def run_job_task(self: Any, job_id: int) -> str:
+    """Celery task: ``run_job(job_id)`` in this worker's context."""
+    outcome = run_job(int(job_id), get_context())
+    log.info("job %s: %s", job_id, outcome)
+    return outcome
+
+
+class CeleryJobQueue:
+    """:class:`atlas.queue.JobQueue` that sends job ids to the Celery workers through Redis."""
+
+    def __init__(self, celery_app: Celery | None = None) -> None:
+        self.app = celery_app or app
+
+    def enqueue(self, job_id: int) -> None:
+        """Send ``fisher_atlas.run_job(job_id)``."""
+        self.app.send_task(TASK_NAME, args=[int(job_id)], queue=self.app.conf.task_default_queue)
+
+    def depth(self) -> int:
+        """Messages waiting in the broker queue."""
+        with self.app.connection_for_write() as conn:
+            client = conn.default_channel.client
+            return int(client.llen(self.app.conf.task_default_queue))
+
+
+def sweep(ctx: WorkerContext, jobs: CeleryJobQueue) -> list[int]:
+    """Re-enqueue stale running jobs, and queued jobs if the broker queue is empty; return their ids."""
+    stale = ctx.settings.job_stale_after_s
+    include_queued = jobs.depth() == 0
+    with ctx.ro_factory() as s:
+        ids = job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=stale if include_queued else None)
+    for job_id in ids:
+        jobs.enqueue(job_id)
+    if ids:
+        log.info("sweep re-enqueued jobs %s", ids)
+    return ids
+
+
+@app.task(name=SWEEP_TASK_NAME, ignore_result=True)
+def sweep_task() -> list[int]:
+    """Celery task form of :func:`sweep` (for ``celery beat`` schedules)."""
+    return sweep(get_context(), CeleryJobQueue())
+
+
+def _sweep_loop(stop: threading.Event) -> None:
+    """Sweep at start and periodically; one worker sweeps per period (Redis ``SET NX EX`` lock)."""
+    ctx = get_context()
+    jobs = CeleryJobQueue()
+    period = max(1.0, ctx.settings.job_stale_after_s / 2.0)
+    first = True
+    while True:
+        try:
+            with app.connection_for_write() as conn:
+                client = conn.default_channel.client
+                key = f"{app.conf.task_default_queue}:sweep-lock"
+                if first or client.set(key, ctx.worker_id, nx=True, ex=max(1, int(period))):
+                    sweep(ctx, jobs)
+        except Exception:
+            log.exception("job sweep failed")
+        first = False
+        if stop.wait(period):
+            return
+
+
+_sweeper_stop = threading.Event()
+
+
+@signals.worker_ready.connect
+def _start_sweeper(**_: Any) -> None:
+    threading.Thread(target=_sweep_loop, args=(_sweeper_stop,), name="fisher-atlas-sweeper", daemon=True).start()
+
+
+@signals.worker_shutdown.connect
+def _stop_sweeper(**_: Any) -> None:
+    _sweeper_stop.set()
+
+
+def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "INFO") -> None:
+    """Run a Celery worker in this process (``fisher-atlas worker``); returns when it stops.
+
+    ``pool`` defaults to ``solo`` for one job at a time (one process per GPU) and ``prefork`` for
+    more. The settings are read from the environment when this module is imported; set the
+    ``FISHER_ATLAS_*`` variables before importing it.
+    """
+    pool = pool or ("solo" if concurrency == 1 else "prefork")
+    app.worker_main([
+        "worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
+        f"--queues={app.conf.task_default_queue}", "--without-gossip", "--without-mingle",
+    ])

@@ -1,0 +1,688 @@
+"""Stream samples through a causal LM and collect per-token head activations and errors.
+
+Two layers:
+
+1. **(a, e) extraction** — :func:`capture_head_input` runs the transformer body with a forward pre-hook
+   on ``model.get_output_embeddings()`` that records the head input and then aborts the forward, so the
+   model never materialises full (B, T, K) logits. :func:`iter_head_batches` then walks the counted
+   positions in chunks of ``logits_chunk`` and, per chunk, computes ``z = a Wᵀ + b`` (the head's own
+   op), the float32 errors ``e = dL/dz`` (softmax − onehot, chain rule through any soft-capping or
+   logit scaling, see :mod:`workers.head`) and the token losses, yielding one :class:`HeadBatch` per
+   chunk. Only one chunk's logits are alive at a time: peak memory does not grow with T × K.
+2. **Sketching** — :class:`Extractor` tokenises samples in a background thread (bounded queue, see
+   :mod:`workers.batching`), feeds every :class:`HeadBatch` to ``sketcher.update`` and accumulates the
+   baselines (:class:`atlas.baselines.BaselineSums`) from the same pass.
+
+Windows, checkpoints, resume and cancellation: samples are processed in windows of ``checkpoint_every``
+samples in input order (each window length-sorted into token-budget batches). A window is sketched into
+a fresh state which is merged into the running state only when the window is complete; then
+``on_checkpoint(result_so_far)`` is called. ``start`` skips the first ``start`` samples (already in the
+given state). Hence a job resumed from the checkpoint after a window produces bit-identical sums to an
+uninterrupted run, and a cancelled run (``should_cancel()`` is checked before every batch) returns a
+state holding whole windows only — nothing half-written.
+
+Supported architectures: any ``AutoModelForCausalLM`` whose output embedding module is ``nn.Linear``-like
+and whose logits are that module's output, possibly followed by ``final_logit_softcapping`` (Gemma-2/3),
+``logit_scale`` (Cohere), ``logits_scaling`` (Granite) or ``lm_head_multiplier`` (Falcon-H1). Anything
+else is refused at load time by :func:`workers.model_loading.verify_head`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from atlas.baselines import BaselineSums
+from atlas.errors import IncompatibleSpace, InvalidInput
+from atlas.samples import Sample
+from workers.batching import (
+    ExtractMode,
+    Item,
+    PaddingSide,
+    Prefetcher,
+    SampleTokenizer,
+    TokenBatch,
+    WindowEnd,
+    WindowStart,
+    iter_windows,
+)
+from workers.head import head_errors, head_logits
+from workers.model_loading import LoadedModel
+
+if TYPE_CHECKING:
+    from fishersketch import Sketcher, SketchState
+
+DEFAULT_WINDOW = 1024
+"""Window size (samples) when ``checkpoint_every`` is None."""
+
+TRUNCATION_POLICY = (
+    "text: keep the first max_tokens_per_sample tokens; completion: drop prompt tokens from the left "
+    "(keeping one), then completion tokens from the right"
+)
+
+# ----------------------------------------------------------------------------------------------------
+# Layer 1: head input capture and chunked (a, e)
+
+_capture = threading.local()
+_hook_lock = threading.Lock()
+
+
+class _HeadInputCaptured(Exception):
+    """Raised by the pre-hook to stop the forward right before the output head."""
+
+
+def _capture_pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    box = getattr(_capture, "box", None)
+    if box is None or box.get("module") is not module:
+        return  # not capturing in this thread: the model runs normally
+    box["hidden"] = args[0] if args else next(iter(kwargs.values()))
+    raise _HeadInputCaptured
+
+
+def _ensure_hook(head: torch.nn.Module) -> None:
+    with _hook_lock:
+        if not getattr(head, "_fisher_atlas_hooked", False):
+            head.register_forward_pre_hook(_capture_pre_hook, with_kwargs=True)
+            head._fisher_atlas_hooked = True  # type: ignore[attr-defined]
+
+
+def capture_head_input(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the transformer body and return the input of the output embedding module.
+
+    A forward pre-hook on ``model.get_output_embeddings()`` records the head input and aborts the
+    forward, so no logits are computed. The hook is active only inside this call and only in the
+    calling thread (other threads may use the same model normally or capture concurrently).
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+    input_ids : Tensor, shape (B, T), int64
+    attention_mask : Tensor, shape (B, T)
+    position_ids : Tensor, shape (B, T), or None
+
+    Returns
+    -------
+    Tensor, shape (B, T, H)
+        Head input in the model dtype.
+
+    Raises
+    ------
+    RuntimeError
+        The forward finished without calling the output embedding module, or returned a head input of
+        an unexpected shape.
+    """
+    head = model.get_output_embeddings()
+    _ensure_hook(head)
+    box: dict[str, Any] = {"module": head}
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if position_ids is not None:
+        kwargs["position_ids"] = position_ids
+    _capture.box = box
+    try:
+        with torch.no_grad():
+            model(**kwargs)
+    except _HeadInputCaptured:
+        pass
+    finally:
+        _capture.box = None
+    hidden = box.get("hidden")
+    if hidden is None:
+        raise RuntimeError("the model forward never called its output embedding module")
+    if tuple(hidden.shape[:2]) != tuple(input_ids.shape):
+        raise RuntimeError(f"head input has shape {tuple(hidden.shape)}, expected {tuple(input_ids.shape)} + (H,)")
+    return hidden
+
+
+@dataclass
+class HeadBatch:
+    """Per-token head activations and errors for one chunk of counted positions.
+
+    Attributes
+    ----------
+    a : Tensor, shape (n, d), float32
+        Head inputs, with a trailing 1 when the head has a bias (d = H + 1).
+    e : Tensor, shape (n, K), float32
+        ``dL/dz`` per token (softmax − onehot, with the chain rule of any post-head transform).
+    sample_ids : Tensor, shape (n,), int64, on the CPU
+    token_loss : Tensor, shape (n,), float32
+        Cross-entropy of each token (nats).
+    last_token_mask : Tensor, shape (n,), bool, on the CPU
+        True at each sample's last counted position.
+    targets : Tensor, shape (n,), int64
+        Next-token ids.
+
+    ``a``, ``e``, ``token_loss`` and ``targets`` live on the model's device.
+    has_bias : bool
+    """
+
+    a: torch.Tensor
+    e: torch.Tensor
+    sample_ids: torch.Tensor
+    token_loss: torch.Tensor
+    last_token_mask: torch.Tensor
+    targets: torch.Tensor
+    has_bias: bool = False
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        """Head inputs without the bias column, shape (n, H), float32."""
+        return self.a[:, :-1] if self.has_bias else self.a
+
+    def __len__(self) -> int:
+        return int(self.a.shape[0])
+
+
+def chunk_bounds(n: int, logits_chunk: int, last_token_mask: torch.Tensor | None = None) -> list[tuple[int, int]]:
+    """Split ``n`` positions into chunks of at most ``logits_chunk``.
+
+    Parameters
+    ----------
+    n : int
+    logits_chunk : int
+    last_token_mask : Tensor, shape (n,), bool, optional
+        When given, chunks end only at sample ends (a sample's positions are never split); a sample
+        with more than ``logits_chunk`` positions then forms one larger chunk.
+
+    Returns
+    -------
+    list of (start, stop)
+    """
+    if last_token_mask is None:
+        return [(s, min(s + logits_chunk, n)) for s in range(0, n, logits_chunk)]
+    ends = (torch.nonzero(last_token_mask.cpu()).flatten() + 1).tolist()
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    i = 0
+    while i < len(ends):
+        stop = ends[i]  # at least one whole sample
+        while i + 1 < len(ends) and ends[i + 1] - start <= logits_chunk:
+            i += 1
+            stop = ends[i]
+        bounds.append((start, stop))
+        start = stop
+        i += 1
+    return bounds
+
+
+def iter_head_batches(lm: LoadedModel, batch: TokenBatch, logits_chunk: int = 256,
+                      timings: dict[str, float] | None = None, *,
+                      whole_samples: bool = False) -> Iterator[HeadBatch]:
+    """Forward one token batch and yield its counted positions' (a, e) in chunks.
+
+    Parameters
+    ----------
+    lm : LoadedModel
+    batch : TokenBatch
+        On any device (moved to ``lm.device``).
+    logits_chunk : int
+        Positions per chunk; at most ``logits_chunk × K`` logits exist at a time.
+    timings : dict, optional
+        Accumulates seconds under ``"forward_s"`` and ``"head_s"``.
+    whole_samples : bool
+        Never split a sample across chunks (needed by ``granularity="sequence"`` sketches, whose
+        samples must arrive in one update); a sample longer than ``logits_chunk`` is then one chunk.
+
+    Yields
+    ------
+    HeadBatch
+        Chunks in sample order, each with at most ``logits_chunk`` positions.
+    """
+    meta = batch  # host copy: sample ids and masks stay on the CPU (the sketcher hashes ids there)
+    batch = batch.to(lm.device)
+    t0 = time.perf_counter()
+    hidden = capture_head_input(lm.model, batch.input_ids, batch.attention_mask, batch.position_ids)
+    a_all = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.flat_positions)  # (n, H)
+    del hidden
+    if timings is not None:
+        timings["forward_s"] = timings.get("forward_s", 0.0) + time.perf_counter() - t0
+    head = lm.head
+    weight = head.weight
+    bias = getattr(head, "bias", None)
+    n = a_all.shape[0]
+    for s, stop in chunk_bounds(n, logits_chunk, meta.last_token_mask if whole_samples else None):
+        t1 = time.perf_counter()
+        a_c = a_all[s:stop]
+        targets = batch.targets[s:stop]
+        with torch.no_grad():
+            e, loss = head_errors(head_logits(a_c, weight, bias), targets, lm.logit_transform)
+            a32 = a_c.float()
+            if bias is not None:
+                a32 = torch.cat([a32, a32.new_ones(a32.shape[0], 1)], dim=1)
+        hb = HeadBatch(a=a32, e=e, sample_ids=meta.sample_ids[s:stop], token_loss=loss,
+                       last_token_mask=meta.last_token_mask[s:stop], targets=targets,
+                       has_bias=bias is not None)
+        if timings is not None:
+            timings["head_s"] = timings.get("head_s", 0.0) + time.perf_counter() - t1
+        yield hb
+        del hb, e, a32
+
+
+# ----------------------------------------------------------------------------------------------------
+# Layer 2: streaming extraction into a sketch
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Progress of an extraction, passed to the progress callback after every batch.
+
+    Attributes
+    ----------
+    samples_done : int
+        Samples handled so far (absolute index into the input, skipped ones included).
+    samples_total : int
+    tokens : int
+        Counted tokens sketched in this call.
+    tokens_per_s : float
+    eta_s : float or None
+        Estimated seconds left (from the sample rate), None before any rate is known.
+    """
+
+    samples_done: int
+    samples_total: int
+    tokens: int
+    tokens_per_s: float
+    eta_s: float | None
+
+
+@dataclass
+class ExtractionResult:
+    """Outcome of :meth:`Extractor.extract` (or of a checkpoint of it).
+
+    Counts cover the whole windows processed by this call; ``samples_done`` is absolute
+    (``start`` + samples of those windows), so a resumed job passes it back as ``start``.
+
+    Attributes
+    ----------
+    state : SketchState
+        Running state (the given one merged with every whole window).
+    baselines : BaselineSums
+        Running baseline sums (width H, without the bias column).
+    samples_total : int
+    samples_done : int
+    samples_used : int
+    samples_skipped : int
+    skipped_reasons : dict of str to int
+    tokens : int
+        Counted tokens sketched.
+    truncated : int
+        Samples cut to ``max_tokens_per_sample``.
+    cancelled : bool
+    mode : str
+    max_tokens_per_sample : int
+    truncation_policy : str
+    model_key : str
+        ``ModelFingerprint.key()`` of the model: states of different keys must never be merged.
+    elapsed_s : float
+    timings : dict of str to float
+        Seconds spent in ``tokenize_wait_s``, ``forward_s``, ``head_s``, ``sketch_s``, ``baselines_s``.
+    """
+
+    state: Any
+    baselines: BaselineSums
+    samples_total: int
+    samples_done: int
+    mode: str
+    max_tokens_per_sample: int
+    model_key: str
+    samples_used: int = 0
+    samples_skipped: int = 0
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    truncated: int = 0
+    cancelled: bool = False
+    truncation_policy: str = TRUNCATION_POLICY
+    elapsed_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Counted tokens per second of wall time."""
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-serialisable summary (everything but the state and baselines), for job results."""
+        return {
+            "samples_total": self.samples_total, "samples_done": self.samples_done,
+            "samples_used": self.samples_used, "samples_skipped": self.samples_skipped,
+            "skipped_reasons": dict(self.skipped_reasons), "tokens": self.tokens, "truncated": self.truncated,
+            "cancelled": self.cancelled, "mode": self.mode, "max_tokens_per_sample": self.max_tokens_per_sample,
+            "truncation_policy": self.truncation_policy, "model_key": self.model_key,
+            "elapsed_s": self.elapsed_s, "tokens_per_s": self.tokens_per_s, "timings": dict(self.timings),
+        }
+
+
+class Extractor:
+    """Streams samples through a model into a FisherSketch state and baseline sums.
+
+    Parameters
+    ----------
+    lm : LoadedModel
+    sketcher : fishersketch.Sketcher
+        Its spec must have ``d == lm.d`` and ``K == lm.K``.
+    max_tokens_per_sample : int
+        Truncation length (≥ 2); lowered to the model's maximum sequence length when that is smaller
+        (the effective value is ``self.max_tokens_per_sample`` and is reported in every result).
+    token_budget : int
+        Maximum padded tokens per forward batch.
+    logits_chunk : int
+        Positions whose logits are materialised at a time.
+    padding_side : {"right", "left"}
+        Padding of batches; both give the one-at-a-time result (left padding passes position ids).
+    prefetch : int
+        Tokenised batches kept ready by the background thread (0: tokenise inline).
+
+    Raises
+    ------
+    InvalidInput
+        Out-of-range sizes.
+    IncompatibleSpace
+        The sketch spec does not match the model's (d, K).
+    """
+
+    def __init__(self, lm: LoadedModel, sketcher: Sketcher | None, max_tokens_per_sample: int = 512,
+                 token_budget: int = 4096, logits_chunk: int = 256, *, padding_side: PaddingSide = "right",
+                 prefetch: int = 2) -> None:
+        if not isinstance(max_tokens_per_sample, int) or max_tokens_per_sample < 2:
+            raise InvalidInput(f"max_tokens_per_sample must be an integer ≥ 2, got {max_tokens_per_sample!r}")
+        if lm.max_positions is not None:
+            max_tokens_per_sample = min(max_tokens_per_sample, lm.max_positions)
+        if not isinstance(token_budget, int) or token_budget < 1:
+            raise InvalidInput(f"token_budget must be a positive integer, got {token_budget!r}")
+        if not isinstance(logits_chunk, int) or logits_chunk < 1:
+            raise InvalidInput(f"logits_chunk must be a positive integer, got {logits_chunk!r}")
+        if padding_side not in ("right", "left"):
+            raise InvalidInput(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        spec = getattr(sketcher, "spec", None)
+        if spec is not None and (spec.d != lm.d or spec.K != lm.K):
+            raise IncompatibleSpace(
+                f"sketch spec (d={spec.d}, K={spec.K}) does not match model {lm.name!r} (d={lm.d}, K={lm.K})"
+            )
+        self.lm = lm
+        self.sketcher = sketcher
+        self.max_tokens_per_sample = max_tokens_per_sample
+        self.token_budget = token_budget
+        self.logits_chunk = logits_chunk
+        self.padding_side: PaddingSide = padding_side
+        self.prefetch = prefetch
+        self.sample_tokenizer = SampleTokenizer(lm.tokenizer, max_tokens_per_sample, lm.K)
+        pad = lm.tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        self._whole_samples = getattr(spec, "granularity", "token") == "sequence"
+
+    # -- extraction layer ------------------------------------------------------------------------
+
+    def _items(self, samples: Sequence[Sample], mode: ExtractMode, start: int, window: int,
+               prefetch: int) -> contextlib.AbstractContextManager[Any]:
+        def make() -> Iterator[Item]:
+            return iter_windows(samples, mode, self.sample_tokenizer, start=start, window=window,
+                                token_budget=self.token_budget, pad_id=self.pad_id,
+                                padding_side=self.padding_side)
+
+        if prefetch > 0:
+            return Prefetcher(make, maxsize=prefetch)
+        return contextlib.nullcontext(make())
+
+    def iter_head_batches(self, samples: Sequence[Sample], mode: ExtractMode = "text") -> Iterator[HeadBatch]:
+        """All (a, e) chunks of ``samples``, without sketching (one window, length-sorted batches).
+
+        Parameters
+        ----------
+        samples : sequence of Sample
+        mode : {"text", "completion"}
+
+        Yields
+        ------
+        HeadBatch
+        """
+        _check_mode(mode)
+        samples = list(samples)
+        with self._items(samples, mode, 0, max(len(samples), 1), self.prefetch) as items:
+            for item in items:
+                if isinstance(item, TokenBatch):
+                    yield from iter_head_batches(self.lm, item, self.logits_chunk, whole_samples=self._whole_samples)
+
+    # -- sketching ---------------------------------------------------------------------------------
+
+    def _empty_state(self) -> SketchState:
+        from fishersketch import SketchState
+
+        if self.sketcher is None:
+            raise ValueError("this Extractor has no sketcher")
+        return SketchState.empty(self.sketcher.spec)
+
+    def extract(self, samples: Sequence[Sample], mode: ExtractMode = "text", state: SketchState | None = None,
+                baselines: BaselineSums | None = None, start: int = 0, checkpoint_every: int | None = None,
+                on_checkpoint: Callable[[ExtractionResult], None] | None = None,
+                progress: Callable[[Progress], None] | None = None,
+                should_cancel: Callable[[], bool] | None = None) -> ExtractionResult:
+        """Sketch ``samples[start:]`` window by window.
+
+        Parameters
+        ----------
+        samples : sequence of Sample
+        mode : {"text", "completion"}
+        state : SketchState, optional
+            State holding ``samples[:start]`` (not modified; the result holds a new merged state).
+        baselines : BaselineSums, optional
+            Baseline sums holding ``samples[:start]`` (not modified).
+        start : int
+            Samples to skip (already in ``state``).
+        checkpoint_every : int, optional
+            Window size in samples (default :data:`DEFAULT_WINDOW`). Resume is bit-identical only with
+            the same value.
+        on_checkpoint : callable, optional
+            Called with the result so far after every window.
+        progress : callable, optional
+            Called with a :class:`Progress` after every batch and at the end.
+        should_cancel : callable, optional
+            Checked before every batch; when it returns True the current window is discarded and the
+            result (``cancelled=True``) holds the whole windows done so far.
+
+        Returns
+        -------
+        ExtractionResult
+
+        Raises
+        ------
+        InvalidInput
+            Unknown mode, bad ``start`` or ``checkpoint_every``.
+        IncompatibleSpace
+            ``state`` or ``baselines`` of another space.
+        """
+        return self._extract(samples, mode, state, baselines, start, checkpoint_every, on_checkpoint, progress,
+                             should_cancel, prefetch=self.prefetch)
+
+    def _extract(self, samples: Sequence[Sample], mode: ExtractMode, state: SketchState | None,
+                 baselines: BaselineSums | None, start: int, checkpoint_every: int | None,
+                 on_checkpoint: Callable[[ExtractionResult], None] | None,
+                 progress: Callable[[Progress], None] | None, should_cancel: Callable[[], bool] | None,
+                 *, prefetch: int) -> ExtractionResult:
+        _check_mode(mode)
+        if self.sketcher is None:
+            raise ValueError("this Extractor has no sketcher; use iter_head_batches()")
+        if not isinstance(samples, Sequence):
+            samples = list(samples)
+        n_total = len(samples)
+        if not isinstance(start, int) or not 0 <= start <= n_total:
+            raise InvalidInput(f"start must be in [0, {n_total}], got {start!r}")
+        window = DEFAULT_WINDOW if checkpoint_every is None else checkpoint_every
+        if not isinstance(window, int) or window < 1:
+            raise InvalidInput(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+        if state is None:
+            state = self._empty_state()
+        else:
+            state_spec = getattr(state, "spec", None)
+            if state_spec is not None and state_spec.fingerprint() != self.sketcher.spec.fingerprint():
+                raise IncompatibleSpace("the given state was built with another sketch spec",
+                                        detail={"state_spec": state_spec.fingerprint(),
+                                                "sketcher_spec": self.sketcher.spec.fingerprint()})
+        H = self.lm.hidden_size
+        if baselines is None:
+            baselines = BaselineSums(d=H)
+        elif baselines.d != H:
+            raise IncompatibleSpace(f"baselines have width {baselines.d}, the model's hidden size is {H}")
+
+        res = ExtractionResult(state=state, baselines=baselines, samples_total=n_total, samples_done=start,
+                               mode=mode, max_tokens_per_sample=self.max_tokens_per_sample,
+                               model_key=self.lm.fingerprint.key())
+        timings: dict[str, float] = {"tokenize_wait_s": 0.0, "forward_s": 0.0, "head_s": 0.0, "sketch_s": 0.0,
+                                     "baselines_s": 0.0}
+        res.timings = timings
+        t_start = time.perf_counter()
+        reasons: Counter[str] = Counter()
+        w_state: Any = None
+        w_base = _BaselineAccumulator(H, self.lm.device)
+        w_tokens = w_used = w_done = 0
+        w_skipped: list[Any] = []
+        w_truncated = 0
+        w_start = start
+
+        def report() -> None:
+            if progress is None:
+                return
+            elapsed = time.perf_counter() - t_start
+            done = w_start + w_done if w_state is not None else res.samples_done
+            tokens = res.tokens + (w_tokens if w_state is not None else 0)
+            rate = (done - start) / elapsed if elapsed > 0 else 0.0
+            eta = (n_total - done) / rate if rate > 0 else None
+            progress(Progress(done, n_total, tokens, tokens / elapsed if elapsed > 0 else 0.0, eta))
+
+        with self._items(samples, mode, start, window, prefetch) as items:
+            it = iter(items)
+            while True:
+                t0 = time.perf_counter()
+                item = next(it, None)
+                timings["tokenize_wait_s"] += time.perf_counter() - t0
+                if item is None:
+                    break
+                if isinstance(item, WindowStart):
+                    w_state = self._empty_state()
+                    w_base = _BaselineAccumulator(H, self.lm.device)
+                    w_tokens = w_used = 0
+                    w_skipped = list(item.skipped)
+                    w_done = len(w_skipped)
+                    w_truncated = item.n_truncated
+                    w_start = item.start
+                elif isinstance(item, TokenBatch):
+                    if should_cancel is not None and should_cancel():
+                        res.cancelled = True
+                        break
+                    carried: int | None = None  # a sample continued from the previous chunk
+                    for hb in iter_head_batches(self.lm, item, self.logits_chunk, timings,
+                                                whole_samples=self._whole_samples):
+                        t1 = time.perf_counter()
+                        self.sketcher.update(w_state, hb.a, hb.e, hb.sample_ids)
+                        if carried is not None and int(hb.sample_ids[0]) == carried:
+                            _uncount_sample(w_state, carried)
+                        carried = None if bool(hb.last_token_mask[-1]) else int(hb.sample_ids[-1])
+                        t2 = time.perf_counter()
+                        w_base.add(hb)
+                        timings["sketch_s"] += t2 - t1
+                        timings["baselines_s"] += time.perf_counter() - t2
+                        w_tokens += len(hb)
+                    w_used += len(item.samples)
+                    w_done += len(item.samples)
+                    report()
+                elif isinstance(item, WindowEnd):
+                    res.state = res.state.merge(w_state)
+                    res.baselines = res.baselines.merge(w_base.to_sums())
+                    res.samples_done = item.stop
+                    res.samples_used += w_used
+                    res.samples_skipped += len(w_skipped)
+                    reasons.update(s.reason for s in w_skipped)
+                    res.skipped_reasons = dict(sorted(reasons.items()))
+                    res.tokens += w_tokens
+                    res.truncated += w_truncated
+                    w_state = None
+                    res.elapsed_s = time.perf_counter() - t_start
+                    if on_checkpoint is not None:
+                        on_checkpoint(res)
+        res.elapsed_s = time.perf_counter() - t_start
+        w_state = None
+        report()
+        return res
+
+    def prompt(self, prompt_text: str) -> ExtractionResult:
+        """Sketch one query text (text mode: all T−1 next-token positions), for routing.
+
+        Parameters
+        ----------
+        prompt_text : str
+
+        Returns
+        -------
+        ExtractionResult
+            With a fresh state of this one text.
+
+        Raises
+        ------
+        InvalidInput
+            Empty or whitespace-only text, invalid Unicode (lone surrogates), or fewer than 2 tokens.
+        """
+        if not isinstance(prompt_text, str):
+            raise InvalidInput("prompt must be a string")
+        _, skipped = self.sample_tokenizer.prepare([Sample(text=prompt_text)], "text")
+        if skipped:
+            reason = skipped[0].reason
+            messages = {
+                "empty": "prompt is empty",
+                "invalid_text": "prompt is not valid Unicode (it contains lone surrogates)",
+                "too_short": "prompt has fewer than 2 tokens; at least one next-token position is needed",
+                "token_out_of_range": "prompt tokenises to ids outside the model's vocabulary",
+            }
+            raise InvalidInput(messages.get(reason, f"prompt cannot be used ({reason})"), detail={"reason": reason})
+        return self._extract([Sample(text=prompt_text)], "text", None, None, 0, None, None, None, None, prefetch=0)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("text", "completion"):
+        raise InvalidInput(f"unknown extraction mode {mode!r}; use 'text' or 'completion'")
+
+
+def _uncount_sample(state: Any, sid: int) -> None:
+    """Undo the second count of a sample whose tokens were split over two ``update`` calls.
+
+    ``Sketcher.update`` counts the distinct sample ids of each call; a long sample cut at a logits-chunk
+    boundary (token granularity only) would otherwise be counted once per chunk.
+    """
+    from fishersketch import split_of
+
+    state.sample_counts[split_of(sid, state.spec.seed)] -= 1
+
+
+class _BaselineAccumulator:
+    """Baseline sums of one window, kept on the model's device (float64) until the window ends."""
+
+    def __init__(self, H: int, device: torch.device) -> None:
+        self.sum_hidden = torch.zeros(H, dtype=torch.float64, device=device)
+        self.sum_last = torch.zeros(H, dtype=torch.float64, device=device)
+        self.sum_loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.n_tokens = 0
+        self.n_samples = 0
+
+    def add(self, hb: HeadBatch) -> None:
+        """Add a chunk's hidden states (without the bias column) and token losses."""
+        with torch.no_grad():
+            hidden = hb.hidden.double()
+            self.sum_hidden += hidden.sum(dim=0)
+            last = torch.nonzero(hb.last_token_mask).flatten()
+            if last.numel():
+                self.sum_last += hidden.index_select(0, last.to(hidden.device)).sum(dim=0)
+            self.sum_loss += hb.token_loss.double().sum()
+            self.n_tokens += len(hb)
+            self.n_samples += int(last.numel())
+
+    def to_sums(self) -> BaselineSums:
+        """The window's :class:`BaselineSums`."""
+        return BaselineSums(d=int(self.sum_hidden.shape[0]), sum_hidden=self.sum_hidden.cpu().numpy(),
+                            sum_last_hidden=self.sum_last.cpu().numpy(), sum_loss=float(self.sum_loss),
+                            n_tokens=self.n_tokens, n_samples=self.n_samples)
+

@@ -1,0 +1,478 @@
+"""Load any Hugging Face causal LM (offline-capable) and describe its output head.
+
+:func:`load_causal_lm` accepts
+
+* ``"bundled"`` — the small model shipped in :data:`BUNDLED_MODEL_DIR`;
+* a local directory holding ``save_pretrained`` output (``config.json``, weights, tokenizer files);
+* a hub name (``"gpt2"``, ``"meta-llama/Llama-3.1-8B"``), resolved from the local Hugging Face cache
+  when ``HF_HUB_OFFLINE=1`` (or when the hub cannot be reached).
+
+Whatever goes wrong, the caller gets one :class:`atlas.errors.ModelUnavailable` naming what is missing
+and how to supply it. The loaded model is in eval mode with gradients off; its output head is checked
+once (:func:`verify_head`) so that the errors ``e`` computed from the captured head input are exactly
+the gradients of the model's own loss.
+
+Every state is tagged with the model's :class:`ModelFingerprint`; signatures of different fingerprints
+live in different spaces and are never mixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from atlas.errors import InvalidInput, ModelUnavailable
+from workers.head import IDENTITY, LogitTransform, detect_logit_transform, head_logits
+
+if TYPE_CHECKING:
+    from fishersketch import SketchSpec
+
+log = logging.getLogger(__name__)
+
+BUNDLED_MODEL_DIR: Path = Path(__file__).parent / "bundled_model"
+"""Directory of the bundled default model (``save_pretrained`` output of model and tokenizer)."""
+
+BUNDLED_NAME = "bundled"
+"""Model name that resolves to :data:`BUNDLED_MODEL_DIR`."""
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+# Config keys that change with the library version, the load path or the load dtype, not the model.
+_VOLATILE_CONFIG_KEYS = frozenset({
+    "transformers_version", "_name_or_path", "name_or_path", "torch_dtype", "dtype", "_commit_hash",
+    "_attn_implementation", "_attn_implementation_autoset", "_attn_implementation_internal",
+    "attn_implementation", "_experts_implementation", "use_cache", "output_hidden_states",
+    "output_attentions", "return_dict",
+})
+
+
+@dataclass(frozen=True)
+class ModelFingerprint:
+    """Identity of a model for the purpose of comparing signatures.
+
+    Attributes
+    ----------
+    name : str
+        ``"bundled"``, the hub name, or the resolved local directory.
+    revision : str or None
+        Requested revision, else the hub commit hash when known, else None (local directories).
+    config_sha256 : str
+        SHA-256 of the canonical JSON of ``config.to_dict()`` without volatile keys
+        (library version, load path, dtype, attention implementation).
+    head_sha256 : str
+        SHA-256 of the output-head weight (and bias) as little-endian float32, with shapes.
+    """
+
+    name: str
+    revision: str | None
+    config_sha256: str
+    head_sha256: str
+
+    def key(self) -> str:
+        """Short stable key (20 hex chars) over all four fields; equal keys ⇔ comparable states."""
+        blob = json.dumps([self.name, self.revision, self.config_sha256, self.head_sha256])
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:20]
+
+    def to_dict(self) -> dict[str, str | None]:
+        """Plain dict (JSON-serialisable)."""
+        return {"name": self.name, "revision": self.revision, "config_sha256": self.config_sha256,
+                "head_sha256": self.head_sha256, "key": self.key()}
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for extraction.
+
+    Attributes
+    ----------
+    model : transformers.PreTrainedModel
+        In eval mode, ``requires_grad`` off.
+    tokenizer : transformers.PreTrainedTokenizerBase
+        With a pad token (the EOS token when the tokenizer had none).
+    device : torch.device
+    dtype : torch.dtype
+        Weights' dtype; errors ``e`` are always float32.
+    hidden_size : int
+        H, the width of the head input.
+    d : int
+        Activation dimension: ``H + 1`` when the head has a bias (a is augmented with 1), else H.
+    K : int
+        Output rows of the head (vocabulary size including any padding rows).
+    fingerprint : ModelFingerprint
+    logit_transform : LogitTransform
+        Post-head transform handled by the chain rule (identity for most models).
+    max_positions : int or None
+        The model's maximum sequence length when the config declares one.
+    """
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    hidden_size: int
+    d: int
+    K: int
+    fingerprint: ModelFingerprint
+    logit_transform: LogitTransform = IDENTITY
+    max_positions: int | None = None
+
+    @property
+    def head(self) -> nn.Module:
+        """The output embedding module (``model.get_output_embeddings()``)."""
+        return self.model.get_output_embeddings()
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the head has a bias (then ``a`` carries a trailing 1)."""
+        return getattr(self.head, "bias", None) is not None
+
+    @property
+    def name(self) -> str:
+        """The model name as in the fingerprint."""
+        return self.fingerprint.name
+
+    def make_spec(self, m: int = 4096, seed: int = 0, error_projection: str = "auto",
+                  granularity: str = "token") -> SketchSpec:
+        """Sketch spec for this model's (d, K).
+
+        Parameters
+        ----------
+        m : int
+            Sketch dimension.
+        seed : int
+            Projection seed.
+        error_projection : {"auto", "srht", "dense"}
+        granularity : {"token", "sequence"}
+        """
+        from fishersketch import SketchSpec
+
+        return SketchSpec(d=self.d, K=self.K, m=m, seed=seed, error_projection=error_projection,
+                          granularity=granularity)
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, *, name: str, revision: str | None = None,
+                   verify: bool = True) -> LoadedModel:
+        """Wrap an already-built model (e.g. random weights for tests and benchmarks).
+
+        Parameters
+        ----------
+        model : transformers.PreTrainedModel
+            A causal LM on its target device (not moved); put in eval mode with gradients off.
+        tokenizer : transformers.PreTrainedTokenizerBase
+        name : str
+            Name recorded in the fingerprint.
+        revision : str or None
+        verify : bool
+            Run :func:`verify_head`.
+
+        Raises
+        ------
+        ModelUnavailable
+            The model has no usable output head or an unsupported post-head logit transform.
+        """
+        model.eval()
+        model.requires_grad_(False)
+        _ensure_pad_token(tokenizer)
+        head = model.get_output_embeddings()
+        weight = getattr(head, "weight", None)
+        if head is None or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ModelUnavailable(
+                f"model {name!r} has no linear output head (get_output_embeddings() returned "
+                f"{type(head).__name__}); only causal LMs with an nn.Linear-like head are supported",
+                detail={"model": name},
+            )
+        bias = getattr(head, "bias", None)
+        K, H = int(weight.shape[0]), int(weight.shape[1])
+        try:
+            transform = detect_logit_transform(model.config)
+        except ValueError as ex:
+            raise ModelUnavailable(f"model {name!r}: unsupported logit transform: {ex}",
+                                   detail={"model": name}) from None
+        fingerprint = ModelFingerprint(
+            name=name,
+            revision=revision,
+            config_sha256=config_sha256(model.config),
+            head_sha256=head_sha256(weight, bias),
+        )
+        max_positions = None
+        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(model.config, attr, None)
+            if isinstance(value, int) and value > 0:
+                max_positions = value
+                break
+        lm = cls(model=model, tokenizer=tokenizer, device=weight.device, dtype=weight.dtype, hidden_size=H,
+                 d=H + (1 if bias is not None else 0), K=K, fingerprint=fingerprint,
+                 logit_transform=transform, max_positions=max_positions)
+        if verify:
+            verify_head(lm)
+        return lm
+
+
+def load_causal_lm(name: str, revision: str | None = None, device: str = "auto", dtype: str = "float32",
+                   *, verify: bool = True, trust_remote_code: bool = False) -> LoadedModel:
+    """Load a causal LM and its tokenizer by name, hub id or local directory.
+
+    Parameters
+    ----------
+    name : str
+        ``"bundled"``, a local directory, or a Hugging Face hub id.
+    revision : str or None
+        Hub revision (branch, tag or commit); ignored for local directories.
+    device : {"auto", "cpu", "cuda", "cuda:N"}
+        ``auto`` picks CUDA when available.
+    dtype : {"float32", "bfloat16", "float16"} (or "fp32", "bf16", "fp16")
+        Weight dtype. Errors are computed in float32 regardless.
+    verify : bool
+        Check once that ``transform(W a + b)`` reproduces the model's logits (see :func:`verify_head`).
+    trust_remote_code : bool
+        Passed to transformers; off by default.
+
+    Returns
+    -------
+    LoadedModel
+
+    Raises
+    ------
+    InvalidInput
+        Unknown dtype or device string.
+    ModelUnavailable
+        The model or tokenizer cannot be found or loaded (message says what is missing and how to supply
+        it), CUDA was requested but is not available, or the head is unsupported.
+    """
+    torch_dtype = _parse_dtype(dtype)
+    torch_device = resolve_device(device)
+    source, fp_name, is_local = _resolve_source(name)
+    fp_revision = None if is_local else revision
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if not is_local:
+        kwargs["revision"] = revision
+        if _hub_offline():
+            kwargs["local_files_only"] = True
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        AutoConfig.from_pretrained(source, **kwargs)
+    except Exception as ex:
+        raise _unavailable(name, revision, is_local, "model files (config.json)", ex) from ex
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except Exception as ex:  # transformers raises OSError, ValueError, KeyError, ... depending on what is missing
+        raise _unavailable(name, revision, is_local, "tokenizer", ex) from ex
+    if not _tokenizer_usable(tokenizer):
+        raise _unavailable(name, revision, is_local, "tokenizer",
+                           ValueError("the tokenizer files are missing or the tokenizer is empty"))
+    load_kwargs = dict(kwargs)
+    if torch_device.type == "cuda" and importlib.util.find_spec("accelerate") is not None:
+        load_kwargs["device_map"] = str(torch_device)  # load straight onto the GPU, no full CPU copy
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **load_kwargs)
+    except Exception as ex:
+        raise _unavailable(name, revision, is_local, "model weights", ex) from ex
+    model.to(torch_device)
+    if fp_revision is None and not is_local:
+        fp_revision = getattr(model.config, "_commit_hash", None)
+    return LoadedModel.from_model(model, tokenizer, name=fp_name, revision=fp_revision, verify=verify)
+
+
+def resolve_device(device: str) -> torch.device:
+    """Turn ``"auto" | "cpu" | "cuda" | "cuda:N"`` into a ``torch.device``.
+
+    Raises
+    ------
+    InvalidInput
+        Unparseable device string.
+    ModelUnavailable
+        CUDA requested but not available.
+    """
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InvalidInput(f"unknown device {device!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelUnavailable(f"device {device!r} requested but CUDA is not available; use device='cpu' or 'auto'")
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidInput(f"unsupported device {device!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return dev
+
+
+def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif dtype in DTYPES:
+        return DTYPES[dtype]
+    raise InvalidInput(f"unsupported dtype {dtype!r}; use 'float32', 'bfloat16' or 'float16'")
+
+
+def _hub_offline() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE", "") or os.environ.get("TRANSFORMERS_OFFLINE", "")
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _looks_like_path(name: str) -> bool:
+    return (name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name in (".", "..")
+            or os.path.isabs(name) or (len(name) > 1 and name[1] == ":"))
+
+
+def _resolve_source(name: str) -> tuple[str, str, bool]:
+    """Return (what to pass to from_pretrained, fingerprint name, is_local)."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidInput("model name must be a non-empty string ('bundled', a hub id or a local directory)")
+    if name == BUNDLED_NAME:
+        if not (BUNDLED_MODEL_DIR / "config.json").is_file():
+            raise ModelUnavailable(
+                f"the bundled model is missing: no config.json in {BUNDLED_MODEL_DIR}. Reinstall fisher-atlas "
+                "from a complete wheel/checkout, or pass a hub id or a local model directory instead of 'bundled'",
+                detail={"model": name, "path": str(BUNDLED_MODEL_DIR)},
+            )
+        return str(BUNDLED_MODEL_DIR), BUNDLED_NAME, True
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelUnavailable(
+                f"model directory {str(path)!r} has no config.json; it must hold save_pretrained() output "
+                "(config.json, weights and tokenizer files)",
+                detail={"model": name, "path": str(path.resolve())},
+            )
+        return str(path), str(path.resolve()), True
+    if path.exists() or _looks_like_path(name):
+        raise ModelUnavailable(
+            f"model directory {name!r} does not exist (or is not a directory); pass a directory holding "
+            "save_pretrained() output, a hub id, or 'bundled'",
+            detail={"model": name, "path": str(path)},
+        )
+    return name, name, False
+
+
+def _unavailable(name: str, revision: str | None, is_local: bool, what: str, ex: Exception) -> ModelUnavailable:
+    cause = f"{type(ex).__name__}: {str(ex).strip().splitlines()[0] if str(ex).strip() else ''}"
+    detail = {"model": name, "revision": revision, "missing": what, "cause": cause}
+    if is_local:
+        return ModelUnavailable(
+            f"cannot load the {what} of model {name!r} from its directory ({cause}); the directory must hold "
+            "complete save_pretrained() output of both model and tokenizer",
+            detail=detail,
+        )
+    from huggingface_hub import constants
+
+    rev = f" (revision {revision!r})" if revision else ""
+    return ModelUnavailable(
+        f"model {name!r}{rev} is not available: its {what} could not be loaded ({cause}). No network/hub is "
+        f"reachable or HF_HUB_OFFLINE is set, and it is not in the Hugging Face cache at "
+        f"{constants.HF_HUB_CACHE}. Supply it by (1) passing a local directory with save_pretrained() output "
+        f"of model and tokenizer, or (2) running `huggingface-cli download {name}` on a connected machine and "
+        f"copying the cache into HF_HOME here, or (3) allowing network access and unsetting HF_HUB_OFFLINE",
+        detail=detail,
+    )
+
+
+def _tokenizer_usable(tokenizer: Any) -> bool:
+    """A tokenizer with no files behind it can still be built (empty vocabulary): reject that."""
+    try:
+        ids = tokenizer("The quick brown fox.", add_special_tokens=False)["input_ids"]
+        return len(tokenizer) > 1 and len(ids) > 0
+    except Exception:
+        return False
+
+
+def _ensure_pad_token(tokenizer: Any) -> None:
+    if getattr(tokenizer, "pad_token_id", None) is not None:
+        return
+    if getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    elif getattr(tokenizer, "unk_token", None) is not None:
+        tokenizer.pad_token = tokenizer.unk_token
+    # else: no pad token at all; extraction pads with id 0 under an attention mask
+
+
+def _strip_volatile(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _strip_volatile(v) for k, v in obj.items() if k not in _VOLATILE_CONFIG_KEYS}
+    if isinstance(obj, (list, tuple)):
+        return [_strip_volatile(v) for v in obj]
+    return obj
+
+
+def config_sha256(config: Any) -> str:
+    """SHA-256 (hex) of the canonical JSON of ``config.to_dict()`` without volatile keys."""
+    canonical = json.dumps(_strip_volatile(config.to_dict()), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def head_sha256(weight: torch.Tensor, bias: torch.Tensor | None, rows_per_step: int = 8192) -> str:
+    """SHA-256 (hex) of the head weight (K, H) and bias (K,) as little-endian float32, with shapes.
+
+    Hashed in row blocks so no float32 copy of a large head is ever made whole.
+    """
+    h = hashlib.sha256()
+    h.update(json.dumps({"weight": list(weight.shape), "bias": None if bias is None else list(bias.shape)}).encode())
+    with torch.no_grad():
+        for tensor in (weight, bias):
+            if tensor is None:
+                continue
+            flat = tensor.detach().reshape(tensor.shape[0], -1)
+            for start in range(0, flat.shape[0], rows_per_step):
+                block = flat[start:start + rows_per_step].to(device="cpu", dtype=torch.float32).contiguous()
+                h.update(block.numpy().astype("<f4", copy=False).tobytes())
+    return h.hexdigest()
+
+
+def verify_head(lm: LoadedModel, n_tokens: int = 8) -> None:
+    """Check that the captured head input reproduces the model's logits.
+
+    Runs the model once on ``n_tokens`` token ids with full logits, captures the head input with the
+    same forward pre-hook extraction uses, and compares ``transform(W a + b)`` with the model's logits.
+
+    Raises
+    ------
+    ModelUnavailable
+        The forward never calls the output embedding module, or the logits differ (an unsupported
+        post-head transform: refusing is better than silently wrong errors).
+    """
+    from workers.extraction import capture_head_input
+
+    K = lm.K
+    ids = torch.arange(1, n_tokens + 1, device=lm.device).remainder(K).unsqueeze(0)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        out = lm.model(input_ids=ids, attention_mask=mask, use_cache=False)
+        logits = getattr(out, "logits", None)
+        try:
+            hidden = capture_head_input(lm.model, ids, mask)
+        except RuntimeError as ex:
+            raise ModelUnavailable(f"model {lm.name!r} is not supported: {ex}", detail={"model": lm.name}) from ex
+        head = lm.head
+        ours = lm.logit_transform.apply(head_logits(hidden[0], head.weight, getattr(head, "bias", None)))
+    if logits is None or tuple(logits.shape[-2:]) != tuple(ours.shape):
+        raise ModelUnavailable(
+            f"model {lm.name!r}: its logits (shape {None if logits is None else tuple(logits.shape)}) do not "
+            f"match the output head's shape {tuple(ours.shape)}; unsupported architecture",
+            detail={"model": lm.name},
+        )
+    ref = logits[0].float()
+    scale = float(ref.abs().max().clamp_min(1.0))
+    tol = 1e-4 if lm.dtype == torch.float32 else 3e-2
+    err = float((ours - ref).abs().max()) / scale
+    if not err <= tol:
+        raise ModelUnavailable(
+            f"model {lm.name!r} transforms its logits after the output head in a way FisherAtlas does not "
+            f"handle (handled: {lm.logit_transform.describe()}; relative mismatch {err:.2e}). Supported: plain "
+            "heads, final_logit_softcapping, logit_scale, logits_scaling, lm_head_multiplier",
+            detail={"model": lm.name, "mismatch": err},
+        )
