@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from atlas.settings import Settings
+
 ACTIVATION_DARK_MIN_ACTIVATION = 0.8
 """An activation similarity S_cov(M_a) at least this high counts as 'activations alike'."""
 
@@ -56,7 +58,7 @@ ACTIVATION_DARK_MAX_FISHER = 0.3
 
 _EPS = 1e-10
 
-DEFAULT_ROUTE_THRESHOLD = 0.05
+DEFAULT_ROUTE_THRESHOLD: float = Settings.model_fields["route_threshold"].default
 """Default open-set threshold on the route score (``settings.route_threshold`` overrides it when set).
 
 Calibrated on the bundled model at m = 4096 with three stored tasks (SMILES, Shakespeare, BoolQ; 40

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     require_keys: bool | None = Field(
         default=None, description="Require API keys; default: only when bound to a non-loopback host."
     )
+    route_threshold: float = Field(
+        default=0.05, description="Default open-set threshold on the route score (see atlas.analysis)."
+    )
     index_kind: Literal["flat", "ivf"] = "flat"
     index_nprobe: int = Field(default=32, ge=1, description="IVF lists probed per query.")
     index_ivf_min_size: int = Field(default=50_000, ge=1, description="Below this many signatures a space stays flat.")

@@ -147,17 +147,19 @@ def random_signs(key: int, rows: int, cols: int, *, block_rows: int | None = Non
     if rows == 0 or cols == 0:
         return out
     if block_rows is None:
-        block_rows = max(1, (1 << 24) // cols)
+        block_rows = max(1, (1 << 22) // cols)
     flat = out.reshape(-1)
     total = rows * cols
     step = block_rows * cols
     for lo in range(0, total, step):
         hi = min(total, lo + step)
         w0, w1 = lo // 64, (hi + 63) // 64
-        words = random_bits(key, w1 - w0, start=w0).astype("<u8")
+        words = random_bits(key, w1 - w0, start=w0).astype("<u8", copy=False)
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")
-        bits = bits[lo - 64 * w0 : hi - 64 * w0]
-        flat[lo:hi] = 1 - 2 * bits.astype(np.int8)
+        dst = flat[lo:hi]
+        dst[:] = bits[lo - 64 * w0 : hi - 64 * w0]  # 0/1, then 1 - 2 bit in place
+        dst *= -2
+        dst += 1
     return out
 
 

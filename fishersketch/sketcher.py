@@ -236,6 +236,12 @@ class Sketcher:
         out[: hi - lo] = block
         return out
 
+    def _error_rows(self, e: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """Chunk rows of ``e`` for :meth:`_project_err`: zero-padded for dense, as is for the SRHT."""
+        if self._gather is None:
+            return self._pad(e, lo, hi, self.err_dtype)
+        return e[lo:hi].to(device=self.device, dtype=self.err_dtype)
+
     def _project_act(self, a: torch.Tensor, w_act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Activation projections (u, u') of one padded chunk, each (chunk_rows, m), error dtype."""
         m = self.spec.m
@@ -246,21 +252,30 @@ class Sketcher:
 
     def _project_err(self, e: torch.Tensor, w_err: torch.Tensor | None,
                      work: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Error projections (v, v') of one padded chunk, each (chunk_rows, m), error dtype."""
+        """Error projections (v, v') of one chunk, each (chunk_rows, m), error dtype.
+
+        Dense: ``e`` is the zero-padded chunk (chunk_rows, K). SRHT: ``e`` holds only the chunk's valid
+        rows; blocks of ``err_block`` tokens are transformed independently (fixed shapes), the last
+        one zero-padded, and rows past the valid ones are left unset.
+        """
         m = self.spec.m
         if w_err is not None:
             pe = torch.matmul(e, w_err.T)
             return pe[:, :m], pe[:, m:]
         assert self._gather is not None and work is not None
         C, K, N, tb = self.chunk_rows, self.spec.K, self.spec.error_length, self.err_block
+        c = e.shape[0]
         v = torch.empty(C, m, dtype=self.err_dtype, device=self.device)
         v2 = torch.empty(C, m, dtype=self.err_dtype, device=self.device)
         # Input block (two sign-flipped copies D e, D' e side by side; its zero padding is written once
         # per call and never overwritten) followed by the FWHT scratch.
         x = work[: 2 * tb * N].view(2, tb, N)
         scratch = work[2 * tb * N :]
-        for lo in range(0, C, tb):
-            torch.mul(e[lo : lo + tb].unsqueeze(0), self._srht_signs.unsqueeze(1), out=x[:, :, :K])
+        for lo in range(0, c, tb):
+            k = min(tb, c - lo)
+            torch.mul(e[lo : lo + k].unsqueeze(0), self._srht_signs.unsqueeze(1), out=x[:, :k, :K])
+            if k < tb:
+                x[:, k:, :K].zero_()
             self._gather(x.view(2 * tb, N), scratch, out=(v[lo : lo + tb], v2[lo : lo + tb]))
         return v, v2
 
@@ -281,7 +296,7 @@ class Sketcher:
         work = self._workspace()
         for lo, hi in self._chunks(a.shape[0]):
             u, u2 = self._project_act(self._pad(a, lo, hi, self.dtype), w_act)
-            v, v2 = self._project_err(self._pad(e, lo, hi, self.err_dtype), w_err, work)
+            v, v2 = self._project_err(self._error_rows(e, lo, hi), w_err, work)
             c = hi - lo
             yield lo, hi, u[:c], u2[:c], v[:c], v2[:c]
 
@@ -335,7 +350,7 @@ class Sketcher:
         w_err = self._err_weight() if self.projections.err_signs is not None else None
         work = self._workspace()
         chunks = self._chunks(e.shape[0])
-        parts = [self._project_err(self._pad(e, lo, hi, self.err_dtype), w_err, work) for lo, hi in chunks]
+        parts = [self._project_err(self._error_rows(e, lo, hi), w_err, work) for lo, hi in chunks]
         v, v2 = self._concat(parts, chunks, 2)
         return v, v2
 

@@ -57,25 +57,9 @@ def _client(args: argparse.Namespace) -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
-def _ensure_migrations_importable() -> None:
-    """Make the top-level ``migrations`` package importable from a source checkout.
-
-    ``atlas.db`` imports it to find the Alembic scripts; a console script's ``sys.path`` does not hold
-    the checkout root, so an editable install that does not list ``migrations`` as a package would not
-    find it. (A packaged install must ship it: ``migrations*`` in the setuptools package list.)
-    """
-    try:
-        import migrations  # noqa: F401
-    except ImportError:
-        root = Path(__file__).resolve().parents[1]
-        if (root / "migrations" / "env.py").is_file():
-            sys.path.insert(0, str(root))
-
-
 def _migrate_db(settings: Any) -> None:
     from atlas.db import upgrade
 
-    _ensure_migrations_importable()
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.resolved_database_url())

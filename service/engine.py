@@ -347,10 +347,9 @@ class AtlasEngine:
 
     @property
     def route_threshold(self) -> float:
-        """Default open-set threshold: ``settings.route_threshold`` if the setting exists, else
-        :data:`atlas.analysis.DEFAULT_ROUTE_THRESHOLD`."""
-        value = getattr(self.settings, "route_threshold", None)
-        return float(value) if value is not None else analysis.DEFAULT_ROUTE_THRESHOLD
+        """Default open-set threshold (``settings.route_threshold``, see
+        :data:`atlas.analysis.DEFAULT_ROUTE_THRESHOLD`)."""
+        return float(self.settings.route_threshold)
 
     def require_model(self) -> None:
         """Raise :class:`ModelUnavailable` unless a model is loaded."""

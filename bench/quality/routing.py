@@ -4,7 +4,7 @@ activation-dark diagnostic.
 Tasks: the multitask_instructions tasks (105; rows the bundled model was trained on removed, so MMLU
 and BBH tasks keep ~60 % of their rows) minus the four tasks that experiment 5 adds later
 (:data:`NEW_TASKS`) — 101 tasks. Per task (seeded permutation): 10 held-out prompts, then up to
-``--n-signature`` (100) signature samples from the rest. A task sample is the instance text
+``--n-signature`` (200) signature samples from the rest. A task sample is the instance text
 ``input + " " + output``; a held-out prompt is the ``input`` alone (what a user would send).
 
 Routers compared (all training-free):
@@ -356,7 +356,7 @@ def render(res: dict[str, Any], facts: str) -> str:
 
 def add_routing_args(parser: argparse.ArgumentParser) -> None:
     """Options shared with experiment 5."""
-    parser.add_argument("--n-signature", type=int, default=100, help="signature samples per task (at most)")
+    parser.add_argument("--n-signature", type=int, default=200, help="signature samples per task (at most)")
     parser.add_argument("--no-minilm", action="store_true", help="skip the all-MiniLM-L6-v2 baseline")
 
 

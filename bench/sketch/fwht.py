@@ -35,7 +35,7 @@ def _time_plan(plan: KronPlan, rows: int, N: int, m: int, repeats: int, clock: s
         for _ in range(blocks):  # as the sketcher: many blocks through the same buffers
             gh(src, work, out=out)
 
-    return timeit(run, repeats=repeats, clock=clock) / (rows * blocks)
+    return timeit(run, repeats=repeats, clock=clock, stat="min") / (rows * blocks)
 
 
 def _time_butterfly(rows: int, N: int, m: int, repeats: int, clock: str, blocks: int) -> float:
@@ -47,7 +47,7 @@ def _time_butterfly(rows: int, N: int, m: int, repeats: int, clock: str, blocks:
         for _ in range(blocks):
             fwht_butterfly(src).index_select(1, index)
 
-    return timeit(run, repeats=repeats, clock=clock) / (rows * blocks)
+    return timeit(run, repeats=repeats, clock=clock, stat="min") / (rows * blocks)
 
 
 def main() -> None:
@@ -93,8 +93,8 @@ def main() -> None:
     what = "process CPU time" if clock == "cpu" else "wall time"
     body = (
         f"Per-row {what} of `(H_N x)[I]` with m = min(4096, N) gathered outputs, float32, "
-        f"{args.threads} thread(s), blocks of rows as in the sketcher (rows x N = 2^20); median of "
-        f"{args.repeats} runs per configuration, all in one run.\n\n"
+        f"{args.threads} thread(s), blocks of rows as in the sketcher (rows x N = 2^20); minimum of "
+        f"{args.repeats} runs per configuration (robust to the other jobs on the shared box), all in one run.\n\n"
         "Summary (best plan per N, and the plan `choose_plan` picks):\n\n"
         + table(["N", "butterfly ms/row", "best plan", "best ms/row", "best speedup", "rule plan",
                  "rule ms/row", "rule speedup"], best_rows)

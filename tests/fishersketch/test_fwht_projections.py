@@ -144,3 +144,19 @@ def test_cpu_and_cuda_projections_and_features_agree() -> None:
     a, e = torch.randn(40, 64, generator=gen), torch.randn(40, 5000, generator=gen)
     for x, y in zip(cpu.features(a, e), gpu.features(a.cuda(), e.cuda()), strict=True):
         torch.testing.assert_close(y.cpu(), x, rtol=1e-3, atol=1e-3 * float(x.abs().max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["kron", "butterfly"])
+def test_cuda_update_matches_cpu(method: str) -> None:
+    spec = SketchSpec(d=48, K=3000, m=512, seed=5, granularity="token")
+    gen = torch.Generator().manual_seed(1)
+    a, e = torch.randn(300, 48, generator=gen), torch.randn(300, 3000, generator=gen)
+    ids = torch.arange(300) // 7
+    cpu = Sketcher(spec).sketch(a, e, ids)
+    gpu_sk = Sketcher(spec, device="cuda", fwht_method=method)
+    gpu = gpu_sk.sketch(a.cuda(), e.cuda(), ids.cuda())
+    np.testing.assert_array_equal(cpu.token_counts, gpu.token_counts)
+    scale = np.abs(cpu.sums).max()
+    assert np.abs(cpu.sums - gpu.sums).max() <= 1e-4 * scale
