@@ -34,7 +34,7 @@ from fishersketch.exact import (
 )
 from fishersketch.projections import Projections, generate_projections
 from fishersketch.rng import split_of, split_of_array
-from fishersketch.sketcher import Sketcher
+from fishersketch.sketcher import SampleStream, Sketcher
 from fishersketch.spec import ALGORITHM_VERSION, AUTO_SRHT_MIN_K, SketchSpec
 from fishersketch.state import FEATURES, FORMAT_VERSION, SPLITS, SketchState
 
@@ -52,6 +52,7 @@ __all__ = [
     "ExactResult",
     "MatrixResult",
     "Projections",
+    "SampleStream",
     "SketchError",
     "SketchSpec",
     "SketchState",

@@ -9,9 +9,11 @@ Layout (``m`` = sketch dimension; split 0 = A, 1 = B; feature 0 = ae, 1 = a, 2 =
 
 A *draw* is one feature vector: a token for ``granularity="token"``, a sample for ``"sequence"``.
 Every field is a sum, so :meth:`SketchState.merge` is elementwise addition (associative and
-commutative up to float64 rounding). Sample counts add the number of distinct sample ids seen per
-``update`` call; a sample whose tokens are split over several calls or shards is counted once per
-piece (token counts and sums are unaffected).
+commutative up to float64 rounding). Sample counts: by default each ``update`` call adds the number of
+distinct sample ids it saw, so a sample whose tokens are split over several calls or shards is counted
+once per piece (token counts and sums are unaffected); ``update(..., sample_starts=...)`` and
+:meth:`fishersketch.Sketcher.stream` count each sample exactly once (at its first token, or, for
+sequence granularity, when its draw is added).
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ class SketchState:
 
     @property
     def n_samples(self) -> int:
-        """Samples over both splits (distinct ids per update call, summed)."""
+        """Samples over both splits (see the module notes on how pieces of a sample are counted)."""
         return int(self.sample_counts.sum())
 
     def draw_counts(self) -> np.ndarray:

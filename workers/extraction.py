@@ -10,8 +10,12 @@ Two layers:
    logit scaling, see :mod:`workers.head`) and the token losses, yielding one :class:`HeadBatch` per
    chunk. Only one chunk's logits are alive at a time: peak memory does not grow with T × K.
 2. **Sketching** — :class:`Extractor` tokenises samples in a background thread (bounded queue, see
-   :mod:`workers.batching`), feeds every :class:`HeadBatch` to ``sketcher.update`` and accumulates the
-   baselines (:class:`atlas.baselines.BaselineSums`) from the same pass.
+   :mod:`workers.batching`), feeds every :class:`HeadBatch` to a ``sketcher.stream(state)``
+   (:class:`fishersketch.sketcher.SampleStream`) and accumulates the baselines
+   (:class:`atlas.baselines.BaselineSums`) from the same pass. A sample's positions may be cut over
+   several chunks; the stream counts it once and, for ``granularity="sequence"``, carries its partial
+   per-sample sums to its last chunk, so the state does not depend on ``logits_chunk`` or on batching
+   (up to float rounding). Samples never straddle token batches.
 
 Windows, checkpoints, resume and cancellation: samples are processed in windows of ``checkpoint_every``
 samples in input order (each window length-sorted into token-budget batches). A window is sketched into
@@ -152,6 +156,7 @@ class HeadBatch:
     e : Tensor, shape (n, K), float32
         ``dL/dz`` per token (softmax − onehot, with the chain rule of any post-head transform).
     sample_ids : Tensor, shape (n,), int64, on the CPU
+        A sample's positions are contiguous and may continue in the next chunk of the same batch.
     token_loss : Tensor, shape (n,), float32
         Cross-entropy of each token (nats).
     last_token_mask : Tensor, shape (n,), bool, on the CPU
@@ -180,41 +185,23 @@ class HeadBatch:
         return int(self.a.shape[0])
 
 
-def chunk_bounds(n: int, logits_chunk: int, last_token_mask: torch.Tensor | None = None) -> list[tuple[int, int]]:
-    """Split ``n`` positions into chunks of at most ``logits_chunk``.
+def chunk_bounds(n: int, logits_chunk: int) -> list[tuple[int, int]]:
+    """Split ``n`` positions into consecutive chunks of at most ``logits_chunk`` (samples may be cut).
 
     Parameters
     ----------
     n : int
     logits_chunk : int
-    last_token_mask : Tensor, shape (n,), bool, optional
-        When given, chunks end only at sample ends (a sample's positions are never split); a sample
-        with more than ``logits_chunk`` positions then forms one larger chunk.
 
     Returns
     -------
     list of (start, stop)
     """
-    if last_token_mask is None:
-        return [(s, min(s + logits_chunk, n)) for s in range(0, n, logits_chunk)]
-    ends = (torch.nonzero(last_token_mask.cpu()).flatten() + 1).tolist()
-    bounds: list[tuple[int, int]] = []
-    start = 0
-    i = 0
-    while i < len(ends):
-        stop = ends[i]  # at least one whole sample
-        while i + 1 < len(ends) and ends[i + 1] - start <= logits_chunk:
-            i += 1
-            stop = ends[i]
-        bounds.append((start, stop))
-        start = stop
-        i += 1
-    return bounds
+    return [(s, min(s + logits_chunk, n)) for s in range(0, n, logits_chunk)]
 
 
 def iter_head_batches(lm: LoadedModel, batch: TokenBatch, logits_chunk: int = 256,
-                      timings: dict[str, float] | None = None, *,
-                      whole_samples: bool = False) -> Iterator[HeadBatch]:
+                      timings: dict[str, float] | None = None) -> Iterator[HeadBatch]:
     """Forward one token batch and yield its counted positions' (a, e) in chunks.
 
     Parameters
@@ -226,14 +213,12 @@ def iter_head_batches(lm: LoadedModel, batch: TokenBatch, logits_chunk: int = 25
         Positions per chunk; at most ``logits_chunk × K`` logits exist at a time.
     timings : dict, optional
         Accumulates seconds under ``"forward_s"`` and ``"head_s"``.
-    whole_samples : bool
-        Never split a sample across chunks (needed by ``granularity="sequence"`` sketches, whose
-        samples must arrive in one update); a sample longer than ``logits_chunk`` is then one chunk.
 
     Yields
     ------
     HeadBatch
-        Chunks in sample order, each with at most ``logits_chunk`` positions.
+        Chunks in sample order, each with at most ``logits_chunk`` positions; a sample may be cut over
+        consecutive chunks (sketch them with ``sketcher.stream(state)``, which handles that).
     """
     meta = batch  # host copy: sample ids and masks stay on the CPU (the sketcher hashes ids there)
     batch = batch.to(lm.device)
@@ -247,7 +232,7 @@ def iter_head_batches(lm: LoadedModel, batch: TokenBatch, logits_chunk: int = 25
     weight = head.weight
     bias = getattr(head, "bias", None)
     n = a_all.shape[0]
-    for s, stop in chunk_bounds(n, logits_chunk, meta.last_token_mask if whole_samples else None):
+    for s, stop in chunk_bounds(n, logits_chunk):
         t1 = time.perf_counter()
         a_c = a_all[s:stop]
         targets = batch.targets[s:stop]
@@ -415,7 +400,6 @@ class Extractor:
         self.sample_tokenizer = SampleTokenizer(lm.tokenizer, max_tokens_per_sample, lm.K)
         pad = lm.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
-        self._whole_samples = getattr(spec, "granularity", "token") == "sequence"
 
     # -- extraction layer ------------------------------------------------------------------------
 
@@ -433,6 +417,11 @@ class Extractor:
     def iter_head_batches(self, samples: Sequence[Sample], mode: ExtractMode = "text") -> Iterator[HeadBatch]:
         """All (a, e) chunks of ``samples``, without sketching (one window, length-sorted batches).
 
+        A sample may be cut over consecutive chunks; to sketch the chunks yourself feed them to one
+        ``stream = sketcher.stream(state)`` as ``stream.add(hb.a, hb.e, hb.sample_ids, hb.last_token_mask)``
+        (plain ``sketcher.update`` would count such a sample once per chunk and, for
+        ``granularity="sequence"``, needs whole samples).
+
         Parameters
         ----------
         samples : sequence of Sample
@@ -447,7 +436,7 @@ class Extractor:
         with self._items(samples, mode, 0, max(len(samples), 1), self.prefetch) as items:
             for item in items:
                 if isinstance(item, TokenBatch):
-                    yield from iter_head_batches(self.lm, item, self.logits_chunk, whole_samples=self._whole_samples)
+                    yield from iter_head_batches(self.lm, item, self.logits_chunk)
 
     # -- sketching ---------------------------------------------------------------------------------
 
@@ -575,19 +564,18 @@ class Extractor:
                     if should_cancel is not None and should_cancel():
                         res.cancelled = True
                         break
-                    carried: int | None = None  # a sample continued from the previous chunk
-                    for hb in iter_head_batches(self.lm, item, self.logits_chunk, timings,
-                                                whole_samples=self._whole_samples):
+                    # Chunks may cut a sample; the stream counts it once and (sequence granularity)
+                    # sketches it when its last chunk arrives. A batch holds whole samples only.
+                    stream = self.sketcher.stream(w_state)
+                    for hb in iter_head_batches(self.lm, item, self.logits_chunk, timings):
                         t1 = time.perf_counter()
-                        self.sketcher.update(w_state, hb.a, hb.e, hb.sample_ids)
-                        if carried is not None and int(hb.sample_ids[0]) == carried:
-                            _uncount_sample(w_state, carried)
-                        carried = None if bool(hb.last_token_mask[-1]) else int(hb.sample_ids[-1])
+                        stream.add(hb.a, hb.e, hb.sample_ids, hb.last_token_mask)
                         t2 = time.perf_counter()
                         w_base.add(hb)
                         timings["sketch_s"] += t2 - t1
                         timings["baselines_s"] += time.perf_counter() - t2
                         w_tokens += len(hb)
+                    stream.close()
                     w_used += len(item.samples)
                     w_done += len(item.samples)
                     report()
@@ -645,17 +633,6 @@ class Extractor:
 def _check_mode(mode: str) -> None:
     if mode not in ("text", "completion"):
         raise InvalidInput(f"unknown extraction mode {mode!r}; use 'text' or 'completion'")
-
-
-def _uncount_sample(state: Any, sid: int) -> None:
-    """Undo the second count of a sample whose tokens were split over two ``update`` calls.
-
-    ``Sketcher.update`` counts the distinct sample ids of each call; a long sample cut at a logits-chunk
-    boundary (token granularity only) would otherwise be counted once per chunk.
-    """
-    from fishersketch import split_of
-
-    state.sample_counts[split_of(sid, state.spec.seed)] -= 1
 
 
 class _BaselineAccumulator:

@@ -362,9 +362,19 @@ class TaskExample:
 
 
 def instruction_tasks() -> dict[str, list[TaskExample]]:
-    """The 105 multitask_instructions tasks, without the bundled model's training rows (file order)."""
+    """The 105 multitask_instructions tasks, without the bundled model's training rows (file order).
+
+    Instances whose ``input`` repeats an earlier one of the same task are dropped (LAMA relations
+    repeat templates with the same subject), so a held-out prompt never also appears among the
+    task's signature samples.
+    """
     tasks: dict[str, list[TaskExample]] = defaultdict(list)
+    seen: set[tuple[str, str]] = set()
     for r in _multitask_rows():
+        key = (r["task"], r["input"].strip())
+        if key in seen:
+            continue
+        seen.add(key)
         tasks[r["task"]].append(TaskExample(r["input"], r["output"]))
     return dict(sorted(tasks.items()))
 

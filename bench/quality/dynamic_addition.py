@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     flat.add(index.signatures())
     added: dict[str, dict[str, Any]] = {}
     for theme, name in NEW_TASKS.items():
-        samples = [Sample(text=x.text) for x in splits[name][0]]
+        samples = [Sample(text=x.input) for x in splits[name][0]]
         t = time.perf_counter()
         sig = extract_task(extractor, name, samples, "text")
         vec = sig.state.signature().astype(np.float32)[None, :]
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mini_seconds = None
         if encoder is not None:
             t = time.perf_counter()
-            index.minilm.append(encoder.encode([x.text for x in splits[name][0]]))
+            index.minilm.append(encoder.encode([x.input for x in splits[name][0]]))
             mini_seconds = time.perf_counter() - t
         added[name] = {"theme": theme, "seconds": fs_seconds, "minilm_seconds": mini_seconds,
                        "n_signature": sig.n_samples, "tokens": sig.tokens, "n_heldout": len(splits[name][1])}

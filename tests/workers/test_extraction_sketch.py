@@ -80,13 +80,85 @@ def test_batching_and_chunking_do_not_change_the_state(gpt2_lm: LoadedModel, tex
         assert other.n_tokens == ref.n_tokens and other.n_samples == ref.n_samples
 
 
-def test_sequence_granularity_gets_whole_samples(gpt2_lm: LoadedModel, texts: list[str]) -> None:
+def _rel(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.max(np.abs(x - y)) / np.max(np.abs(y)))
+
+
+def _assert_same(x: SketchState, y: SketchState, tol: float = 1e-10) -> None:
+    assert _rel(x.sums, y.sums) <= tol and _rel(x.sq_norms, y.sq_norms) <= tol
+    assert np.array_equal(x.token_counts, y.token_counts) and np.array_equal(x.sample_counts, y.sample_counts)
+
+
+def _per_whole_sample(lm: LoadedModel, sk: Sketcher, samples: list[Sample], **kw: int) -> SketchState:
+    """Reference: the extractor's (a, e) regrouped into whole samples, one plain ``update`` per sample."""
+    hbs = list(Extractor(lm, None, **kw).iter_head_batches(samples))
+    a, e = torch.cat([h.a for h in hbs]), torch.cat([h.e for h in hbs])
+    ids, last = torch.cat([h.sample_ids for h in hbs]), torch.cat([h.last_token_mask for h in hbs])
+    state = SketchState.empty(sk.spec)
+    lo = 0
+    for hi in (torch.nonzero(last).flatten() + 1).tolist():
+        assert len(set(ids[lo:hi].tolist())) == 1
+        sk.update(state, a[lo:hi], e[lo:hi], ids[lo:hi])
+        lo = hi
+    return state
+
+
+def _exact_head_logits(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """float64 head GEMM rounded to float32: the logits of a row no longer depend on the chunk's row count."""
+    b = None if bias is None else bias.double()
+    return torch.nn.functional.linear(a.double(), weight.double(), b).float()
+
+
+@pytest.mark.parametrize("granularity", ["sequence", "token"])
+def test_state_does_not_depend_on_logits_chunk(gpt2_lm: LoadedModel, texts: list[str], granularity: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    sk = _sketcher(gpt2_lm, granularity)
+    samples = [*_samples(texts), Sample(text=texts[1])]  # a duplicate upload is a second sample
+    used = len(samples) - 2
+    chunked = Extractor(gpt2_lm, sk, logits_chunk=3).extract(samples)  # cuts every sample over chunks
+    whole = Extractor(gpt2_lm, sk, logits_chunk=4096).extract(samples)
+    assert chunked.samples_used == used and chunked.state.n_samples == whole.state.n_samples == used
+    assert chunked.state.n_tokens == whole.state.n_tokens == chunked.tokens
+    # exact against one update per whole sample on the same (a, e) ...
+    _assert_same(chunked.state, _per_whole_sample(gpt2_lm, sk, samples, logits_chunk=3))
+    _assert_same(whole.state, _per_whole_sample(gpt2_lm, sk, samples, logits_chunk=4096))
+    # ... and across chunk sizes up to the float32 rounding of the head GEMM (its result depends on the
+    # number of rows per call) ...
+    np.testing.assert_allclose(chunked.state.sums, whole.state.sums, rtol=1e-4,
+                               atol=1e-6 * np.abs(whole.state.sums).max())
+    # ... which, with a head whose rows do not depend on the chunk, leaves float64 rounding only
+    monkeypatch.setattr("workers.extraction.head_logits", _exact_head_logits)
+    exact = [Extractor(gpt2_lm, sk, logits_chunk=c).extract(samples).state for c in (1, 3, 4096)]
+    _assert_same(exact[0], exact[2])
+    _assert_same(exact[1], exact[2])
+    _assert_same(exact[1], _per_whole_sample(gpt2_lm, sk, samples, logits_chunk=4096))
+
+
+def test_sequence_granularity_is_independent_of_batching(gpt2_lm: LoadedModel, texts: list[str]) -> None:
     sk = _sketcher(gpt2_lm, "sequence")
     samples = _samples(texts)
-    a = Extractor(gpt2_lm, sk, logits_chunk=3).extract(samples).state
-    b = Extractor(gpt2_lm, sk, logits_chunk=4096).extract(samples).state
-    assert a.n_samples == b.n_samples == len(samples) - 2
-    np.testing.assert_allclose(a.sums, b.sums, rtol=1e-4, atol=1e-6 * np.abs(b.sums).max())
+    ref = Extractor(gpt2_lm, sk, token_budget=1, logits_chunk=1).extract(samples).state
+    for budget, chunk in ((10_000, 4096), (64, 7), (48, 5)):
+        other = Extractor(gpt2_lm, sk, token_budget=budget, logits_chunk=chunk).extract(samples).state
+        np.testing.assert_allclose(other.sums, ref.sums, rtol=1e-4, atol=1e-6 * np.abs(ref.sums).max())
+        assert np.array_equal(other.sample_counts, ref.sample_counts) and other.n_samples == len(samples) - 2
+        assert np.array_equal(other.token_counts, ref.token_counts)
+
+
+@pytest.mark.parametrize("granularity", ["sequence", "token"])
+def test_long_text_over_many_chunks_counts_as_one_sample(gpt2_lm: LoadedModel, texts: list[str],
+                                                         granularity: str) -> None:
+    sk = _sketcher(gpt2_lm, granularity)
+    text = " ".join(texts)
+    ex = Extractor(gpt2_lm, sk, logits_chunk=2)
+    n_pos = len(gpt2_lm.tokenizer(text)["input_ids"]) - 1
+    assert n_pos > 20  # more than ten chunks
+    res = ex.prompt(text)
+    assert res.state.n_samples == res.samples_used == res.baselines.n_samples == 1
+    assert res.state.n_tokens == res.tokens == n_pos
+    _assert_same(res.state, _per_whole_sample(gpt2_lm, sk, [Sample(text=text)], logits_chunk=2))
+    res = ex.extract([Sample(text=t) for t in (text, texts[0], text)], checkpoint_every=2)
+    assert res.state.n_samples == res.samples_used == 3
 
 
 def test_resume_from_checkpoint_is_bit_identical(gpt2_lm: LoadedModel, texts: list[str]) -> None:
