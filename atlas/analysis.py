@@ -44,11 +44,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atlas.settings import Settings
+
+if TYPE_CHECKING:
+    from fishersketch import MatrixResult
 
 ACTIVATION_DARK_MIN_ACTIVATION = 0.8
 """An activation similarity S_cov(M_a) at least this high counts as 'activations alike'."""
@@ -281,18 +284,16 @@ def _entry(mat: Any, i: int, j: int) -> Any:
     return None
 
 
-def _factors_from_matrix(mr: Any, i: int, j: int) -> Factors:
+def _factors_from_matrix(mr: MatrixResult, i: int, j: int) -> Factors:
     fisher = _f(_entry(mr.fisher, i, j))
     activation = _f(_entry(mr.activation, i, j))
-    shrunk = _entry(getattr(mr, "fisher_eb", None), i, j)
-    rho = _entry(getattr(mr, "rho", None), i, j)
     return Factors(
         fisher=fisher,
-        fisher_shrunk=_f(shrunk) if shrunk is not None else fisher,
+        fisher_shrunk=_f(_entry(mr.fisher_eb, i, j)),
         activation=activation,
         error=_f(_entry(mr.error, i, j)),
-        rho=_f(rho) if rho is not None else 0.0,
-        se=_opt_f(_entry(getattr(mr, "se", None), i, j)),
+        rho=_f(_entry(mr.rho, i, j)),
+        se=_opt_f(_entry(mr.se, i, j)),
         activation_dark=is_activation_dark(activation, fisher),
     )
 
@@ -357,9 +358,9 @@ def pair_factors(a: TaskState, b: TaskState, context: Sequence[TaskState] = ()) 
         activation=activation,
         error=_f(pair.error),
         rho=_f(pair.rho),
-        se=_opt_f(getattr(pair, "se", None)) if getattr(pair, "se", None) is not None else f.se,
+        se=_opt_f(pair.se),
         activation_dark=is_activation_dark(activation, fisher),
-        chi=_opt_f(getattr(pair, "chi", None)),
+        chi=_opt_f(pair.chi),
     )
 
 
@@ -394,11 +395,10 @@ def alignment_matrix(tasks: Sequence[TaskState]) -> Matrices:
         ids=[t.task_id for t in tasks],
         names=[t.name for t in tasks],
         fisher=fisher,
-        fisher_shrunk=_matrix(getattr(mr, "fisher_eb", None), n, 0.0) if getattr(mr, "fisher_eb", None) is not None
-        else fisher.copy(),
+        fisher_shrunk=_matrix(mr.fisher_eb, n, 0.0),
         activation=_matrix(mr.activation, n, 0.0),
         error=_matrix(mr.error, n, 0.0),
-        rho=_matrix(getattr(mr, "rho", None), n, 0.0),
+        rho=_matrix(mr.rho, n, 0.0),
     )
 
 

@@ -156,15 +156,19 @@ class Task(Base):
     space: Mapped[Space] = relationship(lazy="joined", innerjoin=True)
 
 
-class SketchStateRow(Base):
-    """The task's mergeable FisherSketch state (``SketchState.to_bytes``)."""
-
-    __tablename__ = "sketch_states"
+class _TaskBlob:
+    """Columns of a versioned per-task blob (one row per task, deleted with it)."""
 
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, default=1)
     blob: Mapped[bytes] = mapped_column(LargeBinary)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class SketchStateRow(_TaskBlob, Base):
+    """The task's mergeable FisherSketch state (``SketchState.to_bytes``)."""
+
+    __tablename__ = "sketch_states"
 
 
 class Signature(Base):
@@ -179,15 +183,10 @@ class Signature(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 
-class BaselineRow(Base):
+class BaselineRow(_TaskBlob, Base):
     """The task's baseline sums (``BaselineSums.to_bytes``)."""
 
     __tablename__ = "baselines"
-
-    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
-    version: Mapped[int] = mapped_column(Integer, default=1)
-    blob: Mapped[bytes] = mapped_column(LargeBinary)
-    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 
 class Upload(Base):

@@ -217,6 +217,25 @@ def _replay(session: Session, job: Job, kind: str, **expect: Any) -> tuple[Task,
     return task, job
 
 
+def _add_job(
+    session: Session, kind: str, task: Task, upload: Upload, n_samples: int, idempotency_key: str | None
+) -> Job:
+    """Queue a ``kind`` job for ``task`` over ``upload``; a concurrent use of the key is a :class:`Conflict`."""
+    job = Job(
+        kind=kind, space_id=task.space_id, task_id=task.id, upload_id=upload.id, status=JOB_QUEUED,
+        progress={"samples_done": 0, "samples_total": n_samples}, idempotency_key=idempotency_key,
+        attempts=0, cancel_requested=False,
+    )
+    try:
+        with session.begin_nested():
+            session.add(job)
+    except IntegrityError:
+        raise Conflict(
+            "a request with this idempotency key is being processed; retry", {"idempotency_key": idempotency_key}
+        ) from None
+    return job
+
+
 def create_task_with_job(
     session: Session,
     space_id: int,
@@ -276,19 +295,7 @@ def create_task_with_job(
         if idempotency_key is not None and (job := _job_by_key(session, idempotency_key)) is not None:
             return _replay(session, job, JOB_CREATE, name=name, space_id=space_id)
         raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
-    job = Job(
-        kind=JOB_CREATE, space_id=space_id, task_id=task.id, upload_id=upload.id, status=JOB_QUEUED,
-        progress={"samples_done": 0, "samples_total": len(samples)}, idempotency_key=idempotency_key,
-        attempts=0, cancel_requested=False,
-    )
-    try:
-        with session.begin_nested():
-            session.add(job)
-    except IntegrityError:
-        raise Conflict(
-            "a request with this idempotency key is being processed; retry", {"idempotency_key": idempotency_key}
-        ) from None
-    return task, job
+    return task, _add_job(session, JOB_CREATE, task, upload, len(samples), idempotency_key)
 
 
 def append_samples(
@@ -305,19 +312,7 @@ def append_samples(
             return _replay(session, job, JOB_APPEND, id=task_id)[1]
     task = get_task(session, task_id)
     upload = get_or_create_upload(session, samples)
-    job = Job(
-        kind=JOB_APPEND, space_id=task.space_id, task_id=task.id, upload_id=upload.id, status=JOB_QUEUED,
-        progress={"samples_done": 0, "samples_total": len(samples)}, idempotency_key=idempotency_key,
-        attempts=0, cancel_requested=False,
-    )
-    try:
-        with session.begin_nested():
-            session.add(job)
-    except IntegrityError:
-        raise Conflict(
-            "a request with this idempotency key is being processed; retry", {"idempotency_key": idempotency_key}
-        ) from None
-    return job
+    return _add_job(session, JOB_APPEND, task, upload, len(samples), idempotency_key)
 
 
 def get_task(session: Session, task_id: int) -> Task:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,9 +22,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.settings import Settings, get_settings
+from service.dashboard import mount_dashboard
 from service.engine import AtlasEngine
 from service.errors import install_error_handlers
 from service.metrics import Metrics
+from service.routes import health, jobs, keys, query, spaces, tasks
 from service.schemas import SamplesAppend, TaskCreate
 from service.uploads import ENVELOPE_BYTES, BodyLimitMiddleware
 
@@ -125,8 +128,6 @@ def create_app(settings: Settings | None = None, *, engine_overrides: dict[str, 
         finally:
             await run_in_threadpool(engine.stop)
 
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         app_version = version("fisher-atlas")
     except PackageNotFoundError:
@@ -149,16 +150,9 @@ def create_app(settings: Settings | None = None, *, engine_overrides: dict[str, 
     app.state.settings = settings
     install_error_handlers(app)
 
-    from service.routes import health, jobs, keys, query, spaces, tasks
-
     for module in (health, tasks, jobs, query, spaces, keys):
         app.include_router(module.router)
-    try:
-        from service.dashboard import mount_dashboard
-    except ImportError:  # the dashboard is optional
-        pass
-    else:
-        mount_dashboard(app)
+    mount_dashboard(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + ENVELOPE_BYTES)
     app.add_middleware(MetricsMiddleware, metrics=engine.metrics)

@@ -217,6 +217,47 @@ def _sse_jobs(lines: Iterator[str]) -> Iterator[JobOut]:
             yield job
 
 
+class _JobWatch:
+    """State of ``wait_job`` (shared by the sync and async clients): progress stream, then polling."""
+
+    def __init__(self, on_progress: ProgressCallback | None, timeout: float | None) -> None:
+        self.on_progress = on_progress
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.last: JobOut | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.last is not None and self.last.done
+
+    def done(self, job: JobOut) -> bool:
+        """Report ``job``; whether it has ended."""
+        self.last = job
+        if self.on_progress:
+            self.on_progress(job)
+        return job.done
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def stream_failed(self, exc: AtlasClientError) -> None:
+        """An unreachable or missing progress stream falls back to polling; anything else is raised."""
+        if exc.status not in (0, 404, 405):
+            raise exc
+
+    def polled(self, job: JobOut) -> bool:
+        """Report a polled ``job``; whether it has ended (:class:`TimeoutError` when not, past the deadline)."""
+        if self.done(job):
+            return True
+        if self.expired():
+            raise TimeoutError(f"job {job.id} still {job.status} after {self.timeout} s")
+        return False
+
+    def result(self) -> JobOut:
+        assert self.last is not None and self.last.done
+        return self.last
+
+
 class AtlasClient(_Base):
     """Synchronous client.
 
@@ -353,27 +394,16 @@ class AtlasClient(_Base):
         poll_interval: float = 0.5,
     ) -> JobOut:
         """Follow a job (progress stream, polling as fallback) until it ends; return its final state."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        watch = _JobWatch(on_progress, timeout)
         try:
             for job in self.job_events(job_id):
-                if on_progress:
-                    on_progress(job)
-                if job.done:
-                    return job
-                if deadline is not None and time.monotonic() > deadline:
+                if watch.done(job) or watch.expired():
                     break
         except AtlasClientError as exc:
-            if exc.status not in (0, 404, 405):
-                raise
-        while True:
-            job = self.get_job(job_id)
-            if on_progress:
-                on_progress(job)
-            if job.done:
-                return job
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.status} after {timeout} s")
+            watch.stream_failed(exc)
+        while not watch.finished and not watch.polled(self.get_job(job_id)):
             time.sleep(poll_interval)
+        return watch.result()
 
     # queries --------------------------------------------------------------------------------------
     def route(
@@ -532,27 +562,16 @@ class AsyncAtlasClient(_Base):
         poll_interval: float = 0.5,
     ) -> JobOut:
         """See :meth:`AtlasClient.wait_job`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        watch = _JobWatch(on_progress, timeout)
         try:
             async for job in self.job_events(job_id):
-                if on_progress:
-                    on_progress(job)
-                if job.done:
-                    return job
-                if deadline is not None and time.monotonic() > deadline:
+                if watch.done(job) or watch.expired():
                     break
         except AtlasClientError as exc:
-            if exc.status not in (0, 404, 405):
-                raise
-        while True:
-            job = await self.get_job(job_id)
-            if on_progress:
-                on_progress(job)
-            if job.done:
-                return job
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.status} after {timeout} s")
+            watch.stream_failed(exc)
+        while not watch.finished and not watch.polled(await self.get_job(job_id)):
             await asyncio.sleep(poll_interval)
+        return watch.result()
 
     async def route(
         self, prompt: str | Sequence[str], *, k: int = 5, threshold: float | None = None,

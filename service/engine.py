@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import select, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import analysis, changes, job_store
@@ -43,6 +44,7 @@ from atlas.errors import (
     PayloadTooLarge,
     QueueFull,
 )
+from atlas.index import IndexManager
 from atlas.models import (
     JOB_FINAL_STATUSES,
     JOB_QUEUED,
@@ -59,6 +61,7 @@ from atlas.samples import Sample
 from atlas.settings import Settings
 from service.auth import check_bind_allowed, count_active_keys, keys_required
 from service.metrics import Metrics
+from workers.inprocess import InProcessRunner
 
 logger = logging.getLogger("fisher_atlas.service")
 
@@ -182,9 +185,10 @@ class AtlasEngine:
         self.spec: Any = None
         self.extractor: Any = None
         self.space_id: int | None = None
-        self.index: Any = None
-        self.queue: Any = None
-        self.runner: Any = None
+        self.db: Engine | None = None
+        self.index: IndexManager | None = None
+        self.queue: Any = None  # InProcessRunner or workers.celery_app.CeleryJobQueue
+        self.runner: InProcessRunner | None = None
         self.started = False
         self._forward_lock = threading.Lock()
         self._pending = 0
@@ -198,7 +202,17 @@ class AtlasEngine:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Migrate, load the model, open the index, start the queue (the app lifespan calls this)."""
+        """Migrate, load the model, open the index, start the queue (the app lifespan calls this).
+
+        If any step fails, what the earlier steps opened (pool, runner threads) is closed again.
+        """
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
         url = s.resolved_database_url()
@@ -212,9 +226,8 @@ class AtlasEngine:
         self.states = StateCache(STATE_CACHE_BYTES // (48 * s.sketch_dim))
         self.prompts = PromptCache(PROMPT_CACHE_BYTES // (48 * s.sketch_dim))
         self._load_model()
-        from atlas.index import IndexManager
-
-        self.index = IndexManager(self.read, s.data_dir / "index", kind=s.index_kind)
+        self.index = IndexManager(self.read, s.data_dir / "index", kind=s.index_kind, nprobe=s.index_nprobe,
+                                  ivf_min_size=s.index_ivf_min_size)
         self.index.open()
         self._start_queue()
         self.metrics.watch_store(self.store_stats)
@@ -223,15 +236,15 @@ class AtlasEngine:
         self.started = True
 
     def stop(self) -> None:
-        """Stop the runner and the background thread, persist the index, close the pool."""
+        """Stop the runner and the background thread, persist the index, close the broker and the pool."""
         self._stop.set()
-        if self.runner is not None:
-            stop = getattr(self.runner, "stop", None) or getattr(self.runner, "shutdown", None)
-            if stop is not None:
-                try:
-                    stop()
-                except Exception:
-                    logger.warning("stopping the job runner failed", exc_info=True)
+        try:
+            if self.runner is not None:  # in-process: the runner is the queue
+                self.runner.stop()
+            elif self.queue is not None:  # Celery: release the broker connections
+                self.queue.close()
+        except Exception:
+            logger.warning("stopping the job queue failed", exc_info=True)
         if self._bg is not None:
             self._bg.join(timeout=5)
         if self.index is not None:
@@ -240,7 +253,7 @@ class AtlasEngine:
                 self.index.persist()
             except Exception:
                 logger.warning("persisting the index failed", exc_info=True)
-        if getattr(self, "db", None) is not None:
+        if self.db is not None:
             self.db.dispose()
         self.started = False
 
@@ -860,6 +873,11 @@ class AtlasEngine:
             raise InvalidInput(f"the export's sketch spec is invalid: {exc}") from None
         if spec.fingerprint() != sp.get("spec_fingerprint"):
             raise InvalidInput("the export's spec does not match its spec fingerprint")
+        model_fingerprint, model_name = sp.get("model_fingerprint"), sp.get("model_name", "imported")
+        if not isinstance(model_fingerprint, str) or not 0 < len(model_fingerprint) <= 200:
+            raise InvalidInput("the export's space needs a model_fingerprint string of 1-200 characters")
+        if not isinstance(model_name, str) or not 0 < len(model_name) <= 500:
+            raise InvalidInput("the export's model_name must be a string of 1-500 characters")
         tasks: list[dict[str, Any]] = []
         seen: set[str] = set()
         for lineno, line in enumerate(lines[1:], start=2):
@@ -869,6 +887,9 @@ class AtlasEngine:
                 state_blob = base64.b64decode(rec["state"], validate=True)
                 sig = np.frombuffer(base64.b64decode(rec["signature"], validate=True), dtype="<f4")
                 base_blob = base64.b64decode(rec["baselines"], validate=True) if rec.get("baselines") else None
+                counts = {key: int(rec.get(key, 0)) for key in ("n_samples", "n_tokens")}
+                if not all(0 <= v < 2**63 for v in counts.values()):
+                    raise ValueError(f"counts out of range: {counts}")
                 state = SketchState.from_bytes(state_blob, spec=spec)
             except (KeyError, TypeError, ValueError) as exc:
                 raise InvalidInput(f"line {lineno}: invalid task record ({exc})") from None
@@ -882,14 +903,13 @@ class AtlasEngine:
                 raise InvalidInput(f"line {lineno}: duplicate task name {name!r}")
             seen.add(name)
             del state
-            tasks.append({"name": name, "mode": rec["mode"], "metadata": rec.get("metadata") or {},
-                          "n_samples": int(rec.get("n_samples", 0)), "n_tokens": int(rec.get("n_tokens", 0)),
+            tasks.append({"name": name, "mode": rec["mode"], "metadata": rec.get("metadata") or {}, **counts,
                           "state": state_blob, "signature": sig.copy(), "baselines": base_blob})
         skipped: list[str] = []
         with self.write.begin() as session:
             space = repo.get_or_create_space(
-                session, model_fingerprint=str(sp.get("model_fingerprint")), spec_fingerprint=spec.fingerprint(),
-                model_name=str(sp.get("model_name", "imported")), d=spec.d, K=spec.K, m=spec.m, seed=spec.seed,
+                session, model_fingerprint=model_fingerprint, spec_fingerprint=spec.fingerprint(),
+                model_name=model_name, d=spec.d, K=spec.K, m=spec.m, seed=spec.seed,
                 spec=spec.to_dict(),
             )
             session.flush()
@@ -902,32 +922,14 @@ class AtlasEngine:
                 if t["name"] in existing:
                     skipped.append(t["name"])
                     continue
-                task = import_ready_task(session, space.id, t)
-                session.flush()
-                del task
+                repo.create_ready_task(
+                    session, space.id, t["name"], t["mode"], t["metadata"], state=t["state"],
+                    signature=t["signature"], baselines=t["baselines"], n_samples=t["n_samples"],
+                    n_tokens=t["n_tokens"],
+                )
             space_id = int(space.id)
         self.index.catch_up(space_id)
         return space_id, len(tasks) - len(skipped), skipped
-
-
-def import_ready_task(session: Session, space_id: int, t: dict[str, Any]) -> Task:
-    """Insert a ready task with its stored state, signature and baselines (used by import).
-
-    Written here with the store's models because :mod:`atlas.repository` has no function creating a
-    task without a job; it reuses :func:`atlas.repository.store_task_result` for the result rows and
-    the change record.
-    """
-    if not t["name"].strip() or len(t["name"]) > 300:
-        raise InvalidInput("a task name must have 1 to 300 characters", {"name": t["name"]})
-    if not isinstance(t["metadata"], dict):
-        raise InvalidInput("task metadata must be a JSON object", {"name": t["name"]})
-    task = Task(space_id=space_id, name=t["name"], mode=t["mode"], meta=dict(t["metadata"]), status="pending",
-                n_samples=0, n_tokens=0, version=0)
-    session.add(task)
-    session.flush()
-    repo.store_task_result(session, task, state=t["state"], signature=t["signature"], baselines=t["baselines"],
-                           n_samples=t["n_samples"], n_tokens=t["n_tokens"])
-    return task
 
 
 def job_view(job: Job) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from atlas.errors import AtlasError
+from atlas.errors import AtlasError, IncompatibleSpace, InvalidInput
+from fishersketch import CorruptState, SketchError, SpecMismatch
 
 logger = logging.getLogger("fisher_atlas.service")
 
@@ -71,6 +72,15 @@ async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(exc.to_body(), status_code=exc.status_code, headers=headers)
 
 
+async def _sketch_error(request: Request, exc: Exception) -> JSONResponse:
+    """Render algorithm errors that escaped the domain checks: a spec mismatch is ``incompatible_space``."""
+    if isinstance(exc, SpecMismatch):
+        return await _atlas_error(request, IncompatibleSpace(str(exc)))
+    if isinstance(exc, CorruptState):  # stored data, not the request: a real server error
+        return await _unexpected(request, exc)
+    return await _atlas_error(request, InvalidInput(str(exc)))
+
+
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     detail = _validation_detail(exc)
@@ -87,7 +97,7 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
         status = 422
     code = _CODES_BY_STATUS.get(status, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-    return JSONResponse(error_body(code, message, None), status_code=status, headers=getattr(exc, "headers", None))
+    return JSONResponse(error_body(code, message, None), status_code=status, headers=exc.headers)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -100,6 +110,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that render every error as ``{"code", "message", "detail"}``."""
     app.add_exception_handler(AtlasError, _atlas_error)
+    app.add_exception_handler(SketchError, _sketch_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -123,6 +123,10 @@ class CeleryJobQueue:
             client = conn.default_channel.client
             return int(client.llen(self.app.conf.task_default_queue))
 
+    def close(self) -> None:
+        """Close the app's broker connection pool (reopened on the next use)."""
+        self.app.close()
+
 
 def sweep(ctx: WorkerContext, jobs: CeleryJobQueue) -> list[int]:
     """Re-enqueue stale running jobs, and queued jobs if the broker queue is empty; return their ids."""

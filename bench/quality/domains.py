@@ -29,14 +29,12 @@ from bench.quality import report
 from bench.quality.common import (
     command_line,
     extract_task,
-    fmt,
     log,
     machine_info,
     make_extractor,
     make_parser,
     make_sketcher,
     mean_std,
-    pct,
     setup,
     writes_results,
 )
@@ -213,7 +211,6 @@ def main() -> None:
         "sketch time": f"{res['timings']['sketch_s']:.0f}s", "oracle time": f"{res['timings']['oracle_s']:.0f}s"})
     md = render(res, facts)
     print(md)
-    _ = (fmt, pct)
     if writes_results(args):
         report.update_section("domains", "3. Source selection on natural domains (paper: Vocabulary-scale "
                               "transfer prediction)", md)

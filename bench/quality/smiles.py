@@ -10,8 +10,8 @@ fine-tuning, exactly as in experiments 2–3 — fine-tune only the output head 
 molecules, measure the loss on 50 held-out target molecules (the paper's 50), normalise to
 ``U[s, t]`` by the target's self-training gain. Justification: (i) it is the regime in which the head
 Fisher that FisherSketch sketches is exact (a head update's first-order effect on the target loss is
-governed by the head gradients' geometry); (ii) the bundled model's 256-token context cannot hold 20
-SMILES examples plus a query, and a 6M-parameter model has little in-context learning to measure;
+governed by the head gradients' geometry); (ii) the bundled model's 512-token context cannot hold 20
+SMILES examples (~28 tokens each) plus a query, and a 6M-parameter model has little in-context learning;
 (iii) it is cheap (the body is frozen, activations are cached). ``U`` is averaged over seeds and
 symmetrised, ``(U[s,t] + U[t,s]) / 2``, over the 36 unordered off-diagonal pairs (the paper's 36).
 

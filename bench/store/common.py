@@ -1,17 +1,22 @@
-"""Helpers of the store benchmarks: synthetic signatures and bulk loading into a real store."""
+"""Helpers of the store benchmarks: synthetic signatures and bulk loading into a real store.
+
+The store plumbing (bulk inserts, throw-away PostgreSQL databases) is shared with the tests:
+:mod:`tests.store_helpers`.
+"""
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 
 import numpy as np
-from sqlalchemy import create_engine, insert, make_url, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import repository
-from atlas.models import AtlasState, Change, Signature, Task, utcnow
+from tests import store_helpers
+from tests.store_helpers import drop_pg_database, insert_ready_tasks
+
+__all__ = ["bulk_load", "clustered_unit_vectors", "create_pg_database", "drop_pg_database", "make_space"]
 
 
 def clustered_unit_vectors(n: int, m: int, *, clusters: int, spread: float, seed: int,
@@ -44,43 +49,12 @@ def bulk_load(factory: sessionmaker[Session], space_id: int, chunks: Iterator[np
     t0 = time.perf_counter()
     n = 0
     for vectors in chunks:
-        now = utcnow()
-        k = len(vectors)
         with factory.begin() as s:
-            names = [f"t{n + i}" for i in range(k)]
-            s.execute(insert(Task), [
-                {"space_id": space_id, "name": name, "meta": {}, "mode": "text", "status": "ready", "n_samples": 1,
-                 "n_tokens": 1, "version": 1, "created_at": now, "updated_at": now} for name in names
-            ])
-            ids = dict(s.execute(select(Task.name, Task.id).where(Task.space_id == space_id,
-                                                                   Task.name.in_(names))).all())
-            s.execute(insert(Signature), [
-                {"task_id": ids[name], "space_id": space_id, "version": 1,
-                 "vector": vectors[i].astype("<f4").tobytes(), "updated_at": now} for i, name in enumerate(names)
-            ])
-            last = s.execute(update(AtlasState).where(AtlasState.id == 1).values(last_seq=AtlasState.last_seq + k)
-                             .returning(AtlasState.last_seq)).scalar_one()
-            s.execute(insert(Change), [
-                {"seq": last - k + 1 + i, "space_id": space_id, "task_id": ids[name], "op": "upsert", "at": now}
-                for i, name in enumerate(names)
-            ])
-        n += k
+            insert_ready_tasks(s, space_id, [f"t{n + i}" for i in range(len(vectors))], vectors)
+        n += len(vectors)
     return n, time.perf_counter() - t0
 
 
 def create_pg_database(server_url: str) -> str:
     """Create an empty PostgreSQL database ``fa_bench_<random>`` and return its URL."""
-    name = f"fa_bench_{uuid.uuid4().hex[:10]}"
-    engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
-
-
-def drop_pg_database(server_url: str, url: str) -> None:
-    """Drop a database made by :func:`create_pg_database`."""
-    engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
-    engine.dispose()
+    return store_helpers.create_pg_database(server_url, prefix="fa_bench")

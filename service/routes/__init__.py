@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+from fastapi import Query
 
 from service.schemas import ErrorBody
 
 MAX_ID = 2**53 - 1
 """Largest accepted id in paths, queries and bodies (JSON-safe, fits every database's BIGINT)."""
+
+Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
+"""``offset`` query parameter of the paginated lists."""
+
+Limit = Annotated[int, Query(ge=1, le=1000)]
+"""``limit`` query parameter of the paginated lists."""
 
 _DESCRIPTIONS = {
     401: "No valid API key.",

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.deps import EngineDep, ReadPrincipal, WritePrincipal
 from service.engine import is_final, job_view
-from service.routes import MAX_ID, error_responses
+from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import JobList, JobOut
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -33,8 +33,8 @@ def list_jobs(
     _: ReadPrincipal,
     task_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     status: Annotated[Literal["queued", "running", "succeeded", "failed", "cancelled"] | None, Query()] = None,
-    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Offset = 0,
+    limit: Limit = 50,
 ) -> JobList:
     """Jobs, newest first, optionally of one task and/or status."""
     page = engine.list_jobs(task_id=task_id, status=status, offset=offset, limit=limit)

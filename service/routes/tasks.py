@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from atlas.errors import InvalidInput
 from service.deps import EngineDep, ReadPrincipal, WritePrincipal
 from service.engine import job_view, task_view
-from service.routes import MAX_ID, error_responses
+from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import (
     JobAccepted,
     JobOut,
@@ -105,8 +105,8 @@ def list_tasks(
     name: Annotated[str | None, Query(max_length=300, description="Exact task name.")] = None,
     name_prefix: Annotated[str | None, Query(max_length=300, description="Task names starting with this.")] = None,
     status: Annotated[Literal["pending", "ready", "failed"] | None, Query()] = None,
-    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Offset = 0,
+    limit: Limit = 50,
 ) -> TaskList:
     """Tasks, oldest first, filtered by space, exact name or name prefix, and status; paginated."""
     page = engine.list_tasks(space_ref=space, name=name, name_prefix=name_prefix, status=status, offset=offset,

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import db, repository
 from atlas.models import Base, Space
+from tests.store_helpers import create_pg_database, drop_pg_database, insert_ready_tasks
 
 PG_SERVER_URL = os.environ.get("FISHER_ATLAS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
@@ -45,25 +46,6 @@ def pg_server() -> Iterator[str]:
         pytest.skip(f"PostgreSQL at {make_url(PG_SERVER_URL).render_as_string()} is unreachable: {exc}")
     engine.dispose()
     yield PG_SERVER_URL
-
-
-def create_pg_database(server_url: str) -> str:
-    """Create an empty database on the server and return its URL."""
-    name = f"fa_test_{uuid.uuid4().hex[:12]}"
-    engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
-
-
-def drop_pg_database(server_url: str, url: str) -> None:
-    """Drop a database created by :func:`create_pg_database` (terminating its connections)."""
-    name = make_url(url).database
-    engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    engine.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -151,39 +133,6 @@ def add_ready_task(factory: sessionmaker[Session], space_id: int, name: str, vec
 
 
 def bulk_ready_tasks(factory: sessionmaker[Session], space_id: int, vectors, prefix: str = "bulk") -> list[int]:
-    """Insert ready tasks with signatures in bulk (core inserts, one change per task); return ids.
-
-    For tests and benchmarks that need many signatures quickly; the product path is
-    ``create_task_with_job`` + ``store_task_result``.
-    """
-    from sqlalchemy import insert, select, update
-
-    from atlas.models import AtlasState, Change, Signature, Task, utcnow
-
-    now = utcnow()
-    n = len(vectors)
+    """Ready tasks ``<prefix><i>`` with signatures, in bulk (:func:`tests.store_helpers.insert_ready_tasks`)."""
     with factory.begin() as s:
-        s.execute(insert(Task), [
-            {"space_id": space_id, "name": f"{prefix}{i}", "meta": {}, "mode": "text", "status": "ready",
-             "n_samples": 1, "n_tokens": 1, "version": 1, "created_at": now, "updated_at": now}
-            for i in range(n)
-        ])
-        ids = s.execute(
-            select(Task.id).where(Task.space_id == space_id, Task.name.like(f"{prefix}%")).order_by(Task.id)
-        ).scalars().all()
-        by_name = dict(s.execute(select(Task.name, Task.id).where(Task.id.in_(ids))).all())
-        ordered = [by_name[f"{prefix}{i}"] for i in range(n)]
-        s.execute(insert(Signature), [
-            {"task_id": tid, "space_id": space_id, "version": 1, "vector": vectors[i].astype("<f4").tobytes(),
-             "updated_at": now}
-            for i, tid in enumerate(ordered)
-        ])
-        last = s.execute(
-            update(AtlasState).where(AtlasState.id == 1).values(last_seq=AtlasState.last_seq + n)
-            .returning(AtlasState.last_seq)
-        ).scalar_one()
-        s.execute(insert(Change), [
-            {"seq": last - n + 1 + i, "space_id": space_id, "task_id": tid, "op": "upsert", "at": now}
-            for i, tid in enumerate(ordered)
-        ])
-    return ordered
+        return insert_ready_tasks(s, space_id, [f"{prefix}{i}" for i in range(len(vectors))], vectors)

@@ -11,7 +11,7 @@ from sqlalchemy import inspect
 
 from atlas import db
 from atlas.models import Base
-from tests.atlas.fixtures import create_pg_database, drop_pg_database
+from tests.store_helpers import create_pg_database, drop_pg_database
 
 TABLES = {
     "spaces", "tasks", "sketch_states", "signatures", "baselines", "uploads", "jobs", "job_checkpoints",

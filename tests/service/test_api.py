@@ -169,6 +169,16 @@ def test_task_lifecycle_queries_and_export_import(serve, tiny_lm, tmp_path: Path
             c2.import_space(blob)
         assert exc.value.status == 409
         assert c2.import_space(blob, on_conflict="skip").skipped == sorted(names, key=list(names).index)
+        # a malformed export is a 422 with nothing stored, never a 5xx
+        header, first = blob.decode().splitlines()[:2]
+        bad_counts = json.loads(first) | {"name": "bad-counts", "n_samples": "x"}
+        bad_space = json.loads(header)
+        bad_space["space"]["model_fingerprint"] = "f" * 201
+        for broken in ("\n".join([header, json.dumps(bad_counts)]), "\n".join([json.dumps(bad_space), first])):
+            with pytest.raises(AtlasClientError) as exc:
+                c2.import_space(broken.encode())
+            assert exc.value.status == 422 and exc.value.code == "invalid_input", exc.value.message
+        assert c2.list_tasks().total == len(names)
 
     metrics = httpx.get(f"{svc.url}/metrics").text
     for name in ("fisher_atlas_search_seconds_bucket", "fisher_atlas_prompt_forward_seconds_count",

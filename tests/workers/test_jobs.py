@@ -5,12 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,15 +19,6 @@ from atlas.models import Change, Job, utcnow
 from atlas.queue import JobQueue, ensure_capacity
 from atlas.samples import Sample
 from atlas.settings import Settings
-from tests.atlas.fixtures import (  # noqa: F401 - fixtures
-    db_url,
-    engine,
-    factory,
-    pg_database,
-    pg_server,
-    ro_factory,
-    sqlite_template,
-)
 from workers.extraction import Extractor
 from workers.inprocess import InProcessRunner
 from workers.jobs import WorkerContext, ensure_space, run_job
@@ -39,15 +28,6 @@ M = 256
 EVERY = 4
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine more threads oversubscribe badly (20x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make_samples(n: int, seed: int = 0) -> list[Sample]:
     words = ["fox", "dog", "tasks", "alignment", "vector", "database", "signature", "blue", "sky"]
     rng = np.random.default_rng(seed)
@@ -55,7 +35,7 @@ def make_samples(n: int, seed: int = 0) -> list[Sample]:
 
 
 @pytest.fixture
-def settings(db_url: str, gpt2_dir: Path, tmp_path: Path) -> Settings:  # noqa: F811
+def settings(db_url: str, gpt2_dir: Path, tmp_path: Path) -> Settings:
     return Settings(
         data_dir=tmp_path, database_url=db_url, model=str(gpt2_dir), device="cpu", sketch_dim=M,
         checkpoint_every=EVERY, job_stale_after_s=1.0, max_tokens_per_sample=64,
@@ -63,7 +43,7 @@ def settings(db_url: str, gpt2_dir: Path, tmp_path: Path) -> Settings:  # noqa: 
 
 
 @pytest.fixture
-def ctx(settings: Settings, factory: sessionmaker[Session], gpt2_lm: LoadedModel) -> WorkerContext:  # noqa: F811
+def ctx(settings: Settings, factory: sessionmaker[Session], gpt2_lm: LoadedModel) -> WorkerContext:
     return WorkerContext(settings=settings, factory=factory, lm=gpt2_lm)
 
 
@@ -118,7 +98,7 @@ def test_create_job_end_to_end(ctx: WorkerContext, space_id: int) -> None:
         assert [tuple(r) for r in log] == [(task_id, "upsert")]
 
 
-def test_append_merges_and_updates_index(ctx: WorkerContext, space_id: int, ro_factory, tmp_path: Path) -> None:  # noqa: F811
+def test_append_merges_and_updates_index(ctx: WorkerContext, space_id: int, ro_factory, tmp_path: Path) -> None:
     index = IndexManager(ro_factory, tmp_path / "index")
     index.open()
     ctx.index = index

@@ -19,16 +19,7 @@ import redis
 
 from atlas import job_store, repository
 from atlas.settings import Settings
-from tests.atlas.fixtures import (  # noqa: F401 - fixtures
-    db_url,
-    engine,
-    factory,
-    pg_database,
-    pg_server,
-    ro_factory,
-    sqlite_template,
-)
-from tests.workers.test_jobs import make_samples, one_torch_thread  # noqa: F401 - autouse fixture
+from tests.workers.test_jobs import make_samples
 from workers.jobs import WorkerContext, ensure_space, run_job
 from workers.model_loading import LoadedModel
 
@@ -57,7 +48,7 @@ def queue_name(redis_ok: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(db_url: str, gpt2_dir: Path, tmp_path: Path) -> Settings:  # noqa: F811
+def settings(db_url: str, gpt2_dir: Path, tmp_path: Path) -> Settings:
     return Settings(
         data_dir=tmp_path, database_url=db_url, model=str(gpt2_dir), device="cpu", sketch_dim=M,
         checkpoint_every=EVERY, job_stale_after_s=STALE, max_tokens_per_sample=64, redis_url=REDIS_URL,
@@ -118,7 +109,7 @@ def _job(ctx_factory, job_id: int):
         return job_store.get_job(s, job_id)
 
 
-def test_worker_killed_mid_job_is_recovered(settings: Settings, factory, queue_name: str,  # noqa: F811
+def test_worker_killed_mid_job_is_recovered(settings: Settings, factory, queue_name: str,
                                             gpt2_lm: LoadedModel, tmp_path: Path) -> None:
     from workers.celery_app import CeleryJobQueue, create_app
 
