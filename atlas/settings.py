@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     model_revision: str | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    torch_threads: int | None = Field(
+        default=None, ge=1, le=256, description="Intra-op torch threads of this process (default: torch's choice)."
+    )
 
     sketch_dim: int = Field(default=4096, ge=64, le=65536, description="m, signature length.")
     sketch_seed: int = 0

@@ -34,6 +34,7 @@ checked before the state is touched (then the inputs are scanned once to name th
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -144,14 +145,8 @@ class Sketcher:
             self.err_block = max(1, min(1 << 10, _ERR_BLOCK_ELEMS // (2 * N)))
             self.err_block = 1 << (self.err_block.bit_length() - 1)
 
-        if chunk_rows is None:
-            chunk_rows = 1024 if self.device.type == "cuda" else 256
-        if not isinstance(chunk_rows, int) or chunk_rows < 1:
-            raise SketchError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
-        if self.err_block:
-            self.err_block = min(self.err_block, 1 << (chunk_rows.bit_length() - 1))
-            chunk_rows = -(-chunk_rows // self.err_block) * self.err_block
-        self.chunk_rows = chunk_rows
+        self._max_err_block = self.err_block
+        self._set_chunk_rows(chunk_rows)
 
         self._act_cache = self._maybe_cache(self.projections.act_signs, self.dtype, cache_weights)
         self._err_cache: torch.Tensor | None = None
@@ -413,6 +408,27 @@ class Sketcher:
         """(S, 3, m) float64 features (ae, a, e) from per-sample sums."""
         s = self._inv_sqrt_m
         return torch.stack([acc[:, 0] * acc[:, 1] * s, acc[:, 2] * s, acc[:, 3] * s], dim=1)
+
+    def _set_chunk_rows(self, chunk_rows: int | None) -> None:
+        if chunk_rows is None:
+            chunk_rows = 1024 if self.device.type == "cuda" else 256
+        if not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise SketchError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
+        if self._max_err_block:
+            self.err_block = min(self._max_err_block, 1 << (chunk_rows.bit_length() - 1))
+            chunk_rows = -(-chunk_rows // self.err_block) * self.err_block
+        self.chunk_rows = chunk_rows
+
+    def with_chunk_rows(self, chunk_rows: int) -> Sketcher:
+        """A Sketcher sharing this one's projections and caches, with another fixed chunk size.
+
+        Short inputs (a routing prompt of a few tokens) are padded to ``chunk_rows`` rows; a smaller
+        chunk makes them several times cheaper. States of the two sketchers agree to float32 rounding,
+        not bit for bit, so use one chunk size for everything that is merged or resumed.
+        """
+        clone = copy.copy(self)
+        clone._set_chunk_rows(chunk_rows)
+        return clone
 
     def features(self, a: Any, e: Any,
                  sample_ids: Any | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -267,10 +267,10 @@ class AtlasEngine:
             if self.lm is None:
                 self.model_error = "no model loaded (disabled by the caller)"
         else:
-            from workers.model_loading import load_causal_lm
+            from workers.model_loading import load_configured_model
 
             try:
-                self.lm = load_causal_lm(s.model, revision=s.model_revision, device=s.device, dtype=s.dtype)
+                self.lm = load_configured_model(s)
             except Exception as exc:
                 self.model_error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
                 logger.error("model %r could not be loaded: %s", s.model, self.model_error)

@@ -66,6 +66,9 @@ if TYPE_CHECKING:
 DEFAULT_WINDOW = 1024
 """Window size (samples) when ``checkpoint_every`` is None."""
 
+PROMPT_CHUNK_ROWS = 32
+"""Fixed chunk size of the sketcher used for single routing prompts (see ``Extractor.prompt``)."""
+
 TRUNCATION_POLICY = (
     "text: keep the first max_tokens_per_sample tokens; completion: drop prompt tokens from the left "
     "(keeping one), then completion tokens from the right"
@@ -392,6 +395,7 @@ class Extractor:
             )
         self.lm = lm
         self.sketcher = sketcher
+        self._prompt_sk: Sketcher | None = None
         self.max_tokens_per_sample = max_tokens_per_sample
         self.token_budget = token_budget
         self.logits_chunk = logits_chunk
@@ -493,9 +497,10 @@ class Extractor:
                  baselines: BaselineSums | None, start: int, checkpoint_every: int | None,
                  on_checkpoint: Callable[[ExtractionResult], None] | None,
                  progress: Callable[[Progress], None] | None, should_cancel: Callable[[], bool] | None,
-                 *, prefetch: int) -> ExtractionResult:
+                 *, prefetch: int, sketcher: Sketcher | None = None) -> ExtractionResult:
         _check_mode(mode)
-        if self.sketcher is None:
+        sketcher = sketcher or self.sketcher
+        if sketcher is None:
             raise ValueError("this Extractor has no sketcher; use iter_head_batches()")
         if not isinstance(samples, Sequence):
             samples = list(samples)
@@ -566,7 +571,7 @@ class Extractor:
                         break
                     # Chunks may cut a sample; the stream counts it once and (sequence granularity)
                     # sketches it when its last chunk arrives. A batch holds whole samples only.
-                    stream = self.sketcher.stream(w_state)
+                    stream = sketcher.stream(w_state)
                     for hb in iter_head_batches(self.lm, item, self.logits_chunk, timings):
                         t1 = time.perf_counter()
                         stream.add(hb.a, hb.e, hb.sample_ids, hb.last_token_mask)
@@ -627,7 +632,20 @@ class Extractor:
                 "token_out_of_range": "prompt tokenises to ids outside the model's vocabulary",
             }
             raise InvalidInput(messages.get(reason, f"prompt cannot be used ({reason})"), detail={"reason": reason})
-        return self._extract([Sample(text=prompt_text)], "text", None, None, 0, None, None, None, None, prefetch=0)
+        return self._extract([Sample(text=prompt_text)], "text", None, None, 0, None, None, None, None, prefetch=0,
+                             sketcher=self._prompt_sketcher())
+
+    def _prompt_sketcher(self) -> Sketcher | None:
+        """The sketcher for single prompts: same projections, chunks of ``PROMPT_CHUNK_ROWS`` rows.
+
+        A prompt of a few tokens padded to the default 256-row chunk costs ~3x its real work; prompt
+        states are never merged or resumed, so the smaller chunk's float32 rounding does not matter.
+        """
+        if self.sketcher is None:
+            return None
+        if self._prompt_sk is None:
+            self._prompt_sk = self.sketcher.with_chunk_rows(min(PROMPT_CHUNK_ROWS, self.sketcher.chunk_rows))
+        return self._prompt_sk
 
 
 def _check_mode(mode: str) -> None:

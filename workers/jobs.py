@@ -121,10 +121,9 @@ class WorkerContext:
         """The worker's model, loaded on first use."""
         with self._lock:
             if self.lm is None:
-                from workers.model_loading import load_causal_lm
+                from workers.model_loading import load_configured_model
 
-                s = self.settings
-                self.lm = load_causal_lm(s.model, revision=s.model_revision, device=s.device, dtype=s.dtype)
+                self.lm = load_configured_model(self.settings)
             return self.lm
 
     def extractor_for(self, space: Space) -> Extractor:

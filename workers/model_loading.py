@@ -34,6 +34,7 @@ from atlas.errors import InvalidInput, ModelUnavailable
 from workers.head import IDENTITY, LogitTransform, detect_logit_transform, head_logits
 
 if TYPE_CHECKING:
+    from atlas.settings import Settings
     from fishersketch import SketchSpec
 
 log = logging.getLogger(__name__)
@@ -476,3 +477,15 @@ def verify_head(lm: LoadedModel, n_tokens: int = 8) -> None:
             "heads, final_logit_softcapping, logit_scale, logits_scaling, lm_head_multiplier",
             detail={"model": lm.name, "mismatch": err},
         )
+
+
+def load_configured_model(settings: Settings) -> LoadedModel:
+    """Load the model that ``settings`` names (model, revision, device, dtype).
+
+    Also applies ``settings.torch_threads`` (intra-op threads of this process) when it is set: on
+    small shared CPUs fewer threads than cores is often faster.
+    """
+    if settings.torch_threads is not None:
+        torch.set_num_threads(settings.torch_threads)
+    return load_causal_lm(settings.model, revision=settings.model_revision, device=settings.device,
+                          dtype=settings.dtype)

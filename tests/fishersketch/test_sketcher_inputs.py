@@ -170,3 +170,19 @@ def test_overflow_is_reported_as_such(sk: Sketcher) -> None:
     with pytest.raises(SketchError, match="overflow"):
         sk.update(st, a * 1e30, e, ids)
     assert st.n_tokens == 0 and not st.sums.any()
+
+
+@pytest.mark.parametrize("error_projection", ["dense", "srht"])
+def test_with_chunk_rows_shares_projections_and_agrees_to_float32(error_projection: str) -> None:
+    spec = SketchSpec(d=24, K=3000, m=64, seed=3, error_projection=error_projection)
+    big = Sketcher(spec, chunk_rows=256)
+    small = big.with_chunk_rows(8)
+    assert small.chunk_rows <= 16 < big.chunk_rows
+    assert small.projections is big.projections
+    gen = torch.Generator().manual_seed(2)
+    a, e, ids = torch.randn(40, 24, generator=gen), torch.randn(40, 3000, generator=gen), torch.arange(40) // 5
+    s_big, s_small = big.sketch(a, e, ids), small.sketch(a, e, ids)
+    np.testing.assert_allclose(s_small.signature(), s_big.signature(), rtol=1e-4, atol=1e-6)
+    assert s_small.n_tokens == s_big.n_tokens == 40 and s_small.n_samples == s_big.n_samples == 8
+    with pytest.raises(SketchError):
+        big.with_chunk_rows(0)
