@@ -1,8 +1,9 @@
 """Shared plumbing of the quality experiments: command line, model, sketching, timing, logging.
 
 Every experiment module builds its parser with :func:`make_parser` (so all of them accept
-``--quick``, ``--model``, ``--device``, ``--dtype``, ``--threads``, ``--no-write`` …), calls
-:func:`setup` once, and loads the model with :func:`load_model`. Signatures are always produced by the
+``--quick``, ``--model``, ``--device``, ``--dtype``, ``--threads``, ``--no-write`` …), hands its ``run`` and
+``render`` to :func:`run_and_report` (setup, timing, raw JSON, run facts, ``quality.md`` section), and
+loads the model with :func:`load_model`. Signatures are always produced by the
 product's own code path: :class:`workers.extraction.Extractor` feeding a :class:`fishersketch.Sketcher`.
 """
 
@@ -15,7 +16,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,75 @@ def command_line() -> str:
     module = sys.modules["__main__"].__spec__
     head = f"python -m {module.name}" if module is not None else f"python {sys.argv[0]}"
     return " ".join([head, *sys.argv[1:]])
+
+
+def run_and_report(name: str, title: str, args: argparse.Namespace,
+                   run: Callable[[argparse.Namespace], dict[str, Any]],
+                   render: Callable[[dict[str, Any], str], str],
+                   settings: Callable[[dict[str, Any]], dict[str, Any]],
+                   seeds: Sequence[Any] | Callable[[dict[str, Any]], Sequence[Any]] | None = None,
+                   with_args: bool = True) -> None:
+    """The shared tail of every experiment's ``main``: run, write raw JSON, render, update ``quality.md``.
+
+    Calls :func:`setup`, times ``run(args)``, takes the model out of the results (key ``"lm"``, when
+    present) for :func:`machine_info`, writes ``bench/out/quality/<name>[_quick].json`` (or ``--out``),
+    renders the markdown with the run facts, prints it and, on full runs (:func:`writes_results`),
+    replaces the generated block ``name`` of ``bench/results/quality.md``.
+
+    Parameters
+    ----------
+    name : str
+        Experiment key: JSON file name and results-section marker.
+    title : str
+        Subsection title in ``quality.md`` (used when the section does not exist yet).
+    args : argparse.Namespace
+        Parsed (and ``--quick``-adjusted) arguments.
+    run : callable
+        ``run(args) -> results``; may include the loaded model under ``"lm"``.
+    render : callable
+        ``render(results, facts) -> markdown``.
+    settings : callable
+        ``settings(results) -> {setting: value}`` for the run facts.
+    seeds : sequence or callable, optional
+        Seeds for the run facts, or ``seeds(results) -> seeds`` (default ``args.seeds``).
+    with_args : bool
+        Whether the raw JSON records ``vars(args)`` under ``"args"``.
+    """
+    from bench.quality import report
+
+    setup(args)
+    t0 = time.perf_counter()
+    res = run(args)
+    runtime = time.perf_counter() - t0
+    lm = res.pop("lm", None)
+    info = machine_info(args, lm)
+    payload: dict[str, Any] = {"experiment": name, "command": command_line(), "machine": info, "runtime_s": runtime}
+    if with_args:
+        payload["args"] = vars(args)
+    path = report.write_json(name + ("_quick" if args.quick else ""), {**payload, **res}, args.out)
+    log(f"raw results: {path}")
+    if seeds is None:
+        seeds = args.seeds
+    elif callable(seeds):
+        seeds = seeds(res)
+    facts = report.run_facts(info, command_line(), seeds, runtime, settings(res))
+    md = render(res, facts)
+    print(md)
+    if writes_results(args):
+        report.update_section(name, title, md)
+
+
+def timing_settings(timings: dict[str, float]) -> dict[str, str]:
+    """Run-fact settings of the sketch and oracle times (``timings["sketch_s"]``, ``timings["oracle_s"]``)."""
+    return {"sketch time": f"{timings['sketch_s']:.0f}s", "oracle time": f"{timings['oracle_s']:.0f}s"}
+
+
+def float_or_none(x: Any) -> float | None:
+    """``float(x)``, or None when ``x`` is not a number."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
 
 
 # ----------------------------------------------------------------------------------------------------

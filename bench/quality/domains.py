@@ -27,25 +27,29 @@ import torch
 from atlas.samples import Sample
 from bench.quality import report
 from bench.quality.common import (
-    command_line,
     extract_task,
+    float_or_none,
     log,
-    machine_info,
     make_extractor,
     make_parser,
     make_sketcher,
     mean_std,
-    setup,
-    writes_results,
+    run_and_report,
+    timing_settings,
 )
 from bench.quality.data import disjoint_splits, text_domains
 from bench.quality.transfer import (
     HeadCache,
-    HeadOracle,
+    add_oracle_args,
+    add_split_args,
     cache_head_inputs,
+    oracle_from_args,
+    oracle_setting,
     ppl_similarity,
+    quick_split_args,
     random_scores,
     selection_metrics,
+    split_settings,
     transfer_matrix,
 )
 
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                           args.eval_tokens, k) for k, n in enumerate(names)}
     log("oracle caches: train tokens " + str(sum(len(c) for c in train.values()))
         + ", eval tokens " + str(sum(len(c) for c in evals.values())))
-    oracle = HeadOracle.from_model(lm, steps=args.oracle_steps, lr=args.oracle_lr, batch_tokens=args.oracle_batch)
+    oracle = oracle_from_args(lm, args)
     tr_res = transfer_matrix(oracle, train, evals, TRANSFER_SEED, log)
     del train, evals
     timings["oracle_s"] = time.perf_counter() - t
@@ -131,18 +135,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         metrics = {k: selection_metrics(tr_res.U, v, names, tol=1e-9).to_dict() for k, v in scores.items()}
         log(f"seed {seed}: " + "; ".join(f"{k}: top1 {v['top1']:.2f} top3 {v['top3']:.2f}" for k, v in metrics.items()))
-        runs.append({"seed": seed, "scores": scores, "metrics": metrics, "alpha_eb": _scalar(mat.alpha_eb),
-                     "reliability_r": _scalar(mat.reliability_r), "tokens": [s.tokens for s in sigs],
+        runs.append({"seed": seed, "scores": scores, "metrics": metrics, "alpha_eb": float_or_none(mat.alpha_eb),
+                     "reliability_r": float_or_none(mat.reliability_r), "tokens": [s.tokens for s in sigs],
                      "sketch_seconds": [s.seconds for s in sigs]})
     return {"names": names, "sizes": {n: len(domains[n]) for n in names}, "transfer": tr_res.to_dict(),
             "runs": runs, "timings": timings, "lm": lm}
-
-
-def _scalar(x: Any) -> float | None:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
 
 
 def render(res: dict[str, Any], facts: str) -> str:
@@ -178,42 +175,19 @@ def render(res: dict[str, Any], facts: str) -> str:
 def main() -> None:
     """Command-line entry point."""
     parser = make_parser(__doc__.split("\n")[0], m=2048, max_tokens=64, seeds=[43, 44, 45])
-    parser.add_argument("--n-sketch", type=int, default=200, help="sketch samples per domain")
-    parser.add_argument("--n-train", type=int, default=100, help="oracle train samples per domain")
-    parser.add_argument("--n-eval", type=int, default=50, help="oracle eval samples per domain")
+    add_split_args(parser, sketch=200, train=100, eval_=50, unit="texts")
     parser.add_argument("--eval-tokens", type=int, default=1024, help="max eval positions per domain")
-    parser.add_argument("--oracle-steps", type=int, default=50, help="head-only Adam steps per source")
-    parser.add_argument("--oracle-lr", type=float, default=1e-4, help="head-only Adam learning rate")
-    parser.add_argument("--oracle-batch", type=int, default=512, help="positions per head-only minibatch")
+    add_oracle_args(parser, steps=50, batch=512)
     args = parser.parse_args()
     if args.quick:
-        args.seeds = args.seeds[:1]
-        args.m = min(args.m, 512)
-        args.n_sketch, args.n_train, args.n_eval = 30, 30, 20
+        quick_split_args(args)
         args.eval_tokens = 256
-        args.oracle_steps = 10
-    setup(args)
-    t0 = time.perf_counter()
-    res = run(args)
-    runtime = time.perf_counter() - t0
-    lm = res.pop("lm")
-    info = machine_info(args, lm)
-    payload = {"experiment": "domains", "command": command_line(), "machine": info, "runtime_s": runtime,
-               "args": vars(args), **res}
-    path = report.write_json("domains" + ("_quick" if args.quick else ""), payload, args.out)
-    log(f"raw results: {path}")
-    facts = report.run_facts(info, command_line(), [f"sketch {s}" for s in args.seeds] + [f"transfer {TRANSFER_SEED}"],
-                             runtime, {
-        "m": args.m, "max_tokens": args.max_tokens,
-        "per domain sketch/train/eval": f"{args.n_sketch}/{args.n_train}/{args.n_eval} texts",
-        "eval positions ≤": args.eval_tokens,
-        "oracle": f"head-only Adam {args.oracle_steps} steps lr {args.oracle_lr} batch {args.oracle_batch} tokens",
-        "sketch time": f"{res['timings']['sketch_s']:.0f}s", "oracle time": f"{res['timings']['oracle_s']:.0f}s"})
-    md = render(res, facts)
-    print(md)
-    if writes_results(args):
-        report.update_section("domains", "3. Source selection on natural domains (paper: Vocabulary-scale "
-                              "transfer prediction)", md)
+
+    run_and_report("domains", "3. Source selection on natural domains (paper: Vocabulary-scale transfer prediction)",
+                   args, run, render,
+                   lambda res: {**split_settings(args, "texts"), "eval positions ≤": args.eval_tokens,
+                                "oracle": oracle_setting(args, " tokens"), **timing_settings(res["timings"])},
+                   seeds=[f"sketch {s}" for s in args.seeds] + [f"transfer {TRANSFER_SEED}"])
 
 
 if __name__ == "__main__":

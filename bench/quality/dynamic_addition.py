@@ -25,26 +25,23 @@ import numpy as np
 from atlas.samples import Sample
 from bench.quality import report
 from bench.quality.common import (
-    command_line,
     extract_task,
     log,
-    machine_info,
     make_extractor,
-    make_parser,
     make_sketcher,
     pct,
-    setup,
-    writes_results,
+    run_and_report,
 )
 from bench.quality.routing import (
     N_HELDOUT,
     NEW_TASKS,
     accuracy,
-    add_routing_args,
     build_index,
     load_encoder,
+    parse_routing_args,
     prompt_features,
     route_all,
+    routing_settings,
     task_splits,
 )
 
@@ -147,29 +144,10 @@ def render(res: dict[str, Any], facts: str) -> str:
 
 def main() -> None:
     """Command-line entry point."""
-    parser = make_parser(__doc__.split("\n")[0], m=2048, max_tokens=64, seeds=[0])
-    add_routing_args(parser)
-    args = parser.parse_args()
-    if args.quick:
-        args.n_signature = min(args.n_signature, 20)
-        args.m = min(args.m, 512)
-    setup(args)
-    t0 = time.perf_counter()
-    res = run(args)
-    runtime = time.perf_counter() - t0
-    lm = res.pop("lm")
-    info = machine_info(args, lm)
-    payload = {"experiment": "dynamic_addition", "command": command_line(), "machine": info, "runtime_s": runtime,
-               "args": vars(args), **res}
-    path = report.write_json("dynamic_addition" + ("_quick" if args.quick else ""), payload, args.out)
-    log(f"raw results: {path}")
-    facts = report.run_facts(info, command_line(), args.seeds, runtime, {
-        "m": args.m, "max_tokens": args.max_tokens, "signature samples ≤": args.n_signature,
-        "held-out prompts": f"{N_HELDOUT_NEW} per new task, {N_HELDOUT} per old task"})
-    md = render(res, facts)
-    print(md)
-    if writes_results(args):
-        report.update_section("dynamic_addition", "5. Dynamic addition (paper: Dynamic addition)", md)
+    args = parse_routing_args(__doc__.split("\n")[0])
+    run_and_report("dynamic_addition", "5. Dynamic addition (paper: Dynamic addition)", args, run, render,
+                   lambda res: {**routing_settings(args),
+                                "held-out prompts": f"{N_HELDOUT_NEW} per new task, {N_HELDOUT} per old task"})
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ Run: ``python -m bench.quality.overlap`` (full) or ``--quick``.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,14 +41,11 @@ import torch
 
 from bench.quality import report
 from bench.quality.common import (
-    command_line,
     fmt,
     log,
-    machine_info,
     make_parser,
     mean_std,
-    setup,
-    writes_results,
+    run_and_report,
 )
 
 OVERLAPS = (1.0, 0.75, 0.5, 0.25, 0.0)
@@ -303,22 +299,14 @@ def main() -> None:
     """Command-line entry point."""
     parser = make_parser(__doc__.split("\n")[0], m=4096, max_tokens=0, seeds=[42])
     args = parser.parse_args()
-    setup(args)
-    t0 = time.perf_counter()
-    res = run(args)
-    runtime = time.perf_counter() - t0
-    info = machine_info(args)
-    payload = {"experiment": "overlap", "command": command_line(), "machine": info, "runtime_s": runtime, **res}
-    path = report.write_json("overlap" + ("_quick" if args.quick else ""), payload, args.out)
-    log(f"raw results: {path}")
-    cfg = res["config"]
-    facts = report.run_facts(info, command_line(), [res["seed"], *[f"sketch {s}" for s in res["sketch_seeds"]]],
-                             runtime, {"m": res["m"], "n_probe": cfg["n_probe"], "n_train": cfg["n_train"],
-                                       "d": cfg["d_feat"] + 1, "K": cfg["K"], "beta": cfg["beta"]})
-    md = render(res, facts)
-    print(md)
-    if writes_results(args):
-        report.update_section("overlap", "1. Label-overlap sweep (paper: Label-overlap continuum)", md)
+
+    def settings(res: dict[str, object]) -> dict[str, object]:
+        cfg = res["config"]
+        return {"m": res["m"], "n_probe": cfg["n_probe"], "n_train": cfg["n_train"], "d": cfg["d_feat"] + 1,
+                "K": cfg["K"], "beta": cfg["beta"]}
+
+    run_and_report("overlap", "1. Label-overlap sweep (paper: Label-overlap continuum)", args, run, render, settings,
+                   seeds=lambda res: [res["seed"], *[f"sketch {s}" for s in res["sketch_seeds"]]], with_args=False)
 
 
 if __name__ == "__main__":

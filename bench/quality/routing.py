@@ -47,16 +47,13 @@ from atlas.samples import Sample
 from bench.quality import report
 from bench.quality.common import (
     OUT_DIR,
-    command_line,
     extract_task,
     log,
-    machine_info,
     make_extractor,
     make_parser,
     make_sketcher,
     pct,
-    setup,
-    writes_results,
+    run_and_report,
 )
 from bench.quality.data import TaskExample, instruction_tasks, split_task
 
@@ -364,38 +361,30 @@ def render(res: dict[str, Any], facts: str) -> str:
     )
 
 
-def add_routing_args(parser: argparse.ArgumentParser) -> None:
-    """Options shared with experiment 5."""
+def parse_routing_args(description: str) -> argparse.Namespace:
+    """Command line of experiments 4 and 5 (shared options and ``--quick`` sizes)."""
+    parser = make_parser(description, m=2048, max_tokens=64, seeds=[0])
     parser.add_argument("--n-signature", type=int, default=200, help="signature samples per task (at most)")
     parser.add_argument("--no-minilm", action="store_true", help="skip the all-MiniLM-L6-v2 baseline")
-
-
-def main() -> None:
-    """Command-line entry point."""
-    parser = make_parser(__doc__.split("\n")[0], m=2048, max_tokens=64, seeds=[0])
-    add_routing_args(parser)
     args = parser.parse_args()
     if args.quick:
         args.n_signature = min(args.n_signature, 20)
         args.m = min(args.m, 512)
-    setup(args)
-    t0 = time.perf_counter()
-    res = run(args)
-    runtime = time.perf_counter() - t0
-    lm = res.pop("lm")
-    info = machine_info(args, lm)
-    payload = {"experiment": "routing", "command": command_line(), "machine": info, "runtime_s": runtime,
-               "args": vars(args), **res}
-    path = report.write_json("routing" + ("_quick" if args.quick else ""), payload, args.out)
-    log(f"raw results: {path}")
-    facts = report.run_facts(info, command_line(), args.seeds, runtime, {
-        "m": args.m, "max_tokens": args.max_tokens, "signature samples ≤": args.n_signature,
-        "index build": f"{res['index_seconds']:.0f}s (incl. MiniLM)", "prompt signatures":
-        f"{res['prompt_seconds']:.0f}s for {res['n_prompts']} prompts"})
-    md = render(res, facts)
-    print(md)
-    if writes_results(args):
-        report.update_section("routing", "4. Routing (paper: Training-free task retrieval)", md)
+    return args
+
+
+def routing_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Run-fact settings shared by experiments 4 and 5."""
+    return {"m": args.m, "max_tokens": args.max_tokens, "signature samples ≤": args.n_signature}
+
+
+def main() -> None:
+    """Command-line entry point."""
+    args = parse_routing_args(__doc__.split("\n")[0])
+    run_and_report("routing", "4. Routing (paper: Training-free task retrieval)", args, run, render,
+                   lambda res: {**routing_settings(args),
+                                "index build": f"{res['index_seconds']:.0f}s (incl. MiniLM)",
+                                "prompt signatures": f"{res['prompt_seconds']:.0f}s for {res['n_prompts']} prompts"})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ Run: ``python -m bench.quality.smiles`` (full) or ``--quick``.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 import numpy as np
@@ -34,18 +33,24 @@ from scipy.stats import spearmanr
 from atlas.samples import Sample
 from bench.quality import report
 from bench.quality.common import (
-    command_line,
     extract_task,
     log,
-    machine_info,
     make_extractor,
     make_parser,
     make_sketcher,
-    setup,
-    writes_results,
+    run_and_report,
 )
 from bench.quality.data import SMILES_DOMAINS, disjoint_splits, smiles_domains
-from bench.quality.transfer import HeadOracle, cache_head_inputs, transfer_matrix
+from bench.quality.transfer import (
+    add_oracle_args,
+    add_split_args,
+    cache_head_inputs,
+    oracle_from_args,
+    oracle_setting,
+    quick_split_args,
+    split_settings,
+    transfer_matrix,
+)
 
 SCORES = (("FisherSketch joint score (Â_F)", "fisher"), ("FisherSketch, EB-shrunk", "fisher_eb"),
           ("Activation-only score (S_cov(M_a))", "activation"), ("Error-only score (S_cov(Γe))", "error"))
@@ -94,8 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for seed in args.seeds:
         sketcher = make_sketcher(lm, args.m, seed)
         extractor = make_extractor(lm, sketcher, args)
-        oracle = HeadOracle.from_model(lm, steps=args.oracle_steps, lr=args.oracle_lr,
-                                       batch_tokens=args.oracle_batch)
+        oracle = oracle_from_args(lm, args)
         sigs, train, evals = [], {}, {}
         for k, n in enumerate(names):
             mols = domains[n]
@@ -154,39 +158,16 @@ def render(res: dict[str, Any], facts: str) -> str:
 def main() -> None:
     """Command-line entry point."""
     parser = make_parser(__doc__.split("\n")[0], m=2048, max_tokens=128, seeds=[42, 43, 44])
-    parser.add_argument("--n-sketch", type=int, default=180, help="molecules per domain for the signature")
-    parser.add_argument("--n-train", type=int, default=200, help="oracle train molecules per domain")
-    parser.add_argument("--n-eval", type=int, default=50, help="oracle eval molecules per domain")
-    parser.add_argument("--oracle-steps", type=int, default=50, help="head-only Adam steps per source")
-    parser.add_argument("--oracle-lr", type=float, default=1e-4, help="head-only Adam learning rate")
-    parser.add_argument("--oracle-batch", type=int, default=512, help="positions per head-only minibatch")
+    add_split_args(parser, sketch=180, train=200, eval_=50, unit="molecules")
+    add_oracle_args(parser, steps=50, batch=512)
     parser.add_argument("--mantel-perms", type=int, default=10000, help="Mantel permutations")
     args = parser.parse_args()
     if args.quick:
-        args.seeds = args.seeds[:1]
-        args.m = min(args.m, 512)
-        args.n_sketch, args.n_train, args.n_eval = 30, 30, 20
-        args.oracle_steps = 10
+        quick_split_args(args)
         args.mantel_perms = 200
-    setup(args)
-    t0 = time.perf_counter()
-    res = run(args)
-    runtime = time.perf_counter() - t0
-    lm = res.pop("lm")
-    info = machine_info(args, lm)
-    payload = {"experiment": "smiles", "command": command_line(), "machine": info, "runtime_s": runtime,
-               "args": vars(args), **res}
-    path = report.write_json("smiles" + ("_quick" if args.quick else ""), payload, args.out)
-    log(f"raw results: {path}")
-    facts = report.run_facts(info, command_line(), args.seeds, runtime, {
-        "m": args.m, "max_tokens": args.max_tokens,
-        "per domain sketch/train/eval": f"{args.n_sketch}/{args.n_train}/{args.n_eval} molecules",
-        "oracle": f"head-only Adam {args.oracle_steps} steps lr {args.oracle_lr} batch {args.oracle_batch} tokens",
-        "Mantel permutations": args.mantel_perms})
-    md = render(res, facts)
-    print(md)
-    if writes_results(args):
-        report.update_section("smiles", "6. SMILES (paper: Molecular SMILES proof of concept)", md)
+    run_and_report("smiles", "6. SMILES (paper: Molecular SMILES proof of concept)", args, run, render,
+                   lambda res: {**split_settings(args, "molecules"), "oracle": oracle_setting(args, " tokens"),
+                                "Mantel permutations": args.mantel_perms})
 
 
 if __name__ == "__main__":

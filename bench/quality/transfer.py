@@ -45,6 +45,8 @@ import torch
 from scipy.stats import spearmanr
 
 if TYPE_CHECKING:
+    import argparse
+
     from atlas.samples import Sample
     from workers.extraction import Extractor
     from workers.model_loading import LoadedModel
@@ -168,6 +170,44 @@ class HeadOracle:
             loss.backward()
             opt.step()
         return W.detach()
+
+
+def add_oracle_args(parser: argparse.ArgumentParser, *, steps: int, batch: int) -> None:
+    """The oracle's options (``--oracle-steps``, ``--oracle-lr``, ``--oracle-batch``) with these defaults."""
+    parser.add_argument("--oracle-steps", type=int, default=steps, help="head-only Adam steps per source")
+    parser.add_argument("--oracle-lr", type=float, default=1e-4, help="head-only Adam learning rate")
+    parser.add_argument("--oracle-batch", type=int, default=batch, help="positions per head-only minibatch")
+
+
+def add_split_args(parser: argparse.ArgumentParser, *, sketch: int, train: int, eval_: int, unit: str) -> None:
+    """Per-domain split sizes ``--n-sketch``, ``--n-train``, ``--n-eval`` (experiments 3 and 6)."""
+    parser.add_argument("--n-sketch", type=int, default=sketch, help=f"{unit} per domain for the signature")
+    parser.add_argument("--n-train", type=int, default=train, help=f"oracle train {unit} per domain")
+    parser.add_argument("--n-eval", type=int, default=eval_, help=f"oracle eval {unit} per domain")
+
+
+def quick_split_args(args: argparse.Namespace) -> None:
+    """``--quick`` sizes of experiments 3 and 6: one seed, m ≤ 512, 30/30/20 per domain, 10 oracle steps."""
+    args.seeds = args.seeds[:1]
+    args.m = min(args.m, 512)
+    args.n_sketch, args.n_train, args.n_eval = 30, 30, 20
+    args.oracle_steps = 10
+
+
+def split_settings(args: argparse.Namespace, unit: str) -> dict[str, Any]:
+    """Run-fact settings of experiments 3 and 6: ``m``, ``max_tokens`` and the per-domain split sizes."""
+    return {"m": args.m, "max_tokens": args.max_tokens,
+            "per domain sketch/train/eval": f"{args.n_sketch}/{args.n_train}/{args.n_eval} {unit}"}
+
+
+def oracle_from_args(lm: LoadedModel, args: argparse.Namespace) -> HeadOracle:
+    """:class:`HeadOracle` for ``lm`` with the settings of :func:`add_oracle_args`."""
+    return HeadOracle.from_model(lm, steps=args.oracle_steps, lr=args.oracle_lr, batch_tokens=args.oracle_batch)
+
+
+def oracle_setting(args: argparse.Namespace, unit: str = "") -> str:
+    """The oracle's settings for the run facts (``unit`` follows the batch size, e.g. ``" tokens"``)."""
+    return f"head-only Adam {args.oracle_steps} steps lr {args.oracle_lr} batch {args.oracle_batch}{unit}"
 
 
 @dataclass

@@ -29,24 +29,25 @@ import torch
 from bench.quality import report
 from bench.quality.common import (
     TaskSignature,
-    command_line,
     extract_task,
+    float_or_none,
     fmt,
     log,
-    machine_info,
     make_extractor,
     make_parser,
     make_sketcher,
     mean_std,
     pct,
-    setup,
-    writes_results,
+    run_and_report,
+    timing_settings,
 )
 from bench.quality.data import choose_verbalizers, disjoint_splits, verbalized, verbalizer_prompts
 from bench.quality.transfer import (
     HeadCache,
-    HeadOracle,
+    add_oracle_args,
     cache_head_inputs,
+    oracle_from_args,
+    oracle_setting,
     random_scores,
     selection_metrics,
     transfer_matrix,
@@ -139,8 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for seed in args.seeds:
         sketcher = make_sketcher(lm, args.m, seed)
         extractor = make_extractor(lm, sketcher, args)
-        oracle = HeadOracle.from_model(lm, steps=args.oracle_steps, lr=args.oracle_lr,
-                                       batch_tokens=args.oracle_batch)
+        oracle = oracle_from_args(lm, args)
         for ds in datasets:
             prompts = verbalizer_prompts(ds, lm.tokenizer, args.passage_tokens)
             sk_idx, tr_idx, ev_idx = disjoint_splits(len(prompts), splits[ds], seed)
@@ -188,20 +188,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 + "; ".join(f"{k}: top1 {v['top1']:.2f} %oracle {v['pct_oracle']:.2f}" for k, v in metrics.items()))
             runs.append({"seed": seed, "dataset": ds, "sizes": [len(sk_idx), len(tr_idx), len(ev_idx)],
                          "matrices": {k: v for k, v in scores.items()},
-                         "rho_eb": np.asarray(mat.rho_eb), "alpha_eb": _scalar(mat.alpha_eb),
-                         "reliability_r": _scalar(mat.reliability_r),
+                         "rho_eb": np.asarray(mat.rho_eb), "alpha_eb": float_or_none(mat.alpha_eb),
+                         "reliability_r": float_or_none(mat.reliability_r),
                          "transfer": tr.to_dict(), "metrics": metrics, "extractor_check": check,
                          "n_tokens": [int(st.n_tokens) for st in states]})
     return {"verbalizers": [{"name": v.name, "true": v.true, "false": v.false, "true_id": t, "false_id": f}
                             for v, t, f in verbs],
             "names": names, "runs": runs, "timings": timings, "lm": lm}
-
-
-def _scalar(x: Any) -> float | None:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -266,35 +259,21 @@ def main() -> None:
     parser.add_argument("--passage-tokens", type=int, default=64, help="passage truncation (tokens)")
     parser.add_argument("--no-shared-forward", action="store_true",
                         help="sketch every verbalizer with its own Extractor.extract pass (6x the forward cost)")
-    parser.add_argument("--oracle-steps", type=int, default=100, help="head-only Adam steps per source")
-    parser.add_argument("--oracle-lr", type=float, default=1e-4, help="head-only Adam learning rate")
-    parser.add_argument("--oracle-batch", type=int, default=256, help="positions per head-only minibatch")
+    add_oracle_args(parser, steps=100, batch=256)
     args = parser.parse_args()
     if args.quick:
         args.seeds = args.seeds[:1]
         args.m = min(args.m, 1024)
         args.oracle_steps = min(args.oracle_steps, 30)
-    setup(args)
-    t0 = time.perf_counter()
-    res = run(args)
-    runtime = time.perf_counter() - t0
-    lm = res.pop("lm")
-    info = machine_info(args, lm)
-    payload = {"experiment": "verbalizer", "command": command_line(), "machine": info, "runtime_s": runtime,
-               "args": vars(args), **res}
-    path = report.write_json("verbalizer" + ("_quick" if args.quick else ""), payload, args.out)
-    log(f"raw results: {path}")
-    facts = report.run_facts(info, command_line(), args.seeds, runtime, {
-        "m": args.m, "max_tokens": args.max_tokens,
-        "splits sketch/train/eval": "; ".join(sorted({f"{r['dataset']} {'/'.join(map(str, r['sizes']))}"
-                                                     for r in res["runs"]})),
-        "passage_tokens": args.passage_tokens,
-        "oracle": f"head-only Adam {args.oracle_steps} steps lr {args.oracle_lr} batch {args.oracle_batch}",
-        "sketch time": f"{res['timings']['sketch_s']:.0f}s", "oracle time": f"{res['timings']['oracle_s']:.0f}s"})
-    md = render(res, facts)
-    print(md)
-    if writes_results(args):
-        report.update_section("verbalizer", "2. Verbalizer shift (paper: Identifiability Stress Test)", md)
+
+    def settings(res: dict[str, Any]) -> dict[str, Any]:
+        splits = sorted({f"{r['dataset']} {'/'.join(map(str, r['sizes']))}" for r in res["runs"]})
+        return {"m": args.m, "max_tokens": args.max_tokens, "splits sketch/train/eval": "; ".join(splits),
+                "passage_tokens": args.passage_tokens, "oracle": oracle_setting(args),
+                **timing_settings(res["timings"])}
+
+    run_and_report("verbalizer", "2. Verbalizer shift (paper: Identifiability Stress Test)", args, run, render,
+                   settings)
 
 
 if __name__ == "__main__":
