@@ -2,9 +2,10 @@
 
 :class:`AtlasEngine` owns the database engine and sessions, the loaded model and its sketcher, the
 default space, the FAISS :class:`~atlas.index.IndexManager`, the job queue (in-process runner or
-Celery) and a cache of deserialised states. It answers the API's questions by loading states and
-signatures from the store and calling the pure query functions of :mod:`atlas.analysis`. Routes stay
-thin: parse, authorise, call one engine method in a worker thread, render.
+Celery) and the caches of :mod:`service.caches` (deserialised states, prompt states). It answers the
+API's questions by loading states and signatures from the store and calling the pure query functions
+of :mod:`atlas.analysis`; space export/import is :mod:`atlas.space_io`. Routes stay thin: parse,
+authorise, call one engine method in a worker thread, render.
 
 Started and stopped by the app lifespan (:func:`service.app.create_app`); if the model cannot be
 loaded the engine still starts, ``ready`` is false and model-needing calls raise
@@ -13,13 +14,9 @@ loaded the engine still starts, ``ready`` is false and model-needing calls raise
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
-import json
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +27,7 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from atlas import analysis, changes, job_store
+from atlas import analysis, changes, job_store, space_io
 from atlas import repository as repo
 from atlas.db import make_engine, session_factory, upgrade
 from atlas.errors import (
@@ -60,6 +57,7 @@ from atlas.models import (
 from atlas.samples import Sample
 from atlas.settings import Settings
 from service.auth import check_bind_allowed, count_active_keys, keys_required
+from service.caches import PROMPT_CACHE_BYTES, STATE_CACHE_BYTES, PromptCache, StateCache
 from service.metrics import Metrics
 from workers.inprocess import InProcessRunner
 
@@ -67,15 +65,6 @@ logger = logging.getLogger("fisher_atlas.service")
 
 MAX_PENDING_PROMPTS = 256
 """Prompts waiting for the model beyond which ``/v1/route`` answers 429 (overload)."""
-
-STATE_CACHE_BYTES = 512 * 1024 * 1024
-"""Memory budget of the deserialised-state cache."""
-
-PROMPT_CACHE_BYTES = 64 * 1024 * 1024
-"""Memory budget of the prompt-state cache (repeated prompts skip the model forward)."""
-
-EXPORT_FORMAT = "fisher-atlas-space"
-EXPORT_VERSION = 1
 
 
 @dataclass
@@ -102,63 +91,6 @@ class Loaded:
     name: str
     state: Any
     view: Any = None
-
-
-class StateCache:
-    """LRU cache of deserialised states and their route views, by task id and state version."""
-
-    def __init__(self, max_items: int) -> None:
-        self.max_items = max(1, max_items)
-        self._items: OrderedDict[int, tuple[int, tuple[Any, Any]]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, task_id: int, version: int) -> tuple[Any, Any] | None:
-        """``(state, view)`` of the task at ``version``, or ``None``."""
-        with self._lock:
-            hit = self._items.get(task_id)
-            if hit is None or hit[0] != version:
-                return None
-            self._items.move_to_end(task_id)
-            return hit[1]
-
-    def put(self, task_id: int, version: int, state: Any) -> tuple[Any, Any]:
-        """Cache a state (its :func:`atlas.analysis.state_view` is computed once here)."""
-        entry = (state, analysis.state_view(state))
-        with self._lock:
-            self._items[task_id] = (version, entry)
-            self._items.move_to_end(task_id)
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
-        return entry
-
-    def drop(self, task_id: int) -> None:
-        with self._lock:
-            self._items.pop(task_id, None)
-
-
-class PromptCache:
-    """LRU cache of prompt states: a prompt's state is a pure function of (model, spec, text)."""
-
-    def __init__(self, max_items: int) -> None:
-        self.max_items = max_items
-        self._items: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, text: str) -> Any | None:
-        with self._lock:
-            state = self._items.get(text)
-            if state is not None:
-                self._items.move_to_end(text)
-            return state
-
-    def put(self, text: str, state: Any) -> None:
-        if self.max_items <= 0:
-            return
-        with self._lock:
-            self._items[text] = state
-            self._items.move_to_end(text)
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
 
 
 class AtlasEngine:
@@ -805,131 +737,20 @@ class AtlasEngine:
     # -- export / import -------------------------------------------------------------------------
 
     def export_lines(self, space_ref: str | None) -> tuple[Space, Iterator[bytes]]:
-        """A space as JSON lines: a header, then one line per ready task (state, signature, baselines)."""
+        """A space as JSON lines (:func:`atlas.space_io.export_lines`): a header, then one line per
+        ready task (state, signature, baselines)."""
         with self.read() as session:
             space = self.resolve_space(session, space_ref)
-            ids = [int(i) for i in session.execute(
-                select(Task.id).where(Task.space_id == space.id, Task.status == TASK_READY).order_by(Task.id)
-            ).scalars()]
+            ids = space_io.ready_task_ids(session, space.id)
             session.expunge(space)
-
-        def gen() -> Iterator[bytes]:
-            header = {
-                "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
-                "exported_at": dt.datetime.now(dt.UTC).isoformat(),
-                "space": {"id": space.id, "model_name": space.model_name, "model_fingerprint": space.model_fingerprint,
-                          "spec_fingerprint": space.spec_fingerprint, "d": space.d, "K": space.K, "m": space.m,
-                          "seed": space.seed, "spec": space.spec},
-                "n_tasks": len(ids),
-            }
-            yield (json.dumps(header) + "\n").encode()
-            for start in range(0, len(ids), 64):
-                part = ids[start : start + 64]
-                with self.read() as session:
-                    tasks = {t.id: t for t in session.execute(select(Task).where(Task.id.in_(part))).scalars()}
-                    states = repo.get_states(session, part)
-                    baselines = repo.get_baselines(session, part)
-                    sig_ids, vectors = repo.get_signatures(session, task_ids=part)
-                sigs = {int(i): v for i, v in zip(sig_ids, vectors, strict=True)}
-                for tid in part:
-                    t = tasks.get(tid)
-                    if t is None or tid not in states or tid not in sigs:
-                        continue  # deleted meanwhile
-                    line = {
-                        "name": t.name, "mode": t.mode, "metadata": t.meta or {}, "n_samples": t.n_samples,
-                        "n_tokens": t.n_tokens, "created_at": t.created_at.isoformat() if t.created_at else None,
-                        "state": base64.b64encode(states[tid]).decode(),
-                        "signature": base64.b64encode(sigs[tid].astype("<f4").tobytes()).decode(),
-                        "baselines": base64.b64encode(baselines[tid]).decode() if tid in baselines else None,
-                    }
-                    yield (json.dumps(line) + "\n").encode()
-
-        return space, gen()
+        return space, space_io.export_lines(self.read, space, ids)
 
     def import_space(self, data: bytes, *, on_conflict: str = "fail") -> tuple[int, int, list[str]]:
-        """Restore an export (all or nothing): returns ``(space_id, imported, skipped_names)``."""
-        from fishersketch import SketchSpec, SketchState
-
-        if on_conflict not in ("fail", "skip"):
-            raise InvalidInput("on_conflict must be 'fail' or 'skip'", {"on_conflict": on_conflict})
-        try:
-            lines = [ln for ln in data.decode("utf-8").splitlines() if ln.strip()]
-        except UnicodeDecodeError as exc:
-            raise InvalidInput(f"the import file is not UTF-8 JSON lines (byte {exc.start})") from None
-        if not lines:
-            raise InvalidInput("the import file is empty")
-        try:
-            header = json.loads(lines[0])
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"line 1 is not JSON: {exc.msg}") from None
-        if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
-            raise InvalidInput(f"not a FisherAtlas space export (expected format {EXPORT_FORMAT!r} on line 1)")
-        if header.get("version") != EXPORT_VERSION:
-            raise InvalidInput(f"unsupported export version {header.get('version')!r}")
-        sp = header.get("space") or {}
-        try:
-            spec = SketchSpec.from_dict(sp["spec"])
-        except Exception as exc:
-            raise InvalidInput(f"the export's sketch spec is invalid: {exc}") from None
-        if spec.fingerprint() != sp.get("spec_fingerprint"):
-            raise InvalidInput("the export's spec does not match its spec fingerprint")
-        model_fingerprint, model_name = sp.get("model_fingerprint"), sp.get("model_name", "imported")
-        if not isinstance(model_fingerprint, str) or not 0 < len(model_fingerprint) <= 200:
-            raise InvalidInput("the export's space needs a model_fingerprint string of 1-200 characters")
-        if not isinstance(model_name, str) or not 0 < len(model_name) <= 500:
-            raise InvalidInput("the export's model_name must be a string of 1-500 characters")
-        tasks: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for lineno, line in enumerate(lines[1:], start=2):
-            try:
-                rec = json.loads(line)
-                name = str(rec["name"])
-                state_blob = base64.b64decode(rec["state"], validate=True)
-                sig = np.frombuffer(base64.b64decode(rec["signature"], validate=True), dtype="<f4")
-                base_blob = base64.b64decode(rec["baselines"], validate=True) if rec.get("baselines") else None
-                counts = {key: int(rec.get(key, 0)) for key in ("n_samples", "n_tokens")}
-                if not all(0 <= v < 2**63 for v in counts.values()):
-                    raise ValueError(f"counts out of range: {counts}")
-                state = SketchState.from_bytes(state_blob, spec=spec)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise InvalidInput(f"line {lineno}: invalid task record ({exc})") from None
-            except Exception as exc:
-                raise InvalidInput(f"line {lineno}: unreadable state ({exc})") from None
-            if sig.shape != (spec.m,):
-                raise InvalidInput(f"line {lineno}: signature has {sig.shape[0]} values, expected {spec.m}")
-            if rec.get("mode") not in ("text", "completion"):
-                raise InvalidInput(f"line {lineno}: mode must be 'text' or 'completion'")
-            if name in seen:
-                raise InvalidInput(f"line {lineno}: duplicate task name {name!r}")
-            seen.add(name)
-            del state
-            tasks.append({"name": name, "mode": rec["mode"], "metadata": rec.get("metadata") or {}, **counts,
-                          "state": state_blob, "signature": sig.copy(), "baselines": base_blob})
-        skipped: list[str] = []
-        with self.write.begin() as session:
-            space = repo.get_or_create_space(
-                session, model_fingerprint=model_fingerprint, spec_fingerprint=spec.fingerprint(),
-                model_name=model_name, d=spec.d, K=spec.K, m=spec.m, seed=spec.seed,
-                spec=spec.to_dict(),
-            )
-            session.flush()
-            existing = set(session.execute(select(Task.name).where(Task.space_id == space.id)).scalars())
-            clash = [t["name"] for t in tasks if t["name"] in existing]
-            if clash and on_conflict == "fail":
-                raise Conflict(f"{len(clash)} task name(s) already exist in space {space.id}: {clash[:10]}",
-                               {"names": clash})
-            for t in tasks:
-                if t["name"] in existing:
-                    skipped.append(t["name"])
-                    continue
-                repo.create_ready_task(
-                    session, space.id, t["name"], t["mode"], t["metadata"], state=t["state"],
-                    signature=t["signature"], baselines=t["baselines"], n_samples=t["n_samples"],
-                    n_tokens=t["n_tokens"],
-                )
-            space_id = int(space.id)
+        """Restore an export (all or nothing, :func:`atlas.space_io.import_space`), then bring the
+        index up to date: returns ``(space_id, imported, skipped_names)``."""
+        space_id, imported, skipped = space_io.import_space(self.write, data, on_conflict=on_conflict)
         self.index.catch_up(space_id)
-        return space_id, len(tasks) - len(skipped), skipped
+        return space_id, imported, skipped
 
 
 def job_view(job: Job) -> dict[str, Any]:
