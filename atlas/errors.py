@@ -24,10 +24,15 @@ class AtlasError(Exception):
     status_code: int = 500
     code: str = "internal_error"
 
-    def __init__(self, message: str, detail: Any = None) -> None:
+    retry_after_s: float | None = None
+    """Seconds a client should wait before retrying (rendered as ``Retry-After``; 429 and 503)."""
+
+    def __init__(self, message: str, detail: Any = None, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.detail = detail
+        if retry_after_s is not None:
+            self.retry_after_s = float(retry_after_s)
 
     def to_body(self) -> dict[str, Any]:
         """Return the error body ``{"code", "message", "detail"}``."""

@@ -33,6 +33,7 @@ from atlas.models import (
     JOB_SUCCEEDED,
     Job,
     JobCheckpoint,
+    Task,
     UTCDateTime,
     utcnow,
 )
@@ -308,13 +309,15 @@ def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:
 
 
 def recoverable_jobs(
-    session: Session, *, stale_after_s: float, queued_older_than_s: float | None = 0.0, limit: int = 1000
+    session: Session, *, stale_after_s: float, queued_older_than_s: float | None = 0.0, limit: int = 1000,
+    space_id: int | None = None,
 ) -> list[int]:
     """Ids of jobs a sweep should (re-)enqueue, oldest first.
 
     Running jobs whose heartbeat is older than ``stale_after_s`` (their worker died) and, unless
     ``queued_older_than_s`` is ``None``, queued jobs created more than that many seconds ago (their
-    wake-up may have been lost).
+    wake-up may have been lost). ``space_id``: only jobs of that space's tasks (a worker sweeps the
+    jobs of the model it serves).
     """
     conds = [
         (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_cutoff(stale_after_s))
@@ -322,5 +325,18 @@ def recoverable_jobs(
     if queued_older_than_s is not None:
         queued_cutoff = utcnow() - dt.timedelta(seconds=queued_older_than_s)
         conds.append((Job.status == JOB_QUEUED) & (Job.created_at <= queued_cutoff))
-    stmt = select(Job.id).where(or_(*conds)).order_by(Job.id).limit(limit)
+    stmt = select(Job.id).where(or_(*conds))
+    if space_id is not None:
+        stmt = stmt.join(Task, Task.id == Job.task_id).where(Task.space_id == space_id)
+    stmt = stmt.order_by(Job.id).limit(limit)
     return [int(i) for i in session.execute(stmt).scalars()]
+
+
+def job_by_idempotency_key(session: Session, key: str) -> Job | None:
+    """The job created with this ``Idempotency-Key``, or ``None``."""
+    return session.execute(select(Job).where(Job.idempotency_key == key)).scalar_one_or_none()
+
+
+def delete_job(session: Session, job_id: int) -> None:
+    """Delete a job row (a job whose wake-up could not be sent, taken back by its request)."""
+    session.execute(delete(Job).where(Job.id == job_id))

@@ -24,8 +24,12 @@ from atlas.errors import QueueFull
 class JobQueue(Protocol):
     """Something that runs jobs by id."""
 
-    def enqueue(self, job_id: int) -> None:
-        """Ask a runner to run job ``job_id`` (committed, status ``queued``). Never raises ``QueueFull``."""
+    def enqueue(self, job_id: int, serving_key: str | None = None) -> None:
+        """Ask a runner to run job ``job_id`` (committed, status ``queued``). Never raises ``QueueFull``.
+
+        ``serving_key`` (:attr:`atlas.ports.SpaceKey.serving_key` of the job's space) routes the job to
+        the workers of its model; runners that serve one model may ignore it.
+        """
         ...
 
     def depth(self) -> int:

@@ -65,9 +65,25 @@ class Settings(BaseSettings):
     index_nprobe: int = Field(default=32, ge=1, description="IVF lists probed per query.")
     index_ivf_min_size: int = Field(default=50_000, ge=1, description="Below this many signatures a space stays flat.")
 
+    prompt_service: Literal["auto", "inprocess", "redis"] = Field(
+        default="auto",
+        description="Who sketches routing prompts: 'inprocess' (the model in this process), 'redis' (workers "
+        "over Redis; this process loads no model), 'auto' (redis when queue='celery', else inprocess).",
+    )
+    prompt_max_batch: int = Field(default=64, ge=1, le=4096, description="Prompts per micro-batch.")
+    prompt_max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="Wait for more prompts per batch.")
+    prompt_max_pending: int = Field(default=1024, ge=1, description="Waiting prompts beyond which /v1/route is 429.")
+    prompt_timeout_s: float = Field(default=10.0, gt=0, le=600, description="Longest wait for a remote worker.")
+
     celery_queue: str = "fisher_atlas"
     celery_visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
     job_max_attempts: int = Field(default=5, ge=1)
+
+    def resolved_prompt_service(self) -> str:
+        """``prompt_service`` with ``auto`` resolved (``redis`` exactly when the job queue is Celery)."""
+        if self.prompt_service != "auto":
+            return self.prompt_service
+        return "redis" if self.queue == "celery" else "inprocess"
 
     def resolved_database_url(self) -> str:
         """Return the database URL, defaulting to a SQLite file in ``data_dir``."""

@@ -8,7 +8,7 @@ fingerprints (created if needed).
 
 HTTP-agnostic and engine-agnostic: the functions take a session or session factory, a
 :class:`~atlas.models.Space` and the raw bytes. Keeping the FAISS index caught up after an import is
-the caller's job (:meth:`service.engine.AtlasEngine.import_space`).
+the caller's job (:meth:`atlas.services.SpaceService.import_space`).
 """
 
 from __future__ import annotations

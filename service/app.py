@@ -1,11 +1,11 @@
 """The FastAPI application: ``create_app(settings)``.
 
-The lifespan starts the :class:`service.engine.AtlasEngine` (migrate, load the model — the app starts
-even if that fails, answering 503 where the model is needed —, open the FAISS index, start the job
-runner) and stops it on shutdown. One router per resource under ``/v1``; every error is rendered as
-``{"code", "message", "detail"}`` (:mod:`service.errors`); request bodies are size-limited while they
-stream (:class:`service.uploads.BodyLimitMiddleware`); request latency goes to the app's own
-Prometheus registry.
+The lifespan builds and starts the :class:`service.container.Container` — the composition root: store,
+index, prompt service, job queue and the services (the app starts even if the model fails to load,
+answering 503 where a model is needed) — and stops it on shutdown. One router per resource under
+``/v1``; every error is rendered as ``{"code", "message", "detail"}`` (:mod:`service.errors`); request
+bodies are size-limited while they stream (:class:`service.uploads.BodyLimitMiddleware`); request
+latency goes to the app's own Prometheus registry.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.settings import Settings, get_settings
+from service.container import Container
 from service.dashboard import mount_dashboard
-from service.engine import AtlasEngine
 from service.errors import install_error_handlers
 from service.metrics import Metrics
 from service.routes import health, jobs, keys, query, spaces, tasks
@@ -96,7 +96,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
         "Bearer": {"type": "http", "scheme": "bearer"},
     }
-    if app.state.engine.keys_required:
+    if app.state.container.keys_required:
         schema["security"] = [{"ApiKey": []}, {"Bearer": []}]
         for path, item in schema.get("paths", {}).items():
             if path in PUBLIC_PATHS or path.startswith("/dashboard"):
@@ -107,26 +107,26 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def create_app(settings: Settings | None = None, *, engine_overrides: dict[str, Any] | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | None = None) -> FastAPI:
     """Build the FisherAtlas app.
 
     Parameters
     ----------
     settings
         Validated settings (default: from the environment).
-    engine_overrides
-        Passed to :class:`service.engine.AtlasEngine` (tests: a preloaded ``lm``, ``start_runner``).
+    overrides
+        Passed to :class:`service.container.Container` (tests: a preloaded ``lm``, ``start_runner``).
     """
     settings = settings or get_settings()
-    engine = AtlasEngine(settings, engine_overrides)
+    container = Container(settings, overrides)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await run_in_threadpool(engine.start)
+        await run_in_threadpool(container.start)
         try:
             yield
         finally:
-            await run_in_threadpool(engine.stop)
+            await run_in_threadpool(container.stop)
 
     try:
         app_version = version("fisher-atlas")
@@ -146,7 +146,7 @@ def create_app(settings: Settings | None = None, *, engine_overrides: dict[str, 
             {"name": "health", "description": "Liveness, readiness, metrics."},
         ],
     )
-    app.state.engine = engine
+    app.state.container = container
     app.state.settings = settings
     install_error_handlers(app)
 
@@ -155,6 +155,6 @@ def create_app(settings: Settings | None = None, *, engine_overrides: dict[str, 
     mount_dashboard(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + ENVELOPE_BYTES)
-    app.add_middleware(MetricsMiddleware, metrics=engine.metrics)
+    app.add_middleware(MetricsMiddleware, metrics=container.metrics)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

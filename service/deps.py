@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the engine, database sessions and scope checks, as ``Annotated`` aliases."""
+"""FastAPI dependencies: the container, database sessions and scope checks, as ``Annotated`` aliases."""
 
 from __future__ import annotations
 
@@ -9,20 +9,21 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from service.auth import ANONYMOUS, Principal, authenticate, presented_key
-from service.engine import AtlasEngine
+from service.container import Container
 
 
-def get_engine(request: Request) -> AtlasEngine:
-    """The app's :class:`AtlasEngine` (started in the lifespan)."""
-    return request.app.state.engine
+def get_container(request: Request) -> Container:
+    """The app's :class:`Container` (started in the lifespan)."""
+    return request.app.state.container
 
 
-EngineDep = Annotated[AtlasEngine, Depends(get_engine)]
+ContainerDep = Annotated[Container, Depends(get_container)]
 
 
-def get_read_session(engine: EngineDep) -> Iterator[Session]:
+def get_read_session(container: ContainerDep) -> Iterator[Session]:
     """A read-only session (a snapshot on SQLite) for the request."""
-    with engine.read() as session:
+    assert container.store is not None
+    with container.store.read() as session:
         yield session
 
 
@@ -35,10 +36,11 @@ class Authorize:
     def __init__(self, scope: str) -> None:
         self.scope = scope
 
-    def __call__(self, request: Request, engine: EngineDep) -> Principal:
-        if not engine.keys_required:
+    def __call__(self, request: Request, container: ContainerDep) -> Principal:
+        if not container.keys_required:
             return ANONYMOUS
-        principal = authenticate(engine.read, engine.write, presented_key(request), self.scope)
+        assert container.store is not None
+        principal = authenticate(container.store.read, container.store.write, presented_key(request), self.scope)
         request.state.principal = principal
         return principal
 

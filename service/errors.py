@@ -9,6 +9,7 @@ rendered as ``500 internal_error`` without leaking internals.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,7 +67,10 @@ def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
 
 async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AtlasError)
-    headers = {"Retry-After": "1"} if exc.status_code in (429, 503) else None
+    headers = None
+    if exc.status_code in (429, 503):
+        wait = exc.retry_after_s if exc.retry_after_s is not None else 1.0
+        headers = {"Retry-After": str(max(1, math.ceil(wait)))}
     if exc.status_code == 401:
         headers = {"WWW-Authenticate": 'ApiKey header="X-API-Key"'}
     return JSONResponse(exc.to_body(), status_code=exc.status_code, headers=headers)

@@ -28,8 +28,10 @@ from typing import Any
 from celery import Celery, signals
 
 from atlas import job_store
+from atlas.models import Space
+from atlas.ports import SpaceKey
 from atlas.settings import Settings, get_settings
-from workers.jobs import TransientJobError, WorkerContext, run_job
+from workers.jobs import TransientJobError, WorkerContext, ensure_space, run_job
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +39,13 @@ TASK_NAME = "fisher_atlas.run_job"
 SWEEP_TASK_NAME = "fisher_atlas.sweep"
 
 
-def queue_name(settings: Settings) -> str:
-    """Broker queue of the jobs (``FISHER_ATLAS_CELERY_QUEUE``, default ``fisher_atlas``)."""
-    return settings.celery_queue
+def queue_name(settings: Settings, serving_key: str | None = None) -> str:
+    """Broker queue of the jobs of one (model, spec): ``<FISHER_ATLAS_CELERY_QUEUE>.<serving key>``.
+
+    Queues per model let several models be served at once: a worker consumes only the queue of the
+    model it loaded, so a job never reaches a worker that cannot compute its space.
+    """
+    return settings.celery_queue if serving_key is None else f"{settings.celery_queue}.{serving_key}"
 
 
 def create_app(settings: Settings | None = None, *, queue: str | None = None) -> Celery:
@@ -113,12 +119,14 @@ class CeleryJobQueue:
     def __init__(self, celery_app: Celery | None = None) -> None:
         self.app = celery_app or app
 
-    def enqueue(self, job_id: int) -> None:
-        """Send ``fisher_atlas.run_job(job_id)``."""
-        self.app.send_task(TASK_NAME, args=[int(job_id)], queue=self.app.conf.task_default_queue)
+    def enqueue(self, job_id: int, serving_key: str | None = None) -> None:
+        """Send ``fisher_atlas.run_job(job_id)`` to the queue of the job's model."""
+        settings = self.app.fisher_atlas_settings  # type: ignore[attr-defined]
+        queue = queue_name(settings, serving_key) if serving_key else self.app.conf.task_default_queue
+        self.app.send_task(TASK_NAME, args=[int(job_id)], queue=queue)
 
     def depth(self) -> int:
-        """Messages waiting in the broker queue."""
+        """Messages waiting in this app's default queue (a worker's: the queue of its model)."""
         with self.app.connection_for_write() as conn:
             client = conn.default_channel.client
             return int(client.llen(self.app.conf.task_default_queue))
@@ -128,14 +136,23 @@ class CeleryJobQueue:
         self.app.close()
 
 
+_served: SpaceKey | None = None
+"""The space this worker process serves (set by :func:`run_worker`)."""
+
+
 def sweep(ctx: WorkerContext, jobs: CeleryJobQueue) -> list[int]:
-    """Re-enqueue stale running jobs, and queued jobs if the broker queue is empty; return their ids."""
+    """Re-enqueue stale running jobs, and queued jobs if the broker queue is empty; return their ids.
+
+    A worker that serves one space (:func:`run_worker`) sweeps only the jobs of that space and sends
+    them to the queue of its model.
+    """
     stale = ctx.settings.job_stale_after_s
     include_queued = jobs.depth() == 0
     with ctx.ro_factory() as s:
-        ids = job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=stale if include_queued else None)
+        ids = job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=stale if include_queued else None,
+                                         space_id=_served.space_id if _served is not None else None)
     for job_id in ids:
-        jobs.enqueue(job_id)
+        jobs.enqueue(job_id, _served.serving_key if _served is not None else None)
     if ids:
         log.info("sweep re-enqueued jobs %s", ids)
     return ids
@@ -180,14 +197,51 @@ def _stop_sweeper(**_: Any) -> None:
     _sweeper_stop.set()
 
 
-def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "INFO") -> None:
-    """Run a Celery worker in this process (``fisher-atlas worker``); returns when it stops.
+def serve_space(ctx: WorkerContext) -> SpaceKey:
+    """Load this worker's model, create its space if new, and point the app at the model's queue."""
+    global _served
+    lm = ctx.model()
+    with ctx.factory.begin() as session:
+        space = ensure_space(session, lm, ctx.settings)
+        key = SpaceKey.of(space)
+    _served = key
+    app.conf.task_default_queue = queue_name(ctx.settings, key.serving_key)
+    return key
 
-    ``pool`` defaults to ``solo`` for one job at a time (one process per GPU) and ``prefork`` for
-    more. The settings are read from the environment when this module is imported; set the
-    ``FISHER_ATLAS_*`` variables before importing it.
+
+def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "INFO") -> None:
+    """Run a worker in this process (``fisher-atlas worker``); returns when it stops.
+
+    The worker loads its model at once, announces it, and serves both kinds of work of its space:
+    upload jobs from the Celery queue of its model (:func:`queue_name`) and routing prompts from Redis
+    (:class:`workers.prompt_remote.PromptServer`, one micro-batching loop). ``pool`` defaults to
+    ``solo`` for one job at a time (one process per GPU) and ``prefork`` for more. The settings are
+    read from the environment when this module is imported; set the ``FISHER_ATLAS_*`` variables first.
     """
+    from workers.prompt_batcher import PromptBatcher
+    from workers.prompt_remote import PromptServer
+
+    ctx = get_context()
+    key = serve_space(ctx)
+    settings = ctx.settings
+    with ctx.ro_factory() as session:
+        space = session.get(Space, key.space_id)
+        assert space is not None
+        extractor = ctx.extractor_for(space)
+    batcher = PromptBatcher(extractor, max_batch=settings.prompt_max_batch, max_wait_ms=settings.prompt_max_wait_ms,
+                            max_pending=settings.prompt_max_pending)
+    server = PromptServer(settings.redis_url, batcher, key, worker_id=ctx.worker_id).start()
+    log.info("worker %s serves model %s (space %s) on queue %s", ctx.worker_id, key.model_name, key.space_id,
+             app.conf.task_default_queue)
     pool = pool or ("solo" if concurrency == 1 else "prefork")
+    try:
+        _worker_main(concurrency, pool, loglevel)
+    finally:
+        server.stop()
+        batcher.close()
+
+
+def _worker_main(concurrency: int, pool: str, loglevel: str) -> None:
     app.worker_main([
         "worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
         f"--queues={app.conf.task_default_queue}", "--without-gossip", "--without-mingle",

@@ -51,8 +51,9 @@ class InProcessRunner:
 
     # -- JobQueue ----------------------------------------------------------------------------
 
-    def enqueue(self, job_id: int) -> None:
-        """Wake a thread for ``job_id`` (ignored if it is already waiting or running here)."""
+    def enqueue(self, job_id: int, serving_key: str | None = None) -> None:
+        """Wake a thread for ``job_id`` (ignored if it is already waiting or running here; this runner
+        serves one model, so ``serving_key`` is not needed)."""
         with self._lock:
             if job_id in self._pending or job_id in self._running:
                 return

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from service.deps import EngineDep
+from service.deps import ContainerDep
 from service.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
@@ -29,9 +29,9 @@ def healthz() -> Health:
     "/readyz", response_model=Readiness, summary="Readiness",
     responses={503: {"model": Readiness, "description": "Not ready (e.g. the model is not loaded)."}},
 )
-async def readyz(engine: EngineDep) -> JSONResponse:
+async def readyz(c: ContainerDep) -> JSONResponse:
     """Ready when the database answers, the model is loaded and the index is open (else 503)."""
-    ready, checks, detail = await run_in_threadpool(engine.readiness)
+    ready, checks, detail = await run_in_threadpool(c.readiness)
     body = Readiness(ready=ready, checks=checks, detail=detail).model_dump(mode="json")
     return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -41,7 +41,7 @@ async def readyz(engine: EngineDep) -> JSONResponse:
     responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
                      "description": "Prometheus text exposition format."}},
 )
-async def metrics(engine: EngineDep) -> Response:
+async def metrics(c: ContainerDep) -> Response:
     """Job durations, tokens/s, queue depth, search latency, request latency."""
-    data = await run_in_threadpool(generate_latest, engine.metrics.registry)
+    data = await run_in_threadpool(generate_latest, c.metrics.registry)
     return Response(content=data, media_type=CONTENT_TYPE_LATEST)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from atlas import apikeys
-from service.deps import AdminPrincipal, EngineDep
+from service.deps import AdminPrincipal, ContainerDep
 from service.routes import MAX_ID, error_responses
 from service.schemas import Scope
 
@@ -57,18 +57,18 @@ def _out(k: object) -> dict:
 
 
 @router.get("", response_model=KeyList, summary="List API keys", responses=error_responses(401, 403))
-def list_keys(engine: EngineDep, _: AdminPrincipal) -> KeyList:
+def list_keys(c: ContainerDep, _: AdminPrincipal) -> KeyList:
     """Active keys (no secrets)."""
-    with engine.read() as session:
+    with c.store.read() as session:
         return KeyList(items=[KeyOut(**_out(k)) for k in apikeys.list_api_keys(session)])
 
 
 @router.post("", status_code=201, response_model=KeyCreated, summary="Create an API key",
              responses=error_responses(401, 403, 422))
-async def create_key(body: KeyCreate, engine: EngineDep, _: AdminPrincipal) -> KeyCreated:
+async def create_key(body: KeyCreate, c: ContainerDep, _: AdminPrincipal) -> KeyCreated:
     """Create a key; its plaintext is returned once and stored only as a sha256 hash."""
     def run() -> KeyCreated:
-        with engine.session() as session:
+        with c.store.session() as session:
             key, plaintext = apikeys.create_api_key(session, body.name, list(body.scopes))
             return KeyCreated(**_out(key), key=plaintext)
 
@@ -77,8 +77,8 @@ async def create_key(body: KeyCreate, engine: EngineDep, _: AdminPrincipal) -> K
 
 @router.delete("/{key_id}", status_code=204, response_class=Response, summary="Revoke an API key",
                responses=error_responses(401, 403, 404, 422))
-def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_ID)], engine: EngineDep, _: AdminPrincipal) -> Response:
+def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_ID)], c: ContainerDep, _: AdminPrincipal) -> Response:
     """Revoke a key (idempotent)."""
-    with engine.session() as session:
+    with c.store.session() as session:
         apikeys.revoke_api_key(session, key_id)
     return Response(status_code=204)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from starlette.concurrency import run_in_threadpool
 
 from atlas.errors import InvalidInput
-from service.deps import EngineDep, ReadPrincipal
+from service.deps import ContainerDep, ReadPrincipal
 from service.routes import MAX_ID, error_responses
 from service.schemas import (
     AlignMatrixRequest,
@@ -30,7 +29,7 @@ router = APIRouter(prefix="/v1", tags=["queries"])
     "/route", response_model=RouteResponse, summary="Route prompts to stored tasks (open set)",
     responses=error_responses(401, 403, 404, 409, 413, 422, 429, 503),
 )
-async def route(body: RouteRequest, response: Response, engine: EngineDep, _: ReadPrincipal) -> RouteResponse:
+async def route(body: RouteRequest, response: Response, c: ContainerDep, _: ReadPrincipal) -> RouteResponse:
     """Sketch each prompt (all its next-token positions) with the loaded model, take the FAISS top
     ``candidates`` by signature, re-rank them exactly by the Fisher alignment of the prompt's and the
     task's stored states, and return the top ``k``. ``none`` is true when the best score is below
@@ -39,10 +38,8 @@ async def route(body: RouteRequest, response: Response, engine: EngineDep, _: Re
     The ``Server-Timing`` header splits the server time into ``forward`` (model forward + sketch) and
     ``search`` (FAISS + state loading + exact re-rank).
     """
-    answers, timings = await run_in_threadpool(
-        engine.route, body.texts(), k=body.k, threshold=body.threshold, candidates=body.candidates,
-        space_ref=body.space,
-    )
+    answers, timings = await c.queries.route(body.texts(), k=body.k, threshold=body.threshold,
+                                             candidates=body.candidates, space_ref=body.space)
     response.headers["Server-Timing"] = timings.header()
     results = [
         RouteResult(
@@ -62,7 +59,7 @@ async def route(body: RouteRequest, response: Response, engine: EngineDep, _: Re
     responses=error_responses(401, 403, 404, 409, 422),
 )
 def align(
-    engine: EngineDep,
+    c: ContainerDep,
     _: ReadPrincipal,
     a: Annotated[int, Query(ge=1, le=MAX_ID, description="First task id.")],
     b: Annotated[int, Query(ge=1, le=MAX_ID, description="Second task id.")],
@@ -70,7 +67,7 @@ def align(
     """Fisher alignment of tasks ``a`` and ``b`` with its factors: activation S_cov(M_a), error
     S_cov(Γ_e), coupling ρ (and χ), split-half SE, the activation-dark flag, and the empirical-Bayes
     shrunk alignment (shrinkage estimated over ``a`` and its nearest stored tasks)."""
-    ta, tb, f = engine.align(a, b)
+    ta, tb, f = c.queries.align(a, b)
     return AlignResponse(
         a=TaskRef(task_id=ta.task_id, name=ta.name), b=TaskRef(task_id=tb.task_id, name=tb.name),
         fisher=f.fisher, fisher_shrunk=f.fisher_shrunk, activation=f.activation, error=f.error, rho=f.rho,
@@ -82,12 +79,12 @@ def align(
     "/align/matrix", response_model=AlignMatrixResponse, summary="Alignment matrices of a set of tasks",
     responses=error_responses(401, 403, 404, 409, 413, 422),
 )
-def align_matrix(body: AlignMatrixRequest, engine: EngineDep, _: ReadPrincipal) -> AlignMatrixResponse:
+def align_matrix(body: AlignMatrixRequest, c: ContainerDep, _: ReadPrincipal) -> AlignMatrixResponse:
     """All pairwise alignments of ``task_ids`` (one space, all ready, at most ``max_matrix_tasks``):
     Fisher, shrunk Fisher, activation, error and ρ matrices, row/column ``i`` = ``ids[i]``."""
     if any(not 1 <= i <= MAX_ID for i in body.task_ids):
         raise InvalidInput(f"task ids must be in 1..{MAX_ID}")
-    m = engine.align_matrix(body.task_ids)
+    m = c.queries.matrix(body.task_ids)
 
     def rows(x: object) -> list[list[float]]:
         return [[round(float(v), 6) for v in row] for row in x]  # type: ignore[attr-defined]
@@ -101,13 +98,13 @@ def align_matrix(body: AlignMatrixRequest, engine: EngineDep, _: ReadPrincipal) 
     responses=error_responses(401, 403, 404, 409, 422, 503),
 )
 def atlas(
-    engine: EngineDep,
+    c: ContainerDep,
     _: ReadPrincipal,
     space: Annotated[str | None, Query(max_length=300, description="Space id or name; default: the model's.")] = None,
 ) -> AtlasResponse:
     """Classical MDS of 1 − Fisher alignment (deterministic, sign-fixed) with average-linkage clusters.
     Spaces above ``max_matrix_tasks`` ready tasks are drawn from an even subset (``sampled``)."""
-    sp, amap, total, sampled = engine.atlas(space)
+    sp, amap, total, sampled = c.queries.atlas(space)
     return AtlasResponse(
         space_id=sp.id, method=amap.method, total=total, sampled=sampled, n_clusters=amap.n_clusters,
         points=[AtlasPoint(task_id=p.task_id, name=p.name, x=p.x, y=p.y, cluster=p.cluster) for p in amap.points],

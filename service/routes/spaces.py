@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from atlas.errors import InvalidInput
-from service.deps import EngineDep, ReadPrincipal, WritePrincipal
+from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import error_responses
 from service.schemas import ImportResult, SpaceList, SpaceOut
 from service.uploads import IMPORT_FORM_SCHEMA, _content_type
@@ -20,20 +20,17 @@ SpaceRef = Annotated[str, Path(min_length=1, max_length=300, description="Space 
 
 
 @router.get("", response_model=SpaceList, summary="List spaces", responses=error_responses(401, 403))
-def list_spaces(engine: EngineDep, _: ReadPrincipal) -> SpaceList:
+def list_spaces(c: ContainerDep, _: ReadPrincipal) -> SpaceList:
     """Every (model fingerprint, sketch spec) space with its task count; ``default`` marks the loaded
     model's space."""
-    return SpaceList(items=[SpaceOut(**s) for s in engine.list_spaces()])
+    return SpaceList(items=[SpaceOut(**s) for s in c.spaces.list()])
 
 
 @router.get("/{space}", response_model=SpaceOut, summary="Get a space", responses=error_responses(401, 403, 404, 409,
                                                                                                   422, 503))
-def get_space(space: SpaceRef, engine: EngineDep, _: ReadPrincipal) -> SpaceOut:
+def get_space(space: SpaceRef, c: ContainerDep, _: ReadPrincipal) -> SpaceOut:
     """One space by id, model name or ``default``."""
-    with engine.read() as session:
-        sp = engine.resolve_space(session, space)
-        space_id = sp.id
-    return SpaceOut(**next(s for s in engine.list_spaces() if s["id"] == space_id))
+    return SpaceOut(**c.spaces.get(space))
 
 
 @router.get(
@@ -46,9 +43,9 @@ def get_space(space: SpaceRef, engine: EngineDep, _: ReadPrincipal) -> SpaceOut:
         **error_responses(401, 403, 404, 409, 422, 503),
     },
 )
-def export_space(space: SpaceRef, engine: EngineDep, _: ReadPrincipal) -> StreamingResponse:
+def export_space(space: SpaceRef, c: ContainerDep, _: ReadPrincipal) -> StreamingResponse:
     """Everything needed to restore the space's answers elsewhere (``POST /v1/spaces/import``)."""
-    sp, lines = engine.export_lines(space)
+    sp, lines = c.spaces.export_lines(space)
     return StreamingResponse(
         lines, media_type="application/x-ndjson",
         headers={"Content-Disposition": f'attachment; filename="fisher-atlas-space-{sp.id}.jsonl"'},
@@ -63,7 +60,7 @@ def export_space(space: SpaceRef, engine: EngineDep, _: ReadPrincipal) -> Stream
 )
 async def import_space(
     request: Request,
-    engine: EngineDep,
+    c: ContainerDep,
     _: WritePrincipal,
     on_conflict: Annotated[Literal["fail", "skip"], Query(description="Existing task names: fail or skip.")] = "fail",
 ) -> ImportResult:
@@ -87,5 +84,5 @@ async def import_space(
         data = await file.read()
     finally:
         await form.close()
-    space_id, imported, skipped = await run_in_threadpool(engine.import_space, data, on_conflict=on_conflict)
+    space_id, imported, skipped = await run_in_threadpool(c.spaces.import_space, data, on_conflict=on_conflict)
     return ImportResult(space_id=space_id, imported=imported, skipped=skipped)

@@ -7,13 +7,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from atlas.errors import InvalidInput
-from service.deps import EngineDep, ReadPrincipal, WritePrincipal
-from service.engine import job_view, task_view
+from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import (
     JobAccepted,
-    JobOut,
     SamplesAppend,
     SourceOut,
     SourcesResponse,
@@ -25,6 +22,7 @@ from service.schemas import (
     TaskRef,
 )
 from service.uploads import APPEND_FORM_SCHEMA, TASK_FORM_SCHEMA, read_upload
+from service.views import job_out, task_out
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
@@ -54,7 +52,7 @@ def _request_body(form_schema: dict, json_ref: str) -> dict:
     responses=error_responses(401, 403, 404, 409, 413, 415, 422, 429, 503),
 )
 async def create_task(
-    request: Request, engine: EngineDep, _: WritePrincipal, idempotency_key: IdempotencyKey = None
+    request: Request, c: ContainerDep, _: WritePrincipal, idempotency_key: IdempotencyKey = None
 ) -> TaskCreated:
     """Create a task from a multipart upload (``file`` + ``name``, ``mode``, ``space``, ``metadata``)
     or a JSON body with ``samples``; its job is queued at once (202).
@@ -63,15 +61,15 @@ async def create_task(
     Parquet, or plain text (one sample per line). Limits: upload bytes, sample count and sample length
     answer 413; malformed input 422; a full queue 429; no model 503. A rejected upload stores nothing.
     """
-    up = await read_upload(request, max_upload_bytes=engine.settings.max_upload_bytes, json_model=TaskCreate,
+    up = await read_upload(request, max_upload_bytes=c.settings.max_upload_bytes, json_model=TaskCreate,
                            with_task_fields=True)
     assert up.name is not None
 
     def run() -> TaskCreated:
         samples = up.samples()
-        task, job = engine.create_task(up.name or "", up.mode, up.metadata, samples, up.space,
-                                       idempotency_key=idempotency_key)
-        return TaskCreated(task=TaskOut(**task_view(task)), job=JobOut(**job_view(job)))
+        task, job = c.tasks.create(up.name or "", up.mode, up.metadata, samples, up.space,
+                                   idempotency_key=idempotency_key)
+        return TaskCreated(task=task_out(task), job=job_out(job))
 
     return await run_in_threadpool(run)
 
@@ -82,24 +80,24 @@ async def create_task(
     responses=error_responses(401, 403, 404, 409, 413, 415, 422, 429, 503),
 )
 async def append_samples(
-    task_id: TaskId, request: Request, engine: EngineDep, _: WritePrincipal, idempotency_key: IdempotencyKey = None
+    task_id: TaskId, request: Request, c: ContainerDep, _: WritePrincipal, idempotency_key: IdempotencyKey = None
 ) -> JobAccepted:
     """Queue an ``append`` job: the new samples are sketched and merged into the task's state (exact,
     states are sums), then its signature and index entry are updated. The task's mode applies."""
-    up = await read_upload(request, max_upload_bytes=engine.settings.max_upload_bytes, json_model=SamplesAppend,
+    up = await read_upload(request, max_upload_bytes=c.settings.max_upload_bytes, json_model=SamplesAppend,
                            with_task_fields=False)
 
     def run() -> JobAccepted:
-        task = engine.get_task(task_id)
-        job = engine.append_samples(task_id, up.samples(task.mode), idempotency_key=idempotency_key)
-        return JobAccepted(job=JobOut(**job_view(job)))
+        task = c.tasks.get(task_id)
+        job = c.tasks.append(task_id, up.samples(task.mode), idempotency_key=idempotency_key)
+        return JobAccepted(job=job_out(job))
 
     return await run_in_threadpool(run)
 
 
 @router.get("", response_model=TaskList, summary="List tasks", responses=error_responses(401, 403, 404, 422))
 def list_tasks(
-    engine: EngineDep,
+    c: ContainerDep,
     _: ReadPrincipal,
     space: Annotated[str | None, Query(max_length=300, description="Space id or name; default: all spaces.")] = None,
     name: Annotated[str | None, Query(max_length=300, description="Exact task name.")] = None,
@@ -109,34 +107,34 @@ def list_tasks(
     limit: Limit = 50,
 ) -> TaskList:
     """Tasks, oldest first, filtered by space, exact name or name prefix, and status; paginated."""
-    page = engine.list_tasks(space_ref=space, name=name, name_prefix=name_prefix, status=status, offset=offset,
-                             limit=limit)
-    return TaskList(items=[TaskOut(**task_view(t)) for t in page.items], total=page.total, offset=page.offset,
+    page = c.tasks.list(space_ref=space, name=name, name_prefix=name_prefix, status=status, offset=offset,
+                        limit=limit)
+    return TaskList(items=[task_out(t) for t in page.items], total=page.total, offset=page.offset,
                     limit=page.limit)
 
 
 @router.get("/{task_id}", response_model=TaskOut, summary="Get a task", responses=error_responses(401, 403, 404, 422))
-def get_task(task_id: TaskId, engine: EngineDep, _: ReadPrincipal) -> TaskOut:
+def get_task(task_id: TaskId, c: ContainerDep, _: ReadPrincipal) -> TaskOut:
     """One task with its counts and status."""
-    return TaskOut(**task_view(engine.get_task(task_id)))
+    return task_out(c.tasks.get(task_id))
 
 
 @router.patch(
     "/{task_id}", response_model=TaskOut, summary="Update a task's metadata",
     responses=error_responses(401, 403, 404, 422),
 )
-def patch_task(task_id: TaskId, body: TaskPatch, engine: EngineDep, _: WritePrincipal) -> TaskOut:
+def patch_task(task_id: TaskId, body: TaskPatch, c: ContainerDep, _: WritePrincipal) -> TaskOut:
     """Merge ``metadata`` into the task's metadata (a ``null`` value removes the key)."""
-    return TaskOut(**task_view(engine.patch_task(task_id, body.metadata)))
+    return task_out(c.tasks.patch(task_id, body.metadata))
 
 
 @router.delete(
     "/{task_id}", status_code=204, summary="Delete a task", response_class=Response,
     responses=error_responses(401, 403, 404, 422),
 )
-def delete_task(task_id: TaskId, engine: EngineDep, _: WritePrincipal) -> Response:
+def delete_task(task_id: TaskId, c: ContainerDep, _: WritePrincipal) -> Response:
     """Remove the task, its state, signature and samples from the store and its entry from the index."""
-    engine.delete_task(task_id)
+    c.tasks.delete(task_id)
     return Response(status_code=204)
 
 
@@ -146,7 +144,7 @@ def delete_task(task_id: TaskId, engine: EngineDep, _: WritePrincipal) -> Respon
 )
 def sources(
     task_id: TaskId,
-    engine: EngineDep,
+    c: ContainerDep,
     _: ReadPrincipal,
     k: Annotated[int, Query(ge=1, le=100, description="Sources returned.")] = 5,
     candidates: Annotated[
@@ -156,9 +154,7 @@ def sources(
     """Rank the target's nearest stored tasks as fine-tuning sources by empirical-Bayes shrunk Fisher
     alignment, with the three factors (activation S_cov(M_a), error S_cov(Γ_e), coupling ρ), the
     split-half SE and the activation-dark flag (activation ≥ 0.8 while Fisher alignment ≤ 0.3)."""
-    if k > engine.settings.max_matrix_tasks:
-        raise InvalidInput(f"k must be at most {engine.settings.max_matrix_tasks}")
-    target, found, compared = engine.sources(task_id, k=k, candidates=candidates)
+    target, found, compared = c.queries.sources(task_id, k=k, candidates=candidates)
     return SourcesResponse(
         target=TaskRef(task_id=target.task_id, name=target.name),
         sources=[SourceOut(task_id=s.task_id, name=s.name, fisher=s.factors.fisher,

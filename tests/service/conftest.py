@@ -2,7 +2,7 @@
 
 No mocks: every test talks HTTP to a real app whose lifespan migrated a real database, loaded a real
 (tiny, or the bundled) model and opened a real FAISS index. A loaded model can be shared between the
-apps of one test session (``engine_overrides={"lm": ...}``) to keep the suite fast.
+apps of one test session (``overrides={"lm": ...}``) to keep the suite fast.
 """
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ class LiveServer:
 
 @dataclass
 class Served:
-    """A running service: its URL, app and engine."""
+    """A running service: its URL, app and container."""
 
     url: str
     app: Any
     server: LiveServer
 
     @property
-    def engine(self) -> Any:
-        return self.app.state.engine
+    def container(self) -> Any:
+        return self.app.state.container
 
 
 @pytest.fixture(scope="session")
@@ -140,7 +140,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
         eo = dict(overrides or {})
         if lm != "load":
             eo["lm"] = lm
-        app = create_app(s, engine_overrides=eo)
+        app = create_app(s, overrides=eo)
         server = LiveServer(app).start()
         running.append(server)
         return Served(server.url, app, server)

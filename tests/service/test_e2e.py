@@ -167,4 +167,4 @@ def test_end_to_end(backend: str, serve, model, domains, request: pytest.Fixture
         assert {t.name for t in c.list_tasks().items} == {"shakespeare", "boolq"}
         res = c.route(domains["smiles"][1][0], k=3)
         assert all(m.name != "smiles" for m in res.matches)
-        assert svc.engine.index.stats(svc.engine.space_id)["count"] == 2
+        assert svc.container.index.stats(svc.container.store.default_space_id)["count"] == 2

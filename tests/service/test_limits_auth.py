@@ -16,8 +16,8 @@ from atlas.settings import Settings
 from service.client import AtlasClient, AtlasClientError
 
 
-def _counts(engine) -> tuple[int, int, int]:
-    with engine.read() as s:
+def _counts(container) -> tuple[int, int, int]:
+    with container.store.read() as s:
         return tuple(int(s.execute(select(func.count()).select_from(m)).scalar_one()) for m in (Task, Job, Upload))
 
 
@@ -72,7 +72,7 @@ def test_limits_use_documented_codes_and_store_nothing(serve, tiny_lm) -> None:
         assert resp.status_code == status, (resp.request.url, resp.text)
         body = resp.json()
         assert body["code"] == code and body["message"], body
-    assert _counts(svc.engine) == (0, 0, 0), "a rejected upload left rows behind"
+    assert _counts(svc.container) == (0, 0, 0), "a rejected upload left rows behind"
 
     # A full queue answers 429 before anything is stored (the runner is off: jobs stay queued).
     assert _upload(url, "q1", lines(2)).status_code == 202
@@ -80,13 +80,13 @@ def test_limits_use_documented_codes_and_store_nothing(serve, tiny_lm) -> None:
     full = _upload(url, "q3", lines(2))
     assert full.status_code == 429 and full.json()["code"] == "queue_full"
     assert "retry-after" in full.headers
-    assert _counts(svc.engine) == (2, 2, 1)  # identical samples share one content-addressed upload
+    assert _counts(svc.container) == (2, 2, 1)  # identical samples share one content-addressed upload
     # a duplicate name is a conflict, also storing nothing
     with AtlasClient(url) as c:
         c.cancel_job(c.list_tasks(name="q1").items[0].id)
         dup = _upload(url, "q2", lines(3))
         assert dup.status_code == 409 and dup.json()["code"] == "conflict"
-    assert _counts(svc.engine)[0] == 2
+    assert _counts(svc.container)[0] == 2
 
 
 def test_model_not_loaded_answers_503(serve) -> None:
@@ -110,14 +110,14 @@ def test_a_model_that_fails_to_load_still_starts_the_service(serve, tmp_path: Pa
 
 def test_scopes_are_enforced(serve, tiny_lm) -> None:
     svc = serve(lm=tiny_lm, require_keys=True)
-    with svc.engine.session() as s:
+    with svc.container.store.session() as s:
         _, read = apikeys.create_api_key(s, "r", ["read"])
         _, write = apikeys.create_api_key(s, "w", ["write"])
         _, admin = apikeys.create_api_key(s, "a", ["admin"])
         revoked_row, revoked = apikeys.create_api_key(s, "x", ["admin"])
-    with svc.engine.session() as s:
+    with svc.container.store.session() as s:
         apikeys.revoke_api_key(s, revoked_row.id)
-    with svc.engine.read() as s:  # stored hashed, never in plaintext
+    with svc.container.store.read() as s:  # stored hashed, never in plaintext
         hashes = set(s.execute(select(ApiKey.key_hash)).scalars())
     assert read not in hashes and apikeys.hash_key(read) in hashes
 

@@ -33,7 +33,7 @@ def live_api(tmp_path_factory: pytest.TempPathFactory, tiny_lm) -> Iterator[str]
     data: Path = tmp_path_factory.mktemp("schemathesis")
     s = Settings(data_dir=data, sketch_dim=128, device="cpu", max_queued_jobs=8, max_samples=50,
                  max_upload_bytes=64 * 1024, max_prompt_chars=500, max_matrix_tasks=16)
-    server = LiveServer(create_app(s, engine_overrides={"lm": tiny_lm})).start()
+    server = LiveServer(create_app(s, overrides={"lm": tiny_lm})).start()
     from service.client import AtlasClient
 
     with AtlasClient(server.url) as c:

@@ -1,8 +1,7 @@
-"""In-memory LRU caches of the service engine (:class:`service.engine.AtlasEngine`).
+"""In-memory LRU cache of deserialised task states (used by :class:`atlas.services.StateLoader`).
 
 :class:`StateCache` keeps deserialised task states (and their route views) by task id and state
-version; :class:`PromptCache` keeps prompt states by prompt text, so repeated prompts skip the
-model forward. Both are thread-safe.
+version; thread-safe.
 """
 
 from __future__ import annotations
@@ -15,9 +14,6 @@ from atlas import analysis
 
 STATE_CACHE_BYTES = 512 * 1024 * 1024
 """Memory budget of the deserialised-state cache."""
-
-PROMPT_CACHE_BYTES = 64 * 1024 * 1024
-"""Memory budget of the prompt-state cache (repeated prompts skip the model forward)."""
 
 
 class StateCache:
@@ -50,28 +46,3 @@ class StateCache:
     def drop(self, task_id: int) -> None:
         with self._lock:
             self._items.pop(task_id, None)
-
-
-class PromptCache:
-    """LRU cache of prompt states: a prompt's state is a pure function of (model, spec, text)."""
-
-    def __init__(self, max_items: int) -> None:
-        self.max_items = max_items
-        self._items: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, text: str) -> Any | None:
-        with self._lock:
-            state = self._items.get(text)
-            if state is not None:
-                self._items.move_to_end(text)
-            return state
-
-    def put(self, text: str, state: Any) -> None:
-        if self.max_items <= 0:
-            return
-        with self._lock:
-            self._items[text] = state
-            self._items.move_to_end(text)
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)

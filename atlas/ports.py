@@ -1,0 +1,95 @@
+"""Interfaces the query services need from the model side, implemented in ``workers``.
+
+``atlas`` never imports a model: routing asks a :class:`PromptSketcher` for the states of its prompts.
+Two implementations exist (``workers.prompt_batcher.InProcessPromptSketcher``: the model in this
+process, one micro-batching loop; ``workers.prompt_remote.RedisPromptSketcher``: prompts travel to
+worker processes over Redis), chosen by the composition root (``service.container``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from atlas.models import Space
+    from fishersketch import SketchState
+
+
+@dataclass(frozen=True)
+class SpaceKey:
+    """What a worker must serve to sketch for a space: its model and sketch spec.
+
+    Attributes
+    ----------
+    space_id : int
+    model_name : str
+        For messages ("no worker serves model ...").
+    model_fingerprint, spec_fingerprint : str
+    spec : dict
+        ``SketchSpec.to_dict()`` of the space (to read states back).
+    """
+
+    space_id: int
+    model_name: str
+    model_fingerprint: str
+    spec_fingerprint: str
+    spec: dict[str, Any]
+
+    @property
+    def serving_key(self) -> str:
+        """Short stable name of (model, spec): the queue every worker of this pair listens on."""
+        raw = f"{self.model_fingerprint}|{self.spec_fingerprint}".encode()
+        return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+    @classmethod
+    def of(cls, space: Space) -> SpaceKey:
+        """The key of a space row."""
+        return cls(int(space.id), str(space.model_name), str(space.model_fingerprint), str(space.spec_fingerprint),
+                   dict(space.spec))
+
+
+def serving_key(model_fingerprint: str, spec_fingerprint: str) -> str:
+    """:attr:`SpaceKey.serving_key` from the two fingerprints (what a worker announces)."""
+    return SpaceKey(0, "", model_fingerprint, spec_fingerprint, {}).serving_key
+
+
+@runtime_checkable
+class PromptSketcher(Protocol):
+    """Turns prompts into FisherSketch states with a space's model.
+
+    Implementations batch concurrent calls. Errors are domain errors: ``ModelUnavailable`` (503, no
+    model or worker serves the space — raised at once, never after a hang), ``QueueFull`` (429, with
+    ``retry_after_s`` computed from the queue), ``InvalidInput`` (422, a prompt that cannot be sketched,
+    e.g. under 2 tokens, its index in ``detail``).
+    """
+
+    def check_served(self, space: SpaceKey) -> None:
+        """Raise ``ModelUnavailable`` unless some model of this service can sketch for ``space``."""
+        ...
+
+    async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
+        """One state per prompt (text mode: every next-token position of the prompt)."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Queue depth, batches run, mean batch size (for ``/metrics`` and ``/readyz``)."""
+        ...
+
+    def close(self) -> None:
+        """Stop background loops and release connections."""
+        ...
+
+
+def check_prompt_lengths(prompts: Sequence[str], max_chars: int) -> None:
+    """Raise ``PayloadTooLarge`` (413) for a prompt over ``max_chars`` characters."""
+    from atlas.errors import PayloadTooLarge
+
+    for i, p in enumerate(prompts):
+        if len(p) > max_chars:
+            raise PayloadTooLarge(
+                f"prompt {i} has {len(p)} characters; the limit is {max_chars}",
+                {"prompt": i, "chars": len(p), "max_prompt_chars": max_chars},
+            )

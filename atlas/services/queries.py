@@ -1,0 +1,233 @@
+"""Queries: routing (prompts sketched by a :class:`~atlas.ports.PromptSketcher`), source recommendation,
+pairwise alignment, alignment matrices and the atlas map.
+
+Every query reads the stored states of a few tasks through the :class:`~atlas.services.StateLoader`
+(FAISS gives the candidates, the exact estimators of :mod:`atlas.analysis` rank them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from atlas import analysis, changes
+from atlas import repository as repo
+from atlas import space_repository as sql
+from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLarge
+from atlas.index import IndexManager
+from atlas.models import TASK_READY, Space, Task
+from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
+from atlas.services.states import Loaded, StateLoader
+from atlas.store import Store
+from fishersketch import SketchState
+
+
+@dataclass
+class Timings:
+    """Server-side stage timings of one request, in seconds."""
+
+    forward_s: float = 0.0
+    search_s: float = 0.0
+
+    def header(self) -> str:
+        """``Server-Timing`` value in ms: ``forward`` (waiting for the batched prompt sketch, queueing
+        included) and ``search`` (FAISS + state loading + exact re-rank)."""
+        return f"forward;dur={self.forward_s * 1e3:.3f}, search;dur={self.search_s * 1e3:.3f}"
+
+
+class QueryService:
+    """Read-only questions about the stored tasks (see the module docstring).
+
+    Parameters
+    ----------
+    store, index, states
+    prompts
+        Sketches routing prompts (in this process or on remote workers).
+    observe
+        ``observe(kind, seconds)`` records a query's latency (``/metrics``); optional.
+    """
+
+    def __init__(self, store: Store, index: IndexManager, states: StateLoader, prompts: PromptSketcher,
+                 observe: Any = None) -> None:
+        self.store = store
+        self.settings = store.settings
+        self.index = index
+        self.states = states
+        self.prompts = prompts
+        self.observe = observe or (lambda kind, seconds: None)
+        self._space_keys: dict[str, tuple[float, SpaceKey]] = {}
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def space_key(self, space_ref: str | None) -> SpaceKey:
+        """The :class:`SpaceKey` of a space reference (cached for a few seconds: spaces never change)."""
+        ref = "default" if space_ref is None else str(space_ref)
+        hit = self._space_keys.get(ref)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < 5.0:
+            return hit[1]
+        with self.store.read() as session:
+            key = SpaceKey.of(self.store.resolve_space(session, space_ref))
+        self._space_keys[ref] = (now, key)
+        return key
+
+    def _fresh_index(self, session: Session, space_id: int) -> None:
+        """Apply committed changes the index has not seen (read-your-writes for queries)."""
+        if changes.last_seq(session) > self.index.watermark(space_id):
+            self.index.catch_up(space_id)
+
+    def _ready_task(self, session: Session, task_id: int) -> Task:
+        task = repo.get_task(session, task_id)
+        if task.status != TASK_READY:
+            raise NotReady(f"task {task_id} ({task.name}) has no signature yet (status {task.status})",
+                           {"task_id": task_id, "status": task.status})
+        return task
+
+    def _neighbours(self, session: Session, space: Space, task_id: int, n: int) -> list[int]:
+        """Up to ``n`` other ready tasks near ``task_id``: all of them when the space is small."""
+        if repo.count_signatures(session, space.id) <= n + 1:
+            return sql.neighbour_fallback_ids(session, space.id, task_id, n)
+        sig_ids, vectors = repo.get_signatures(session, task_ids=[task_id])
+        if len(sig_ids) == 0:
+            raise NotReady(f"task {task_id} has no signature yet", {"task_id": task_id})
+        _, ids = self.index.search(space.id, vectors, n + 1)
+        return [int(i) for i in ids[0] if i >= 0 and int(i) != task_id][:n]
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    async def route(self, prompts: Sequence[str], *, k: int = 3, threshold: float | None = None,
+                    candidates: int | None = None, space_ref: str | None = None
+                    ) -> tuple[list[analysis.RouteAnswer], Timings]:
+        """Route prompts to their nearest tasks: batched prompt sketch, FAISS candidates, exact re-rank.
+
+        Raises
+        ------
+        PayloadTooLarge, InvalidInput
+            A prompt over ``max_prompt_chars`` or not sketchable.
+        ModelUnavailable
+            No model serves the space (at once).
+        QueueFull
+            The prompt queue is full (``retry_after_s`` from its drain time).
+        """
+        if not prompts:
+            raise InvalidInput("give at least one prompt")
+        check_prompt_lengths(prompts, self.settings.max_prompt_chars)
+        key = await asyncio.to_thread(self.space_key, space_ref)
+        self.prompts.check_served(key)
+        timings = Timings()
+        t0 = time.perf_counter()
+        states = await self.prompts.sketch(key, prompts)
+        timings.forward_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        thr = float(threshold) if threshold is not None else float(self.settings.route_threshold)
+        answers = await asyncio.to_thread(self.search_states, key.space_id, states, k=k, threshold=thr,
+                                          candidates=candidates or analysis.default_candidates(k))
+        timings.search_s = time.perf_counter() - t1
+        self.observe("route", timings.search_s)
+        return answers, timings
+
+    def search_states(self, space_id: int, states: Sequence[SketchState], *, k: int, threshold: float,
+                      candidates: int) -> list[analysis.RouteAnswer]:
+        """FAISS candidates by signature, then the exact re-rank, for each query state."""
+        answers = []
+        queries = np.stack([np.asarray(st.signature(), dtype=np.float32) for st in states])
+        with self.store.read() as session:
+            space = sql.get_space(session, space_id)
+            self._fresh_index(session, space_id)
+            scores, ids = self.index.search(space_id, queries, candidates)
+            for qi, st in enumerate(states):
+                faiss_score = {int(t): float(sc) for t, sc in zip(ids[qi], scores[qi], strict=True) if t >= 0}
+                loaded = self.states.load(session, space, list(faiss_score))
+                cands = [analysis.Candidate(x.task_id, x.name, x.state, faiss_score[x.task_id], x.view)
+                         for x in loaded]
+                answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold))
+        return answers
+
+    # -- recommendation and alignment ------------------------------------------------------------
+
+    def sources(self, task_id: int, *, k: int = 5, candidates: int | None = None
+                ) -> tuple[Loaded, list[analysis.Source], int]:
+        """Recommended fine-tuning sources for a target task: ``(target, sources, compared)``."""
+        cap = max(1, self.settings.max_matrix_tasks - 1)
+        if k > self.settings.max_matrix_tasks:
+            raise InvalidInput(f"k must be at most {self.settings.max_matrix_tasks}")
+        n = min(candidates or analysis.default_candidates(k), cap)
+        t0 = time.perf_counter()
+        with self.store.read() as session:
+            target = self._ready_task(session, task_id)
+            space = target.space
+            self._fresh_index(session, space.id)
+            others = self._neighbours(session, space, task_id, n)
+            loaded = self.states.load(session, space, [task_id, *others])
+        if not loaded or loaded[0].task_id != task_id:
+            raise NotReady(f"task {task_id} has no state yet", {"task_id": task_id})
+        tgt = analysis.TaskState(loaded[0].task_id, loaded[0].name, loaded[0].state)
+        cands = [analysis.TaskState(x.task_id, x.name, x.state) for x in loaded[1:]]
+        out = analysis.recommend_sources(tgt, cands, k=k)
+        self.observe("sources", time.perf_counter() - t0)
+        return loaded[0], out, len(cands)
+
+    def align(self, a: int, b: int) -> tuple[Loaded, Loaded, analysis.Factors]:
+        """Alignment of one pair; EB shrinkage over ``a``'s nearest neighbours (as in :meth:`sources`)."""
+        t0 = time.perf_counter()
+        with self.store.read() as session:
+            ta, tb = self._ready_task(session, a), self._ready_task(session, b)
+            if ta.space_id != tb.space_id:
+                raise IncompatibleSpace(f"tasks {a} and {b} belong to different spaces ({ta.space_id}, {tb.space_id})",
+                                        {"space_ids": [ta.space_id, tb.space_id]})
+            space = ta.space
+            self._fresh_index(session, space.id)
+            context = self._neighbours(session, space, a, min(analysis.default_candidates(5),
+                                                              self.settings.max_matrix_tasks - 2))
+            loaded = self.states.load(session, space, [a, b, *[c for c in context if c != b]])
+        by_id = {x.task_id: x for x in loaded}
+        if a not in by_id or b not in by_id:
+            raise NotReady("both tasks need a stored state", {"task_ids": [a, b]})
+        ctx = [] if a == b else [analysis.TaskState(x.task_id, x.name, x.state) for x in loaded
+                                 if x.task_id not in (a, b)]
+        f = analysis.pair_factors(analysis.TaskState(a, by_id[a].name, by_id[a].state),
+                                  analysis.TaskState(b, by_id[b].name, by_id[b].state), ctx)
+        self.observe("align", time.perf_counter() - t0)
+        return by_id[a], by_id[b], f
+
+    def matrix(self, task_ids: Sequence[int]) -> analysis.Matrices:
+        """Alignment matrices of the given tasks (one space, all ready)."""
+        ids = [int(i) for i in task_ids]
+        if len(set(ids)) != len(ids):
+            raise InvalidInput("task_ids must be distinct", {"task_ids": ids})
+        cap = self.settings.max_matrix_tasks
+        if len(ids) > cap:
+            raise PayloadTooLarge(f"{len(ids)} tasks exceed the matrix limit of {cap}", {"max_matrix_tasks": cap})
+        t0 = time.perf_counter()
+        with self.store.read() as session:
+            tasks = repo.get_tasks(session, ids)
+            spaces = {t.space_id for t in tasks}
+            if len(spaces) > 1:
+                raise IncompatibleSpace("the tasks belong to different spaces", {"space_ids": sorted(spaces)})
+            not_ready = [t.id for t in tasks if t.status != TASK_READY]
+            if not_ready:
+                raise NotReady(f"tasks without a signature yet: {not_ready}", {"task_ids": not_ready})
+            loaded = self.states.load(session, tasks[0].space, ids)
+        mats = analysis.alignment_matrix([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded])
+        self.observe("matrix", time.perf_counter() - t0)
+        return mats
+
+    def atlas(self, space_ref: str | None = None) -> tuple[Space, analysis.AtlasMap, int, bool]:
+        """2-D map of a space's ready tasks (an even subset above ``max_matrix_tasks``):
+        ``(space, map, total, sampled)``."""
+        t0 = time.perf_counter()
+        with self.store.read() as session:
+            space = self.store.resolve_space(session, space_ref)
+            ids = sql.ready_task_ids(session, space.id)
+            chosen = analysis.even_sample(ids, self.settings.max_matrix_tasks)
+            loaded = self.states.load(session, space, chosen)
+            session.expunge(space)
+        amap = analysis.atlas_layout([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded])
+        self.observe("atlas", time.perf_counter() - t0)
+        return space, amap, len(ids), len(chosen) < len(ids)

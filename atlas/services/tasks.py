@@ -1,0 +1,175 @@
+"""Tasks: create and append (validated, stored all or nothing, then queued), list, get, patch, delete."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from atlas import job_store
+from atlas import repository as repo
+from atlas import space_repository as sql
+from atlas.errors import AtlasError, IncompatibleSpace, InvalidInput, PayloadTooLarge, QueueFull
+from atlas.index import IndexManager
+from atlas.models import JOB_QUEUED, Job, Space, Task
+from atlas.queue import JobQueue
+from atlas.samples import Sample
+from atlas.services.states import StateLoader
+from atlas.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class TaskService:
+    """Task lifecycle (see the module docstring).
+
+    Parameters
+    ----------
+    store, index, states
+        The store, the FAISS index manager and the state loader (its cache is dropped on delete).
+    queue
+        Wakes a runner for each new job.
+    computable
+        ``computable(space)`` raises ``ModelUnavailable``/``IncompatibleSpace`` when no model of this
+        deployment can compute signatures in ``space`` (checked before anything is stored).
+    """
+
+    def __init__(self, store: Store, index: IndexManager, states: StateLoader, queue: JobQueue,
+                 computable: Callable[[Space], None]) -> None:
+        self.store = store
+        self.settings = store.settings
+        self.index = index
+        self.states = states
+        self.queue = queue
+        self.computable = computable
+
+    # -- validation ------------------------------------------------------------------------------
+
+    def check_samples(self, samples: Sequence[Sample]) -> None:
+        """Enforce the sample-count and sample-length limits (413) and non-emptiness (422)."""
+        s = self.settings
+        if not samples:
+            raise InvalidInput("the upload holds no samples")
+        if len(samples) > s.max_samples:
+            raise PayloadTooLarge(
+                f"{len(samples)} samples exceed the limit of {s.max_samples} per upload",
+                {"samples": len(samples), "max_samples": s.max_samples},
+            )
+        for i, smp in enumerate(samples):
+            n = sum(len(v) for v in (smp.text, smp.prompt, smp.completion) if v is not None)
+            if n > s.max_sample_chars:
+                raise PayloadTooLarge(
+                    f"sample {i} has {n} characters; the limit is {s.max_sample_chars}",
+                    {"sample": i, "chars": n, "max_sample_chars": s.max_sample_chars},
+                )
+
+    def _check_queue(self, session: Session, idempotency_key: str | None) -> None:
+        if idempotency_key is not None and job_store.job_by_idempotency_key(session, idempotency_key) is not None:
+            return  # a repeated request: answered from the store, it queues nothing new
+        depth = job_store.count_jobs(session, (JOB_QUEUED,))
+        if depth >= self.settings.max_queued_jobs:
+            raise QueueFull(
+                f"the job queue is full ({depth} queued jobs); retry later",
+                {"queued": depth, "max_queued_jobs": self.settings.max_queued_jobs},
+                retry_after_s=5.0,
+            )
+
+    def _enqueue(self, job_id: int, task_id: int | None, *, created: bool) -> None:
+        try:
+            self.queue.enqueue(job_id)
+        except Exception as exc:
+            # Nothing half-stored: take back what this request wrote.
+            with self.store.session() as session:
+                if created and task_id is not None:
+                    repo.delete_task(session, task_id)
+                else:
+                    job_store.delete_job(session, job_id)
+                    repo.purge_orphan_uploads(session)
+            if isinstance(exc, AtlasError):
+                raise
+            raise QueueFull(f"the job could not be queued: {exc}") from exc
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def create(self, name: str, mode: str, metadata: dict[str, Any] | None, samples: Sequence[Sample],
+               space_ref: str | None = None, idempotency_key: str | None = None) -> tuple[Task, Job]:
+        """Validate, store the task and its samples, and queue its job (all or nothing)."""
+        self.check_samples(samples)
+        with self.store.session() as session:
+            space = self.store.resolve_space(session, space_ref)
+            self.computable(space)
+            self._check_queue(session, idempotency_key)
+            task, job = repo.create_task_with_job(session, space.id, name, mode, metadata, samples,
+                                                  idempotency_key=idempotency_key)
+            fresh = job.status == JOB_QUEUED and job.attempts == 0
+        if fresh:
+            self._enqueue(job.id, task.id, created=True)
+        return task, job
+
+    def append(self, task_id: int, samples: Sequence[Sample], idempotency_key: str | None = None) -> Job:
+        """Store more samples for a task and queue an ``append`` job."""
+        self.check_samples(samples)
+        with self.store.session() as session:
+            task = repo.get_task(session, task_id)
+            self.computable(task.space)
+            self._check_queue(session, idempotency_key)
+            job = repo.append_samples(session, task_id, samples, idempotency_key=idempotency_key)
+            fresh = job.status == JOB_QUEUED and job.attempts == 0
+        if fresh:
+            self._enqueue(job.id, task_id, created=False)
+        return job
+
+    def patch(self, task_id: int, metadata: dict[str, Any]) -> Task:
+        """Merge ``metadata`` into a task's metadata."""
+        with self.store.session() as session:
+            return repo.update_task(session, task_id, metadata=metadata)
+
+    def delete(self, task_id: int) -> None:
+        """Delete a task from the store, then from the index."""
+        with self.store.session() as session:
+            space_id = repo.get_task(session, task_id).space_id
+            repo.delete_task(session, task_id)
+        self.states.drop(task_id)
+        try:
+            self.index.catch_up(space_id)
+        except Exception:
+            log.warning("index catch-up after delete failed (the background sync retries)", exc_info=True)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def get(self, task_id: int) -> Task:
+        """One task."""
+        with self.store.read() as session:
+            return repo.get_task(session, task_id)
+
+    def find(self, name: str, space_ref: str | None = None) -> Task:
+        """A task by exact name (the default space's first)."""
+        page = self.list(space_ref=space_ref, name=name, name_prefix=None, status=None, offset=0, limit=1)
+        if not page.items:
+            from atlas.errors import NotFound
+
+            raise NotFound(f"no task named {name!r}", {"name": name})
+        return page.items[0]
+
+    def list(self, *, space_ref: str | None = None, name: str | None = None, name_prefix: str | None = None,
+             status: str | None = None, offset: int = 0, limit: int = 50) -> repo.Page[Task]:
+        """List tasks with filters (``name``: exact, ``name_prefix``: prefix)."""
+        with self.store.read() as session:
+            space_id = self.store.resolve_space(session, space_ref).id if space_ref is not None else None
+            if name is None:
+                return repo.list_tasks(session, space_id=space_id, name_prefix=name_prefix, status=status,
+                                       offset=offset, limit=limit)
+            return sql.tasks_by_exact_name(session, name, space_id=space_id, status=status, name_prefix=name_prefix,
+                                           default_space_id=self.store.default_space_id, offset=offset, limit=limit)
+
+
+def require_same_space(space: Space, served_space_id: int | None) -> None:
+    """Raise ``IncompatibleSpace`` unless ``space`` is the one this process computes in."""
+    if served_space_id is not None and space.id != served_space_id:
+        raise IncompatibleSpace(
+            f"space {space.id} (model {space.model_name!r}) is not the space of the loaded model; "
+            "this service can only compute signatures in its own space",
+            {"space_id": space.id, "default_space_id": served_space_id},
+        )

@@ -1,0 +1,135 @@
+"""Space and read-side queries used by the services (all SQL stays in ``atlas``).
+
+Complements :mod:`atlas.repository` (tasks, uploads, states, signatures): the lookups the query and
+task services need — spaces by model, task counts, ready task ids, state versions, job statistics.
+Every function takes a session and works inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from atlas.models import JOB_STATUSES, JOB_SUCCEEDED, TASK_READY, Job, SketchStateRow, Space, Task
+from atlas.repository import Page, get_space, list_spaces
+
+__all__ = [
+    "StateMeta",
+    "get_space",
+    "job_counts",
+    "list_spaces",
+    "neighbour_fallback_ids",
+    "ready_task_ids",
+    "spaces_of_model",
+    "state_blobs",
+    "state_metas",
+    "succeeded_job_figures",
+    "task_counts",
+    "tasks_by_exact_name",
+]
+
+
+def spaces_of_model(session: Session, model_name: str) -> list[Space]:
+    """Spaces whose model name is ``model_name``, oldest first."""
+    return list(session.execute(select(Space).where(Space.model_name == model_name).order_by(Space.id)).scalars())
+
+
+def task_counts(session: Session) -> dict[int, int]:
+    """Number of tasks per space id."""
+    return {int(s): int(n) for s, n in session.execute(select(Task.space_id, func.count()).group_by(Task.space_id))}
+
+
+def ready_task_ids(session: Session, space_id: int, *, exclude: int | None = None, limit: int | None = None
+                   ) -> list[int]:
+    """Ids of a space's ready tasks, ascending (``exclude`` left out, at most ``limit``)."""
+    stmt = select(Task.id).where(Task.space_id == space_id, Task.status == TASK_READY)
+    if exclude is not None:
+        stmt = stmt.where(Task.id != exclude)
+    stmt = stmt.order_by(Task.id)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [int(i) for i in session.execute(stmt).scalars()]
+
+
+def neighbour_fallback_ids(session: Session, space_id: int, task_id: int, n: int) -> list[int]:
+    """The first ``n`` other ready tasks of a small space (used when it has at most ``n + 1``)."""
+    return ready_task_ids(session, space_id, exclude=task_id, limit=n)
+
+
+@dataclass(frozen=True)
+class StateMeta:
+    """A task's name, space and stored state version."""
+
+    task_id: int
+    name: str
+    space_id: int
+    version: int
+
+
+def state_metas(session: Session, task_ids: Sequence[int]) -> dict[int, StateMeta]:
+    """Name, space and state version of each task that has a stored state."""
+    rows = session.execute(
+        select(Task.id, Task.name, Task.space_id, SketchStateRow.version)
+        .join(SketchStateRow, SketchStateRow.task_id == Task.id)
+        .where(Task.id.in_([int(i) for i in task_ids]))
+    ).all()
+    return {int(r[0]): StateMeta(int(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+
+def state_blobs(session: Session, task_ids: Sequence[int]) -> list[tuple[int, int, bytes]]:
+    """``(task_id, version, blob)`` of the stored states of the given tasks."""
+    rows = session.execute(
+        select(SketchStateRow.task_id, SketchStateRow.version, SketchStateRow.blob)
+        .where(SketchStateRow.task_id.in_([int(i) for i in task_ids]))
+    ).all()
+    return [(int(t), int(v), bytes(b)) for t, v, b in rows]
+
+
+def tasks_by_exact_name(session: Session, name: str, *, space_id: int | None, status: str | None,
+                        name_prefix: str | None, default_space_id: int | None, offset: int, limit: int
+                        ) -> Page[Task]:
+    """Tasks named exactly ``name`` (default space first, then oldest), with the list filters."""
+    conds: list[Any] = [Task.name == name]
+    if space_id is not None:
+        conds.append(Task.space_id == space_id)
+    if status is not None:
+        conds.append(Task.status == status)
+    if name_prefix:
+        conds.append(Task.name.startswith(name_prefix, autoescape=True))
+    total = int(session.execute(select(func.count()).select_from(Task).where(*conds)).scalar_one())
+    order = (Task.space_id != (default_space_id or -1), Task.id)
+    items = list(session.execute(select(Task).where(*conds).order_by(*order).offset(offset).limit(limit)).scalars())
+    return Page(items=items, total=total, offset=offset, limit=limit)
+
+
+def job_counts(session: Session) -> dict[str, int]:
+    """Number of jobs per status (every status present, zero when none)."""
+    out = {s: 0 for s in JOB_STATUSES}
+    for status, n in session.execute(select(Job.status, func.count()).group_by(Job.status)):
+        out[str(status)] = int(n)
+    return out
+
+
+def succeeded_job_figures(session: Session) -> dict[str, float]:
+    """Count, summed duration (s) and summed tokens of succeeded jobs, aggregated in SQL.
+
+    The tokens come from each job's ``progress`` JSON; only the count and durations are aggregated by
+    the database, the token sum is read from the most recent 10,000 jobs at most.
+    """
+    rows = session.execute(
+        select(Job.started_at, Job.finished_at).where(Job.status == JOB_SUCCEEDED, Job.started_at.is_not(None),
+                                                      Job.finished_at.is_not(None))
+        .order_by(Job.id.desc()).limit(10_000)
+    ).all()
+    durations = [(f - s).total_seconds() for s, f in rows]
+    progress = session.execute(
+        select(Job.progress).where(Job.status == JOB_SUCCEEDED).order_by(Job.id.desc()).limit(10_000)
+    ).scalars().all()
+    tokens = sum(int((p or {}).get("tokens", 0) or 0) for p in progress)
+    last = float((progress[0] or {}).get("tokens_per_s", 0.0) or 0.0) if progress else 0.0
+    return {"duration_count": len(durations), "duration_sum": float(sum(durations)), "tokens_total": tokens,
+            "last_tokens_per_s": last}

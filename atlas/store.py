@@ -1,0 +1,115 @@
+"""The SQL store of one service: engine, read and write sessions, migrations, space resolution.
+
+SQL is the truth; everything else (FAISS, caches) is derived from it. Reads use a read-only session
+factory (a snapshot on SQLite, never taking the write lock); writes use ``store.write.begin()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from atlas import space_repository as spaces_sql
+from atlas.db import make_engine, session_factory, upgrade
+from atlas.errors import Conflict, ModelUnavailable, NotFound
+from atlas.models import Space
+from atlas.settings import Settings
+from fishersketch import SketchSpec
+
+
+class Store:
+    """Database engine and session factories of one service (see the module docstring).
+
+    Parameters
+    ----------
+    settings : Settings
+    migrate : bool
+        Run ``alembic upgrade head`` first (the embedded default; scale-out runs ``fisher-atlas migrate``).
+    """
+
+    def __init__(self, settings: Settings, *, migrate: bool = True, pool_size: int = 8) -> None:
+        self.settings = settings
+        url = settings.resolved_database_url()
+        if migrate:
+            upgrade(url)
+        self.engine: Engine = make_engine(url, pool_size=pool_size)
+        self.write: sessionmaker[Session] = session_factory(self.engine)
+        self.read: sessionmaker[Session] = session_factory(self.engine, readonly=True)
+        self.default_space_id: int | None = None
+        self._specs: dict[int, SketchSpec] = {}
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A read-write transaction, committed on success."""
+        with self.write.begin() as session:
+            yield session
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.engine.dispose()
+
+    # -- spaces ----------------------------------------------------------------------------------
+
+    def spec_of(self, space: Space) -> SketchSpec:
+        """The :class:`fishersketch.SketchSpec` of a space (parsed once)."""
+        spec = self._specs.get(int(space.id))
+        if spec is None:
+            spec = self._specs.setdefault(int(space.id), SketchSpec.from_dict(space.spec))
+        return spec
+
+    def default_space(self, session: Session) -> Space:
+        """The default space: the embedded model's, else the served model's, else the only one.
+
+        Raises
+        ------
+        ModelUnavailable
+            No space exists yet (no model has been loaded by this service or any worker).
+        Conflict
+            Several spaces and none is the default: pass a space id.
+        """
+        if self.default_space_id is not None:
+            return spaces_sql.get_space(session, self.default_space_id)
+        rows = spaces_sql.spaces_of_model(session, self.settings.model)
+        if not rows:
+            rows = spaces_sql.list_spaces(session)
+        if not rows:
+            raise ModelUnavailable(
+                f"no space exists yet: start a worker for model {self.settings.model!r} (or the embedded service)",
+                {"model": self.settings.model},
+            )
+        if len(rows) > 1 and len({r.model_name for r in rows}) > 1:
+            raise Conflict("several spaces exist; pass the space id", {"ids": [r.id for r in rows]})
+        return rows[-1]
+
+    def resolve_space(self, session: Session, ref: str | int | None) -> Space:
+        """A space by id, ``"default"``/``None`` (see :meth:`default_space`) or model name (if unique)."""
+        if ref is None or (isinstance(ref, str) and ref.strip().lower() in ("", "default")):
+            return self.default_space(session)
+        if isinstance(ref, int) or (isinstance(ref, str) and ref.isascii() and ref.isdigit()):
+            space_id = int(ref)
+            if space_id > 2**62:
+                raise NotFound(f"space {ref} does not exist", {"space": str(ref)})
+            return spaces_sql.get_space(session, space_id)
+        rows = spaces_sql.spaces_of_model(session, ref)
+        if not rows:
+            raise NotFound(f"no space named {ref!r}", {"space": ref})
+        if len(rows) > 1:
+            if self.default_space_id is not None and any(r.id == self.default_space_id for r in rows):
+                return next(r for r in rows if r.id == self.default_space_id)
+            raise Conflict(f"several spaces use model {ref!r}; pass the space id", {"ids": [r.id for r in rows]})
+        return rows[0]
+
+    def list_spaces(self) -> list[dict[str, Any]]:
+        """Every space with its task count and whether it is the default."""
+        with self.read() as session:
+            counts = spaces_sql.task_counts(session)
+            return [
+                {"id": s.id, "model_name": s.model_name, "model_fingerprint": s.model_fingerprint,
+                 "spec_fingerprint": s.spec_fingerprint, "d": s.d, "K": s.K, "m": s.m, "seed": s.seed,
+                 "spec": s.spec, "n_tasks": int(counts.get(s.id, 0)), "default": s.id == self.default_space_id}
+                for s in spaces_sql.list_spaces(session)
+            ]

@@ -1,0 +1,252 @@
+"""The composition root: builds the object graph of one service process, once.
+
+    settings → Store (SQL, migrations) → IndexManager (FAISS, derived) → StateLoader (cache)
+             → PromptSketcher (in-process batcher over the loaded model, or Redis to remote workers)
+             → JobQueue (in-process runner sharing the model, or Celery queues per model)
+             → services: tasks, jobs, queries, spaces
+
+Two shapes, chosen by ``settings.resolved_prompt_service()``:
+
+* **embedded** (``inprocess``, the default): the model is loaded here once; the same model serves the
+  prompt batcher and the job runner threads. If it fails to load the service still starts and answers
+  503 where a model is needed.
+* **scale-out** (``redis``, with ``queue="celery"``): this process loads **no model**; prompts and jobs
+  go to ``fisher-atlas worker`` processes, each announcing the model it serves.
+
+The HTTP app (:func:`service.app.create_app`) and library mode (:class:`fisher_atlas.Atlas`) both build
+a :class:`Container` and call its services.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from atlas.caches import STATE_CACHE_BYTES, StateCache
+from atlas.errors import ModelUnavailable
+from atlas.index import IndexManager
+from atlas.models import Space
+from atlas.ports import PromptSketcher, SpaceKey
+from atlas.queue import JobQueue
+from atlas.services import JobService, QueryService, SpaceService, StateLoader, TaskService
+from atlas.services.tasks import require_same_space
+from atlas.settings import Settings
+from atlas.store import Store
+from service.auth import check_bind_allowed, count_active_keys, keys_required
+from service.metrics import Metrics
+
+log = logging.getLogger("fisher_atlas.service")
+
+
+class Container:
+    """Everything one service process holds (see the module docstring).
+
+    Parameters
+    ----------
+    settings : Settings
+    overrides : dict, optional
+        Test and benchmark hooks: ``lm`` (an already loaded :class:`workers.model_loading.LoadedModel`,
+        or ``None`` for a model that failed to load), ``migrate`` (bool, default true),
+        ``start_runner`` (bool, default true: run queued jobs in-process).
+    """
+
+    def __init__(self, settings: Settings, overrides: dict[str, Any] | None = None) -> None:
+        self.settings = settings
+        self.overrides = dict(overrides or {})
+        self.metrics = Metrics()
+        self.keys_required = keys_required(settings)
+        self.lm: Any = None
+        self.model_error: str | None = None
+        self.store: Store | None = None
+        self.index: IndexManager | None = None
+        self.prompts: PromptSketcher | None = None
+        self.queue: JobQueue | None = None
+        self.runner: Any = None
+        self.started = False
+        self._stop = threading.Event()
+        self._bg: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> Container:
+        """Build and start the graph; on failure, close what was opened and re-raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = store = Store(s, migrate=self.overrides.get("migrate", True))
+        with store.read() as session:
+            check_bind_allowed(s, count_active_keys(session))
+        self.index = IndexManager(store.read, s.data_dir / "index", kind=s.index_kind, nprobe=s.index_nprobe,
+                                  ivf_min_size=s.index_ivf_min_size)
+        self.index.open()
+        self.state_loader = StateLoader(store, StateCache(STATE_CACHE_BYTES // (48 * s.sketch_dim)))
+        if s.resolved_prompt_service() == "redis":
+            self._start_remote()
+        else:
+            self._start_embedded()
+        assert self.prompts is not None and self.queue is not None
+        observe = self.metrics.search_seconds
+        self.tasks = TaskService(store, self.index, self.state_loader, self.queue, self.require_computable)
+        self.jobs = JobService(store)
+        self.queries = QueryService(store, self.index, self.state_loader, self.prompts,
+                                    observe=lambda kind, seconds: observe.labels(kind=kind).observe(seconds))
+        self.spaces = SpaceService(store, self.index)
+        self.metrics.watch_store(self.store_stats)
+        self._bg = threading.Thread(target=self._background, name="atlas-index-sync", daemon=True)
+        self._bg.start()
+        self.started = True
+
+    def _load_model(self) -> None:
+        if "lm" in self.overrides:
+            self.lm = self.overrides["lm"]
+            if self.lm is None:
+                self.model_error = "no model loaded (disabled by the caller)"
+            return
+        from workers.model_loading import load_configured_model
+
+        try:
+            self.lm = load_configured_model(self.settings)
+        except Exception as exc:
+            self.model_error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            log.error("model %r could not be loaded: %s", self.settings.model, self.model_error)
+
+    def _start_embedded(self) -> None:
+        """The model here: prompt batcher + in-process job runner on the same model."""
+        from workers.extraction import Extractor
+        from workers.inprocess import InProcessRunner
+        from workers.jobs import WorkerContext, ensure_space
+        from workers.prompt_batcher import InProcessPromptSketcher
+
+        s = self.settings
+        assert self.store is not None
+        self._load_model()
+        extractor = None
+        if self.lm is not None:
+            with self.store.session() as session:
+                space = ensure_space(session, self.lm, s)
+                self.store.default_space_id = int(space.id)
+                sketcher = _sketcher_for(space, self.lm)
+            extractor = Extractor(self.lm, sketcher, max_tokens_per_sample=s.max_tokens_per_sample)
+        self.prompts = InProcessPromptSketcher(
+            extractor, model_name=s.model, model_error=self.model_error, max_batch=s.prompt_max_batch,
+            max_wait_ms=s.prompt_max_wait_ms, max_pending=s.prompt_max_pending)
+        if s.queue == "celery":  # embedded prompts, jobs on Celery workers
+            from workers.celery_app import CeleryJobQueue
+            from workers.celery_app import create_app as create_celery
+
+            self.queue = CeleryJobQueue(create_celery(s))
+            return
+        ctx = WorkerContext(settings=s, factory=self.store.write, index=self.index, lm=self.lm)
+        self.runner = InProcessRunner(ctx)
+        self.queue = self.runner
+        if self.overrides.get("start_runner", True) and self.lm is not None:
+            self.runner.start()
+
+    def _start_remote(self) -> None:
+        """No model here: prompts over Redis, jobs on the Celery queue of each space's model."""
+        from workers.celery_app import CeleryJobQueue
+        from workers.celery_app import create_app as create_celery
+        from workers.prompt_remote import RedisPromptSketcher
+
+        s = self.settings
+        self.prompts = RedisPromptSketcher(s.redis_url, timeout_s=s.prompt_timeout_s, max_pending=s.prompt_max_pending)
+        self.queue = CeleryJobQueue(create_celery(s))
+
+    def stop(self) -> None:
+        """Stop the runner, the prompt loop and the index thread; persist the index; close the pool."""
+        self._stop.set()
+        for name, close in (("job runner", lambda: self.runner.stop() if self.runner is not None else None),
+                            ("job queue", lambda: getattr(self.queue, "close", lambda: None)()
+                             if self.runner is None and self.queue is not None else None),
+                            ("prompt service", lambda: self.prompts.close() if self.prompts is not None else None)):
+            try:
+                close()
+            except Exception:
+                log.warning("stopping the %s failed", name, exc_info=True)
+        if self._bg is not None:
+            self._bg.join(timeout=5)
+        if self.index is not None:
+            try:
+                self.index.catch_up()
+                self.index.persist()
+            except Exception:
+                log.warning("persisting the index failed", exc_info=True)
+        if self.store is not None:
+            self.store.close()
+        self.started = False
+
+    def _background(self) -> None:
+        """Keep the index caught up with SQL (other replicas, workers) and persisted."""
+        assert self.index is not None
+        last_persist = time.monotonic()
+        while not self._stop.wait(1.0):
+            try:
+                self.index.catch_up(wait=False)
+                if time.monotonic() - last_persist > 30:
+                    self.index.persist()
+                    last_persist = time.monotonic()
+            except Exception:
+                log.warning("index sync failed", exc_info=True)
+
+    # -- policies shared by the services ---------------------------------------------------------
+
+    def require_computable(self, space: Space) -> None:
+        """Raise 503/409 unless some model of this deployment can compute signatures in ``space``."""
+        assert self.prompts is not None
+        if self.runner is not None or self.settings.resolved_prompt_service() == "inprocess":
+            if self.lm is None:
+                raise ModelUnavailable(
+                    f"the model {self.settings.model!r} is not loaded: {self.model_error or 'unknown reason'}",
+                    {"model": self.settings.model},
+                )
+            require_same_space(space, self.store.default_space_id if self.store else None)
+            return
+        self.prompts.check_served(SpaceKey.of(space))
+
+    # -- health ----------------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, dict[str, bool], dict[str, Any]]:
+        """Whether the service can answer every request: database, model (or workers), index."""
+        from sqlalchemy import text
+
+        remote = self.settings.resolved_prompt_service() == "redis"
+        checks = {"database": False, "model": remote or self.lm is not None, "index": self.index is not None}
+        detail: dict[str, Any] = {}
+        try:
+            assert self.store is not None
+            with self.store.read() as session:
+                session.execute(text("SELECT 1"))
+            checks["database"] = True
+        except Exception as exc:
+            detail["database"] = type(exc).__name__
+        if remote:
+            detail["model"] = "served by workers over Redis"
+        elif self.lm is None:
+            detail["model"] = self.model_error or "not loaded"
+        else:
+            detail["model"] = self.lm.name
+        return all(checks.values()), checks, detail
+
+    def store_stats(self) -> dict[str, Any]:
+        """Job and queue figures for ``/metrics`` (aggregated in SQL at scrape time)."""
+        out = self.jobs.stats()
+        sid = self.store.default_space_id if self.store else None
+        if sid is not None and self.index is not None:
+            out["index_size"] = int(self.index.stats(sid)["count"])
+        return out
+
+
+def _sketcher_for(space: Space, lm: Any) -> Any:
+    """The sketcher of a space on the model's device."""
+    from fishersketch import Sketcher, SketchSpec
+
+    return Sketcher(SketchSpec.from_dict(space.spec), device=str(lm.device))

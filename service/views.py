@@ -1,0 +1,31 @@
+"""Rows to response models: one place that turns ORM rows into the API's ``TaskOut`` / ``JobOut``."""
+
+from __future__ import annotations
+
+from atlas.models import Job, Task
+from service.schemas import JobOut, TaskOut
+
+
+def job_out(job: Job) -> JobOut:
+    """A job row as ``JobOut``."""
+    p = dict(job.progress or {})
+    progress = {
+        "samples_done": int(p.get("samples_done", 0) or 0),
+        "samples_total": int(p.get("samples_total", 0) or 0),
+        "tokens": int(p.get("tokens", 0) or 0),
+        "tokens_per_s": float(p.get("tokens_per_s", 0.0) or 0.0),
+    }
+    return JobOut(
+        id=job.id, kind=job.kind, task_id=job.task_id, status=job.status, progress=progress, error=job.error,
+        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, attempts=job.attempts,
+        cancel_requested=job.cancel_requested,
+    )
+
+
+def task_out(task: Task) -> TaskOut:
+    """A task row as ``TaskOut``."""
+    return TaskOut(
+        id=task.id, name=task.name, space_id=task.space_id, mode=task.mode, status=task.status,
+        metadata=task.meta or {}, n_samples=task.n_samples, n_tokens=task.n_tokens, version=task.version,
+        created_at=task.created_at, updated_at=task.updated_at,
+    )

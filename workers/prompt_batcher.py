@@ -1,0 +1,312 @@
+"""Dynamic micro-batching of routing prompts over one loaded model.
+
+Callers tokenise their prompts once (:meth:`PromptBatcher.prepare`, in their own thread: invalid prompts
+are refused before they queue) and wait on a future; one loop thread gathers requests until
+``max_batch`` prompts or ``max_wait_ms`` after the first, sorts the prompts by length into buckets of
+at most ``token_budget`` padded tokens, runs one forward per bucket and one batched sketch
+(:func:`fishersketch.groups.sketch_groups`) that gives every prompt its own state, and resolves the
+futures. The sketch chunk follows the batch size (32 to 256 rows), so a small batch does not pay for
+padding to 256 rows. The queue is bounded: past ``max_pending`` prompts a request is refused with
+``QueueFull`` whose ``retry_after_s`` is the time the queue ahead takes at the measured rate.
+
+:class:`InProcessPromptSketcher` is the embedded implementation of :class:`atlas.ports.PromptSketcher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from atlas.errors import InvalidInput, ModelUnavailable, QueueFull
+from atlas.ports import SpaceKey, serving_key
+from atlas.samples import Sample
+from fishersketch import Sketcher, SketchState
+from fishersketch.groups import sketch_groups
+from workers.batching import PreparedSample, collate, make_batches
+from workers.extraction import Extractor, iter_head_batches
+
+log = logging.getLogger(__name__)
+
+_SKIP_MESSAGES = {
+    "empty": "prompt is empty",
+    "invalid_text": "prompt is not valid Unicode (it contains lone surrogates)",
+    "too_short": "prompt has fewer than 2 tokens; at least one next-token position is needed",
+    "token_out_of_range": "prompt tokenises to ids outside the model's vocabulary",
+}
+
+
+@dataclass
+class _Request:
+    prepared: list[PreparedSample]
+    future: Future[list[SketchState]] = field(default_factory=Future)
+
+
+class PromptBatcher:
+    """One model's micro-batching loop (see the module docstring).
+
+    Parameters
+    ----------
+    extractor : Extractor
+        Model, tokenizer and sketcher of the space served.
+    max_batch : int
+        Prompts per gathered batch.
+    max_wait_ms : float
+        How long the loop waits for more prompts after the first of a batch.
+    max_pending : int
+        Prompts queued or running beyond which :meth:`submit` raises ``QueueFull``.
+    token_budget : int
+        Padded tokens per forward (longer batches are split by length buckets).
+    """
+
+    def __init__(self, extractor: Extractor, *, max_batch: int = 64, max_wait_ms: float = 2.0,
+                 max_pending: int = 1024, token_budget: int = 8192) -> None:
+        self.extractor = extractor
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1e3
+        self.max_pending = max_pending
+        self.token_budget = token_budget
+        self._queue: deque[_Request] = deque()
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._sketchers: dict[int, Sketcher] = {}
+        self._rate = 0.0  # EWMA prompts per second of busy time
+        self.batches = 0
+        self.prompts_done = 0
+
+    # -- callers' side ---------------------------------------------------------------------------
+
+    def prepare(self, prompts: Sequence[str]) -> list[PreparedSample]:
+        """Tokenise prompts once (text mode); ``PreparedSample.index`` is the prompt's position.
+
+        Raises
+        ------
+        InvalidInput
+            A prompt that is not a string, empty, invalid Unicode or under 2 tokens (``detail.prompt``).
+        """
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise InvalidInput(f"prompt {i} must be a string", {"prompt": i})
+        prepared, skipped = self.extractor.sample_tokenizer.prepare([Sample(text=p) for p in prompts], "text")
+        if skipped:
+            bad = skipped[0]
+            message = _SKIP_MESSAGES.get(bad.reason, f"prompt cannot be used ({bad.reason})")
+            raise InvalidInput(f"prompt {bad.index}: {message}", {"prompt": bad.index, "reason": bad.reason})
+        return prepared
+
+    def submit(self, prepared: list[PreparedSample]) -> Future[list[SketchState]]:
+        """Queue tokenised prompts; the future gives their states in order.
+
+        Raises
+        ------
+        QueueFull
+            ``max_pending`` prompts are already waiting (``retry_after_s``: the queue's drain time).
+        """
+        req = _Request(prepared)
+        with self._cond:
+            if self._stopping:
+                raise ModelUnavailable("the prompt service is stopping")
+            if self._pending + len(prepared) > self.max_pending:
+                wait = self._pending / self._rate if self._rate > 0 else 1.0
+                raise QueueFull(
+                    f"{self._pending} prompts are waiting for the model; retry in {wait:.1f} s",
+                    {"pending": self._pending, "max_pending": self.max_pending}, retry_after_s=wait,
+                )
+            self._pending += len(prepared)
+            self._queue.append(req)
+            self._ensure_thread()
+            self._cond.notify()
+        return req.future
+
+    def sketch_sync(self, prompts: Sequence[str]) -> list[SketchState]:
+        """Prepare, submit and wait (for callers outside an event loop)."""
+        return self.submit(self.prepare(prompts)).result()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="fisher-atlas-prompt-batcher", daemon=True)
+            self._thread.start()
+
+    def _gather(self) -> list[_Request] | None:
+        """Wait for a first request, then gather more until ``max_batch`` prompts or the time bound."""
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait()
+            if self._stopping and not self._queue:
+                return None
+            batch = [self._queue.popleft()]
+            size = len(batch[0].prepared)
+            deadline = time.monotonic() + self.max_wait_s
+            while size < self.max_batch:
+                if not self._queue:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                    continue
+                if size + len(self._queue[0].prepared) > self.max_batch:
+                    break
+                req = self._queue.popleft()
+                batch.append(req)
+                size += len(req.prepared)
+            return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._gather()
+            if batch is None:
+                return
+            live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            n = sum(len(r.prepared) for r in batch)
+            t0 = time.perf_counter()
+            try:
+                states = self.sketch_prepared([p for r in live for p in r.prepared])
+                at = 0
+                for r in live:
+                    r.future.set_result(states[at: at + len(r.prepared)])
+                    at += len(r.prepared)
+            except BaseException as exc:  # resolve every waiter; the loop goes on
+                log.exception("prompt batch failed")
+                for r in live:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+            finally:
+                dt = time.perf_counter() - t0
+                with self._cond:
+                    self._pending -= n
+                    self.batches += 1
+                    self.prompts_done += n
+                    if dt > 0:
+                        rate = n / dt
+                        self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
+
+    def _sketcher_for(self, rows: int) -> Sketcher:
+        """The space's sketcher with a chunk of 32..256 rows, the smallest power of two ≥ ``rows``."""
+        base = self.extractor.sketcher
+        assert base is not None
+        chunk = min(max(32, 1 << max(0, rows - 1).bit_length()), max(32, base.chunk_rows))
+        sk = self._sketchers.get(chunk)
+        if sk is None:
+            sk = self._sketchers.setdefault(chunk, base.with_chunk_rows(chunk))
+        return sk
+
+    def sketch_prepared(self, prepared: Sequence[PreparedSample]) -> list[SketchState]:
+        """States of tokenised prompts, in order: length buckets, one forward and one sketch each.
+
+        Parameters
+        ----------
+        prepared : sequence of PreparedSample
+            From :meth:`prepare` (any number; indices are ignored).
+
+        Returns
+        -------
+        list of SketchState
+        """
+        ex = self.extractor
+        lm = ex.lm
+        order = sorted(range(len(prepared)), key=lambda i: prepared[i].length)
+        # Re-index by position so each prompt's counted tokens carry its group id.
+        items = [PreparedSample(j, prepared[j].sample_id, prepared[j].input_ids, prepared[j].first_target,
+                                prepared[j].truncated) for j in order]
+        out: list[SketchState | None] = [None] * len(prepared)
+        with torch.inference_mode():
+            for bucket in make_batches(items, self.token_budget):
+                tb = collate(bucket, ex.pad_id, ex.padding_side)
+                groups = torch.repeat_interleave(torch.arange(len(bucket)),
+                                                 torch.tensor([ps.n_counted for ps in bucket]))
+                parts = list(iter_head_batches(lm, tb, logits_chunk=max(tb.n_positions, 1)))
+                a = torch.cat([hb.a for hb in parts]) if len(parts) > 1 else parts[0].a
+                e = torch.cat([hb.e for hb in parts]) if len(parts) > 1 else parts[0].e
+                states = sketch_groups(self._sketcher_for(tb.n_positions), a, e, groups, len(bucket),
+                                       sample_ids=[ps.sample_id for ps in bucket])
+                for ps, st in zip(bucket, states, strict=True):
+                    out[ps.index] = st
+        assert all(s is not None for s in out)
+        return [s for s in out if s is not None]
+
+    # -- stats and shutdown -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Pending prompts, batches run, mean batch size, measured prompts/s."""
+        with self._cond:
+            return {"pending": self._pending, "batches": self.batches, "prompts": self.prompts_done,
+                    "mean_batch": self.prompts_done / self.batches if self.batches else 0.0,
+                    "prompts_per_s": self._rate}
+
+    def close(self) -> None:
+        """Finish the queued requests, then stop the loop."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+class InProcessPromptSketcher:
+    """:class:`atlas.ports.PromptSketcher` over a model loaded in this process (embedded mode).
+
+    Parameters
+    ----------
+    extractor : Extractor or None
+        The loaded model's extractor; ``None`` when the model failed to load (every call then raises
+        ``ModelUnavailable`` with ``model_error``).
+    model_error : str, optional
+    **batching
+        :class:`PromptBatcher` options.
+    """
+
+    def __init__(self, extractor: Extractor | None, *, model_name: str, model_error: str | None = None,
+                 **batching: Any) -> None:
+        self.model_name = model_name
+        self.model_error = model_error
+        self.batcher = PromptBatcher(extractor, **batching) if extractor is not None else None
+        self.key = (serving_key(extractor.lm.fingerprint.key(), extractor.sketcher.spec.fingerprint())
+                    if extractor is not None and extractor.sketcher is not None else None)
+
+    def check_served(self, space: SpaceKey) -> None:
+        """Raise ``ModelUnavailable`` unless the loaded model and spec are the space's."""
+        if self.batcher is None:
+            raise ModelUnavailable(
+                f"the model {self.model_name!r} is not loaded: {self.model_error or 'unknown reason'}",
+                {"model": self.model_name},
+            )
+        if space.serving_key != self.key:
+            raise ModelUnavailable(
+                f"no model of this service serves space {space.space_id} (model {space.model_name!r}); "
+                f"this process serves {self.model_name!r}",
+                {"space_id": space.space_id, "model": space.model_name},
+            )
+
+    async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
+        """Tokenise (in a thread), queue, and await the batched states."""
+        self.check_served(space)
+        assert self.batcher is not None
+        prepared = await asyncio.to_thread(self.batcher.prepare, prompts)
+        return await asyncio.wrap_future(self.batcher.submit(prepared))
+
+    def sketch_sync(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
+        """Blocking form of :meth:`sketch` (library mode outside an event loop)."""
+        self.check_served(space)
+        assert self.batcher is not None
+        return self.batcher.sketch_sync(prompts)
+
+    def stats(self) -> dict[str, Any]:
+        """The batcher's figures (empty without a model)."""
+        return {"mode": "inprocess", **(self.batcher.stats() if self.batcher else {})}
+
+    def close(self) -> None:
+        """Stop the batching loop."""
+        if self.batcher is not None:
+            self.batcher.close()

@@ -1,0 +1,374 @@
+"""Prompts to model workers over Redis: API replicas hold no model.
+
+Why Redis: it is already the broker of the job queue in the scale-out stack, workers only need
+outbound connections (no service discovery, no inbound port on GPU machines), and a list gives a
+shared work queue per model that any number of workers drain. The overhead is two round trips on the
+API side (push, pop) and about 200 KiB of state bytes per prompt at m = 4096 (``bench/api``).
+
+Keys (``<key>`` is :attr:`atlas.ports.SpaceKey.serving_key`, a hash of the model and spec fingerprints)
+
+* ``fa:worker:<key>:<worker id>`` — a worker's announcement (JSON: model, space id, measured
+  prompts/s), refreshed every ``HEARTBEAT_S`` with a ``WORKER_TTL_S`` expiry;
+* ``fa:prompts:<key>`` — the request list of one (model, spec); requests are JSON
+  ``{"id", "reply", "prompts", "deadline"}``;
+* ``fa:inflight:<key>:<worker id>`` — requests a worker has taken (``LMOVE``), removed after its
+  reply; when the worker's announcement expires (SIGKILL), any live worker of the key moves them back
+  to the head of the request list, so they are served again;
+* ``fa:reply:<client id>`` — the replies of one API process: a JSON header line, then the state
+  blobs (``SketchState.to_bytes``) back to back.
+
+Time bound: an API caller gets its states or an error within ``timeout_s`` (default 10 s) — at once
+(503) when no worker announces the space's model, and within ``WORKER_TTL_S + 1`` s when the last
+worker of the model dies while the request waits. A worker that dies mid-batch while another one lives
+costs the request about ``WORKER_TTL_S + HEARTBEAT_S`` seconds, not an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from atlas import errors as domain_errors
+from atlas.errors import AtlasError, ModelUnavailable, QueueFull
+from atlas.ports import SpaceKey
+from fishersketch import SketchSpec, SketchState
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+"""Period of a worker's announcement refresh and dead-worker sweep."""
+WORKER_TTL_S = 3.0
+"""Expiry of a worker's announcement: a worker silent this long is dead."""
+REPLY_TTL_S = 60
+"""Expiry of an unread reply list."""
+
+
+def _worker_key(serving_key: str, worker_id: str) -> str:
+    return f"fa:worker:{serving_key}:{worker_id}"
+
+
+def _queue_key(serving_key: str) -> str:
+    return f"fa:prompts:{serving_key}"
+
+
+def _inflight_key(serving_key: str, worker_id: str) -> str:
+    return f"fa:inflight:{serving_key}:{worker_id}"
+
+
+def _error_classes() -> dict[str, type[AtlasError]]:
+    """Domain error classes by code (to raise a worker's error in the API process)."""
+    out: dict[str, type[AtlasError]] = {}
+    for obj in vars(domain_errors).values():
+        if isinstance(obj, type) and issubclass(obj, AtlasError):
+            out.setdefault(obj.code, obj)
+    return out
+
+
+def encode_reply(request_id: str, states: Sequence[SketchState] | None = None,
+                 error: AtlasError | None = None) -> bytes:
+    """A reply: JSON header line (id, blob lengths or error), then the blobs."""
+    if error is not None:
+        header = {"id": request_id, "error": {"code": error.code, "message": error.message, "detail": error.detail,
+                                              "retry_after_s": error.retry_after_s}}
+        return json.dumps(header).encode() + b"\n"
+    blobs = [s.to_bytes() for s in states or ()]
+    header = {"id": request_id, "lengths": [len(b) for b in blobs]}
+    return json.dumps(header).encode() + b"\n" + b"".join(blobs)
+
+
+def decode_reply(data: bytes, spec: SketchSpec | None) -> tuple[str, list[SketchState] | AtlasError]:
+    """Inverse of :func:`encode_reply`: ``(request id, states or the error to raise)``."""
+    head, _, body = data.partition(b"\n")
+    header = json.loads(head)
+    if "error" in header:
+        err = header["error"]
+        cls = _error_classes().get(err.get("code"), AtlasError)
+        return header["id"], cls(err.get("message", "worker error"), err.get("detail"),
+                                 retry_after_s=err.get("retry_after_s"))
+    states, at = [], 0
+    for n in header["lengths"]:
+        states.append(SketchState.from_bytes(body[at: at + n], spec=spec))
+        at += n
+    return header["id"], states
+
+
+class RedisPromptSketcher:
+    """:class:`atlas.ports.PromptSketcher` of an API process without a model (see the module docstring).
+
+    Parameters
+    ----------
+    redis_url : str
+    timeout_s : float
+        Longest wait for a reply before 503.
+    max_pending : int
+        Requests waiting in a model's list beyond which calls answer 429.
+    """
+
+    def __init__(self, redis_url: str, *, timeout_s: float = 10.0, max_pending: int = 1024) -> None:
+        import redis
+
+        self.redis_url = redis_url
+        self.sync = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self.timeout_s = timeout_s
+        self.max_pending = max_pending
+        self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.reply_key = f"fa:reply:{self.client_id}"
+        self._waiting: dict[str, tuple[asyncio.Future[list[SketchState]], SpaceKey]] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._aredis: Any = None
+        self._served: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        self.sent = 0
+
+    # -- workers -----------------------------------------------------------------------------------
+
+    def workers(self, serving_key: str, *, max_age_s: float = 0.5) -> list[dict[str, Any]]:
+        """Live workers announcing ``serving_key`` (cached for ``max_age_s``)."""
+        now = time.monotonic()
+        hit = self._served.get(serving_key)
+        if hit is not None and now - hit[0] < max_age_s:
+            return hit[1]
+        try:
+            keys = list(self.sync.scan_iter(match=_worker_key(serving_key, "*"), count=100))
+            values = self.sync.mget(keys) if keys else []
+        except Exception as exc:
+            raise ModelUnavailable(f"the worker registry (Redis) is unreachable: {type(exc).__name__}") from exc
+        found = [json.loads(v) for v in values if v]
+        self._served[serving_key] = (now, found)
+        return found
+
+    def check_served(self, space: SpaceKey) -> None:
+        """Raise ``ModelUnavailable`` (503) at once unless a live worker serves the space's model."""
+        if not self.workers(space.serving_key):
+            raise ModelUnavailable(
+                f"no worker serves model {space.model_name!r} for space {space.space_id}; start one with "
+                f"FISHER_ATLAS_MODEL={space.model_name} fisher-atlas worker",
+                {"space_id": space.space_id, "model": space.model_name},
+            )
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    async def _ensure_listener(self) -> None:
+        if self._listener is None or self._listener.done():
+            import redis.asyncio as aredis
+
+            self._aredis = aredis.Redis.from_url(self.redis_url, socket_connect_timeout=2)
+            self._listener = asyncio.get_running_loop().create_task(self._listen())
+
+    async def _listen(self) -> None:
+        """Pop this process's replies and resolve the waiting futures; fail waiters of dead models."""
+        last_check = time.monotonic()
+        while True:
+            try:
+                item = await self._aredis.blpop([self.reply_key], timeout=1)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("reading prompt replies failed", exc_info=True)
+                await asyncio.sleep(0.5)
+                continue
+            if item is not None:
+                self._resolve(item[1])
+            if time.monotonic() - last_check >= 1.0:
+                last_check = time.monotonic()
+                await asyncio.to_thread(self._fail_orphans)
+
+    def _resolve(self, data: bytes) -> None:
+        head = json.loads(data.partition(b"\n")[0])
+        entry = self._waiting.pop(head.get("id", ""), None)
+        if entry is None or entry[0].done():
+            return
+        fut, space = entry
+        _, result = decode_reply(data, SketchSpec.from_dict(space.spec))
+        if isinstance(result, AtlasError):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+    def _fail_orphans(self) -> None:
+        """Fail waiting requests whose model lost its last worker (503 instead of the full timeout)."""
+        for rid, (fut, space) in list(self._waiting.items()):
+            try:
+                alive = bool(self.workers(space.serving_key, max_age_s=0.0))
+            except ModelUnavailable:
+                alive = False
+            if not alive and not fut.done():
+                self._waiting.pop(rid, None)
+                fut.get_loop().call_soon_threadsafe(_set_exception, fut, ModelUnavailable(
+                    f"the last worker of model {space.model_name!r} stopped while the request waited",
+                    {"space_id": space.space_id, "model": space.model_name}))
+
+    async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
+        """Send the prompts to the model's workers and await their states (see the module docstring)."""
+        self.check_served(space)
+        await self._ensure_listener()
+        queue = _queue_key(space.serving_key)
+        depth = int(await self._aredis.llen(queue))
+        if depth >= self.max_pending:
+            rate = sum(float(w.get("prompts_per_s", 0.0)) for w in self.workers(space.serving_key))
+            wait = depth / rate if rate > 0 else 1.0
+            raise QueueFull(f"{depth} requests wait for model {space.model_name!r}; retry in {wait:.1f} s",
+                            {"pending": depth}, retry_after_s=wait)
+        rid = uuid.uuid4().hex
+        fut: asyncio.Future[list[SketchState]] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = (fut, space)
+        msg = {"id": rid, "reply": self.reply_key, "prompts": list(prompts), "deadline": time.time() + self.timeout_s}
+        try:
+            await self._aredis.rpush(queue, json.dumps(msg))
+            self.sent += 1
+            return await asyncio.wait_for(fut, self.timeout_s)
+        except TimeoutError:
+            raise ModelUnavailable(
+                f"no answer from the workers of model {space.model_name!r} within {self.timeout_s:.0f} s",
+                {"space_id": space.space_id, "model": space.model_name}, retry_after_s=1.0,
+            ) from None
+        finally:
+            self._waiting.pop(rid, None)
+
+    def stats(self) -> dict[str, Any]:
+        """Requests sent and waiting."""
+        return {"mode": "redis", "sent": self.sent, "waiting": len(self._waiting)}
+
+    def close(self) -> None:
+        """Stop the reply listener and close the connections."""
+        if self._listener is not None:
+            self._listener.cancel()
+        self.sync.close()
+
+
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class PromptServer:
+    """Worker side: announces (model, spec) and serves its request list through a ``PromptBatcher``.
+
+    Parameters
+    ----------
+    redis_url : str
+    batcher : workers.prompt_batcher.PromptBatcher
+        The worker's model (the same one its jobs use).
+    space : SpaceKey
+        The space this worker computes in.
+    worker_id : str, optional
+    """
+
+    def __init__(self, redis_url: str, batcher: Any, space: SpaceKey, worker_id: str | None = None) -> None:
+        import redis
+
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=2)
+        self.batcher = batcher
+        self.space = space
+        self.key = space.serving_key
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.inflight = _inflight_key(self.key, self.worker_id)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> PromptServer:
+        """Announce now, then serve and heartbeat on two daemon threads."""
+        self._announce()
+        for target, name in ((self._serve, "prompt-server"), (self._heartbeat, "prompt-heartbeat")):
+            t = threading.Thread(target=target, name=f"fisher-atlas-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        """Withdraw the announcement, stop taking requests, give back what was taken."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        try:
+            self.redis.delete(_worker_key(self.key, self.worker_id))
+            while self.redis.lmove(self.inflight, _queue_key(self.key), "RIGHT", "LEFT"):
+                pass
+        except Exception:
+            log.warning("withdrawing the prompt worker failed", exc_info=True)
+
+    def _announce(self) -> None:
+        stats = self.batcher.stats()
+        body = {"worker_id": self.worker_id, "model": self.space.model_name, "space_id": self.space.space_id,
+                "prompts_per_s": stats.get("prompts_per_s", 0.0), "pending": stats.get("pending", 0)}
+        self.redis.set(_worker_key(self.key, self.worker_id), json.dumps(body), px=int(WORKER_TTL_S * 1000))
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._announce()
+                self.requeue_dead()
+            except Exception:
+                log.warning("prompt worker heartbeat failed", exc_info=True)
+
+    def requeue_dead(self) -> int:
+        """Move the in-flight requests of dead workers of this key back to the head of the list."""
+        moved = 0
+        prefix = f"fa:inflight:{self.key}:"
+        for raw in self.redis.scan_iter(match=prefix + "*", count=100):
+            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            wid = name[len(prefix):]
+            if wid == self.worker_id or self.redis.exists(_worker_key(self.key, wid)):
+                continue
+            while self.redis.lmove(name, _queue_key(self.key), "RIGHT", "LEFT"):
+                moved += 1
+        if moved:
+            log.info("re-queued %d prompt requests of dead workers", moved)
+        return moved
+
+    def _serve(self) -> None:
+        queue = _queue_key(self.key)
+        while not self._stop.is_set():
+            try:
+                raw = self.redis.blmove(queue, self.inflight, 1, "LEFT", "RIGHT")
+            except Exception:
+                log.warning("taking prompt requests failed", exc_info=True)
+                time.sleep(0.5)
+                continue
+            if raw is None:
+                continue
+            self._handle(raw)
+
+    def _handle(self, raw: bytes) -> None:
+        msg = json.loads(raw)
+        if float(msg.get("deadline", 0)) < time.time():
+            self.redis.lrem(self.inflight, 1, raw)  # the caller gave up already
+            return
+        try:
+            fut: Future[list[SketchState]] = self.batcher.submit(self.batcher.prepare(msg["prompts"]))
+        except QueueFull:
+            self.redis.lmove(self.inflight, _queue_key(self.key), "RIGHT", "LEFT")  # leave it for later
+            time.sleep(0.01)
+            return
+        except AtlasError as exc:
+            self._reply(raw, msg, encode_reply(msg["id"], error=exc))
+            return
+        fut.add_done_callback(lambda f: self._reply_done(raw, msg, f))
+
+    def _reply_done(self, raw: bytes, msg: dict[str, Any], fut: Future[list[SketchState]]) -> None:
+        exc = fut.exception()
+        if exc is None:
+            data = encode_reply(msg["id"], fut.result())
+        elif isinstance(exc, AtlasError):
+            data = encode_reply(msg["id"], error=exc)
+        else:
+            data = encode_reply(msg["id"], error=AtlasError(f"the worker failed: {type(exc).__name__}"))
+        self._reply(raw, msg, data)
+
+    def _reply(self, raw: bytes, msg: dict[str, Any], data: bytes) -> None:
+        try:
+            pipe = self.redis.pipeline()
+            pipe.rpush(msg["reply"], data)
+            pipe.expire(msg["reply"], REPLY_TTL_S)
+            pipe.lrem(self.inflight, 1, raw)
+            pipe.execute()
+        except Exception:
+            log.warning("sending a prompt reply failed", exc_info=True)
