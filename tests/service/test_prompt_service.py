@@ -1,0 +1,156 @@
+"""The embedded prompt service: micro-batching equals one-at-a-time, bounded queue, concurrency over HTTP.
+
+Real parts only: a tiny GPT-2 saved to disk and loaded with transformers, the real FisherSketch
+projections, a real uvicorn server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from atlas import analysis
+from atlas.errors import InvalidInput, QueueFull
+from atlas.samples import Sample
+from fishersketch import Sketcher
+from workers.extraction import Extractor
+from workers.prompt_batcher import PromptBatcher
+
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "ember", "cloud", "north", "seven", "quiet"]
+
+
+def _prompts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 40))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def extractor(tiny_lm: Any) -> Extractor:
+    return Extractor(tiny_lm, Sketcher(tiny_lm.make_spec(m=256)))
+
+
+def test_batched_equals_sequential(extractor: Extractor) -> None:
+    """A prompt's state is the same alone or inside a batch of 64 mixed-length prompts, and so are the
+    route answers computed from them."""
+    prompts = _prompts(64, seed=1)
+    batcher = PromptBatcher(extractor, max_batch=64, token_budget=512)  # several length buckets
+    try:
+        batched = batcher.sketch_sync(prompts)
+    finally:
+        batcher.close()
+    alone = [extractor.prompt(p).state for p in prompts]
+    assert len(batched) == 64
+    for b, a in zip(batched, alone, strict=True):
+        scale = max(np.abs(a.sums).max(), 1e-12)
+        assert np.abs(b.sums - a.sums).max() / scale < 1e-5
+        np.testing.assert_allclose(b.signature(), a.signature(), atol=1e-5)
+        assert b.token_counts.tolist() == a.token_counts.tolist()
+        assert b.sample_counts.tolist() == a.sample_counts.tolist()
+        np.testing.assert_allclose(b.sq_norms, a.sq_norms, rtol=1e-5)
+    # Route answers over four "tasks" (states of prompt groups) are identical either way.
+    tasks = []
+    for t in range(4):
+        st = extractor.extract([Sample(text=p) for p in _prompts(12, seed=100 + t)]).state
+        tasks.append(analysis.Candidate(t + 1, f"t{t}", st, 0.0, analysis.state_view(st)))
+    for b, a in zip(batched, alone, strict=True):
+        rb = analysis.rerank_route(b, tasks, k=4, threshold=-1.0)
+        ra = analysis.rerank_route(a, tasks, k=4, threshold=-1.0)
+        assert [m.task_id for m in rb.matches] == [m.task_id for m in ra.matches]
+        np.testing.assert_allclose([m.score for m in rb.matches], [m.score for m in ra.matches], atol=1e-5)
+
+
+def test_prepare_refuses_bad_prompts_with_their_index(extractor: Extractor) -> None:
+    batcher = PromptBatcher(extractor)
+    with pytest.raises(InvalidInput) as info:
+        batcher.prepare(["a perfectly fine prompt", "   "])
+    assert info.value.detail["prompt"] == 1
+
+
+def test_full_queue_refuses_with_retry_after_from_the_queue(extractor: Extractor) -> None:
+    """Past ``max_pending`` prompts a request is refused at once; the wait is the queue's drain time."""
+    batcher = PromptBatcher(extractor, max_batch=8, max_pending=200)
+    try:
+        batcher.sketch_sync(_prompts(16, seed=3))  # measure a rate first
+        rate = batcher.stats()["prompts_per_s"]
+        assert rate > 0
+        big = batcher.submit(batcher.prepare(_prompts(200, seed=4)))  # fills the queue
+        with pytest.raises(QueueFull) as info:
+            batcher.submit(batcher.prepare(["one more prompt please"]))
+        pending = info.value.detail["pending"]
+        assert 0 < pending <= 200
+        assert info.value.retry_after_s == pytest.approx(pending / batcher.stats()["prompts_per_s"], rel=0.5)
+        assert len(big.result(timeout=120)) == 200  # the admitted request is served in full
+        assert len(batcher.sketch_sync(["after the queue drained"])) == 1
+    finally:
+        batcher.close()
+
+
+def test_concurrent_routes_over_http(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
+    """64 concurrent ``/v1/route`` calls all answer, each equal to the same prompt routed alone."""
+    svc = serve(lm=tiny_lm, sketch_dim=256, prompt_max_wait_ms=5.0)
+    groups = {f"group-{t}": _prompts(30, seed=200 + t) for t in range(3)}
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        jobs = []
+        for name, texts in groups.items():
+            r = http.post("/v1/tasks", json={"name": name, "samples": [{"text": t} for t in texts]})
+            assert r.status_code == 202, r.text
+            jobs.append(r.json()["job"]["id"])
+        for job in jobs:
+            _wait_job(http, job)
+        prompts = _prompts(64, seed=300)
+        alone = [http.post("/v1/route", json={"prompt": p, "k": 3, "threshold": -1}).json() for p in prompts]
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=svc.url, timeout=60) as client:
+            return await asyncio.gather(*[client.post("/v1/route", json={"prompt": p, "k": 3, "threshold": -1})
+                                          for p in prompts])
+
+    answers = asyncio.run(burst())
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200][:2]
+    for r, a in zip(answers, alone, strict=True):
+        got = r.json()
+        assert [m["task_id"] for m in got["matches"]] == [m["task_id"] for m in a["matches"]]
+        np.testing.assert_allclose([m["score"] for m in got["matches"]], [m["score"] for m in a["matches"]],
+                                   atol=1e-5)
+    stats = svc.container.prompts.stats()
+    assert stats["batches"] < stats["prompts"], "concurrent prompts were never batched together"
+
+
+def test_http_queue_full_is_429_and_unserved_space_is_503(serve: Any, tiny_lm: Any) -> None:
+    svc = serve(lm=tiny_lm, sketch_dim=256, prompt_max_pending=4)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        r = http.post("/v1/route", json={"prompts": _prompts(10, seed=5)})
+        assert r.status_code == 429, r.text
+        assert r.json()["code"] == "queue_full"
+        assert int(r.headers["Retry-After"]) >= 1
+        # A space of another model: nothing in this deployment serves it.
+        from atlas import repository
+
+        with svc.container.store.session() as s:
+            other = repository.get_or_create_space(
+                s, model_fingerprint="other-model@abc", spec_fingerprint="spec-x", model_name="other/model",
+                d=8, K=16, m=256, seed=0, spec={"d": 8, "K": 16, "m": 256, "seed": 0},
+            )
+            other_id = other.id
+        r = http.post("/v1/route", json={"prompt": "route me somewhere", "space": str(other_id)})
+        assert r.status_code == 503, r.text
+        assert "other/model" in r.json()["message"]
+
+
+def _wait_job(http: httpx.Client, job_id: int, timeout: float = 120.0) -> dict[str, Any]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = http.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            assert job["status"] == "succeeded", job
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not finish")
