@@ -51,6 +51,10 @@ def test_compose_has_the_scale_out_services_with_health_and_ordering() -> None:
     for service in ("prestart", "api", "worker"):
         env = services[service]["environment"]
         assert env["FISHER_ATLAS_DATABASE_URL"].startswith("postgresql+psycopg://")
+    # the api holds no model (prompts and jobs go to the workers) and replicas share no index files
+    assert services["api"]["environment"]["FISHER_ATLAS_PROMPT_SERVICE"] == "redis"
+    assert services["api"]["environment"]["FISHER_ATLAS_QUEUE"] == "celery"
+    assert "volumes" not in services["api"]
 
 
 def test_cli_help_lists_every_subcommand() -> None:

@@ -1,0 +1,189 @@
+"""Library mode: :class:`Atlas` opens a data directory in-process (see the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from atlas import analysis
+from atlas.errors import AtlasError, InvalidInput
+from atlas.models import Job, Task
+from atlas.samples import Sample, parse_upload
+from atlas.services.jobs import is_final
+from atlas.settings import Settings
+from service.container import Container
+
+SampleLike = str | dict[str, Any] | Sample
+
+
+def _samples(samples: str | Path | Iterable[SampleLike], mode: str) -> list[Sample]:
+    """Samples from a file path (JSONL, CSV, Parquet, text) or from texts / dicts / ``Sample``s."""
+    if isinstance(samples, str | Path) and Path(samples).is_file():
+        path = Path(samples)
+        return parse_upload(path.read_bytes(), path.name, mode)  # type: ignore[arg-type]
+    if isinstance(samples, str | Path):
+        raise InvalidInput(f"no such file: {samples}")
+    out = []
+    for s in samples:
+        if isinstance(s, Sample):
+            out.append(s)
+        elif isinstance(s, str):
+            out.append(Sample(text=s))
+        else:
+            out.append(Sample(**s))
+    return out
+
+
+class Atlas:
+    """A FisherAtlas store opened in this process.
+
+    Parameters
+    ----------
+    path : str or Path
+        The data directory (SQLite file and FAISS files), the same one ``fisher-atlas serve --data-dir``
+        uses.
+    **settings
+        Any :class:`atlas.settings.Settings` field (``model``, ``sketch_dim``, ``device``, ...); the
+        environment's ``FISHER_ATLAS_*`` variables apply too.
+
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, path: str | Path = "./fisher-atlas-data", **settings: Any) -> None:
+        self.settings = Settings(data_dir=Path(path), **settings)
+        self._c = Container(self.settings).start()
+
+    def __enter__(self) -> Atlas:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Finish running jobs' current batch, persist the index and close the store."""
+        self._c.stop()
+
+    # -- tasks -----------------------------------------------------------------------------------
+
+    def add(self, name: str, samples: str | Path | Iterable[SampleLike], *, mode: str = "text",
+            metadata: dict[str, Any] | None = None, wait: bool = True,
+            progress: bool | Callable[[Job], None] = True) -> Task:
+        """Add a task from a file or samples; with ``wait`` (default) return once its signature is stored.
+
+        ``progress``: ``True`` shows a progress bar (rich), or a callable receiving the job as it runs.
+        """
+        task, job = self._c.tasks.create(name, mode, metadata, _samples(samples, mode))
+        if wait:
+            self._wait(job, progress, f"add {name}")
+            task = self._c.tasks.get(task.id)
+        return task
+
+    def append(self, name: str, samples: str | Path | Iterable[SampleLike], *, wait: bool = True,
+               progress: bool | Callable[[Job], None] = True) -> Task:
+        """Append samples to a task (its mode applies); with ``wait``, return once merged."""
+        task = self.task(name)
+        job = self._c.tasks.append(task.id, _samples(samples, task.mode))
+        if wait:
+            self._wait(job, progress, f"append {name}")
+        return self._c.tasks.get(task.id)
+
+    def task(self, name: str) -> Task:
+        """A task by name."""
+        return self._c.tasks.find(name)
+
+    def tasks(self) -> list[Task]:
+        """Every task, oldest first."""
+        out: list[Task] = []
+        while True:
+            page = self._c.tasks.list(offset=len(out), limit=1000)
+            out.extend(page.items)
+            if len(out) >= page.total or not page.items:
+                return out
+
+    def delete(self, name: str) -> None:
+        """Delete a task."""
+        self._c.tasks.delete(self.task(name).id)
+
+    def _wait(self, job: Job, progress: bool | Callable[[Job], None], label: str) -> Job:
+        bar = None
+        if progress is True:
+            from rich.progress import Progress
+
+            bar = Progress(transient=True)
+            bar.start()
+            tid = bar.add_task(label, total=None)
+        try:
+            while True:
+                job = self._c.jobs.get(job.id)
+                p = job.progress or {}
+                if callable(progress):
+                    progress(job)
+                elif bar is not None:
+                    bar.update(tid, completed=int(p.get("samples_done", 0) or 0),
+                               total=int(p.get("samples_total", 0) or 0) or None)
+                if is_final(job.status):
+                    break
+                time.sleep(0.1)
+        finally:
+            if bar is not None:
+                bar.stop()
+        if job.status != "succeeded":
+            raise AtlasError(f"job {job.id} ended {job.status}: {job.error or ''}".strip(), {"job_id": job.id})
+        return job
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def route(self, prompts: str | Sequence[str], *, k: int = 3, threshold: float | None = None
+              ) -> analysis.RouteAnswer | list[analysis.RouteAnswer]:
+        """Route one prompt (an answer) or several (a list of answers)."""
+        many = not isinstance(prompts, str)
+        texts = list(prompts) if many else [prompts]  # type: ignore[list-item]
+        answers, _ = _run(self._c.queries.route(texts, k=k, threshold=threshold))
+        return answers if many else answers[0]
+
+    def recommend(self, name: str, *, k: int = 5) -> list[analysis.Source]:
+        """Fine-tuning sources for a target task, best first."""
+        _, sources, _ = self._c.queries.sources(self.task(name).id, k=k)
+        return sources
+
+    def align(self, a: str, b: str) -> analysis.Factors:
+        """Fisher alignment of two tasks with its factors."""
+        return self._c.queries.align(self.task(a).id, self.task(b).id)[2]
+
+    def matrix(self, names: Sequence[str] | None = None) -> analysis.Matrices:
+        """Alignment matrices of the named tasks (default: every ready task, up to the matrix bound)."""
+        ids = ([self.task(n).id for n in names] if names is not None
+               else [t.id for t in self.tasks() if t.status == "ready"][: self.settings.max_matrix_tasks])
+        return self._c.queries.matrix(ids)
+
+    def atlas(self) -> analysis.AtlasMap:
+        """The 2-D map of the default space."""
+        return self._c.queries.atlas()[1]
+
+    def export(self, path: str | Path) -> Path:
+        """Write the default space as JSON lines (the format of ``GET /v1/spaces/{id}/export``)."""
+        path = Path(path)
+        _, lines = self._c.spaces.export_lines(None)
+        with path.open("wb") as f:
+            for line in lines:
+                f.write(line)
+        return path
+
+    def import_(self, path: str | Path, *, on_conflict: str = "fail") -> int:
+        """Restore an export (all or nothing); returns the number of tasks imported."""
+        return self._c.spaces.import_space(Path(path).read_bytes(), on_conflict=on_conflict)[1]
+
+
+def _run(coro: Any) -> Any:
+    """Run a coroutine to completion from sync code (also inside a running loop, e.g. a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

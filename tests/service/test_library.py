@@ -1,0 +1,82 @@
+"""Library mode: ``Atlas(path)`` in-process, then a server on the same directory gives the same answers.
+
+Also runs the README's library example as written (the block after ``<!-- library-example -->``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from fisher_atlas import Atlas
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = {
+    "weather": ["rain", "cloud", "storm", "wind", "sunny", "cold", "forecast", "snow"],
+    "cooking": ["bake", "flour", "oven", "salt", "butter", "simmer", "recipe", "sugar"],
+    "numbers": ["one", "two", "three", "seven", "eleven", "twenty", "hundred", "zero"],
+}
+
+
+def _texts(topic: str, n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS[topic]) for _ in range(rng.randint(4, 12))) for _ in range(n)]
+
+
+def test_library_then_server_same_answers(tmp_path: Path, tiny_model_dir: Path, tiny_lm: Any, serve: Any) -> None:
+    data = tmp_path / "atlas"
+    prompts = [p for topic in WORDS for p in _texts(topic, 3, seed=99)]
+    with Atlas(data, model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        for topic in WORDS:
+            seen: list[Any] = []
+            task = atlas.add(topic, _texts(topic, 25, seed=1), progress=seen.append)
+            assert task.status == "ready" and seen and seen[-1].status == "succeeded"
+        atlas.append("weather", _texts("weather", 5, seed=2), progress=False)
+        lib_routes = atlas.route(prompts, k=3, threshold=-1.0)
+        lib_sources = atlas.recommend("weather", k=2)
+        lib_align = atlas.align("weather", "cooking")
+        assert atlas.matrix().fisher.shape == (3, 3)
+        assert len(atlas.atlas().points) == 3
+        export = atlas.export(tmp_path / "space.jsonl")
+    assert export.stat().st_size > 0
+    svc = serve(lm=tiny_lm, data_dir=data, sketch_dim=256)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        for p, lib in zip(prompts, lib_routes, strict=True):
+            got = http.post("/v1/route", json={"prompt": p, "k": 3, "threshold": -1}).json()
+            assert [m["name"] for m in got["matches"]] == [m.name for m in lib.matches]
+            np.testing.assert_allclose([m["score"] for m in got["matches"]], [m.score for m in lib.matches],
+                                       atol=1e-6)
+        tasks = {t["name"]: t["id"] for t in http.get("/v1/tasks").json()["items"]}
+        assert tasks["weather"] and http.get(f"/v1/tasks/{tasks['weather']}").json()["n_samples"] == 30
+        src = http.get(f"/v1/tasks/{tasks['weather']}/sources", params={"k": 2}).json()["sources"]
+        assert [s["name"] for s in src] == [s.name for s in lib_sources]
+        np.testing.assert_allclose([s["fisher"] for s in src], [s.factors.fisher for s in lib_sources], atol=1e-6)
+        al = http.get("/v1/align", params={"a": tasks["weather"], "b": tasks["cooking"]}).json()
+        assert al["fisher"] == pytest.approx(lib_align.fisher, abs=1e-6)
+    # The export imports into a fresh library directory with the same answers.
+    with Atlas(tmp_path / "copy", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as copy:
+        assert copy.import_(export) == 3
+        again = copy.route(prompts, k=3, threshold=-1.0)
+        assert [[m.name for m in a.matches] for a in again] == [[m.name for m in a.matches] for a in lib_routes]
+
+
+def test_readme_library_example_runs(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- library-example -->\s*```python\n(.*?)```", readme, flags=re.S)
+    assert match, "README lost its library example"
+    script = tmp_path / "example.py"
+    script.write_text(match.group(1))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "chemistry" in out.stdout
