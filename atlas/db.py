@@ -1,4 +1,4 @@
-"""Engines, sessions and schema migrations.
+"""Engines and sessions.
 
 One schema serves SQLite (embedded) and PostgreSQL (scale-out). SQLite is made to behave like a
 proper transactional database:
@@ -13,14 +13,13 @@ proper transactional database:
 PostgreSQL runs through psycopg 3 at READ COMMITTED; the repositories take row locks
 (``SELECT ... FOR UPDATE``) or use conditional ``UPDATE`` statements where they read and then write.
 
-Migrations are Alembic scripts in the top-level ``migrations`` package; :func:`upgrade` and
-:func:`downgrade` run them programmatically (``fisher-atlas serve`` migrates the embedded SQLite file at
-start; the compose prestart runs ``alembic upgrade head``).
+Migrations are Alembic scripts in the top-level ``migrations`` package, which also holds the functions
+that run them (``migrations.upgrade``): the composition root migrates the embedded SQLite file at start,
+the compose prestart runs ``fisher-atlas migrate``. ``atlas`` never imports ``migrations``.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for the write lock before failing."""
 
 _READONLY = "atlas_readonly"
-_migrate_lock = threading.Lock()
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -138,55 +136,3 @@ def session_factory(engine: Engine, *, readonly: bool = False) -> sessionmaker[S
 # Alembic
 # --------------------------------------------------------------------------------------------------
 
-
-def migrations_dir() -> Path:
-    """Directory of the Alembic scripts (the ``migrations`` package)."""
-    import migrations  # the top-level package shipped next to atlas
-
-    return Path(migrations.__file__).resolve().parent
-
-
-def alembic_config(url: str | URL) -> Any:
-    """Build an Alembic :class:`~alembic.config.Config` for ``url`` without an ini file."""
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(migrations_dir()))
-    rendered = normalize_url(url).render_as_string(hide_password=False)
-    cfg.set_main_option("sqlalchemy.url", rendered.replace("%", "%%"))
-    return cfg
-
-
-def upgrade(url: str | URL, revision: str = "head") -> None:
-    """Upgrade the schema of the database at ``url`` to ``revision`` (default: latest)."""
-    from alembic import command
-
-    with _migrate_lock:
-        command.upgrade(alembic_config(url), revision)
-
-
-def downgrade(url: str | URL, revision: str = "base") -> None:
-    """Downgrade the schema of the database at ``url`` to ``revision`` (default: empty)."""
-    from alembic import command
-
-    with _migrate_lock:
-        command.downgrade(alembic_config(url), revision)
-
-
-def current_revision(url: str | URL) -> str | None:
-    """Current Alembic revision of the database at ``url`` (``None`` when unversioned)."""
-    from alembic.runtime.migration import MigrationContext
-
-    engine = make_engine(url, pool_size=1)
-    try:
-        with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
-    finally:
-        engine.dispose()
-
-
-def head_revision() -> str | None:
-    """Latest revision shipped in the ``migrations`` package."""
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory(str(migrations_dir())).get_current_head()

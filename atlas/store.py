@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import space_repository as spaces_sql
-from atlas.db import make_engine, session_factory, upgrade
+from atlas.db import make_engine, session_factory
 from atlas.errors import Conflict, ModelUnavailable, NotFound
 from atlas.models import Space
 from atlas.settings import Settings
@@ -27,15 +27,15 @@ class Store:
     Parameters
     ----------
     settings : Settings
-    migrate : bool
-        Run ``alembic upgrade head`` first (the embedded default; scale-out runs ``fisher-atlas migrate``).
+    pool_size : int
+        Connections kept open.
+
+    The schema must exist (``migrations.upgrade``, run by the composition root or ``fisher-atlas migrate``).
     """
 
-    def __init__(self, settings: Settings, *, migrate: bool = True, pool_size: int = 8) -> None:
+    def __init__(self, settings: Settings, *, pool_size: int = 8) -> None:
         self.settings = settings
         url = settings.resolved_database_url()
-        if migrate:
-            upgrade(url)
         self.engine: Engine = make_engine(url, pool_size=pool_size)
         self.write: sessionmaker[Session] = session_factory(self.engine)
         self.read: sessionmaker[Session] = session_factory(self.engine, readonly=True)

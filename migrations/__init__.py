@@ -1,1 +1,71 @@
-"""Alembic migrations of the FisherAtlas schema (run with ``atlas.db.upgrade`` or ``alembic upgrade head``)."""
+"""Alembic migrations of the FisherAtlas schema, and the functions that run them.
+
+The schema is upgraded by the composition root (:class:`service.container.Container`, embedded mode) or by
+``fisher-atlas migrate`` (scale-out prestart); ``alembic upgrade head`` with ``alembic.ini`` works too.
+This package sits above ``atlas`` (it reads :mod:`atlas.models`); ``atlas`` never imports it.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from atlas.db import make_engine, normalize_url
+
+__all__ = ["alembic_config", "current_revision", "downgrade", "head_revision", "migrations_dir", "upgrade"]
+
+_migrate_lock = threading.Lock()
+
+
+def migrations_dir() -> Path:
+    """Directory of the Alembic scripts (this package)."""
+    return Path(__file__).resolve().parent
+
+
+def alembic_config(url: str | URL) -> Any:
+    """Build an Alembic :class:`~alembic.config.Config` for ``url`` without an ini file."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    rendered = normalize_url(url).render_as_string(hide_password=False)
+    cfg.set_main_option("sqlalchemy.url", rendered.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str | URL, revision: str = "head") -> None:
+    """Upgrade the schema of the database at ``url`` to ``revision`` (default: latest)."""
+    from alembic import command
+
+    with _migrate_lock:
+        command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str | URL, revision: str = "base") -> None:
+    """Downgrade the schema of the database at ``url`` to ``revision`` (default: empty)."""
+    from alembic import command
+
+    with _migrate_lock:
+        command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str | URL) -> str | None:
+    """Current Alembic revision of the database at ``url`` (``None`` when unversioned)."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str | None:
+    """Latest revision shipped in the ``migrations`` package."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(migrations_dir())).get_current_head()

@@ -58,7 +58,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _migrate_db(settings: Any) -> None:
-    from atlas.db import upgrade
+    from migrations import upgrade
 
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)

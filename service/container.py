@@ -82,7 +82,11 @@ class Container:
     def _start(self) -> None:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = store = Store(s, migrate=self.overrides.get("migrate", True))
+        if self.overrides.get("migrate", True):
+            from migrations import upgrade
+
+            upgrade(s.resolved_database_url())
+        self.store = store = Store(s)
         with store.read() as session:
             check_bind_allowed(s, count_active_keys(session))
         self.index = IndexManager(store.read, s.data_dir / "index", kind=s.index_kind, nprobe=s.index_nprobe,

@@ -1,21 +1,11 @@
 """Stream samples through a causal LM and collect per-token head activations and errors.
 
-Two layers:
-
-1. **(a, e) extraction** — :func:`capture_head_input` runs the transformer body with a forward pre-hook
-   on ``model.get_output_embeddings()`` that records the head input and then aborts the forward, so the
-   model never materialises full (B, T, K) logits. :func:`iter_head_batches` then walks the counted
-   positions in chunks of ``logits_chunk`` and, per chunk, computes ``z = a Wᵀ + b`` (the head's own
-   op), the float32 errors ``e = dL/dz`` (softmax − onehot, chain rule through any soft-capping or
-   logit scaling, see :mod:`workers.head`) and the token losses, yielding one :class:`HeadBatch` per
-   chunk. Only one chunk's logits are alive at a time: peak memory does not grow with T × K.
-2. **Sketching** — :class:`Extractor` tokenises samples in a background thread (bounded queue, see
-   :mod:`workers.batching`), feeds every :class:`HeadBatch` to a ``sketcher.stream(state)``
-   (:class:`fishersketch.sketcher.SampleStream`) and accumulates the baselines
-   (:class:`atlas.baselines.BaselineSums`) from the same pass. A sample's positions may be cut over
-   several chunks; the stream counts it once and, for ``granularity="sequence"``, carries its partial
-   per-sample sums to its last chunk, so the state does not depend on ``logits_chunk`` or on batching
-   (up to float rounding). Samples never straddle token batches.
+The (a, e) of each token come from :mod:`workers.head` (:func:`~workers.head.iter_head_batches`: one
+forward stopped before the output head, then chunked ``z``, ``e = dL/dz`` and losses; peak memory does not
+grow with T × K). :class:`Extractor` tokenises samples in a background thread (bounded queue, see
+:mod:`workers.batching`), feeds every :class:`~workers.head.HeadBatch` to a ``sketcher.stream(state)``
+(:class:`fishersketch.sketcher.SampleStream`: a sample cut over chunks is counted once) and accumulates the
+baselines (:class:`atlas.baselines.BaselineSums`) from the same pass. Samples never straddle token batches.
 
 Windows, checkpoints, resume and cancellation: samples are processed in windows of ``checkpoint_every``
 samples in input order (each window length-sorted into token-budget batches). A window is sketched into
@@ -34,7 +24,6 @@ else is refused at load time by :func:`workers.model_loading.verify_head`.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -57,7 +46,7 @@ from workers.batching import (
     WindowStart,
     iter_windows,
 )
-from workers.head import head_errors, head_logits
+from workers.head import HeadBatch, iter_head_batches
 from workers.model_loading import LoadedModel
 
 if TYPE_CHECKING:
@@ -76,182 +65,6 @@ TRUNCATION_POLICY = (
 
 # ----------------------------------------------------------------------------------------------------
 # Layer 1: head input capture and chunked (a, e)
-
-_capture = threading.local()
-_hook_lock = threading.Lock()
-
-
-class _HeadInputCaptured(Exception):
-    """Raised by the pre-hook to stop the forward right before the output head."""
-
-
-def _capture_pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    box = getattr(_capture, "box", None)
-    if box is None or box.get("module") is not module:
-        return  # not capturing in this thread: the model runs normally
-    box["hidden"] = args[0] if args else next(iter(kwargs.values()))
-    raise _HeadInputCaptured
-
-
-def _ensure_hook(head: torch.nn.Module) -> None:
-    with _hook_lock:
-        if not getattr(head, "_fisher_atlas_hooked", False):
-            head.register_forward_pre_hook(_capture_pre_hook, with_kwargs=True)
-            head._fisher_atlas_hooked = True  # type: ignore[attr-defined]
-
-
-def capture_head_input(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the transformer body and return the input of the output embedding module.
-
-    A forward pre-hook on ``model.get_output_embeddings()`` records the head input and aborts the
-    forward, so no logits are computed. The hook is active only inside this call and only in the
-    calling thread (other threads may use the same model normally or capture concurrently).
-
-    Parameters
-    ----------
-    model : transformers.PreTrainedModel
-    input_ids : Tensor, shape (B, T), int64
-    attention_mask : Tensor, shape (B, T)
-    position_ids : Tensor, shape (B, T), or None
-
-    Returns
-    -------
-    Tensor, shape (B, T, H)
-        Head input in the model dtype.
-
-    Raises
-    ------
-    RuntimeError
-        The forward finished without calling the output embedding module, or returned a head input of
-        an unexpected shape.
-    """
-    head = model.get_output_embeddings()
-    _ensure_hook(head)
-    box: dict[str, Any] = {"module": head}
-    kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
-    if position_ids is not None:
-        kwargs["position_ids"] = position_ids
-    _capture.box = box
-    try:
-        with torch.no_grad():
-            model(**kwargs)
-    except _HeadInputCaptured:
-        pass
-    finally:
-        _capture.box = None
-    hidden = box.get("hidden")
-    if hidden is None:
-        raise RuntimeError("the model forward never called its output embedding module")
-    if tuple(hidden.shape[:2]) != tuple(input_ids.shape):
-        raise RuntimeError(f"head input has shape {tuple(hidden.shape)}, expected {tuple(input_ids.shape)} + (H,)")
-    return hidden
-
-
-@dataclass
-class HeadBatch:
-    """Per-token head activations and errors for one chunk of counted positions.
-
-    Attributes
-    ----------
-    a : Tensor, shape (n, d), float32
-        Head inputs, with a trailing 1 when the head has a bias (d = H + 1).
-    e : Tensor, shape (n, K), float32
-        ``dL/dz`` per token (softmax − onehot, with the chain rule of any post-head transform).
-    sample_ids : Tensor, shape (n,), int64, on the CPU
-        A sample's positions are contiguous and may continue in the next chunk of the same batch.
-    token_loss : Tensor, shape (n,), float32
-        Cross-entropy of each token (nats).
-    last_token_mask : Tensor, shape (n,), bool, on the CPU
-        True at each sample's last counted position.
-    targets : Tensor, shape (n,), int64
-        Next-token ids.
-
-    ``a``, ``e``, ``token_loss`` and ``targets`` live on the model's device.
-    has_bias : bool
-    """
-
-    a: torch.Tensor
-    e: torch.Tensor
-    sample_ids: torch.Tensor
-    token_loss: torch.Tensor
-    last_token_mask: torch.Tensor
-    targets: torch.Tensor
-    has_bias: bool = False
-
-    @property
-    def hidden(self) -> torch.Tensor:
-        """Head inputs without the bias column, shape (n, H), float32."""
-        return self.a[:, :-1] if self.has_bias else self.a
-
-    def __len__(self) -> int:
-        return int(self.a.shape[0])
-
-
-def chunk_bounds(n: int, logits_chunk: int) -> list[tuple[int, int]]:
-    """Split ``n`` positions into consecutive chunks of at most ``logits_chunk`` (samples may be cut).
-
-    Parameters
-    ----------
-    n : int
-    logits_chunk : int
-
-    Returns
-    -------
-    list of (start, stop)
-    """
-    return [(s, min(s + logits_chunk, n)) for s in range(0, n, logits_chunk)]
-
-
-def iter_head_batches(lm: LoadedModel, batch: TokenBatch, logits_chunk: int = 256,
-                      timings: dict[str, float] | None = None) -> Iterator[HeadBatch]:
-    """Forward one token batch and yield its counted positions' (a, e) in chunks.
-
-    Parameters
-    ----------
-    lm : LoadedModel
-    batch : TokenBatch
-        On any device (moved to ``lm.device``).
-    logits_chunk : int
-        Positions per chunk; at most ``logits_chunk × K`` logits exist at a time.
-    timings : dict, optional
-        Accumulates seconds under ``"forward_s"`` and ``"head_s"``.
-
-    Yields
-    ------
-    HeadBatch
-        Chunks in sample order, each with at most ``logits_chunk`` positions; a sample may be cut over
-        consecutive chunks (sketch them with ``sketcher.stream(state)``, which handles that).
-    """
-    meta = batch  # host copy: sample ids and masks stay on the CPU (the sketcher hashes ids there)
-    batch = batch.to(lm.device)
-    t0 = time.perf_counter()
-    hidden = capture_head_input(lm.model, batch.input_ids, batch.attention_mask, batch.position_ids)
-    a_all = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.flat_positions)  # (n, H)
-    del hidden
-    if timings is not None:
-        timings["forward_s"] = timings.get("forward_s", 0.0) + time.perf_counter() - t0
-    head = lm.head
-    weight = head.weight
-    bias = getattr(head, "bias", None)
-    n = a_all.shape[0]
-    for s, stop in chunk_bounds(n, logits_chunk):
-        t1 = time.perf_counter()
-        a_c = a_all[s:stop]
-        targets = batch.targets[s:stop]
-        with torch.no_grad():
-            e, loss = head_errors(head_logits(a_c, weight, bias), targets, lm.logit_transform)
-            a32 = a_c.float()
-            if bias is not None:
-                a32 = torch.cat([a32, a32.new_ones(a32.shape[0], 1)], dim=1)
-        hb = HeadBatch(a=a32, e=e, sample_ids=meta.sample_ids[s:stop], token_loss=loss,
-                       last_token_mask=meta.last_token_mask[s:stop], targets=targets,
-                       has_bias=bias is not None)
-        if timings is not None:
-            timings["head_s"] = timings.get("head_s", 0.0) + time.perf_counter() - t1
-        yield hb
-        del hb, e, a32
-
 
 # ----------------------------------------------------------------------------------------------------
 # Layer 2: streaming extraction into a sketch

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from atlas.errors import InvalidInput, ModelUnavailable
-from workers.head import IDENTITY, LogitTransform, detect_logit_transform, head_logits
+from workers.head import IDENTITY, LogitTransform, capture_head_input, detect_logit_transform, head_logits
 
 if TYPE_CHECKING:
     from atlas.settings import Settings
@@ -446,8 +446,6 @@ def verify_head(lm: LoadedModel, n_tokens: int = 8) -> None:
         The forward never calls the output embedding module, or the logits differ (an unsupported
         post-head transform: refusing is better than silently wrong errors).
     """
-    from workers.extraction import capture_head_input
-
     K = lm.K
     ids = torch.arange(1, n_tokens + 1, device=lm.device).remainder(K).unsqueeze(0)
     mask = torch.ones_like(ids)

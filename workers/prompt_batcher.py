@@ -32,7 +32,8 @@ from atlas.samples import Sample
 from fishersketch import Sketcher, SketchState
 from fishersketch.groups import sketch_groups
 from workers.batching import PreparedSample, collate, make_batches
-from workers.extraction import Extractor, iter_head_batches
+from workers.extraction import Extractor
+from workers.head import iter_head_batches
 
 log = logging.getLogger(__name__)
 

@@ -94,6 +94,7 @@ def populate(data_dir: Path, model: str, n_tasks: int, m: int) -> dict[str, Any]
     """Migrate, create the space and insert ``n_tasks`` ready tasks (noisy copies of real base states)."""
     from sqlalchemy import select
 
+    import migrations
     from atlas import db
     from atlas import repository as repo
     from atlas.models import Task
@@ -103,7 +104,7 @@ def populate(data_dir: Path, model: str, n_tasks: int, m: int) -> dict[str, Any]
     from workers.model_loading import load_causal_lm
 
     url = f"sqlite:///{(data_dir / 'atlas.sqlite').resolve()}"
-    db.upgrade(url)
+    migrations.upgrade(url)
     t0 = time.perf_counter()
     lm = load_causal_lm(model, device="cpu")
     spec = lm.make_spec(m=m, seed=0)

@@ -25,17 +25,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from bench.quality.paths import REPO_ROOT
+
 if TYPE_CHECKING:
     from atlas.samples import Sample
     from fishersketch import Sketcher
     from workers.extraction import ExtractionResult, Extractor
     from workers.model_loading import LoadedModel
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""Root of the FisherAtlas checkout."""
-
-OUT_DIR = REPO_ROOT / "bench" / "out" / "quality"
-"""Raw run outputs (JSON) and caches; git-ignored (``bench/out/``)."""
 
 MACHINE = "2-core CPU (python-svc dev box)"
 """Name of the development machine as reported in the results."""

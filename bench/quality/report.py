@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.quality.common import OUT_DIR, REPO_ROOT
+from bench.quality.paths import OUT_DIR, REPO_ROOT
 
 RESULTS_MD = REPO_ROOT / "bench" / "results" / "quality.md"
 

@@ -46,7 +46,6 @@ from scipy.stats import spearmanr
 from atlas.samples import Sample
 from bench.quality import report
 from bench.quality.common import (
-    OUT_DIR,
     extract_task,
     log,
     make_extractor,
@@ -56,6 +55,7 @@ from bench.quality.common import (
     run_and_report,
 )
 from bench.quality.data import TaskExample, instruction_tasks, split_task
+from bench.quality.paths import OUT_DIR
 
 NEW_TASKS = {"code": "bbh_boolean_expressions", "medical": "mmlu_professional_medicine",
              "legal": "mmlu_professional_law", "math": "mmlu_high_school_mathematics"}

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from sqlalchemy import text
 
+import migrations
 from atlas import db, repository
 from atlas.baselines import BaselineSums
 from atlas.samples import Sample
@@ -115,14 +116,14 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="fa-bench-bytes-") as tmp:
         path = Path(tmp) / "atlas.sqlite"
-        db.upgrade(f"sqlite:///{path}")
+        migrations.upgrade(f"sqlite:///{path}")
         empty = sqlite_bytes(path)
         fill(f"sqlite:///{path}", args.tasks, args.samples, args.chars, state_blob, sig, base_blob)
         result["sqlite_bytes_per_task"] = (sqlite_bytes(path) - empty) / args.tasks
     if args.pg:
         url = create_pg_database(args.pg)
         try:
-            db.upgrade(url)
+            migrations.upgrade(url)
             empty = pg_bytes(url)
             fill(url, args.tasks, args.samples, args.chars, state_blob, sig, base_blob)
             result["postgresql_bytes_per_task"] = (pg_bytes(url) - empty) / args.tasks

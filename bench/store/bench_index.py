@@ -23,6 +23,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+import migrations
 from atlas import db
 from atlas.index import IndexManager
 from bench.store.common import bulk_load, clustered_unit_vectors, create_pg_database, drop_pg_database, make_space
@@ -55,7 +56,7 @@ def run_size(n: int, m: int, n_queries: int, root: Path, clusters: int, spread: 
     work = root / f"n{n}"
     work.mkdir(parents=True)
     url = f"sqlite:///{work / 'atlas.sqlite'}"
-    db.upgrade(url)
+    migrations.upgrade(url)
     engine = db.make_engine(url)
     factory, ro = db.session_factory(engine), db.session_factory(engine, readonly=True)
     space_id = make_space(factory, m)
@@ -111,7 +112,7 @@ def pg_rebuild(pg_server: str, n: int, m: int, clusters: int, spread: float) -> 
     """Load N signatures into a fresh PostgreSQL database and time the index rebuild from it."""
     url = create_pg_database(pg_server)
     try:
-        db.upgrade(url)
+        migrations.upgrade(url)
         engine = db.make_engine(url)
         factory = db.session_factory(engine)
         space_id = make_space(factory, m)

@@ -19,6 +19,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+import migrations
 from atlas import db, repository
 from atlas.models import Base, Space
 from tests.store_helpers import create_pg_database, drop_pg_database, insert_ready_tasks
@@ -30,7 +31,7 @@ PG_SERVER_URL = os.environ.get("FISHER_ATLAS_TEST_PG_URL", "postgresql+psycopg:/
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite file migrated to head once per session."""
     path = tmp_path_factory.mktemp("sqlite-template") / "atlas.sqlite"
-    db.upgrade(f"sqlite:///{path}")
+    migrations.upgrade(f"sqlite:///{path}")
     return path
 
 
@@ -52,7 +53,7 @@ def pg_server() -> Iterator[str]:
 def pg_database(pg_server: str) -> Iterator[str]:
     """A fresh PostgreSQL database for this test session, migrated to head."""
     url = create_pg_database(pg_server)
-    db.upgrade(url)
+    migrations.upgrade(url)
     yield url
     drop_pg_database(pg_server, url)
 

@@ -9,6 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
+import migrations
 from atlas import db
 from atlas.models import Base
 from tests.store_helpers import create_pg_database, drop_pg_database
@@ -40,9 +41,9 @@ def _tables(url: str) -> set[str]:
 
 
 def test_upgrade_downgrade_roundtrip(empty_url: str) -> None:
-    assert db.current_revision(empty_url) is None
-    db.upgrade(empty_url)
-    assert db.current_revision(empty_url) == db.head_revision()
+    assert migrations.current_revision(empty_url) is None
+    migrations.upgrade(empty_url)
+    assert migrations.current_revision(empty_url) == migrations.head_revision()
     assert _tables(empty_url) >= TABLES
 
     engine = db.make_engine(empty_url, pool_size=1)
@@ -51,15 +52,15 @@ def test_upgrade_downgrade_roundtrip(empty_url: str) -> None:
     engine.dispose()
     assert diff == [], f"models and migrations disagree: {diff}"
 
-    db.downgrade(empty_url, "base")
-    assert db.current_revision(empty_url) is None
+    migrations.downgrade(empty_url, "base")
+    assert migrations.current_revision(empty_url) is None
     assert _tables(empty_url) & TABLES == set()
 
-    db.upgrade(empty_url)  # and up again on the same database
+    migrations.upgrade(empty_url)  # and up again on the same database
     assert _tables(empty_url) >= TABLES
 
 
 def test_upgrade_is_idempotent(empty_url: str) -> None:
-    db.upgrade(empty_url)
-    db.upgrade(empty_url)
-    assert db.current_revision(empty_url) == db.head_revision()
+    migrations.upgrade(empty_url)
+    migrations.upgrade(empty_url)
+    assert migrations.current_revision(empty_url) == migrations.head_revision()

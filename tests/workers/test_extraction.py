@@ -10,8 +10,8 @@ from transformers import CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2Fo
 from atlas.samples import Sample, sample_id
 from tests.tiny_models import build_tokenizer
 from workers.batching import collate, make_batches
-from workers.extraction import Extractor, HeadBatch, capture_head_input, iter_head_batches
-from workers.head import LogitTransform, head_errors, head_logits
+from workers.extraction import Extractor
+from workers.head import HeadBatch, LogitTransform, capture_head_input, head_errors, head_logits, iter_head_batches
 from workers.model_loading import LoadedModel
 
 

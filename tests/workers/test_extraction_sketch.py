@@ -127,7 +127,7 @@ def test_state_does_not_depend_on_logits_chunk(gpt2_lm: LoadedModel, texts: list
     np.testing.assert_allclose(chunked.state.sums, whole.state.sums, rtol=1e-4,
                                atol=1e-6 * np.abs(whole.state.sums).max())
     # ... which, with a head whose rows do not depend on the chunk, leaves float64 rounding only
-    monkeypatch.setattr("workers.extraction.head_logits", _exact_head_logits)
+    monkeypatch.setattr("workers.head.head_logits", _exact_head_logits)
     exact = [Extractor(gpt2_lm, sk, logits_chunk=c).extract(samples).state for c in (1, 3, 4096)]
     _assert_same(exact[0], exact[2])
     _assert_same(exact[1], exact[2])
