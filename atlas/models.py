@@ -46,6 +46,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from atlas.vocabulary import ChangeKind, JobKind, JobStatus, Scope, TaskStatus
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -57,19 +59,19 @@ NAMING_CONVENTION = {
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 """64-bit integer primary key that is still SQLite's rowid alias (autoincrement)."""
 
-TASK_PENDING, TASK_READY, TASK_FAILED = "pending", "ready", "failed"
-TASK_STATUSES = (TASK_PENDING, TASK_READY, TASK_FAILED)
+# Short names of the vocabulary's members (atlas.vocabulary is the one definition).
+TASK_PENDING, TASK_READY, TASK_FAILED = TaskStatus.PENDING, TaskStatus.READY, TaskStatus.FAILED
+TASK_STATUSES = tuple(TaskStatus)
 
-JOB_QUEUED, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED = (
-    "queued", "running", "succeeded", "failed", "cancelled",
-)
-JOB_STATUSES = (JOB_QUEUED, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED)
-JOB_FINAL_STATUSES = (JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED)
-JOB_CREATE, JOB_APPEND = "create", "append"
+JOB_QUEUED, JOB_RUNNING, JOB_SUCCEEDED = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SUCCEEDED
+JOB_FAILED, JOB_CANCELLED = JobStatus.FAILED, JobStatus.CANCELLED
+JOB_STATUSES = tuple(JobStatus)
+JOB_FINAL_STATUSES = tuple(s for s in JobStatus if s.is_final)
+JOB_CREATE, JOB_APPEND = JobKind.CREATE, JobKind.APPEND
 
-CHANGE_UPSERT, CHANGE_DELETE = "upsert", "delete"
+CHANGE_UPSERT, CHANGE_DELETE = ChangeKind.UPSERT, ChangeKind.DELETE
 
-SCOPES = ("read", "write", "admin")
+SCOPES = tuple(Scope)
 
 
 def utcnow() -> dt.datetime:

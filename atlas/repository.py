@@ -47,10 +47,11 @@ from atlas.models import (
     utcnow,
 )
 from atlas.samples import Sample
+from atlas.vocabulary import Mode
 
 T = TypeVar("T")
 
-MODES = ("text", "completion")
+MODES = tuple(Mode)
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from atlas.errors import InvalidInput
+from atlas.vocabulary import ModeName
 
-Mode = Literal["text", "completion"]
+Mode = ModeName
 
 
 class Sample(BaseModel):

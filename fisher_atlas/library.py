@@ -14,6 +14,7 @@ from atlas.models import Job, Task
 from atlas.samples import Sample, parse_upload
 from atlas.services.jobs import is_final
 from atlas.settings import Settings
+from atlas.vocabulary import JobStatus, TaskStatus
 from service.container import Container
 
 SampleLike = str | dict[str, Any] | Sample
@@ -130,7 +131,7 @@ class Atlas:
         finally:
             if bar is not None:
                 bar.stop()
-        if job.status != "succeeded":
+        if job.status != JobStatus.SUCCEEDED:
             raise AtlasError(f"job {job.id} ended {job.status}: {job.error or ''}".strip(), {"job_id": job.id})
         return job
 
@@ -156,7 +157,7 @@ class Atlas:
     def matrix(self, names: Sequence[str] | None = None) -> analysis.Matrices:
         """Alignment matrices of the named tasks (default: every ready task, up to the matrix bound)."""
         ids = ([self.task(n).id for n in names] if names is not None
-               else [t.id for t in self.tasks() if t.status == "ready"][: self.settings.max_matrix_tasks])
+               else [t.id for t in self.tasks() if t.status == TaskStatus.READY][: self.settings.max_matrix_tasks])
         return self._c.queries.matrix(ids)
 
     def atlas(self) -> analysis.AtlasMap:

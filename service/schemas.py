@@ -12,10 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Mode = Literal["text", "completion"]
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-TaskStatus = Literal["pending", "ready", "failed"]
-Scope = Literal["read", "write", "admin"]
+from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 
 _TASK_EXAMPLE = {
     "id": 3,
@@ -176,7 +173,7 @@ class JobOut(_Out):
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [_JOB_EXAMPLE]})
 
     id: int
-    kind: str = Field(description="`create` or `append`.")
+    kind: JobKind = Field(description="`create` or `append`.")
     task_id: int | None = None
     status: JobStatus
     progress: JobProgress = Field(default_factory=JobProgress)

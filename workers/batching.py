@@ -36,8 +36,9 @@ from typing import Any, Literal
 import torch
 
 from atlas.samples import Sample, sample_id
+from atlas.vocabulary import ModeName
 
-ExtractMode = Literal["text", "completion"]
+ExtractMode = ModeName
 PaddingSide = Literal["right", "left"]
 
 SKIP_REASONS = ("empty", "missing_field", "invalid_text", "too_short", "no_completion_tokens",

@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from atlas import db, job_store, repository
 from atlas.baselines import BaselineSums
 from atlas.errors import AtlasError, IncompatibleSpace
-from atlas.models import JOB_APPEND, JOB_CANCELLED, JOB_FAILED, Space, Task
+from atlas.models import JOB_APPEND, JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
 from atlas.settings import Settings
 
 if TYPE_CHECKING:
@@ -379,11 +379,11 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult) ->
         if task is None:
             outcome, error = JOB_CANCELLED, "the task was deleted"
         elif res.state.n_tokens == 0:
-            outcome = JOB_FAILED if claim.kind != JOB_APPEND else "succeeded"
+            outcome = JOB_FAILED if claim.kind != JOB_APPEND else JOB_SUCCEEDED
             error = _nothing_usable(res)
         else:
-            outcome, error = "succeeded", None
-        if outcome == "succeeded" and error is None:
+            outcome, error = JOB_SUCCEEDED, None
+        if outcome == JOB_SUCCEEDED and error is None:
             assert task is not None
             stored = repository.get_state_blob(s, task.id)
             stored_base = repository.get_baseline_blob(s, task.id)
@@ -397,11 +397,11 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult) ->
                 n_samples=merged.n_samples, n_tokens=merged.n_tokens,
             )
             job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, _progress_of(res, final=True))
-        elif outcome == "succeeded":  # an append with nothing usable: nothing to merge
+        elif outcome == JOB_SUCCEEDED:  # an append with nothing usable: nothing to merge
             job_store.mark_succeeded(s, job, summary | {"note": error}, _progress_of(res, final=True))
         else:
             job_store.finish_locked(s, job, outcome, error)
-    if outcome != "succeeded":
+    if outcome != JOB_SUCCEEDED:
         log.info("job %s: %s (%s)", claim.job_id, outcome, error)
         return outcome
     log.info("job %s: succeeded (%s samples used, %s tokens)", claim.job_id, res.samples_used, res.tokens)
@@ -410,7 +410,7 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult) ->
             ctx.index.catch_up(claim.space_id)
         except Exception:  # the index is derived: a later catch-up repairs it
             log.exception("index catch-up after job %s failed", claim.job_id)
-    return "succeeded"
+    return JOB_SUCCEEDED
 
 
 def _nothing_usable(res: ExtractionResult) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from atlas.errors import NotFound
 from atlas.services.jobs import is_final
+from atlas.vocabulary import JobStatus
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import JobList, JobOut
@@ -33,7 +34,7 @@ def list_jobs(
     c: ContainerDep,
     _: ReadPrincipal,
     task_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-    status: Annotated[Literal["queued", "running", "succeeded", "failed", "cancelled"] | None, Query()] = None,
+    status: Annotated[JobStatus | None, Query()] = None,
     offset: Offset = 0,
     limit: Limit = 50,
 ) -> JobList:

@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from atlas import apikeys
+from atlas.vocabulary import Scope
 from service.deps import AdminPrincipal, ContainerDep
 from service.routes import MAX_ID, error_responses
-from service.schemas import Scope
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 

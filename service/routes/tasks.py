@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from atlas.vocabulary import TaskStatus
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import (
@@ -102,7 +103,7 @@ def list_tasks(
     space: Annotated[str | None, Query(max_length=300, description="Space id or name; default: all spaces.")] = None,
     name: Annotated[str | None, Query(max_length=300, description="Exact task name.")] = None,
     name_prefix: Annotated[str | None, Query(max_length=300, description="Task names starting with this.")] = None,
-    status: Annotated[Literal["pending", "ready", "failed"] | None, Query()] = None,
+    status: Annotated[TaskStatus | None, Query()] = None,
     offset: Offset = 0,
     limit: Limit = 50,
 ) -> TaskList:
