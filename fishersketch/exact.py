@@ -118,7 +118,7 @@ class _Task:
 
 
 def _prepare(tasks: Sequence[tuple[Any, Any]], sample_ids: Sequence[Any] | None, device: torch.device) -> list[_Task]:
-    out = []
+    out: list[_Task] = []
     for k, (a, e) in enumerate(tasks):
         a64, e64 = _to64(a, f"a[{k}]", device), _to64(e, f"e[{k}]", device)
         if a64.shape[0] != e64.shape[0]:

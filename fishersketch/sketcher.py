@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,10 @@ _ERR_BLOCK_ELEMS = 1 << 20
 (bench/results/sketch.md)."""
 _CACHE_LIMIT_BYTES = 512 << 20
 """``cache_weights=None`` keeps a compute-dtype copy of a sign matrix when it is at most this big."""
+
+
+_Chunk = tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""``(lo, hi, u, u', v, v')`` of one chunk of rows."""
 
 
 def _nonfinite_message(a: torch.Tensor, e: torch.Tensor) -> str:
@@ -275,6 +279,7 @@ class Sketcher:
         scratch = work[2 * tb * N :]
         for lo in range(0, c, tb):
             k = min(tb, c - lo)
+            assert self._srht_signs is not None
             torch.mul(e[lo : lo + k].unsqueeze(0), self._srht_signs.unsqueeze(1), out=x[:, :k, :K])
             if k < tb:
                 x[:, k:, :K].zero_()
@@ -291,7 +296,7 @@ class Sketcher:
             work[: rows * N].view(rows, N)[:, self.spec.K :].zero_()
         return work
 
-    def _iter_projections(self, a: torch.Tensor, e: torch.Tensor):
+    def _iter_projections(self, a: torch.Tensor, e: torch.Tensor) -> Iterator[_Chunk]:
         """Yield ``(lo, hi, u, u', v, v')`` per chunk, rows beyond ``hi - lo`` dropped."""
         w_act = self._act_weight()
         w_err = self._err_weight() if self.projections.err_signs is not None else None
@@ -302,7 +307,7 @@ class Sketcher:
             c = hi - lo
             yield lo, hi, u[:c], u2[:c], v[:c], v2[:c]
 
-    def _concat(self, parts: list[tuple[torch.Tensor, ...]], chunks: Sequence[tuple[int, int]],
+    def _concat(self, parts: Sequence[tuple[torch.Tensor, ...]], chunks: Sequence[tuple[int, int]],
                 count: int) -> tuple[torch.Tensor, ...]:
         """Concatenate per-chunk outputs, dropping the padded rows; check finiteness."""
         if not parts:
@@ -525,7 +530,8 @@ class Sketcher:
             raise SketchError(f"{name} must be booleans, got {flags.dtype}")
         if flags.shape != ids.shape:
             raise SketchError(f"{name} must have shape {ids.shape}, got {flags.shape}")
-        return flags
+        checked: np.ndarray = flags
+        return checked
 
     def _check_starts(self, sample_starts: Any, ids: np.ndarray) -> np.ndarray:
         """Validate ``sample_starts``: booleans, one per token, True wherever the sample id changes."""

@@ -162,8 +162,10 @@ class SketchState:
         """
         f = _feature_index(feature)
         if split is None:
-            return self.sums[0, f] + self.sums[1, f]
-        return self.sums[_split_index(split), f].copy()
+            total: np.ndarray = self.sums[0, f] + self.sums[1, f]
+            return total
+        one: np.ndarray = self.sums[_split_index(split), f].copy()
+        return one
 
     def mean(self, feature: Feature = "ae", split: str | None = None) -> np.ndarray:
         """Mean embedding μ_f = Σ ψ_f / n over one split or both (zeros when there are no draws).
