@@ -108,7 +108,7 @@ def tasks_by_exact_name(session: Session, name: str, *, space_id: int | None, st
 
 def job_counts(session: Session) -> dict[str, int]:
     """Number of jobs per status (every status present, zero when none)."""
-    out = {s: 0 for s in JOB_STATUSES}
+    out: dict[str, int] = {str(s): 0 for s in JOB_STATUSES}
     for status, n in session.execute(select(Job.status, func.count()).group_by(Job.status)):
         out[str(status)] = int(n)
     return out
@@ -125,7 +125,7 @@ def succeeded_job_figures(session: Session) -> dict[str, float]:
                                                       Job.finished_at.is_not(None))
         .order_by(Job.id.desc()).limit(10_000)
     ).all()
-    durations = [(f - s).total_seconds() for s, f in rows]
+    durations = [(f - s).total_seconds() for s, f in rows if s is not None and f is not None]
     progress = session.execute(
         select(Job.progress).where(Job.status == JOB_SUCCEEDED).order_by(Job.id.desc()).limit(10_000)
     ).scalars().all()

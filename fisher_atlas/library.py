@@ -99,7 +99,7 @@ class Atlas:
         """Every task, oldest first."""
         out: list[Task] = []
         while True:
-            page = self._c.tasks.list(offset=len(out), limit=1000)
+            page = self._c.tasks.page(offset=len(out), limit=1000)
             out.extend(page.items)
             if len(out) >= page.total or not page.items:
                 return out
@@ -140,10 +140,9 @@ class Atlas:
     def route(self, prompts: str | Sequence[str], *, k: int = 3, threshold: float | None = None
               ) -> analysis.RouteAnswer | list[analysis.RouteAnswer]:
         """Route one prompt (an answer) or several (a list of answers)."""
-        many = not isinstance(prompts, str)
-        texts = list(prompts) if many else [prompts]  # type: ignore[list-item]
-        answers, _ = _run(self._c.queries.route(texts, k=k, threshold=threshold))
-        return answers if many else answers[0]
+        texts = [prompts] if isinstance(prompts, str) else [str(p) for p in prompts]
+        answers: list[analysis.RouteAnswer] = _run(self._c.queries.route(texts, k=k, threshold=threshold))[0]
+        return answers[0] if isinstance(prompts, str) else answers
 
     def recommend(self, name: str, *, k: int = 5) -> list[analysis.Source]:
         """Fine-tuning sources for a target task, best first."""

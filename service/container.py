@@ -168,10 +168,13 @@ class Container:
     def stop(self) -> None:
         """Stop the runner, the prompt loop and the index thread; persist the index; close the pool."""
         self._stop.set()
-        for name, close in (("job runner", lambda: self.runner.stop() if self.runner is not None else None),
-                            ("job queue", lambda: getattr(self.queue, "close", lambda: None)()
-                             if self.runner is None and self.queue is not None else None),
-                            ("prompt service", lambda: self.prompts.close() if self.prompts is not None else None)):
+        closers: list[tuple[str, Any]] = [("job runner", self.runner.stop if self.runner is not None else None),
+                                          ("prompt service", self.prompts.close if self.prompts is not None else None)]
+        if self.runner is None:
+            closers.append(("job queue", getattr(self.queue, "close", None)))
+        for name, close in closers:
+            if close is None:
+                continue
             try:
                 close()
             except Exception:

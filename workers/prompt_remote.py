@@ -76,6 +76,7 @@ def _error_classes() -> dict[str, type[AtlasError]]:
 def encode_reply(request_id: str, states: Sequence[SketchState] | None = None,
                  error: AtlasError | None = None) -> bytes:
     """A reply: JSON header line (id, blob lengths or error), then the blobs."""
+    header: dict[str, Any]
     if error is not None:
         header = {"id": request_id, "error": {"code": error.code, "message": error.message, "detail": error.detail,
                                               "retry_after_s": error.retry_after_s}}
@@ -335,12 +336,12 @@ class PromptServer:
                 continue
             if raw is None:
                 continue
-            self._handle(raw)
+            self._handle(raw if isinstance(raw, bytes) else str(raw).encode())
 
     def _handle(self, raw: bytes) -> None:
         msg = json.loads(raw)
         if float(msg.get("deadline", 0)) < time.time():
-            self.redis.lrem(self.inflight, 1, raw)  # the caller gave up already
+            self.redis.lrem(self.inflight, 1, raw)  # type: ignore[arg-type]  # the caller gave up already
             return
         try:
             fut: Future[list[SketchState]] = self.batcher.submit(self.batcher.prepare(msg["prompts"]))
@@ -368,7 +369,7 @@ class PromptServer:
             pipe = self.redis.pipeline()
             pipe.rpush(msg["reply"], data)
             pipe.expire(msg["reply"], REPLY_TTL_S)
-            pipe.lrem(self.inflight, 1, raw)
+            pipe.lrem(self.inflight, 1, raw)  # type: ignore[arg-type]  # redis accepts bytes
             pipe.execute()
         except Exception:
             log.warning("sending a prompt reply failed", exc_info=True)

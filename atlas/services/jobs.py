@@ -22,7 +22,7 @@ class JobService:
         with self.store.read() as session:
             return job_store.get_job(session, job_id)
 
-    def list(self, *, task_id: int | None = None, status: str | None = None, offset: int = 0, limit: int = 50
+    def page(self, *, task_id: int | None = None, status: str | None = None, offset: int = 0, limit: int = 50
              ) -> repo.Page[Job]:
         """Jobs, newest first."""
         with self.store.read() as session:

@@ -19,7 +19,7 @@ class SpaceService:
         self.store = store
         self.index = index
 
-    def list(self) -> list[dict[str, Any]]:
+    def all(self) -> list[dict[str, Any]]:
         """Every space with its task count."""
         return self.store.list_spaces()
 

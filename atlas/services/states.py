@@ -56,9 +56,9 @@ class StateLoader:
         need = [i for i, e in entries.items() if e is None]
         if need:
             for tid, version, blob in sql.state_blobs(session, need):
-                entry = self.cache.put(tid, version, SketchState.from_bytes(blob, spec=spec))
+                fresh = self.cache.put(tid, version, SketchState.from_bytes(blob, spec=spec))
                 if version == meta[tid].version:
-                    entries[tid] = entry
+                    entries[tid] = fresh
         out = []
         for i in ids:
             if i not in meta:

@@ -146,14 +146,14 @@ class TaskService:
 
     def find(self, name: str, space_ref: str | None = None) -> Task:
         """A task by exact name (the default space's first)."""
-        page = self.list(space_ref=space_ref, name=name, name_prefix=None, status=None, offset=0, limit=1)
+        page = self.page(space_ref=space_ref, name=name, name_prefix=None, status=None, offset=0, limit=1)
         if not page.items:
             from atlas.errors import NotFound
 
             raise NotFound(f"no task named {name!r}", {"name": name})
         return page.items[0]
 
-    def list(self, *, space_ref: str | None = None, name: str | None = None, name_prefix: str | None = None,
+    def page(self, *, space_ref: str | None = None, name: str | None = None, name_prefix: str | None = None,
              status: str | None = None, offset: int = 0, limit: int = 50) -> repo.Page[Task]:
         """List tasks with filters (``name``: exact, ``name_prefix``: prefix)."""
         with self.store.read() as session:

@@ -39,7 +39,7 @@ def list_jobs(
     limit: Limit = 50,
 ) -> JobList:
     """Jobs, newest first, optionally of one task and/or status."""
-    page = c.jobs.list(task_id=task_id, status=status, offset=offset, limit=limit)
+    page = c.jobs.page(task_id=task_id, status=status, offset=offset, limit=limit)
     return JobList(items=[job_out(j) for j in page.items], total=page.total, offset=page.offset,
                    limit=page.limit)
 

@@ -23,7 +23,7 @@ SpaceRef = Annotated[str, Path(min_length=1, max_length=300, description="Space 
 def list_spaces(c: ContainerDep, _: ReadPrincipal) -> SpaceList:
     """Every (model fingerprint, sketch spec) space with its task count; ``default`` marks the loaded
     model's space."""
-    return SpaceList(items=[SpaceOut(**s) for s in c.spaces.list()])
+    return SpaceList(items=[SpaceOut(**s) for s in c.spaces.all()])
 
 
 @router.get("/{space}", response_model=SpaceOut, summary="Get a space", responses=error_responses(401, 403, 404, 409,

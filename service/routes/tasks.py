@@ -108,7 +108,7 @@ def list_tasks(
     limit: Limit = 50,
 ) -> TaskList:
     """Tasks, oldest first, filtered by space, exact name or name prefix, and status; paginated."""
-    page = c.tasks.list(space_ref=space, name=name, name_prefix=name_prefix, status=status, offset=offset,
+    page = c.tasks.page(space_ref=space, name=name, name_prefix=name_prefix, status=status, offset=offset,
                         limit=limit)
     return TaskList(items=[task_out(t) for t in page.items], total=page.total, offset=page.offset,
                     limit=page.limit)
