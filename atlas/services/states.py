@@ -69,10 +69,10 @@ class StateLoader:
                                         {"task_id": i, "space_id": m.space_id})
             entry = entries.get(i)
             if entry is None:  # replaced between the two reads: read it once more
-                blob = repo.get_state_blob(session, i)
-                if blob is None:
+                again = repo.get_state_blob(session, i)
+                if again is None:
                     continue
-                state = SketchState.from_bytes(blob, spec=spec)
+                state = SketchState.from_bytes(again, spec=spec)
                 entry = (state, analysis.state_view(state))
             out.append(Loaded(i, m.name, entry[0], entry[1]))
         return out
