@@ -17,7 +17,8 @@ SECTIONS = [
     ("extraction.md", "Extraction: text to signature (issue 4)"),
     ("bundled_model.md", "The bundled model (issue 4)"),
     ("store.md", "Store, FAISS index, rebuild (issue 5)"),
-    ("api.md", "Routing over HTTP (issue 6)"),
+    ("api.md", "Routing over HTTP against a MiniLM router (issues 6, 12)"),
+    ("gpu.md", "Llama-3.1-8B shape on an H100 (issue 12)"),
     ("quality.md", "Quality harness: the paper's experiments in miniature (issue 8)"),
 ]
 

@@ -53,9 +53,12 @@ __all__ = ["SampleStream", "Sketcher"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _ERR_BLOCK_ELEMS = 1 << 20
-"""Bound on (rows x N) of one FWHT block: 2 copies x tokens x N floats (4 MiB per buffer at float32;
-4 tokens at N = 2**17). Small blocks keep the three buffers in cache; measured best on the dev box
+"""Bound on (rows x N) of one FWHT block on a CPU: 2 copies x tokens x N floats (4 MiB per buffer at
+float32; 4 tokens at N = 2**17). Small blocks keep the three buffers in cache; measured best on the dev box
 (bench/results/sketch.md)."""
+_ERR_BLOCK_ELEMS_CUDA = 1 << 26
+"""The same bound on a GPU (256 MiB per buffer): a block of a few tokens would pay a kernel launch per FWHT
+stage each (bench/results/gpu.md)."""
 _CACHE_LIMIT_BYTES = 512 << 20
 """``cache_weights=None`` keeps a compute-dtype copy of a sign matrix when it is at most this big."""
 
@@ -146,7 +149,8 @@ class Sketcher:
             assert self.projections.srht_signs is not None and self.projections.srht_index is not None
             self._gather = GatheredHadamard(self.plan, self.projections.srht_index, self.err_dtype, self.device)
             self._srht_signs = self.projections.srht_signs[:, : spec.K].to(self.err_dtype)
-            self.err_block = max(1, min(1 << 10, _ERR_BLOCK_ELEMS // (2 * N)))
+            budget = _ERR_BLOCK_ELEMS_CUDA if self.device.type == "cuda" else _ERR_BLOCK_ELEMS
+            self.err_block = max(1, min(1 << 10, budget // (2 * N)))
             self.err_block = 1 << (self.err_block.bit_length() - 1)
 
         self._max_err_block = self.err_block
@@ -277,13 +281,18 @@ class Sketcher:
         # per call and never overwritten) followed by the FWHT scratch.
         x = work[: 2 * tb * N].view(2, tb, N)
         scratch = work[2 * tb * N :]
+        assert self._srht_signs is not None
         for lo in range(0, c, tb):
             k = min(tb, c - lo)
-            assert self._srht_signs is not None
-            torch.mul(e[lo : lo + k].unsqueeze(0), self._srht_signs.unsqueeze(1), out=x[:, :k, :K])
-            if k < tb:
-                x[:, k:, :K].zero_()
-            self._gather(x.view(2 * tb, N), scratch, out=(v[lo : lo + tb], v2[lo : lo + tb]))
+            # A short last block (a routing prompt) is transformed in the smallest power-of-two block
+            # that holds it. Every view has rows of length N, so the padding columns K..N are the same
+            # (still zero) in each.
+            b = tb if k == tb else min(tb, 1 << (k - 1).bit_length())
+            xb = x if b == tb else work[: 2 * b * N].view(2, b, N)
+            torch.mul(e[lo : lo + k].unsqueeze(0), self._srht_signs.unsqueeze(1), out=xb[:, :k, :K])
+            if k < b:
+                xb[:, k:, :K].zero_()
+            self._gather(xb.view(2 * b, N), scratch, out=(v[lo : lo + b], v2[lo : lo + b]))
         return v, v2
 
     def _workspace(self) -> torch.Tensor | None:

@@ -254,6 +254,6 @@ class Container:
 
 def _sketcher_for(space: Space, lm: Any) -> Any:
     """The sketcher of a space on the model's device."""
-    from fishersketch import Sketcher, SketchSpec
+    from fishersketch import SketchSpec
 
-    return Sketcher(SketchSpec.from_dict(space.spec), device=str(lm.device))
+    return lm.make_sketcher(SketchSpec.from_dict(space.spec))

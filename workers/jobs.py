@@ -138,7 +138,7 @@ class WorkerContext:
             cached = self._extractors.get(space.id)
         if cached is not None:
             return cached
-        from fishersketch import Sketcher, SketchSpec
+        from fishersketch import SketchSpec
         from workers.extraction import Extractor
 
         lm = self.model()
@@ -156,7 +156,7 @@ class WorkerContext:
                 f"of fishersketch reproduces as {spec.fingerprint()}",
                 {"space_id": space.id},
             )
-        extractor = Extractor(lm, Sketcher(spec, device=lm.device),
+        extractor = Extractor(lm, lm.make_sketcher(spec),
                               max_tokens_per_sample=self.settings.max_tokens_per_sample)
         with self._lock:
             return self._extractors.setdefault(space.id, extractor)

@@ -35,7 +35,7 @@ from workers.head import IDENTITY, LogitTransform, capture_head_input, detect_lo
 
 if TYPE_CHECKING:
     from atlas.settings import Settings
-    from fishersketch import SketchSpec
+    from fishersketch import Sketcher, SketchSpec
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,18 @@ class LoadedModel:
 
         return SketchSpec(d=self.d, K=self.K, m=m, seed=seed, error_projection=error_projection,
                           granularity=granularity)
+
+    def make_sketcher(self, spec: SketchSpec) -> Sketcher:
+        """A sketcher of ``spec`` on this model's device.
+
+        The activation GEMM runs in the model's dtype when that is bf16/fp16 on a GPU: head inputs are
+        already in that dtype and the ±1 signs are exact in it, so nothing is rounded (accumulation stays
+        float32) and the GEMM uses the tensor cores.
+        """
+        from fishersketch import Sketcher
+
+        low = self.dtype in (torch.bfloat16, torch.float16) and self.device.type == "cuda"
+        return Sketcher(spec, device=self.device, dtype=self.dtype if low else torch.float32)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, name: str, revision: str | None = None,
