@@ -61,9 +61,12 @@ class Settings(BaseSettings):
     route_threshold: float = Field(
         default=0.05, description="Default open-set threshold on the route score (see atlas.analysis)."
     )
-    index_kind: Literal["flat", "ivf"] = "flat"
-    index_nprobe: int = Field(default=32, ge=1, description="IVF lists probed per query.")
-    index_ivf_min_size: int = Field(default=50_000, ge=1, description="Below this many signatures a space stays flat.")
+    index_kind: Literal["auto", "flat", "ivf"] = Field(
+        default="auto",
+        description="'auto': exact flat below index_ivf_min_size signatures, IVF above; 'flat': always exact.",
+    )
+    index_nprobe: int = Field(default=16, ge=1, description="IVF lists probed per query (of sqrt(N) lists).")
+    index_ivf_min_size: int = Field(default=20_000, ge=1, description="Below this many signatures a space stays flat.")
 
     prompt_service: Literal["auto", "inprocess", "redis"] = Field(
         default="auto",

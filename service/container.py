@@ -92,7 +92,9 @@ class Container:
         self.index = IndexManager(store.read, s.data_dir / "index", kind=s.index_kind, nprobe=s.index_nprobe,
                                   ivf_min_size=s.index_ivf_min_size)
         self.index.open()
-        self.state_loader = StateLoader(store, StateCache(STATE_CACHE_BYTES // (48 * s.sketch_dim)))
+        cache = StateCache(STATE_CACHE_BYTES)
+        self.index.listeners.append(cache.on_changes)
+        self.state_loader = StateLoader(store, cache)
         if s.resolved_prompt_service() == "redis":
             self._start_remote()
         else:

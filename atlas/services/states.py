@@ -1,7 +1,8 @@
-"""Stored task states for the exact re-rank, read through an in-memory cache.
+"""Stored task states for the exact re-rank, read through the change-log-driven :class:`~atlas.caches.StateCache`.
 
-The cache is keyed by task id and state version: a state replaced by an append (new version) or
-deleted is never served stale. Blobs are read from SQL only for tasks missing from the cache.
+Cache hits need no SQL; misses read the blobs of the missing tasks in one query. Entries are dropped by
+the index's change listeners (``IndexManager.listeners``), and every query catches the index up with
+SQL first, so a hit is as fresh as the change log the query saw.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from atlas import analysis
-from atlas import repository as repo
 from atlas import space_repository as sql
 from atlas.caches import StateCache
 from atlas.errors import IncompatibleSpace
@@ -33,7 +32,7 @@ class Loaded:
 
 
 class StateLoader:
-    """Loads ready tasks' states, in the order asked, through a :class:`~atlas.caches.StateCache`."""
+    """Loads tasks' states, in the order asked, through a :class:`~atlas.caches.StateCache`."""
 
     def __init__(self, store: Store, cache: StateCache) -> None:
         self.store = store
@@ -47,34 +46,26 @@ class StateLoader:
         IncompatibleSpace
             A task belongs to another space.
         """
-        if not task_ids:
-            return []
         ids = [int(i) for i in task_ids]
-        meta = sql.state_metas(session, ids)
-        spec = self.store.spec_of(space)
-        entries = {i: self.cache.get(i, meta[i].version) for i in meta}
-        need = [i for i, e in entries.items() if e is None]
-        if need:
-            for tid, version, blob in sql.state_blobs(session, need):
-                fresh = self.cache.put(tid, version, SketchState.from_bytes(blob, spec=spec))
-                if version == meta[tid].version:
-                    entries[tid] = fresh
+        epoch = self.cache.epoch
+        entries = {i: e for i in ids if (e := self.cache.get(i)) is not None}
+        missing = [i for i in ids if i not in entries]
+        if missing:
+            meta = sql.state_metas(session, missing)
+            spec = self.store.spec_of(space)
+            for tid, version, blob in sql.state_blobs(session, list(meta)):
+                m = meta[tid]
+                entries[tid] = self.cache.put(tid, m.name, m.space_id, version,
+                                              SketchState.from_bytes(blob, spec=spec), epoch=epoch)
         out = []
         for i in ids:
-            if i not in meta:
+            e = entries.get(i)
+            if e is None:
                 continue
-            m = meta[i]
-            if m.space_id != space.id:
-                raise IncompatibleSpace(f"task {i} belongs to space {m.space_id}, not {space.id}",
-                                        {"task_id": i, "space_id": m.space_id})
-            entry = entries.get(i)
-            if entry is None:  # replaced between the two reads: read it once more
-                again = repo.get_state_blob(session, i)
-                if again is None:
-                    continue
-                state = SketchState.from_bytes(again, spec=spec)
-                entry = (state, analysis.state_view(state))
-            out.append(Loaded(i, m.name, entry[0], entry[1]))
+            if e.space_id != space.id:
+                raise IncompatibleSpace(f"task {i} belongs to space {e.space_id}, not {space.id}",
+                                        {"task_id": i, "space_id": e.space_id})
+            out.append(Loaded(i, e.name, e.state, e.view))
         return out
 
     def drop(self, task_id: int) -> None:
