@@ -2,8 +2,9 @@
 
 Callers tokenise their prompts once (:meth:`PromptBatcher.prepare`, in their own thread: invalid prompts
 are refused before they queue) and wait on a future; one loop thread gathers requests until
-``max_batch`` prompts or ``max_wait_ms`` after the first, sorts the prompts by length into buckets of
-at most ``token_budget`` padded tokens, runs one forward per bucket and one batched sketch
+``max_batch`` prompts or ``max_wait_ms`` after the first (it waits only while requests arrive
+concurrently), sorts the prompts into length buckets (bounded padding, at most ``token_budget`` padded
+tokens each), runs one forward per bucket and one batched sketch over all their tokens
 (:func:`fishersketch.groups.sketch_groups`) that gives every prompt its own state, and resolves the
 futures. The sketch chunk follows the batch size (32 to 256 rows), so a small batch does not pay for
 padding to 256 rows. The queue is bounded: past ``max_pending`` prompts a request is refused with
@@ -31,11 +32,16 @@ from atlas.ports import SpaceKey, serving_key
 from atlas.samples import Sample
 from fishersketch import Sketcher, SketchState
 from fishersketch.groups import sketch_groups
-from workers.batching import PreparedSample, collate, make_batches
+from workers.batching import PreparedSample, collate
 from workers.extraction import Extractor
 from workers.head import iter_head_batches
 
 log = logging.getLogger(__name__)
+
+PAD_RATIO = 0.5
+"""A prompt joins a length bucket only if it is at least this fraction of the bucket's longest prompt."""
+SKETCH_ROWS = 4096
+"""Token rows gathered across buckets before one batched sketch (bounds the (rows, K) errors held)."""
 
 _SKIP_MESSAGES = {
     "empty": "prompt is empty",
@@ -82,6 +88,7 @@ class PromptBatcher:
         self._thread: threading.Thread | None = None
         self._sketchers: dict[int, Sketcher] = {}
         self._rate = 0.0  # EWMA prompts per second of busy time
+        self._last_requests = 0
         self.batches = 0
         self.prompts_done = 0
 
@@ -149,7 +156,10 @@ class PromptBatcher:
                 return None
             batch = [self._queue.popleft()]
             size = len(batch[0].prepared)
-            deadline = time.monotonic() + self.max_wait_s
+            # Wait for more only under concurrency (the last batch gathered several requests, or more
+            # are queued): a lone caller is not made to wait for company that does not come.
+            wait = self.max_wait_s if (self._last_requests > 1 or self._queue) else 0.0
+            deadline = time.monotonic() + wait
             while size < self.max_batch:
                 if not self._queue:
                     left = deadline - time.monotonic()
@@ -162,6 +172,7 @@ class PromptBatcher:
                 req = self._queue.popleft()
                 batch.append(req)
                 size += len(req.prepared)
+            self._last_requests = len(batch)
             return batch
 
     def _loop(self) -> None:
@@ -203,8 +214,22 @@ class PromptBatcher:
             sk = self._sketchers.setdefault(chunk, base.with_chunk_rows(chunk))
         return sk
 
+    def buckets(self, prepared: Sequence[PreparedSample]) -> list[list[PreparedSample]]:
+        """Length buckets: longest first, a new bucket when the padded size would pass ``token_budget``
+        or a prompt is shorter than ``PAD_RATIO`` of its bucket's longest (bounded padding waste)."""
+        out: list[list[PreparedSample]] = []
+        for ps in sorted(prepared, key=lambda p: (-p.length, p.index)):
+            if out:
+                cur = out[-1]
+                width = cur[0].length
+                if (len(cur) + 1) * width <= self.token_budget and ps.length >= PAD_RATIO * width:
+                    cur.append(ps)
+                    continue
+            out.append([ps])
+        return out
+
     def sketch_prepared(self, prepared: Sequence[PreparedSample]) -> list[SketchState]:
-        """States of tokenised prompts, in order: length buckets, one forward and one sketch each.
+        """States of tokenised prompts, in order: one forward per length bucket, one batched sketch.
 
         Parameters
         ----------
@@ -217,23 +242,38 @@ class PromptBatcher:
         """
         ex = self.extractor
         lm = ex.lm
-        order = sorted(range(len(prepared)), key=lambda i: prepared[i].length)
-        # Re-index by position so each prompt's counted tokens carry its group id.
-        items = [PreparedSample(j, prepared[j].sample_id, prepared[j].input_ids, prepared[j].first_target,
-                                prepared[j].truncated) for j in order]
+        # Re-index by position so each prompt's counted tokens carry its group id (= its position).
+        items = [PreparedSample(j, p.sample_id, p.input_ids, p.first_target, p.truncated)
+                 for j, p in enumerate(prepared)]
         out: list[SketchState | None] = [None] * len(prepared)
+        rows: list[tuple[torch.Tensor, torch.Tensor, list[PreparedSample]]] = []
+        n_rows = 0
+
+        def flush() -> None:
+            nonlocal n_rows
+            if not rows:
+                return
+            group_of = [ps for _, _, bucket in rows for ps in bucket]
+            counts = torch.tensor([ps.n_counted for ps in group_of])
+            groups = torch.repeat_interleave(torch.arange(len(group_of)), counts)
+            a = torch.cat([r[0] for r in rows]) if len(rows) > 1 else rows[0][0]
+            e = torch.cat([r[1] for r in rows]) if len(rows) > 1 else rows[0][1]
+            states = sketch_groups(self._sketcher_for(a.shape[0]), a, e, groups, len(group_of),
+                                   sample_ids=[ps.sample_id for ps in group_of])
+            for ps, st in zip(group_of, states, strict=True):
+                out[ps.index] = st
+            rows.clear()
+            n_rows = 0
+
         with torch.inference_mode():
-            for bucket in make_batches(items, self.token_budget):
+            for bucket in self.buckets(items):
                 tb = collate(bucket, ex.pad_id, ex.padding_side)
-                groups = torch.repeat_interleave(torch.arange(len(bucket)),
-                                                 torch.tensor([ps.n_counted for ps in bucket]))
                 parts = list(iter_head_batches(lm, tb, logits_chunk=max(tb.n_positions, 1)))
-                a = torch.cat([hb.a for hb in parts]) if len(parts) > 1 else parts[0].a
-                e = torch.cat([hb.e for hb in parts]) if len(parts) > 1 else parts[0].e
-                states = sketch_groups(self._sketcher_for(tb.n_positions), a, e, groups, len(bucket),
-                                       sample_ids=[ps.sample_id for ps in bucket])
-                for ps, st in zip(bucket, states, strict=True):
-                    out[ps.index] = st
+                rows.append((torch.cat([hb.a for hb in parts]), torch.cat([hb.e for hb in parts]), bucket))
+                n_rows += tb.n_positions
+                if n_rows >= SKETCH_ROWS:
+                    flush()
+            flush()
         assert all(s is not None for s in out)
         return [s for s in out if s is not None]
 

@@ -1,31 +1,26 @@
-"""Routing throughput and latency of the HTTP service at concurrency 32 against 1,000 stored tasks.
+"""Routing over real HTTP against a MiniLM centroid router, side by side in one run (issue 12).
 
 Usage::
 
-    nice python -m bench.api.bench_route --tasks 1000 --concurrency 32 --requests 256 \
-        --cached-requests 2000 --out bench/results/api.md
+    python -m bench.api.bench_route --out bench/results/api.md
 
-Setup (embedded default: SQLite file, on-disk FAISS flat index, in-process runner, the bundled model,
-m = 4096):
+Setup: one task per text group of ``shared/data`` (news, science, Shakespeare, ... plus SMILES and BoolQ
+questions; 24 texts each, none of the bundled model's training rows) is added through library mode
+(``fisher_atlas.Atlas``: the product path, bundled model, m = 4096) into a temporary data directory.
+Prompts are held-out texts (bucket 9, never stored).
 
-1. The database is migrated and the model's space created; 16 *base* states are extracted with the
-   real model from real texts (``shared/data``: news, science, Shakespeare, questions, SMILES, ...);
-   ``--tasks`` stored tasks are then inserted directly through the store (``store_task_result``:
-   state, signature, change log) as noisy copies of the base states — the product path minus the
-   hours of extraction.
-2. ``fisher-atlas serve`` starts in a subprocess (so the load generator does not share its GIL) and
-   catches its FAISS index up from SQL.
-3. 32 asyncio clients (httpx) send ``POST /v1/route`` ``{"prompt", "k": 5}`` with real held-out texts.
+Measured, on the same prompts and the same tasks:
 
-Two measurements:
+1. **FisherAtlas, embedded default**: ``fisher-atlas serve`` in a subprocess (SQLite, FAISS, in-process
+   model with the micro-batching prompt service); single-prompt ``POST /v1/route`` requests over real
+   HTTP from httpx: p50/p99 latency sequentially, throughput at concurrency 16.
+2. **MiniLM centroid router, in-process** (what a semantic-router user runs): all-MiniLM-L6-v2 through
+   sentence-transformers, centroids of the same tasks' texts, cosine + argmax: p50/p99 one prompt at a
+   time, throughput encoding batches of 16.
+3. **FisherAtlas, remote mode**: an API process that loads no model plus one worker process over Redis on
+   the same store; the same measurements, and the added latency per request against embedded.
 
-* **forward included** — every prompt is distinct, so each request runs the model forward (prompt
-  sketch) + FAISS top-32 + exact re-rank of 32 stored states.
-* **forward excluded** — the same path with the prompt states served from the service's prompt cache
-  (a prompt's state is a pure function of model, spec and text): a warm-up pass sketches 64 prompts,
-  then ``--cached-requests`` requests cycle over them. The ``Server-Timing`` header of every response
-  splits the server time into ``forward`` and ``search`` (FAISS + state loading + re-rank); its
-  ``search`` stage distribution is reported as well.
+Both sides get the same intra-op threads (``--threads``, default 2).
 """
 
 from __future__ import annotations
@@ -36,12 +31,13 @@ import datetime as dt
 import hashlib
 import json
 import os
-import re
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -57,31 +53,32 @@ def _bucket(key: str) -> int:
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:8], 16) % 10
 
 
-def load_texts() -> tuple[dict[str, list[str]], list[str]]:
-    """Base-task texts per domain (training buckets of nothing: buckets 4-8) and held-out prompts (bucket 9)."""
+def load_texts(per_task: int = 24) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
+    """Task texts per group (buckets 4-8: never trained on) and held-out ``(group, prompt)`` pairs (bucket 9)."""
     groups: dict[str, list[str]] = {}
-    prompts: list[str] = []
+    prompts: list[tuple[str, str]] = []
     with (DATA / "multidomain_text" / "multidomain_text.jsonl").open() as f:
         for line in f:
             rec = json.loads(line)
-            text = rec["text"]
+            text, dom = rec["text"], rec["domain"]
             b = _bucket(text)
-            if b == 9 and len(prompts) < 2000 and 20 <= len(text) <= 400:
-                prompts.append(text)
-            elif 4 <= b <= 8 and len(groups.setdefault(rec["domain"], [])) < 24:
-                groups[rec["domain"]].append(text[:400])
+            if b == 9 and 20 <= len(text) <= 400:
+                prompts.append((dom, text[:400]))
+            elif 4 <= b <= 8 and len(groups.setdefault(dom, [])) < per_task:
+                groups[dom].append(text[:400])
     smiles = []
     with (DATA / "molecules_smiles" / "moleculenet_esol.jsonl").open() as f:
         for line in f:
             s = json.loads(line)["smiles"]
-            if 4 <= _bucket(s) <= 8 and len(smiles) < 24:
+            b = _bucket(s)
+            if b == 9 and len(s) >= 8:
+                prompts.append(("smiles", s))
+            elif 4 <= b <= 8 and len(smiles) < per_task:
                 smiles.append(s)
     groups["smiles"] = smiles
-    with (DATA / "superglue" / "BoolQ_val.jsonl").open() as f:
-        groups["boolq"] = [json.loads(line)["question"] + "?" for line, _ in zip(f, range(24), strict=False)]
     rng = np.random.default_rng(0)
-    rng.shuffle(prompts)
-    return groups, prompts
+    order = rng.permutation(len(prompts))
+    return groups, [prompts[i] for i in order]
 
 
 def free_port() -> int:
@@ -90,78 +87,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def populate(data_dir: Path, model: str, n_tasks: int, m: int) -> dict[str, Any]:
-    """Migrate, create the space and insert ``n_tasks`` ready tasks (noisy copies of real base states)."""
-    from sqlalchemy import select
-
-    import migrations
-    from atlas import db
-    from atlas import repository as repo
-    from atlas.models import Task
-    from atlas.samples import Sample
-    from fishersketch import Sketcher, SketchState
-    from workers.extraction import Extractor
-    from workers.model_loading import load_causal_lm
-
-    url = f"sqlite:///{(data_dir / 'atlas.sqlite').resolve()}"
-    migrations.upgrade(url)
-    t0 = time.perf_counter()
-    lm = load_causal_lm(model, device="cpu")
-    spec = lm.make_spec(m=m, seed=0)
-    ex = Extractor(lm, Sketcher(spec, device="cpu"), max_tokens_per_sample=128)
-    groups, _ = load_texts()
-    bases = []
-    for name, texts in sorted(groups.items()):
-        for half in (texts[:12], texts[12:24]):
-            if half:
-                bases.append((name, ex.extract([Sample(text=t) for t in half], "text").state))
-    t_extract = time.perf_counter() - t0
-    engine = db.make_engine(url)
-    factory = db.session_factory(engine)
-    rng = np.random.default_rng(1)
-    t0 = time.perf_counter()
-    with factory.begin() as s:
-        space = repo.get_or_create_space(
-            s, model_fingerprint=lm.fingerprint.key(), spec_fingerprint=spec.fingerprint(), model_name=lm.name,
-            d=spec.d, K=spec.K, m=spec.m, seed=spec.seed, spec=spec.to_dict(),
-        )
-        space_id = space.id
-    for start in range(0, n_tasks, 100):
-        with factory.begin() as s:
-            for i in range(start, min(start + 100, n_tasks)):
-                name, base = bases[i % len(bases)]
-                scale = float(np.abs(base.sums).mean())
-                noise = rng.normal(0.0, 0.5 * scale, size=base.sums.shape)
-                st = SketchState(spec, base.sums + noise, base.sq_norms, base.token_counts, base.sample_counts)
-                task = Task(space_id=space_id, name=f"{name}-{i:04d}", mode="text", meta={"domain": name},
-                            status="pending", n_samples=0, n_tokens=0, version=0)
-                s.add(task)
-                s.flush()
-                repo.store_task_result(s, task, state=st.to_bytes(), signature=st.signature(), baselines=None,
-                                       n_samples=st.n_samples, n_tokens=st.n_tokens)
-    with factory() as s:
-        stored = len(s.execute(select(Task.id)).all())
-    engine.dispose()
-    return {"tasks": stored, "bases": len(bases), "extract_s": t_extract, "insert_s": time.perf_counter() - t0,
-            "d": spec.d, "K": spec.K, "m": spec.m}
+def _serve_cmd(port: int) -> list[str]:
+    """``fisher-atlas serve`` (the console script's module) on ``port``; settings come from the env."""
+    return [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning"]
 
 
-_TIMING = re.compile(r"(\w+);dur=([0-9.]+)")
+def _pct(x: list[float], q: float) -> float:
+    return float(np.percentile(np.array(x) * 1e3, q)) if x else float("nan")
 
 
-
-async def load(url: str, prompts: list[str], concurrency: int) -> dict[str, Any]:
-    """Send one route request per prompt with ``concurrency`` clients; latency and stage statistics."""
+async def _load(url: str, prompts: list[str], concurrency: int) -> dict[str, Any]:
+    """One route request per prompt with ``concurrency`` clients: latency, throughput, server stages."""
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
     lat: list[float] = []
-    fwd: list[float] = []
-    search: list[float] = []
-    wait: list[float] = []
+    stages: dict[str, list[float]] = {"forward": [], "search": []}
     errors: dict[int, int] = {}
+    answers: dict[str, str] = {}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
 
         async def worker() -> None:
             while True:
@@ -170,140 +116,220 @@ async def load(url: str, prompts: list[str], concurrency: int) -> dict[str, Any]
                 except asyncio.QueueEmpty:
                     return
                 t0 = time.perf_counter()
-                r = await client.post("/v1/route", json={"prompt": prompt, "k": 5})
+                r = await client.post("/v1/route", json={"prompt": prompt, "k": 5, "threshold": -1})
                 dt_s = time.perf_counter() - t0
                 if r.status_code != 200:
                     errors[r.status_code] = errors.get(r.status_code, 0) + 1
                     continue
                 lat.append(dt_s)
-                stages = dict(_TIMING.findall(r.headers.get("server-timing", "")))
-                fwd.append(float(stages.get("forward", 0.0)) / 1e3)
-                search.append(float(stages.get("search", 0.0)) / 1e3)
-                wait.append(float(stages.get("wait", 0.0)) / 1e3)
+                body = r.json()
+                answers[prompt] = body["matches"][0]["name"] if body["matches"] else ""
+                for part in r.headers.get("server-timing", "").split(","):
+                    name, _, dur = part.strip().partition(";dur=")
+                    if name in stages and dur:
+                        stages[name].append(float(dur.split(";")[0]) / 1e3)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
+    return {"requests": len(prompts), "ok": len(lat), "errors": errors, "req_per_s": len(lat) / wall,
+            "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "forward_p50_ms": _pct(stages["forward"], 50),
+            "search_p50_ms": _pct(stages["search"], 50), "answers": answers}
 
-    def pct(x: list[float], q: float) -> float:
-        return float(np.percentile(np.array(x), q) * 1e3) if x else float("nan")
 
-    return {
-        "requests": len(prompts), "ok": len(lat), "errors": errors, "wall_s": wall, "req_per_s": len(lat) / wall,
-        "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "mean_ms": float(np.mean(lat) * 1e3) if lat else float("nan"),
-        "server_forward_p50_ms": pct(fwd, 50), "server_forward_p99_ms": pct(fwd, 99),
-        "server_search_p50_ms": pct(search, 50), "server_search_p99_ms": pct(search, 99),
-        "server_search_mean_ms": float(np.mean(search) * 1e3) if search else float("nan"),
-        "server_wait_p50_ms": pct(wait, 50), "server_wait_p99_ms": pct(wait, 99),
-    }
+def measure_service(url: str, prompts: list[str], sequential: int, concurrency: int) -> dict[str, Any]:
+    asyncio.run(_load(url, prompts[:16], concurrency))  # warm-up: connections, first forwards
+    seq = asyncio.run(_load(url, prompts[:sequential], 1))
+    conc = asyncio.run(_load(url, prompts[sequential:], concurrency))
+    return {"sequential": seq, "concurrent": conc}
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        try:
+            r = httpx.post(f"{url}/v1/route", json={"prompt": "warming up the router"}, timeout=30)
+            if r.status_code == 200:
+                return time.perf_counter() - t0
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the service exited with {proc.returncode}")
+        time.sleep(0.5)
+    raise SystemExit("the service did not become ready")
+
+
+def minilm_router(groups: dict[str, list[str]], prompts: list[str], threads: int, batch: int) -> dict[str, Any]:
+    """The semantic-router baseline: MiniLM embeddings, task centroids, cosine argmax."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from bench.quality.embed import minilm_dir
+
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(str(minilm_dir()), device="cpu")
+    names = sorted(groups)
+    cent = np.stack([model.encode(groups[n], normalize_embeddings=True).mean(axis=0) for n in names])
+    cent /= np.linalg.norm(cent, axis=1, keepdims=True)
+
+    def route(texts: list[str]) -> list[str]:
+        emb = model.encode(texts, batch_size=len(texts), normalize_embeddings=True)
+        return [names[i] for i in np.argmax(emb @ cent.T, axis=1)]
+
+    route(prompts[:16])
+    lat = []
+    answers = {}
+    for p in prompts[:200]:
+        t0 = time.perf_counter()
+        answers[p] = route([p])[0]
+        lat.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        for p, a in zip(prompts[i: i + batch], route(prompts[i: i + batch]), strict=True):
+            answers[p] = a
+    wall = time.perf_counter() - t0
+    return {"p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "prompts_per_s": len(prompts) / wall,
+            "batch": batch, "torch_threads": torch.get_num_threads(), "answers": answers}
+
+
+def _accuracy(answers: dict[str, str], truth: dict[str, str]) -> float:
+    got = [answers[p] == truth[p] for p in answers if p in truth]
+    return float(np.mean(got)) if got else float("nan")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", type=int, default=1000)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--requests", type=int, default=256, help="distinct prompts (forward included)")
-    p.add_argument("--cached-requests", type=int, default=2000, help="requests over 64 cached prompts")
+    p.add_argument("--sequential", type=int, default=100, help="prompts sent one at a time")
+    p.add_argument("--concurrent", type=int, default=320, help="prompts sent at --concurrency")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--model", default="bundled")
-    p.add_argument("--sketch-dim", type=int, default=4096)
-    p.add_argument("--out", default=None, help="write the markdown report here")
+    p.add_argument("--no-remote", action="store_true", help="skip the remote-mode measurement")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--out", default=None)
     args = p.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="fa-bench-api-"))
-    setup = populate(tmp, args.model, args.tasks, args.sketch_dim)
-    print(json.dumps({"setup": setup}), flush=True)
+    groups, pairs = load_texts()
+    n_prompts = args.sequential + args.concurrent
+    pairs = pairs[:n_prompts]
+    prompts = [t for _, t in pairs]
+    truth = {t: g for g, t in pairs}
+    tmp = Path(tempfile.mkdtemp(prefix="fa-bench-route-"))
+    env = dict(os.environ, FISHER_ATLAS_MODEL=args.model, FISHER_ATLAS_DEVICE="cpu", HF_HUB_OFFLINE="1",
+               FISHER_ATLAS_TORCH_THREADS=str(args.threads), FISHER_ATLAS_DATA_DIR=str(tmp),
+               PYTHONPATH=str(ROOT))
+    from fisher_atlas import Atlas
+
+    t0 = time.perf_counter()
+    with Atlas(tmp, model=args.model, device="cpu") as atlas:
+        for name in sorted(groups):
+            atlas.add(name, groups[name], progress=False)
+    setup_s = time.perf_counter() - t0
+    load_before = os.getloadavg()
+    result: dict[str, Any] = {"tasks": len(groups), "setup_s": setup_s, "threads": args.threads,
+                              "concurrency": args.concurrency}
     port = free_port()
-    env = dict(os.environ, FISHER_ATLAS_MODEL=args.model, FISHER_ATLAS_SKETCH_DIM=str(args.sketch_dim),
-               FISHER_ATLAS_DEVICE="cpu", HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--data-dir", str(tmp),
-                             "--log-level", "warning"], env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(_serve_cmd(port), env=env, cwd=ROOT)
     try:
-        t0 = time.perf_counter()
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.perf_counter() - t0 > 300:
-                raise SystemExit("the service did not become ready")
-            time.sleep(0.5)
-        startup = time.perf_counter() - t0
-        size = httpx.get(f"{url}/v1/tasks", params={"limit": 1}).json()["total"]
-        _, prompts = load_texts()
-        distinct = prompts[: args.requests]
-        cached = prompts[args.requests : args.requests + 64]
-        load_before = os.getloadavg()
-        asyncio.run(load(url, distinct[:32], args.concurrency))  # warm-up: connections, first forwards
-        included = asyncio.run(load(url, distinct[32:], args.concurrency))
-        asyncio.run(load(url, cached, args.concurrency))  # fill the prompt cache
-        reps = [cached[i % len(cached)] for i in range(args.cached_requests)]
-        excluded = asyncio.run(load(url, reps, args.concurrency))
+        result["embedded_startup_s"] = _wait_ready(url, proc)
+        result["embedded"] = measure_service(url, prompts, args.sequential, args.concurrency)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    result = {"setup": setup, "stored_tasks": size, "startup_s": startup, "concurrency": args.concurrency,
-              "forward_included": included, "forward_excluded": excluded,
-              "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
-    print(json.dumps(result, indent=2))
+    result["minilm"] = minilm_router(groups, prompts, args.threads, args.concurrency)
+    if not args.no_remote:
+        result["remote"] = remote(args, env, tmp, prompts)
+    result["loadavg"] = [load_before[0], os.getloadavg()[0]]
+    for key in ("embedded", "remote"):
+        if key in result:
+            answers = {**result[key]["sequential"].pop("answers"), **result[key]["concurrent"].pop("answers")}
+            result[key]["accuracy"] = _accuracy(answers, truth)
+    result["minilm"]["accuracy"] = _accuracy(result["minilm"].pop("answers"), truth)
+    print(json.dumps(result, indent=2), flush=True)
     if args.out:
-        write_report(Path(args.out), args, result)
+        write(Path(args.out), args, result)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _row(label: str, r: dict[str, Any]) -> str:
-    return (f"| {label} | {r['ok']} | {r['req_per_s']:.1f} | {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms "
-            f"| {r['server_search_p50_ms']:.1f} / {r['server_search_p99_ms']:.1f} ms "
-            f"| {r['server_forward_p50_ms']:.1f} / {r['server_forward_p99_ms']:.1f} ms "
-            f"| {r['server_wait_p50_ms']:.0f} / {r['server_wait_p99_ms']:.0f} ms |")
+def remote(args: argparse.Namespace, env: dict[str, str], tmp: Path, prompts: list[str]) -> dict[str, Any]:
+    """API without a model + one worker over Redis on the same SQLite store."""
+    queue = f"fa_bench_{uuid.uuid4().hex[:8]}"
+    renv = dict(env, FISHER_ATLAS_QUEUE="celery", FISHER_ATLAS_REDIS_URL=args.redis_url,
+                FISHER_ATLAS_CELERY_QUEUE=queue,
+                FISHER_ATLAS_DATABASE_URL=f"sqlite:///{(tmp / 'atlas.sqlite').resolve()}")
+    worker = subprocess.Popen([sys.executable, "-c", "from workers.celery_app import run_worker; run_worker()"],
+                              env=renv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    api = subprocess.Popen(_serve_cmd(port),
+                           env=dict(renv, FISHER_ATLAS_MODEL=str(tmp / "no-model-here"),
+                                    FISHER_ATLAS_DATA_DIR=str(tmp / "api")),
+                           cwd=ROOT)
+    try:
+        out: dict[str, Any] = {"startup_s": _wait_ready(url, api)}
+        out.update(measure_service(url, prompts, args.sequential, args.concurrency))
+        return out
+    finally:
+        for proc in (api, worker):
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
-def write_report(path: Path, args: argparse.Namespace, r: dict[str, Any]) -> None:
-    """Write the markdown section of ``bench/results/api.md``."""
-    inc, exc = r["forward_included"], r["forward_excluded"]
-    cmd = (f"nice python -m bench.api.bench_route --tasks {args.tasks} --concurrency {args.concurrency} "
-           f"--requests {args.requests} --cached-requests {args.cached_requests} --out {args.out}")
-    s = r["setup"]
-    header = ("| prompt model forward | requests | req/s | p50 latency | p99 latency | server `search` p50 / p99 "
-              "| server `forward` p50 / p99 | server `wait` p50 / p99 |")
+def write(path: Path, args: argparse.Namespace, r: dict[str, Any]) -> None:
+    """The markdown of ``bench/results/api.md``."""
+    e, mini = r["embedded"], r["minilm"]
+    thr_ratio = e["concurrent"]["req_per_s"] / mini["prompts_per_s"]
+    p50_ratio = e["sequential"]["p50_ms"] / mini["p50_ms"]
+    cmd = (f"python -m bench.api.bench_route --sequential {args.sequential} --concurrent {args.concurrent} "
+           f"--concurrency {args.concurrency} --threads {args.threads} --out {args.out}")
+    rows = [
+        f"| FisherAtlas embedded (HTTP) | {e['concurrent']['req_per_s']:.1f} req/s | {e['sequential']['p50_ms']:.1f} "
+        f"| {e['sequential']['p99_ms']:.1f} | {e['accuracy'] * 100:.1f} % |",
+        f"| MiniLM centroid router (in-process, batched) | {mini['prompts_per_s']:.1f} prompts/s "
+        f"| {mini['p50_ms']:.1f} | {mini['p99_ms']:.1f} | {mini['accuracy'] * 100:.1f} % |",
+    ]
+    busy = (" — the box is shared with other jobs and was busy (load above its 2 cores), so absolute figures"
+            " are pessimistic; the ratios compare sides measured in the same run" if max(r["loadavg"]) > 2.0 else "")
+    remote_text = ""
+    if "remote" in r:
+        rm = r["remote"]
+        rows.append(f"| FisherAtlas remote (API without model + 1 worker, Redis) | {rm['concurrent']['req_per_s']:.1f}"
+                    f" req/s | {rm['sequential']['p50_ms']:.1f} | {rm['sequential']['p99_ms']:.1f} "
+                    f"| {rm['accuracy'] * 100:.1f} % |")
+        added = rm["sequential"]["p50_ms"] - e["sequential"]["p50_ms"]
+        remote_text = (f"\nRemote mode adds **{added:+.1f} ms** per request at p50 (sequential; goal ≤ 5 ms): the "
+                       "Redis round trips and ~200 KiB of state bytes per prompt. Server stages (API's Server-Timing, "
+                       f"sequential p50): forward {rm['sequential']['forward_p50_ms']:.1f} ms (worker round trip "
+                       f"included), search {rm['sequential']['search_p50_ms']:.1f} ms. Errors: "
+                       f"{rm['sequential']['errors'] or 'none'} / {rm['concurrent']['errors'] or 'none'}.\n")
     text = f"""# API benchmarks
 
-## Routing throughput and latency (`POST /v1/route`, k = 5)
+## Routing against a MiniLM centroid router (issue 12)
 
 - Command: `{cmd}`
-- Machine: {MACHINE}; date {dt.date.today().isoformat()}; load generator on the same machine; 1-min load
-  average {r['loadavg_before'][0]:.1f} before / {r['loadavg_after'][0]:.1f} after the runs (the box is shared;
-  figures are lower bounds of what an idle 2-core machine does).
-- Service: `fisher-atlas serve` embedded default — SQLite, on-disk FAISS flat index, in-process runner,
-  model `{args.model}` (d = {s['d']}, K = {s['K']}), m = {s['m']} (16 KiB signatures), {r['stored_tasks']} stored
-  tasks; each request: FAISS top-32 candidates, exact re-rank of their 32 stored states, top 5.
-- Clients: {r['concurrency']} concurrent asyncio clients (httpx, keep-alive), real held-out texts as prompts.
+- Machine: {MACHINE}; date {dt.date.today().isoformat()}; 1-min load average {r['loadavg'][0]:.1f} before /
+  {r['loadavg'][1]:.1f} after{busy}; torch intra-op threads: FisherAtlas service
+  `FISHER_ATLAS_TORCH_THREADS={r['threads']}` (embedded process and remote worker), MiniLM
+  `torch.get_num_threads()` = {mini['torch_threads']}; load generator on the same machine.
+- {r['tasks']} tasks (one per text group of `shared/data`, 24 texts each, added through library mode with the
+  bundled model, m = 4096); the same held-out prompts for every router; k = 5.
+- Throughput: FisherAtlas at concurrency {r['concurrency']} over HTTP (single-prompt requests, micro-batched
+  by the server); MiniLM encoding batches of {mini['batch']} in-process. Latency: one prompt at a time.
 
-{header}
-|---|---:|---:|---:|---:|---:|---:|---:|
-{_row("included (distinct prompts)", inc)}
-{_row("excluded (prompt states cached)", exc)}
+| router | throughput | p50 ms | p99 ms | top-1 on these prompts |
+|---|---:|---:|---:|---:|
+{chr(10).join(rows)}
 
-Method for "forward excluded": the service caches prompt states (a prompt's state is a pure function of
-model, sketch spec and text), so after a warm-up pass over 64 prompts every request of that run skips the
-model forward and measures HTTP + FAISS search + state loading + exact re-rank end to end. The
-`Server-Timing` header of every response (`wait;dur=…, forward;dur=…, search;dur=…`) splits the server
-time into waiting for the model (prompts are sketched one at a time), the forward + sketch itself, and the
-search stage (FAISS + state loading + exact re-rank) — the forward-excluded server time per request, also
-exported as the Prometheus histogram `fisher_atlas_search_seconds{{kind="route"}}`. Latency is client-side
-wall time per request, so at concurrency 32 it includes queueing. Errors: included {inc['errors'] or 'none'},
-excluded {exc['errors'] or 'none'}.
-
-Reading: with the forward included, prompts are sketched one at a time (one model on two cores), so
-throughput is bounded by 1 / forward time (≈ {1e3 / inc['server_forward_p50_ms']:.0f} req/s at the p50
-forward) and
-latency at concurrency 32 is dominated by `wait`, the queue for the model. With the forward excluded, the
-server time per request is the `search` stage; the rest of the latency is queueing for the CPU shared by
-the 32 requests in flight, the event loop and the load generator.
-
-Setup cost (not part of the figures): {s['bases']} base states extracted in {s['extract_s']:.0f} s,
-{s['tasks']} tasks inserted through the store in {s['insert_s']:.1f} s; service start-up (model load, index
-catch-up from SQL) {r['startup_s']:.1f} s.
+**Ratios (one run): throughput {thr_ratio:.2f}x MiniLM (goal ≥ 1.0x), p50 {p50_ratio:.2f}x MiniLM (goal ≤ 1.0x).**
+Server stages (embedded, sequential p50): forward {e['sequential']['forward_p50_ms']:.1f} ms, search
+{e['sequential']['search_p50_ms']:.1f} ms; at concurrency {r['concurrency']}: forward
+{e['concurrent']['forward_p50_ms']:.1f} ms (queueing for the batch included). Errors: embedded
+{e['sequential']['errors'] or 'none'} / {e['concurrent']['errors'] or 'none'}.
+{remote_text}
+The MiniLM side has no HTTP, no JSON and no store in its path; FisherAtlas's figures are end-to-end
+requests. Top-1 is the share of prompts routed to their own group (a sanity column; the routing-quality
+benchmarks are in `quality.md`).
 """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
