@@ -159,8 +159,13 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -
     raise SystemExit("the service did not become ready")
 
 
-def minilm_router(groups: dict[str, list[str]], prompts: list[str], threads: int, batch: int) -> dict[str, Any]:
-    """The semantic-router baseline: MiniLM embeddings, task centroids, cosine argmax."""
+def minilm_router(groups: dict[str, list[str]], prompts: list[str], threads: int, batch: int,
+                  sequential: int) -> dict[str, Any]:
+    """The semantic-router baseline: MiniLM embeddings, task centroids, cosine argmax.
+
+    Latency over ``prompts[:sequential]`` one at a time, throughput over the rest in batches of ``batch``:
+    the same split as the service's sequential and concurrent runs.
+    """
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -179,16 +184,17 @@ def minilm_router(groups: dict[str, list[str]], prompts: list[str], threads: int
     route(prompts[:16])
     lat = []
     answers = {}
-    for p in prompts[:200]:
+    for p in prompts[:sequential]:
         t0 = time.perf_counter()
         answers[p] = route([p])[0]
         lat.append(time.perf_counter() - t0)
+    rest = prompts[sequential:]
     t0 = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        for p, a in zip(prompts[i: i + batch], route(prompts[i: i + batch]), strict=True):
+    for i in range(0, len(rest), batch):
+        for p, a in zip(rest[i: i + batch], route(rest[i: i + batch]), strict=True):
             answers[p] = a
     wall = time.perf_counter() - t0
-    return {"p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "prompts_per_s": len(prompts) / wall,
+    return {"p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "prompts_per_s": len(rest) / wall,
             "batch": batch, "torch_threads": torch.get_num_threads(), "answers": answers}
 
 
@@ -237,7 +243,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    result["minilm"] = minilm_router(groups, prompts, args.threads, args.concurrency)
+    result["minilm"] = minilm_router(groups, prompts, args.threads, args.concurrency, args.sequential)
     if not args.no_remote:
         result["remote"] = remote(args, env, tmp, prompts)
     result["loadavg"] = [load_before[0], os.getloadavg()[0]]

@@ -1,0 +1,284 @@
+"""The client, defined once: :class:`AsyncAtlasClient` (the sync :class:`~service.client.AtlasClient` runs
+these same coroutines on a private event loop).
+
+Reads (GETs and the read-only POSTs) are retried with tenacity on connection errors, 429 and 503,
+honouring ``Retry-After``; writes are never retried here (send an ``Idempotency-Key`` and retry
+yourself). Job progress is followed over server-sent events (httpx-sse), with polling as the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from service.client import calls
+from service.client.calls import Call, FileArg, JobWatch, ProgressCallback
+from service.client.errors import AtlasClientError, RateLimited, Unavailable, Unreachable
+from service.schemas import (
+    AlignMatrixResponse,
+    AlignResponse,
+    AtlasResponse,
+    Health,
+    ImportResult,
+    JobList,
+    JobOut,
+    Readiness,
+    RouteResponse,
+    SourcesResponse,
+    SpaceList,
+    SpaceOut,
+    TaskCreated,
+    TaskList,
+    TaskOut,
+)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, Unreachable | RateLimited | Unavailable)
+
+
+def _wait_for(retry_state: Any) -> float:
+    exc = retry_state.outcome.exception() if retry_state.outcome else None
+    backoff = wait_exponential(multiplier=0.2, max=5.0)(retry_state)
+    retry_after = getattr(exc, "retry_after", None)
+    return min(float(retry_after), 30.0) if retry_after else backoff
+
+
+class AsyncAtlasClient:
+    """Typed client of the FisherAtlas REST API (asyncio).
+
+    Parameters
+    ----------
+    base_url
+        Service URL (default ``$FISHER_ATLAS_URL`` or ``http://127.0.0.1:8000``).
+    api_key
+        Sent as ``X-API-Key`` (default ``$FISHER_ATLAS_API_KEY``).
+    timeout
+        Request timeout in seconds.
+    retries
+        Attempts of a read on connection errors, 429 and 503 (1: no retry).
+    transport, limits
+        Optional httpx transport (e.g. ``httpx.ASGITransport``) and pool limits.
+    """
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
+                 retries: int = 3, transport: httpx.AsyncBaseTransport | None = None,
+                 limits: httpx.Limits | None = None) -> None:
+        self.base_url = (base_url or os.environ.get("FISHER_ATLAS_URL") or calls.DEFAULT_URL).rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("FISHER_ATLAS_API_KEY")
+        self.retries = max(1, retries)
+        headers = {"X-API-Key": self.api_key} if self.api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
+            limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=100),
+        )
+
+    async def __aenter__(self) -> AsyncAtlasClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _once(self, call: Call[Any]) -> Any:
+        try:
+            resp = await self._http.request(call.method, call.path, **call.kwargs())
+        except httpx.TransportError as exc:
+            raise Unreachable(0, "unreachable", f"{self.base_url}: {exc}") from exc
+        return calls.parse(call, resp)
+
+    async def _send(self, call: Call[Any]) -> Any:
+        if not call.idempotent or self.retries == 1:
+            return await self._once(call)
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries), wait=_wait_for,
+                                           retry=retry_if_exception(_retryable), reraise=True):
+            with attempt:
+                return await self._once(call)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- health ------------------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        """``GET /healthz``."""
+        return await self._send(Call("GET", "/healthz", Health))
+
+    async def ready(self) -> Readiness:
+        """``GET /readyz`` (a 503 carries the same body: returned, not raised)."""
+        resp = await self._http.get("/readyz")
+        if resp.status_code not in (200, 503):
+            calls.raise_for(resp)
+        return Readiness.model_validate(resp.json())
+
+    # -- tasks -------------------------------------------------------------------------------------
+
+    async def add_task(self, name: str, file: FileArg = None, *, samples: Sequence[dict[str, str]] | None = None,
+                       mode: str = "text", metadata: dict[str, Any] | None = None, space: str | int | None = None,
+                       filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
+                       wait_timeout: float | None = None) -> TaskCreated:
+        """``POST /v1/tasks`` from a file path / bytes (``file``) or records (``samples``); with ``wait``
+        the job is followed until it ends (``on_progress`` sees every update)."""
+        created: TaskCreated = await self._send(calls.add_task(name, file, samples, mode, metadata, space, filename))
+        if not wait:
+            return created
+        job = await self.wait_job(created.job.id, on_progress=on_progress, timeout=wait_timeout)
+        return TaskCreated(task=await self.get_task(created.task.id), job=job)
+
+    async def append(self, task_id: int, file: FileArg = None, *, samples: Sequence[dict[str, str]] | None = None,
+                     filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
+                     wait_timeout: float | None = None) -> JobOut:
+        """``POST /v1/tasks/{id}/samples``; the job (final with ``wait``)."""
+        accepted = await self._send(calls.append(task_id, file, samples, filename))
+        if not wait:
+            return accepted.job  # type: ignore[no-any-return]
+        return await self.wait_job(accepted.job.id, on_progress=on_progress, timeout=wait_timeout)
+
+    async def get_task(self, task_id: int) -> TaskOut:
+        """``GET /v1/tasks/{id}``."""
+        return await self._send(Call("GET", f"/v1/tasks/{task_id}", TaskOut))
+
+    async def list_tasks(self, *, space: str | int | None = None, name: str | None = None,
+                         name_prefix: str | None = None, status: str | None = None, offset: int = 0,
+                         limit: int = 50) -> TaskList:
+        """``GET /v1/tasks`` with filters and pagination."""
+        params = {"space": space, "name": name, "name_prefix": name_prefix, "status": status, "offset": offset,
+                  "limit": limit}
+        return await self._send(Call("GET", "/v1/tasks", TaskList, params=params))
+
+    async def find_task(self, name_or_id: str | int, *, space: str | int | None = None) -> TaskOut:
+        """A task by exact name (in ``space``, default the service's) or by numeric id."""
+        if isinstance(name_or_id, int):
+            return await self.get_task(name_or_id)
+        found = (await self.list_tasks(space=space, name=name_or_id, limit=1)).items
+        if found:
+            return found[0]
+        if name_or_id.isascii() and name_or_id.isdigit():
+            return await self.get_task(int(name_or_id))
+        from service.client.errors import NotFound
+
+        raise NotFound(404, "not_found", f"no task named {name_or_id!r}")
+
+    async def patch_task(self, task_id: int, metadata: dict[str, Any]) -> TaskOut:
+        """``PATCH /v1/tasks/{id}``: merge ``metadata`` (``None`` values remove keys)."""
+        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}", TaskOut, json={"metadata": metadata}))
+
+    async def delete_task(self, task_id: int) -> None:
+        """``DELETE /v1/tasks/{id}``."""
+        await self._send(Call("DELETE", f"/v1/tasks/{task_id}", None))
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    async def get_job(self, job_id: int) -> JobOut:
+        """``GET /v1/jobs/{id}``."""
+        return await self._send(Call("GET", f"/v1/jobs/{job_id}", JobOut))
+
+    async def list_jobs(self, *, task_id: int | None = None, status: str | None = None, offset: int = 0,
+                        limit: int = 50) -> JobList:
+        """``GET /v1/jobs``, newest first."""
+        params = {"task_id": task_id, "status": status, "offset": offset, "limit": limit}
+        return await self._send(Call("GET", "/v1/jobs", JobList, params=params))
+
+    async def cancel_job(self, job_id: int) -> JobOut:
+        """``POST /v1/jobs/{id}/cancel``."""
+        return await self._send(Call("POST", f"/v1/jobs/{job_id}/cancel", JobOut))
+
+    async def job_events(self, job_id: int) -> AsyncIterator[JobOut]:
+        """The job's server-sent ``progress`` events until it ends."""
+        try:
+            async with aconnect_sse(self._http, "GET", f"/v1/jobs/{job_id}/events",
+                                    timeout=httpx.Timeout(30.0, read=None)) as source:
+                if source.response.status_code >= 400:
+                    await source.response.aread()
+                    calls.raise_for(source.response)
+                async for event in source.aiter_sse():
+                    if event.event == "progress":
+                        yield JobOut.model_validate_json(event.data)
+        except httpx.TransportError as exc:
+            raise Unreachable(0, "unreachable", f"{self.base_url}: {exc}") from exc
+
+    async def wait_job(self, job_id: int, *, on_progress: ProgressCallback | None = None,
+                       timeout: float | None = None, poll_interval: float = 0.5) -> JobOut:
+        """Follow a job (progress stream, polling as fallback) until it ends; its final state."""
+        watch = JobWatch(on_progress, timeout)
+        try:
+            async for job in self.job_events(job_id):
+                if watch.done(job) or watch.expired():
+                    break
+        except AtlasClientError as exc:
+            watch.stream_failed(exc)
+        while not watch.finished and not watch.polled(await self.get_job(job_id)):
+            await asyncio.sleep(poll_interval)
+        return watch.result()
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    async def route(self, prompt: str | Sequence[str], *, k: int = 5, threshold: float | None = None,
+                    candidates: int | None = None, space: str | int | None = None) -> RouteResponse:
+        """``POST /v1/route`` for one prompt (``str``) or a batch (a sequence)."""
+        return await self._send(calls.route(prompt, k, threshold, candidates, space))
+
+    async def sources(self, task_id: int, *, k: int = 5, candidates: int | None = None) -> SourcesResponse:
+        """``GET /v1/tasks/{id}/sources``: recommended fine-tuning sources."""
+        return await self._send(Call("GET", f"/v1/tasks/{task_id}/sources", SourcesResponse,
+                                     params={"k": k, "candidates": candidates}))
+
+    async def align(self, a: int, b: int) -> AlignResponse:
+        """``GET /v1/align?a=&b=``."""
+        return await self._send(Call("GET", "/v1/align", AlignResponse, params={"a": a, "b": b}))
+
+    async def align_matrix(self, task_ids: Sequence[int]) -> AlignMatrixResponse:
+        """``POST /v1/align/matrix``."""
+        return await self._send(Call("POST", "/v1/align/matrix", AlignMatrixResponse,
+                                     json={"task_ids": list(task_ids)}))
+
+    async def atlas(self, *, space: str | int | None = None) -> AtlasResponse:
+        """``GET /v1/atlas``: the 2-D map of a space."""
+        return await self._send(Call("GET", "/v1/atlas", AtlasResponse, params={"space": space}))
+
+    # -- spaces ------------------------------------------------------------------------------------
+
+    async def spaces(self) -> SpaceList:
+        """``GET /v1/spaces``."""
+        return await self._send(Call("GET", "/v1/spaces", SpaceList))
+
+    async def get_space(self, space: str | int = "default") -> SpaceOut:
+        """``GET /v1/spaces/{id}``."""
+        return await self._send(Call("GET", f"/v1/spaces/{space}", SpaceOut))
+
+    async def export_space(self, space: str | int | None = None, out: str | os.PathLike[str] | None = None) -> bytes:
+        """``GET /v1/spaces/{id}/export`` (``default`` when ``space`` is None); optionally written to ``out``."""
+        blob: bytes = await self._send(Call("GET", f"/v1/spaces/{space if space is not None else 'default'}/export",
+                                            None))
+        if out is not None:
+            Path(os.fspath(out)).write_bytes(blob)
+        return blob
+
+    async def import_space(self, file: str | os.PathLike[str] | bytes, *, on_conflict: str = "fail") -> ImportResult:
+        """``POST /v1/spaces/import`` of a file written by :meth:`export_space`."""
+        data = file if isinstance(file, bytes) else Path(os.fspath(file)).read_bytes()
+        return await self._send(Call("POST", "/v1/spaces/import", ImportResult, params={"on_conflict": on_conflict},
+                                     files={"file": ("space.jsonl", data, "application/x-ndjson")}))
+
+    # -- keys (admin) ------------------------------------------------------------------------------
+
+    async def create_key(self, name: str, scopes: Sequence[str] = ("read",)) -> dict[str, Any]:
+        """``POST /v1/keys`` (admin): the new key, its plaintext shown this once."""
+        return await self._send(Call("POST", "/v1/keys", None, json={"name": name, "scopes": list(scopes)},
+                                     as_json=True))
+
+    async def list_keys(self) -> dict[str, Any]:
+        """``GET /v1/keys`` (admin): the keys, never their plaintext."""
+        return await self._send(Call("GET", "/v1/keys", None, as_json=True))
+
+    async def revoke_key(self, key_id: int) -> None:
+        """``DELETE /v1/keys/{id}`` (admin)."""
+        await self._send(Call("DELETE", f"/v1/keys/{key_id}", None))

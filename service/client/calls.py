@@ -1,0 +1,174 @@
+"""Request descriptions and response parsing shared by the async and sync clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from service.client.errors import AtlasClientError, error_for
+from service.schemas import JobAccepted, JobOut, RouteResponse, TaskCreated
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+T = TypeVar("T", bound=BaseModel)
+ProgressCallback = Callable[[JobOut], None]
+FileArg = str | os.PathLike[str] | bytes | None
+IDEMPOTENT_POSTS = ("/v1/route", "/v1/align/matrix")
+"""POST endpoints that only read: retried like GETs."""
+
+
+@dataclass
+class Call(Generic[T]):
+    """One HTTP request and the model its JSON answer parses into (``None``: raw bytes)."""
+
+    method: str
+    path: str
+    model: type[T] | None
+    params: dict[str, Any] = field(default_factory=dict)
+    json: Any = None
+    data: dict[str, str] | None = None
+    files: dict[str, tuple[str, bytes, str]] | None = None
+    as_json: bool = False
+    """Without a model: return the decoded JSON instead of the raw bytes."""
+
+    @property
+    def idempotent(self) -> bool:
+        """Safe to retry (reads)."""
+        return self.method in ("GET", "HEAD") or (self.method == "POST" and self.path in IDEMPOTENT_POSTS)
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``httpx.AsyncClient.request``."""
+        out: dict[str, Any] = {"params": {k: v for k, v in self.params.items() if v is not None}}
+        for key in ("json", "data", "files"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+def raise_for(resp: httpx.Response) -> None:
+    """Raise the typed error of an error answer."""
+    if resp.status_code < 400:
+        return
+    try:
+        body = resp.json()
+        code, message, detail = body.get("code", "http_error"), body.get("message", resp.text), body.get("detail")
+    except (ValueError, AttributeError):
+        code, message, detail = "http_error", resp.text or resp.reason_phrase, None
+    retry = resp.headers.get("Retry-After")
+    retry_after = float(retry) if retry and retry.replace(".", "", 1).isdigit() else None
+    raise error_for(resp.status_code, str(code), str(message), detail, retry_after)
+
+
+def parse(call: Call[T], resp: httpx.Response) -> Any:
+    """The answer as ``call.model`` (raw bytes when it has none)."""
+    raise_for(resp)
+    if call.model is None:
+        if call.as_json:
+            return resp.json() if resp.content else None
+        return resp.content
+    return call.model.model_validate(resp.json())
+
+
+def upload(file: FileArg, samples: Sequence[dict[str, str]] | None, filename: str | None
+           ) -> tuple[dict[str, tuple[str, bytes, str]] | None, list[dict[str, str]] | None]:
+    """Multipart file part or JSON records of an upload (exactly one of ``file`` / ``samples``)."""
+    if (file is None) == (samples is None):
+        raise ValueError("give exactly one of 'file' or 'samples'")
+    if samples is not None:
+        return None, [dict(s) for s in samples]
+    if isinstance(file, bytes):
+        return {"file": (filename or "upload.jsonl", file, "application/octet-stream")}, None
+    assert file is not None
+    path = Path(os.fspath(file))
+    return {"file": (filename or path.name, path.read_bytes(), "application/octet-stream")}, None
+
+
+def add_task(name: str, file: FileArg, samples: Sequence[dict[str, str]] | None, mode: str,
+             metadata: dict[str, Any] | None, space: str | int | None, filename: str | None) -> Call[Any]:
+    """``POST /v1/tasks`` as JSON records or a multipart upload."""
+    files, records = upload(file, samples, filename)
+    if records is not None:
+        body: dict[str, Any] = {"name": name, "mode": mode, "metadata": metadata or {}, "samples": records}
+        if space is not None:
+            body["space"] = str(space)
+        return Call("POST", "/v1/tasks", TaskCreated, json=body)
+    data = {"name": name, "mode": mode, "metadata": json.dumps(metadata or {})}
+    if space is not None:
+        data["space"] = str(space)
+    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files)
+
+
+def append(task_id: int, file: FileArg, samples: Sequence[dict[str, str]] | None, filename: str | None) -> Call[Any]:
+    """``POST /v1/tasks/{id}/samples``."""
+    files, records = upload(file, samples, filename)
+    if records is not None:
+        return Call("POST", f"/v1/tasks/{task_id}/samples", JobAccepted, json={"samples": records})
+    return Call("POST", f"/v1/tasks/{task_id}/samples", JobAccepted, files=files)
+
+
+def route(prompt: str | Sequence[str], k: int, threshold: float | None, candidates: int | None,
+          space: str | int | None) -> Call[Any]:
+    """``POST /v1/route`` for one prompt or a batch."""
+    body: dict[str, Any] = {"k": k}
+    if isinstance(prompt, str):
+        body["prompt"] = prompt
+    else:
+        body["prompts"] = list(prompt)
+    for key, value in (("threshold", threshold), ("candidates", candidates)):
+        if value is not None:
+            body[key] = value
+    if space is not None:
+        body["space"] = str(space)
+    return Call("POST", "/v1/route", RouteResponse, json=body)
+
+
+class JobWatch:
+    """State of ``wait_job``: progress stream first, polling as the fallback, an optional deadline."""
+
+    def __init__(self, on_progress: ProgressCallback | None, timeout: float | None) -> None:
+        self.on_progress = on_progress
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.last: JobOut | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the last report was final."""
+        return self.last is not None and self.last.done
+
+    def done(self, job: JobOut) -> bool:
+        """Report ``job``; whether it has ended."""
+        self.last = job
+        if self.on_progress:
+            self.on_progress(job)
+        return job.done
+
+    def expired(self) -> bool:
+        """Past the deadline."""
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def stream_failed(self, exc: AtlasClientError) -> None:
+        """An unreachable or missing progress stream falls back to polling; anything else is raised."""
+        if exc.status not in (0, 404, 405):
+            raise exc
+
+    def polled(self, job: JobOut) -> bool:
+        """Report a polled ``job``; whether it has ended (:class:`TimeoutError` past the deadline)."""
+        if self.done(job):
+            return True
+        if self.expired():
+            raise TimeoutError(f"job {job.id} still {job.status} after {self.timeout} s")
+        return False
+
+    def result(self) -> JobOut:
+        """The final job."""
+        assert self.last is not None and self.last.done
+        return self.last
