@@ -61,6 +61,6 @@ def test_cli_help_lists_every_subcommand() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "service.cli", "--help"], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout
-    for command in ("serve", "worker", "add", "append", "route", "recommend", "align", "atlas", "export",
-                    "import", "keys", "migrate"):
-        assert re.search(rf"^\s+{command}\b", out, flags=re.M), command
+    for command in ("serve", "worker", "add", "append", "route", "recommend", "align", "atlas", "matrix", "export",
+                    "import", "tasks", "jobs", "keys", "migrate"):
+        assert re.search(rf"^[\s│]+{command}\b", out, flags=re.M), command

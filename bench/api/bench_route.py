@@ -88,9 +88,11 @@ def free_port() -> int:
 
 
 def _serve_cmd(port: int) -> list[str]:
-    """``fisher-atlas serve`` (the console script's module) on ``port``; settings come from the env."""
-    return [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning"]
+    """``fisher-atlas serve`` (the console script next to this interpreter) on ``port``; settings from the env."""
+    script = Path(sys.executable).with_name("fisher-atlas")
+    run_main = "import sys; from service.cli import main; sys.argv[0] = 'fisher-atlas'; sys.exit(main())"
+    launcher = [str(script)] if script.exists() else [sys.executable, "-c", run_main]
+    return [*launcher, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
 
 
 def _pct(x: list[float], q: float) -> float:

@@ -1,4 +1,8 @@
-"""The ``fisher-atlas`` CLI against a live service (user commands) and a database (keys, migrate)."""
+"""The ``fisher-atlas`` CLI over real HTTP with API keys on: every command, its ``--json`` output, its errors.
+
+Also the figures (matplotlib, read back: PNG/SVG/PDF of real content, task names in the SVG text) and the
+``keys --local`` bootstrap of the first admin key.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +21,7 @@ PROSE = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps whil
          "The brown fox and the dog are friends.", "The fox jumps over the fence by the road."]
 CODE = ["def add(a, b):\n    return a + b\n", "def sub(a, b):\n    return a - b\n",
         "for i in range(3):\n    print(i)\n"]
+MATH = ["one plus one is two", "two times three is six", "seven minus four is three", "ten over five is two"]
 
 
 def _jsonl(path: Path, texts: list[str]) -> Path:
@@ -23,65 +29,120 @@ def _jsonl(path: Path, texts: list[str]) -> Path:
     return path
 
 
-def test_user_commands(serve, tiny_lm, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    svc = serve(lm=tiny_lm)
-    url = ["--url", svc.url]
-    assert main(["add", "prose", str(_jsonl(tmp_path / "p.jsonl", PROSE)), "--wait", *url,
+def _json(capsys: pytest.CaptureFixture[str]) -> Any:
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    # Bootstrap: the first admin key, straight into the database, before the server runs.
+    assert main(["keys", "create", "--local", "--name", "root", "--scopes", "admin", "--json",
+                 "--data-dir", str(data)]) == 0
+    admin = _json(capsys)["key"]
+    svc = serve(lm=tiny_lm, data_dir=data, require_keys=True)
+    url = ["--url", svc.url, "--api-key", admin]
+    assert main(["tasks", "list", "--url", svc.url]) == 1
+    assert "401 unauthorized" in capsys.readouterr().err
+
+    # keys over the API
+    assert main(["keys", "create", "--name", "ops", "--scopes", "read,write", "--json", *url]) == 0
+    ops = _json(capsys)
+    assert ops["key"].startswith("fa_") and ops["scopes"] == ["read", "write"]
+    assert main(["keys", "list", *url]) == 0
+    listing = capsys.readouterr().out
+    assert "ops" in listing and "root" in listing and ops["key"] not in listing
+    write = ["--url", svc.url, "--api-key", ops["key"]]
+
+    assert main(["add", "prose", str(_jsonl(tmp_path / "p.jsonl", PROSE)), "--wait", *write,
                  "--metadata", '{"domain": "prose"}']) == 0
     err = capsys.readouterr().err
-    assert "prose [" in err and "samples" in err and "succeeded" in err  # the progress bar
-    assert main(["add", "code", str(_jsonl(tmp_path / "c.jsonl", CODE)), "--wait", *url]) == 0
-    assert main(["append", "code", str(_jsonl(tmp_path / "c2.jsonl", ["x = 1\n"])), "--wait", *url]) == 0
+    assert "prose [" in err and "samples" in err and "tokens" in err and "succeeded" in err  # progress
+    assert main(["add", "code", str(_jsonl(tmp_path / "c.jsonl", CODE)), "--wait", "--json", *write]) == 0
+    assert _json(capsys)["job"]["status"] == "succeeded"
+    assert main(["add", "math", str(_jsonl(tmp_path / "m.jsonl", MATH)), "--wait", *write]) == 0
+    assert main(["append", "code", str(_jsonl(tmp_path / "c2.jsonl", ["x = 1\n"])), "--wait", *write]) == 0
     capsys.readouterr()
 
-    assert main(["route", "The lazy fox", "-k", "2", *url]) == 0
-    out = capsys.readouterr().out
-    assert "prose" in out and "code" in out
-    assert main(["route", "The lazy fox", "-k", "1", "--json", *url]) == 0
-    assert json.loads(capsys.readouterr().out)["matches"][0]["name"] in ("prose", "code")
-    assert main(["recommend", "prose", "-k", "1", *url]) == 0
-    assert "sources for prose" in capsys.readouterr().out
-    assert main(["align", "prose", "code", "--json", *url]) == 0
-    pair = json.loads(capsys.readouterr().out)
-    assert {"fisher", "fisher_shrunk", "activation", "error", "rho", "se", "activation_dark"} <= set(pair)
+    assert main(["tasks", "list", "--json", *url]) == 0
+    assert {t["name"] for t in _json(capsys)["items"]} == {"prose", "code", "math"}
+    assert main(["tasks", "show", "code", "--json", *url]) == 0
+    assert _json(capsys)["n_samples"] == 4
+    assert main(["jobs", "list", "--task", "code", "--json", *url]) == 0
+    jobs = _json(capsys)["items"]
+    assert [j["kind"] for j in jobs] == ["append", "create"]
+    assert main(["jobs", "show", str(jobs[0]["id"]), *url]) == 0
+    assert "succeeded" in capsys.readouterr().out
+    assert main(["jobs", "cancel", str(jobs[0]["id"]), "--json", *url]) == 0  # finished: returned unchanged
+    assert _json(capsys)["status"] == "succeeded"
 
-    png, svg = tmp_path / "atlas.png", tmp_path / "atlas.svg"
-    assert main(["atlas", "--out", str(png), *url]) == 0
-    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    assert main(["atlas", "--out", str(svg), *url]) == 0
-    assert b"<svg" in svg.read_bytes() and b"prose" in svg.read_bytes()
+    assert main(["route", "The lazy fox", "-k", "2", *url]) == 0
+    assert "prose" in capsys.readouterr().out
+    assert main(["route", "The lazy fox", "-k", "1", "--json", *url]) == 0
+    assert _json(capsys)["matches"][0]["name"] in ("prose", "code", "math")
+    assert main(["align", "prose", "code", "--json", *url]) == 0
+    assert {"fisher", "fisher_shrunk", "activation", "error", "rho", "se", "activation_dark"} <= set(_json(capsys))
+
+    # figures
+    png, svg, pdf = tmp_path / "atlas.png", tmp_path / "atlas.svg", tmp_path / "heat.pdf"
+    assert main(["atlas", "--out", str(png), *url]) == 0 and main(["atlas", "--out", str(svg), *url]) == 0
+    assert main(["matrix", "--out", str(pdf), *url]) == 0
+    heat = tmp_path / "heat.svg"
+    assert main(["matrix", "prose", "code", "math", "--out", str(heat), *url]) == 0
+    bars = tmp_path / "factors.png"
+    assert main(["recommend", "prose", "-k", "2", "--plot", str(bars), *url]) == 0
+    assert "sources for prose" in capsys.readouterr().out
+    _check_png(png)
+    _check_png(bars)
+    for f in (svg, heat):
+        text = f.read_text()
+        assert "<svg" in text and all(name in text for name in ("prose", "code", "math")), f
+    assert pdf.read_bytes().startswith(b"%PDF")
+    assert main(["atlas", "--out", str(tmp_path / "atlas.gif"), *url]) == 2
+    assert "use one of .png, .svg, .pdf" in capsys.readouterr().err
+    assert not (tmp_path / "atlas.gif").exists()
 
     export = tmp_path / "space.jsonl"
     assert main(["export", str(export), *url]) == 0
     other = serve(lm=tiny_lm)
     assert main(["import", str(export), "--url", other.url]) == 0
-    assert "imported 2 tasks" in capsys.readouterr().out
-    assert main(["import", str(export), "--url", other.url]) == 1  # conflict, reported on stderr
+    assert "imported 3 tasks" in capsys.readouterr().out
+    assert main(["import", str(export), "--url", other.url]) == 1  # conflict, one line on stderr
     assert "409 conflict" in capsys.readouterr().err
     assert main(["import", str(export), "--on-conflict", "skip", "--url", other.url]) == 0
 
-    # errors are one line on stderr with the service's code, exit status 1
-    assert main(["recommend", "nope", *url]) == 1
+    assert main(["tasks", "delete", "math", "--yes", *write]) == 0
+    assert main(["tasks", "show", "math", *url]) == 1
     assert "404 not_found" in capsys.readouterr().err
+    assert main(["keys", "revoke", str(ops["id"]), *url]) == 0
+    assert main(["tasks", "list", *write]) == 1
+    assert "401" in capsys.readouterr().err
     assert main(["route", "x", "--url", "http://127.0.0.1:9"]) == 1
+    assert main(["add"]) == 2  # usage error
 
 
-def test_keys_and_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _check_png(path: Path) -> None:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.width > 300 and im.height > 200
+        colors = im.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colors is not None and len(colors) > 20  # drawn, not blank
+
+
+def test_local_keys_and_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = ["--data-dir", str(tmp_path)]
     assert main(["migrate", *data]) == 0
     assert "latest schema revision" in capsys.readouterr().out
-    assert main(["keys", "create", "--name", "ops", "--scopes", "read,write", "--json", *data]) == 0
-    created = json.loads(capsys.readouterr().out)
-    assert created["key"].startswith("fa_") and created["scopes"] == ["read", "write"]
-    assert main(["keys", "list", *data]) == 0
-    listing = capsys.readouterr().out
-    assert "ops" in listing and created["key"] not in listing
-    assert main(["keys", "revoke", str(created["id"]), *data]) == 0
+    assert main(["keys", "create", "--local", "--name", "ops", "--scopes", "read,write", "--json", *data]) == 0
+    created = _json(capsys)
+    assert main(["keys", "list", "--local", *data]) == 0
+    assert "ops" in capsys.readouterr().out
+    assert main(["keys", "revoke", "--local", str(created["id"]), *data]) == 0
     assert "revoked key" in capsys.readouterr().out
-    assert main(["keys", "list", "--json", *data]) == 0
-    assert json.loads(capsys.readouterr().out) == []
-    assert main(["keys", "create", "--name", "bad", "--scopes", "root", *data]) == 1
-    assert main(["keys", "revoke", "999", *data]) == 1
+    assert main(["keys", "list", "--local", "--json", *data]) == 0
+    assert _json(capsys) == []
+    assert main(["keys", "create", "--local", "--name", "bad", "--scopes", "root", *data]) == 1
+    assert main(["keys", "revoke", "--local", "999", *data]) == 1
 
 
 def test_serve_command_starts_and_answers(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -90,10 +151,9 @@ def test_serve_command_starts_and_answers(tmp_path: Path, tiny_model_dir: Path) 
 
     port = free_port()
     env = {"FISHER_ATLAS_MODEL": str(tiny_model_dir), "FISHER_ATLAS_SKETCH_DIM": "128", "FISHER_ATLAS_DEVICE": "cpu",
-           "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+           "FISHER_ATLAS_PORT": str(port), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path / "d"),
-         "--log-level", "warning"],
+        [sys.executable, "-m", "service.cli", "serve", "--data-dir", str(tmp_path / "d"), "--log-level", "warning"],
         env=env, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

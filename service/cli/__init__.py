@@ -1,0 +1,53 @@
+"""The ``fisher-atlas`` command line (typer).
+
+Server-side commands (``serve``, ``worker``, ``migrate``, ``keys --local``) act on the local configuration;
+user commands (``add``, ``route``, ``tasks``, ``jobs``, ``keys``, ...) talk to a running service over HTTP
+through :class:`service.client.AtlasClient`. Every option has an environment twin ``FISHER_ATLAS_<NAME>``
+(options win), ``--json`` gives machine-readable output, and errors are one line on stderr with the
+service's code (exit status 1; 2 for usage errors).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import typer
+
+from service.cli import keys, queries, server, tasks
+
+app = typer.Typer(name="fisher-atlas", no_args_is_help=True, add_completion=False,
+                  help="FisherAtlas: a task-signature vector database (FisherSketch + FAISS + SQL).")
+for module in (server, tasks, queries):
+    for command in module.app.registered_commands:
+        app.registered_commands.append(command)
+app.add_typer(tasks.tasks_app, name="tasks")
+app.add_typer(tasks.jobs_app, name="jobs")
+app.add_typer(keys.app, name="keys")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fisher-atlas`` console script; returns the exit status."""
+    from service.client import AtlasClientError
+
+    try:
+        rc = app(args=list(argv) if argv is not None else None, prog_name="fisher-atlas", standalone_mode=False)
+    except AtlasClientError as exc:
+        print(f"fisher-atlas: {exc.status} {exc.code}: {exc.message}" if exc.status else f"fisher-atlas: {exc.message}",
+              file=sys.stderr)
+        return 1
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except FileNotFoundError as exc:
+        print(f"fisher-atlas: no such file: {exc.filename}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # typer's (vendored) click usage errors and aborts
+        show = getattr(exc, "show", None)
+        if show is None and type(exc).__name__ != "Abort":
+            raise
+        if show is not None:
+            show()
+        return int(getattr(exc, "exit_code", 1))
+    return rc if isinstance(rc, int) else 0

@@ -1,0 +1,5 @@
+"""``python -m service.cli``."""
+
+from service.cli import main
+
+raise SystemExit(main())

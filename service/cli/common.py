@@ -1,0 +1,88 @@
+"""Options, output and progress shared by the ``fisher-atlas`` commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+
+from service.schemas import JobOut
+
+Url = Annotated[str | None, typer.Option("--url", envvar="FISHER_ATLAS_URL",
+                                         help="Service URL (default http://127.0.0.1:8000).")]
+ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="FISHER_ATLAS_API_KEY", help="API key.")]
+Space = Annotated[str | None, typer.Option("--space", envvar="FISHER_ATLAS_SPACE",
+                                           help="Space id or model name (default: the service's).")]
+Timeout = Annotated[float, typer.Option("--timeout", envvar="FISHER_ATLAS_TIMEOUT", help="Request timeout, s.")]
+Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DataDir = Annotated[str | None, typer.Option("--data-dir", envvar="FISHER_ATLAS_DATA_DIR",
+                                             help="SQLite, FAISS and upload files.")]
+DatabaseUrl = Annotated[str | None, typer.Option("--database-url", envvar="FISHER_ATLAS_DATABASE_URL",
+                                                 help="SQLAlchemy URL, e.g. postgresql+psycopg://...")]
+Model = Annotated[str | None, typer.Option("--model", envvar="FISHER_ATLAS_MODEL",
+                                           help="'bundled', a hub name or a local directory.")]
+
+
+def client(url: str | None, api_key: str | None, timeout: float = 120.0) -> Any:
+    """A blocking client of the service."""
+    from service.client import AtlasClient
+
+    return AtlasClient(url, api_key=api_key, timeout=timeout)
+
+
+def emit(as_json: bool, payload: Any, text: str) -> None:
+    """Print ``payload`` as JSON (``--json``) or ``text``."""
+    if as_json:
+        data = payload.model_dump(mode="json") if hasattr(payload, "model_dump") else payload
+        print(json.dumps(data, indent=2))
+    else:
+        print(text)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print one line on stderr and return the exit to raise."""
+    print(f"fisher-atlas: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
+    """Parse a ``--flag '{...}'`` JSON object."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(f"{flag} is not valid JSON: {exc.msg}", 2) from None
+    if not isinstance(value, dict):
+        raise fail(f"{flag} must be a JSON object", 2)
+    return value
+
+
+def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
+    """Follow a job to its end with a progress bar on stderr: samples, tokens streamed through the model,
+    tokens/s and the ETA (rich)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True, force_terminal=False, width=100)
+    columns = (TextColumn("{task.description} ["), BarColumn(bar_width=24), TextColumn("]"),
+               MofNCompleteColumn(), TextColumn("samples · {task.fields[tokens]:,} tokens · {task.fields[rate]}"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=quiet, transient=False) as bar:
+        tid = bar.add_task(label, total=None, tokens=0, rate="- tok/s")
+        t0 = time.monotonic()
+
+        def update(job: JobOut) -> None:
+            p = job.progress
+            bar.update(tid, completed=p.samples_done, total=p.samples_total or None, tokens=p.tokens,
+                       rate=f"{p.tokens_per_s:,.0f} tok/s")
+
+        job = cl.wait_job(job_id, on_progress=update)
+        update(job)
+    if not quiet:
+        console.print(f"{label}: job {job.id} {job.status} in {time.monotonic() - t0:.1f} s"
+                      + (f": {job.error}" if job.error else ""))
+    return job

@@ -1,0 +1,97 @@
+"""``keys create|list|revoke``: over the API (``--url``, an admin key), or ``--local`` on the database
+(the bootstrap of the first admin key, before any server runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from service.cli.common import ApiKey, DatabaseUrl, DataDir, Json, Timeout, Url, client, emit, fail
+
+app = typer.Typer(help="Create, list and revoke API keys (admin).", no_args_is_help=True)
+Local = Annotated[bool, typer.Option("--local", help="Act on the database directly (bootstrap), not over the API.")]
+
+
+@contextmanager
+def _db(data_dir: str | None, database_url: str | None) -> Iterator[Any]:
+    from atlas.db import make_engine, session_factory
+    from service.cli.server import migrate_db, settings
+
+    s = settings(data_dir=data_dir, database_url=database_url)
+    migrate_db(s)
+    engine = make_engine(s.resolved_database_url(), pool_size=1)
+    try:
+        with session_factory(engine).begin() as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
+def _row(k: Any) -> dict[str, Any]:
+    return {"id": k.id, "name": k.name, "prefix": k.prefix, "scopes": list(k.scopes),
+            "created_at": k.created_at.isoformat(), "revoked": k.revoked_at is not None,
+            "last_used_at": k.last_used_at.isoformat() if k.last_used_at else None}
+
+
+@app.command()
+def create(name: Annotated[str, typer.Option(help="A name for the key.")],
+           scopes: Annotated[str, typer.Option(help="Comma-separated: read, write, admin.")] = "read",
+           local: Local = False, data_dir: DataDir = None, database_url: DatabaseUrl = None,
+           url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
+    """Create a key and print it once."""
+    wanted = [s.strip() for s in scopes.split(",") if s.strip()]
+    if local:
+        from atlas import apikeys
+        from atlas.errors import AtlasError
+
+        try:
+            with _db(data_dir, database_url) as session:
+                key, plaintext = apikeys.create_api_key(session, name, wanted)
+                out = {"id": key.id, "name": key.name, "scopes": list(key.scopes), "key": plaintext}
+        except AtlasError as exc:
+            raise fail(exc.message) from None
+    else:
+        with client(url, api_key, timeout) as cl:
+            out = cl.create_key(name, wanted)
+    emit(json, out, f"created key {out['id']} ({out['name']}, scopes {','.join(out['scopes'])}):\n{out['key']}\n"
+         "store it now: it is shown only once")
+
+
+@app.command("list")
+def list_keys(all_keys: Annotated[bool, typer.Option("--all", help="Include revoked keys (--local).")] = False,
+              local: Local = False, data_dir: DataDir = None, database_url: DatabaseUrl = None,
+              url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
+    """List keys (never their secrets)."""
+    if local:
+        from atlas import apikeys
+
+        with _db(data_dir, database_url) as session:
+            data = [_row(k) for k in apikeys.list_api_keys(session, include_revoked=all_keys)]
+    else:
+        with client(url, api_key, timeout) as cl:
+            data = list(cl.list_keys().get("items", []))
+    lines = [f"{d['id']:>4}  {d['prefix']}…  {','.join(d['scopes']):<18} {d['name']}"
+             + ("  (revoked)" if d.get("revoked") else "") for d in data]
+    emit(json, data, "\n".join(lines) if lines else "no API keys")
+
+
+@app.command()
+def revoke(key_id: int, local: Local = False, data_dir: DataDir = None, database_url: DatabaseUrl = None,
+           url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
+    """Revoke a key by id."""
+    if local:
+        from atlas import apikeys
+        from atlas.errors import AtlasError
+
+        try:
+            with _db(data_dir, database_url) as session:
+                apikeys.revoke_api_key(session, key_id)
+        except AtlasError as exc:
+            raise fail(exc.message) from None
+    else:
+        with client(url, api_key, timeout) as cl:
+            cl.revoke_key(key_id)
+    emit(json, {"id": key_id, "revoked": True}, f"revoked key {key_id}")

@@ -1,0 +1,136 @@
+"""Query commands: ``route``, ``recommend``, ``align``, ``matrix``, ``atlas``, ``export``, ``import``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail
+
+app = typer.Typer()
+MATRIX_DEFAULT_MAX = 40
+"""``matrix`` without names draws the first this-many ready tasks."""
+
+
+def _plot(kind: str, body: Any, out: Path, title: str) -> Path:
+    from service import plots
+
+    try:
+        return getattr(plots, f"save_{kind}")(body, out, title=title)  # type: ignore[no-any-return]
+    except (plots.PlotError, plots.PlotsUnavailable) as exc:
+        raise fail(str(exc), 2) from None
+
+
+@app.command()
+def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5,
+          threshold: Annotated[float | None, typer.Option(help="Open-set threshold.")] = None,
+          url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+          json: Json = False) -> None:
+    """Route a prompt to the nearest stored tasks ("none" below the threshold)."""
+    with client(url, api_key, timeout) as cl:
+        res = cl.route(prompt, k=k, threshold=threshold, space=space)
+    lines = [f"{'rank':>4}  {'score':>8}  {'faiss':>7}  {'act':>6}  {'err':>6}  task"]
+    for i, m in enumerate(res.matches, start=1):
+        lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  "
+                     f"{m.name} (id {m.task_id})")
+    if res.none:
+        lines.append(f"none: the best score is below the threshold {res.threshold:g} (no stored task fits)")
+    emit(json, res, "\n".join(lines))
+
+
+@app.command()
+def recommend(name: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5,
+              candidates: Annotated[int | None, typer.Option(help="Nearest tasks compared.")] = None,
+              plot: Annotated[Path | None, typer.Option(help="Also draw the factors (.png, .svg, .pdf).")] = None,
+              url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+              json: Json = False) -> None:
+    """Recommend fine-tuning sources for a target task, with their factors."""
+    with client(url, api_key, timeout) as cl:
+        target = cl.find_task(name, space=space)
+        res = cl.sources(target.id, k=k, candidates=candidates)
+    if plot is not None:
+        _plot("factors", res, plot, f"Sources for {res.target.name}")
+    lines = [f"sources for {res.target.name} (id {res.target.task_id}), {res.compared} compared",
+             f"{'rank':>4}  {'shrunk':>7}  {'fisher':>7}  {'act':>6}  {'err':>6}  {'rho':>6}  {'se':>6}  task"]
+    for i, s in enumerate(res.sources, start=1):
+        se = f"{s.se:6.3f}" if s.se is not None else "     -"
+        dark = "  activation-dark" if s.activation_dark else ""
+        lines.append(f"{i:>4}  {s.fisher_shrunk:7.4f}  {s.fisher:7.4f}  {s.activation:6.3f}  {s.error:6.3f}  "
+                     f"{s.rho:6.3f}  {se}  {s.name} (id {s.task_id}){dark}")
+    emit(json, res, "\n".join(lines) + (f"\nwrote {plot}" if plot else ""))
+
+
+@app.command()
+def align(a: str, b: str, url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+          json: Json = False) -> None:
+    """Fisher alignment of two tasks, with its activation, error and coupling factors."""
+    with client(url, api_key, timeout) as cl:
+        res = cl.align(cl.find_task(a, space=space).id, cl.find_task(b, space=space).id)
+    se = f"{res.se:.4f}" if res.se is not None else "-"
+    emit(json, res, f"{res.a.name} ~ {res.b.name}\n  fisher        {res.fisher:.4f}\n"
+         f"  fisher_shrunk {res.fisher_shrunk:.4f}\n  activation    {res.activation:.4f}\n"
+         f"  error         {res.error:.4f}\n  rho           {res.rho:.4f}\n  se            {se}\n"
+         f"  activation-dark: {'yes' if res.activation_dark else 'no'}")
+
+
+@app.command()
+def matrix(names: Annotated[list[str] | None, typer.Argument(help="Tasks (default: the first ready ones).")] = None,
+           out: Annotated[Path, typer.Option(help="Heatmap file: .png, .svg or .pdf (.json: the numbers).")]
+           = Path("matrix.png"),
+           url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+           json: Json = False) -> None:
+    """Fisher alignment heatmap of the named tasks (all ready tasks up to 40 when none are named)."""
+    with client(url, api_key, timeout) as cl:
+        if names:
+            ids = [cl.find_task(n, space=space).id for n in names]
+        else:
+            ids = [t.id for t in cl.list_tasks(space=space, status="ready", limit=MATRIX_DEFAULT_MAX).items]
+        if len(ids) < 2:
+            raise fail("a matrix needs at least two ready tasks")
+        res = cl.align_matrix(ids)
+    if out.suffix.lower() == ".json":
+        out.write_text(res.model_dump_json(indent=2))
+    else:
+        _plot("matrix", res, out, f"Fisher alignment of {len(ids)} tasks")
+    emit(json, res, f"wrote {out} ({len(ids)} tasks)")
+
+
+@app.command()
+def atlas(out: Annotated[Path, typer.Option(help="Map file: .png, .svg or .pdf (.json: the coordinates).")]
+          = Path("atlas.png"),
+          url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+          json: Json = False) -> None:
+    """Draw the 2-D map of a space's tasks, coloured by cluster."""
+    with client(url, api_key, timeout) as cl:
+        res = cl.atlas(space=space)
+        sp = cl.get_space(res.space_id)
+    if out.suffix.lower() == ".json":
+        out.write_text(res.model_dump_json(indent=2))
+    else:
+        _plot("atlas", res, out, f"FisherAtlas space {res.space_id} ({sp.model_name}): {len(res.points)} tasks")
+    emit(json, res, f"wrote {out} ({len(res.points)} tasks, {res.n_clusters} clusters)")
+
+
+@app.command("export")
+def export_space(out: Path, url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+                 json: Json = False) -> None:
+    """Export a space (states, signatures, metadata) to a JSON-lines file."""
+    with client(url, api_key, timeout) as cl:
+        blob = cl.export_space(space, out=out)
+    emit(json, {"out": str(out), "bytes": len(blob)}, f"wrote {out} ({len(blob):,} bytes)")
+
+
+@app.command("import")
+def import_space(file: Path,
+                 on_conflict: Annotated[str, typer.Option(help="Existing task names: fail (nothing imported) or skip.")]
+                 = "fail",
+                 url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
+    """Import a space exported with 'export'."""
+    if on_conflict not in ("fail", "skip"):
+        raise fail("--on-conflict must be 'fail' or 'skip'", 2)
+    with client(url, api_key, timeout) as cl:
+        res = cl.import_space(file, on_conflict=on_conflict)
+    emit(json, res, f"imported {res.imported} tasks into space {res.space_id}"
+         + (f"; skipped {len(res.skipped)} existing: {', '.join(res.skipped)}" if res.skipped else ""))

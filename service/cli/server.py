@@ -1,0 +1,92 @@
+"""Server-side commands: ``serve``, ``worker``, ``migrate`` (act on the local configuration)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import typer
+
+from service.cli.common import DatabaseUrl, DataDir, Model, fail
+
+app = typer.Typer()
+
+
+def settings(**flags: Any) -> Any:
+    """Settings from the environment with the given flags on top."""
+    from atlas.settings import get_settings
+
+    return get_settings(**flags)
+
+
+def migrate_db(s: Any) -> None:
+    """Create the data directory and upgrade the schema."""
+    from migrations import upgrade
+
+    s.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(s.resolved_database_url())
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(envvar="FISHER_ATLAS_HOST", help="Bind address (default 127.0.0.1).")]
+    = None,
+    port: Annotated[int | None, typer.Option(envvar="FISHER_ATLAS_PORT", help="Port (default 8000).")] = None,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    model: Model = None,
+    queue: Annotated[str | None, typer.Option(envvar="FISHER_ATLAS_QUEUE", help="inprocess or celery.")] = None,
+    sketch_dim: Annotated[int | None, typer.Option(envvar="FISHER_ATLAS_SKETCH_DIM", help="Signature length m.")]
+    = None,
+    log_level: Annotated[str, typer.Option(envvar="FISHER_ATLAS_LOG_LEVEL", help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the HTTP service (embedded defaults: SQLite, on-disk FAISS, in-process worker, bundled model)."""
+    import uvicorn
+
+    from atlas.db import make_engine, session_factory
+    from service.app import create_app
+    from service.auth import check_bind_allowed, count_active_keys
+
+    s = settings(host=host, port=port, data_dir=data_dir, database_url=database_url, model=model, queue=queue,
+                 sketch_dim=sketch_dim)
+    migrate_db(s)
+    engine = make_engine(s.resolved_database_url(), pool_size=1)
+    try:
+        with session_factory(engine, readonly=True)() as session:
+            n_keys = count_active_keys(session)
+    finally:
+        engine.dispose()
+    try:
+        check_bind_allowed(s, n_keys)
+    except RuntimeError as exc:
+        raise fail(str(exc)) from None
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=log_level, proxy_headers=False)
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(envvar="FISHER_ATLAS_WORKER_CONCURRENCY", help="Jobs run at once.")] = 1,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    model: Model = None,
+) -> None:
+    """Run a worker: loads its model, serves routing prompts (Redis) and upload jobs (Celery) of its space."""
+    # The Celery app reads its settings from the environment at import: flags become env twins first.
+    for value, env in ((data_dir, "DATA_DIR"), (database_url, "DATABASE_URL"), (model, "MODEL")):
+        if value is not None:
+            os.environ[f"FISHER_ATLAS_{env}"] = str(value)
+    migrate_db(settings())
+    from workers.celery_app import run_worker
+
+    run_worker(concurrency=concurrency)
+
+
+@app.command()
+def migrate(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
+    """Upgrade the database schema to the latest revision."""
+    from sqlalchemy.engine import make_url
+
+    s = settings(data_dir=data_dir, database_url=database_url)
+    migrate_db(s)
+    shown = make_url(s.resolved_database_url()).render_as_string(hide_password=True)
+    print(f"database at {shown} is at the latest schema revision")

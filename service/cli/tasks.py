@@ -1,0 +1,137 @@
+"""Task and job commands: ``add``, ``append``, ``tasks list|show|delete``, ``jobs list|show|cancel``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from atlas.vocabulary import JobStatus, Mode, TaskStatus
+from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail, follow, json_object
+
+app = typer.Typer()
+tasks_app = typer.Typer(help="List, show and delete tasks.", no_args_is_help=True)
+jobs_app = typer.Typer(help="List, show and cancel jobs.", no_args_is_help=True)
+
+FileArg = Annotated[Path, typer.Argument(help="JSONL, JSON, CSV, Parquet or plain text (one sample per line).")]
+
+
+@app.command()
+def add(name: str, file: FileArg,
+        mode: Annotated[Mode, typer.Option(help="text: every next token counts; completion: only completions.")]
+        = Mode.TEXT,
+        metadata: Annotated[str | None, typer.Option(help="Task metadata as a JSON object.")] = None,
+        wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
+        url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+        json: Json = False) -> None:
+    """Add a task from a file and (with --wait) follow its job to the end."""
+    with client(url, api_key, timeout) as cl:
+        created = cl.add_task(name, file, mode=mode.value, metadata=json_object(metadata, "--metadata"), space=space)
+        if not wait:
+            emit(json, created, f"task {created.task.id} ({created.task.name}) created; job {created.job.id} "
+                 f"{created.job.status}")
+            return
+        job = follow(cl, created.job.id, name, quiet=json)
+        task = cl.get_task(created.task.id)
+    emit(json, {"task": task.model_dump(mode="json"), "job": job.model_dump(mode="json")},
+         f"task {task.id} ({task.name}): {task.status}, {task.n_samples} samples, {task.n_tokens} tokens; "
+         f"job {job.id} {job.status}" + (f": {job.error}" if job.error else ""))
+    if job.status != JobStatus.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+@app.command()
+def append(name: str, file: FileArg,
+           wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
+           url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+           json: Json = False) -> None:
+    """Append samples from a file to an existing task (the task's mode applies)."""
+    with client(url, api_key, timeout) as cl:
+        task = cl.find_task(name, space=space)
+        job = cl.append(task.id, file)
+        if wait:
+            job = follow(cl, job.id, name, quiet=json)
+    emit(json, job, f"job {job.id} ({job.kind} to task {task.id}, {task.name}): {job.status}"
+         + (f": {job.error}" if job.error else ""))
+    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        raise typer.Exit(1)
+
+
+@tasks_app.command("list")
+def tasks_list(name_prefix: Annotated[str | None, typer.Option(help="Names starting with this.")] = None,
+               status: Annotated[TaskStatus | None, typer.Option(help="Only this status.")] = None,
+               limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+               offset: Annotated[int, typer.Option(min=0)] = 0,
+               url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+               json: Json = False) -> None:
+    """List tasks, oldest first."""
+    with client(url, api_key, timeout) as cl:
+        page = cl.list_tasks(space=space, name_prefix=name_prefix, status=status.value if status else None,
+                             offset=offset, limit=limit)
+    lines = [f"{'id':>6}  {'status':<8}  {'mode':<10}  {'samples':>8}  {'tokens':>9}  name"]
+    lines += [f"{t.id:>6}  {t.status:<8}  {t.mode:<10}  {t.n_samples:>8}  {t.n_tokens:>9}  {t.name}"
+              for t in page.items]
+    lines.append(f"{len(page.items)} of {page.total} tasks")
+    emit(json, page, "\n".join(lines))
+
+
+@tasks_app.command("show")
+def tasks_show(name: str, url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+               json: Json = False) -> None:
+    """Show one task (by name or id)."""
+    with client(url, api_key, timeout) as cl:
+        t = cl.find_task(name, space=space)
+    emit(json, t, f"task {t.id} ({t.name}) in space {t.space_id}: {t.status}, mode {t.mode}, {t.n_samples} samples, "
+         f"{t.n_tokens} tokens, version {t.version}; metadata {t.metadata}")
+
+
+@tasks_app.command("delete")
+def tasks_delete(name: str, yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+                 url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+                 json: Json = False) -> None:
+    """Delete a task (store and index)."""
+    with client(url, api_key, timeout) as cl:
+        t = cl.find_task(name, space=space)
+        if not yes and not typer.confirm(f"delete task {t.id} ({t.name})?"):
+            raise fail("not deleted")
+        cl.delete_task(t.id)
+    emit(json, {"deleted": t.id}, f"deleted task {t.id} ({t.name})")
+
+
+@jobs_app.command("list")
+def jobs_list(task: Annotated[str | None, typer.Option(help="Only jobs of this task (name or id).")] = None,
+              status: Annotated[JobStatus | None, typer.Option(help="Only this status.")] = None,
+              limit: Annotated[int, typer.Option(min=1, max=1000)] = 50, url: Url = None, api_key: ApiKey = None,
+              space: Space = None, timeout: Timeout = 120.0, json: Json = False) -> None:
+    """List jobs, newest first."""
+    with client(url, api_key, timeout) as cl:
+        task_id = cl.find_task(task, space=space).id if task is not None else None
+        page = cl.list_jobs(task_id=task_id, status=status.value if status else None, limit=limit)
+    lines = [f"{'id':>6}  {'kind':<7}  {'status':<10}  {'task':>6}  progress"]
+    lines += [f"{j.id:>6}  {j.kind:<7}  {j.status:<10}  {j.task_id or '-':>6}  "
+              f"{j.progress.samples_done}/{j.progress.samples_total} samples, {j.progress.tokens:,} tokens"
+              for j in page.items]
+    lines.append(f"{len(page.items)} of {page.total} jobs")
+    emit(json, page, "\n".join(lines))
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: int, url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0,
+              json: Json = False) -> None:
+    """Show one job."""
+    with client(url, api_key, timeout) as cl:
+        j = cl.get_job(job_id)
+    p = j.progress
+    emit(json, j, f"job {j.id} ({j.kind}, task {j.task_id}): {j.status}; {p.samples_done}/{p.samples_total} "
+         f"samples, {p.tokens:,} tokens, {p.tokens_per_s:,.0f} tok/s; attempts {j.attempts}"
+         + (f"; error: {j.error}" if j.error else ""))
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: int, url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0,
+                json: Json = False) -> None:
+    """Cancel a queued job, or ask a running one to stop at its next batch."""
+    with client(url, api_key, timeout) as cl:
+        j = cl.cancel_job(job_id)
+    emit(json, j, f"job {j.id}: {j.status}" + (" (cancel requested)" if j.cancel_requested else ""))
