@@ -55,7 +55,7 @@ class _StoreCollector(Collector):
         duration = SummaryMetricFamily(
             "fisher_atlas_job_duration_seconds",
             "Wall time of finished jobs (started to finished).",
-            count_value=float(s.get("duration_count", 0)),
+            count_value=int(s.get("duration_count", 0)),
             sum_value=float(s.get("duration_sum", 0.0)),
         )
         tokens = GaugeMetricFamily(

@@ -3,29 +3,28 @@
 from __future__ import annotations
 
 from atlas.models import Job, Task
-from service.schemas import JobOut, TaskOut
+from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
+from service.schemas import JobOut, JobProgress, TaskOut
 
 
 def job_out(job: Job) -> JobOut:
     """A job row as ``JobOut``."""
     p = dict(job.progress or {})
-    progress = {
-        "samples_done": int(p.get("samples_done", 0) or 0),
-        "samples_total": int(p.get("samples_total", 0) or 0),
-        "tokens": int(p.get("tokens", 0) or 0),
-        "tokens_per_s": float(p.get("tokens_per_s", 0.0) or 0.0),
-    }
-    return JobOut(
-        id=job.id, kind=job.kind, task_id=job.task_id, status=job.status, progress=progress, error=job.error,
-        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, attempts=job.attempts,
-        cancel_requested=job.cancel_requested,
+    progress = JobProgress(
+        samples_done=int(p.get("samples_done", 0) or 0), samples_total=int(p.get("samples_total", 0) or 0),
+        tokens=int(p.get("tokens", 0) or 0), tokens_per_s=float(p.get("tokens_per_s", 0.0) or 0.0),
     )
+    return JobOut.model_validate({
+        "id": job.id, "kind": JobKind(job.kind), "task_id": job.task_id, "status": JobStatus(job.status),
+        "progress": progress, "error": job.error, "created_at": job.created_at, "started_at": job.started_at,
+        "finished_at": job.finished_at, "attempts": job.attempts, "cancel_requested": job.cancel_requested,
+    })
 
 
 def task_out(task: Task) -> TaskOut:
     """A task row as ``TaskOut``."""
     return TaskOut(
-        id=task.id, name=task.name, space_id=task.space_id, mode=task.mode, status=task.status,
+        id=task.id, name=task.name, space_id=task.space_id, mode=Mode(task.mode), status=TaskStatus(task.status),
         metadata=task.meta or {}, n_samples=task.n_samples, n_tokens=task.n_tokens, version=task.version,
         created_at=task.created_at, updated_at=task.updated_at,
     )

@@ -327,10 +327,10 @@ class Extractor:
             state = self._empty_state()
         else:
             state_spec = getattr(state, "spec", None)
-            if state_spec is not None and state_spec.fingerprint() != self.sketcher.spec.fingerprint():
+            if state_spec is not None and state_spec.fingerprint() != sketcher.spec.fingerprint():
                 raise IncompatibleSpace("the given state was built with another sketch spec",
                                         detail={"state_spec": state_spec.fingerprint(),
-                                                "sketcher_spec": self.sketcher.spec.fingerprint()})
+                                                "sketcher_spec": sketcher.spec.fingerprint()})
         H = self.lm.hidden_size
         if baselines is None:
             baselines = BaselineSums(d=H)

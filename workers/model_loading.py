@@ -25,7 +25,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from torch import nn
@@ -145,8 +145,8 @@ class LoadedModel:
         """The model name as in the fingerprint."""
         return self.fingerprint.name
 
-    def make_spec(self, m: int = 4096, seed: int = 0, error_projection: str = "auto",
-                  granularity: str = "token") -> SketchSpec:
+    def make_spec(self, m: int = 4096, seed: int = 0, error_projection: Literal["auto", "srht", "dense"] = "auto",
+                  granularity: Literal["token", "sequence"] = "token") -> SketchSpec:
         """Sketch spec for this model's (d, K).
 
         Parameters
@@ -295,7 +295,7 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **load_kwargs)
     except Exception as ex:
         raise _unavailable(name, revision, is_local, "model weights", ex) from ex
-    model.to(torch_device)
+    cast(Any, model).to(torch_device)
     if fp_revision is None and not is_local:
         fp_revision = getattr(model.config, "_commit_hash", None)
     return LoadedModel.from_model(model, tokenizer, name=fp_name, revision=fp_revision, verify=verify)
@@ -469,7 +469,7 @@ def verify_head(lm: LoadedModel, n_tokens: int = 8) -> None:
         except RuntimeError as ex:
             raise ModelUnavailable(f"model {lm.name!r} is not supported: {ex}", detail={"model": lm.name}) from ex
         head = lm.head
-        ours = lm.logit_transform.apply(head_logits(hidden[0], head.weight, getattr(head, "bias", None)))
+        ours = lm.logit_transform.apply(head_logits(hidden[0], cast(torch.Tensor, head.weight), getattr(head, "bias", None)))
     if logits is None or tuple(logits.shape[-2:]) != tuple(ours.shape):
         raise ModelUnavailable(
             f"model {lm.name!r}: its logits (shape {None if logits is None else tuple(logits.shape)}) do not "

@@ -50,7 +50,7 @@ def create(name: Annotated[str, typer.Option(help="A name for the key.")],
         try:
             with _db(data_dir, database_url) as session:
                 key, plaintext = apikeys.create_api_key(session, name, wanted)
-                out = {"id": key.id, "name": key.name, "scopes": list(key.scopes), "key": plaintext}
+                out: dict[str, Any] = {"id": key.id, "name": key.name, "scopes": list(key.scopes), "key": plaintext}
         except AtlasError as exc:
             raise fail(exc.message) from None
     else:
@@ -73,7 +73,7 @@ def list_keys(all_keys: Annotated[bool, typer.Option("--all", help="Include revo
     else:
         with client(url, api_key, timeout) as cl:
             data = list(cl.list_keys().get("items", []))
-    lines = [f"{d['id']:>4}  {d['prefix']}…  {','.join(d['scopes']):<18} {d['name']}"
+    lines = [f"{d['id']:>4}  {d['prefix']}…  {','.join(str(x) for x in d['scopes']):<18} {d['name']}"
              + ("  (revoked)" if d.get("revoked") else "") for d in data]
     emit(json, data, "\n".join(lines) if lines else "no API keys")
 
