@@ -469,7 +469,8 @@ def verify_head(lm: LoadedModel, n_tokens: int = 8) -> None:
         except RuntimeError as ex:
             raise ModelUnavailable(f"model {lm.name!r} is not supported: {ex}", detail={"model": lm.name}) from ex
         head = lm.head
-        ours = lm.logit_transform.apply(head_logits(hidden[0], cast(torch.Tensor, head.weight), getattr(head, "bias", None)))
+        weight = cast(torch.Tensor, head.weight)
+        ours = lm.logit_transform.apply(head_logits(hidden[0], weight, getattr(head, "bias", None)))
     if logits is None or tuple(logits.shape[-2:]) != tuple(ours.shape):
         raise ModelUnavailable(
             f"model {lm.name!r}: its logits (shape {None if logits is None else tuple(logits.shape)}) do not "
