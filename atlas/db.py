@@ -183,3 +183,29 @@ def session_factory(engine: Engine, *, readonly: bool = False) -> sessionmaker[S
 # Alembic
 # --------------------------------------------------------------------------------------------------
 
+
+
+def probe_write_lock(url: str | URL, timeout_s: float = 0.25) -> str | None:
+    """Whether a writer could start now: ``None`` if so, else a short reason (no path, no secret).
+
+    SQLite: a fresh connection (not from a pool) tries ``BEGIN IMMEDIATE`` for at most ``timeout_s``
+    and rolls back. Other databases have no database-wide write lock: always ``None``.
+    """
+    import sqlite3
+
+    u = normalize_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    try:
+        con = sqlite3.connect(u.database, timeout=timeout_s, isolation_level=None, uri=u.database.startswith("file:"))
+    except sqlite3.Error as exc:
+        return f"cannot open the database ({type(exc).__name__})"
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("ROLLBACK")
+        return None
+    except sqlite3.OperationalError as exc:
+        return "locked by another writer" if "locked" in str(exc).lower() or "busy" in str(exc).lower() \
+            else type(exc).__name__
+    finally:
+        con.close()

@@ -27,11 +27,12 @@ def redact_secrets(text: str) -> str:
 
 
 def redact_paths(text: str) -> str:
-    """``text`` with absolute and relative file-system paths replaced by their last component."""
+    """``text`` with absolute and relative file-system paths replaced by their last component (a model
+    directory ``/home/me/models/gpt2`` reads ``gpt2``)."""
 
     def last(m: re.Match[str]) -> str:
         parts = [p for p in re.split(r"[/\\]", m.group(0)) if p not in ("", "~", ".", "..")]
-        return f"<path>/{parts[-1]}" if parts else "<path>"
+        return parts[-1] if parts else "<path>"
 
     return _PATH.sub(last, text)
 
