@@ -128,7 +128,7 @@ def test_foreign_origin_cannot_change_state(bind) -> None:
 
 
 def test_allowed_origin_setting(bind) -> None:
-    url, app = bind(allowed_origins=["https://ui.example"])
+    url, _app = bind(allowed_origins=["https://ui.example"])
     r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Origin": "https://ui.example"})
     assert r.status_code == 202, r.text
 
@@ -239,7 +239,7 @@ def test_bootstrap_admin_key_works_on_a_fresh_database(bind, tmp_path: Path, as_
 
     plaintext = "fa_" + secrets.token_urlsafe(32)
     value = f"sha256:{apikeys.hash_key(plaintext)}" if as_hash else plaintext
-    url, app = bind(require_keys=True, bootstrap_admin_key=value, data_dir=tmp_path / "boot")
+    url, _app = bind(require_keys=True, bootstrap_admin_key=value, data_dir=tmp_path / "boot")
     assert httpx.get(f"{url}/v1/keys").status_code == 401
     r = httpx.get(f"{url}/v1/keys", headers={"X-API-Key": plaintext})
     assert r.status_code == 200, r.text
@@ -277,7 +277,7 @@ def test_migrate_does_not_print_the_password(pg_database, capsys) -> None:
 def test_logs_and_errors_are_redacted_and_bounded(bind, caplog) -> None:
     import logging
 
-    url, app = bind()
+    url, _app = bind()
     with caplog.at_level(logging.INFO):
         logging.getLogger("fisher_atlas.test").warning("broker redis://user:hunter22@h:6379/0 key %s", "fa_" + "k" * 40)
     assert "hunter22" not in caplog.text and "kkkkkkkk" not in caplog.text
