@@ -273,9 +273,19 @@ class KeyGate:
 
     def required(self, server: Any) -> bool:
         """Whether a request arriving at ``server`` (the ASGI ``scope["server"]``) needs a key."""
+        quick = self.required_without_io(server)
+        return quick if quick is not None else self.any_active_key()
+
+    def required_without_io(self, server: Any) -> bool | None:
+        """:meth:`required` when it can be told without a database read (else ``None``)."""
         if self.settings.require_keys is not None:
             return bool(self.settings.require_keys)
-        return listening_publicly(server) or self.any_active_key()
+        if listening_publicly(server):
+            return True
+        cached = self._any_key
+        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+            return cached[1]
+        return None
 
     def authenticate(self, plaintext: str | None) -> Principal:
         """The principal of a presented key (any scope; routes check theirs with :func:`authorize`).

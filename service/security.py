@@ -184,7 +184,10 @@ class SecurityMiddleware:
         if self.container.store is None:
             return None
         gate = self.gate
-        if not await anyio.to_thread.run_sync(gate.required, server):
+        required = gate.required_without_io(server)
+        if required is None:
+            required = await anyio.to_thread.run_sync(gate.required, server)
+        if not required:
             return None
         return await anyio.to_thread.run_sync(gate.authenticate, presented_key(headers))
 
