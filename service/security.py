@@ -24,7 +24,6 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -231,29 +230,38 @@ async def _render(exc: AtlasError, scope: Scope, receive: Receive, send: Send) -
 DOCS_ASSETS = "/docs-assets"
 
 
-def serve_docs_offline(app: Any, routes_to_replace: Iterable[str] = ("/docs",)) -> None:
-    """Serve ``/docs`` with Swagger UI files shipped in the ``swagger-ui-bundle`` package (no CDN).
+def serve_docs_offline(app: Any) -> None:
+    """Serve ``/docs`` (Swagger UI 5) and ``/redoc`` from files shipped in the ``fastapi-offline`` package.
 
-    Replaces FastAPI's CDN-based ``/docs`` page by the same page pointing at ``/docs-assets/...``.
-    Without the package, ``/docs`` stays FastAPI's (CDN) page and ``/redoc`` is unchanged.
+    FastAPI's own pages load their scripts from a CDN (blank offline); these are the same pages
+    pointing at ``/docs-assets/...``. Without the package the CDN pages stay.
     """
     try:
-        from swagger_ui_bundle import swagger_ui_path
+        import fastapi_offline
     except ImportError:
         return
-    from fastapi.openapi.docs import get_swagger_ui_html
+    from pathlib import Path
+
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
     from starlette.routing import Route
     from starlette.staticfiles import StaticFiles
 
-    drop = set(routes_to_replace)
-    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in drop]
+    static = Path(fastapi_offline.__file__).resolve().parent / "static"
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ("/docs", "/redoc")]
+    title = app.title
 
     async def docs(_: Any) -> Any:
         return get_swagger_ui_html(
-            openapi_url=app.openapi_url, title=f"{app.title} - Swagger UI",
+            openapi_url=app.openapi_url, title=f"{title} - Swagger UI",
             swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js", swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
         )
 
+    async def redoc(_: Any) -> Any:
+        return get_redoc_html(openapi_url=app.openapi_url, title=f"{title} - ReDoc",
+                              redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+                              redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
+
     app.router.routes.append(Route("/docs", docs, methods=["GET", "HEAD"], include_in_schema=False))
-    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    app.router.routes.append(Route("/redoc", redoc, methods=["GET", "HEAD"], include_in_schema=False))
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(static)), name="docs-assets")

@@ -303,10 +303,12 @@ def test_readyz_shows_no_file_paths(tmp_path: Path) -> None:
 
 def test_docs_are_served_without_a_cdn(bind) -> None:
     url, _ = bind()
-    page = httpx.get(f"{url}/docs")
-    assert page.status_code == 200
-    assert "cdn.jsdelivr" not in page.text and "unpkg" not in page.text
-    assert "/docs-assets/swagger-ui-bundle.js" in page.text
-    js = httpx.get(f"{url}/docs-assets/swagger-ui-bundle.js")
-    assert js.status_code == 200 and len(js.content) > 100_000
+    for page_path, asset in (("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")):
+        page = httpx.get(f"{url}{page_path}")
+        assert page.status_code == 200
+        assert "cdn.jsdelivr" not in page.text and "unpkg" not in page.text and "googleapis" not in page.text
+        assert f"/docs-assets/{asset}" in page.text
+        js = httpx.get(f"{url}/docs-assets/{asset}")
+        assert js.status_code == 200 and len(js.content) > 100_000
     assert httpx.get(f"{url}/docs-assets/swagger-ui.css").status_code == 200
+    assert httpx.get(f"{url}/openapi.json").json()["openapi"].startswith("3.1")  # Swagger UI 5 renders 3.1
