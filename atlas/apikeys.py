@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import re
 import secrets
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from atlas.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from atlas.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from atlas.models import SCOPES, ApiKey, utcnow
 
 KEY_PREFIX = "fa_"
@@ -88,11 +90,91 @@ def list_api_keys(session: Session, *, include_revoked: bool = False) -> list[Ap
 
 
 def revoke_api_key(session: Session, key_id: int) -> ApiKey:
-    """Revoke a key (idempotent)."""
+    """Revoke a key (idempotent).
+
+    Raises
+    ------
+    NotFound
+        No such key.
+    Conflict
+        The key is the last active ``admin`` key: revoking it would lock every administrator out.
+    """
     key = session.get(ApiKey, key_id)
     if key is None:
         raise NotFound(f"API key {key_id} does not exist", {"key_id": key_id})
     if key.revoked_at is None:
+        if "admin" in key.scopes:
+            # Lock the active keys (PostgreSQL; SQLite holds the write lock already) so that two
+            # concurrent revocations cannot both see "another admin is left".
+            active = session.execute(
+                select(ApiKey).where(ApiKey.revoked_at.is_(None)).with_for_update()
+            ).scalars().all()
+            if not any(k.id != key.id and "admin" in k.scopes for k in active):
+                raise Conflict(
+                    "this is the last active admin key: create another admin key before revoking it",
+                    {"key_id": key_id},
+                )
         key.revoked_at = utcnow()
     session.flush()
+    return key
+
+
+def count_active_keys(session: Session) -> int:
+    """How many keys are not revoked (one ``COUNT``)."""
+    return int(session.execute(select(func.count(ApiKey.id)).where(ApiKey.revoked_at.is_(None))).scalar_one())
+
+
+def record_key_use(session: Session, last_used: dict[int, dt.datetime]) -> None:
+    """Write the last-used times of keys (batched off the request path; never moves a time back)."""
+    for key_id, when in last_used.items():
+        session.execute(
+            update(ApiKey)
+            .where(ApiKey.id == key_id, (ApiKey.last_used_at.is_(None)) | (ApiKey.last_used_at < when))
+            .values(last_used_at=when)
+        )
+
+
+BOOTSTRAP_NAME = "bootstrap-admin"
+_SHA256 = re.compile(r"^sha256:([0-9a-fA-F]{64})$")
+MIN_BOOTSTRAP_CHARS = 24
+
+
+def bootstrap_key_hash(value: str) -> str:
+    """The sha256 of a bootstrap admin key given as plaintext or as ``sha256:<64 hex digits>``.
+
+    Raises
+    ------
+    InvalidInput
+        A plaintext shorter than 24 characters (too easy to guess for an admin key).
+    """
+    value = value.strip()
+    m = _SHA256.match(value)
+    if m:
+        return m.group(1).lower()
+    if len(value) < MIN_BOOTSTRAP_CHARS:
+        raise InvalidInput(
+            f"the bootstrap admin key must be at least {MIN_BOOTSTRAP_CHARS} characters (or sha256:<hex> of one); "
+            "generate one with: python -c \"import secrets; print('fa_' + secrets.token_urlsafe(32))\""
+        )
+    return hash_key(value)
+
+
+def ensure_bootstrap_key(session: Session, value: str) -> ApiKey | None:
+    """Create the admin key given by ``FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY`` unless its hash is stored.
+
+    Idempotent and safe to run from several replicas at once; a bootstrap key that was revoked stays
+    revoked. Returns the new row, or ``None`` when the key already existed.
+    """
+    digest = bootstrap_key_hash(value)
+    if session.execute(select(ApiKey.id).where(ApiKey.key_hash == digest)).first() is not None:
+        return None
+    shown = value.strip()
+    prefix = "sha256:" if _SHA256.match(shown) else shown[:10]
+    key = ApiKey(name=BOOTSTRAP_NAME, prefix=prefix[:16], key_hash=digest, scopes=["admin"])
+    try:
+        with session.begin_nested():
+            session.add(key)
+            session.flush()
+    except IntegrityError:  # another replica created it first
+        return None
     return key

@@ -27,8 +27,11 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-"""How long a SQLite writer waits for the write lock before failing."""
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+"""Default wait of a SQLite writer for the write lock before failing (``settings.db_busy_timeout_s``)."""
+
+POOL_TIMEOUT_S = 5.0
+"""Default wait for a pooled connection before failing (``settings.db_pool_timeout_s``)."""
 
 _READONLY = "atlas_readonly"
 
@@ -54,7 +57,43 @@ def is_sqlite(url_or_engine: str | URL | Engine) -> bool:
     return normalize_url(url_or_engine).get_backend_name() == "sqlite"
 
 
-def make_engine(url: str | URL, *, echo: bool = False, pool_size: int = 10) -> Engine:
+def redact_url(url: str | URL) -> str:
+    """A database (or broker) URL safe to print: the password replaced by ``***``.
+
+    Strings that do not parse as a SQLAlchemy URL have any ``user:password@`` part masked.
+    """
+    try:
+        return make_url(str(url)).render_as_string(hide_password=True)
+    except Exception:
+        from atlas.redaction import redact_secrets
+
+        return redact_secrets(str(url))
+
+
+def is_busy_error(exc: BaseException) -> bool:
+    """Whether a database error means "busy, retry later": a lock wait or a pool wait ran out.
+
+    SQLite's ``database is locked`` / ``database table is locked`` (the busy timeout elapsed), the
+    pool's timeout, and PostgreSQL lock or statement timeouts and unreachable servers.
+    """
+    from sqlalchemy.exc import DBAPIError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(exc, PoolTimeout):
+        return True
+    if isinstance(exc, OperationalError):  # locked, busy, unreachable: never the request's fault
+        text = str(getattr(exc, "orig", exc)).lower()
+        return not any(bug in text for bug in ("no such table", "no such column", "syntax error"))
+    if isinstance(exc, DBAPIError):
+        text = str(getattr(exc, "orig", exc)).lower()
+        return "lock timeout" in text or "statement timeout" in text or "canceling statement" in text
+    return False
+
+
+def make_engine(
+    url: str | URL, *, echo: bool = False, pool_size: int = 10, busy_timeout_s: float | None = None,
+    pool_timeout_s: float | None = None,
+) -> Engine:
     """Create an engine configured for FisherAtlas.
 
     Parameters
@@ -65,6 +104,11 @@ def make_engine(url: str | URL, *, echo: bool = False, pool_size: int = 10) -> E
         Log SQL statements.
     pool_size
         Connection pool size (PostgreSQL; SQLite uses the default queue pool as well).
+    busy_timeout_s
+        SQLite: longest wait for the write lock (default :data:`SQLITE_BUSY_TIMEOUT_MS`); then the
+        statement fails with ``database is locked`` (rendered 503 by the service).
+    pool_timeout_s
+        Longest wait for a free pooled connection (default :data:`POOL_TIMEOUT_S`).
 
     Returns
     -------
@@ -73,6 +117,8 @@ def make_engine(url: str | URL, *, echo: bool = False, pool_size: int = 10) -> E
         ``BEGIN`` when the connection carries the read-only execution option).
     """
     u = normalize_url(url)
+    busy_ms = int(1000 * busy_timeout_s) if busy_timeout_s is not None else SQLITE_BUSY_TIMEOUT_MS
+    pool_timeout = pool_timeout_s if pool_timeout_s is not None else POOL_TIMEOUT_S
     if u.get_backend_name() == "sqlite":
         database = u.database
         if database and database != ":memory:" and not database.startswith("file:"):
@@ -80,19 +126,20 @@ def make_engine(url: str | URL, *, echo: bool = False, pool_size: int = 10) -> E
         engine = create_engine(
             u,
             echo=echo,
-            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            connect_args={"check_same_thread": False, "timeout": busy_ms / 1000},
             pool_size=pool_size,
             max_overflow=2 * pool_size,
+            pool_timeout=pool_timeout,
             pool_pre_ping=False,
         )
-        _install_sqlite_hooks(engine)
+        _install_sqlite_hooks(engine, busy_ms)
         return engine
     return create_engine(
-        u, echo=echo, pool_size=pool_size, max_overflow=2 * pool_size, pool_pre_ping=True
+        u, echo=echo, pool_size=pool_size, max_overflow=2 * pool_size, pool_pre_ping=True, pool_timeout=pool_timeout
     )
 
 
-def _install_sqlite_hooks(engine: Engine) -> None:
+def _install_sqlite_hooks(engine: Engine, busy_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control away from the driver (see module docstring).
@@ -100,7 +147,7 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         cur = dbapi_connection.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 
@@ -136,3 +183,29 @@ def session_factory(engine: Engine, *, readonly: bool = False) -> sessionmaker[S
 # Alembic
 # --------------------------------------------------------------------------------------------------
 
+
+
+def probe_write_lock(url: str | URL, timeout_s: float = 0.25) -> str | None:
+    """Whether a writer could start now: ``None`` if so, else a short reason (no path, no secret).
+
+    SQLite: a fresh connection (not from a pool) tries ``BEGIN IMMEDIATE`` for at most ``timeout_s``
+    and rolls back. Other databases have no database-wide write lock: always ``None``.
+    """
+    import sqlite3
+
+    u = normalize_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    try:
+        con = sqlite3.connect(u.database, timeout=timeout_s, isolation_level=None, uri=u.database.startswith("file:"))
+    except sqlite3.Error as exc:
+        return f"cannot open the database ({type(exc).__name__})"
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("ROLLBACK")
+        return None
+    except sqlite3.OperationalError as exc:
+        return "locked by another writer" if "locked" in str(exc).lower() or "busy" in str(exc).lower() \
+            else type(exc).__name__
+    finally:
+        con.close()

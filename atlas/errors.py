@@ -107,3 +107,11 @@ class NotReady(AtlasError):
 
     status_code = 409
     code = "not_ready"
+
+
+class DatabaseBusy(AtlasError):
+    """The database is locked by another writer or out of connections; retry shortly (503)."""
+
+    status_code = 503
+    code = "database_busy"
+    retry_after_s = 2.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL = "bundled"
@@ -46,7 +46,10 @@ class Settings(BaseSettings):
     worker_threads: int = Field(default=1, ge=1, le=64)
     max_queued_jobs: int = Field(default=64, ge=1)
     checkpoint_every: int = Field(default=256, ge=1, description="Samples between job checkpoints.")
-    job_stale_after_s: float = Field(default=120.0, gt=0)
+    job_stale_after_s: float = Field(
+        default=15.0, gt=0, description="A running job whose heartbeat is older than this is dead (its worker died); "
+        "workers heartbeat every quarter of it, sweeps run every half."
+    )
 
     max_upload_bytes: int = 64 * 1024 * 1024
     max_samples: int = 200_000
@@ -78,9 +81,32 @@ class Settings(BaseSettings):
     prompt_max_pending: int = Field(default=1024, ge=1, description="Waiting prompts beyond which /v1/route is 429.")
     prompt_timeout_s: float = Field(default=10.0, gt=0, le=600, description="Longest wait for a remote worker.")
 
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names accepted besides localhost, loopback IPs and `host` "
+        "('*': any). Checked on loopback binds (DNS rebinding) and wherever this list is set.")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="Origins (scheme://host[:port]) allowed to send state-changing requests "
+        "besides the service's own origin ('*': any).")
+    rate_limit_per_s: float = Field(
+        default=100.0, ge=0, description="Requests per second per API key (per client address when anonymous); 0: off.")
+    rate_limit_burst: int = Field(default=200, ge=1, description="Token-bucket size of the per-client rate limit.")
+    db_busy_timeout_s: float = Field(
+        default=5.0, gt=0, le=600, description="Longest wait for the SQLite write lock before answering 503.")
+    db_pool_timeout_s: float = Field(
+        default=5.0, gt=0, le=600, description="Longest wait for a pooled connection before answering 503.")
+    key_touch_every_s: float = Field(
+        default=60.0, gt=0, description="A key's last-used time is written at most this often, off the request path.")
+    bootstrap_admin_key: SecretStr | None = Field(
+        default=None, description="An admin key (plaintext, or 'sha256:<hex>' of it) created at start if absent.")
+
     celery_queue: str = "fisher_atlas"
     celery_visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
     job_max_attempts: int = Field(default=5, ge=1)
+
+    @field_validator("bootstrap_admin_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     def resolved_prompt_service(self) -> str:
         """``prompt_service`` with ``auto`` resolved (``redis`` exactly when the job queue is Celery)."""

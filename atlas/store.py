@@ -36,9 +36,11 @@ class Store:
     def __init__(self, settings: Settings, *, pool_size: int = 8) -> None:
         self.settings = settings
         url = settings.resolved_database_url()
-        self.engine: Engine = make_engine(url, pool_size=pool_size)
+        limits = {"busy_timeout_s": settings.db_busy_timeout_s, "pool_timeout_s": settings.db_pool_timeout_s}
+        self.engine: Engine = make_engine(url, pool_size=pool_size, **limits)
+        self.read_engine: Engine = make_engine(url, pool_size=pool_size, **limits)  # reads never queue behind writes
         self.write: sessionmaker[Session] = session_factory(self.engine)
-        self.read: sessionmaker[Session] = session_factory(self.engine, readonly=True)
+        self.read: sessionmaker[Session] = session_factory(self.read_engine, readonly=True)
         self.default_space_id: int | None = None
         self._specs: dict[int, SketchSpec] = {}
 
@@ -51,6 +53,7 @@ class Store:
     def close(self) -> None:
         """Close the connection pool."""
         self.engine.dispose()
+        self.read_engine.dispose()
 
     # -- spaces ----------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from service.errors import install_error_handlers
 from service.metrics import Metrics
 from service.routes import health, jobs, keys, query, spaces, tasks
 from service.schemas import SamplesAppend, TaskCreate
+from service.security import SecurityMiddleware, serve_docs_offline
 from service.uploads import ENVELOPE_BYTES, BodyLimitMiddleware
 
 API_DESCRIPTION = """
@@ -153,8 +154,10 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
     for module in (health, tasks, jobs, query, spaces, keys):
         app.include_router(module.router)
     mount_dashboard(app)
+    serve_docs_offline(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + ENVELOPE_BYTES)
+    app.add_middleware(SecurityMiddleware, settings=settings, container=container)
     app.add_middleware(MetricsMiddleware, metrics=container.metrics)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

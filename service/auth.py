@@ -1,30 +1,48 @@
-"""API-key authentication with scopes ``read`` ⊂ ``write`` ⊂ ``admin``.
+"""API-key authentication with scopes ``read`` ⊂ ``write`` ⊂ ``admin``, decided per request.
 
 Keys travel in the ``X-API-Key`` header (``Authorization: Bearer <key>`` is accepted too) and are
-checked against their sha256 hashes in the store (:mod:`atlas.apikeys`). Keys are required when
-``settings.require_keys`` is true or — by default — when the service is bound to a non-loopback
-address; otherwise anonymous requests act with the ``admin`` scope. ``serve`` refuses to start on a
-non-loopback address while no key exists (see :func:`check_bind_allowed`).
+checked against their sha256 hashes in the store (:mod:`atlas.apikeys`).
+
+Whether a request needs a key (:meth:`KeyGate.required`):
+
+* ``settings.require_keys`` true → always; false → never (the explicit insecure setting);
+* otherwise (the default) a key is required when **the socket that accepted the connection** is not a
+  loopback socket — judged from the ASGI ``scope["server"]`` address of the connection *and* the
+  listening sockets of this process on that port (:func:`listening_publicly`), so
+  ``uvicorn --factory service.app:create_app --host 0.0.0.0`` needs keys whatever ``settings.host``
+  says — or when any active key exists (keys are honoured on loopback as soon as one is created).
+
+Without a key a request acts with the ``admin`` scope. The key is checked by
+:class:`service.security.SecurityMiddleware` before the body is read; the route's scope by
+:func:`authorize`. A key's last-used time is written by :class:`UsageRecorder` off the request path, at
+most once per ``settings.key_touch_every_s``. ``serve`` refuses to start on a non-loopback address while
+no key exists (:func:`check_bind_allowed`); ``FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY`` creates the first admin
+key at start (:func:`prepare_keys`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 import logging
+import threading
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
-from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import apikeys
-from atlas.errors import Unauthorized
-from atlas.models import ApiKey, utcnow
+from atlas.errors import Forbidden, Unauthorized
+from atlas.models import utcnow
 from atlas.settings import Settings
 
 logger = logging.getLogger("fisher_atlas.service")
 
 HEADER = "X-API-Key"
+PRINCIPAL_STATE = "fisher_atlas_principal"
+"""Key of the authenticated :class:`Principal` in the ASGI scope's ``state``."""
 
 
 @dataclass(frozen=True)
@@ -42,16 +60,18 @@ ANONYMOUS = Principal(key_id=None, name="anonymous", scopes=("read", "write", "a
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address or ``localhost`` (``0.0.0.0`` and ``::`` are not)."""
     h = host.strip().strip("[]").lower()
-    if h in ("localhost", "localhost.localdomain"):
+    if h in ("localhost", "localhost.localdomain") or h.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(h).is_loopback
+        ip = ipaddress.ip_address(h.split("%", 1)[0])
     except ValueError:
         return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def keys_required(settings: Settings) -> bool:
-    """``settings.require_keys`` when set, else true exactly when bound to a non-loopback address."""
+    """Static view (OpenAPI, start checks): ``require_keys`` when set, else whether ``host`` is non-loopback."""
     if settings.require_keys is not None:
         return bool(settings.require_keys)
     return not is_loopback(settings.host)
@@ -59,20 +79,27 @@ def keys_required(settings: Settings) -> bool:
 
 def count_active_keys(session: Session) -> int:
     """Number of keys that are not revoked."""
-    return len(apikeys.list_api_keys(session))
+    return apikeys.count_active_keys(session)
 
 
-CREATE_KEY_HINT = "create one with: fisher-atlas keys create --name admin --scopes admin"
+CREATE_KEY_HINT = (
+    "create one with: fisher-atlas keys create --name admin --scopes admin, "
+    "or set FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY"
+)
 
 
 def check_bind_allowed(settings: Settings, active_keys: int) -> None:
     """Refuse to serve on a non-loopback address without API keys.
+
+    A configured ``bootstrap_admin_key`` counts as a key (it is created at start).
 
     Raises
     ------
     RuntimeError
         Bound to a non-loopback host while keys are disabled or none exists.
     """
+    if settings.bootstrap_admin_key is not None:
+        active_keys += 1
     if is_loopback(settings.host):
         if keys_required(settings) and active_keys == 0:
             logger.warning("API keys are required but none exists; %s", CREATE_KEY_HINT)
@@ -89,25 +116,201 @@ def check_bind_allowed(settings: Settings, active_keys: int) -> None:
         )
 
 
-def presented_key(request: Request) -> str | None:
-    """The key in ``X-API-Key`` or ``Authorization: Bearer``, if any."""
-    key = request.headers.get(HEADER)
+def prepare_keys(store: Any, settings: Settings) -> None:
+    """At start: create the bootstrap admin key if configured, then :func:`check_bind_allowed`."""
+    if settings.bootstrap_admin_key is not None:
+        with store.session() as session:
+            if apikeys.ensure_bootstrap_key(session, settings.bootstrap_admin_key.get_secret_value()) is not None:
+                logger.info("created the bootstrap admin key (FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY)")
+    with store.read() as session:
+        check_bind_allowed(settings, count_active_keys(session))
+
+
+def presented_key(headers: Any) -> str | None:
+    """The key in ``X-API-Key`` or ``Authorization: Bearer``, if any (``headers``: a request or its headers)."""
+    headers = getattr(headers, "headers", headers)
+    key = headers.get(HEADER) or headers.get(HEADER.lower())
     if key:
-        return key.strip()
-    auth = request.headers.get("Authorization", "")
-    scheme, _, token = auth.partition(" ")
+        return str(key).strip()
+    auth = headers.get("Authorization") or headers.get("authorization") or ""
+    scheme, _, token = str(auth).partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     return None
 
 
+# --------------------------------------------------------------------------------------------------
+# the bound socket
+# --------------------------------------------------------------------------------------------------
+
+_listen_cache: dict[int, bool] = {}
+_listen_lock = threading.Lock()
+
+
+def _process_listens_publicly(port: int) -> bool | None:
+    """Whether this process listens on ``port`` on a non-loopback address (``None``: unknown)."""
+    try:
+        import psutil
+
+        conns = psutil.Process().net_connections(kind="inet")
+    except Exception:  # psutil missing or not allowed: fall back to the connection's address
+        return None
+    mine = [c for c in conns if c.status == "LISTEN" and c.laddr and c.laddr.port == port]
+    if not mine:
+        return None
+    return any(not is_loopback(str(c.laddr.ip)) for c in mine)
+
+
+def listening_publicly(server: tuple[str, int | None] | list[Any] | None) -> bool:
+    """Whether the connection came through a socket reachable from other machines.
+
+    ``server`` is the ASGI ``scope["server"]`` (the connection's local address). Non-loopback → true.
+    A loopback connection counts as public when this process listens on the same port on a wildcard or
+    non-loopback address (``--host 0.0.0.0`` reached through 127.0.0.1): the bound socket decides, not
+    the path one client took. Unix sockets (no port) are local; no address at all is public.
+    """
+    if not server:
+        return True
+    host, port = str(server[0]), server[1] if len(server) > 1 else None
+    if port is None:
+        return False  # a Unix domain socket: reachable through the file system only
+    if not is_loopback(host):
+        return True
+    port = int(port)
+    with _listen_lock:
+        cached = _listen_cache.get(port)
+    if cached is None:
+        found = _process_listens_publicly(port)
+        cached = bool(found)
+        if found is not None:
+            with _listen_lock:
+                _listen_cache[port] = cached
+    return cached
+
+
+# --------------------------------------------------------------------------------------------------
+# keys
+# --------------------------------------------------------------------------------------------------
+
+
+class UsageRecorder:
+    """Records keys' last-used times and writes them in one short background transaction, at most once
+    per ``every_s`` (never on the request path: a locked database only delays the record)."""
+
+    def __init__(self, write_factory: sessionmaker[Session], every_s: float) -> None:
+        self.write_factory = write_factory
+        self.every_s = every_s
+        self._pending: dict[int, dt.datetime] = {}
+        self._lock = threading.Lock()
+        self._last_flush = 0.0
+        self._flushing = False
+
+    def note(self, key_id: int) -> None:
+        """Remember a use of ``key_id``; start a background flush when one is due."""
+        now = time.monotonic()
+        with self._lock:
+            self._pending[key_id] = utcnow()
+            due = not self._flushing and now - self._last_flush >= self.every_s
+            if due:
+                self._flushing = True
+                self._last_flush = now
+        if due:
+            threading.Thread(target=self.flush, name="api-key-usage", daemon=True).start()
+
+    def flush(self) -> None:
+        """Write the pending times (on failure they are kept for the next flush)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        try:
+            if pending:
+                with self.write_factory.begin() as session:
+                    apikeys.record_key_use(session, pending)
+        except Exception as exc:
+            logger.warning("could not record API key use: %s", type(exc).__name__)
+            with self._lock:
+                for k, v in pending.items():
+                    self._pending.setdefault(k, v)
+        finally:
+            with self._lock:
+                self._flushing = False
+
+
+class KeyGate:
+    """Decides whether a request needs a key and checks the key (see the module docstring).
+
+    Parameters
+    ----------
+    settings : Settings
+    read_factory, write_factory
+        Session factories of the store (reads never take the write lock).
+    ttl_s
+        How long the "some active key exists" answer is cached (create and revoke through this
+        process refresh it at once).
+    """
+
+    def __init__(self, settings: Settings, read_factory: sessionmaker[Session], write_factory: sessionmaker[Session],
+                 ttl_s: float = 2.0) -> None:
+        self.settings = settings
+        self.read_factory = read_factory
+        self.usage = UsageRecorder(write_factory, settings.key_touch_every_s)
+        self.ttl_s = ttl_s
+        self._any_key: tuple[float, bool] | None = None
+
+    def invalidate(self) -> None:
+        """Forget the cached key count (after a key was created or revoked)."""
+        self._any_key = None
+
+    def any_active_key(self) -> bool:
+        """Whether an active key exists (cached ``ttl_s``)."""
+        cached = self._any_key
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < self.ttl_s:
+            return cached[1]
+        with self.read_factory() as session:
+            value = count_active_keys(session) > 0
+        self._any_key = (now, value)
+        return value
+
+    def required(self, server: Any) -> bool:
+        """Whether a request arriving at ``server`` (the ASGI ``scope["server"]``) needs a key."""
+        quick = self.required_without_io(server)
+        return quick if quick is not None else self.any_active_key()
+
+    def required_without_io(self, server: Any) -> bool | None:
+        """:meth:`required` when it can be told without a database read (else ``None``)."""
+        if self.settings.require_keys is not None:
+            return bool(self.settings.require_keys)
+        if listening_publicly(server):
+            return True
+        cached = self._any_key
+        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+            return cached[1]
+        return None
+
+    def authenticate(self, plaintext: str | None) -> Principal:
+        """The principal of a presented key (any scope; routes check theirs with :func:`authorize`).
+
+        Raises
+        ------
+        Unauthorized
+            Missing, unknown or revoked key.
+        """
+        if not plaintext:
+            raise Unauthorized(f"an API key is required: send it in the {HEADER} header")
+        if len(plaintext) > 512:
+            raise Unauthorized("invalid or revoked API key")
+        with self.read_factory() as session:
+            key = apikeys.verify_api_key(session, plaintext, "read", touch=False)
+            principal = Principal(key_id=key.id, name=key.name, scopes=tuple(key.scopes))
+        assert principal.key_id is not None
+        self.usage.note(principal.key_id)
+        return principal
+
+
 def authenticate(
     read_factory: sessionmaker[Session], write_factory: sessionmaker[Session], plaintext: str | None, scope: str
 ) -> Principal:
-    """Check a presented key for ``scope``.
-
-    The lookup runs in a read-only transaction; the occasional ``last_used_at`` touch is written in a
-    separate short transaction whose failure is only logged (never fails the request).
+    """Check a presented key for ``scope`` (no middleware: read-only lookup, no write).
 
     Raises
     ------
@@ -119,14 +322,28 @@ def authenticate(
     if not plaintext:
         raise Unauthorized(f"an API key is required: send it in the {HEADER} header")
     with read_factory() as session:
-        key = apikeys.verify_api_key(session, plaintext, scope)
-        touched = key in session.dirty
-        principal = Principal(key_id=key.id, name=key.name, scopes=tuple(key.scopes))
-        session.rollback()
-    if touched:
-        try:
-            with write_factory.begin() as session:
-                session.execute(update(ApiKey).where(ApiKey.id == principal.key_id).values(last_used_at=utcnow()))
-        except Exception:
-            logger.warning("could not record API key use", exc_info=True)
+        key = apikeys.verify_api_key(session, plaintext, scope, touch=False)
+        return Principal(key_id=key.id, name=key.name, scopes=tuple(key.scopes))
+
+
+def authorize(request: Request, container: Any, scope: str) -> Principal:
+    """The route dependency's check: the principal the middleware authenticated, holding ``scope``.
+
+    Without :class:`service.security.SecurityMiddleware` (an app assembled by hand) the key is
+    checked here by the static rule of :func:`keys_required`.
+
+    Raises
+    ------
+    Unauthorized, Forbidden
+    """
+    state = request.scope.get("state") or {}
+    principal = state.get(PRINCIPAL_STATE) if isinstance(state, dict) else None
+    if principal is None:
+        if not container.keys_required:
+            return ANONYMOUS
+        store = container.store
+        principal = authenticate(store.read, store.write, presented_key(request), scope)
+    if principal.key_id is not None and not apikeys.has_scope(principal.scopes, scope):
+        raise Forbidden(f"this API key lacks the {scope!r} scope", {"scopes": list(principal.scopes)})
+    request.state.principal = principal
     return principal

@@ -34,7 +34,7 @@ from atlas.services import JobService, QueryService, SpaceService, StateLoader, 
 from atlas.services.tasks import require_same_space
 from atlas.settings import Settings
 from atlas.store import Store
-from service.auth import check_bind_allowed, count_active_keys, keys_required
+from service.auth import keys_required, prepare_keys
 from service.metrics import Metrics
 
 log = logging.getLogger("fisher_atlas.service")
@@ -87,8 +87,7 @@ class Container:
 
             upgrade(s.resolved_database_url())
         self.store = store = Store(s)
-        with store.read() as session:
-            check_bind_allowed(s, count_active_keys(session))
+        prepare_keys(store, s)
         self.index = IndexManager(store.read, s.data_dir / "index", kind=s.index_kind, nprobe=s.index_nprobe,
                                   ivf_min_size=s.index_ivf_min_size)
         self.index.open()

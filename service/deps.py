@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from service.auth import ANONYMOUS, Principal, authenticate, presented_key
+from service.auth import Principal, authorize
 from service.container import Container
 
 
@@ -37,12 +37,7 @@ class Authorize:
         self.scope = scope
 
     def __call__(self, request: Request, container: ContainerDep) -> Principal:
-        if not container.keys_required:
-            return ANONYMOUS
-        assert container.store is not None
-        principal = authenticate(container.store.read, container.store.write, presented_key(request), self.scope)
-        request.state.principal = principal
-        return principal
+        return authorize(request, container, self.scope)
 
 
 require_read = Depends(Authorize("read"))

@@ -15,9 +15,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from atlas.errors import AtlasError, IncompatibleSpace, InvalidInput
+from atlas.db import is_busy_error
+from atlas.errors import AtlasError, DatabaseBusy, IncompatibleSpace, InvalidInput
+from atlas.redaction import bounded, redact_secrets, truncate
 from fishersketch import CorruptState, SketchError, SpecMismatch
 
 logger = logging.getLogger("fisher_atlas.service")
@@ -65,6 +69,16 @@ def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
     return out
 
 
+MAX_MESSAGE_CHARS = 1000
+"""Longest message in an error body (huge inputs are never echoed whole)."""
+
+
+def safe_body(code: str, message: str, detail: Any = None) -> dict[str, Any]:
+    """:func:`error_body` with secrets masked and sizes bounded (message 1000 characters, detail strings
+    300, 20 items per list or dict, nesting depth 4)."""
+    return error_body(code, truncate(redact_secrets(str(message)), MAX_MESSAGE_CHARS), bounded(detail))
+
+
 async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AtlasError)
     headers = None
@@ -73,7 +87,7 @@ async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:
         headers = {"Retry-After": str(max(1, math.ceil(wait)))}
     if exc.status_code == 401:
         headers = {"WWW-Authenticate": 'ApiKey header="X-API-Key"'}
-    return JSONResponse(exc.to_body(), status_code=exc.status_code, headers=headers)
+    return JSONResponse(safe_body(exc.code, exc.message, exc.detail), status_code=exc.status_code, headers=headers)
 
 
 async def _sketch_error(request: Request, exc: Exception) -> JSONResponse:
@@ -91,7 +105,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     first = detail[0] if detail else {}
     loc = ".".join(str(p) for p in first.get("loc", []))
     message = f"invalid request: {loc}: {first.get('msg', '')}" if first else "invalid request"
-    return JSONResponse(error_body("invalid_input", message, detail), status_code=422)
+    return JSONResponse(safe_body("invalid_input", message, detail), status_code=422)
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
@@ -101,7 +115,15 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
         status = 422
     code = _CODES_BY_STATUS.get(status, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-    return JSONResponse(error_body(code, message, None), status_code=status, headers=exc.headers)
+    return JSONResponse(safe_body(code, message, None), status_code=status, headers=exc.headers)
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A locked database, an exhausted pool or an unreachable server: 503 with Retry-After, never 500."""
+    if is_busy_error(exc):
+        logger.warning("database busy on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        return await _atlas_error(request, DatabaseBusy("the database is busy; retry shortly", None))
+    return await _unexpected(request, exc)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -117,4 +139,39 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(SketchError, _sketch_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OperationalError, _database_error)
+    app.add_exception_handler(DBAPIError, _database_error)
+    app.add_exception_handler(PoolTimeout, _database_error)
     app.add_exception_handler(Exception, _unexpected)
+    install_log_redaction()
+
+
+_installed = False
+
+
+def install_log_redaction() -> None:
+    """Mask secrets (URL passwords, API keys, tokens) in every log record of this process, once.
+
+    A log-record factory formats the message eagerly and masks it, and masks the traceback text, so
+    handlers configured by anyone (uvicorn, Celery, the root) only ever see redacted text.
+    """
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+            clean = redact_secrets(message)
+            if clean != message:
+                record.msg, record.args = clean, None
+            if record.exc_info and record.exc_info[0] is not None:
+                record.exc_text = redact_secrets(logging.Formatter().formatException(record.exc_info))
+        except Exception:  # never let redaction break logging
+            pass
+        return record
+
+    logging.setLogRecordFactory(factory)

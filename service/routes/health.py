@@ -1,38 +1,85 @@
-"""Liveness, readiness and Prometheus metrics (no API key needed)."""
+"""Liveness, readiness and Prometheus metrics (no API key needed).
+
+``/healthz`` and ``/readyz`` are ``async`` and never wait on the request thread pool or the connection
+pool: ``/healthz`` touches nothing; ``/readyz`` runs its probes on two threads of its own, each bounded
+by :data:`PROBE_TIMEOUT_S`, so both answer within about a second even while the database is locked
+(``/readyz`` then says the database is not ready). Readiness details carry no file paths.
+"""
 
 from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from atlas.db import probe_write_lock
+from atlas.redaction import redact_paths, redact_secrets, truncate
 from service.deps import ContainerDep
 from service.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
+PROBE_TIMEOUT_S = 1.0
+"""Longest wait for one readiness probe."""
+
+_PROBES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="readyz")
+
+try:
+    _VERSION: str | None = version("fisher-atlas")
+except PackageNotFoundError:
+    _VERSION = None
+
 
 @router.get("/healthz", response_model=Health, summary="Liveness")
-def healthz() -> Health:
-    """The process is up and serving HTTP."""
-    from importlib.metadata import PackageNotFoundError, version
+async def healthz() -> Health:
+    """The process is up and serving HTTP (touches neither the database nor a thread)."""
+    return Health(status="ok", version=_VERSION)
 
+
+async def _probe(fn: Any, *args: Any) -> tuple[bool, Any]:
+    """Run ``fn`` on the probe threads; ``(False, "timed out")`` after :data:`PROBE_TIMEOUT_S`."""
+    loop = asyncio.get_running_loop()
     try:
-        v = version("fisher-atlas")
-    except PackageNotFoundError:
-        v = None
-    return Health(status="ok", version=v)
+        return True, await asyncio.wait_for(loop.run_in_executor(_PROBES, fn, *args), PROBE_TIMEOUT_S)
+    except TimeoutError:
+        return False, "timed out"
+    except Exception as exc:
+        return False, type(exc).__name__
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return truncate(redact_paths(redact_secrets(value)), 300)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
 
 
 @router.get(
     "/readyz", response_model=Readiness, summary="Readiness",
-    responses={503: {"model": Readiness, "description": "Not ready (e.g. the model is not loaded)."}},
+    responses={503: {"model": Readiness, "description": "Not ready (the model is not loaded, the database is "
+                                                         "locked or unreachable)."}},
 )
 async def readyz(c: ContainerDep) -> JSONResponse:
-    """Ready when the database answers, the model is loaded and the index is open (else 503)."""
-    ready, checks, detail = await run_in_threadpool(c.readiness)
-    body = Readiness(ready=ready, checks=checks, detail=detail).model_dump(mode="json")
+    """Ready when the database answers and can take a write, the model is loaded and the index is open."""
+    done, answer = await _probe(c.readiness)
+    if done:
+        ready, checks, detail = answer
+    else:
+        ready, checks, detail = False, {"database": False, "model": c.lm is not None or c.started,
+                                        "index": c.index is not None}, {"database": answer}
+    if checks.get("database"):
+        done, reason = await _probe(probe_write_lock, c.settings.resolved_database_url(), PROBE_TIMEOUT_S / 2)
+        if not done or reason is not None:
+            checks["database"], ready = False, False
+            detail["database"] = reason if done else "timed out"
+    body = Readiness(ready=ready, checks=checks, detail=_clean(detail)).model_dump(mode="json")
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

@@ -70,15 +70,25 @@ async def create_key(body: KeyCreate, c: ContainerDep, _: AdminPrincipal) -> Key
     def run() -> KeyCreated:
         with c.store.session() as session:
             key, plaintext = apikeys.create_api_key(session, body.name, list(body.scopes))
-            return KeyCreated(**_out(key), key=plaintext)
+            created = KeyCreated(**_out(key), key=plaintext)
+        _keys_changed(c)
+        return created
 
     return await run_in_threadpool(run)
 
 
 @router.delete("/{key_id}", status_code=204, response_class=Response, summary="Revoke an API key",
-               responses=error_responses(401, 403, 404, 422))
+               responses=error_responses(401, 403, 404, 409, 422))
 def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_ID)], c: ContainerDep, _: AdminPrincipal) -> Response:
-    """Revoke a key (idempotent)."""
+    """Revoke a key (idempotent); the last active admin key cannot be revoked (409)."""
     with c.store.session() as session:
         apikeys.revoke_api_key(session, key_id)
+    _keys_changed(c)
     return Response(status_code=204)
+
+
+def _keys_changed(c: object) -> None:
+    """Make the key gate see a created or revoked key at once (other replicas within its TTL)."""
+    gate = getattr(c, "key_gate", None)
+    if gate is not None:
+        gate.invalidate()

@@ -1,0 +1,267 @@
+"""Request gatekeeping in front of every route: Host allow-list, Origin check, API key, rate limit.
+
+:class:`SecurityMiddleware` (pure ASGI, so nothing of the body is read before it decides):
+
+1. **Host** (DNS rebinding): on a loopback bind — or wherever ``settings.allowed_hosts`` is set — the
+   ``Host`` header must name localhost, a loopback IP, the configured ``host``, the address the client
+   connected to, or an entry of ``allowed_hosts`` (``*``: any). Else 403 ``forbidden_host``. On a
+   public bind keys are required, so a rebound name gains nothing (Jupyter's ``allow_remote_access``).
+2. **Origin** (cross-site requests): ``POST``/``PUT``/``PATCH``/``DELETE`` carrying an ``Origin`` that is
+   neither this service's own origin (the ``Host`` the browser used) nor in ``allowed_origins`` — or
+   ``Sec-Fetch-Site: cross-site`` — get 403 ``forbidden_origin`` (Jupyter's ``check_origin``). Clients
+   that are not browsers send no ``Origin`` and pass.
+3. **API key** on ``/v1/...`` when :meth:`service.auth.KeyGate.required` says so: checked before the body
+   is read (401 ``unauthorized``); the route checks its scope.
+4. **Rate limit** on ``/v1/...``: a token bucket per key, or per client address when anonymous
+   (``rate_limit_per_s``, ``rate_limit_burst``); empty → 429 ``rate_limited`` with ``Retry-After``.
+
+Every refusal is the usual ``{"code", "message", "detail"}`` body and stores nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio.to_thread
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from atlas.db import is_busy_error
+from atlas.errors import AtlasError, DatabaseBusy
+from atlas.redaction import truncate
+from atlas.settings import Settings
+from service.auth import PRINCIPAL_STATE, KeyGate, is_loopback, listening_publicly, presented_key
+
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "::1"})
+
+
+class TokenBucket:
+    """Token buckets per client: ``rate`` tokens per second up to ``burst``; LRU-bounded in clients.
+
+    A small class rather than a library: the answer needs the exact wait until the next token
+    (``Retry-After``), which this computes in one line.
+    """
+
+    def __init__(self, rate: float, burst: int, max_clients: int = 10_000) -> None:
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self.max_clients = max_clients
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, client: str, now: float | None = None) -> float:
+        """Take one token for ``client``; return 0 when allowed, else the seconds until a token is free."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            tokens, last = self._buckets.pop(client, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            if tokens >= 1.0:
+                wait, tokens = 0.0, tokens - 1.0
+            else:
+                wait = (1.0 - tokens) / self.rate
+            self._buckets[client] = (tokens, now)
+            while len(self._buckets) > self.max_clients:
+                self._buckets.popitem(last=False)
+        return wait
+
+
+def _host_name(host_header: str) -> str:
+    """The name part of a ``Host`` header (``[::1]:8000`` → ``::1``), lower-case."""
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        return h[1 : h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+def _origin_of(scheme: str, host_header: str) -> str:
+    """``scheme://host[:port]`` as a browser writes the origin of a page served under ``host_header``."""
+    default = {"http": "80", "https": "443"}.get(scheme)
+    host = host_header.strip().lower()
+    if default and host.endswith(f":{default}"):
+        host = host[: -len(default) - 1]
+    return f"{scheme}://{host}"
+
+
+def _normal_origin(origin: str) -> str:
+    parts = urlsplit(origin.strip().lower())
+    return _origin_of(parts.scheme, parts.netloc) if parts.scheme and parts.netloc else origin.strip().lower()
+
+
+class SecurityMiddleware:
+    """See the module docstring.
+
+    Parameters
+    ----------
+    app : ASGIApp
+    settings : Settings
+    container : service.container.Container
+        Gives the store once started (keys are looked up in it).
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings, container: Any) -> None:
+        self.app = app
+        self.settings = settings
+        self.container = container
+        self.allowed_hosts = {h.strip().lower() for h in settings.allowed_hosts if h.strip()}
+        self.allowed_origins = {_normal_origin(o) for o in settings.allowed_origins if o.strip()}
+        self.local_hosts = set(LOCAL_NAMES) | {settings.host.strip().lower()}
+        self.bucket = TokenBucket(settings.rate_limit_per_s, settings.rate_limit_burst) \
+            if settings.rate_limit_per_s > 0 else None
+        self._gate: KeyGate | None = None
+
+    @property
+    def gate(self) -> KeyGate:
+        """The key gate over the started container's store."""
+        if self._gate is None:
+            store = self.container.store
+            self._gate = KeyGate(self.settings, store.read, store.write)
+            self.container.key_gate = self._gate
+        return self._gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        server = scope.get("server")
+        try:
+            public = listening_publicly(server)
+            self._check_host(headers, server, public)
+            self._check_origin(scope, headers)
+            path: str = scope.get("path", "")
+            if path.startswith("/v1/") or path == "/v1":
+                principal = await self._authenticate(headers, server)
+                if principal is not None:
+                    scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
+                self._rate_limit(principal, scope)
+        except AtlasError as exc:
+            await _render(exc, scope, receive, send)
+            return
+        except Exception as exc:
+            if not is_busy_error(exc):
+                raise
+            await _render(DatabaseBusy("the database is busy; retry shortly", None), scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _check_host(self, headers: Headers, server: Any, public: bool) -> None:
+        if "*" in self.allowed_hosts or (public and not self.allowed_hosts):
+            return
+        host = _host_name(headers.get("host", ""))
+        connected = str(server[0]).lower() if server else ""
+        if host in self.local_hosts or host in self.allowed_hosts or host == connected or is_loopback(host):
+            return
+        raise _Refused(403, "forbidden_host",
+                       f"Host {truncate(host, 100)!r} is not served here; add it to FISHER_ATLAS_ALLOWED_HOSTS",
+                       {"host": truncate(host, 100)})
+
+    def _check_origin(self, scope: Scope, headers: Headers) -> None:
+        if scope.get("method", "GET").upper() not in STATE_CHANGING or "*" in self.allowed_origins:
+            return
+        origin = headers.get("origin")
+        if origin is None:
+            if headers.get("sec-fetch-site", "").lower() == "cross-site":
+                raise _Refused(403, "forbidden_origin", "cross-site requests may not change state", None)
+            return
+        own = _origin_of(str(scope.get("scheme", "http")), headers.get("host", ""))
+        if _normal_origin(origin) in (own, *self.allowed_origins):
+            return
+        raise _Refused(403, "forbidden_origin",
+                       f"requests from origin {truncate(origin, 100)!r} may not change state; "
+                       "add it to FISHER_ATLAS_ALLOWED_ORIGINS", {"origin": truncate(origin, 100)})
+
+    async def _authenticate(self, headers: Headers, server: Any) -> Any:
+        if self.container.store is None:
+            return None
+        gate = self.gate
+        required = gate.required_without_io(server)
+        if required is None:
+            required = await anyio.to_thread.run_sync(gate.required, server)
+        if not required:
+            return None
+        return await anyio.to_thread.run_sync(gate.authenticate, presented_key(headers))
+
+    def _rate_limit(self, principal: Any, scope: Scope) -> None:
+        if self.bucket is None:
+            return
+        if principal is not None and principal.key_id is not None:
+            client = f"key:{principal.key_id}"
+        else:
+            client = f"addr:{(scope.get('client') or ('?',))[0]}"
+        wait = self.bucket.take(client)
+        if wait > 0:
+            raise _Refused(429, "rate_limited",
+                           f"rate limit of {self.settings.rate_limit_per_s:g} requests/s exceeded; retry later",
+                           {"retry_after_s": round(wait, 3)}, retry_after_s=wait)
+
+
+class _Refused(AtlasError):
+    """A refusal of the middleware with its own status and code."""
+
+    def __init__(self, status: int, code: str, message: str, detail: Any, *, retry_after_s: float | None = None):
+        super().__init__(message, detail, retry_after_s=retry_after_s)
+        self.status_code = status
+        self.code = code
+
+
+async def _render(exc: AtlasError, scope: Scope, receive: Receive, send: Send) -> None:
+    headers: dict[str, str] = {}
+    if exc.status_code in (429, 503):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s or 1.0)))
+    if exc.status_code == 401:
+        headers["WWW-Authenticate"] = 'ApiKey header="X-API-Key"'
+    response = JSONResponse(exc.to_body(), status_code=exc.status_code, headers=headers)
+    await response(scope, receive, send)
+
+
+# --------------------------------------------------------------------------------------------------
+# /docs without a CDN
+# --------------------------------------------------------------------------------------------------
+
+DOCS_ASSETS = "/docs-assets"
+
+
+def serve_docs_offline(app: Any) -> None:
+    """Serve ``/docs`` (Swagger UI 5) and ``/redoc`` from files shipped in the ``fastapi-offline`` package.
+
+    FastAPI's own pages load their scripts from a CDN (blank offline); these are the same pages
+    pointing at ``/docs-assets/...``. Without the package the CDN pages stay.
+    """
+    try:
+        import fastapi_offline
+    except ImportError:
+        return
+    from pathlib import Path
+
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from starlette.routing import Route
+    from starlette.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).resolve().parent / "static"
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ("/docs", "/redoc")]
+    title = app.title
+
+    async def docs(_: Any) -> Any:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url, title=f"{title} - Swagger UI",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js", swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+        )
+
+    async def redoc(_: Any) -> Any:
+        return get_redoc_html(openapi_url=app.openapi_url, title=f"{title} - ReDoc",
+                              redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+                              redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
+
+    app.router.routes.append(Route("/docs", docs, methods=["GET", "HEAD"], include_in_schema=False))
+    app.router.routes.append(Route("/redoc", redoc, methods=["GET", "HEAD"], include_in_schema=False))
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(static)), name="docs-assets")

@@ -1,0 +1,314 @@
+"""Security regressions (issue 14): each refusal answers its documented status and stores nothing.
+
+Real uvicorn servers on real sockets: one bound to the machine's non-loopback interface (or to
+0.0.0.0 reached through 127.0.0.1) exactly as ``uvicorn --factory service.app:create_app --host ...``
+would, with ``settings.host`` left at its loopback default.
+"""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from atlas import apikeys
+from atlas.models import ApiKey, Job, Task
+from atlas.settings import Settings
+from service.app import create_app
+from tests.service.conftest import LiveServer
+
+SAMPLES = {"name": "t", "mode": "text", "samples": [{"text": "hello world"}, {"text": "good night moon"}]}
+
+
+def _counts(container: Any) -> tuple[int, int]:
+    with container.store.read() as s:
+        return tuple(int(s.execute(select(func.count()).select_from(m)).scalar_one()) for m in (Task, Job))
+
+
+def _non_loopback_ipv4() -> str | None:
+    """An address of this machine reachable from others (not loopback), if any."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return str(a.address)
+    return None
+
+
+@pytest.fixture
+def bind(tmp_path: Path, tiny_lm: Any) -> Iterator[Any]:
+    """``bind(host, **settings)`` → (base url to call, app): a real server bound to ``host``."""
+    servers: list[LiveServer] = []
+
+    def start(host: str = "127.0.0.1", connect: str | None = None, **values: Any) -> tuple[str, Any]:
+        values = {"data_dir": tmp_path / f"d{len(servers)}", "sketch_dim": 256, "device": "cpu", **values}
+        app = create_app(Settings(**values), overrides={"lm": tiny_lm, "start_runner": False})
+        server = LiveServer(app, host=host).start()
+        servers.append(server)
+        return f"http://{connect or host}:{server.port}", app
+
+    yield start
+    for s in reversed(servers):
+        s.stop()
+
+
+# -- keys by the bound socket ----------------------------------------------------------------------
+
+
+def test_public_interface_bind_requires_keys_whatever_settings_host_says(bind) -> None:
+    ip = _non_loopback_ipv4()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 interface")
+    url, app = bind(ip)  # settings.host stays 127.0.0.1, as with `uvicorn --factory ... --host <ip>`
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES)
+    assert r.status_code == 401, r.text
+    assert r.json()["code"] == "unauthorized"
+    assert httpx.get(f"{url}/v1/tasks").status_code == 401
+    assert _counts(app.state.container) == (0, 0)
+    assert httpx.get(f"{url}/healthz").status_code == 200  # public paths stay public
+    with app.state.container.store.session() as s:
+        _, key = apikeys.create_api_key(s, "w", ["write"])
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"X-API-Key": key})
+    assert r.status_code == 202, r.text
+
+
+def test_wildcard_bind_requires_keys_even_through_loopback(bind) -> None:
+    url, app = bind("0.0.0.0", connect="127.0.0.1")
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES)
+    assert r.status_code == 401, r.text
+    assert _counts(app.state.container) == (0, 0)
+
+
+def test_keys_are_honoured_on_loopback_once_one_exists(bind) -> None:
+    url, app = bind()
+    assert httpx.get(f"{url}/v1/tasks").status_code == 200  # no key exists: anonymous on loopback
+    created = httpx.post(f"{url}/v1/keys", json={"name": "r", "scopes": ["read"]})
+    assert created.status_code == 201
+    key = created.json()["key"]
+    assert httpx.get(f"{url}/v1/tasks").status_code == 401
+    assert httpx.get(f"{url}/v1/tasks", headers={"X-API-Key": key}).status_code == 200
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"X-API-Key": key})
+    assert r.status_code == 403 and r.json()["code"] == "forbidden"  # a read key cannot write
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES)
+    assert r.status_code == 401
+    assert _counts(app.state.container) == (0, 0)
+
+
+# -- Origin and Host -------------------------------------------------------------------------------
+
+
+def test_foreign_origin_cannot_change_state(bind) -> None:
+    url, app = bind()
+    for origin in ("http://evil.example", "null", "http://127.0.0.1:1"):
+        r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Origin": origin})
+        assert r.status_code == 403, (origin, r.text)
+        assert r.json()["code"] == "forbidden_origin"
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 403
+    assert _counts(app.state.container) == (0, 0)
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Origin": url})  # same origin: the dashboard
+    assert r.status_code == 202, r.text
+    task_id = r.json()["task"]["id"]
+    r = httpx.delete(f"{url}/v1/tasks/{task_id}", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403
+    assert _counts(app.state.container)[0] == 1
+    # a foreign origin may still read (the browser keeps the answer from the page: no CORS headers)
+    r = httpx.get(f"{url}/v1/tasks", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_allowed_origin_setting(bind) -> None:
+    url, _app = bind(allowed_origins=["https://ui.example"])
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Origin": "https://ui.example"})
+    assert r.status_code == 202, r.text
+
+
+def test_foreign_host_is_refused_on_loopback(bind) -> None:
+    url, app = bind()
+    for host in ("evil.example", "evil.example:80", "192.0.2.99"):
+        r = httpx.get(f"{url}/v1/tasks", headers={"Host": host})
+        assert r.status_code == 403, (host, r.text)
+        assert r.json()["code"] == "forbidden_host"
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Host": "evil.example"})
+    assert r.status_code == 403
+    assert _counts(app.state.container) == (0, 0)
+    port = url.rsplit(":", 1)[1]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+        assert httpx.get(f"{url}/v1/tasks", headers={"Host": host}).status_code == 200, host
+    url2, _ = bind(allowed_hosts=["atlas.internal"])
+    assert httpx.get(f"{url2}/v1/tasks", headers={"Host": "atlas.internal:8000"}).status_code == 200
+    assert httpx.get(f"{url2}/v1/tasks", headers={"Host": "evil.example"}).status_code == 403
+
+
+# -- rate limit --------------------------------------------------------------------------------------
+
+
+def test_rate_limit_answers_429_with_retry_after_per_key(bind) -> None:
+    url, app = bind(rate_limit_per_s=0.5, rate_limit_burst=3, require_keys=True)
+    with app.state.container.store.session() as s:
+        _, a = apikeys.create_api_key(s, "a", ["write"])
+        _, b = apikeys.create_api_key(s, "b", ["read"])
+    codes = [httpx.get(f"{url}/v1/tasks", headers={"X-API-Key": a}).status_code for _ in range(3)]
+    assert codes == [200, 200, 200]
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"X-API-Key": a})
+    assert r.status_code == 429, r.text
+    assert r.json()["code"] == "rate_limited"
+    assert 1 <= int(r.headers["Retry-After"]) <= 2
+    assert _counts(app.state.container) == (0, 0)
+    # another key has its own bucket
+    assert httpx.get(f"{url}/v1/tasks", headers={"X-API-Key": b}).status_code == 200
+    # health is never limited
+    assert httpx.get(f"{url}/healthz").status_code == 200
+
+
+def test_rate_limit_per_address_when_anonymous(bind) -> None:
+    url, _ = bind(rate_limit_per_s=0.5, rate_limit_burst=2)
+    codes = [httpx.get(f"{url}/v1/tasks").status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+
+
+# -- busy database -----------------------------------------------------------------------------------
+
+
+def test_locked_database_answers_503_in_bounded_time_and_health_stays_fast(bind) -> None:
+    url, app = bind(db_busy_timeout_s=1.0, db_pool_timeout_s=1.0)
+    db_file = app.state.container.settings.resolved_database_url().removeprefix("sqlite:///")
+    assert httpx.get(f"{url}/readyz").status_code == 200
+    holder = sqlite3.connect(db_file, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        t0 = time.monotonic()
+        r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, timeout=30)
+        elapsed = time.monotonic() - t0
+        assert r.status_code == 503, r.text
+        assert r.json()["code"] == "database_busy"
+        assert int(r.headers["Retry-After"]) >= 1
+        assert elapsed < 5.0, elapsed
+        t0 = time.monotonic()
+        assert httpx.get(f"{url}/v1/tasks", timeout=30).status_code == 200  # reads never wait on the lock
+        assert time.monotonic() - t0 < 1.0
+        t0 = time.monotonic()
+        assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+        assert time.monotonic() - t0 < 0.5
+        t0 = time.monotonic()
+        ready = httpx.get(f"{url}/readyz", timeout=30)
+        assert time.monotonic() - t0 < 2.0
+        assert ready.status_code == 503 and ready.json()["checks"]["database"] is False
+        assert "/" not in str(ready.json()["detail"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert _counts(app.state.container) == (0, 0)
+    assert httpx.post(f"{url}/v1/tasks", json=SAMPLES, timeout=30).status_code == 202
+    assert httpx.get(f"{url}/readyz").status_code == 200
+
+
+# -- keys: last admin, bootstrap -------------------------------------------------------------------
+
+
+def test_last_admin_key_cannot_be_revoked(bind) -> None:
+    url, app = bind(require_keys=True)
+    with app.state.container.store.session() as s:
+        k1, a1 = apikeys.create_api_key(s, "a1", ["admin"])
+        k2, _ = apikeys.create_api_key(s, "a2", ["admin"])
+        k3, _ = apikeys.create_api_key(s, "r", ["read"])
+    h = {"X-API-Key": a1}
+    assert httpx.delete(f"{url}/v1/keys/{k3.id}", headers=h).status_code == 204
+    assert httpx.delete(f"{url}/v1/keys/{k2.id}", headers=h).status_code == 204
+    r = httpx.delete(f"{url}/v1/keys/{k1.id}", headers=h)
+    assert r.status_code == 409, r.text
+    assert r.json()["code"] == "conflict"
+    with app.state.container.store.read() as s:
+        assert s.get(ApiKey, k1.id).revoked_at is None
+    assert httpx.get(f"{url}/v1/keys", headers=h).status_code == 200
+
+
+@pytest.mark.parametrize("as_hash", [False, True])
+def test_bootstrap_admin_key_works_on_a_fresh_database(bind, tmp_path: Path, as_hash: bool) -> None:
+    import secrets
+
+    plaintext = "fa_" + secrets.token_urlsafe(32)
+    value = f"sha256:{apikeys.hash_key(plaintext)}" if as_hash else plaintext
+    url, _app = bind(require_keys=True, bootstrap_admin_key=value, data_dir=tmp_path / "boot")
+    assert httpx.get(f"{url}/v1/keys").status_code == 401
+    r = httpx.get(f"{url}/v1/keys", headers={"X-API-Key": plaintext})
+    assert r.status_code == 200, r.text
+    assert [k["name"] for k in r.json()["items"]] == ["bootstrap-admin"]
+    assert httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"X-API-Key": plaintext}).status_code == 202
+    url2, _ = bind(require_keys=True, bootstrap_admin_key=value, data_dir=tmp_path / "boot")  # a restart
+    assert len(httpx.get(f"{url2}/v1/keys", headers={"X-API-Key": plaintext}).json()["items"]) == 1
+
+
+def test_bootstrap_key_lets_a_public_bind_start_and_weak_ones_are_refused(tmp_path: Path) -> None:
+    from atlas.errors import InvalidInput
+    from service.auth import check_bind_allowed
+
+    s = Settings(data_dir=tmp_path, host="0.0.0.0", bootstrap_admin_key="x" * 40)
+    check_bind_allowed(s, 0)  # no RuntimeError
+    with pytest.raises(RuntimeError):
+        check_bind_allowed(Settings(data_dir=tmp_path, host="0.0.0.0"), 0)
+    with pytest.raises(InvalidInput):
+        apikeys.bootstrap_key_hash("short")
+
+
+# -- secrets, bounded details, /docs -----------------------------------------------------------------
+
+
+def test_migrate_does_not_print_the_password(pg_database, capsys) -> None:
+    from service.cli import main
+
+    url = pg_database().replace("postgres@", "postgres:s3cretPW@")
+    assert main(["migrate", "--database-url", url]) == 0
+    out = capsys.readouterr()
+    assert "s3cretPW" not in out.out + out.err
+    assert "***" in out.out
+
+
+def test_logs_and_errors_are_redacted_and_bounded(bind, caplog) -> None:
+    import logging
+
+    url, _app = bind()
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("fisher_atlas.test").warning("broker redis://user:hunter22@h:6379/0 key %s", "fa_" + "k" * 40)
+    assert "hunter22" not in caplog.text and "kkkkkkkk" not in caplog.text
+    huge = "n" * 200_000
+    r = httpx.post(f"{url}/v1/tasks", json={**SAMPLES, "name": huge})
+    assert r.status_code == 422
+    assert len(r.content) < 8_000, len(r.content)
+    r = httpx.get(f"{url}/v1/tasks/{huge[:30_000]}")
+    assert r.status_code in (404, 422) and len(r.content) < 8_000
+
+
+def test_readyz_shows_no_file_paths(tmp_path: Path) -> None:
+    missing = tmp_path / "secret-dir" / "no-model-here"
+    app = create_app(Settings(data_dir=tmp_path / "d", model=str(missing), sketch_dim=256, device="cpu"))
+    server = LiveServer(app).start()
+    try:
+        r = httpx.get(f"http://127.0.0.1:{server.port}/readyz")
+        assert r.status_code == 503
+        assert str(tmp_path) not in r.text and "secret-dir" not in r.text, r.text
+    finally:
+        server.stop()
+
+
+def test_docs_are_served_without_a_cdn(bind) -> None:
+    url, _ = bind()
+    for page_path, asset in (("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")):
+        page = httpx.get(f"{url}{page_path}")
+        assert page.status_code == 200
+        assert "cdn.jsdelivr" not in page.text and "unpkg" not in page.text and "googleapis" not in page.text
+        assert f"/docs-assets/{asset}" in page.text
+        js = httpx.get(f"{url}/docs-assets/{asset}")
+        assert js.status_code == 200 and len(js.content) > 100_000
+    assert httpx.get(f"{url}/docs-assets/swagger-ui.css").status_code == 200
+    assert httpx.get(f"{url}/openapi.json").json()["openapi"].startswith("3.1")  # Swagger UI 5 renders 3.1
