@@ -1,0 +1,303 @@
+"""Figures of API answers drawn with matplotlib: the atlas map, the alignment heatmap, the factor bars.
+
+Every function takes the JSON body of one API response (as a ``dict``), writes one figure to ``path``
+and returns the path. The format follows the suffix (:data:`PLOT_SUFFIXES`); any other suffix raises
+:class:`PlotError` before anything is drawn. matplotlib is an optional extra (``fisher-atlas[plots]``)
+imported lazily with the Agg backend; when it is missing, :class:`PlotsUnavailable` says how to
+install it. The CLI (``atlas --out``, ``matrix --out``, ``recommend --plot``) and the benchmark
+figures (``bench/figures``) use the same functions.
+
+Example
+-------
+>>> from service.plots import save_atlas
+>>> save_atlas(client.atlas(), "atlas.svg", title="Atlas of space 1 (fisher-atlas-mini)")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+"""File suffixes a figure can be written as (the format follows the suffix)."""
+
+INSTALL_HINT = "pip install 'fisher-atlas[plots]'"
+ANNOTATE_MAX = 15
+"""Heatmaps of at most this many tasks show their values in the cells."""
+
+# Okabe–Ito (colour-blind safe) first, then further distinct hues (the dashboard uses the same).
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#7A5CC4",
+           "#8C8C3C", "#1B9E9E", "#B24A6B", "#5A7D2B", "#C28A2C")
+FACTOR_COLOURS = {"activation": "#0072B2", "error": "#E69F00", "fisher": "#009E73"}
+
+
+class PlotError(ValueError):
+    """A figure cannot be drawn as asked (unknown suffix, empty or malformed body)."""
+
+
+class PlotsUnavailable(ImportError):
+    """matplotlib is not installed; the message carries the install command."""
+
+
+def _pyplot() -> Any:
+    """Import matplotlib lazily on the non-interactive Agg backend and return ``pyplot``."""
+    try:
+        import matplotlib
+    except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
+        raise PlotsUnavailable(f"drawing figures needs matplotlib: {INSTALL_HINT}") from exc
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def check_suffix(path: str | Path) -> Path:
+    """Return ``path`` as a :class:`~pathlib.Path` if its suffix is one of :data:`PLOT_SUFFIXES`.
+
+    Parameters
+    ----------
+    path : str or Path
+        Where the figure goes.
+
+    Raises
+    ------
+    PlotError
+        The suffix is not ``.png``, ``.svg`` or ``.pdf`` (the message lists the allowed ones).
+    """
+    p = Path(path)
+    if p.suffix.lower() not in PLOT_SUFFIXES:
+        shown = p.suffix or "(none)"
+        raise PlotError(f"unknown figure format {shown!r} for {p.name!r}: use one of {', '.join(PLOT_SUFFIXES)}")
+    return p
+
+
+def _save(fig: Any, path: Path) -> Path:
+    plt = _pyplot()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # svg.fonttype none keeps labels as <text> so the SVG stays searchable and small
+    with plt.rc_context({"svg.fonttype": "none", "pdf.fonttype": 42}):
+        fig.savefig(path, format=path.suffix.lower().lstrip("."), dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -> Path:
+    """Draw the 2-D atlas of a space (body of ``GET /v1/atlas``): labelled points coloured by cluster.
+
+    Parameters
+    ----------
+    atlas_body : dict
+        ``{"space_id", "method", "total", "sampled", "n_clusters", "points": [{"task_id", "name", "x",
+        "y", "cluster"}, ...]}``.
+    path : str or Path
+        Output file; ``.png``, ``.svg`` or ``.pdf``.
+    title : str
+        Figure title (name the space and the model here).
+
+    Returns
+    -------
+    Path
+        The written file.
+    """
+    p = check_suffix(path)
+    points = list(atlas_body.get("points") or [])
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 6.5))
+    clusters = sorted({int(pt.get("cluster", 0)) for pt in points})
+    for i, c in enumerate(clusters):
+        members = [pt for pt in points if int(pt.get("cluster", 0)) == c]
+        ax.scatter([pt["x"] for pt in members], [pt["y"] for pt in members], s=70,
+                   color=PALETTE[i % len(PALETTE)], edgecolor="white", linewidth=0.8, zorder=3,
+                   label=f"cluster {c} ({len(members)})")
+    for pt in points:
+        ax.annotate(str(pt["name"]), (pt["x"], pt["y"]), xytext=(5, 4), textcoords="offset points", fontsize=8,
+                    color="#1f2933", zorder=4)
+    if not points:
+        ax.text(0.5, 0.5, "no ready tasks in this space", ha="center", va="center", transform=ax.transAxes,
+                color="#6b7280")
+    sub = f"space {atlas_body.get('space_id', '?')} · {len(points)} of {atlas_body.get('total', len(points))} tasks"
+    if atlas_body.get("sampled"):
+        sub += " (sampled)"
+    method = atlas_body.get("method")
+    ax.set_title(f"{title}\n{sub}", fontsize=11)
+    ax.set_xlabel(f"{method or 'MDS'} axis 1")
+    ax.set_ylabel(f"{method or 'MDS'} axis 2")
+    ax.grid(True, color="#e5e7eb", linewidth=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    if clusters:
+        ax.legend(title="cluster", fontsize=8, title_fontsize=9, loc="best", frameon=False)
+    ax.margins(0.12)
+    return _save(fig, p)
+
+
+def save_matrix(matrix_body: Mapping[str, Any], path: str | Path, *, title: str, kind: str = "fisher") -> Path:
+    """Draw the Fisher alignment heatmap of a set of tasks (body of ``POST /v1/align/matrix``).
+
+    Parameters
+    ----------
+    matrix_body : dict
+        ``{"ids", "names", "fisher", "fisher_shrunk", "activation", "error", "rho"}``, square matrices with
+        row/column ``i`` = ``names[i]``.
+    path : str or Path
+        Output file; ``.png``, ``.svg`` or ``.pdf``.
+    title : str
+        Figure title.
+    kind : str, optional
+        Which matrix to draw (default ``"fisher"``).
+
+    Returns
+    -------
+    Path
+        The written file. Values are written in the cells when at most :data:`ANNOTATE_MAX` tasks.
+    """
+    p = check_suffix(path)
+    import numpy as np
+
+    names = [str(n) for n in matrix_body.get("names") or []]
+    values = matrix_body.get(kind)
+    if values is None:
+        raise PlotError(f"the matrix body has no {kind!r} matrix")
+    mat = np.asarray(values, dtype=float)
+    if mat.ndim != 2 or mat.shape != (len(names), len(names)):
+        raise PlotError(f"the {kind!r} matrix is {mat.shape}, expected {len(names)}×{len(names)}")
+    plt = _pyplot()
+    n = len(names)
+    side = min(16.0, 3.0 + 0.45 * n)
+    fig, ax = plt.subplots(figsize=(side + 1.2, side))
+    lo = min(0.0, float(np.nanmin(mat))) if n else 0.0
+    im = ax.imshow(mat, cmap="Blues", vmin=lo, vmax=1.0, interpolation="nearest")
+    ax.set_xticks(range(n), names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(n), names, fontsize=8)
+    if n <= ANNOTATE_MAX:
+        for i in range(n):
+            for j in range(n):
+                v = mat[i, j]
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if v > lo + 0.6 * (1.0 - lo) else "#1f2933")
+    bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    bar.set_label("Fisher alignment Â_F" if kind == "fisher" else kind)
+    ax.set_title(title, fontsize=11)
+    return _save(fig, p)
+
+
+def save_factors(sources_body: Mapping[str, Any], path: str | Path, *, title: str) -> Path:
+    """Draw the three factors per source (body of ``GET /v1/tasks/{id}/sources``) as grouped bars.
+
+    Parameters
+    ----------
+    sources_body : dict
+        ``{"target": {"task_id", "name"}, "sources": [{"name", "activation", "error", "fisher", ...}],
+        "compared"}``.
+    path : str or Path
+        Output file; ``.png``, ``.svg`` or ``.pdf``.
+    title : str
+        Figure title.
+
+    Returns
+    -------
+    Path
+        The written file: per source, bars for activation S_cov(M_a), error S_cov(Γ_e) and the Fisher
+        alignment (their coupling).
+    """
+    p = check_suffix(path)
+    sources = list(sources_body.get("sources") or [])
+    factors = [("activation", "activation S_cov(M_a)"), ("error", "error S_cov(Γ_e)"), ("fisher", "Fisher Â_F")]
+    groups = [str(s["name"]) for s in sources]
+    series = {label: [float(s.get(key, 0.0)) for s in sources] for key, label in factors}
+    colours = [FACTOR_COLOURS[key] for key, _ in factors]
+    target = (sources_body.get("target") or {}).get("name")
+    sub = f"sources for {target!r}" if target else "sources"
+    return save_grouped_bars(groups, series, p, title=f"{title}\n{sub}", ylabel="similarity", colours=colours)
+
+
+def save_grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], path: str | Path, *,
+                      title: str, ylabel: str, colours: Sequence[str] | None = None,
+                      ylim: tuple[float, float] | None = None, value_labels: bool = True) -> Path:
+    """Grouped bar chart: one group per entry of ``groups``, one bar per series.
+
+    Parameters
+    ----------
+    groups : sequence of str
+        Group labels along x.
+    series : mapping of str to sequence of float
+        Series name → one value per group (``nan`` leaves a gap).
+    path : str or Path
+        Output file; ``.png``, ``.svg`` or ``.pdf``.
+    title, ylabel : str
+        Figure title and y-axis label.
+    colours : sequence of str, optional
+        One colour per series (default: the palette).
+    ylim : tuple of float, optional
+        y-axis limits.
+    value_labels : bool, optional
+        Write each bar's value above it (default True).
+
+    Returns
+    -------
+    Path
+        The written file.
+    """
+    p = check_suffix(path)
+    import numpy as np
+
+    plt = _pyplot()
+    names = list(series)
+    k = max(1, len(names))
+    x = np.arange(len(groups))
+    width = 0.8 / k
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) * k * 0.45 + 3), 4.8))
+    for i, name in enumerate(names):
+        vals = np.asarray(series[name], dtype=float)
+        colour = (colours[i] if colours and i < len(colours) else PALETTE[i % len(PALETTE)])
+        bars = ax.bar(x + (i - (k - 1) / 2) * width, vals, width, label=name, color=colour, zorder=3)
+        if value_labels and len(groups) * k <= 40:
+            ax.bar_label(bars, labels=[f"{v:.2f}" if np.isfinite(v) else "" for v in vals], fontsize=7, padding=2)
+    ax.set_xticks(x, list(groups), rotation=30 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.axhline(0, color="#9ca3af", linewidth=0.8)
+    ax.grid(True, axis="y", color="#e5e7eb", linewidth=0.6, zorder=0)
+    ax.legend(fontsize=8, frameon=False)
+    return _save(fig, p)
+
+
+def save_lines(x: Sequence[float], series: Mapping[str, Sequence[float]], path: str | Path, *, title: str,
+               xlabel: str, ylabel: str, logx: bool = False, logy: bool = False) -> Path:
+    """Line chart with markers: one line per series over the same ``x`` (used by the bench figures).
+
+    Parameters
+    ----------
+    x : sequence of float
+        x values.
+    series : mapping of str to sequence of float
+        Series name → one y per x (``nan`` leaves a gap).
+    path : str or Path
+        Output file; ``.png``, ``.svg`` or ``.pdf``.
+    title, xlabel, ylabel : str
+        Labels.
+    logx, logy : bool, optional
+        Logarithmic axes.
+
+    Returns
+    -------
+    Path
+        The written file.
+    """
+    p = check_suffix(path)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for i, (name, ys) in enumerate(series.items()):
+        ax.plot(list(x), list(ys), marker="o", color=PALETTE[i % len(PALETTE)], label=name, zorder=3)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, which="both", color="#e5e7eb", linewidth=0.6, zorder=0)
+    ax.legend(fontsize=8, frameon=False)
+    return _save(fig, p)
