@@ -60,6 +60,7 @@ from service.auth import check_bind_allowed, count_active_keys, keys_required
 from service.caches import PROMPT_CACHE_BYTES, STATE_CACHE_BYTES, PromptCache, StateCache
 from service.metrics import Metrics
 from workers.inprocess import InProcessRunner
+from workers.jobs import progress_view
 
 logger = logging.getLogger("fisher_atlas.service")
 
@@ -755,13 +756,7 @@ class AtlasEngine:
 
 def job_view(job: Job) -> dict[str, Any]:
     """A job row as the API's ``JobOut`` fields."""
-    p = dict(job.progress or {})
-    progress = {
-        "samples_done": int(p.get("samples_done", 0) or 0),
-        "samples_total": int(p.get("samples_total", 0) or 0),
-        "tokens": int(p.get("tokens", 0) or 0),
-        "tokens_per_s": float(p.get("tokens_per_s", 0.0) or 0.0),
-    }
+    progress = progress_view(job.progress)  # workers.jobs: counted and streamed tokens, rates, ETA
     return {
         "id": job.id, "kind": job.kind, "task_id": job.task_id, "status": job.status, "progress": progress,
         "error": job.error, "created_at": job.created_at, "started_at": job.started_at,
