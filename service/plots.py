@@ -213,7 +213,8 @@ def save_factors(sources_body: Mapping[str, Any], path: str | Path, *, title: st
 
 def save_grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], path: str | Path, *,
                       title: str, ylabel: str, colours: Sequence[str] | None = None,
-                      ylim: tuple[float, float] | None = None, value_labels: bool = True) -> Path:
+                      ylim: tuple[float, float] | None = None, value_labels: bool = True,
+                      value_fmt: str = "{:.2f}") -> Path:
     """Grouped bar chart: one group per entry of ``groups``, one bar per series.
 
     Parameters
@@ -232,6 +233,8 @@ def save_grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float
         y-axis limits.
     value_labels : bool, optional
         Write each bar's value above it (default True).
+    value_fmt : str, optional
+        Format of those values (default ``"{:.2f}"``).
 
     Returns
     -------
@@ -252,7 +255,8 @@ def save_grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float
         colour = (colours[i] if colours and i < len(colours) else PALETTE[i % len(PALETTE)])
         bars = ax.bar(x + (i - (k - 1) / 2) * width, vals, width, label=name, color=colour, zorder=3)
         if value_labels and len(groups) * k <= 40:
-            ax.bar_label(bars, labels=[f"{v:.2f}" if np.isfinite(v) else "" for v in vals], fontsize=7, padding=2)
+            shown = [value_fmt.format(v) if np.isfinite(v) else "" for v in vals]
+            ax.bar_label(bars, labels=shown, fontsize=7, padding=2)
     ax.set_xticks(x, list(groups), rotation=30 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)

@@ -143,3 +143,20 @@ def test_missing_matplotlib_gives_the_install_hint(monkeypatch: pytest.MonkeyPat
         plots.save_atlas({"points": []}, tmp_path / "a.png", title="a")
     assert "pip install 'fisher-atlas[plots]'" in str(info.value)
     assert isinstance(info.value, ImportError)
+
+
+def test_bench_figures_drawn_from_the_results_tables(tmp_path: Path) -> None:
+    from bench.figures import draw
+
+    rows = next(t for t in draw.read_tables((draw.RESULTS / "quality.md").read_text()) if t and "Router" in t[0])
+    assert rows and all(0 <= draw._number(r["Top-1"]) <= 100 for r in rows)
+    for name, fn in draw.FIGURE_FUNCS.items():
+        png = fn(tmp_path / name)
+        (w, h), non_white, colours = _drawn_pixels(png)
+        assert w >= 600 and h >= 400 and non_white > 0.01 * w * h and colours >= 8, name
+        texts = _svg_texts(fn(tmp_path / (Path(name).stem + ".svg")))
+        assert ("MiniLM" in texts) if name.startswith("routing") else ("flat p50" in texts)
+    # the results pages link the committed figures, and RESULTS.md links them relative to bench/
+    results = (draw.BENCH / "RESULTS.md").read_text()
+    for name in draw.FIGURE_FUNCS:
+        assert (draw.FIGURES / name).is_file() and f"](figures/{name})" in results
