@@ -462,3 +462,44 @@ def test_form_shows_api_and_input_errors_as_messages(service: _Service, browser:
     finally:
         context.close()
     assert not problems, problems
+
+
+def test_with_keys_on_the_form_streams_progress_with_the_key(
+    serve: Any, tiny_lm: Any, browser: Any, tmp_path: Path
+) -> None:
+    from atlas import apikeys
+
+    svc = serve(lm=tiny_lm, require_keys=True)
+    with svc.engine.session() as s:
+        _, key = apikeys.create_api_key(s, "dashboard", ["read", "write"])
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = context.new_page()
+    problems: list[str] = []
+    events: list[tuple[str, int, str | None]] = []
+    pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    # before the key is entered the API answers 401, which the browser logs as a failed resource load
+    pg.on("console", lambda m: problems.append(m.text)
+          if m.type == "error" and "Failed to load" not in m.text else None)
+    pg.on("response", lambda r: events.append((r.url, r.status, r.request.headers.get("x-api-key")))
+          if "/events" in r.url else None)
+    try:
+        pg.goto(f"{svc.url}/dashboard/#/atlas")
+        assert "(optional on loopback)" in (pg.get_attribute("#apikey", "placeholder") or "")
+        pg.locator("[data-testid=error]").wait_for()  # 401 shown as a message
+        pg.fill("#apikey", key)
+        pg.click("#keyform button[type=submit]")
+        pg.locator("[data-testid=add-form]").wait_for()
+        stored = pg.evaluate("[sessionStorage.getItem('fisherAtlas.apiKey'), localStorage.length]")
+        assert stored == [key, 0]
+        texts = [f"Stanza {i}: the river bends where the willows lean, {i} times." for i in range(40)]
+        pg.set_input_files("[data-testid=add-file]", str(_write_jsonl(tmp_path / "k.jsonl", texts)))
+        pg.fill("[data-testid=add-name]", "keyed-upload")
+        pg.click("[data-testid=add-submit]")
+        pg.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        pg.locator("[data-testid=atlas-point]").first.wait_for()
+        assert pg.locator("[data-testid=atlas-point]").count() == 1
+        # progress came over the SSE stream, requested with the key header (EventSource could not send it)
+        assert events and all(status == 200 and k == key for _, status, k in events), events
+    finally:
+        context.close()
+    assert not problems, problems
