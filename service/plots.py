@@ -109,7 +109,7 @@ def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -
         members = [pt for pt in points if int(pt.get("cluster", 0)) == c]
         ax.scatter([pt["x"] for pt in members], [pt["y"] for pt in members], s=70,
                    color=PALETTE[i % len(PALETTE)], edgecolor="white", linewidth=0.8, zorder=3,
-                   label=f"cluster {c} ({len(members)})")
+                   label=f"cluster {c} ({len(members)})" if c >= 0 else f"no cluster ({len(members)})")
     for pt in points:
         ax.annotate(str(pt["name"]), (pt["x"], pt["y"]), xytext=(5, 4), textcoords="offset points", fontsize=8,
                     color="#1f2933", zorder=4)
@@ -125,8 +125,10 @@ def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -
     ax.set_ylabel(f"{method or 'MDS'} axis 2")
     ax.grid(True, color="#e5e7eb", linewidth=0.6, zorder=0)
     ax.set_axisbelow(True)
-    if clusters:
-        ax.legend(title="cluster", fontsize=8, title_fontsize=9, loc="best", frameon=False)
+    if clusters:  # beside the map, so it never hides a point
+        ax.legend(title="cluster", fontsize=8, title_fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  frameon=False)
+    ax.set_aspect("equal", adjustable="datalim")  # distances on the map are honest
     ax.margins(0.12)
     return _save(fig, p)
 
@@ -203,7 +205,8 @@ def save_factors(sources_body: Mapping[str, Any], path: str | Path, *, title: st
     p = check_suffix(path)
     sources = list(sources_body.get("sources") or [])
     factors = [("activation", "activation S_cov(M_a)"), ("error", "error S_cov(Γ_e)"), ("fisher", "Fisher Â_F")]
-    groups = [str(s["name"]) for s in sources]
+    groups = [f"{s['name']}\nρ = {float(s['rho']):.2f}" if s.get("rho") is not None else str(s["name"])
+              for s in sources]
     series = {label: [float(s.get(key, 0.0)) for s in sources] for key, label in factors}
     colours = [FACTOR_COLOURS[key] for key, _ in factors]
     target = (sources_body.get("target") or {}).get("name")
