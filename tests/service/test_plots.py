@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service import plots
 
@@ -160,3 +162,27 @@ def test_bench_figures_drawn_from_the_results_tables(tmp_path: Path) -> None:
     results = (draw.BENCH / "RESULTS.md").read_text()
     for name in draw.FIGURE_FUNCS:
         assert (draw.FIGURES / name).is_file() and f"](figures/{name})" in results
+
+
+@settings(max_examples=60, deadline=None)
+@given(stem=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"), min_size=1, max_size=20),
+       suffix=st.text(st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=0, max_size=5))
+def test_only_png_svg_pdf_suffixes_pass(stem: str, suffix: str) -> None:
+    path = Path(f"{stem}.{suffix}" if suffix else stem)
+    if path.suffix.lower() in plots.PLOT_SUFFIXES:
+        assert plots.check_suffix(path) == path
+    else:
+        with pytest.raises(plots.PlotError, match=r"\.png, \.svg, \.pdf"):
+            plots.check_suffix(path)
+
+
+@settings(max_examples=8, deadline=None)
+@given(names=st.lists(st.text(st.characters(whitelist_categories=("L", "N"), max_codepoint=0x2FFF),
+                              min_size=1, max_size=12), min_size=1, max_size=4, unique=True))
+def test_any_task_names_drawn_into_the_svg(names: list[str], tmp_path_factory: pytest.TempPathFactory) -> None:
+    body = {"space_id": 1, "method": "mds", "total": len(names), "sampled": False, "n_clusters": 1,
+            "points": [{"task_id": i + 1, "name": n, "x": float(i), "y": float(i % 2), "cluster": i % 2}
+                       for i, n in enumerate(names)]}
+    texts = _svg_texts(plots.save_atlas(body, tmp_path_factory.mktemp("h") / "a.svg", title="t"))
+    for n in names:
+        assert n in texts

@@ -889,8 +889,7 @@
           if (job.status === "succeeded") {
             const p = job.progress || {};
             jobBox.replaceChildren(h("p", { class: "muted small", "data-testid": "latest-job" },
-              `Latest job ${job.id} (${job.kind || "job"}) succeeded ${fmtDate(job.finished_at)}: ${fmtInt(p.samples_done)} samples, ` +
-              `${fmtInt(p.tokens)} tokens${Number(p.tokens_per_s) > 0 ? ` at ${fmtInt(Math.round(Number(p.tokens_per_s)))} tokens/s` : ""}.`));
+              `Latest job ${job.id} (${job.kind || "job"}) succeeded ${fmtDate(job.finished_at)}: ${progressFigures(p, job.status)}.`));
           } else {
             jobBox.replaceChildren(h("div", { class: "card", "data-testid": "latest-job" }, h("h2", {}, "Latest job"),
               jobRow(job, new Map([[String(task.id), task]]))));
