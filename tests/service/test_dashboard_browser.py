@@ -502,3 +502,27 @@ def test_with_keys_on_the_form_streams_progress_with_the_key(
     finally:
         context.close()
     assert not problems, problems
+
+
+def test_task_added_elsewhere_lands_on_the_open_atlas(service: _Service, page: Any) -> None:
+    import httpx
+
+    page.goto(f"{service.base}/dashboard/#/atlas")
+    points = page.locator("[data-testid=atlas-point]")
+    points.first.wait_for()
+    before = points.count()
+    texts = [f"Recipe {i}: whisk {i % 4 + 1} eggs with sugar, fold in flour and bake for {20 + i} minutes."
+             for i in range(1500)]
+    with httpx.Client(base_url=service.base, timeout=30) as http:
+        r = http.post("/v1/tasks", json={"name": "recipes-api", "samples": [{"text": t} for t in texts]})
+        assert r.status_code == 202, r.text
+        task_id = r.json()["task"]["id"]
+        page.reload()  # the page now shows the task as processing, not on the map
+        note = page.locator("[data-testid=atlas-not-ready]")
+        pending_seen = "processing" in note.inner_text() if note.count() else False
+        if pending_seen:
+            assert page.locator(f"[data-testid=atlas-point][data-task-id='{task_id}']").count() == 0
+        page.locator(f"[data-testid=atlas-point][data-task-id='{task_id}']").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        assert points.count() == before + 1
+        assert http.delete(f"/v1/tasks/{task_id}").status_code == 204
+    assert pending_seen, "the job finished before the page loaded: make it longer"

@@ -345,6 +345,7 @@
           : "Add a task with the form below, the CLI (fisher-atlas add NAME samples.jsonl --wait) or POST /v1/tasks.",
         "Tasks appear here as soon as their first job succeeds."), addPanel(tasks));
       view().replaceChildren(root);
+      watchPending(ctx, tasks);
       return;
     }
 
@@ -470,6 +471,25 @@
       if (pt) pt.classList.toggle("hl", on);
     }
     draw();
+    watchPending(ctx, tasks);
+  }
+
+  // Tasks added elsewhere (CLI, API) land on the map without a reload: while any task of the page is
+  // pending, re-read the task list and redraw once one of them became ready (or failed).
+  function watchPending(ctx, tasks) {
+    const pending = new Set(tasks.filter((t) => t.status === "pending").map((t) => String(t.id)));
+    if (!pending.size) return;
+    const check = async () => {
+      if (!ctx.alive()) return;
+      let now = null;
+      try { now = await listAllTasks(atlasState.space ? { space: atlasState.space } : {}); } catch (_) { now = null; }
+      if (!ctx.alive()) return;
+      if (now && now.some((t) => pending.has(String(t.id)) && t.status !== "pending")) { navigate(); return; }
+      const timer = setTimeout(check, POLL_MS * 2);
+      ctx.onCleanup(() => clearTimeout(timer));
+    };
+    const timer = setTimeout(check, POLL_MS * 2);
+    ctx.onCleanup(() => clearTimeout(timer));
   }
 
   function pointTooltip(p) {
