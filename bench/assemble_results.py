@@ -36,6 +36,7 @@ def assemble() -> str:
     for name, _ in present:
         text = (BENCH / "results" / name).read_text().strip()
         demoted = re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M)  # each file's "# Title" becomes "## Title"
+        demoted = demoted.replace("](../figures/", "](figures/")  # figure links relative to bench/
         parts += ["---", "", demoted, ""]
     return "\n".join(parts) + "\n"
 

@@ -2,26 +2,32 @@
 
 The page (``service/static/dashboard/``: ``index.html``, ``app.js``, ``style.css``) is plain
 JavaScript and SVG with no build step and no third-party assets. It talks only to the public
-REST API under ``/v1`` with the read key the user types into it (kept in ``localStorage``), so it
-needs nothing from the server beyond these files.
+REST API under ``/v1`` with the key the user types into it (kept in ``sessionStorage``), so it
+needs nothing from the server beyond these files. It can add a task (upload), append a file to a
+task and delete one, with live job progress read from ``GET /v1/jobs/{id}/events``.
 
-Mount it with :func:`mount_dashboard` (or ``app.include_router(dashboard_router)``)::
+Mount it with :func:`mount_dashboard`::
 
     from service.dashboard import mount_dashboard
     mount_dashboard(app)
 
 ``GET /dashboard`` redirects (relative ``Location``, so it also works behind a path prefix) to
-``/dashboard/``, which serves ``index.html``; ``GET /dashboard/{file}`` serves the assets with an
-explicit content type. Only the files in the static folder can be served (no path traversal).
-The static files are public: every data request the page makes carries the user's key.
+``/dashboard/``, which serves ``index.html``; the files are served by Starlette's ``StaticFiles``
+(no path traversal, conditional requests) with explicit content types, a strict same-origin
+Content-Security-Policy, and the API's JSON 404 body for anything else. Only the file types listed in
+``_CONTENT_TYPES`` are served. The static files are public: every data request the page makes
+carries the user's key.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 STATIC_DIR = Path(__file__).resolve().parent / "static" / "dashboard"
 """Folder holding the dashboard's files (packaged as package data)."""
@@ -47,19 +53,29 @@ _HEADERS = {
     ),
 }
 
+_NOT_FOUND = '{"code":"not_found","message":"no such dashboard file","detail":null}'
+
+
+class DashboardFiles(StaticFiles):
+    """``StaticFiles`` over :data:`STATIC_DIR` with the dashboard's headers and the API's 404 body."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        """Serve ``path`` (``index.html`` for the folder) or answer the JSON 404."""
+        suffix = PurePosixPath(path).suffix.lower() if path not in ("", ".") else ".html"
+        content_type = _CONTENT_TYPES.get(suffix)
+        try:
+            response = await super().get_response(path, scope) if content_type else None
+        except StarletteHTTPException:
+            response = None
+        if response is None or response.status_code == 404:
+            return Response(content=_NOT_FOUND, status_code=404, media_type="application/json")
+        response.headers.update(_HEADERS)
+        if response.status_code == 200:
+            response.headers["content-type"] = content_type or "application/octet-stream"
+        return response
+
+
 dashboard_router = APIRouter(include_in_schema=False)
-
-
-def _file_response(name: str) -> Response:
-    path = (STATIC_DIR / name).resolve()
-    content_type = _CONTENT_TYPES.get(path.suffix.lower())
-    if content_type is None or path.parent != STATIC_DIR or not path.is_file():
-        return Response(
-            content='{"code":"not_found","message":"no such dashboard file","detail":null}',
-            status_code=404,
-            media_type="application/json",
-        )
-    return FileResponse(path, media_type=content_type, headers=_HEADERS)
 
 
 @dashboard_router.api_route("/dashboard", methods=["GET", "HEAD"])
@@ -68,18 +84,7 @@ def dashboard_redirect() -> RedirectResponse:
     return RedirectResponse(url="dashboard/", status_code=307)
 
 
-@dashboard_router.api_route("/dashboard/", methods=["GET", "HEAD"])
-def dashboard_index() -> Response:
-    """Serve the single page (client-side hash routes: ``#/atlas``, ``#/matrix``, ...)."""
-    return _file_response("index.html")
-
-
-@dashboard_router.api_route("/dashboard/{name}", methods=["GET", "HEAD"])
-def dashboard_asset(name: str) -> Response:
-    """Serve one static asset of the dashboard (``app.js``, ``style.css``, ...)."""
-    return _file_response(name)
-
-
 def mount_dashboard(app: FastAPI) -> None:
-    """Add the dashboard routes (``/dashboard``, ``/dashboard/``, ``/dashboard/{file}``) to ``app``."""
+    """Add ``/dashboard`` (redirect) and mount the static files at ``/dashboard/`` on ``app``."""
     app.include_router(dashboard_router)
+    app.mount("/dashboard", DashboardFiles(directory=STATIC_DIR, html=True), name="dashboard")

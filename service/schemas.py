@@ -28,15 +28,10 @@ _TASK_EXAMPLE = {
     "updated_at": "2025-01-01T12:00:09Z",
 }
 _JOB_EXAMPLE = {
-    "id": 7,
-    "kind": "create",
-    "task_id": 3,
-    "status": "running",
-    "progress": {"samples_done": 20, "samples_total": 40, "tokens": 911, "tokens_per_s": 412.5},
-    "error": None,
-    "created_at": "2025-01-01T12:00:00Z",
-    "started_at": "2025-01-01T12:00:01Z",
-    "finished_at": None,
+    "id": 7, "kind": "create", "task_id": 3, "status": "running",
+    "progress": {"samples_done": 20, "samples_total": 40, "tokens": 911, "tokens_per_s": 412.5,
+                 "tokens_streamed": 1540, "tokens_streamed_per_s": 697.3, "samples_per_s": 9.1, "eta_s": 2.2},
+    "error": None, "created_at": "2025-01-01T12:00:00Z", "started_at": "2025-01-01T12:00:01Z", "finished_at": None,
 }
 
 
@@ -159,12 +154,16 @@ class TaskList(_Out):
 
 
 class JobProgress(_Out):
-    """Progress counters of a job."""
+    """Progress counters of a job (rates over the current run of the job)."""
 
     samples_done: int = 0
     samples_total: int = 0
-    tokens: int = 0
-    tokens_per_s: float = 0.0
+    tokens: int = Field(default=0, description="Counted tokens sketched (completion mode: completion tokens).")
+    tokens_per_s: float = Field(default=0.0, description="Counted tokens per second.")
+    tokens_streamed: int = Field(default=0, description="Every token forwarded through the model, prompts included.")
+    tokens_streamed_per_s: float = Field(default=0.0, description="Tokens forwarded through the model per second.")
+    samples_per_s: float = 0.0
+    eta_s: float | None = Field(default=None, description="Estimated seconds left; null before a rate is known.")
 
 
 class JobOut(_Out):

@@ -5,15 +5,12 @@ from __future__ import annotations
 from atlas.models import Job, Task
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 from service.schemas import JobOut, JobProgress, TaskOut
+from workers.jobs import progress_view
 
 
 def job_out(job: Job) -> JobOut:
     """A job row as ``JobOut``."""
-    p = dict(job.progress or {})
-    progress = JobProgress(
-        samples_done=int(p.get("samples_done", 0) or 0), samples_total=int(p.get("samples_total", 0) or 0),
-        tokens=int(p.get("tokens", 0) or 0), tokens_per_s=float(p.get("tokens_per_s", 0.0) or 0.0),
-    )
+    progress = JobProgress(**progress_view(job.progress))
     return JobOut.model_validate({
         "id": job.id, "kind": JobKind(job.kind), "task_id": job.task_id, "status": JobStatus(job.status),
         "progress": progress, "error": job.error, "created_at": job.created_at, "started_at": job.started_at,

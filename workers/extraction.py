@@ -80,10 +80,17 @@ class Progress:
         Samples handled so far (absolute index into the input, skipped ones included).
     samples_total : int
     tokens : int
-        Counted tokens sketched in this call.
+        Counted tokens sketched in this call (in completion mode: completion tokens only).
     tokens_per_s : float
+        Counted tokens per second.
     eta_s : float or None
         Estimated seconds left (from the sample rate), None before any rate is known.
+    tokens_streamed : int
+        Every real (unpadded) token forwarded through the model in this call, prompts included.
+    tokens_streamed_per_s : float
+        ``tokens_streamed`` per second of wall time.
+    samples_per_s : float
+        Samples handled per second in this call.
     """
 
     samples_done: int
@@ -91,6 +98,9 @@ class Progress:
     tokens: int
     tokens_per_s: float
     eta_s: float | None
+    tokens_streamed: int = 0
+    tokens_streamed_per_s: float = 0.0
+    samples_per_s: float = 0.0
 
 
 @dataclass
@@ -113,6 +123,10 @@ class ExtractionResult:
     skipped_reasons : dict of str to int
     tokens : int
         Counted tokens sketched.
+    tokens_streamed : int
+        Real (unpadded) tokens forwarded through the model, prompts included.
+    samples_start : int
+        ``samples_done`` when this call began (rates count from there).
     truncated : int
         Samples cut to ``max_tokens_per_sample``.
     cancelled : bool
@@ -137,6 +151,8 @@ class ExtractionResult:
     samples_skipped: int = 0
     skipped_reasons: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
+    tokens_streamed: int = 0
+    samples_start: int = 0
     truncated: int = 0
     cancelled: bool = False
     truncation_policy: str = TRUNCATION_POLICY
@@ -148,15 +164,28 @@ class ExtractionResult:
         """Counted tokens per second of wall time."""
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    @property
+    def tokens_streamed_per_s(self) -> float:
+        """Tokens forwarded through the model per second of wall time."""
+        return self.tokens_streamed / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples handled per second of wall time (from ``samples_start``)."""
+        return (self.samples_done - self.samples_start) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
     def summary(self) -> dict[str, Any]:
         """JSON-serialisable summary (everything but the state and baselines), for job results."""
         return {
             "samples_total": self.samples_total, "samples_done": self.samples_done,
             "samples_used": self.samples_used, "samples_skipped": self.samples_skipped,
-            "skipped_reasons": dict(self.skipped_reasons), "tokens": self.tokens, "truncated": self.truncated,
+            "skipped_reasons": dict(self.skipped_reasons), "tokens": self.tokens,
+            "tokens_streamed": self.tokens_streamed, "truncated": self.truncated,
             "cancelled": self.cancelled, "mode": self.mode, "max_tokens_per_sample": self.max_tokens_per_sample,
             "truncation_policy": self.truncation_policy, "model_key": self.model_key,
-            "elapsed_s": self.elapsed_s, "tokens_per_s": self.tokens_per_s, "timings": dict(self.timings),
+            "elapsed_s": self.elapsed_s, "tokens_per_s": self.tokens_per_s,
+            "tokens_streamed_per_s": self.tokens_streamed_per_s, "samples_per_s": self.samples_per_s,
+            "timings": dict(self.timings),
         }
 
 
@@ -339,7 +368,7 @@ class Extractor:
 
         res = ExtractionResult(state=state, baselines=baselines, samples_total=n_total, samples_done=start,
                                mode=mode, max_tokens_per_sample=self.max_tokens_per_sample,
-                               model_key=self.lm.fingerprint.key())
+                               model_key=self.lm.fingerprint.key(), samples_start=start)
         timings: dict[str, float] = {"tokenize_wait_s": 0.0, "forward_s": 0.0, "head_s": 0.0, "sketch_s": 0.0,
                                      "baselines_s": 0.0}
         res.timings = timings
@@ -347,7 +376,7 @@ class Extractor:
         reasons: Counter[str] = Counter()
         w_state: Any = None
         w_base = _BaselineAccumulator(H, self.lm.device)
-        w_tokens = w_used = w_done = 0
+        w_tokens = w_used = w_done = w_streamed = 0
         w_skipped: list[Any] = []
         w_truncated = 0
         w_start = start
@@ -358,9 +387,11 @@ class Extractor:
             elapsed = time.perf_counter() - t_start
             done = w_start + w_done if w_state is not None else res.samples_done
             tokens = res.tokens + (w_tokens if w_state is not None else 0)
+            streamed = res.tokens_streamed + (w_streamed if w_state is not None else 0)
             rate = (done - start) / elapsed if elapsed > 0 else 0.0
             eta = (n_total - done) / rate if rate > 0 else None
-            progress(Progress(done, n_total, tokens, tokens / elapsed if elapsed > 0 else 0.0, eta))
+            per_s = (lambda x: x / elapsed) if elapsed > 0 else (lambda x: 0.0)
+            progress(Progress(done, n_total, tokens, per_s(tokens), eta, streamed, per_s(streamed), rate))
 
         with self._items(samples, mode, start, window, prefetch) as items:
             it = iter(items)
@@ -373,7 +404,7 @@ class Extractor:
                 if isinstance(item, WindowStart):
                     w_state = self._empty_state()
                     w_base = _BaselineAccumulator(H, self.lm.device)
-                    w_tokens = w_used = 0
+                    w_tokens = w_used = w_streamed = 0
                     w_skipped = list(item.skipped)
                     w_done = len(w_skipped)
                     w_truncated = item.n_truncated
@@ -394,6 +425,7 @@ class Extractor:
                         timings["baselines_s"] += time.perf_counter() - t2
                         w_tokens += len(hb)
                     stream.close()
+                    w_streamed += sum(sample.length for sample in item.samples)  # real tokens forwarded
                     w_used += len(item.samples)
                     w_done += len(item.samples)
                     report()
@@ -406,6 +438,7 @@ class Extractor:
                     reasons.update(s.reason for s in w_skipped)
                     res.skipped_reasons = dict(sorted(reasons.items()))
                     res.tokens += w_tokens
+                    res.tokens_streamed += w_streamed
                     res.truncated += w_truncated
                     w_state = None
                     res.elapsed_s = time.perf_counter() - t_start

@@ -242,16 +242,43 @@ def _progress_dict(p: Progress) -> dict[str, Any]:
     return {
         "samples_done": p.samples_done, "samples_total": p.samples_total, "tokens": p.tokens,
         "tokens_per_s": round(p.tokens_per_s, 3), "eta_s": None if p.eta_s is None else round(p.eta_s, 3),
+        "tokens_streamed": p.tokens_streamed, "tokens_streamed_per_s": round(p.tokens_streamed_per_s, 3),
+        "samples_per_s": round(p.samples_per_s, 3),
     }
 
 
 def _progress_of(res: ExtractionResult, *, final: bool = False) -> dict[str, Any]:
-    rate = (res.samples_done / res.elapsed_s) if res.elapsed_s > 0 else 0.0
+    rate = res.samples_per_s
     eta = 0.0 if final else ((res.samples_total - res.samples_done) / rate if rate > 0 else None)
     return {
         "samples_done": res.samples_done, "samples_total": res.samples_total, "tokens": res.tokens,
         "tokens_per_s": round(res.tokens_per_s, 3), "eta_s": None if eta is None else round(eta, 3),
+        "tokens_streamed": res.tokens_streamed, "tokens_streamed_per_s": round(res.tokens_streamed_per_s, 3),
+        "samples_per_s": round(rate, 3),
     }
+
+
+def progress_view(progress: dict[str, Any] | None) -> dict[str, Any]:
+    """A job row's stored progress as the API's ``JobProgress`` fields (missing ones zero, ETA null).
+
+    Parameters
+    ----------
+    progress : dict or None
+        ``Job.progress`` as written by the heartbeat, a checkpoint or the final update.
+
+    Returns
+    -------
+    dict
+        ``samples_done``, ``samples_total``, ``tokens`` (counted), ``tokens_per_s``, ``tokens_streamed``
+        (every token forwarded through the model), ``tokens_streamed_per_s``, ``samples_per_s``, ``eta_s``.
+    """
+    p = dict(progress or {})
+    ints = ("samples_done", "samples_total", "tokens", "tokens_streamed")
+    floats = ("tokens_per_s", "tokens_streamed_per_s", "samples_per_s")
+    out: dict[str, Any] = {k: int(p.get(k, 0) or 0) for k in ints} | {k: float(p.get(k, 0.0) or 0.0) for k in floats}
+    eta = p.get("eta_s")
+    out["eta_s"] = None if eta is None else float(eta)
+    return out
 
 
 def run_job(job_id: int, ctx: WorkerContext) -> str:

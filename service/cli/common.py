@@ -76,9 +76,10 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
         t0 = time.monotonic()
 
         def update(job: JobOut) -> None:
-            p = job.progress
-            bar.update(tid, completed=p.samples_done, total=p.samples_total or None, tokens=p.tokens,
-                       rate=f"{p.tokens_per_s:,.0f} tok/s")
+            p = job.progress  # tokens streamed through the model (prompts included), as the job reports
+            eta = f" · ETA {p.eta_s:,.0f} s" if p.eta_s is not None and not job.done else ""
+            bar.update(tid, completed=p.samples_done, total=p.samples_total or None, tokens=p.tokens_streamed,
+                       rate=f"{p.tokens_streamed_per_s:,.0f} tok/s · {p.samples_per_s:,.1f} samples/s{eta}")
 
         job = cl.wait_job(job_id, on_progress=update)
         update(job)

@@ -18,7 +18,8 @@ def _plot(kind: str, body: Any, out: Path, title: str) -> Path:
     from service import plots
 
     try:
-        return getattr(plots, f"save_{kind}")(body, out, title=title)  # type: ignore[no-any-return]
+        data = body.model_dump(mode="json") if hasattr(body, "model_dump") else body
+        return getattr(plots, f"save_{kind}")(data, out, title=title)  # type: ignore[no-any-return]
     except (plots.PlotError, plots.PlotsUnavailable) as exc:
         raise fail(str(exc), 2) from None
 

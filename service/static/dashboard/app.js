@@ -1,7 +1,8 @@
 /* FisherAtlas dashboard: a single page over the public REST API (/v1), plain JS + SVG.
  *
  * Hash routes: #/atlas, #/matrix[?ids=1,2,3], #/task/{id}, #/route, #/jobs.
- * Every data request carries the X-API-Key header from the key field (localStorage).
+ * Every data request carries the X-API-Key header from the key field (sessionStorage: gone with the tab).
+ * Job progress streams over server-sent events read with fetch() (EventSource cannot send the key header).
  * Stable data-testid attributes are used by tests/service/test_dashboard_browser.py.
  */
 (() => {
@@ -95,7 +96,7 @@
     }
   }
   function apiKey() {
-    try { return window.localStorage.getItem(KEY_STORAGE) || ""; } catch (_) { return ""; }
+    try { return window.sessionStorage.getItem(KEY_STORAGE) || ""; } catch (_) { return ""; }
   }
   async function api(path, { method = "GET", body, signal } = {}) {
     const headers = { Accept: "application/json" };
@@ -341,9 +342,10 @@
       const pending = tasks.filter((t) => t.status === "pending").length;
       root.append(emptyState("No tasks on the map yet",
         tasks.length ? `${tasks.length} task(s) stored, ${pending} still processing — see Jobs.`
-          : "Add a task with the CLI (fisher-atlas add NAME samples.jsonl --wait) or POST /v1/tasks.",
-        "Tasks appear here as soon as their first job succeeds."));
+          : "Add a task with the form below, the CLI (fisher-atlas add NAME samples.jsonl --wait) or POST /v1/tasks.",
+        "Tasks appear here as soon as their first job succeeds."), addPanel(tasks));
       view().replaceChildren(root);
+      watchPending(ctx, tasks);
       return;
     }
 
@@ -352,7 +354,7 @@
     const legendBox = h("div", { class: "legend", "data-testid": "atlas-legend" });
     const listCard = h("div", { class: "card list-card" });
     layout.append(mapCard, listCard);
-    root.append(layout);
+    root.append(layout, addPanel(tasks));
     view().replaceChildren(root);
 
     const W = 760; const H = 520; const PAD = 34;
@@ -454,10 +456,11 @@
       const notReady = tasks.filter((t) => t.status !== "ready" && String(taskSpace(t)) === String(atlas.space_id ?? taskSpace(t)));
       const pending = notReady.filter((t) => t.status === "pending").length;
       const failed = notReady.filter((t) => t.status === "failed").length;
-      listCard.replaceChildren(h("h2", {}, "Tasks"), h("div", { class: "scroll" }, table),
+      // (replaceChildren writes a null argument as the text "null": only nodes go in)
+      listCard.replaceChildren(...[h("h2", {}, "Tasks"), h("div", { class: "scroll" }, table),
         notReady.length ? h("p", { class: "muted small list-note", "data-testid": "atlas-not-ready" },
           [pending ? `${pending} processing` : null, failed ? `${failed} failed` : null].filter(Boolean).join(", "),
-          " — not on the map. ", h("a", { href: "#/jobs" }, "See jobs")) : null);
+          " — not on the map. ", h("a", { href: "#/jobs" }, "See jobs")) : null].filter(Boolean));
     }
     function highlightRow(id, on) {
       const row = listCard.querySelector(`tr[data-task-id="${CSS.escape(String(id))}"]`);
@@ -468,6 +471,25 @@
       if (pt) pt.classList.toggle("hl", on);
     }
     draw();
+    watchPending(ctx, tasks);
+  }
+
+  // Tasks added elsewhere (CLI, API) land on the map without a reload: while any task of the page is
+  // pending, re-read the task list and redraw once one of them became ready (or failed).
+  function watchPending(ctx, tasks) {
+    const pending = new Set(tasks.filter((t) => t.status === "pending").map((t) => String(t.id)));
+    if (!pending.size) return;
+    const check = async () => {
+      if (!ctx.alive()) return;
+      let now = null;
+      try { now = await listAllTasks(atlasState.space ? { space: atlasState.space } : {}); } catch (_) { now = null; }
+      if (!ctx.alive()) return;
+      if (now && now.some((t) => pending.has(String(t.id)) && t.status !== "pending")) { navigate(); return; }
+      const timer = setTimeout(check, POLL_MS * 2);
+      ctx.onCleanup(() => clearTimeout(timer));
+    };
+    const timer = setTimeout(check, POLL_MS * 2);
+    ctx.onCleanup(() => clearTimeout(timer));
   }
 
   function pointTooltip(p) {
@@ -810,7 +832,7 @@
       h("div", {}, h("h1", { "data-testid": "task-name" }, taskName(task), " ", statusBadge(task.status)),
         h("p", { class: "muted" }, `task ${task.id} · ${task.mode || "?"} mode · space ${taskSpace(task) ?? "?"}`)),
       h("div", { class: "page-tools" },
-        h("a", { class: "btn small ghost", href: "#/route" }, "Route a prompt"))));
+        h("a", { class: "btn small ghost", href: "#/route" }, "Route a prompt"), deleteButton(task))));
 
     const stats = h("div", { class: "stats" },
       stat("samples", fmtInt(taskSamples(task)), "task-samples"),
@@ -887,8 +909,7 @@
           if (job.status === "succeeded") {
             const p = job.progress || {};
             jobBox.replaceChildren(h("p", { class: "muted small", "data-testid": "latest-job" },
-              `Latest job ${job.id} (${job.kind || "job"}) succeeded ${fmtDate(job.finished_at)}: ${fmtInt(p.samples_done)} samples, ` +
-              `${fmtInt(p.tokens)} tokens${Number(p.tokens_per_s) > 0 ? ` at ${fmtInt(Math.round(Number(p.tokens_per_s)))} tokens/s` : ""}.`));
+              `Latest job ${job.id} (${job.kind || "job"}) succeeded ${fmtDate(job.finished_at)}: ${progressFigures(p, job.status)}.`));
           } else {
             jobBox.replaceChildren(h("div", { class: "card", "data-testid": "latest-job" }, h("h2", {}, "Latest job"),
               jobRow(job, new Map([[String(task.id), task]]))));
@@ -1065,6 +1086,220 @@
     prompt.focus();
   }
 
+  // ------------------------------------------------------------------ Add / append a task (upload + live progress)
+  // Errors from the API body ({code, message}) as an ApiError; shared by uploads and the SSE stream.
+  async function apiErrorOf(res) {
+    let data = null;
+    try { data = await res.json(); } catch (_) { data = null; }
+    const message = (data && typeof data.message === "string" && data.message) || `${res.status} ${res.statusText || "error"}`;
+    return new ApiError((data && data.code) || String(res.status), message, res.status, data && data.detail);
+  }
+  function authHeaders(extra = {}) {
+    const headers = { ...extra };
+    const key = apiKey();
+    if (key) headers["X-API-Key"] = key;
+    return headers;
+  }
+  async function upload(path, form) {
+    let res;
+    try {
+      res = await fetch(API_BASE + path, { method: "POST", headers: authHeaders({ Accept: "application/json" }), body: form });
+    } catch (err) {
+      throw new ApiError("network", `Cannot reach the service (${err && err.message ? err.message : err}).`, 0);
+    }
+    if (!res.ok) throw await apiErrorOf(res);
+    return res.json();
+  }
+  // Server-sent events of GET /v1/jobs/{id}/events, read with fetch() so the X-API-Key header goes along
+  // (EventSource cannot send headers). Calls onJob(job) per `progress` event; resolves with the last job.
+  async function streamJob(jobId, onJob, signal) {
+    const res = await fetch(`${API_BASE}/jobs/${encodeURIComponent(jobId)}/events`,
+      { headers: authHeaders({ Accept: "text/event-stream" }), signal });
+    if (!res.ok) throw await apiErrorOf(res);
+    const reader = res.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = ""; let last = null;
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+        let event = "message"; const data = [];
+        for (const line of block.split("\n")) {
+          if (line.startsWith(":")) continue;
+          const i = line.indexOf(":"); const field = i < 0 ? line : line.slice(0, i);
+          const val = i < 0 ? "" : line.slice(i + 1).replace(/^ /, "");
+          if (field === "event") event = val; else if (field === "data") data.push(val);
+        }
+        if (!data.length) continue;
+        const payload = JSON.parse(data.join("\n"));
+        if (event === "progress") { last = payload; onJob(payload); }
+        if (event === "end") { reader.cancel().catch(() => {}); return { job: last, end: payload }; }
+      }
+    }
+    return { job: last, end: null };
+  }
+  function progressFigures(p, status) {
+    // tokens streamed through the model (prompts included), their rate, samples/s and the ETA, from the job
+    const streamed = Number(p.tokens_streamed); const tps = Number(p.tokens_streamed_per_s ?? p.tokens_per_s);
+    const sps = Number(p.samples_per_s); const eta = p.eta_s === null || p.eta_s === undefined ? NaN : Number(p.eta_s);
+    return [
+      `${fmtInt(Number(p.samples_done) || 0)} / ${Number(p.samples_total) ? fmtInt(Number(p.samples_total)) : "?"} samples`,
+      ` · ${fmtInt(Number.isFinite(streamed) ? streamed : Number(p.tokens) || 0)} tokens through the model`,
+      Number.isFinite(tps) && tps > 0 ? ` · ${fmtInt(Math.round(tps))} tokens/s` : "",
+      Number.isFinite(sps) && sps > 0 ? ` · ${fmt(sps, 1)} samples/s` : "",
+      status === "running" && Number.isFinite(eta) ? ` · about ${fmtDuration(eta)} left` : "",
+    ].join("");
+  }
+
+  let addPanelNode = null;
+  // One panel for the whole page life, re-attached on each atlas render, so a running upload keeps its
+  // progress while the atlas redraws around it.
+  function addPanel(tasks) {
+    if (!addPanelNode) addPanelNode = buildAddPanel();
+    addPanelNode.setTasks(tasks || []);
+    return addPanelNode;
+  }
+  function buildAddPanel() {
+    const target = h("select", { id: "add-target", "data-testid": "add-target" });
+    const file = h("input", { id: "add-file", type: "file", required: true, "data-testid": "add-file",
+      accept: ".jsonl,.json,.csv,.parquet,.txt,.ndjson,text/plain,application/json,text/csv" });
+    const name = h("input", { id: "add-name", type: "text", maxlength: 300, autocomplete: "off", spellcheck: "false",
+      placeholder: "e.g. legal-contracts", "data-testid": "add-name" });
+    const mode = h("select", { id: "add-mode", "data-testid": "add-mode" },
+      h("option", { value: "text" }, "text: every next token"), h("option", { value: "completion" }, "completion: prompt → completion"));
+    const meta = h("textarea", { id: "add-metadata", rows: 2, spellcheck: "false", placeholder: '{"domain": "law"}',
+      "data-testid": "add-metadata" });
+    const submit = h("button", { type: "submit", class: "btn primary", "data-testid": "add-submit" }, "Upload");
+    const message = h("div", { "data-testid": "add-message", "aria-live": "polite" });
+    const fill = h("span", { class: "progress-fill" });
+    const bar = h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100, "aria-valuenow": 0,
+      "aria-label": "upload progress" }, fill);
+    const statusLine = h("div", { class: "muted small", "data-testid": "add-progress-text" });
+    const progressBox = h("div", { class: "add-progress", "data-testid": "add-progress", hidden: true },
+      h("div", { class: "job-head" }, h("span", { class: "add-status" }), h("span", { class: "muted small add-job" })), bar, statusLine);
+    const newOnly = [h("label", { class: "field", for: "add-name" }, h("span", {}, "Name"), name),
+      h("label", { class: "field", for: "add-mode" }, h("span", {}, "Mode"), mode),
+      h("label", { class: "field", for: "add-metadata" }, h("span", {}, "Metadata (JSON object, optional)"), meta)];
+    const form = h("form", { class: "add-form", "data-testid": "add-form", autocomplete: "off" },
+      h("label", { class: "field", for: "add-target" }, h("span", {}, "Add to"), target),
+      h("label", { class: "field", for: "add-file" }, h("span", {}, "File (JSONL, JSON, CSV, Parquet or text)"), file),
+      newOnly, h("div", { class: "btn-row" }, submit));
+    const card = h("div", { class: "card add-card", "data-testid": "add-panel" }, h("h2", {}, "Add a task"), form, message, progressBox);
+    let busy = false;
+
+    const syncTarget = () => { for (const n of newOnly) n.hidden = target.value !== ""; };
+    target.addEventListener("change", syncTarget);
+    card.setTasks = (tasks) => {
+      const keep = target.value;
+      target.replaceChildren(h("option", { value: "" }, "a new task"),
+        ...tasks.filter((t) => t.status === "ready").map((t) => h("option", { value: String(t.id) }, `append to ${taskName(t)}`)));
+      target.value = [...target.options].some((o) => o.value === keep) ? keep : "";
+      syncTarget();
+    };
+    const showError = (err, what) => message.replaceChildren(errorBox(
+      err instanceof ApiError && err.code && err.status ? new Error(`${err.message} (${err.code})`) : err, what));
+    const showJob = (job) => {
+      const p = job.progress || {};
+      const done = Number(p.samples_done) || 0; const total = Number(p.samples_total) || 0;
+      const frac = total > 0 ? clamp01(done / total) : job.status === "succeeded" ? 1 : 0;
+      fill.className = `progress-fill st-${job.status}`;
+      fill.style.width = `${(Math.max(frac, job.status === "running" ? 0.015 : 0) * 100).toFixed(1)}%`;
+      bar.setAttribute("aria-valuenow", String(Math.round(frac * 100)));
+      progressBox.dataset.status = job.status;
+      progressBox.dataset.jobId = String(job.id);
+      progressBox.querySelector(".add-status").replaceChildren(statusBadge(job.status));
+      progressBox.querySelector(".add-job").textContent = ` job ${job.id} · ${job.kind || ""}`;
+      statusLine.textContent = progressFigures(p, job.status);
+      if (job.status === "failed" && job.error) message.replaceChildren(errorBox(new Error(job.error), "Job failed"));
+    };
+
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      if (busy) return;
+      message.replaceChildren();
+      const f = file.files && file.files[0];
+      if (!f) { showError(new Error("choose a file to upload"), "Upload"); return; }
+      const data = new FormData();
+      data.append("file", f, f.name);
+      let path = "/tasks";
+      if (target.value === "") {
+        if (!name.value.trim()) { showError(new Error("give the task a name"), "Upload"); return; }
+        if (meta.value.trim()) {
+          let parsed;
+          try { parsed = JSON.parse(meta.value); } catch (err) { showError(new Error(`metadata is not JSON: ${err.message}`), "Upload"); return; }
+          if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) { showError(new Error("metadata must be a JSON object"), "Upload"); return; }
+          data.append("metadata", JSON.stringify(parsed));
+        }
+        data.append("name", name.value.trim());
+        data.append("mode", mode.value);
+        if (atlasState.space) data.append("space", atlasState.space);
+      } else {
+        path = `/tasks/${encodeURIComponent(target.value)}/samples`;
+      }
+      busy = true; submit.disabled = true;
+      try {
+        const accepted = await upload(path, data);
+        const job = accepted.job;
+        progressBox.hidden = false;
+        showJob(job);
+        let final = job;
+        try {
+          const { job: last } = await streamJob(job.id, showJob);
+          if (last) final = last;
+        } catch (err) {
+          if (!(err instanceof ApiError)) throw err;
+        }
+        // the stream ends with the job; read the final row once (the stream may have been cut)
+        if (!["succeeded", "failed", "cancelled"].includes(final.status)) {
+          for (;;) {
+            final = await api(`/jobs/${encodeURIComponent(job.id)}`);
+            showJob(final);
+            if (["succeeded", "failed", "cancelled"].includes(final.status)) break;
+            await new Promise((r) => setTimeout(r, POLL_MS));
+          }
+        }
+        showJob(final);
+        if (final.status === "succeeded") {
+          message.replaceChildren(h("p", { class: "muted small", "data-testid": "add-done" },
+            `${accepted.task ? `Task ${taskName(accepted.task)} added` : "Samples appended"}: `,
+            taskLink(final.task_id, "open the task")));
+          if (target.value === "") { name.value = ""; meta.value = ""; }
+          file.value = "";
+          if (parseHash().path === "/atlas") navigate();  // the atlas redraws with the new point
+        }
+      } catch (err) {
+        showError(err, "Upload");
+      } finally {
+        busy = false; submit.disabled = false;
+      }
+    });
+    return card;
+  }
+  // Delete a task: the button asks once more before DELETE /v1/tasks/{id}.
+  function deleteButton(task) {
+    const btn = h("button", { type: "button", class: "btn small ghost danger", "data-testid": "task-delete" }, "Delete task");
+    let armed = false;
+    btn.addEventListener("click", async () => {
+      if (!armed) {
+        armed = true; btn.textContent = `Delete ${truncate(taskName(task), 24)}? Click again`;
+        btn.dataset.armed = "true";
+        return;
+      }
+      btn.disabled = true;
+      try {
+        await api(`/tasks/${encodeURIComponent(task.id)}`, { method: "DELETE" });
+        window.location.hash = "#/atlas";
+      } catch (err) {
+        btn.disabled = false;
+        btn.replaceWith(errorBox(err, "Delete"));
+      }
+    });
+    return btn;
+  }
+
   // ------------------------------------------------------------------ Jobs
   async function fetchJobs() {
     // Preferred: GET /v1/jobs. Fallback: latest job of each task (when the task exposes it).
@@ -1106,15 +1341,16 @@
       h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100,
         "aria-valuenow": Math.round(frac * 100), "aria-label": `progress of job ${job.id}` }, fill),
       h("div", { class: "job-stats muted small" },
-        `${fmtInt(done)} / ${total ? fmtInt(total) : "?"} samples · ${fmtInt(p.tokens)} tokens`,
-        Number.isFinite(tps) && tps > 0 ? ` · ${fmtInt(Math.round(tps))} tokens/s` : "",
-        eta !== null ? ` · about ${fmtDuration(eta)} left` : ""),
+        p.tokens_streamed !== undefined ? progressFigures(p, job.status) : [
+          `${fmtInt(done)} / ${total ? fmtInt(total) : "?"} samples · ${fmtInt(p.tokens)} tokens`,
+          Number.isFinite(tps) && tps > 0 ? ` · ${fmtInt(Math.round(tps))} tokens/s` : "",
+          eta !== null ? ` · about ${fmtDuration(eta)} left` : ""]),
       job.status === "failed" && job.error ? h("pre", { class: "job-error", "data-testid": "job-error" }, String(job.error)) : null);
   }
   function finishedTable(jobs, taskById) {
     return h("table", { class: "table compact" },
       h("thead", {}, h("tr", {}, h("th", {}, "Status"), h("th", {}, "Task"), h("th", {}, "Job"), h("th", { class: "num" }, "Samples"),
-        h("th", { class: "num" }, "Tokens"), h("th", { class: "num" }, "Tokens/s"), h("th", { class: "num" }, "Finished"))),
+        h("th", { class: "num", title: "tokens streamed through the model" }, "Tokens"), h("th", { class: "num" }, "Tokens/s"), h("th", { class: "num" }, "Finished"))),
       h("tbody", {}, jobs.map((job) => {
         const p = job.progress || {};
         const task = taskById.get(String(job.task_id));
@@ -1124,8 +1360,9 @@
             ? taskLink(job.task_id, task ? taskName(task) : pick(job, "task_name", "name") ?? `task ${job.task_id}`) : "—"),
           h("td", { class: "muted" }, `${job.id}${job.kind ? ` · ${job.kind}` : ""}`),
           h("td", { class: "num" }, fmtInt(p.samples_done)),
-          h("td", { class: "num" }, fmtInt(p.tokens)),
-          h("td", { class: "num" }, Number(p.tokens_per_s) > 0 ? fmtInt(Math.round(Number(p.tokens_per_s))) : "—"),
+          h("td", { class: "num" }, fmtInt(p.tokens_streamed ?? p.tokens)),
+          h("td", { class: "num" }, Number(p.tokens_streamed_per_s ?? p.tokens_per_s) > 0
+            ? fmtInt(Math.round(Number(p.tokens_streamed_per_s ?? p.tokens_per_s))) : "—"),
           h("td", { class: "num muted" }, fmtDate(pick(job, "finished_at", "started_at", "created_at"))));
       })));
   }
@@ -1182,8 +1419,8 @@
     form.addEventListener("submit", (e) => {
       e.preventDefault();
       try {
-        if (input.value.trim()) window.localStorage.setItem(KEY_STORAGE, input.value.trim());
-        else window.localStorage.removeItem(KEY_STORAGE);
+        if (input.value.trim()) window.sessionStorage.setItem(KEY_STORAGE, input.value.trim());
+        else window.sessionStorage.removeItem(KEY_STORAGE);
       } catch (_) { /* private mode */ }
       state.textContent = input.value.trim() ? "saved" : "cleared";
       navigate();

@@ -1,0 +1,188 @@
+"""matplotlib figures (service.plots) of real API answers from a running service with three tasks."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service import plots
+
+pytest.importorskip("matplotlib")
+from PIL import Image  # PIL comes with matplotlib
+
+TASKS = {
+    "prose-fox": ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps while the fox runs away.",
+                  "The brown fox and the dog are friends in the garden.", "The fox jumps over the fence."],
+    "python-code": ["def add(a, b):\n    return a + b\n", "def sub(a, b):\n    return a - b\n",
+                    "for i in range(3):\n    print(i)\n", "class A:\n    x = 1\n"],
+    "sums-math": ["12 + 7 = 19", "40 + 2 = 42", "3 + 99 = 102", "18 + 18 = 36", "5 + 6 = 11"],
+}
+
+
+def _wait(http: httpx.Client, job_id: int, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = http.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+@pytest.fixture(scope="module")
+def bodies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The atlas, matrix and sources bodies of a live service holding three ready tasks."""
+    from atlas.settings import Settings
+    from service.app import create_app
+    from tests.service.conftest import LiveServer
+    from tests.tiny_models import save_tiny_gpt2
+
+    tmp = tmp_path_factory.mktemp("plots")
+    settings = Settings(data_dir=tmp / "data", model=str(save_tiny_gpt2(tmp / "model")), device="cpu",
+                        sketch_dim=256)
+    server = LiveServer(create_app(settings)).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            ids = []
+            for name, texts in TASKS.items():
+                r = http.post("/v1/tasks", json={"name": name, "samples": [{"text": t} for t in texts]})
+                assert r.status_code == 202, r.text
+                assert _wait(http, r.json()["job"]["id"])["status"] == "succeeded"
+                ids.append(r.json()["task"]["id"])
+            atlas = http.get("/v1/atlas").json()
+            matrix = http.post("/v1/align/matrix", json={"task_ids": ids}).json()
+            sources = http.get(f"/v1/tasks/{ids[0]}/sources").json()
+        assert len(atlas["points"]) == 3 and len(matrix["names"]) == 3 and sources["sources"]
+        return {"atlas": atlas, "matrix": matrix, "sources": sources}
+    finally:
+        server.stop()
+
+
+def _drawn_pixels(path: Path) -> tuple[tuple[int, int], int, int]:
+    img = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    non_white = int((img.sum(axis=2) < 740).sum())
+    colours = len({tuple(p) for p in img.reshape(-1, 3)[:: max(1, img.shape[0] * img.shape[1] // 20000)]})
+    return (img.shape[1], img.shape[0]), non_white, colours
+
+
+def _svg_texts(path: Path) -> str:
+    text = path.read_text()
+    assert text.lstrip().startswith("<?xml") and "<svg" in text
+    return " ".join(re.findall(r"<text[^>]*>([^<]*)</text>", text))
+
+
+@pytest.mark.parametrize("kind", ["atlas", "matrix", "factors"])
+def test_png_svg_pdf_of_real_answers(bodies: dict[str, Any], kind: str, tmp_path: Path) -> None:
+    draw = {"atlas": (plots.save_atlas, bodies["atlas"]), "matrix": (plots.save_matrix, bodies["matrix"]),
+            "factors": (plots.save_factors, bodies["sources"])}[kind]
+    fn, body = draw
+    png = fn(body, tmp_path / f"{kind}.png", title=f"{kind} of space {bodies['atlas']['space_id']}")
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    (w, h), non_white, colours = _drawn_pixels(png)
+    assert w >= 400 and h >= 300
+    assert non_white > 0.01 * w * h  # real marks, not a blank canvas
+    assert colours >= 8  # coloured marks, antialiased text
+
+    svg = fn(body, str(tmp_path / f"{kind}.svg"), title=f"{kind} figure")
+    texts = _svg_texts(svg)
+    if kind == "factors":
+        names = [s["name"] for s in bodies["sources"]["sources"]] + [bodies["sources"]["target"]["name"]]
+    else:
+        names = list(TASKS)
+    for name in names:
+        assert name in texts, (name, texts[:500])
+    assert f"{kind} figure" in texts
+
+    pdf = fn(body, tmp_path / f"{kind}.pdf", title=kind)
+    assert pdf.read_bytes().startswith(b"%PDF-")
+
+
+def test_matrix_values_annotated_for_small_sets(bodies: dict[str, Any], tmp_path: Path) -> None:
+    texts = _svg_texts(plots.save_matrix(bodies["matrix"], tmp_path / "m.svg", title="m"))
+    for row in bodies["matrix"]["fisher"]:
+        for v in row:
+            assert f"{v:.2f}" in texts
+    # the diagonal is the self-alignment
+    assert texts.count(f"{bodies['matrix']['fisher'][0][0]:.2f}") >= 1
+
+
+def test_atlas_legend_lists_the_clusters(bodies: dict[str, Any], tmp_path: Path) -> None:
+    texts = _svg_texts(plots.save_atlas(bodies["atlas"], tmp_path / "a.svg", title="Atlas"))
+    for c in {p["cluster"] for p in bodies["atlas"]["points"]}:
+        assert f"cluster {c}" in texts
+
+
+@pytest.mark.parametrize("name", ["atlas.gif", "atlas.jpg", "atlas", "atlas.png.txt"])
+def test_unknown_suffix_refused_before_drawing(bodies: dict[str, Any], tmp_path: Path, name: str) -> None:
+    for fn, body in ((plots.save_atlas, bodies["atlas"]), (plots.save_matrix, bodies["matrix"]),
+                     (plots.save_factors, bodies["sources"])):
+        with pytest.raises(plots.PlotError) as info:
+            fn(body, tmp_path / name, title="x")
+        assert all(s in str(info.value) for s in plots.PLOT_SUFFIXES)
+        assert isinstance(info.value, ValueError)
+    assert not any(tmp_path.iterdir())
+
+
+def test_malformed_matrix_refused(bodies: dict[str, Any], tmp_path: Path) -> None:
+    bad = dict(bodies["matrix"], fisher=[[1.0, 0.5]])
+    with pytest.raises(plots.PlotError):
+        plots.save_matrix(bad, tmp_path / "m.png", title="m")
+
+
+def test_missing_matplotlib_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
+    with pytest.raises(plots.PlotsUnavailable) as info:
+        plots.save_atlas({"points": []}, tmp_path / "a.png", title="a")
+    assert "pip install 'fisher-atlas[plots]'" in str(info.value)
+    assert isinstance(info.value, ImportError)
+
+
+def test_bench_figures_drawn_from_the_results_tables(tmp_path: Path) -> None:
+    from bench.figures import draw
+
+    rows = next(t for t in draw.read_tables((draw.RESULTS / "quality.md").read_text()) if t and "Router" in t[0])
+    assert rows and all(0 <= draw._number(r["Top-1"]) <= 100 for r in rows)
+    for name, fn in draw.FIGURE_FUNCS.items():
+        png = fn(tmp_path / name)
+        (w, h), non_white, colours = _drawn_pixels(png)
+        assert w >= 600 and h >= 400 and non_white > 0.01 * w * h and colours >= 8, name
+        texts = _svg_texts(fn(tmp_path / (Path(name).stem + ".svg")))
+        assert ("MiniLM" in texts) if name.startswith("routing") else ("flat p50" in texts)
+    # the results pages link the committed figures, and RESULTS.md links them relative to bench/
+    results = (draw.BENCH / "RESULTS.md").read_text()
+    for name in draw.FIGURE_FUNCS:
+        assert (draw.FIGURES / name).is_file() and f"](figures/{name})" in results
+
+
+@settings(max_examples=60, deadline=None)
+@given(stem=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"), min_size=1, max_size=20),
+       suffix=st.text(st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=0, max_size=5))
+def test_only_png_svg_pdf_suffixes_pass(stem: str, suffix: str) -> None:
+    path = Path(f"{stem}.{suffix}" if suffix else stem)
+    if path.suffix.lower() in plots.PLOT_SUFFIXES:
+        assert plots.check_suffix(path) == path
+    else:
+        with pytest.raises(plots.PlotError, match=r"\.png, \.svg, \.pdf"):
+            plots.check_suffix(path)
+
+
+@settings(max_examples=8, deadline=None)
+@given(names=st.lists(st.text(st.characters(whitelist_categories=("L", "N"), max_codepoint=0x2FFF),
+                              min_size=1, max_size=12), min_size=1, max_size=4, unique=True))
+def test_any_task_names_drawn_into_the_svg(names: list[str], tmp_path_factory: pytest.TempPathFactory) -> None:
+    body = {"space_id": 1, "method": "mds", "total": len(names), "sampled": False, "n_clusters": 1,
+            "points": [{"task_id": i + 1, "name": n, "x": float(i), "y": float(i % 2), "cluster": i % 2}
+                       for i, n in enumerate(names)]}
+    texts = _svg_texts(plots.save_atlas(body, tmp_path_factory.mktemp("h") / "a.svg", title="t"))
+    for n in names:
+        assert n in texts
