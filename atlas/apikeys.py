@@ -29,7 +29,7 @@ def has_scope(granted: Sequence[str], required: str) -> bool:
     """Whether scopes ``granted`` allow ``required`` (``admin`` implies ``write`` implies ``read``)."""
     if required not in _RANK:
         raise ValueError(f"unknown scope {required!r}")
-    return any(_RANK.get(s, -1) >= _RANK[required] for s in granted)
+    return any(_RANK.get(s, -1) >= _RANK[required] for s in granted)  # type: ignore[call-overload,index]
 
 
 def create_api_key(session: Session, name: str, scopes: Sequence[str]) -> tuple[ApiKey, str]:

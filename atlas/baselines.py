@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -41,8 +42,8 @@ class BaselineSums:
     """
 
     d: int
-    sum_hidden: np.ndarray = field(default=None)  # type: ignore[assignment]
-    sum_last_hidden: np.ndarray = field(default=None)  # type: ignore[assignment]
+    sum_hidden: np.ndarray = field(default=cast(np.ndarray, None))
+    sum_last_hidden: np.ndarray = field(default=cast(np.ndarray, None))
     sum_loss: float = 0.0
     n_tokens: int = 0
     n_samples: int = 0

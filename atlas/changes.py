@@ -15,8 +15,10 @@ short.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from atlas.models import CHANGE_DELETE, CHANGE_UPSERT, AtlasState, Change
@@ -102,4 +104,4 @@ def prune(session: Session, through: int) -> int:
         update(AtlasState).where(AtlasState.id == 1, AtlasState.pruned_seq < through).values(pruned_seq=through)
     )
     result = session.execute(delete(Change).where(Change.seq <= through))
-    return int(result.rowcount or 0)
+    return int(cast(CursorResult[Any], result).rowcount or 0)

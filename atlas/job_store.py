@@ -17,9 +17,10 @@ import datetime as dt
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import delete, func, literal, or_, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from atlas.errors import InvalidInput, NotFound
@@ -128,7 +129,7 @@ def request_cancel(session: Session, job_id: int) -> Job:
         done = session.execute(
             update(Job).where(Job.id == job_id, Job.status == JOB_QUEUED)
             .values(status=JOB_CANCELLED, cancel_requested=True, finished_at=utcnow(), error="cancelled by request")
-        ).rowcount
+        ).rowcount  # type: ignore[attr-defined]  # CursorResult
         if done and job.task_id is not None and job.kind == "create":
             mark_task_failed_if_empty(session, job.task_id)
     elif job.status == JOB_RUNNING:
@@ -162,7 +163,7 @@ def claim_job(
         )
         .execution_options(synchronize_session=False)
     )
-    if result.rowcount != 1:
+    if cast(CursorResult[Any], result).rowcount != 1:
         return None
     job = session.execute(select(Job).where(Job.id == job_id).execution_options(populate_existing=True)).scalar_one()
     return Claim(
@@ -179,7 +180,7 @@ def heartbeat(session: Session, job_id: int, lease: str, progress: dict[str, Any
     rows = session.execute(
         update(Job).where(Job.id == job_id, Job.lease == lease, Job.status == JOB_RUNNING).values(**values)
         .execution_options(synchronize_session=False)
-    ).rowcount
+    ).rowcount  # type: ignore[attr-defined]  # CursorResult
     cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
     return Beat(alive=rows == 1, cancel_requested=bool(cancel))
 
@@ -292,8 +293,8 @@ def release_job(session: Session, job_id: int, lease: str, error: str | None = N
     rows = session.execute(
         update(Job).where(Job.id == job_id, Job.lease == lease, Job.status == JOB_RUNNING).values(**values)
         .execution_options(synchronize_session=False)
-    ).rowcount
-    return rows == 1
+    ).rowcount  # type: ignore[attr-defined]  # CursorResult
+    return bool(rows == 1)
 
 
 def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:

@@ -17,10 +17,11 @@ import gzip
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -178,7 +179,7 @@ def purge_orphan_uploads(session: Session) -> int:
     """Delete uploads no job references any more; return how many."""
     referenced = exists().where(Job.upload_id == Upload.id)
     result = session.execute(delete(Upload).where(~referenced))
-    return int(result.rowcount or 0)
+    return int(cast(CursorResult[Any], result).rowcount or 0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ in-process worker and the bundled model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -123,5 +123,5 @@ class Settings(BaseSettings):
 
 def get_settings(**overrides: object) -> Settings:
     """Build settings from the environment, with explicit overrides (CLI flags) on top."""
-    clean = {k: v for k, v in overrides.items() if v is not None}
+    clean: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     return Settings(**clean)

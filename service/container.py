@@ -207,6 +207,12 @@ class Container:
 
     # -- policies shared by the services ---------------------------------------------------------
 
+    def require_store(self) -> Store:
+        """The store (started)."""
+        if self.store is None:
+            raise RuntimeError("the container is not started")
+        return self.store
+
     def require_computable(self, space: Space) -> None:
         """Raise 503/409 unless some model of this deployment can compute signatures in ``space``."""
         assert self.prompts is not None

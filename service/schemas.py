@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 
-_TASK_EXAMPLE = {
+_TASK_EXAMPLE: dict[str, Any] = {
     "id": 3,
     "name": "smiles",
     "space_id": 1,
@@ -27,7 +27,7 @@ _TASK_EXAMPLE = {
     "created_at": "2025-01-01T12:00:00Z",
     "updated_at": "2025-01-01T12:00:09Z",
 }
-_JOB_EXAMPLE = {
+_JOB_EXAMPLE: dict[str, Any] = {
     "id": 7, "kind": "create", "task_id": 3, "status": "running",
     "progress": {"samples_done": 20, "samples_total": 40, "tokens": 911, "tokens_per_s": 412.5,
                  "tokens_streamed": 1540, "tokens_streamed_per_s": 697.3, "samples_per_s": 9.1, "eta_s": 2.2},
@@ -94,7 +94,8 @@ class TaskCreate(BaseModel):
     )
 
     name: str = Field(min_length=1, max_length=300, description="Task name, unique in its space.")
-    mode: Mode = Field(default="text", description="`text`: every next token counts; `completion`: only completions.")
+    mode: Mode = Field(default=Mode.TEXT,
+                       description="`text`: every next token counts; `completion`: only completions.")
     space: str | None = Field(default=None, description="Space id or name; default: the loaded model's space.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form user metadata (JSON object).")
     samples: list[SampleIn] = Field(min_length=1, description="The samples of the task.")

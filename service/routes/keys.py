@@ -59,7 +59,7 @@ def _out(k: object) -> dict:
 @router.get("", response_model=KeyList, summary="List API keys", responses=error_responses(401, 403))
 def list_keys(c: ContainerDep, _: AdminPrincipal) -> KeyList:
     """Active keys (no secrets)."""
-    with c.store.read() as session:
+    with c.require_store().read() as session:
         return KeyList(items=[KeyOut(**_out(k)) for k in apikeys.list_api_keys(session)])
 
 
@@ -68,7 +68,7 @@ def list_keys(c: ContainerDep, _: AdminPrincipal) -> KeyList:
 async def create_key(body: KeyCreate, c: ContainerDep, _: AdminPrincipal) -> KeyCreated:
     """Create a key; its plaintext is returned once and stored only as a sha256 hash."""
     def run() -> KeyCreated:
-        with c.store.session() as session:
+        with c.require_store().session() as session:
             key, plaintext = apikeys.create_api_key(session, body.name, list(body.scopes))
             created = KeyCreated(**_out(key), key=plaintext)
         _keys_changed(c)
@@ -81,7 +81,7 @@ async def create_key(body: KeyCreate, c: ContainerDep, _: AdminPrincipal) -> Key
                responses=error_responses(401, 403, 404, 409, 422))
 def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_ID)], c: ContainerDep, _: AdminPrincipal) -> Response:
     """Revoke a key (idempotent); the last active admin key cannot be revoked (409)."""
-    with c.store.session() as session:
+    with c.require_store().session() as session:
         apikeys.revoke_api_key(session, key_id)
     _keys_changed(c)
     return Response(status_code=204)
