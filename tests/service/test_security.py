@@ -311,4 +311,7 @@ def test_docs_are_served_without_a_cdn(bind) -> None:
         js = httpx.get(f"{url}/docs-assets/{asset}")
         assert js.status_code == 200 and len(js.content) > 100_000
     assert httpx.get(f"{url}/docs-assets/swagger-ui.css").status_code == 200
-    assert httpx.get(f"{url}/openapi.json").json()["openapi"].startswith("3.1")  # Swagger UI 5 renders 3.1
+    spec = httpx.get(f"{url}/openapi.json").json()
+    assert spec["openapi"].startswith("3.1")  # Swagger UI 5 renders 3.1
+    for status in ("401", "403", "429", "503"):  # the middleware's refusals are documented
+        assert status in spec["paths"]["/v1/tasks"]["post"]["responses"], status
