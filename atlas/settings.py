@@ -124,4 +124,4 @@ class Settings(BaseSettings):
 def get_settings(**overrides: object) -> Settings:
     """Build settings from the environment, with explicit overrides (CLI flags) on top."""
     clean = {k: v for k, v in overrides.items() if v is not None}
-    return Settings(**clean)
+    return Settings(**clean)  # type: ignore[arg-type]  # validated by pydantic at run time
