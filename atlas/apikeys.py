@@ -16,7 +16,7 @@ from atlas.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthoriz
 from atlas.models import SCOPES, ApiKey, utcnow
 
 KEY_PREFIX = "fa_"
-_RANK = {scope: i for i, scope in enumerate(SCOPES)}
+_RANK: dict[str, int] = {str(scope): i for i, scope in enumerate(SCOPES)}
 _TOUCH_EVERY = dt.timedelta(minutes=5)
 
 

@@ -106,7 +106,8 @@ def make_engine(
         Connection pool size (PostgreSQL; SQLite uses the default queue pool as well).
     busy_timeout_s
         SQLite: longest wait for the write lock (default :data:`SQLITE_BUSY_TIMEOUT_MS`); then the
-        statement fails with ``database is locked`` (rendered 503 by the service).
+        statement fails with ``database is locked`` (rendered 503 by the service). PostgreSQL, only when
+        given: the session's ``lock_timeout`` (the service's store; migrations and workers keep waiting).
     pool_timeout_s
         Longest wait for a free pooled connection (default :data:`POOL_TIMEOUT_S`).
 
@@ -134,8 +135,13 @@ def make_engine(
         )
         _install_sqlite_hooks(engine, busy_ms)
         return engine
+    connect_args: dict[str, Any] = {}
+    if busy_timeout_s is not None and u.get_backend_name() == "postgresql":
+        # the same bound on waiting for a row or table lock held by another transaction
+        connect_args["options"] = f"-c lock_timeout={busy_ms}"
     return create_engine(
-        u, echo=echo, pool_size=pool_size, max_overflow=2 * pool_size, pool_pre_ping=True, pool_timeout=pool_timeout
+        u, echo=echo, pool_size=pool_size, max_overflow=2 * pool_size, pool_pre_ping=True, pool_timeout=pool_timeout,
+        connect_args=connect_args,
     )
 
 

@@ -38,7 +38,8 @@ class Store:
         url = settings.resolved_database_url()
         busy, wait = settings.db_busy_timeout_s, settings.db_pool_timeout_s
         self.engine: Engine = make_engine(url, pool_size=pool_size, busy_timeout_s=busy, pool_timeout_s=wait)
-        self.read_engine: Engine = make_engine(url, pool_size=pool_size, busy_timeout_s=busy, pool_timeout_s=wait)  # reads never queue behind writes
+        # reads have their own pool: they never queue behind writers waiting for the lock
+        self.read_engine: Engine = make_engine(url, pool_size=pool_size, busy_timeout_s=busy, pool_timeout_s=wait)
         self.write: sessionmaker[Session] = session_factory(self.engine)
         self.read: sessionmaker[Session] = session_factory(self.read_engine, readonly=True)
         self.default_space_id: int | None = None

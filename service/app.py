@@ -28,7 +28,7 @@ from service.errors import install_error_handlers
 from service.metrics import Metrics
 from service.routes import health, jobs, keys, query, spaces, tasks
 from service.schemas import SamplesAppend, TaskCreate
-from service.security import SecurityMiddleware, serve_docs_offline
+from service.security import SecurityMiddleware, document_security_responses, serve_docs_offline
 from service.uploads import ENVELOPE_BYTES, BodyLimitMiddleware
 
 API_DESCRIPTION = """
@@ -155,6 +155,7 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
         app.include_router(module.router)
     mount_dashboard(app)
     serve_docs_offline(app)
+    document_security_responses(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + ENVELOPE_BYTES)
     app.add_middleware(SecurityMiddleware, settings=settings, container=container)

@@ -8,6 +8,7 @@ rendered as ``500 internal_error`` without leaking internals.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any
@@ -73,10 +74,18 @@ MAX_MESSAGE_CHARS = 1000
 """Longest message in an error body (huge inputs are never echoed whole)."""
 
 
+MAX_DETAIL_CHARS = 8000
+"""Largest serialised detail; a larger one is sent as its truncated JSON text."""
+
+
 def safe_body(code: str, message: str, detail: Any = None) -> dict[str, Any]:
-    """:func:`error_body` with secrets masked and sizes bounded (message 1000 characters, detail strings
-    300, 20 items per list or dict, nesting depth 4)."""
-    return error_body(code, truncate(redact_secrets(str(message)), MAX_MESSAGE_CHARS), bounded(detail))
+    """:func:`error_body` with secrets masked and sizes bounded: message 1000 characters; detail strings
+    300, 20 items per list or dict, nesting depth 4, and 8000 characters in all."""
+    small = bounded(detail)
+    text = json.dumps(small, default=str)
+    if len(text) > MAX_DETAIL_CHARS:
+        small = truncate(text, MAX_DETAIL_CHARS)
+    return error_body(code, truncate(redact_secrets(str(message)), MAX_MESSAGE_CHARS), small)
 
 
 async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:

@@ -224,6 +224,30 @@ async def _render(exc: AtlasError, scope: Scope, receive: Receive, send: Send) -
 
 
 # --------------------------------------------------------------------------------------------------
+# OpenAPI: the refusals every /v1 route can answer
+# --------------------------------------------------------------------------------------------------
+
+REFUSALS = {
+    401: "No valid API key (required on public binds and once any key exists).",
+    403: "Foreign Origin on a state-changing request, Host not allowed, or the key lacks the scope.",
+    429: "Rate limit of this key or client exceeded, or the queue is full; see Retry-After.",
+    503: "The database is busy (locked or out of connections) or the model is unavailable; see Retry-After.",
+}
+
+
+def document_security_responses(app: Any) -> None:
+    """Add the middleware's refusals (401, 403, 429, 503) to every ``/v1`` operation's OpenAPI responses."""
+    from fastapi.routing import APIRoute
+
+    from service.schemas import ErrorBody
+
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path.startswith("/v1"):
+            for status, text in REFUSALS.items():
+                route.responses.setdefault(status, {"model": ErrorBody, "description": text})
+
+
+# --------------------------------------------------------------------------------------------------
 # /docs without a CDN
 # --------------------------------------------------------------------------------------------------
 

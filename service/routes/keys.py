@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from atlas import apikeys
+from atlas.store import Store
 from atlas.vocabulary import Scope
 from service.deps import AdminPrincipal, ContainerDep
 from service.routes import MAX_ID, error_responses
@@ -59,7 +60,7 @@ def _out(k: object) -> dict:
 @router.get("", response_model=KeyList, summary="List API keys", responses=error_responses(401, 403))
 def list_keys(c: ContainerDep, _: AdminPrincipal) -> KeyList:
     """Active keys (no secrets)."""
-    with c.require_store().read() as session:
+    with _store(c).read() as session:
         return KeyList(items=[KeyOut(**_out(k)) for k in apikeys.list_api_keys(session)])
 
 
@@ -68,7 +69,7 @@ def list_keys(c: ContainerDep, _: AdminPrincipal) -> KeyList:
 async def create_key(body: KeyCreate, c: ContainerDep, _: AdminPrincipal) -> KeyCreated:
     """Create a key; its plaintext is returned once and stored only as a sha256 hash."""
     def run() -> KeyCreated:
-        with c.require_store().session() as session:
+        with _store(c).session() as session:
             key, plaintext = apikeys.create_api_key(session, body.name, list(body.scopes))
             created = KeyCreated(**_out(key), key=plaintext)
         _keys_changed(c)
@@ -81,10 +82,16 @@ async def create_key(body: KeyCreate, c: ContainerDep, _: AdminPrincipal) -> Key
                responses=error_responses(401, 403, 404, 409, 422))
 def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_ID)], c: ContainerDep, _: AdminPrincipal) -> Response:
     """Revoke a key (idempotent); the last active admin key cannot be revoked (409)."""
-    with c.require_store().session() as session:
+    with _store(c).session() as session:
         apikeys.revoke_api_key(session, key_id)
     _keys_changed(c)
     return Response(status_code=204)
+
+
+def _store(c: Any) -> Store:
+    """The started container's store."""
+    assert c.store is not None, "the service is not started"
+    return c.store
 
 
 def _keys_changed(c: object) -> None:

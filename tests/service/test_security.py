@@ -311,4 +311,26 @@ def test_docs_are_served_without_a_cdn(bind) -> None:
         js = httpx.get(f"{url}/docs-assets/{asset}")
         assert js.status_code == 200 and len(js.content) > 100_000
     assert httpx.get(f"{url}/docs-assets/swagger-ui.css").status_code == 200
-    assert httpx.get(f"{url}/openapi.json").json()["openapi"].startswith("3.1")  # Swagger UI 5 renders 3.1
+    spec = httpx.get(f"{url}/openapi.json").json()
+    assert spec["openapi"].startswith("3.1")  # Swagger UI 5 renders 3.1
+    for status in ("401", "403", "429", "503"):  # the middleware's refusals are documented
+        assert status in spec["paths"]["/v1/tasks"]["post"]["responses"], status
+
+
+def test_locked_postgres_table_answers_503_in_bounded_time(bind, pg_database) -> None:
+    import psycopg
+
+    db_url = pg_database()
+    url, app = bind(database_url=db_url, db_busy_timeout_s=1.0, db_pool_timeout_s=1.0)
+    dsn = db_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE tasks IN EXCLUSIVE MODE")  # another transaction blocks every insert
+        t0 = time.monotonic()
+        r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, timeout=30)
+        assert r.status_code == 503, r.text
+        assert r.json()["code"] == "database_busy" and "Retry-After" in r.headers
+        assert time.monotonic() - t0 < 5.0
+        assert httpx.get(f"{url}/v1/tasks", timeout=30).status_code == 200  # reads are not blocked
+        holder.rollback()
+    assert _counts(app.state.container) == (0, 0)
+    assert httpx.post(f"{url}/v1/tasks", json=SAMPLES, timeout=30).status_code == 202
