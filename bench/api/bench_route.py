@@ -224,6 +224,7 @@ def main() -> None:
     truth = {t: g for g, t in pairs}
     tmp = Path(tempfile.mkdtemp(prefix="fa-bench-route-"))
     env = dict(os.environ, FISHER_ATLAS_MODEL=args.model, FISHER_ATLAS_DEVICE="cpu", HF_HUB_OFFLINE="1",
+               FISHER_ATLAS_RATE_LIMIT_PER_S="0",
                FISHER_ATLAS_TORCH_THREADS=str(args.threads), FISHER_ATLAS_DATA_DIR=str(tmp),
                PYTHONPATH=str(ROOT))
     from fisher_atlas import Atlas
