@@ -1,0 +1,155 @@
+"""More of the ``fisher-atlas`` CLI over real HTTP, beside ``test_cli.py``: a server with keys required
+(its admin key made by ``keys create --local``), scopes and revoked keys, the progress of ``--wait``,
+the plot commands (real PNG/SVG content, unknown suffix and missing matplotlib → exit 2), and
+``migrate`` hiding the database password."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.cli import main
+
+PROSE = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps while the fox runs.",
+         "The brown fox and the dog are friends.", "The fox jumps over the fence by the road."]
+CODE = ["def add(a, b):\n    return a + b\n", "def sub(a, b):\n    return a - b\n",
+        "for i in range(3):\n    print(i)\n"]
+CHEM = ["CC(=O)OC1=CC=CC=C1C(=O)O", "CCO", "C1=CC=CC=C1", "CC(C)CC1=CC=C(C=C1)C(C)C(=O)O"]
+
+
+def _jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def _out(capsys: pytest.CaptureFixture[str]) -> Any:
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory, tiny_lm: Any) -> Iterator[dict[str, Any]]:
+    """A server requiring keys, on a data dir whose first admin key the CLI created locally."""
+    from atlas.settings import Settings
+    from service.app import create_app
+    from tests.service.conftest import LiveServer
+
+    data = tmp_path_factory.mktemp("cli-keyed")
+    buf = io.StringIO()
+    sys_stdout, sys.stdout = sys.stdout, buf
+    try:
+        assert main(["keys", "create", "--local", "--name", "root", "--scopes", "admin", "--json",
+                     "--data-dir", str(data)]) == 0
+    finally:
+        sys.stdout = sys_stdout
+    admin = json.loads(buf.getvalue())["key"]
+    server = LiveServer(create_app(Settings(data_dir=data, sketch_dim=256, device="cpu", require_keys=True),
+                                   overrides={"lm": tiny_lm})).start()
+    yield {"url": server.url, "admin": admin, "data": data}
+    server.stop()
+
+
+@pytest.fixture
+def plots() -> Any:
+    """:mod:`service.plots` (matplotlib is needed to draw)."""
+    pytest.importorskip("matplotlib")
+    from service import plots as module
+
+    return module
+
+
+def test_scopes_progress_and_errors_over_http(keyed: dict[str, Any], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FISHER_ATLAS_URL", keyed["url"])  # env twins: no --url / --api-key below unless said
+    assert main(["tasks", "list"]) == 1  # no key: refused by the service
+    assert "401 unauthorized" in capsys.readouterr().err
+    monkeypatch.setenv("FISHER_ATLAS_API_KEY", keyed["admin"])
+    assert main(["keys", "create", "--name", "reader", "--scopes", "read", "--json"]) == 0
+    reader = _out(capsys)
+    assert reader["key"].startswith("fa_") and reader["scopes"] == ["read"]
+
+    # --wait shows honest progress on stderr: samples, tokens, samples/s, ETA, the final status
+    assert main(["add", "prose", str(_jsonl(tmp_path / "p.jsonl", PROSE)), "--wait"]) == 0
+    err = capsys.readouterr().err
+    assert "prose [" in err and "4/4 samples" in err and "tokens" in err and "samples/s" in err
+    assert "succeeded" in err
+
+    # a read key reads but cannot write or manage keys: 403, nothing changed
+    assert main(["tasks", "list", "--api-key", reader["key"], "--json"]) == 0
+    assert _out(capsys)["total"] == 1
+    assert main(["tasks", "delete", "prose", "--yes", "--api-key", reader["key"]]) == 1
+    assert "403 forbidden" in capsys.readouterr().err
+    assert main(["keys", "list", "--api-key", reader["key"]]) == 1
+    assert "403 forbidden" in capsys.readouterr().err
+    assert main(["tasks", "show", "prose", "--json"]) == 0
+    assert _out(capsys)["name"] == "prose"
+    # a revoked key is refused
+    assert main(["keys", "revoke", str(reader["id"])]) == 0
+    capsys.readouterr()
+    assert main(["tasks", "list", "--api-key", reader["key"]]) == 1
+    assert "401 unauthorized" in capsys.readouterr().err
+    # usage errors: exit 2 and no traceback; an unreachable service: exit 1 naming the URL
+    assert main(["route"]) == 2
+    assert main(["add", "x", str(tmp_path / "p.jsonl"), "--metadata", "[1]"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["tasks", "list", "--url", "http://127.0.0.1:9"]) == 1
+    assert "127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_plot_commands(keyed: dict[str, Any], plots: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from PIL import Image
+
+    monkeypatch.setenv("FISHER_ATLAS_URL", keyed["url"])
+    monkeypatch.setenv("FISHER_ATLAS_API_KEY", keyed["admin"])
+    for name, texts in (("fox", PROSE), ("loops", CODE), ("smiles", CHEM)):
+        assert main(["add", name, str(_jsonl(tmp_path / f"{name}.jsonl", texts)), "--wait"]) == 0
+    capsys.readouterr()
+
+    def non_blank_png(path: Path) -> None:
+        assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+        with Image.open(path) as im:
+            assert im.width >= 200 and im.height >= 150
+            colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
+            assert colours is not None and len(colours) > 10  # drawn content, not a blank canvas
+
+    png, svg = tmp_path / "atlas.png", tmp_path / "atlas.svg"
+    assert main(["atlas", "--out", str(png)]) == 0
+    non_blank_png(png)
+    assert main(["atlas", "--out", str(svg)]) == 0
+    text = svg.read_text()
+    assert "<svg" in text and all(n in text for n in ("fox", "loops", "smiles"))
+    heat = tmp_path / "heatmap.png"
+    assert main(["matrix", "fox", "loops", "smiles", "--out", str(heat)]) == 0
+    assert f"wrote {heat}" in capsys.readouterr().out
+    non_blank_png(heat)
+    bars = tmp_path / "factors.svg"
+    assert main(["recommend", "fox", "--plot", str(bars), "-k", "2"]) == 0
+    assert "<svg" in bars.read_text()
+
+    # an unknown suffix is refused before any request, exit 2, one clear line
+    for argv in (["atlas", "--out", str(tmp_path / "a.gif")], ["matrix", "--out", str(tmp_path / "m.bmp")],
+                 ["recommend", "fox", "--plot", str(tmp_path / "r")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "use one of" in err and ".png" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("a.gif"))
+    # matplotlib not installed: exit 2 with the install hint, no traceback
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["atlas", "--out", str(png)]) == 2
+    err = capsys.readouterr().err
+    assert "pip install" in err and "Traceback" not in err
+
+
+def test_migrate_hides_the_database_password(pg_database: Any, capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    url = pg_database().replace("postgres@", "postgres:s3cret-pw@")
+    assert main(["migrate", "--database-url", url, "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "latest schema revision" in out and "s3cret-pw" not in out and "***" in out
