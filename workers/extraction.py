@@ -27,7 +27,6 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +45,7 @@ from workers.batching import (
     WindowStart,
     iter_windows,
 )
+from workers.extraction_results import ExtractionResult, Progress
 from workers.head import HeadBatch, iter_head_batches
 from workers.model_loading import LoadedModel
 
@@ -57,137 +57,6 @@ DEFAULT_WINDOW = 1024
 
 PROMPT_CHUNK_ROWS = 32
 """Fixed chunk size of the sketcher used for single routing prompts (see ``Extractor.prompt``)."""
-
-TRUNCATION_POLICY = (
-    "text: keep the first max_tokens_per_sample tokens; completion: drop prompt tokens from the left "
-    "(keeping one), then completion tokens from the right"
-)
-
-# ----------------------------------------------------------------------------------------------------
-# Layer 1: head input capture and chunked (a, e)
-
-# ----------------------------------------------------------------------------------------------------
-# Layer 2: streaming extraction into a sketch
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Progress of an extraction, passed to the progress callback after every batch.
-
-    Attributes
-    ----------
-    samples_done : int
-        Samples handled so far (absolute index into the input, skipped ones included).
-    samples_total : int
-    tokens : int
-        Counted tokens sketched in this call (in completion mode: completion tokens only).
-    tokens_per_s : float
-        Counted tokens per second.
-    eta_s : float or None
-        Estimated seconds left (from the sample rate), None before any rate is known.
-    tokens_streamed : int
-        Every real (unpadded) token forwarded through the model in this call, prompts included.
-    tokens_streamed_per_s : float
-        ``tokens_streamed`` per second of wall time.
-    samples_per_s : float
-        Samples handled per second in this call.
-    """
-
-    samples_done: int
-    samples_total: int
-    tokens: int
-    tokens_per_s: float
-    eta_s: float | None
-    tokens_streamed: int = 0
-    tokens_streamed_per_s: float = 0.0
-    samples_per_s: float = 0.0
-
-
-@dataclass
-class ExtractionResult:
-    """Outcome of :meth:`Extractor.extract` (or of a checkpoint of it).
-
-    Counts cover the whole windows processed by this call; ``samples_done`` is absolute
-    (``start`` + samples of those windows), so a resumed job passes it back as ``start``.
-
-    Attributes
-    ----------
-    state : SketchState
-        Running state (the given one merged with every whole window).
-    baselines : BaselineSums
-        Running baseline sums (width H, without the bias column).
-    samples_total : int
-    samples_done : int
-    samples_used : int
-    samples_skipped : int
-    skipped_reasons : dict of str to int
-    tokens : int
-        Counted tokens sketched.
-    tokens_streamed : int
-        Real (unpadded) tokens forwarded through the model, prompts included.
-    samples_start : int
-        ``samples_done`` when this call began (rates count from there).
-    truncated : int
-        Samples cut to ``max_tokens_per_sample``.
-    cancelled : bool
-    mode : str
-    max_tokens_per_sample : int
-    truncation_policy : str
-    model_key : str
-        ``ModelFingerprint.key()`` of the model: states of different keys must never be merged.
-    elapsed_s : float
-    timings : dict of str to float
-        Seconds spent in ``tokenize_wait_s``, ``forward_s``, ``head_s``, ``sketch_s``, ``baselines_s``.
-    """
-
-    state: Any
-    baselines: BaselineSums
-    samples_total: int
-    samples_done: int
-    mode: str
-    max_tokens_per_sample: int
-    model_key: str
-    samples_used: int = 0
-    samples_skipped: int = 0
-    skipped_reasons: dict[str, int] = field(default_factory=dict)
-    tokens: int = 0
-    tokens_streamed: int = 0
-    samples_start: int = 0
-    truncated: int = 0
-    cancelled: bool = False
-    truncation_policy: str = TRUNCATION_POLICY
-    elapsed_s: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Counted tokens per second of wall time."""
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def tokens_streamed_per_s(self) -> float:
-        """Tokens forwarded through the model per second of wall time."""
-        return self.tokens_streamed / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def samples_per_s(self) -> float:
-        """Samples handled per second of wall time (from ``samples_start``)."""
-        return (self.samples_done - self.samples_start) / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-serialisable summary (everything but the state and baselines), for job results."""
-        return {
-            "samples_total": self.samples_total, "samples_done": self.samples_done,
-            "samples_used": self.samples_used, "samples_skipped": self.samples_skipped,
-            "skipped_reasons": dict(self.skipped_reasons), "tokens": self.tokens,
-            "tokens_streamed": self.tokens_streamed, "truncated": self.truncated,
-            "cancelled": self.cancelled, "mode": self.mode, "max_tokens_per_sample": self.max_tokens_per_sample,
-            "truncation_policy": self.truncation_policy, "model_key": self.model_key,
-            "elapsed_s": self.elapsed_s, "tokens_per_s": self.tokens_per_s,
-            "tokens_streamed_per_s": self.tokens_streamed_per_s, "samples_per_s": self.samples_per_s,
-            "timings": dict(self.timings),
-        }
-
 
 class Extractor:
     """Streams samples through a model into a FisherSketch state and baseline sums.

@@ -8,12 +8,9 @@
   when ``HF_HUB_OFFLINE=1`` (or when the hub cannot be reached).
 
 Whatever goes wrong, the caller gets one :class:`atlas.errors.ModelUnavailable` naming what is missing
-and how to supply it. The loaded model is in eval mode with gradients off; its output head is checked
-once (:func:`verify_head`) so that the errors ``e`` computed from the captured head input are exactly
-the gradients of the model's own loss.
-
-Every state is tagged with the model's :class:`ModelFingerprint`; signatures of different fingerprints
-live in different spaces and are never mixed.
+and how to supply it. The model is in eval mode with gradients off; its output head is checked once
+(:func:`verify_head`) so that the errors ``e`` are exactly the gradients of the model's own loss. States
+are tagged with the model's :class:`ModelFingerprint`; different fingerprints never mix.
 """
 
 from __future__ import annotations
