@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -43,6 +43,7 @@ from atlas.baselines import BaselineSums
 from atlas.errors import AtlasError, IncompatibleSpace
 from atlas.models import JOB_APPEND, JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
 from atlas.settings import Settings
+from atlas.vocabulary import ModeName
 
 if TYPE_CHECKING:
     from atlas.index import IndexManager
@@ -303,7 +304,7 @@ def run_job(job_id: int, ctx: WorkerContext) -> str:
         raise TransientJobError(f"cannot claim job {job_id}: {exc}") from exc
     if claim is None:
         return "skipped"
-    if claim.attempts > ctx.max_attempts:
+    if claim.attempts > (ctx.max_attempts or ctx.settings.job_max_attempts):
         return _finish(ctx, claim, JOB_FAILED, f"gave up after {claim.attempts - 1} attempts; the worker "
                        "stopped each time without finishing (out of memory or killed?)")
     if claim.cancel_requested:
@@ -358,6 +359,7 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
         resume = None if checkpoint is None else (checkpoint.samples_done, checkpoint.state, checkpoint.baselines)
 
     extractor = ctx.extractor_for(space)
+    assert extractor.sketcher is not None
     spec = extractor.sketcher.spec
     state = baselines = None
     start = 0
@@ -379,7 +381,7 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
             raise LeaseLost(claim.job_id)
 
     res = extractor.extract(
-        samples, mode=mode, state=state, baselines=baselines, start=start,
+        samples, mode=cast(ModeName, mode), state=state, baselines=baselines, start=start,
         checkpoint_every=settings.checkpoint_every, on_checkpoint=on_checkpoint,
         progress=lambda p: beat.set_progress(_progress_dict(p)), should_cancel=beat.should_stop,
     )
