@@ -235,7 +235,7 @@ def _replay(session: Session, job: Job, kind: str, samples: Sequence[Sample], **
     return task, job
 
 
-def _free_failed_name(session: Session, space_id: int, name: str) -> None:
+def free_failed_name(session: Session, space_id: int, name: str) -> None:
     """Delete a task of this name whose creation failed or was cancelled (``failed``, no signature),
     so that its name can be used again."""
     old = session.execute(
@@ -320,7 +320,7 @@ def create_task_with_job(
         if job is not None:
             return _replay(session, job, JOB_CREATE, samples, name=name, space_id=space_id, mode=mode)
     get_space(session, space_id)
-    _free_failed_name(session, space_id, name)
+    free_failed_name(session, space_id, name)
     upload = get_or_create_upload(session, samples)
     task = Task(space_id=space_id, name=name, mode=mode, meta=meta, status=TASK_PENDING, n_samples=0, n_tokens=0)
     try:

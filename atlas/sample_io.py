@@ -316,7 +316,6 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -
 
 
 def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[Sample]:
-    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
