@@ -20,8 +20,9 @@ Rules every reader keeps:
   422: see :func:`atlas.samples.check_metadata`.) Lone surrogates cannot be encoded as UTF-8 and are
   refused with 422.
 
-Plain text holds one sample per line, so a text with ``"\\n"``, a trailing ``"\\r"``, or only
-whitespace cannot be written as plain text (:func:`write_text` raises ``ValueError``).
+Plain text holds one sample per line, so a text with ``"\\n"``, a trailing ``"\\r"``, a leading
+U+FEFF (read as a byte-order mark) or only whitespace cannot be written as plain text
+(:func:`write_text` raises ``ValueError``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from atlas.errors import InvalidInput, PayloadTooLarge
-from atlas.samples import Mode, Sample, record_to_sample
+from atlas.samples import Mode, Sample, record_values, sample_of
 
 __all__ = [
     "SampleLimits",
@@ -93,14 +94,15 @@ class _Counter:
         self.filename = filename
         self.n = 0
 
-    def add(self, sample: Sample, where: str) -> Sample:
+    def add(self, sample: tuple[str, ...], where: str) -> tuple[str, ...]:
+        """Count one record's values (kept as plain strings: Samples are built once all limits passed)."""
         self.n += 1
         if self.n > self.limits.max_samples:
             raise PayloadTooLarge(
                 f"{self.filename}: more than {self.limits.max_samples} samples (limit reached at {where})",
                 {"max_samples": self.limits.max_samples, "at": where},
             )
-        chars = sample_chars(sample)
+        chars = sum(len(v) for v in sample)
         if chars > self.limits.max_sample_chars:
             raise PayloadTooLarge(
                 f"{where}: the sample has {chars} characters; the limit is {self.limits.max_sample_chars}",
@@ -135,6 +137,11 @@ def read_samples(source: bytes | IO[bytes], filename: str, mode: Mode,
     PayloadTooLarge
         A limit passed (413).
     """
+    return [sample_of(v) for v in _read_values(source, filename, mode, limits)]
+
+
+def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
+                 limits: SampleLimits | None = None) -> list[tuple[str, ...]]:
     lim = limits or SampleLimits()
     raw: IO[bytes] = io.BytesIO(source) if isinstance(source, bytes | bytearray | memoryview) else source
     name = filename.lower()
@@ -222,12 +229,12 @@ def loads_json(text: str | bytes, where: str) -> Any:
         raise InvalidInput(f"{where} is not UTF-8 (byte {exc.start})") from None
 
 
-def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[Sample]:
+def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
     for lineno, line in _lines(stream, filename, counter.limits.max_line_bytes):
         if not line.strip(" \t\r"):
             continue
         where = f"{filename}: line {lineno}"
-        yield counter.add(record_to_sample(loads_json(line, where), mode, where), where)
+        yield counter.add(record_values(loads_json(line, where), mode, where), where)
 
 
 def parse_upload(data: bytes, filename: str, mode: Mode, limits: SampleLimits | None = None) -> list[Sample]:
@@ -235,13 +242,13 @@ def parse_upload(data: bytes, filename: str, mode: Mode, limits: SampleLimits | 
     return read_samples(data, filename, mode, limits)
 
 
-def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> list[Sample]:
+def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> list[tuple[str, ...]]:
     data = stream.read()
     text = data.decode("utf-8-sig", errors="strict") if isinstance(data, bytes) else data
     decoder = json.JSONDecoder()
     pos = _skip_ws(text, 0)
     if pos < len(text) and text[pos] == "[":  # stream the array element by element
-        out: list[Sample] = []
+        out: list[tuple[str, ...]] = []
         pos = _skip_ws(text, pos + 1)
         if pos < len(text) and text[pos] == "]":
             return out
@@ -253,7 +260,7 @@ def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) 
                 raise InvalidInput(f"{where} is not valid JSON: {exc.msg}") from None
             except RecursionError:
                 raise InvalidInput(f"{where}: JSON nested too deeply") from None
-            out.append(counter.add(record_to_sample(record, mode, where), where))
+            out.append(counter.add(record_values(record, mode, where), where))
             pos = _skip_ws(text, pos)
             if pos < len(text) and text[pos] == ",":
                 pos = _skip_ws(text, pos + 1)
@@ -266,7 +273,7 @@ def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) 
         records = records["samples"]
     if not isinstance(records, list):
         raise InvalidInput(f"{filename}: expected a JSON array of samples")
-    return [counter.add(record_to_sample(r, mode, f"{filename}: item {i}"), f"{filename}: item {i}")
+    return [counter.add(record_values(r, mode, f"{filename}: item {i}"), f"{filename}: item {i}")
             for i, r in enumerate(records)]
 
 
@@ -276,7 +283,7 @@ def _skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def _read_text(stream: IO[bytes], filename: str, counter: _Counter) -> Iterator[Sample]:
+def _read_text(stream: IO[bytes], filename: str, counter: _Counter) -> Iterator[tuple[str, ...]]:
     max_line = 4 * counter.limits.max_sample_chars + 2
     for lineno, line in _lines(stream, filename, max_line):
         if line.endswith("\r"):
@@ -284,10 +291,10 @@ def _read_text(stream: IO[bytes], filename: str, counter: _Counter) -> Iterator[
         if not line.strip():
             continue
         where = f"{filename}: line {lineno}"
-        yield counter.add(record_to_sample({"text": line}, "text", where), where)
+        yield counter.add(record_values({"text": line}, "text", where), where)
 
 
-def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[Sample]:
+def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
     limit = counter.limits.max_sample_chars + 1
     if csv.field_size_limit() < limit:
         csv.field_size_limit(limit)
@@ -304,7 +311,7 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -
                 continue
             where = f"{filename}: row {reader.line_num}"
             record = dict(zip(header, row, strict=False))
-            yield counter.add(record_to_sample(record, mode, where), where)
+            yield counter.add(record_values(record, mode, where), where)
     except csv.Error as exc:
         where = f"{filename}: row {reader.line_num or row_no}"
         if "field larger than field limit" in str(exc):
@@ -315,7 +322,7 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -
         raise InvalidInput(f"{filename}: not valid UTF-8 near row {reader.line_num + 1} (byte {exc.start})") from None
 
 
-def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[Sample]:
+def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -361,7 +368,7 @@ def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counte
             for record in batch.select(keys).to_pylist():
                 row += 1
                 where = f"{filename}: row {row}"
-                yield counter.add(record_to_sample(record, mode, where), where)
+                yield counter.add(record_values(record, mode, where), where)
     except (InvalidInput, PayloadTooLarge):
         raise
     except Exception as exc:
@@ -428,7 +435,8 @@ def write_parquet(samples: Iterable[Sample], mode: Mode, *, compression: str = "
 def text_representable(sample: Sample) -> bool:
     """Whether plain text can hold this sample on one line."""
     t = sample.text
-    return t is not None and "\n" not in t and not t.endswith("\r") and bool(t.strip())
+    return (t is not None and "\n" not in t and not t.endswith("\r") and bool(t.strip())
+            and not t.startswith("\ufeff"))  # a leading U+FEFF on line 1 reads as a byte-order mark
 
 
 def write_text(samples: Iterable[Sample]) -> bytes:

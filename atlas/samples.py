@@ -52,21 +52,32 @@ def record_to_sample(record: object, mode: Mode, where: str) -> Sample:
     Raises :class:`InvalidInput` naming ``where`` for a non-object, a missing or non-string field, or a
     lone surrogate (not encodable as UTF-8, so not storable).
     """
+    values = record_values(record, mode, where)
+    return Sample(**dict(zip(_TEXT_KEYS if mode == "text" else _PAIR_KEYS, values, strict=True)))
+
+
+def record_values(record: object, mode: Mode, where: str) -> tuple[str, ...]:
+    """The validated values of a record: ``(text,)`` or ``(prompt, completion)`` (see :func:`record_to_sample`)."""
     if not isinstance(record, dict):
         raise InvalidInput(f"{where}: expected an object with {_keys_for(mode)}, got {type(record).__name__}")
     keys = _TEXT_KEYS if mode == "text" else _PAIR_KEYS
     missing = [k for k in keys if k not in record or record[k] is None]
     if missing:
         raise InvalidInput(f"{where}: missing field(s) {missing} for mode '{mode}'")
-    values = {}
     for k in keys:
         v = record[k]
         if not isinstance(v, str):
             raise InvalidInput(f"{where}: field '{k}' must be a string, got {type(v).__name__}")
         if not _encodable(v):
             raise InvalidInput(f"{where}: field '{k}' holds a lone surrogate (not valid Unicode text)")
-        values[k] = v
-    return Sample(**values)
+    return tuple(record[k] for k in keys)
+
+
+def sample_of(values: tuple[str, ...]) -> Sample:
+    """The :class:`Sample` of :func:`record_values`' output."""
+    if len(values) == 1:
+        return Sample(text=values[0])
+    return Sample(prompt=values[0], completion=values[1])
 
 
 def _encodable(text: str) -> bool:
