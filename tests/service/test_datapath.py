@@ -95,6 +95,7 @@ def _routes(url: str) -> list[list[tuple[str, float]]]:
 def test_any_samples_round_trip_upload_store_export_import(serve, tiny_lm) -> None:
     a, b = serve(lm=tiny_lm), serve(lm=tiny_lm)
     counter = itertools.count()
+    exported: list[str] = []
 
     @settings(max_examples=14, deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -124,6 +125,7 @@ def test_any_samples_round_trip_upload_store_export_import(serve, tiny_lm) -> No
                          files={"file": ("space.jsonl", exp.content)}, timeout=60)
         assert imp.status_code == 200, imp.text
         assert name not in imp.json()["skipped"]
+        exported.append(name)
         assert _routes(a.url) == _routes(b.url)
         task_a = httpx.get(f"{a.url}/v1/tasks", params={"name": name}).json()["items"][0]
         task_b = httpx.get(f"{b.url}/v1/tasks", params={"name": name}).json()["items"][0]
@@ -131,6 +133,7 @@ def test_any_samples_round_trip_upload_store_export_import(serve, tiny_lm) -> No
             assert task_a[key] == task_b[key], key
 
     check()
+    assert exported, "no example reached export/import"
 
 
 def test_nul_and_line_separators_round_trip_on_postgres(serve, tiny_lm, pg_database) -> None:
