@@ -12,6 +12,7 @@ upload is parsed and validated.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,12 +159,52 @@ async def read_upload(request: Request, *, max_upload_bytes: int, json_model: An
     InvalidInput, PayloadTooLarge, UnsupportedMediaType
     """
     lim = limits or SampleLimits(max_bytes=max_upload_bytes)
-    up = await _read_any(request, max_upload_bytes, json_model, with_task_fields)
+    up = await _read_any(request, max_upload_bytes, json_model, with_task_fields, lim)
     up.limits = lim
     return up
 
 
-async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, with_task_fields: bool) -> Upload:
+PRECOUNT_ABOVE_BYTES = 64 * 1024
+"""JSON bodies larger than this have their samples counted (cheaply) before they are validated."""
+_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
+
+
+def json_array_length(body: bytes, key: str, stop_after: int | None = None) -> int:
+    """A lower bound on the number of elements of the top-level object's array ``key`` (-1 if absent).
+
+    Scans tokens with one regular expression (strings skipped whole, so brackets inside them do not
+    count) without building any Python object per element: a request holding millions of samples is
+    refused (413) before pydantic would materialise them.
+    """
+    key_tok = json.dumps(key).encode()
+    depth, target, count, seen_key = 0, -1, 0, 0
+    prev = b""
+    for match in _JSON_TOKENS.finditer(body):
+        tok = match.group()
+        if depth == target and prev in (b"[", b",") and tok not in (b"]", b","):
+            count += 1
+            if stop_after is not None and count > stop_after:
+                return count
+        if depth == 1 and tok == key_tok and prev in (b"{", b","):
+            seen_key = 1
+        elif seen_key == 1 and tok == b":":
+            seen_key = 2
+        else:
+            if seen_key == 2 and tok == b"[" and target < 0:
+                target = 2
+            seen_key = 0
+        if tok in (b"[", b"{"):
+            depth += 1
+        elif tok in (b"]", b"}"):
+            if depth == target:
+                return count
+            depth -= 1
+        prev = tok
+    return count if target > 0 else -1
+
+
+async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, with_task_fields: bool,
+                    limits: SampleLimits) -> Upload:
     ctype = _content_type(request)
     if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
         return await _read_multipart(request, max_upload_bytes, with_task_fields)
@@ -171,6 +212,11 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
         body = await request.body()
         if not body:
             raise InvalidInput("the request body is empty: send multipart/form-data with a file, or JSON")
+        too_many = len(body) > PRECOUNT_ABOVE_BYTES and json_array_length(
+            body, "samples", limits.max_samples) > limits.max_samples
+        if too_many:
+            raise PayloadTooLarge(f"the request body holds more than {limits.max_samples} samples",
+                                  {"max_samples": limits.max_samples})
         try:  # pydantic's own JSON parser: no Python dict tree, nesting bounded (422, never RecursionError)
             model = json_model.model_validate_json(body)
         except ValidationError as exc:

@@ -202,11 +202,38 @@ def test_bomb_uploads_answer_413_with_bounded_memory(serve, tiny_lm) -> None:
             tracemalloc.stop()
         assert r.status_code == 413, r.text
         assert peak < 100 * 1024 * 1024, (fname, peak)
+    body = ('{"name": "bomb", "samples": [' + ",".join(['{"text": "a"}'] * 800_000) + "]}").encode()
+    tracemalloc.start()
+    try:
+        r = httpx.post(f"{svc.url}/v1/tasks", content=body, headers={"content-type": "application/json"}, timeout=120)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.status_code == 413, r.text
+    assert peak < 100 * 1024 * 1024, ("json body", peak)
     malformed = bomb.getvalue()[:200] + b"\x00" * 500 + bomb.getvalue()[-300:]
     for data in (malformed, b"PAR1garbagePAR1"):
         r = _upload(svc.url, "bad", "x.parquet", data)
         assert r.status_code == 422 and "Parquet" in r.json()["message"], r.text
     assert _counts(svc) == (0, 0)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(alphabet=chars),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet=chars), inner,
+                                                                                         max_size=3), max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(items=st.lists(json_values, max_size=6), ascii_only=st.booleans(),
+       before=st.dictionaries(st.text(alphabet=chars), json_values, max_size=3))
+def test_json_sample_count_matches_the_parser(items: list[Any], before: dict[str, Any], ascii_only: bool) -> None:
+    from service.uploads import json_array_length
+
+    body = {k: v for k, v in before.items() if k != "samples"} | {"samples": items, "after": before}
+    raw = json.dumps(body, ensure_ascii=ascii_only).encode()
+    # every element counted except bare scalars other than strings (those are invalid samples anyway)
+    countable = sum(1 for x in items if isinstance(x, str | list | dict))
+    assert countable <= json_array_length(raw, "samples") <= len(items)
 
 
 def test_idempotency_key_is_bound_to_the_body(serve, tiny_lm) -> None:
