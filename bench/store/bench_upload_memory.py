@@ -70,7 +70,8 @@ def cases(mb: float) -> list[tuple[str, str, bytes, str, int, int]]:
     pq.write_table(pa.table({"prompt": [*half, "p"], "completion": [*half, None]}), pbuf, compression="zstd")
     plain = "".join(t.replace("\u2028", " ") + "\n" for t in texts).encode() + b"\xff\n"
     bomb_pq = io.BytesIO()
-    pq.write_table(pa.table({"text": ["x" * 1_000_000] * 3_000}), bomb_pq, compression="zstd")
+    one = pa.DictionaryArray.from_arrays(pa.array([0] * 3_000, pa.int32()), pa.array(["x" * 1_000_000]))
+    pq.write_table(pa.table({"text": one}), bomb_pq, compression="zstd")
     pq_content = 2 * sum(len(t.encode()) for t in texts[: len(texts) // 2])
     return [
         ("JSONL", "u.jsonl", jsonl.encode(), "text", 422, len(jsonl.encode())),

@@ -178,11 +178,12 @@ MEMORY_SCRIPT = textwrap.dedent("""
     elif kind == "jsonl":
         data, name = b'{"text":"a"}\\n' * 800_000, "lines.jsonl"
     elif kind == "zstd_dict":
-        buf = io.BytesIO(); pq.write_table(pa.table({"text": ["a" * 1_000_000] * 2000}), buf, compression="zstd")
+        one = pa.DictionaryArray.from_arrays(pa.array([0] * 150_000, pa.int32()), pa.array(["a" * 90_000]))
+        buf = io.BytesIO(); pq.write_table(pa.table({"text": one}), buf, compression="zstd")
         data, name = buf.getvalue(), "bomb.parquet"
     elif kind == "zstd_plain":
         buf = io.BytesIO()
-        pq.write_table(pa.table({"text": ["b" * 60_000] * 3000}), buf, compression="zstd", use_dictionary=False)
+        pq.write_table(pa.table({"text": ["b" * 60_000] * 1200}), buf, compression="zstd", use_dictionary=False)
         data, name = buf.getvalue(), "bomb.parquet"
     else:
         data, name = gzip.compress(b"c\\n" * 40_000_000), "bomb.txt.gz"

@@ -188,10 +188,13 @@ def test_nested_json_and_unbounded_metadata_are_refused(serve, tiny_lm) -> None:
 
 
 def test_bomb_uploads_answer_413_with_bounded_memory(serve, tiny_lm) -> None:
-    svc = serve(lm=tiny_lm)
+    # a lower sample limit keeps the test fast under tracemalloc; the default limits are measured in
+    # tests/atlas/test_sample_io.py (peak RSS of a fresh process) and in bench/store/bench_upload_memory.py
+    svc = serve(lm=tiny_lm, max_samples=20_000)
     lines = b"a\n" * 5_000_000  # 10 MB of 5 M short lines
     bomb = io.BytesIO()
-    pq.write_table(pa.table({"text": ["x" * 1_000_000] * 3_000}), bomb, compression="zstd")
+    one = pa.DictionaryArray.from_arrays(pa.array(np.zeros(3_000, dtype=np.int32)), pa.array(["x" * 1_000_000]))
+    pq.write_table(pa.table({"text": one}), bomb, compression="zstd")  # 3 GB of values, built without them
     assert len(bomb.getvalue()) < 64 * 1024
     for fname, data in (("lines.txt", lines), ("bomb.parquet", bomb.getvalue())):
         tracemalloc.start()
