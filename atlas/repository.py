@@ -47,7 +47,8 @@ from atlas.models import (
     Upload,
     utcnow,
 )
-from atlas.samples import Sample
+from atlas.sample_io import decode_jsonl, write_jsonl
+from atlas.samples import Sample, check_metadata
 from atlas.vocabulary import Mode
 
 T = TypeVar("T")
@@ -130,7 +131,7 @@ def list_spaces(session: Session) -> list[Space]:
 
 
 def encode_samples(samples: Sequence[Sample]) -> tuple[bytes, str]:
-    """Serialise samples to gzip-compressed JSONL.
+    """Serialise samples to gzip-compressed JSONL (:func:`atlas.sample_io.write_jsonl`).
 
     Returns
     -------
@@ -139,14 +140,18 @@ def encode_samples(samples: Sequence[Sample]) -> tuple[bytes, str]:
     sha256 : str
         Hex digest of the uncompressed JSONL text (the content address).
     """
-    text = "".join(s.canonical_json() + "\n" for s in samples).encode("utf-8")
+    text = write_jsonl(samples)
     return gzip.compress(text, compresslevel=6, mtime=0), hashlib.sha256(text).hexdigest()
 
 
+def samples_digest(samples: Sequence[Sample]) -> str:
+    """The content address :func:`encode_samples` gives these samples."""
+    return hashlib.sha256(write_jsonl(samples)).hexdigest()
+
+
 def decode_samples(blob: bytes) -> list[Sample]:
-    """Inverse of :func:`encode_samples`."""
-    text = gzip.decompress(blob).decode("utf-8")
-    return [Sample.model_validate_json(line) for line in text.splitlines() if line]
+    """Inverse of :func:`encode_samples` (lines split on ``"\\n"`` only: U+2028 and friends stay inside)."""
+    return decode_jsonl(gzip.decompress(blob))
 
 
 def get_or_create_upload(session: Session, samples: Sequence[Sample]) -> Upload:
@@ -190,33 +195,61 @@ def purge_orphan_uploads(session: Session) -> int:
 def _check_name(name: str) -> str:
     clean = name.strip()
     if not clean or len(clean) > 300:
-        raise InvalidInput("a task name must have 1 to 300 characters", {"name": name})
+        raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
+    if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
+        raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
     return clean
 
 
+def normalize_name(name: str) -> str:
+    """A task name as stored: surrounding whitespace removed, 1-300 characters, no NUL (422 otherwise)."""
+    return _check_name(name)
+
+
 def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, dict):
-        raise InvalidInput("task metadata must be a JSON object")
-    return dict(metadata)
+    return check_metadata(metadata)
 
 
 def _job_by_key(session: Session, key: str) -> Job | None:
     return session.execute(select(Job).where(Job.idempotency_key == key)).scalar_one_or_none()
 
 
-def _replay(session: Session, job: Job, kind: str, **expect: Any) -> tuple[Task, Job]:
-    """Answer a repeated request carrying an idempotency key that is already stored."""
+def _replay(session: Session, job: Job, kind: str, samples: Sequence[Sample], **expect: Any) -> tuple[Task, Job]:
+    """Answer a repeated request carrying an idempotency key that is already stored.
+
+    The key is bound to the request: the same kind, the same task fields and the same samples (the
+    stored upload's content address). A different body under a used key is a :class:`Conflict` (409),
+    never silently answered with the first request's result.
+    """
     task = session.get(Task, job.task_id) if job.task_id is not None else None
     mismatch = job.kind != kind or task is None or any(getattr(task, k) != v for k, v in expect.items())
+    if not mismatch:
+        upload = session.get(Upload, job.upload_id) if job.upload_id is not None else None
+        mismatch = upload is None or upload.sha256 != samples_digest(samples)
     if mismatch:
         raise Conflict(
-            "this idempotency key was already used for a different request",
+            "this Idempotency-Key was already used for a different request (other task fields or other "
+            "samples); send a new key for a new request",
             {"idempotency_key": job.idempotency_key, "job_id": job.id},
         )
     assert task is not None
     return task, job
+
+
+def free_failed_name(session: Session, space_id: int, name: str) -> None:
+    """Delete a task of this name whose creation failed or was cancelled (``failed``, no signature),
+    so that its name can be used again."""
+    old = session.execute(
+        select(Task).where(Task.space_id == space_id, Task.name == name, Task.status == TASK_FAILED)
+    ).scalar_one_or_none()
+    if old is None:
+        return
+    if session.execute(select(exists().where(Signature.task_id == old.id))).scalar_one():
+        return
+    if session.execute(select(exists().where(Job.task_id == old.id, Job.status.in_((JOB_QUEUED, JOB_RUNNING))))
+                       ).scalar_one():
+        return
+    delete_task(session, old.id)
 
 
 def _add_job(
@@ -286,8 +319,9 @@ def create_task_with_job(
     if idempotency_key is not None:
         job = _job_by_key(session, idempotency_key)
         if job is not None:
-            return _replay(session, job, JOB_CREATE, name=name, space_id=space_id)
+            return _replay(session, job, JOB_CREATE, samples, name=name, space_id=space_id, mode=mode)
     get_space(session, space_id)
+    free_failed_name(session, space_id, name)
     upload = get_or_create_upload(session, samples)
     task = Task(space_id=space_id, name=name, mode=mode, meta=meta, status=TASK_PENDING, n_samples=0, n_tokens=0)
     try:
@@ -295,7 +329,7 @@ def create_task_with_job(
             session.add(task)
     except IntegrityError:
         if idempotency_key is not None and (job := _job_by_key(session, idempotency_key)) is not None:
-            return _replay(session, job, JOB_CREATE, name=name, space_id=space_id)
+            return _replay(session, job, JOB_CREATE, samples, name=name, space_id=space_id, mode=mode)
         raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
     return task, _add_job(session, JOB_CREATE, task, upload, len(samples), idempotency_key)
 
@@ -311,7 +345,7 @@ def append_samples(
     if idempotency_key is not None:
         job = _job_by_key(session, idempotency_key)
         if job is not None:
-            return _replay(session, job, JOB_APPEND, id=task_id)[1]
+            return _replay(session, job, JOB_APPEND, samples, id=task_id)[1]
     task = get_task(session, task_id)
     upload = get_or_create_upload(session, samples)
     return _add_job(session, JOB_APPEND, task, upload, len(samples), idempotency_key)
@@ -414,7 +448,7 @@ def update_task(
                     merged.pop(key, None)
                 else:
                     merged[key] = value
-            task.meta = merged
+            task.meta = check_metadata(merged, where="the merged metadata")
     if name is not None and _check_name(name) != task.name:
         task.name = _check_name(name)
         try:

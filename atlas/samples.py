@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from atlas.errors import InvalidInput
 from atlas.vocabulary import ModeName
@@ -45,121 +46,116 @@ _TEXT_KEYS = ("text",)
 _PAIR_KEYS = ("prompt", "completion")
 
 
-def _record_to_sample(record: object, mode: Mode, where: str) -> Sample:
-    """Validate one parsed record (a dict) for ``mode`` and build a :class:`Sample`."""
+def record_to_sample(record: object, mode: Mode, where: str) -> Sample:
+    """Validate one parsed record (a dict) for ``mode`` and build a :class:`Sample`.
+
+    Raises :class:`InvalidInput` naming ``where`` for a non-object, a missing or non-string field, or a
+    lone surrogate (not encodable as UTF-8, so not storable).
+    """
+    values = record_values(record, mode, where)
+    return Sample(**dict(zip(_TEXT_KEYS if mode == "text" else _PAIR_KEYS, values, strict=True)))
+
+
+def record_values(record: object, mode: Mode, where: str) -> tuple[str, ...]:
+    """The validated values of a record: ``(text,)`` or ``(prompt, completion)`` (see :func:`record_to_sample`)."""
     if not isinstance(record, dict):
         raise InvalidInput(f"{where}: expected an object with {_keys_for(mode)}, got {type(record).__name__}")
     keys = _TEXT_KEYS if mode == "text" else _PAIR_KEYS
     missing = [k for k in keys if k not in record or record[k] is None]
     if missing:
         raise InvalidInput(f"{where}: missing field(s) {missing} for mode '{mode}'")
-    values = {}
     for k in keys:
         v = record[k]
         if not isinstance(v, str):
             raise InvalidInput(f"{where}: field '{k}' must be a string, got {type(v).__name__}")
-        values[k] = v
-    return Sample(**values)
+        if not _encodable(v):
+            raise InvalidInput(f"{where}: field '{k}' holds a lone surrogate (not valid Unicode text)")
+    return tuple(record[k] for k in keys)
+
+
+def sample_of(values: tuple[str, ...]) -> Sample:
+    """The :class:`Sample` of :func:`record_values`' output."""
+    if len(values) == 1:
+        return Sample(text=values[0])
+    return Sample(prompt=values[0], completion=values[1])
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _keys_for(mode: Mode) -> str:
     return "'text'" if mode == "text" else "'prompt' and 'completion'"
 
 
-def _decode_utf8(data: bytes, filename: str) -> str:
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(
-            f"{filename}: not valid UTF-8 (byte {exc.start}): re-encode the file as UTF-8",
-            detail={"byte_offset": exc.start},
-        ) from None
-
-
 def samples_from_records(records: list[object], mode: Mode, *, source: str = "samples") -> list[Sample]:
     """Validate JSON records (e.g. a request body's ``samples``) into samples."""
-    return [_record_to_sample(r, mode, f"{source}[{i}]") for i, r in enumerate(records)]
+    return [record_to_sample(r, mode, f"{source}[{i}]") for i, r in enumerate(records)]
 
 
-def parse_upload(data: bytes, filename: str, mode: Mode) -> list[Sample]:
-    """Parse an uploaded file into samples.
+MAX_METADATA_BYTES = 16 * 1024
+"""Most bytes of a task's metadata as compact JSON (a list page of 1,000 tasks stays under 16 MiB)."""
+MAX_METADATA_DEPTH = 16
+"""Deepest nesting of objects/arrays in task metadata."""
 
-    Formats, chosen by file extension (``.jsonl``/``.ndjson``, ``.json``, ``.csv``, ``.parquet``,
-    anything else as plain text):
 
-    * JSONL: one object per line, ``{"text"}`` (text mode) or ``{"prompt", "completion"}``
-      (completion mode); blank lines are ignored.
-    * JSON: an array of such objects.
-    * CSV: a header row with the same column names.
-    * Parquet: columns with the same names.
-    * Plain text (text mode only): one sample per non-blank line.
+def check_metadata(metadata: object, *, where: str = "metadata") -> dict[str, Any]:
+    """Validate task metadata: a JSON object of at most :data:`MAX_METADATA_BYTES` bytes (compact JSON)
+    and :data:`MAX_METADATA_DEPTH` levels, with no NUL character in any key or string (text and
+    JSON columns of PostgreSQL cannot hold NUL, so every database refuses it alike).
 
     Raises
     ------
     InvalidInput
-        Undecodable bytes, malformed rows or missing fields, with the line/row number.
+        (422) naming the problem.
     """
-    name = filename.lower()
-    if name.endswith(".parquet"):
-        return _parse_parquet(data, filename, mode)
-    text = _decode_utf8(data, filename)
-    if name.endswith((".jsonl", ".ndjson")):
-        out = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"{filename}: line {lineno} is not valid JSON: {exc.msg}") from None
-            out.append(_record_to_sample(record, mode, f"{filename}: line {lineno}"))
-        return out
-    if name.endswith(".json"):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"{filename}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
-        if isinstance(records, dict) and isinstance(records.get("samples"), list):
-            records = records["samples"]
-        if not isinstance(records, list):
-            raise InvalidInput(f"{filename}: expected a JSON array of samples")
-        return samples_from_records(records, mode, source=filename)
-    if name.endswith(".csv"):
-        return _parse_csv(text, filename, mode)
-    if mode != "text":
-        raise InvalidInput(
-            f"{filename}: plain text uploads hold one text per line and need mode 'text'; "
-            "use JSONL, CSV or Parquet with 'prompt' and 'completion' for mode 'completion'"
-        )
-    return [Sample(text=line) for line in text.splitlines() if line.strip()]
-
-
-def _parse_csv(text: str, filename: str, mode: Mode) -> list[Sample]:
-    import csv
-    import io
-
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise InvalidInput(f"{where} must be a JSON object")
+    _check_node(metadata, 1, where)
     try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        if reader.fieldnames is None:
-            return []
-        return [_record_to_sample(row, mode, f"{filename}: row {i}") for i, row in enumerate(reader, start=2)]
-    except csv.Error as exc:
-        raise InvalidInput(f"{filename}: malformed CSV: {exc}") from None
+        size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidInput(f"{where} is not representable as JSON: {exc}") from None
+    if size > MAX_METADATA_BYTES:
+        raise InvalidInput(f"{where} has {size} bytes as JSON; the limit is {MAX_METADATA_BYTES}",
+                           {"bytes": size, "max_bytes": MAX_METADATA_BYTES})
+    return dict(metadata)
 
 
-def _parse_parquet(data: bytes, filename: str, mode: Mode) -> list[Sample]:
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+def _bounded_metadata(value: dict[str, Any]) -> dict[str, Any]:
     try:
-        table = pq.read_table(io.BytesIO(data))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InvalidInput(f"{filename}: not a readable Parquet file: {exc}") from None
-    keys = _TEXT_KEYS if mode == "text" else _PAIR_KEYS
-    missing = [k for k in keys if k not in table.column_names]
-    if missing:
-        raise InvalidInput(f"{filename}: missing column(s) {missing} for mode '{mode}'")
-    rows = table.select(list(keys)).to_pylist()
-    return [_record_to_sample(r, mode, f"{filename}: row {i}") for i, r in enumerate(rows)]
+        return check_metadata(value)
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+
+
+Metadata = Annotated[dict[str, Any], AfterValidator(_bounded_metadata)]
+"""Pydantic type of task metadata in request bodies (:func:`check_metadata` as a validator: 422)."""
+METADATA_DOC = f"at most {MAX_METADATA_BYTES} bytes as JSON and {MAX_METADATA_DEPTH} levels deep, no NUL"
+
+
+def _check_node(node: object, depth: int, where: str) -> None:
+    if isinstance(node, dict | list):
+        if depth > MAX_METADATA_DEPTH:
+            raise InvalidInput(f"{where} is nested deeper than {MAX_METADATA_DEPTH} levels",
+                               {"max_depth": MAX_METADATA_DEPTH})
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(key, str):
+                _check_text(key, where)
+            _check_node(value, depth + 1, where)
+    elif isinstance(node, str):
+        _check_text(node, where)
+
+
+def _check_text(text: str, where: str) -> None:
+    if "\x00" in text:
+        raise InvalidInput(f"{where}: NUL characters are not allowed in metadata")
+    if not _encodable(text):
+        raise InvalidInput(f"{where}: lone surrogates are not allowed in metadata")

@@ -1,36 +1,112 @@
-"""Space export and import: a space as JSON lines, and its all-or-nothing restore.
+"""Space export and import: a space as JSON lines, and its verified, all-or-nothing restore.
 
-An export is a header line (``format``, ``version``, the space's spec and fingerprints, the task
-count) followed by one line per ready task with its name, mode, metadata, counts and the base64
-state, signature and baselines. :func:`import_space` validates the whole file before writing
-anything, then stores every task in one transaction in the space with the export's model and spec
-fingerprints (created if needed).
+Format (version 2)::
 
-HTTP-agnostic and engine-agnostic: the functions take a session or session factory, a
-:class:`~atlas.models.Space` and the raw bytes. Keeping the FAISS index caught up after an import is
-the caller's job (:meth:`atlas.services.SpaceService.import_space`).
+    {"format": "fisher-atlas-space", "version": 2, "space": {...spec and fingerprints...}, "n_tasks": N}
+    {"name": ..., "mode": ..., "metadata": {...}, "version": v, "n_samples": ..., "n_tokens": ...,
+     "state": base64, "signature": base64, "baselines": base64 | null}      (one line per ready task)
+    {"trailer": true, "n_tasks": n, "sha256": hex of every byte before this line}
+
+Lines end at ``"\\n"`` only (JSON escapes every control character, so no record spans lines).
+
+**Import verifies, never trusts** (:func:`parse_export`, all checks before anything is written):
+every line is validated by a pydantic model; the spec must be within bounds (``m`` 64..65,536,
+``d`` and ``K`` up to 2**21) and match its fingerprint; every state is deserialised against the spec
+(a state of another space is refused, naming both specs), must be finite, and its counts must match
+the line's; the signature is **recomputed from the state** and a stored signature that differs from
+it (e.g. scaled) is refused; baselines must deserialise; names are normalised (stripped) like every
+other task name and must be unique. **Completeness**: a version-2 file must end with the trailer,
+whose count and SHA-256 must match (a truncated or edited export is refused). A version-1 file (no
+trailer) is accepted only when its number of task lines equals the header's ``n_tasks``. Task
+versions are preserved.
+
+HTTP-agnostic: the functions take a session or session factory, a :class:`~atlas.models.Space` and
+the raw bytes. Keeping the FAISS index caught up after an import is the caller's job.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime as dt
+import hashlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import repository as repo
 from atlas.errors import Conflict, InvalidInput
 from atlas.models import TASK_READY, Space, Task
+from atlas.samples import Metadata
 
 EXPORT_FORMAT = "fisher-atlas-space"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 EXPORT_CHUNK = 64
 """Tasks read per transaction while streaming an export."""
+MAX_M = 65_536
+MAX_DK = 1 << 21
+SIGNATURE_ATOL = 1e-5
+"""Largest difference allowed between a line's signature and the one recomputed from its state."""
+
+
+class ExportSpace(BaseModel):
+    """The ``space`` object of an export header."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model_name: str = Field(default="imported", min_length=1, max_length=500)
+    model_fingerprint: str = Field(min_length=1, max_length=200)
+    spec_fingerprint: str = Field(min_length=1, max_length=200)
+    d: int = Field(ge=1, le=MAX_DK)
+    K: int = Field(ge=1, le=MAX_DK)
+    m: int = Field(ge=64, le=MAX_M)
+    seed: int = Field(ge=0, lt=2**63)
+    spec: dict[str, Any]
+
+
+class ExportHeader(BaseModel):
+    """Line 1 of an export."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    format: Literal["fisher-atlas-space"]
+    version: int
+    exported_at: str | None = None
+    space: ExportSpace
+    n_tasks: int = Field(ge=0)
+
+
+class ExportTask(BaseModel):
+    """One task line of an export."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=300)
+    mode: Literal["text", "completion"]
+    metadata: Metadata = Field(default_factory=dict)
+    version: int = Field(default=1, ge=1, lt=2**31)
+    n_samples: int = Field(ge=0, lt=2**63)
+    n_tokens: int = Field(ge=0, lt=2**63)
+    created_at: str | None = None
+    state: str
+    signature: str
+    baselines: str | None = None
+
+
+class ExportTrailer(BaseModel):
+    """Last line of a version-2 export."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trailer: Literal[True]
+    n_tasks: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 def ready_task_ids(session: Session, space_id: int) -> list[int]:
@@ -54,7 +130,11 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
                   "seed": space.seed, "spec": space.spec},
         "n_tasks": len(ids),
     }
-    yield (json.dumps(header) + "\n").encode()
+    digest = hashlib.sha256()
+    written = 0
+    first = (json.dumps(header) + "\n").encode()
+    digest.update(first)
+    yield first
     for start in range(0, len(ids), EXPORT_CHUNK):
         part = ids[start : start + EXPORT_CHUNK]
         with read() as session:
@@ -69,76 +149,122 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
                 continue  # deleted meanwhile
             line = {
                 "name": t.name, "mode": t.mode, "metadata": t.meta or {}, "n_samples": t.n_samples,
-                "n_tokens": t.n_tokens, "created_at": t.created_at.isoformat() if t.created_at else None,
+                "n_tokens": t.n_tokens, "version": max(int(t.version or 1), 1),
+                "created_at": t.created_at.isoformat() if t.created_at else None,
                 "state": base64.b64encode(states[tid]).decode(),
                 "signature": base64.b64encode(sigs[tid].astype("<f4").tobytes()).decode(),
                 "baselines": base64.b64encode(baselines[tid]).decode() if tid in baselines else None,
             }
-            yield (json.dumps(line) + "\n").encode()
+            out = (json.dumps(line) + "\n").encode()
+            digest.update(out)
+            written += 1
+            yield out
+    trailer = {"trailer": True, "n_tasks": written, "sha256": digest.hexdigest()}
+    yield (json.dumps(trailer) + "\n").encode()
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'line'}: {e['msg']}" for e in exc.errors()[:5])
+
+
+def _b64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{what} is not valid base64") from None
 
 
 def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
-    """Validate an export: ``(spec, model_fingerprint, model_name, tasks)``.
+    """Validate an export (see the module docstring): ``(spec, model_fingerprint, model_name, tasks)``.
 
-    Every line is checked (states deserialised against the spec, signature lengths, modes, unique
-    names) before anything is returned; any problem raises :class:`~atlas.errors.InvalidInput`.
+    Raises
+    ------
+    InvalidInput
+        (422) naming the line and the problem; nothing is returned for a file with any problem.
     """
+    from atlas.baselines import BaselineSums
     from fishersketch import SketchSpec, SketchState
+    from fishersketch.state import SpecMismatch
 
-    try:
-        lines = [ln for ln in data.decode("utf-8").splitlines() if ln.strip()]
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"the import file is not UTF-8 JSON lines (byte {exc.start})") from None
-    if not lines:
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if not lines or not lines[0].strip():
         raise InvalidInput("the import file is empty")
     try:
-        header = json.loads(lines[0])
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"line 1 is not JSON: {exc.msg}") from None
-    if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
-        raise InvalidInput(f"not a FisherAtlas space export (expected format {EXPORT_FORMAT!r} on line 1)")
-    if header.get("version") != EXPORT_VERSION:
-        raise InvalidInput(f"unsupported export version {header.get('version')!r}")
-    sp = header.get("space") or {}
+        header = ExportHeader.model_validate_json(lines[0])
+    except ValidationError as exc:
+        raise InvalidInput(f"line 1 is not a FisherAtlas space export header ({_errors(exc)})") from None
+    if header.version not in READABLE_VERSIONS:
+        raise InvalidInput(f"unsupported export version {header.version} (this service reads {READABLE_VERSIONS})")
+    sp = header.space
     try:
-        spec = SketchSpec.from_dict(sp["spec"])
+        spec = SketchSpec.from_dict(sp.spec)
     except Exception as exc:
         raise InvalidInput(f"the export's sketch spec is invalid: {exc}") from None
-    if spec.fingerprint() != sp.get("spec_fingerprint"):
+    if (spec.d, spec.K, spec.m, spec.seed) != (sp.d, sp.K, sp.m, sp.seed):
+        raise InvalidInput("the export's spec disagrees with its space's d, K, m or seed")
+    if spec.fingerprint() != sp.spec_fingerprint:
         raise InvalidInput("the export's spec does not match its spec fingerprint")
-    model_fingerprint, model_name = sp.get("model_fingerprint"), sp.get("model_name", "imported")
-    if not isinstance(model_fingerprint, str) or not 0 < len(model_fingerprint) <= 200:
-        raise InvalidInput("the export's space needs a model_fingerprint string of 1-200 characters")
-    if not isinstance(model_name, str) or not 0 < len(model_name) <= 500:
-        raise InvalidInput("the export's model_name must be a string of 1-500 characters")
+    body = lines[1:]
+    if header.version >= 2:
+        trailer_line = body.pop() if body else b""
+        try:
+            trailer = ExportTrailer.model_validate_json(trailer_line)
+        except ValidationError:
+            raise InvalidInput("the export is incomplete: its last line is not the trailer (the file was cut "
+                               "short or edited); export the space again") from None
+        actual = hashlib.sha256(b"".join(ln + b"\n" for ln in lines[: len(lines) - 1])).hexdigest()
+        if trailer.sha256 != actual:
+            raise InvalidInput("the export's checksum does not match its content (the file was edited or damaged)")
+        if trailer.n_tasks != len(body):
+            raise InvalidInput(f"the export's trailer counts {trailer.n_tasks} tasks but the file holds {len(body)}")
+    elif len([ln for ln in body if ln.strip()]) != header.n_tasks:
+        raise InvalidInput(f"the version-1 export holds {len(body)} task lines but its header announces "
+                           f"{header.n_tasks}: the file is incomplete")
     tasks: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(lines[1:], start=2):
+    for lineno, line in enumerate(body, start=2):
+        if not line.strip():
+            continue
         try:
-            rec = json.loads(line)
-            name = str(rec["name"])
-            state_blob = base64.b64decode(rec["state"], validate=True)
-            sig = np.frombuffer(base64.b64decode(rec["signature"], validate=True), dtype="<f4")
-            base_blob = base64.b64decode(rec["baselines"], validate=True) if rec.get("baselines") else None
-            counts = {key: int(rec.get(key, 0)) for key in ("n_samples", "n_tokens")}
-            if not all(0 <= v < 2**63 for v in counts.values()):
-                raise ValueError(f"counts out of range: {counts}")
+            rec = ExportTask.model_validate_json(line)
+        except ValidationError as exc:
+            raise InvalidInput(f"line {lineno}: invalid task record ({_errors(exc)})") from None
+        try:
+            state_blob = _b64(rec.state, "state")
+            sig = np.frombuffer(_b64(rec.signature, "signature"), dtype="<f4")
+            base_blob = _b64(rec.baselines, "baselines") if rec.baselines else None
+            if base_blob is not None:
+                BaselineSums.from_bytes(base_blob)
+        except ValueError as exc:
+            raise InvalidInput(f"line {lineno}: {exc}") from None
+        try:
             state = SketchState.from_bytes(state_blob, spec=spec)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidInput(f"line {lineno}: invalid task record ({exc})") from None
+        except SpecMismatch as exc:
+            raise InvalidInput(f"line {lineno}: the task's state belongs to another space than the export's "
+                               f"header (spec {spec.fingerprint()}): {exc}") from None
         except Exception as exc:
             raise InvalidInput(f"line {lineno}: unreadable state ({exc})") from None
+        recomputed = state.signature()
+        if not np.all(np.isfinite(recomputed)):
+            raise InvalidInput(f"line {lineno}: the state holds non-finite values")
         if sig.shape != (spec.m,):
             raise InvalidInput(f"line {lineno}: signature has {sig.shape[0]} values, expected {spec.m}")
-        if rec.get("mode") not in ("text", "completion"):
-            raise InvalidInput(f"line {lineno}: mode must be 'text' or 'completion'")
+        if not np.all(np.isfinite(sig)) or float(np.max(np.abs(sig - recomputed))) > SIGNATURE_ATOL:
+            raise InvalidInput(f"line {lineno}: the signature does not match the one recomputed from the task's "
+                               "state (tampered or corrupt)")
+        if (rec.n_samples, rec.n_tokens) != (state.n_samples, state.n_tokens):
+            raise InvalidInput(f"line {lineno}: counts ({rec.n_samples} samples, {rec.n_tokens} tokens) differ "
+                               f"from the state's ({state.n_samples}, {state.n_tokens})")
+        name = repo.normalize_name(rec.name)
         if name in seen:
             raise InvalidInput(f"line {lineno}: duplicate task name {name!r}")
         seen.add(name)
-        del state
-        tasks.append({"name": name, "mode": rec["mode"], "metadata": rec.get("metadata") or {}, **counts,
-                      "state": state_blob, "signature": sig.copy(), "baselines": base_blob})
-    return spec, model_fingerprint, model_name, tasks
+        tasks.append({"name": name, "mode": rec.mode, "metadata": rec.metadata, "version": rec.version,
+                      "n_samples": state.n_samples, "n_tokens": state.n_tokens, "state": state_blob,
+                      "signature": recomputed.astype(np.float32), "baselines": base_blob})
+    return spec, sp.model_fingerprint, sp.model_name, tasks
 
 
 def import_space(write: sessionmaker[Session], data: bytes, *,
@@ -159,6 +285,8 @@ def import_space(write: sessionmaker[Session], data: bytes, *,
             spec=spec.to_dict(),
         )
         session.flush()
+        for t in tasks:
+            repo.free_failed_name(session, space.id, t["name"])
         existing = set(session.execute(select(Task.name).where(Task.space_id == space.id)).scalars())
         clash = [t["name"] for t in tasks if t["name"] in existing]
         if clash and on_conflict == "fail":
@@ -168,10 +296,11 @@ def import_space(write: sessionmaker[Session], data: bytes, *,
             if t["name"] in existing:
                 skipped.append(t["name"])
                 continue
-            repo.create_ready_task(
+            task = repo.create_ready_task(
                 session, space.id, t["name"], t["mode"], t["metadata"], state=t["state"],
                 signature=t["signature"], baselines=t["baselines"], n_samples=t["n_samples"],
                 n_tokens=t["n_tokens"],
             )
+            task.version = t["version"]  # preserved, not reset
         space_id = int(space.id)
     return space_id, len(tasks) - len(skipped), skipped

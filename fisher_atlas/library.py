@@ -11,7 +11,8 @@ from typing import Any
 from atlas import analysis
 from atlas.errors import AtlasError, InvalidInput
 from atlas.models import Job, Task
-from atlas.samples import Sample, parse_upload
+from atlas.sample_io import parse_upload
+from atlas.samples import Sample
 from atlas.services.jobs import is_final
 from atlas.settings import Settings
 from atlas.vocabulary import JobStatus, TaskStatus

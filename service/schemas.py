@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from atlas.samples import METADATA_DOC as _META_DOC
+from atlas.samples import Metadata
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 
 _TASK_EXAMPLE: dict[str, Any] = {
@@ -97,7 +99,7 @@ class TaskCreate(BaseModel):
     mode: Mode = Field(default=Mode.TEXT,
                        description="`text`: every next token counts; `completion`: only completions.")
     space: str | None = Field(default=None, description="Space id or name; default: the loaded model's space.")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form user metadata (JSON object).")
+    metadata: Metadata = Field(default_factory=dict, description=f"Free-form user metadata (JSON object, {_META_DOC}).")
     samples: list[SampleIn] = Field(min_length=1, description="The samples of the task.")
 
 
@@ -119,7 +121,7 @@ class TaskPatch(BaseModel):
         extra="forbid", json_schema_extra={"examples": [{"metadata": {"owner": "chem-team", "old": None}}]}
     )
 
-    metadata: dict[str, Any] = Field(description="JSON merge patch applied to the task's metadata.")
+    metadata: Metadata = Field(description=f"JSON merge patch applied to the task's metadata ({_META_DOC}).")
 
 
 class TaskOut(_Out):

@@ -4,13 +4,15 @@
 the multipart envelope): a declared ``Content-Length`` above it is refused at once with 413, and an
 undeclared (chunked) body is counted as it arrives and cut off with 413 as soon as it crosses the
 limit — a 10 GB upload is never read into memory or onto disk. Parsing into samples uses
-:func:`atlas.samples.parse_upload` / :func:`atlas.samples.samples_from_records`; nothing is stored
-before the whole upload is parsed and validated.
+:func:`atlas.sample_io.read_samples` (streaming, stopping at the sample-count, sample-length and
+decoded-byte limits) / :func:`atlas.samples.samples_from_records`; nothing is stored before the whole
+upload is parsed and validated.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
-from atlas.samples import Sample, parse_upload, samples_from_records
+from atlas.sample_io import SampleLimits, loads_json, read_samples
+from atlas.samples import Sample, check_metadata, samples_from_records
 
 ENVELOPE_BYTES = 256 * 1024
 """Allowance above ``max_upload_bytes`` for multipart headers and form fields."""
@@ -110,14 +113,19 @@ class Upload:
     raw: bytes | None = None
     filename: str | None = None
     records: list[dict[str, Any]] | None = None
+    limits: SampleLimits = field(default_factory=SampleLimits)
 
     def samples(self, mode: str | None = None) -> list[Sample]:
-        """Parse into samples for ``mode`` (default: the upload's own mode)."""
+        """Parse into samples for ``mode`` (default: the upload's own mode), within :attr:`limits`."""
         m = mode or self.mode
         if self.records is not None:
+            if len(self.records) > self.limits.max_samples:
+                raise PayloadTooLarge(f"{len(self.records)} samples exceed the limit of {self.limits.max_samples} "
+                                      "per upload", {"samples": len(self.records),
+                                                     "max_samples": self.limits.max_samples})
             return samples_from_records(list(self.records), m)  # type: ignore[arg-type]
         assert self.raw is not None
-        return parse_upload(self.raw, self.filename or "upload.txt", m)  # type: ignore[arg-type]
+        return read_samples(self.raw, self.filename or "upload.txt", m, self.limits)  # type: ignore[arg-type]
 
 
 def _content_type(request: Request) -> str:
@@ -133,7 +141,8 @@ def _field(form: Any, key: str) -> str | None:
     return str(value)
 
 
-async def read_upload(request: Request, *, max_upload_bytes: int, json_model: Any, with_task_fields: bool) -> Upload:
+async def read_upload(request: Request, *, max_upload_bytes: int, json_model: Any, with_task_fields: bool,
+                      limits: SampleLimits | None = None) -> Upload:
     """Read a multipart (``file`` + form fields) or JSON (``samples``) upload.
 
     Parameters
@@ -142,11 +151,60 @@ async def read_upload(request: Request, *, max_upload_bytes: int, json_model: An
         Pydantic model validating the JSON variant (``TaskCreate`` or ``SamplesAppend``).
     with_task_fields
         Whether ``name``/``mode``/``space``/``metadata`` are read (task creation).
+    limits
+        Sample limits (default: :class:`~atlas.sample_io.SampleLimits` with ``max_bytes=max_upload_bytes``).
 
     Raises
     ------
     InvalidInput, PayloadTooLarge, UnsupportedMediaType
     """
+    lim = limits or SampleLimits(max_bytes=max_upload_bytes)
+    up = await _read_any(request, max_upload_bytes, json_model, with_task_fields, lim)
+    up.limits = lim
+    return up
+
+
+PRECOUNT_ABOVE_BYTES = 64 * 1024
+"""JSON bodies larger than this have their samples counted (cheaply) before they are validated."""
+_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
+
+
+def json_array_length(body: bytes, key: str, stop_after: int | None = None) -> int:
+    """A lower bound on the number of elements of the top-level object's array ``key`` (-1 if absent).
+
+    Scans tokens with one regular expression (strings skipped whole, so brackets inside them do not
+    count) without building any Python object per element: a request holding millions of samples is
+    refused (413) before pydantic would materialise them.
+    """
+    key_tok = json.dumps(key).encode()
+    depth, target, count, seen_key = 0, -1, 0, 0
+    prev = b""
+    for match in _JSON_TOKENS.finditer(body):
+        tok = match.group()
+        if depth == target and prev in (b"[", b",") and tok not in (b"]", b","):
+            count += 1
+            if stop_after is not None and count > stop_after:
+                return count
+        if depth == 1 and tok == key_tok and prev in (b"{", b","):
+            seen_key = 1
+        elif seen_key == 1 and tok == b":":
+            seen_key = 2
+        else:
+            if seen_key == 2 and tok == b"[" and target < 0:
+                target = 2
+            seen_key = 0
+        if tok in (b"[", b"{"):
+            depth += 1
+        elif tok in (b"]", b"}"):
+            if depth == target:
+                return count
+            depth -= 1
+        prev = tok
+    return count if target > 0 else -1
+
+
+async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, with_task_fields: bool,
+                    limits: SampleLimits) -> Upload:
     ctype = _content_type(request)
     if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
         return await _read_multipart(request, max_upload_bytes, with_task_fields)
@@ -154,19 +212,24 @@ async def read_upload(request: Request, *, max_upload_bytes: int, json_model: An
         body = await request.body()
         if not body:
             raise InvalidInput("the request body is empty: send multipart/form-data with a file, or JSON")
-        try:
-            data = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"the request body is not valid JSON: {exc}") from None
-        try:
-            model = json_model.model_validate(data)
+        too_many = len(body) > PRECOUNT_ABOVE_BYTES and json_array_length(
+            body, "samples", limits.max_samples) > limits.max_samples
+        if too_many:
+            raise PayloadTooLarge(f"the request body holds more than {limits.max_samples} samples",
+                                  {"max_samples": limits.max_samples})
+        try:  # pydantic's own JSON parser: no Python dict tree, nesting bounded (422, never RecursionError)
+            model = json_model.model_validate_json(body)
         except ValidationError as exc:
+            if any(e.get("type") == "json_invalid" for e in exc.errors(include_url=False)):
+                raise InvalidInput(f"the request body is not valid JSON: {exc.errors()[0].get('msg', '')}",
+                                   {"error": str(exc.errors()[0].get("ctx", {}).get("error", ""))[:200]}) from None
             raise RequestValidationError(
                 [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
             ) from None
         up = Upload(records=[s.model_dump(exclude_none=True) for s in model.samples])
         if with_task_fields:
-            up.name, up.mode, up.space, up.metadata = model.name, model.mode, model.space, dict(model.metadata)
+            up.name, up.mode, up.space = model.name, model.mode, model.space
+            up.metadata = check_metadata(model.metadata)
         return up
     raise UnsupportedMediaType(
         f"unsupported content type {ctype!r}: send multipart/form-data (file) or application/json (samples)"
@@ -208,12 +271,7 @@ async def _read_multipart(request: Request, max_upload_bytes: int, with_task_fie
             meta_text = _field(form, "metadata")
             metadata: dict[str, Any] = {}
             if meta_text and meta_text.strip():
-                try:
-                    metadata = json.loads(meta_text)
-                except json.JSONDecodeError as exc:
-                    raise InvalidInput(f"form field 'metadata' is not valid JSON: {exc.msg}") from None
-                if not isinstance(metadata, dict):
-                    raise InvalidInput("form field 'metadata' must be a JSON object")
+                metadata = check_metadata(loads_json(meta_text, "form field 'metadata'"), where="form field 'metadata'")
             up.name, up.mode, up.space, up.metadata = name, mode, _field(form, "space") or None, metadata
         return up
     finally:

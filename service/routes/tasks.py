@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from atlas.sample_io import SampleLimits
 from atlas.vocabulary import TaskStatus
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
@@ -63,7 +64,7 @@ async def create_task(
     answer 413; malformed input 422; a full queue 429; no model 503. A rejected upload stores nothing.
     """
     up = await read_upload(request, max_upload_bytes=c.settings.max_upload_bytes, json_model=TaskCreate,
-                           with_task_fields=True)
+                           with_task_fields=True, limits=SampleLimits.from_settings(c.settings))
     assert up.name is not None
 
     def run() -> TaskCreated:
@@ -86,7 +87,7 @@ async def append_samples(
     """Queue an ``append`` job: the new samples are sketched and merged into the task's state (exact,
     states are sums), then its signature and index entry are updated. The task's mode applies."""
     up = await read_upload(request, max_upload_bytes=c.settings.max_upload_bytes, json_model=SamplesAppend,
-                           with_task_fields=False)
+                           with_task_fields=False, limits=SampleLimits.from_settings(c.settings))
 
     def run() -> JobAccepted:
         task = c.tasks.get(task_id)

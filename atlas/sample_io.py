@@ -1,0 +1,454 @@
+"""One reader and one writer per sample format: JSON Lines, JSON, CSV, Parquet and plain text.
+
+Upload, the store (an upload's samples are kept as gzip JSON Lines), export and import all use these
+functions, so a sample that one of them writes is read back unchanged by the others.
+
+Rules every reader keeps:
+
+* **Lines end at ``"\\n"`` only.** U+0085, U+2028, U+2029 and ``\\x1c``-``\\x1e`` are ordinary characters
+  inside JSON strings (raw or escaped) and inside text lines; ``str.splitlines`` is never used. A
+  ``"\\r"`` before the ``"\\n"`` (CRLF files) is dropped in plain text and is whitespace in JSON Lines.
+* **Streaming with limits.** Records are read one at a time and the reader stops with
+  :class:`~atlas.errors.PayloadTooLarge` (413) as soon as the sample count passes ``max_samples``, a
+  sample passes ``max_sample_chars`` or the decoded content passes ``max_bytes`` (this also bounds
+  decompression: Parquet pages, including zstd, and ``.gz`` files), so nothing much larger than the
+  limits is ever held in memory.
+* **Every parse error is a 4xx naming the line or row**: 422 :class:`~atlas.errors.InvalidInput` for
+  malformed input (including JSON nested too deeply and unreadable Parquet), 413 for limits.
+* **NUL characters in samples round-trip** on every database: samples are stored as compressed bytes,
+  never in a text column. (Task names and metadata, which live in text/JSON columns, refuse NUL with
+  422: see :func:`atlas.samples.check_metadata`.) Lone surrogates cannot be encoded as UTF-8 and are
+  refused with 422.
+
+Plain text holds one sample per line, so a text with ``"\\n"``, a trailing ``"\\r"``, a leading
+U+FEFF (read as a byte-order mark) or only whitespace cannot be written as plain text
+(:func:`write_text` raises ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from atlas.errors import InvalidInput, PayloadTooLarge
+from atlas.samples import Mode, Sample, record_values, sample_of
+
+__all__ = [
+    "SampleLimits",
+    "decode_jsonl",
+    "loads_json",
+    "parse_upload",
+    "read_samples",
+    "text_representable",
+    "write_csv",
+    "write_jsonl",
+    "write_parquet",
+    "write_text",
+]
+
+PARQUET_BATCH_ROWS = 64
+"""Rows decoded per Parquet batch (bounds the memory of one batch)."""
+
+
+@dataclass(frozen=True)
+class SampleLimits:
+    """Bounds applied while reading an upload.
+
+    Attributes
+    ----------
+    max_samples
+        Most samples in one upload.
+    max_sample_chars
+        Most characters in one sample (text, or prompt + completion).
+    max_bytes
+        Most bytes of decoded content (after gzip/Parquet decompression).
+    """
+
+    max_samples: int = 200_000
+    max_sample_chars: int = 100_000
+    max_bytes: int = 64 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SampleLimits:
+        """The limits of :class:`atlas.settings.Settings`."""
+        return cls(max_samples=int(settings.max_samples), max_sample_chars=int(settings.max_sample_chars),
+                   max_bytes=int(settings.max_upload_bytes))
+
+    @property
+    def max_line_bytes(self) -> int:
+        """Longest JSON line that can hold a sample within the limits (``\\uXXXX\\uXXXX`` per char)."""
+        return 2 * 12 * self.max_sample_chars + 4096
+
+
+class _Counter:
+    """Counts samples and characters against the limits."""
+
+    def __init__(self, limits: SampleLimits, filename: str) -> None:
+        self.limits = limits
+        self.filename = filename
+        self.n = 0
+
+    def add(self, sample: tuple[str, ...], where: str) -> tuple[str, ...]:
+        """Count one record's values (kept as plain strings: Samples are built once all limits passed)."""
+        self.n += 1
+        if self.n > self.limits.max_samples:
+            raise PayloadTooLarge(
+                f"{self.filename}: more than {self.limits.max_samples} samples (limit reached at {where})",
+                {"max_samples": self.limits.max_samples, "at": where},
+            )
+        chars = sum(len(v) for v in sample)
+        if chars > self.limits.max_sample_chars:
+            raise PayloadTooLarge(
+                f"{where}: the sample has {chars} characters; the limit is {self.limits.max_sample_chars}",
+                {"chars": chars, "max_sample_chars": self.limits.max_sample_chars, "at": where},
+            )
+        return sample
+
+
+def sample_chars(sample: Sample) -> int:
+    """Characters of a sample (text, or prompt + completion)."""
+    return sum(len(v) for v in (sample.text, sample.prompt, sample.completion) if v is not None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Readers
+# --------------------------------------------------------------------------------------------------
+
+
+def read_samples(source: bytes | IO[bytes], filename: str, mode: Mode,
+                 limits: SampleLimits | None = None) -> list[Sample]:
+    """Read an uploaded file into samples, by extension.
+
+    ``.jsonl``/``.ndjson``: one object per line; ``.json``: an array of objects (or ``{"samples": [...]}``);
+    ``.csv``: a header row and one row per sample; ``.parquet``: columns; anything else: plain text,
+    one sample per non-blank line (text mode only). A further ``.gz`` suffix means gzip.
+    Text mode reads ``text``; completion mode reads ``prompt`` and ``completion``.
+
+    Raises
+    ------
+    InvalidInput
+        Malformed input (422), naming the line or row.
+    PayloadTooLarge
+        A limit passed (413).
+    """
+    return [sample_of(v) for v in _read_values(source, filename, mode, limits)]
+
+
+def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
+                 limits: SampleLimits | None = None) -> list[tuple[str, ...]]:
+    lim = limits or SampleLimits()
+    raw: IO[bytes] = io.BytesIO(source) if isinstance(source, bytes | bytearray | memoryview) else source
+    name = filename.lower()
+    counter = _Counter(lim, filename)
+    try:
+        if name.endswith(".gz"):
+            stream: IO[bytes] = io.BufferedReader(
+                _BoundedReader(gzip.GzipFile(fileobj=raw, mode="rb"), lim.max_bytes, filename), 1 << 16)
+            name = name[:-3]
+        else:
+            stream = io.BufferedReader(_BoundedReader(raw, lim.max_bytes, filename), 1 << 16)
+        if name.endswith(".parquet"):  # needs a seekable file: the compressed bytes are bounded by the upload
+            return list(_read_parquet(io.BytesIO(stream.read()) if filename.lower().endswith(".gz") else raw,
+                                      filename, mode, counter))
+        if name.endswith((".jsonl", ".ndjson")):
+            return list(_read_jsonl(stream, filename, mode, counter))
+        if name.endswith(".json"):
+            return _read_json(stream, filename, mode, counter)
+        if name.endswith(".csv"):
+            return list(_read_csv(stream, filename, mode, counter))
+        if mode != "text":
+            raise InvalidInput(
+                f"{filename}: plain text uploads hold one text per line and need mode 'text'; "
+                "use JSONL, CSV or Parquet with 'prompt' and 'completion' for mode 'completion'"
+            )
+        return list(_read_text(stream, filename, counter))
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise InvalidInput(f"{filename}: not a readable gzip file: {exc}") from None
+
+
+class _BoundedReader(io.RawIOBase):
+    """A binary reader that raises 413 once more than ``limit`` bytes were read."""
+
+    def __init__(self, inner: IO[bytes], limit: int, filename: str) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.filename = filename
+        self.total = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self.inner.read(len(b))
+        n = len(data)
+        self.total += n
+        if self.total > self.limit:
+            raise PayloadTooLarge(f"{self.filename}: the decoded content exceeds {self.limit} bytes",
+                                  {"max_bytes": self.limit})
+        b[:n] = data
+        return n
+
+
+def _lines(stream: IO[bytes], filename: str, max_line: int) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each line, split on ``b"\\n"`` only (binary ``readline``)."""
+    lineno = 0
+    while True:
+        raw = stream.readline(max_line + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > max_line and not raw.endswith(b"\n"):
+            raise PayloadTooLarge(f"{filename}: line {lineno} is longer than {max_line} bytes",
+                                  {"line": lineno, "max_line_bytes": max_line})
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        try:
+            yield lineno, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"{filename}: line {lineno} is not valid UTF-8 (byte {exc.start} of the line)",
+                               {"line": lineno}) from None
+
+
+def loads_json(text: str | bytes, where: str) -> Any:
+    """``json.loads`` whose every failure, deep nesting included, is an :class:`InvalidInput` naming ``where``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{where} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise InvalidInput(f"{where}: JSON nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{where} is not UTF-8 (byte {exc.start})") from None
+
+
+def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
+    for lineno, line in _lines(stream, filename, counter.limits.max_line_bytes):
+        if not line.strip(" \t\r"):
+            continue
+        where = f"{filename}: line {lineno}"
+        yield counter.add(record_values(loads_json(line, where), mode, where), where)
+
+
+def parse_upload(data: bytes, filename: str, mode: Mode, limits: SampleLimits | None = None) -> list[Sample]:
+    """Alias of :func:`read_samples` for in-memory bytes."""
+    return read_samples(data, filename, mode, limits)
+
+
+def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> list[tuple[str, ...]]:
+    data = stream.read()
+    text = data.decode("utf-8-sig", errors="strict") if isinstance(data, bytes) else data
+    decoder = json.JSONDecoder()
+    pos = _skip_ws(text, 0)
+    if pos < len(text) and text[pos] == "[":  # stream the array element by element
+        out: list[tuple[str, ...]] = []
+        pos = _skip_ws(text, pos + 1)
+        if pos < len(text) and text[pos] == "]":
+            return out
+        while True:
+            where = f"{filename}: item {len(out)}"
+            try:
+                record, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"{where} is not valid JSON: {exc.msg}") from None
+            except RecursionError:
+                raise InvalidInput(f"{where}: JSON nested too deeply") from None
+            out.append(counter.add(record_values(record, mode, where), where))
+            pos = _skip_ws(text, pos)
+            if pos < len(text) and text[pos] == ",":
+                pos = _skip_ws(text, pos + 1)
+                continue
+            if pos < len(text) and text[pos] == "]" and _skip_ws(text, pos + 1) == len(text):
+                return out
+            raise InvalidInput(f"{filename}: malformed JSON array after item {len(out) - 1}")
+    records = loads_json(text, filename)
+    if isinstance(records, dict) and isinstance(records.get("samples"), list):
+        records = records["samples"]
+    if not isinstance(records, list):
+        raise InvalidInput(f"{filename}: expected a JSON array of samples")
+    return [counter.add(record_values(r, mode, f"{filename}: item {i}"), f"{filename}: item {i}")
+            for i, r in enumerate(records)]
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _read_text(stream: IO[bytes], filename: str, counter: _Counter) -> Iterator[tuple[str, ...]]:
+    max_line = 4 * counter.limits.max_sample_chars + 2
+    for lineno, line in _lines(stream, filename, max_line):
+        if line.endswith("\r"):
+            line = line[:-1]
+        if not line.strip():
+            continue
+        where = f"{filename}: line {lineno}"
+        yield counter.add(record_values({"text": line}, "text", where), where)
+
+
+def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
+    limit = counter.limits.max_sample_chars + 1
+    if csv.field_size_limit() < limit:
+        csv.field_size_limit(limit)
+    text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")  # type: ignore[type-var]
+    reader = csv.reader(text)
+    row_no = 1
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        for row in reader:
+            row_no = reader.line_num
+            if not row:
+                continue
+            where = f"{filename}: row {reader.line_num}"
+            record = dict(zip(header, row, strict=False))
+            yield counter.add(record_values(record, mode, where), where)
+    except csv.Error as exc:
+        where = f"{filename}: row {reader.line_num or row_no}"
+        if "field larger than field limit" in str(exc):
+            raise PayloadTooLarge(f"{where}: a field is longer than {counter.limits.max_sample_chars} characters",
+                                  {"max_sample_chars": counter.limits.max_sample_chars}) from None
+        raise InvalidInput(f"{where}: malformed CSV: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{filename}: not valid UTF-8 near row {reader.line_num + 1} (byte {exc.start})") from None
+
+
+def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    keys = ["text"] if mode == "text" else ["prompt", "completion"]
+    lim = counter.limits
+    try:
+        pf = pq.ParquetFile(stream, read_dictionary=keys)  # dictionary pages stay dictionaries until checked
+        md = pf.metadata
+        names = pf.schema_arrow.names
+    except Exception as exc:  # pyarrow raises many types for a damaged footer
+        raise InvalidInput(f"{filename}: not a readable Parquet file: {_short(exc)}") from None
+    missing = [k for k in keys if k not in names]
+    if missing:
+        raise InvalidInput(f"{filename}: missing column(s) {missing} for mode '{mode}'")
+    if md.num_rows > lim.max_samples:
+        raise PayloadTooLarge(f"{filename}: {md.num_rows} rows exceed the limit of {lim.max_samples} samples",
+                              {"rows": md.num_rows, "max_samples": lim.max_samples})
+    declared = 0
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            if col.path_in_schema in keys:
+                declared += max(int(col.total_uncompressed_size), 0)
+    if declared > lim.max_bytes:
+        raise PayloadTooLarge(f"{filename}: the columns hold {declared} bytes uncompressed; the limit is "
+                              f"{lim.max_bytes}", {"bytes": declared, "max_bytes": lim.max_bytes})
+    decoded = 0
+    row = 0
+    try:
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=keys, use_threads=False):
+            for k in keys:
+                lengths = _value_bytes(batch.column(k), filename, k)
+                longest = int(pc.max(lengths).as_py() or 0) if len(lengths) else 0
+                if longest > 4 * lim.max_sample_chars:
+                    raise PayloadTooLarge(f"{filename}: a value of column {k!r} near row {row + 1} has {longest} "
+                                          f"bytes; the limit is {lim.max_sample_chars} characters",
+                                          {"max_sample_chars": lim.max_sample_chars, "row": row + 1})
+                decoded += int(pc.sum(lengths).as_py() or 0)
+                if decoded > lim.max_bytes:
+                    raise PayloadTooLarge(f"{filename}: the decoded columns exceed {lim.max_bytes} bytes "
+                                          f"(at row {row + 1})", {"max_bytes": lim.max_bytes, "row": row + 1})
+            for record in batch.select(keys).to_pylist():
+                row += 1
+                where = f"{filename}: row {row}"
+                yield counter.add(record_values(record, mode, where), where)
+    except (InvalidInput, PayloadTooLarge):
+        raise
+    except Exception as exc:
+        raise InvalidInput(f"{filename}: unreadable Parquet data near row {row + 1}: {_short(exc)}") from None
+
+
+def _value_bytes(col: Any, filename: str, key: str) -> Any:
+    """Byte length of every value of a string column, without decoding dictionary columns."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(col.type):
+        if not (pa.types.is_string(col.type.value_type) or pa.types.is_large_string(col.type.value_type)):
+            raise InvalidInput(f"{filename}: column {key!r} must hold strings, not {col.type}")
+        return pc.take(pc.binary_length(col.dictionary), col.indices)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type)):
+        raise InvalidInput(f"{filename}: column {key!r} must hold strings, not {col.type}")
+    return pc.binary_length(col) if not pa.types.is_null(col.type) else pa.array([], pa.int64())
+
+
+def _short(exc: BaseException, n: int = 300) -> str:
+    text = str(exc)
+    return text if len(text) <= n else text[:n] + "…"
+
+
+# --------------------------------------------------------------------------------------------------
+# Writers (the inverse of the readers; used by the store, tests and benchmarks)
+# --------------------------------------------------------------------------------------------------
+
+
+def _fields(mode: Mode) -> list[str]:
+    return ["text"] if mode == "text" else ["prompt", "completion"]
+
+
+def write_jsonl(samples: Iterable[Sample]) -> bytes:
+    """JSON Lines, one ``Sample.canonical_json()`` per line (non-ASCII kept raw, as UTF-8)."""
+    return "".join(s.canonical_json() + "\n" for s in samples).encode("utf-8")
+
+
+def write_csv(samples: Iterable[Sample], mode: Mode) -> bytes:
+    """CSV with a header row (``csv`` module, minimal quoting)."""
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    keys = _fields(mode)
+    writer.writerow(keys)
+    for s in samples:
+        writer.writerow([getattr(s, k) for k in keys])
+    return buf.getvalue().encode("utf-8")
+
+
+def write_parquet(samples: Iterable[Sample], mode: Mode, *, compression: str = "zstd") -> bytes:
+    """Parquet with one string column per field (pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    keys = _fields(mode)
+    rows = list(samples)
+    table = pa.table({k: pa.array([getattr(s, k) for s in rows], type=pa.string()) for k in keys})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression=compression)
+    return buf.getvalue()
+
+
+def text_representable(sample: Sample) -> bool:
+    """Whether plain text can hold this sample on one line."""
+    t = sample.text
+    return (t is not None and "\n" not in t and not t.endswith("\r") and bool(t.strip())
+            and not t.startswith("\ufeff"))  # a leading U+FEFF on line 1 reads as a byte-order mark
+
+
+def write_text(samples: Iterable[Sample]) -> bytes:
+    """Plain text, one sample per line; ``ValueError`` for a sample that is not representable."""
+    out = []
+    for i, s in enumerate(samples):
+        if not text_representable(s):
+            raise ValueError(f"sample {i} cannot be written as one line of plain text")
+        out.append(s.text or "")
+    return "".join(t + "\n" for t in out).encode("utf-8")
+
+
+def decode_jsonl(data: bytes) -> list[Sample]:
+    """Samples of trusted canonical JSON Lines (the store's format), split on ``"\\n"`` only."""
+    return [Sample.model_validate_json(line) for line in data.split(b"\n") if line.strip()]

@@ -1,0 +1,207 @@
+"""The sample readers and writers (atlas.sample_io): round trips through standard writers, limits, bombs.
+
+Files are written here by the standard libraries (json, csv, pyarrow, plain text), not by the module
+under test, and read back by :func:`atlas.sample_io.read_samples`; the store's own encoding is checked
+the same way. Memory of the bomb uploads is measured in a fresh subprocess (peak RSS growth).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from atlas import repository
+from atlas.errors import InvalidInput, PayloadTooLarge
+from atlas.sample_io import SampleLimits, read_samples, text_representable, write_csv, write_parquet, write_text
+from atlas.samples import Sample, check_metadata
+
+ROOT = Path(__file__).resolve().parents[2]
+SEPARATORS = ["\n", "\r", "\u0085", "\u2028", "\u2029", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c", "\x00"]
+chars = st.one_of(st.characters(exclude_categories=("Cs",)), st.sampled_from([*SEPARATORS, '"', ",", "\\", "\ufeff"]))
+texts = st.text(alphabet=chars, max_size=40)
+text_samples = st.lists(texts.map(lambda t: Sample(text=t)), min_size=1, max_size=8)
+pair_samples = st.lists(st.builds(lambda p, c: Sample(prompt=p, completion=c), texts, texts), min_size=1, max_size=6)
+
+
+def std_jsonl(samples: list[Sample], ascii_only: bool) -> bytes:
+    return "".join(json.dumps(s.model_dump(exclude_none=True), ensure_ascii=ascii_only) + "\n"
+                   for s in samples).encode("utf-8")
+
+
+def std_csv(samples: list[Sample], keys: list[str]) -> bytes:
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(keys)
+    for s in samples:
+        w.writerow([getattr(s, k) for k in keys])
+    return buf.getvalue().encode("utf-8")
+
+
+def std_parquet(samples: list[Sample], keys: list[str], compression: str = "zstd", dictionary: bool = True) -> bytes:
+    buf = io.BytesIO()
+    table = pa.table({k: pa.array([getattr(s, k) for s in samples], pa.string()) for k in keys})
+    pq.write_table(table, buf, compression=compression, use_dictionary=dictionary)
+    return buf.getvalue()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(samples=text_samples, ascii_only=st.booleans(), fmt=st.sampled_from(["jsonl", "json", "csv", "parquet", "gz"]))
+def test_text_round_trip_through_standard_writers(samples: list[Sample], ascii_only: bool, fmt: str) -> None:
+    data = {
+        "jsonl": lambda: std_jsonl(samples, ascii_only),
+        "json": lambda: json.dumps([s.model_dump(exclude_none=True) for s in samples],
+                                   ensure_ascii=ascii_only).encode(),
+        "csv": lambda: std_csv(samples, ["text"]),
+        "parquet": lambda: std_parquet(samples, ["text"]),
+        "gz": lambda: gzip.compress(std_jsonl(samples, ascii_only)),
+    }[fmt]()
+    name = {"gz": "up.jsonl.gz"}.get(fmt, f"up.{fmt}")
+    assert read_samples(data, name, "text") == samples
+    assert read_samples(write_csv(samples, "text"), "w.csv", "text") == samples
+    assert read_samples(write_parquet(samples, "text"), "w.parquet", "text") == samples
+    # the store's encoding (gzip canonical JSONL) gives back the same samples, U+2028 & co included
+    blob, _ = repository.encode_samples(samples)
+    assert repository.decode_samples(blob) == samples
+
+
+@settings(max_examples=40, deadline=None)
+@given(samples=pair_samples, fmt=st.sampled_from(["jsonl", "csv", "parquet"]))
+def test_completion_round_trip(samples: list[Sample], fmt: str) -> None:
+    keys = ["prompt", "completion"]
+    data = {"jsonl": lambda: std_jsonl(samples, False), "csv": lambda: std_csv(samples, keys),
+            "parquet": lambda: std_parquet(samples, keys, compression="snappy")}[fmt]()
+    assert read_samples(data, f"up.{fmt}", "completion") == samples
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=text_samples)
+def test_plain_text_round_trip_where_representable(samples: list[Sample]) -> None:
+    lines = [s for s in samples if text_representable(s)]
+    if not lines:
+        return
+    data = "".join(s.text + "\n" for s in lines if s.text is not None).encode("utf-8")
+    assert read_samples(data, "up.txt", "text") == lines
+    assert write_text(lines) == data
+    crlf = data.replace(b"\n", b"\r\n")
+    assert read_samples(crlf, "up.txt", "text") == lines
+
+
+@pytest.mark.parametrize("ch", ["\u0085", "\u2028", "\u2029", "\x1c", "\x1d", "\x1e"])
+def test_line_separators_inside_jsonl_strings_raw_and_escaped(ch: str) -> None:
+    sample = Sample(text=f"before{ch}after")
+    for ascii_only in (True, False):  # escaped, then raw
+        assert read_samples(std_jsonl([sample, sample], ascii_only), "a.jsonl", "text") == [sample, sample]
+
+
+def test_parse_errors_are_4xx_naming_the_line_or_row() -> None:
+    cases = [
+        (b'{"text": "a"}\n{"text": \n', "a.jsonl", "line 2"),
+        (b'{"text": "a"}\n[1]\n', "a.jsonl", "line 2"),
+        (b'{"text": "a"}\n{"txt": "b"}\n', "a.jsonl", "line 2"),
+        (b'{"text": "a"}\n{"text": 5}\n', "a.jsonl", "line 2"),
+        (b'{"text": "\\ud800"}\n', "a.jsonl", "line 1"),
+        (b"text\nok\n\xff\xfe\n", "a.txt", "line 3"),
+        (b"text\nok\n", "a.csv", "field(s) ['prompt', 'completion']"),
+        (b'[{"text": "a"}, {"text": 1}]', "a.json", "item 1"),
+    ]
+    for data, name, where in cases:
+        mode = "completion" if name == "a.csv" else "text"
+        with pytest.raises(InvalidInput, match=None) as info:
+            read_samples(data, name, mode)  # type: ignore[arg-type]
+        assert info.value.status_code == 422 and where in info.value.message, (name, info.value.message)
+
+
+def test_deeply_nested_json_is_422_not_recursion_error() -> None:
+    deep = b'{"text": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    with pytest.raises(InvalidInput, match="line 1: JSON nested too deeply"):
+        read_samples(deep, "a.jsonl", "text")
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        read_samples(b"[" + deep.strip() + b"]", "a.json", "text")
+    with pytest.raises(InvalidInput, match="nested deeper than 16"):
+        check_metadata(json.loads("{" + '"a": {' * 20 + "}" * 20 + "}"))
+
+
+@pytest.mark.parametrize("blob", [b"", b"PAR1", b"PAR1" + b"\0" * 64 + b"PAR1", b"not parquet at all",
+                                  b"PAR1" + b"\x15\x04" * 40 + b"\x10\x00\x00\x00PAR1"])
+def test_malformed_parquet_is_422(blob: bytes) -> None:
+    with pytest.raises(InvalidInput) as info:
+        read_samples(blob, "a.parquet", "text")
+    assert info.value.status_code == 422
+
+
+def test_corrupted_parquet_pages_are_422() -> None:
+    good = std_parquet([Sample(text=f"sample number {i}") for i in range(500)], ["text"], dictionary=False)
+    for offset in (8, 40, 100, len(good) // 2):
+        bad = bytearray(good)
+        bad[offset : offset + 16] = b"\xff" * 16
+        with contextlib.suppress(InvalidInput, PayloadTooLarge):  # any 4xx; never another exception
+            read_samples(bytes(bad), "a.parquet", "text")  # (a damaged page that still decodes is data)
+
+
+def test_limits_stop_the_readers() -> None:
+    lim = SampleLimits(max_samples=10, max_sample_chars=50, max_bytes=10_000)
+    with pytest.raises(PayloadTooLarge, match="line 11"):
+        read_samples(b"a\n" * 100, "a.txt", "text", lim)
+    with pytest.raises(PayloadTooLarge, match="line 2"):
+        read_samples(b'{"text": "a"}\n{"text": "' + b"x" * 60 + b'"}\n', "a.jsonl", "text", lim)
+    with pytest.raises(PayloadTooLarge, match="row 2"):
+        read_samples(b"text\n" + b"y" * 80 + b"\n", "a.csv", "text", lim)
+    with pytest.raises(PayloadTooLarge):
+        read_samples(std_parquet([Sample(text="z")] * 11, ["text"]), "a.parquet", "text", lim)
+    with pytest.raises(PayloadTooLarge):  # gzip bomb: decompression stops at max_bytes
+        read_samples(gzip.compress(b"\n" * 5_000_000), "a.txt.gz", "text", lim)
+    with pytest.raises(PayloadTooLarge, match="bytes"):  # one line of 2 MB without a newline
+        read_samples(b"x" * 2_000_000, "a.jsonl", "text", SampleLimits(max_sample_chars=50))
+
+
+MEMORY_SCRIPT = textwrap.dedent("""
+    import gzip, io, json, resource, sys
+    import pyarrow as pa, pyarrow.parquet as pq
+    from atlas.errors import AtlasError
+    from atlas.sample_io import read_samples
+    kind = sys.argv[1]
+    if kind == "text":
+        data, name = b"a\\n" * 5_000_000, "lines.txt"
+    elif kind == "jsonl":
+        data, name = b'{"text":"a"}\\n' * 800_000, "lines.jsonl"
+    elif kind == "zstd_dict":
+        one = pa.DictionaryArray.from_arrays(pa.array([0] * 150_000, pa.int32()), pa.array(["a" * 90_000]))
+        buf = io.BytesIO(); pq.write_table(pa.table({"text": one}), buf, compression="zstd")
+        data, name = buf.getvalue(), "bomb.parquet"
+    elif kind == "zstd_plain":
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"text": ["b" * 60_000] * 1200}), buf, compression="zstd", use_dictionary=False)
+        data, name = buf.getvalue(), "bomb.parquet"
+    else:
+        data, name = gzip.compress(b"c\\n" * 40_000_000), "bomb.txt.gz"
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        read_samples(data, name, "text")
+        status = 200
+    except AtlasError as exc:
+        status = exc.status_code
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    print(json.dumps({"status": status, "bytes": len(data), "grown_mb": grown / 1024}))
+""")
+
+
+@pytest.mark.parametrize("kind", ["text", "jsonl", "zstd_dict", "zstd_plain", "gzip"])
+def test_bomb_uploads_keep_memory_bounded(kind: str) -> None:
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, kind], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120, check=True)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["status"] == 413, res
+    assert res["grown_mb"] < 100, res
