@@ -105,3 +105,23 @@ def prune(session: Session, through: int) -> int:
     )
     result = session.execute(delete(Change).where(Change.seq <= through))
     return int(cast(CursorResult[Any], result).rowcount or 0)
+
+
+def compact(session: Session, *, retain: int, floors: list[int] | None = None) -> int:
+    """Prune the log through the compaction point ``min(last_seq - retain, *floors)``; return rows deleted.
+
+    Parameters
+    ----------
+    session
+        A writing session (its transaction commits the prune).
+    retain
+        Changes kept at the head: a replica or restarted process at most this far behind catches
+        up; one further behind (watermark below ``pruned_seq``) rebuilds its index and clears its
+        state cache from SQL — correct, only slower.
+    floors
+        Watermarks the caller still needs (e.g. of its persisted index files).
+    """
+    through = min([last_seq(session) - retain, *(floors or [])])
+    if through <= pruned_seq(session):
+        return 0
+    return prune(session, through)

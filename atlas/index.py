@@ -16,30 +16,29 @@ embedded process — keeps one :class:`SpaceIndex` per space and:
   for the in-memory apply, and a rebuild builds the new index aside and swaps it in, so searches
   always see a whole index at one watermark.
 
-Index kinds, chosen by size: ``flat`` — ``IndexIDMap2(IndexFlatIP(m))``, exact inner product
-(signatures are unit vectors, so this is cosine); ``ivf`` — ``IndexIVFFlat`` with ``nlist ~ sqrt(N)``
-lists trained on a random sample of the stored signatures, ``nprobe`` lists searched with exact inner
-products inside them; used once a space has at least ``ivf_min_size`` signatures (default 20,000;
-``kind="auto"`` or ``"ivf"``; ``"flat"`` keeps every space exact) and retrained by a rebuild when the
-space has grown 4x since training. Measured at m = 4096 on the 2-core dev box (one thread,
-``bench/results/store.md``): flat ~6 ms at 10k; IVF (nprobe 16) ~4 ms at 100k with recall@10 = 1.0 on
-clustered signatures — task signatures cluster by domain, which is what IVF's coarse quantizer exploits.
-``use_gpu`` mirrors flat indexes to a GPU for search when faiss-gpu is installed.
+Index kinds, chosen by size. ``flat`` — ``IndexIDMap2(IndexFlatIP(m))``, exact inner product
+(unit vectors: cosine); it reads every vector per query (~1.4 µs per task at m = 4096 on one core),
+so it serves spaces below ``ivf_min_size`` (4,096) signatures. ``ivf`` —
+:class:`atlas.index_ann.TwoStageIndex`: an inverted file over 256-d projections of the signatures
+(``nlist ~ sqrt(N)``, ``nprobe`` scanned), then an exact re-rank of the ``max(128, 4k)`` best on the
+full float32 vectors: scores are exact, only recall is approximate (recall@10 ≥ 0.99 against flat
+at 10k and 100k, p50 ~1–2 ms at 100k: ``bench/results/index.md``). Training reads at most 16,384
+sampled signatures; a space that outgrows its training 4x is retrained by a rebuild. ``kind="flat"``
+keeps every space flat. ``use_gpu`` mirrors flat indexes to a GPU when faiss-gpu is installed.
+
+The change log may be pruned (:meth:`IndexManager.compact`): an index whose watermark is below the
+pruned point — another replica that was down, a stale file — rebuilds from SQL instead of catching
+up, and a catch-up that raced with a prune notices it (the pruned point is read after the changes)
+and rebuilds too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import math
-import os
 import threading
 import time
-import uuid
-import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,143 +49,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import changes
 from atlas.errors import InvalidInput, NotFound
-from atlas.models import CHANGE_DELETE, Signature, Space
-from atlas.repository import bytes_to_vectors, count_signatures, iter_signatures
+from atlas.index_ann import TwoStageIndex, read_signatures, training_sample
+from atlas.index_files import FORMAT_VERSION, IndexFiles, IndexMeta, OpenReport, SpaceIndex
+from atlas.models import CHANGE_DELETE, Space
+from atlas.repository import count_signatures, iter_signatures
 
 log = logging.getLogger(__name__)
 
-IndexKind = Literal["auto", "flat", "ivf"]
-FORMAT_VERSION = 1
+IndexKind = Literal["flat", "ivf", "auto"]
 _READ_CHUNK = 2048
-
-
-class RWLock:
-    """Readers share, a writer is exclusive; waiting writers go first (no writer starvation)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._writer = False
-        self._writers_waiting = 0
-
-    @contextlib.contextmanager
-    def read(self) -> Iterator[None]:
-        """Hold the lock shared."""
-        with self._cond:
-            while self._writer or self._writers_waiting:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def write(self) -> Iterator[None]:
-        """Hold the lock exclusively."""
-        with self._cond:
-            self._writers_waiting += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._writers_waiting -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
-
-
-@dataclass
-class IndexMeta:
-    """Contents of ``<space>.meta.json``."""
-
-    format: int
-    instance_id: str
-    space_id: int
-    model_fingerprint: str
-    spec_fingerprint: str
-    m: int
-    kind: str
-    watermark: int
-    count: int
-    checksum: str
-    nlist: int = 0
-    trained_n: int = 0
-    written_at: float = 0.0
-
-
-@dataclass
-class OpenReport:
-    """How a space's index was obtained by :meth:`IndexManager.open` / first use."""
-
-    space_id: int
-    action: Literal["loaded", "caught_up", "rebuilt"]
-    reason: str
-    applied: int = 0
-    seconds: float = 0.0
-
-
-@dataclass
-class SpaceIndex:
-    """The in-memory index of one space and its bookkeeping."""
-
-    space_id: int
-    model_fingerprint: str
-    spec_fingerprint: str
-    m: int
-    kind: str
-    index: Any
-    watermark: int
-    ids: set[int] = field(default_factory=set)
-    nlist: int = 0
-    trained_n: int = 0
-    dirty: bool = True
-    lock: RWLock = field(default_factory=RWLock)
-    gpu_index: Any = None
-
-    @property
-    def count(self) -> int:
-        """Number of vectors in the index."""
-        return len(self.ids)
-
-
-def _file_checksum(path: Path) -> str:
-    """``crc32:<hex>:<size>`` of a file: detects torn, truncated or bit-rotted index files (it is not
-    a defence against tampering; the index directory is trusted like the database)."""
-    crc = 0
-    size = 0
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            crc = zlib.crc32(block, crc)
-            size += len(block)
-    return f"crc32:{crc:08x}:{size}"
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not supported on every platform / filesystem
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _write_atomic(path: Path, writer: Any) -> None:
-    """Write via ``writer(tmp_path)``, fsync, then rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        writer(tmp)
-        with tmp.open("rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+_TRAIN_SAMPLE = 16_384
 
 
 class IndexManager:
@@ -199,12 +71,14 @@ class IndexManager:
     directory
         Where ``<space>.faiss`` / ``<space>.meta.json`` live; ``None`` keeps indexes in memory only.
     kind
-        ``"auto"``/``"ivf"`` (exact flat below ``ivf_min_size``, IVF above) or ``"flat"`` (always exact).
+        ``"flat"`` (always exact), or ``"ivf"`` / ``"auto"`` (same: flat below ``ivf_min_size``,
+        two-stage above).
     nprobe
-        IVF lists searched per query (16 of ``sqrt(N)`` lists: 5 % of a 100k space).
+        Coarse lists scanned per query (32 of ``sqrt(N)`` lists: about 10% of a 100k space).
     ivf_min_size
-        Spaces smaller than this stay flat (below ~20k signatures exact flat search takes a few ms at
-        m = 4096, see ``bench/results/store.md``).
+        Spaces smaller than this stay flat.
+    coarse_dim
+        Length of the coarse codes of two-stage indexes.
     rebuild_ratio
         Rebuild instead of catching up when more than ``rebuild_ratio * count + 1000`` changes are
         pending.
@@ -220,18 +94,19 @@ class IndexManager:
         directory: Path | str | None = None,
         *,
         kind: IndexKind = "auto",
-        nprobe: int = 16,
-        ivf_min_size: int = 20_000,
+        nprobe: int = 32,
+        ivf_min_size: int = 4096,
+        coarse_dim: int = 256,
         rebuild_ratio: float = 0.5,
         catch_up_interval_s: float = 0.25,
         use_gpu: bool = False,
     ) -> None:
-        if kind not in ("auto", "flat", "ivf"):
+        if kind not in ("flat", "ivf", "auto"):
             raise InvalidInput(f"unknown index kind {kind!r}")
+        self.coarse_dim = coarse_dim
         self.factory = factory
         self.directory = Path(directory) if directory is not None else None
-        if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+        self.files = IndexFiles(self.directory) if self.directory is not None else None
         self.kind: IndexKind = kind
         self.nprobe = nprobe
         self.ivf_min_size = ivf_min_size
@@ -249,22 +124,23 @@ class IndexManager:
         self._last_check = 0.0
         self.reports: dict[int, OpenReport] = {}
         self._instance_id: str | None = None
-        self.listeners: list[Callable[[int, list[int] | None], None]] = []
-        """Called with ``(space_id, task_ids)`` after changes of those tasks were applied, and with
-        ``(space_id, None)`` after a rebuild: caches derived from SQL (``atlas.caches.StateCache``) follow
-        the same change log as the index."""
 
     # -- paths ---------------------------------------------------------------------------------
 
     def index_path(self, space_id: int) -> Path:
         """Path of the persisted FAISS file of a space."""
-        assert self.directory is not None
-        return self.directory / f"space-{space_id}.faiss"
+        assert self.files is not None
+        return self.files.index_path(space_id)
+
+    def coarse_path(self, space_id: int) -> Path:
+        """Path of the persisted coarse stage of a two-stage index."""
+        assert self.files is not None
+        return self.files.coarse_path(space_id)
 
     def meta_path(self, space_id: int) -> Path:
         """Path of the persisted metadata of a space."""
-        assert self.directory is not None
-        return self.directory / f"space-{space_id}.meta.json"
+        assert self.files is not None
+        return self.files.meta_path(space_id)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -304,15 +180,7 @@ class IndexManager:
             log.info("index of space %s: %s (%s)", space_id, report.action, report.reason)
             return report
 
-    def _notify(self, space_id: int, task_ids: list[int] | None) -> None:
-        for listener in self.listeners:
-            try:
-                listener(space_id, task_ids)
-            except Exception:
-                log.warning("an index change listener failed", exc_info=True)
-
     def _install(self, si: SpaceIndex) -> None:
-        self._notify(si.space_id, None)
         with self._spaces_lock:
             old = self._spaces.get(si.space_id)
             if old is not None:
@@ -330,13 +198,9 @@ class IndexManager:
         """Load a persisted index if it is valid and worth catching up; else say why not."""
         if self.directory is None:
             return None, "no index directory"
-        meta_path, index_path = self.meta_path(space.id), self.index_path(space.id)
-        if not meta_path.exists() or not index_path.exists():
-            return None, "no persisted index"
-        try:
-            meta = IndexMeta(**json.loads(meta_path.read_text()))
-        except (ValueError, TypeError) as exc:
-            return None, f"unreadable metadata ({exc})"
+        meta, why = self.files.read_meta(space.id)
+        if meta is None:
+            return None, why
         expected = (
             FORMAT_VERSION, self._instance_id, space.id, space.model_fingerprint, space.spec_fingerprint, space.m
         )
@@ -347,7 +211,7 @@ class IndexManager:
             return None, "persisted index belongs to another database, space or format"
         if meta.kind != self._kind_for(meta.count):
             return None, f"index kind changed ({meta.kind} -> {self._kind_for(meta.count)})"
-        if _file_checksum(index_path) != meta.checksum:
+        if not self.files.checksums_match(meta):
             return None, "checksum mismatch (corrupt or half-written index file)"
         sql_seq, pruned = changes.last_seq(session), changes.pruned_seq(session)
         if meta.watermark > sql_seq:
@@ -358,8 +222,8 @@ class IndexManager:
         if pending > self.rebuild_ratio * meta.count + 1000:
             return None, f"{pending} pending changes: rebuilding is cheaper"
         try:
-            index = faiss.read_index(str(index_path))
-        except RuntimeError as exc:
+            index = self.files.read_index(meta)
+        except (RuntimeError, ValueError) as exc:
             return None, f"unreadable index file ({exc})"
         ids = self._ids_of(index)
         if index.ntotal != meta.count or index.d != space.m or len(ids) != meta.count:
@@ -367,32 +231,23 @@ class IndexManager:
         si = SpaceIndex(
             space_id=space.id, model_fingerprint=space.model_fingerprint, spec_fingerprint=space.spec_fingerprint,
             m=space.m, kind=meta.kind, index=index, watermark=meta.watermark, ids=ids, nlist=meta.nlist,
-            trained_n=meta.trained_n, dirty=False,
+            trained_n=meta.trained_n, dirty=False, persisted_watermark=meta.watermark,
         )
         self._configure(si)
         return si, "watermark matches SQL" if meta.watermark == sql_seq else f"{pending} changes to apply"
 
     @staticmethod
     def _ids_of(index: Any) -> set[int]:
-        if isinstance(index, faiss.IndexIDMap2 | faiss.IndexIDMap):
-            return set(faiss.vector_to_array(index.id_map).tolist())
-        ivf = faiss.extract_index_ivf(index)
-        ids: list[int] = []
-        invlists = ivf.invlists
-        for lst in range(ivf.nlist):
-            n = invlists.list_size(lst)
-            if n:
-                ptr = invlists.get_ids(lst)
-                ids.extend(faiss.rev_swig_ptr(ptr, n).tolist())
-                invlists.release_ids(lst, ptr)
-        return set(ids)
+        if isinstance(index, TwoStageIndex):
+            return set(index.ids().tolist())
+        return set(faiss.vector_to_array(index.id_map).tolist())
 
     def _kind_for(self, n: int) -> str:
         return "ivf" if self.kind != "flat" and n >= self.ivf_min_size else "flat"
 
     def _configure(self, si: SpaceIndex) -> None:
-        if si.kind == "ivf":
-            faiss.extract_index_ivf(si.index).nprobe = min(self.nprobe, max(si.nlist, 1))
+        if isinstance(si.index, TwoStageIndex):
+            si.index.nprobe = self.nprobe
 
     # -- building ------------------------------------------------------------------------------
 
@@ -408,13 +263,13 @@ class IndexManager:
             n = count_signatures(session, space_id)
             kind = self._kind_for(n)
             nlist = trained_n = 0
+            index: Any
             if kind == "ivf":
-                nlist = max(1, round(math.sqrt(n)))
-                train = self._training_sample(session, space, nlist)
+                train = training_sample(session, space.id, space.m, _TRAIN_SAMPLE)
                 trained_n = len(train)
-                quantizer = faiss.IndexFlatIP(space.m)
-                index = faiss.IndexIVFFlat(quantizer, space.m, nlist, faiss.METRIC_INNER_PRODUCT)
-                index.train(train)
+                index = TwoStageIndex.train(train, nlist=max(1, round(math.sqrt(n))), dim=self.coarse_dim,
+                                            seed=space.id)
+                nlist = index.nlist
                 del train
             else:
                 index = faiss.IndexIDMap2(faiss.IndexFlatIP(space.m))
@@ -429,31 +284,12 @@ class IndexManager:
         self._configure(si)
         return si
 
-    @staticmethod
-    def _training_sample(session: Session, space: Space, nlist: int) -> np.ndarray:
-        all_ids = np.array(
-            session.execute(select(Signature.task_id).where(Signature.space_id == space.id)).scalars().all(),
-            dtype=np.int64,
-        )
-        rng = np.random.default_rng(space.id)
-        take = min(len(all_ids), max(64 * nlist, 4096))
-        chosen = np.sort(rng.choice(all_ids, size=take, replace=False))
-        parts = []
-        for start in range(0, take, _READ_CHUNK):
-            part = chosen[start : start + _READ_CHUNK].tolist()
-            rows = session.execute(
-                select(Signature.vector).where(Signature.task_id.in_(part)).order_by(Signature.task_id)
-            ).scalars().all()
-            parts.append(bytes_to_vectors(rows, space.m))
-        return np.ascontiguousarray(np.concatenate(parts))
-
     def rebuild(self, space_id: int) -> OpenReport:
         """Rebuild a space's index from SQL and swap it in (searches continue on the old one)."""
         t0 = time.perf_counter()
         with self._apply_lock(space_id):
-            if self._instance_id is None:
-                with self.factory() as session:
-                    self._instance_id = changes.instance_id(session)
+            with self.factory() as session:
+                self._instance_id = self._instance_id or changes.instance_id(session)
             si = self._build(space_id)
             self._install(si)
         self._catch_up_space(si)
@@ -506,11 +342,8 @@ class IndexManager:
                 if head == si.watermark:
                     return 0
                 if head < si.watermark or si.watermark < changes.pruned_seq(session):
-                    reason = "SQL is behind the index" if head < si.watermark else "changes were pruned"
-                    log.warning("rebuilding index of space %s: %s", si.space_id, reason)
-                    fresh = self._build(si.space_id)
-                    self._install(fresh)
-                    return fresh.count
+                    return self._rebuild_now(si, "SQL is behind" if head < si.watermark else "changes were pruned")
+                start = si.watermark
                 while True:
                     batch = changes.changes_since(session, si.watermark, space_id=si.space_id, limit=10_000)
                     if not batch:
@@ -518,6 +351,8 @@ class IndexManager:
                     self._apply(session, si, batch)
                     applied += len(batch)
                     si.watermark = batch[-1].seq
+                if changes.pruned_seq(session) > start:  # a prune raced with the reads above
+                    return self._rebuild_now(si, "changes were pruned during catch-up")
                 # Every change <= head is visible now, including those of other spaces.
                 si.watermark = max(si.watermark, head)
                 si.dirty = True
@@ -527,21 +362,18 @@ class IndexManager:
                 self._install(self._build(si.space_id))
         return applied
 
+    def _rebuild_now(self, si: SpaceIndex, reason: str) -> int:
+        log.warning("rebuilding index of space %s: %s", si.space_id, reason)
+        fresh = self._build(si.space_id)
+        self._install(fresh)
+        return fresh.count
+
     def _apply(self, session: Session, si: SpaceIndex, batch: list[changes.ChangeRecord]) -> None:
         last_op: dict[int, str] = {}
         for ch in batch:
             last_op[ch.task_id] = ch.op
         upserts = [t for t, op in last_op.items() if op != CHANGE_DELETE]
-        found_ids: list[int] = []
-        blobs: list[bytes] = []
-        for start in range(0, len(upserts), 500):
-            part = upserts[start : start + 500]
-            for task_id, vector in session.execute(
-                select(Signature.task_id, Signature.vector).where(Signature.task_id.in_(part))
-            ):
-                found_ids.append(int(task_id))
-                blobs.append(vector)
-        vectors = bytes_to_vectors(blobs, si.m)
+        found_ids, vectors = read_signatures(session, upserts, si.m)
         remove = np.array(sorted(t for t in last_op if t in si.ids), dtype=np.int64)
         with si.lock.write():
             if len(remove):
@@ -551,7 +383,6 @@ class IndexManager:
                 si.index.add_with_ids(vectors, np.array(found_ids, dtype=np.int64))
                 si.ids.update(found_ids)
             si.gpu_index = None
-        self._notify(si.space_id, list(last_op))
 
     # -- searching -----------------------------------------------------------------------------
 
@@ -581,8 +412,7 @@ class IndexManager:
         """
         if k < 1:
             raise InvalidInput("k must be at least 1", {"k": k})
-        if space_id not in self._spaces:
-            self._ensure(space_id)
+        self._space(space_id)
         if fresh and time.monotonic() - self._last_check >= self.catch_up_interval_s:
             self.catch_up(wait=False)
         si = self._spaces[space_id]
@@ -609,7 +439,7 @@ class IndexManager:
 
     def persist(self, space_id: int | None = None, *, force: bool = False) -> list[int]:
         """Atomically write changed indexes (or ``space_id``'s) to disk; return the spaces written."""
-        if self.directory is None:
+        if self.files is None:
             return []
         written = []
         targets = [space_id] if space_id is not None else list(self._spaces)
@@ -619,44 +449,52 @@ class IndexManager:
                 continue
             with self._apply_lock(sid):  # no apply between writing the file and reading its watermark
                 si = self._spaces[sid]
-                with si.lock.read():
-                    _write_atomic(self.index_path(sid), lambda p, idx=si.index: faiss.write_index(idx, str(p)))
                 meta = IndexMeta(
                     format=FORMAT_VERSION, instance_id=self._instance_id or "", space_id=sid,
                     model_fingerprint=si.model_fingerprint, spec_fingerprint=si.spec_fingerprint, m=si.m,
-                    kind=si.kind, watermark=si.watermark, count=si.count, checksum=_file_checksum(self.index_path(sid)),
-                    nlist=si.nlist, trained_n=si.trained_n, written_at=time.time(),
+                    kind=si.kind, watermark=si.watermark, count=si.count, checksum="", nlist=si.nlist,
+                    trained_n=si.trained_n, written_at=time.time(),
                 )
-                _write_atomic(self.meta_path(sid), lambda p, m=meta: p.write_text(json.dumps(asdict(m), indent=1)))
-                _fsync_dir(self.index_path(sid).parent)
+                with si.lock.read():
+                    self.files.write(si.index, meta)
                 si.dirty = False
+                si.persisted_watermark = si.watermark
             written.append(sid)
         return written
+
+    # -- compaction ----------------------------------------------------------------------------
+
+    def compact(self, write_factory: sessionmaker[Session], *, retain: int = 100_000) -> int:
+        """Prune the change log through a compaction point (:func:`atlas.changes.compact`); return the
+        rows deleted. The floors are this manager's persisted watermarks (the in-memory ones when
+        nothing is persisted), so its own files can still catch up after a restart. Call it after
+        :meth:`persist`; other replicas that need pruned changes rebuild from SQL."""
+        floors = [si.watermark if self.files is None else si.persisted_watermark for si in list(self._spaces.values())]
+        with write_factory.begin() as session:
+            return changes.compact(session, retain=retain, floors=[f for f in floors if f >= 0])
 
     # -- introspection -------------------------------------------------------------------------
 
     def stats(self, space_id: int) -> dict[str, Any]:
         """Kind, count, watermark and last open report of a space's index."""
-        if space_id not in self._spaces:
-            self._ensure(space_id)
-        si = self._spaces[space_id]
+        si = self._space(space_id)
         report = self.reports.get(space_id)
-        return {
-            "space_id": space_id, "kind": si.kind, "count": si.count, "watermark": si.watermark,
-            "nlist": si.nlist, "nprobe": self.nprobe if si.kind == "ivf" else None,
-            "opened": asdict(report) if report else None,
-        }
+        ivf = si.kind == "ivf"
+        return {"space_id": space_id, "kind": si.kind, "count": si.count, "watermark": si.watermark,
+                "nlist": si.nlist, "nprobe": self.nprobe if ivf else None, "coarse_dim": si.index.dim if ivf else None,
+                "opened": asdict(report) if report else None}
 
     def ids(self, space_id: int) -> np.ndarray:
         """Sorted task ids currently in a space's index."""
-        if space_id not in self._spaces:
-            self._ensure(space_id)
-        si = self._spaces[space_id]
+        si = self._space(space_id)
         with si.lock.read():
             return np.array(sorted(si.ids), dtype=np.int64)
 
     def watermark(self, space_id: int) -> int:
         """Watermark of a space's index."""
+        return self._space(space_id).watermark
+
+    def _space(self, space_id: int) -> SpaceIndex:
         if space_id not in self._spaces:
             self._ensure(space_id)
-        return self._spaces[space_id].watermark
+        return self._spaces[space_id]

@@ -449,7 +449,8 @@ def update_task(
                 else:
                     merged[key] = value
             task.meta = check_metadata(merged, where="the merged metadata")
-    if name is not None and _check_name(name) != task.name:
+    renamed = name is not None and _check_name(name) != task.name
+    if renamed:
         task.name = _check_name(name)
         try:
             with session.begin_nested():
@@ -458,6 +459,8 @@ def update_task(
             raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
     task.updated_at = utcnow()
     session.flush()
+    if renamed and task.status == TASK_READY:  # caches keyed by task (atlas.state_cache) follow the log
+        record_change(session, task.space_id, task.id, CHANGE_UPSERT)
     return task
 
 

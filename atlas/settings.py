@@ -66,10 +66,11 @@ class Settings(BaseSettings):
     )
     index_kind: Literal["auto", "flat", "ivf"] = Field(
         default="auto",
-        description="'auto': exact flat below index_ivf_min_size signatures, IVF above; 'flat': always exact.",
+        description="'auto' (or 'ivf'): exact flat below index_ivf_min_size signatures, the two-stage index "
+        "(projected IVF + exact re-rank) above; 'flat': always exact.",
     )
-    index_nprobe: int = Field(default=16, ge=1, description="IVF lists probed per query (of sqrt(N) lists).")
-    index_ivf_min_size: int = Field(default=20_000, ge=1, description="Below this many signatures a space stays flat.")
+    index_nprobe: int = Field(default=32, ge=1, description="IVF lists probed per query (of sqrt(N) lists).")
+    index_ivf_min_size: int = Field(default=4096, ge=1, description="Below this many signatures a space stays flat.")
 
     prompt_service: Literal["auto", "inprocess", "redis"] = Field(
         default="auto",

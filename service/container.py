@@ -24,7 +24,6 @@ import threading
 import time
 from typing import Any
 
-from atlas.caches import STATE_CACHE_BYTES, StateCache
 from atlas.errors import ModelUnavailable
 from atlas.index import IndexManager
 from atlas.models import Space
@@ -33,11 +32,15 @@ from atlas.queue import JobQueue
 from atlas.services import JobService, QueryService, SpaceService, StateLoader, TaskService
 from atlas.services.tasks import require_same_space
 from atlas.settings import Settings
+from atlas.state_cache import StateCache
 from atlas.store import Store
 from service.auth import keys_required, prepare_keys
 from service.metrics import Metrics
 
 log = logging.getLogger("fisher_atlas.service")
+
+STATE_CACHE_BYTES = 512 * 1024 * 1024
+"""Memory budget of the deserialised-state cache of a process."""
 
 
 class Container:
@@ -91,9 +94,7 @@ class Container:
         self.index = IndexManager(store.read, s.data_dir / "index", kind=s.index_kind, nprobe=s.index_nprobe,
                                   ivf_min_size=s.index_ivf_min_size)
         self.index.open()
-        cache = StateCache(STATE_CACHE_BYTES)
-        self.index.listeners.append(cache.on_changes)
-        self.state_loader = StateLoader(store, cache)
+        self.state_loader = StateLoader(store, StateCache(STATE_CACHE_BYTES))
         if s.resolved_prompt_service() == "redis":
             self._start_remote()
         else:
@@ -199,8 +200,11 @@ class Container:
         while not self._stop.wait(1.0):
             try:
                 self.index.catch_up(wait=False)
+                self.state_loader.sync()
                 if time.monotonic() - last_persist > 30:
                     self.index.persist()
+                    assert self.store is not None
+                    self.index.compact(self.store.write)  # prune the change log behind the saved index
                     last_persist = time.monotonic()
             except Exception:
                 log.warning("index sync failed", exc_info=True)

@@ -1,14 +1,16 @@
-"""Search latency / QPS, IVF recall@10 and rebuild-from-SQL time of the FAISS index (m = 4096).
+"""Candidate search: flat vs the two-stage index (projected IVF + exact re-rank), m = 4096.
 
 Usage::
 
-    nice python -m bench.store.bench_index --sizes 1000 10000 100000 --out bench/out/store/index.json
+    nice python -m bench.store.bench_index --sizes 10000 100000 --out bench/out/store/index.json
 
-For each N: a fresh embedded store (SQLite, migrated) is bulk-loaded with N clustered unit signatures;
-``IndexManager.open()`` builds the flat index from SQL (the timed "rebuild"); single-query latency
-(k = 10) is measured over ``--queries`` queries; then the IVF index (nlist = sqrt(N)) is built and its
-recall@10 against flat measured for several ``nprobe``. With ``--pg URL`` the largest size is also
-loaded into PostgreSQL and rebuilt from there.
+For each N: a fresh embedded store (SQLite, migrated) is bulk-loaded with N unit signatures
+(``--shape task_like``: :class:`TaskLike`, families and sub-families with a decaying spectrum;
+``isotropic``: cluster centres plus isotropic noise); ``IndexManager.open()`` builds each index
+from SQL (timed: the build); single-query latency (k = 10, one query per call) over ``--queries``
+fresh queries; recall@10 of the two-stage index against the exact flat one for several ``nprobe``;
+bytes per task of the persisted files. With ``--pg URL`` the largest size is also loaded into
+PostgreSQL and the flat index rebuilt from there.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import faiss
@@ -51,8 +54,44 @@ def recall(approx: np.ndarray, exact: np.ndarray) -> float:
     return float(np.mean([len(set(a.tolist()) & set(e.tolist())) / K for a, e in zip(approx, exact, strict=True)]))
 
 
-def run_size(n: int, m: int, n_queries: int, root: Path, clusters: int, spread: float,
-             nprobes: list[int]) -> dict[str, object]:
+class TaskLike:
+    """Synthetic signatures shaped like real ones: families of tasks, sub-families, low-rank spread.
+
+    A latent space of ``rank`` directions with a decaying spectrum (``j ** -0.6``), ``families``
+    family centres, ``subs`` sub-family centres per family (spread 0.7), tasks around those (spread
+    ``within``), mapped into ``m`` dimensions by a random orthonormal basis, normalised, plus
+    isotropic noise ``iso`` (then normalised again). Mean top-10 cosine of a query ~0.5; median
+    cosine ~0 (``--shape isotropic`` is the older, harder mixture of ``bench.store.common``).
+    """
+
+    def __init__(self, m: int, *, seed: int = 1, families: int = 40, subs: int = 25, rank: int = 256,
+                 within: float = 1.0, iso: float = 0.8) -> None:
+        rng = np.random.default_rng(seed)
+        self.m, self.rank, self.within, self.iso = m, rank, within, iso
+        self.basis = np.linalg.qr(rng.standard_normal((m, rank)).astype(np.float32))[0].T
+        self.s = (np.arange(1, rank + 1) ** -0.6).astype(np.float32)
+        fam = rng.standard_normal((families, rank)).astype(np.float32) * self.s
+        sub = fam[:, None, :] + 0.7 * rng.standard_normal((families, subs, rank)).astype(np.float32) * self.s
+        self.sub = sub.reshape(-1, self.rank)
+
+    def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        z = self.sub[rng.integers(0, len(self.sub), n)]
+        z = z + self.within * rng.standard_normal((n, self.rank)).astype(np.float32) * self.s
+        x = z @ self.basis
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        x += self.iso * rng.standard_normal((n, self.m)).astype(np.float32) / np.sqrt(self.m)
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    def chunks(self, n: int, seed: int, chunk: int = 5000) -> Iterator[np.ndarray]:
+        for start in range(0, n, chunk):
+            yield self.draw(min(chunk, n - start), np.random.default_rng([seed, start]))
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.faiss"))
+
+
+def run_size(n: int, m: int, n_queries: int, root: Path, args: argparse.Namespace) -> dict[str, object]:
     work = root / f"n{n}"
     work.mkdir(parents=True)
     url = f"sqlite:///{work / 'atlas.sqlite'}"
@@ -60,39 +99,44 @@ def run_size(n: int, m: int, n_queries: int, root: Path, clusters: int, spread: 
     engine = db.make_engine(url)
     factory, ro = db.session_factory(engine), db.session_factory(engine, readonly=True)
     space_id = make_space(factory, m)
-    _, load_s = bulk_load(factory, space_id, clustered_unit_vectors(n, m, clusters=clusters, spread=spread,
-                                                                          seed=1))
-    queries = _fresh_queries(n_queries, m, clusters, spread)  # new draws from the same families
-    out: dict[str, object] = {"n": n, "m": m, "load_s": load_s,
-                              "sqlite_bytes": (work / "atlas.sqlite").stat().st_size}
+    if args.shape == "task_like":
+        gen = TaskLike(m)
+        _, load_s = bulk_load(factory, space_id, gen.chunks(n, seed=1))
+        queries = gen.draw(n_queries, np.random.default_rng(12345))  # fresh draws from the same families
+    else:
+        chunks = clustered_unit_vectors(n, m, clusters=args.clusters, spread=args.spread, seed=1)
+        _, load_s = bulk_load(factory, space_id, chunks)
+        queries = _fresh_queries(n_queries, m, args.clusters, args.spread)
+    out: dict[str, object] = {"n": n, "m": m, "shape": args.shape, "load_s": load_s}
 
     flat = IndexManager(ro, work / "flat", kind="flat")
     t0 = time.perf_counter()
     flat.open()
-    out["flat_rebuild_s"] = time.perf_counter() - t0
+    out["flat_build_s"] = time.perf_counter() - t0
     out["flat"] = latency(flat, space_id, queries)
-    t0 = time.perf_counter()
     flat.persist()
-    out["flat_persist_s"] = time.perf_counter() - t0
-    reopened = IndexManager(ro, work / "flat", kind="flat")
-    t0 = time.perf_counter()
-    report = reopened.open()[0]
-    out["flat_load_s"] = time.perf_counter() - t0
-    assert report.action == "loaded", report
-    del reopened
-    _, exact = flat.search(space_id, queries, K)
+    out["flat_bytes_per_task"] = _dir_bytes(work / "flat") / n
+    exact = flat.search(space_id, queries, K)[1]
     del flat
 
-    ivf = IndexManager(ro, work / "ivf", kind="ivf", ivf_min_size=1000)
+    ivf = IndexManager(ro, work / "ivf", kind="auto", ivf_min_size=min(n, 4096), coarse_dim=args.dim)
     t0 = time.perf_counter()
     ivf.open()
     out["ivf_build_s"] = time.perf_counter() - t0
     out["ivf_nlist"] = ivf.stats(space_id)["nlist"]
+    t0 = time.perf_counter()
+    ivf.persist()
+    out["ivf_persist_s"] = time.perf_counter() - t0
+    out["ivf_bytes_per_task"] = _dir_bytes(work / "ivf") / n
+    reopened = IndexManager(ro, work / "ivf", kind="auto", ivf_min_size=min(n, 4096), coarse_dim=args.dim)
+    t0 = time.perf_counter()
+    assert reopened.open()[0].action == "loaded"
+    out["ivf_load_s"] = time.perf_counter() - t0
+    del reopened
     out["ivf"] = {}
-    for nprobe in nprobes:
-        si = ivf._spaces[space_id]
-        faiss.extract_index_ivf(si.index).nprobe = nprobe
-        _, approx = ivf.search(space_id, queries, K)
+    for nprobe in args.nprobe:
+        ivf._spaces[space_id].index.nprobe = nprobe
+        approx = ivf.search(space_id, queries, K)[1]
         out["ivf"][str(nprobe)] = latency(ivf, space_id, queries) | {"recall_at_10": recall(approx, exact)}
     del ivf
     engine.dispose()
@@ -131,12 +175,14 @@ def pg_rebuild(pg_server: str, n: int, m: int, clusters: int, spread: float) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000])
     p.add_argument("--m", type=int, default=4096)
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--clusters", type=int, default=200)
     p.add_argument("--spread", type=float, default=1.0)
-    p.add_argument("--nprobe", type=int, nargs="+", default=[4, 16, 64])
+    p.add_argument("--nprobe", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--shape", choices=["task_like", "isotropic"], default="task_like")
+    p.add_argument("--dim", type=int, default=256, help="coarse code length of the two-stage index")
     p.add_argument("--threads", type=int, default=1, help="FAISS OpenMP threads")
     p.add_argument("--pg", default=None, help="PostgreSQL server URL: also time the rebuild at the largest N")
     p.add_argument("--out", type=Path, default=Path("bench/out/store/index.json"))
@@ -146,7 +192,7 @@ def main() -> None:
     results = {"args": {k: str(v) for k, v in vars(args).items()}, "sizes": []}
     try:
         for n in args.sizes:
-            r = run_size(n, args.m, args.queries, root, args.clusters, args.spread, args.nprobe)
+            r = run_size(n, args.m, args.queries, root, args)
             print(json.dumps(r), flush=True)
             results["sizes"].append(r)
         if args.pg:
