@@ -27,8 +27,9 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-SQLITE_BUSY_TIMEOUT_MS = 5_000
-"""Default wait of a SQLite writer for the write lock before failing (``settings.db_busy_timeout_s``)."""
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""Default wait of a SQLite writer for the write lock before failing, for workers, migrations and tools
+(they should wait); the service's store passes ``settings.db_busy_timeout_s`` (5 s) and answers 503."""
 
 POOL_TIMEOUT_S = 5.0
 """Default wait for a pooled connection before failing (``settings.db_pool_timeout_s``)."""
