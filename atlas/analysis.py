@@ -13,17 +13,13 @@ signature vectors that the caller has already loaded:
 Definitions
 -----------
 Route score
-    ``score = ⟨p̂, μ_ae,t⟩ / √Ŝ_ae(t, t)``: the prompt's unit signature ``p̂`` (all T−1 next-token
-    positions of the prompt) against the task's mean feature ``μ_ae,t``, normalised by the task's
-    *unbiased* (U-statistic) self-similarity. The FAISS score is the same inner product normalised
-    by the plug-in norm ``‖μ_ae,t‖``, which is inflated by sampling noise (the self-pairs) — most for
-    tasks with few tokens — so the exact re-rank removes a bias against small tasks. Among the
-    candidates it orders tasks exactly as the sketched Fisher alignment ``Â_F(prompt, task)`` of
-    ``fishersketch.align`` does (the prompt-side normalisation is a per-prompt constant), but it stays
-    defined and on a cosine-like scale (≈ [−1, 1]; slightly above 1 is possible for very small tasks)
-    when a short prompt's own U-statistic is too noisy to estimate, which makes one threshold
-    meaningful across prompts. ``none`` is true when the best score is below the threshold
-    (open-set answer: the prompt belongs to no stored task).
+    A cosine in ``[−1, 1]`` between the prompt's unit signature and the task's mean feature, with the
+    task's unbiased self-similarity shrunk by a minimum-evidence prior so that a small or noisy task
+    cannot inflate it (:mod:`atlas.routing`, docs/SCORES.md). Completion-mode tasks are scored on
+    their prompt-side state (the candidate's ``state``). ``none`` is true when the best match scores
+    below its threshold: the request's, else the task's own calibrated or overridden threshold, else
+    the global default (open-set answer: the prompt belongs to no stored task). Every answer carries
+    a ``confidence`` in [0, 1] (:func:`atlas.routing.confidence`).
 Ranking of sources
     By ``fisher_shrunk``: the empirical-Bayes shrunk Fisher alignment computed by
     ``fishersketch.align_matrix`` over the target and its compared candidates (so the shrinkage
@@ -100,139 +96,20 @@ def _opt_f(x: Any) -> float | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# routing
+# routing: see atlas.routing (re-exported here)
 # --------------------------------------------------------------------------------------------------
 
+from atlas.routing import (  # noqa: E402
+    Candidate,
+    RouteAnswer,
+    RouteMatch,
+    rerank_route,
+    route_score,
+    self_similarity,
+    state_view,
+)
 
-@dataclass(frozen=True)
-class Candidate:
-    """A stored task offered to the re-ranker.
-
-    Attributes
-    ----------
-    task_id, name
-        Identity of the task.
-    state : fishersketch.SketchState
-        Its stored state.
-    faiss_score : float
-        Inner product of the prompt's and the task's unit signatures.
-    view : tuple of ndarray, optional
-        The state's :func:`state_view`, if the caller cached it (saves recomputing it per query).
-    """
-
-    task_id: int
-    name: str
-    state: Any
-    faiss_score: float = 0.0
-    view: Any = None
-
-
-@dataclass(frozen=True)
-class RouteMatch:
-    """One re-ranked match (see :func:`rerank_route`)."""
-
-    task_id: int
-    name: str
-    score: float
-    faiss_score: float
-    activation: float
-    error: float
-
-
-@dataclass(frozen=True)
-class RouteAnswer:
-    """The answer for one prompt: top-``k`` matches, best first, and the open-set flag."""
-
-    matches: list[RouteMatch]
-    none: bool
-    best_score: float | None
-    threshold: float
-
-
-def self_similarity(state: Any, feature: str = "ae") -> float:
-    """Unbiased self-similarity Ŝ_f(t, t) of a state (U-statistic; V-statistic for a single draw).
-
-    ``(‖Σψ_f‖² − Σ‖ψ_f‖²) / (n (n − 1))`` over both splits, as in ``fishersketch.align``; 0.0 when
-    the state has no draws.
-    """
-    return float(state_view(state)[1][_FEATURE_INDEX[feature]])
-
-
-_FEATURE_INDEX = {"ae": 0, "a": 1, "e": 2}
-
-
-def state_view(state: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled means ``μ_f`` (3, m) and unbiased self-similarities (3,) of a state, features (ae, a, e).
-
-    What the route re-rank reads from a task's state; callers may cache it next to the state.
-    """
-    n = int(state.n_draws)
-    sums = np.asarray(state.sums).sum(axis=0)  # (3, m) over both splits
-    sq = np.asarray(state.sq_norms).sum(axis=0)  # (3,)
-    if n == 0:
-        return np.zeros_like(sums), np.zeros(3)
-    norms2 = np.einsum("fm,fm->f", sums, sums)
-    self_terms = sq.copy() if n == 1 else (norms2 - sq) / (n * (n - 1.0))
-    return sums / n, self_terms
-
-
-def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
-    """Route score of a task for a prompt: ``⟨p̂, μ_ae,t⟩ / √Ŝ_ae(t, t)`` (see the module notes)."""
-    mu, self_t = state_view(task_state)
-    if not self_t[0] > _EPS:
-        return 0.0
-    return float(prompt_unit @ mu[0]) / math.sqrt(self_t[0])
-
-
-def rerank_route(prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float) -> RouteAnswer:
-    """Exact re-rank of ANN candidates for one prompt.
-
-    Parameters
-    ----------
-    prompt_state : fishersketch.SketchState
-        State of the prompt (all its next-token positions).
-    candidates
-        Candidate tasks with their stored states (same space as the prompt).
-    k
-        Matches to return.
-    threshold
-        Open-set threshold: ``none`` is true when there is no candidate or the best score is below it.
-
-    Returns
-    -------
-    RouteAnswer
-        Matches sorted by :func:`route_score` (descending), ties by FAISS score then task id. Each
-        match carries the prompt-task ``activation`` and ``error`` cosines, computed exactly as the
-        pooled point estimates of ``fishersketch.align`` (cross kernel mean clamped at 1e-10 over the
-        root of both unbiased self-similarities; 0 when a self-similarity is not positive — a short
-        prompt's own error self-similarity is often too noisy to estimate, then ``error`` is 0).
-    """
-    if not candidates:
-        return RouteAnswer(matches=[], none=True, best_score=None, threshold=threshold)
-    mu_p, self_p = state_view(prompt_state)
-    norm = float(np.linalg.norm(mu_p[0]))
-    unit = mu_p[0] / norm if norm > 0 and math.isfinite(norm) else np.zeros_like(mu_p[0])
-    views = [c.view if c.view is not None else state_view(c.state) for c in candidates]
-    self_ae = np.array([v[1][0] for v in views])
-    dots = np.array([float(v[0][0] @ unit) for v in views])
-    ok = self_ae > _EPS
-    score = np.where(ok, dots / np.sqrt(np.where(ok, self_ae, 1.0)), 0.0)
-    faiss = np.array([_f(c.faiss_score) for c in candidates])
-    order = sorted(range(len(candidates)), key=lambda i: (-_f(score[i]), -faiss[i], candidates[i].task_id))[:k]
-    top = []
-    for i in order:
-        mu_t, self_t = views[i]
-        diag = []
-        for f in (1, 2):  # activation, error: the pooled cosines of fishersketch.align
-            if self_t[f] > _EPS and self_p[f] > _EPS:
-                diag.append(max(float(mu_t[f] @ mu_p[f]), _EPS) / math.sqrt(self_t[f] * self_p[f]))
-            else:
-                diag.append(0.0)
-        c = candidates[i]
-        top.append(RouteMatch(task_id=c.task_id, name=c.name, score=_f(score[i]), faiss_score=_f(faiss[i]),
-                              activation=_f(diag[0]), error=_f(diag[1])))
-    best = top[0].score
-    return RouteAnswer(matches=top, none=best < threshold, best_score=best, threshold=threshold)
+__all__ = ["Candidate", "RouteAnswer", "RouteMatch", "rerank_route", "route_score", "self_similarity", "state_view"]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ One schema for SQLite and PostgreSQL (created by the Alembic scripts in ``migrat
     The change sequence the FAISS index is derived from: ``seq`` is allocated from the single
     ``atlas_state`` row under its row lock, so sequence order equals commit order (a reader that
     has seen ``seq = s`` has seen every change ``<= s``).
+``task_routing``
+    Routing side of a task: prompt-side state (completion tasks), calibration, threshold override.
 ``api_keys``
     sha256 hashes of API keys with their scopes.
 """
@@ -34,6 +36,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -271,3 +274,27 @@ class ApiKey(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class TaskRouting(Base):
+    """A task's routing side (docs/SCORES.md): prompt-side state, calibration and threshold override.
+
+    ``prompt_state`` is the FisherSketch state of the task's *prompts* (prompt mode of the extractor),
+    kept only for completion-mode tasks, whose signature covers answer tokens a prompt does not have;
+    text-mode tasks route on their own state. ``cal_scores`` are leave-one-out route scores of the
+    task's own samples (held out from the routing state), ``threshold_auto`` their
+    ``false_reject_rate`` quantile, ``score_scale`` their spread; ``threshold_override`` (PATCH or
+    ``/v1/route/fit``) wins over ``threshold_auto`` when set.
+    """
+
+    __tablename__ = "task_routing"
+
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    prompt_state: Mapped[bytes | None] = mapped_column(LargeBinary)
+    cal_scores: Mapped[list[float]] = mapped_column(JSON, default=list)
+    threshold_auto: Mapped[float | None] = mapped_column(Float)
+    score_scale: Mapped[float | None] = mapped_column(Float)
+    false_reject_rate: Mapped[float | None] = mapped_column(Float)
+    threshold_override: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

@@ -40,6 +40,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import repository as repo
+from atlas import routing_repo
 from atlas.errors import Conflict, InvalidInput
 from atlas.models import TASK_READY, Space, Task
 from atlas.samples import Metadata
@@ -97,6 +98,7 @@ class ExportTask(BaseModel):
     state: str
     signature: str
     baselines: str | None = None
+    routing: dict[str, Any] | None = None
 
 
 class ExportTrailer(BaseModel):
@@ -142,6 +144,7 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
             states = repo.get_states(session, part)
             baselines = repo.get_baselines(session, part)
             sig_ids, vectors = repo.get_signatures(session, task_ids=part)
+            routes = routing_repo.export_records(session, part)
         sigs = {int(i): v for i, v in zip(sig_ids, vectors, strict=True)}
         for tid in part:
             t = tasks.get(tid)
@@ -154,6 +157,7 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
                 "state": base64.b64encode(states[tid]).decode(),
                 "signature": base64.b64encode(sigs[tid].astype("<f4").tobytes()).decode(),
                 "baselines": base64.b64encode(baselines[tid]).decode() if tid in baselines else None,
+                "routing": routes.get(tid),
             }
             out = (json.dumps(line) + "\n").encode()
             digest.update(out)
@@ -263,7 +267,8 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         seen.add(name)
         tasks.append({"name": name, "mode": rec.mode, "metadata": rec.metadata, "version": rec.version,
                       "n_samples": state.n_samples, "n_tokens": state.n_tokens, "state": state_blob,
-                      "signature": recomputed.astype(np.float32), "baselines": base_blob})
+                      "signature": recomputed.astype(np.float32), "baselines": base_blob,
+                      "routing": rec.routing})
     return spec, sp.model_fingerprint, sp.model_name, tasks
 
 
@@ -302,5 +307,6 @@ def import_space(write: sessionmaker[Session], data: bytes, *,
                 n_tokens=t["n_tokens"],
             )
             task.version = t["version"]  # preserved, not reset
+            routing_repo.import_record(session, task.id, t["routing"], spec)
         space_id = int(space.id)
     return space_id, len(tasks) - len(skipped), skipped

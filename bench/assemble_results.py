@@ -22,6 +22,7 @@ SECTIONS = [
     ("api.md", "Routing over HTTP against a MiniLM router (issues 6, 12)"),
     ("gpu.md", "Llama-3.1-8B shape on an H100 (issue 12)"),
     ("quality.md", "Quality harness: the paper's experiments in miniature (issue 8)"),
+    ("scoring.md", "Scores, small tasks, completion routing, fit (issue 13)"),
 ]
 
 

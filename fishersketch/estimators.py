@@ -11,7 +11,13 @@ unbiased choice):
 * ``fisher``      Â_F = S_ae(i,j) / sqrt(S_ae(i,i) S_ae(j,j))
 * ``activation``  S_cov(M_a) = S_a(i,j) / sqrt(S_a(i,i) S_a(j,j)); ``error`` S_cov(Γ_e) likewise
 * ``proxy``       activation · error (the Kronecker proxy)
-* ``chi``         χ_ij = S_ae / (S_a S_e);  ``rho`` ρ = χ_ij / sqrt(χ_ii χ_jj) (= fisher / proxy)
+* ``chi``         χ_ij = S_ae / (S_a S_e);  ``rho`` ρ = fisher / proxy (= χ_ij / sqrt(χ_ii χ_jj) before
+                  clipping), bounded to ``[1 / RHO_MAX, RHO_MAX]``
+
+Ranges (docs/SCORES.md): ``fisher``, ``activation``, ``error``, ``proxy`` and ``fisher_eb`` are cosines in
+``[0, 1]`` — the cross kernel mean of a pair is clamped at EPS below, and a ratio above 1 (the cross
+term of a small task can exceed the unbiased self terms by noise) is clipped to 1 with the flag
+``cosine_clipped``. Identical states (``align(a, a)``) give exactly 1 for every cosine and ρ = 1.
 
 Split-half diagnostics use within-split estimates (both tasks' split-A sums, then split-B sums):
 ``log ρ^A``, ``log ρ^B``, ``log_rho_split = (log ρ^A + log ρ^B) / 2`` and
@@ -27,6 +33,9 @@ Degenerate inputs never give NaN or Inf; they give the documented neutral values
 * ``zero_norm_<f>``   a self term of feature f is ≤ EPS after the U-statistic (zero or noise-dominated
                       data): the cosines of f with that task are 0 and ρ = 1, χ = 0.
 * ``clamped``         a cross term was below EPS and clamped.
+* ``rho_bounded``     ρ hit its bound (proxy near 0).
+* ``cosine_clipped``  a cosine ratio above 1 was clipped to 1.
+* ``identical``       the two states are identical (all cosines and ρ exactly 1).
 * ``split_half_unavailable``  a split has fewer than 2 draws (or zero norm) for a task: log ρ^A,
                       log ρ^B, log_rho_split, se are 0 and the pair gets weight 0 in the shrinkage.
 """
@@ -42,12 +51,15 @@ import numpy as np
 from fishersketch.errors import SketchError, SpecMismatch
 from fishersketch.state import SketchState
 
-__all__ = ["EB_C", "EPS", "AlignmentResult", "MatrixResult", "align", "align_matrix"]
+__all__ = ["EB_C", "EPS", "RHO_MAX", "AlignmentResult", "MatrixResult", "align", "align_matrix"]
 
 EPS = 1e-10
 """Clamp of every kernel mean before ratios (paper: fixed ε = 1e-10)."""
 EB_C = 1.5
 """Noise inflation factor of the empirical-Bayes τ² (paper: c = 1.5)."""
+RHO_MAX = 100.0
+"""ρ is bounded to ``[1 / RHO_MAX, RHO_MAX]``; a pair that hits the bound gets the ``rho_bounded`` flag
+(its proxy activation · error is near 0, so the ratio fisher / proxy carries no information)."""
 
 _FEATURES = ("ae", "a", "e")
 
@@ -189,27 +201,54 @@ def _kernels(sums: np.ndarray, sq: np.ndarray, n: np.ndarray, *, allow_v: bool) 
     return _Kernels(S=S, n=n, self_ok=self_ok, v_stat=v_stat & allow_v)
 
 
-def _cosines_and_rho(k: _Kernels) -> dict[str, np.ndarray]:
-    """Cosines, χ, ρ and validity masks from one kernel view (all (T, T), no NaN)."""
+def _cosines_and_rho(k: _Kernels, same: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Cosines, χ, ρ and validity masks from one kernel view (all (T, T), no NaN).
+
+    Cosines are clipped to ``[0, 1]`` (the cross kernel mean of a pair can exceed the product of
+    the unbiased self terms by sampling noise); ``same[i, j]`` marks identical states, whose cosines
+    and ρ are exactly 1. ρ = fisher / proxy is bounded to ``[1 / RHO_MAX, RHO_MAX]``.
+    """
     C = np.maximum(k.S, EPS)
     T = C.shape[1]
     out: dict[str, np.ndarray] = {}
     valid_f = [k.self_ok[f][:, None] & k.self_ok[f][None, :] for f in range(3)]
+    eye = np.eye(T, dtype=bool)
+    ident = eye if same is None else (same | eye)
+    clipped = np.zeros((T, T), dtype=bool)
     for f, name in enumerate(("fisher", "activation", "error")):
         d = np.diagonal(C[f])
         cos = C[f] / np.sqrt(np.outer(d, d))
-        out[name] = np.where(valid_f[f], cos, 0.0)
+        clipped |= valid_f[f] & (cos > 1.0) & ~ident
+        cos = np.minimum(cos, 1.0)
+        cos = np.where(ident & (k.n[:, None] > 0), 1.0, cos)
+        out[name] = np.where(valid_f[f] | (ident & (k.n[:, None] > 0)), cos, 0.0)
     out["proxy"] = out["activation"] * out["error"]
     chi = C[0] / (C[1] * C[2])
-    cd = np.diagonal(chi)
-    rho = chi / np.sqrt(np.outer(cd, cd))
     rho_ok = valid_f[0] & valid_f[1] & valid_f[2]
+    raw = out["fisher"] / np.maximum(out["proxy"], EPS)
+    bounded = rho_ok & ((raw > RHO_MAX) | (raw < 1.0 / RHO_MAX))
+    rho = np.clip(raw, 1.0 / RHO_MAX, RHO_MAX)
+    rho = np.where(ident, 1.0, rho)
     out["chi"] = np.where(rho_ok, chi, 0.0)
     out["rho"] = np.where(rho_ok, rho, 1.0)
     out["log_rho"] = np.where(rho_ok, np.log(np.where(rho_ok, rho, 1.0)), 0.0)
-    out["rho_ok"] = rho_ok
-    out["clamped"] = (k.S < EPS) & ~np.eye(T, dtype=bool)
+    out["rho_ok"] = rho_ok | (ident & (k.n[:, None] > 0) & (k.n[None, :] > 0) & ~eye)
+    out["rho_bounded"] = bounded & ~ident
+    out["cos_clipped"] = clipped
+    out["clamped"] = (k.S < EPS) & ~eye
     return out
+
+
+def _identical(sums: np.ndarray, sq: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``(T, T)`` mask of pairs of byte-identical states (same sums, squared norms and draws)."""
+    T = sums.shape[0]
+    keys = [hash((a.tobytes(), b.tobytes(), c.tobytes())) for a, b, c in zip(sums, sq, n, strict=True)]
+    same = np.zeros((T, T), dtype=bool)
+    for i in range(T):
+        for j in range(i + 1, T):
+            if keys[i] == keys[j] and np.array_equal(sums[i], sums[j]) and np.array_equal(n[i], n[j]):
+                same[i, j] = same[j, i] = True
+    return same
 
 
 def _stack(states: Sequence[SketchState]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -246,6 +285,12 @@ def _pair_flags(i: int, j: int, pooled: _Kernels, cp: dict[str, np.ndarray], spl
         flags.append("clamped")
     if not split_ok[i, j]:
         flags.append("split_half_unavailable")
+    if cp["rho_bounded"][i, j]:
+        flags.append("rho_bounded")
+    if cp["cos_clipped"][i, j]:
+        flags.append("cosine_clipped")
+    if cp["same"][i, j]:
+        flags.append("identical")
     return tuple(flags)
 
 
@@ -273,12 +318,14 @@ def align_matrix(states: Sequence[SketchState], *, c: float = EB_C) -> MatrixRes
     T = len(states)
     sums, sq, n = _stack(states)
     pooled = _kernels(sums.sum(axis=1), sq.sum(axis=1), n.sum(axis=1), allow_v=True)
-    cp = _cosines_and_rho(pooled)
+    same = _identical(sums, sq, n)
+    cp = _cosines_and_rho(pooled, same)
+    cp["same"] = same
     # Kernel matrices shared by every pair: S[f] with clamping, as reported.
     C = np.maximum(pooled.S, EPS)
     # Split halves (within-split estimates, no V-statistic fallback).
     halves = [_kernels(sums[:, s], sq[:, s], n[:, s], allow_v=False) for s in (0, 1)]
-    hcp = [_cosines_and_rho(h) for h in halves]
+    hcp = [_cosines_and_rho(h, same) for h in halves]
     split_ok = hcp[0]["rho_ok"] & hcp[1]["rho_ok"]
     eye = np.eye(T, dtype=bool)
     log_a = np.where(split_ok, hcp[0]["log_rho"], 0.0)
@@ -302,7 +349,7 @@ def align_matrix(states: Sequence[SketchState], *, c: float = EB_C) -> MatrixRes
     weight = np.where(split_ok & ~eye, tau2 / (tau2 + se**2 + 1e-10), 0.0)
     alpha = float(np.mean(weight[iu, ju][ok])) if lp.size else 0.0
     rho_eb = np.exp(weight * lbar)
-    fisher_eb = cp["proxy"] * rho_eb
+    fisher_eb = np.clip(cp["proxy"] * rho_eb, 0.0, 1.0)
     la, lb = log_a[iu, ju][ok], log_b[iu, ju][ok]
     if la.size >= 3 and np.std(la) > 0 and np.std(lb) > 0:
         r = float(np.corrcoef(la, lb)[0, 1])

@@ -26,7 +26,7 @@ from service.container import Container
 from service.dashboard import mount_dashboard
 from service.errors import install_error_handlers
 from service.metrics import Metrics
-from service.routes import health, jobs, keys, query, spaces, tasks
+from service.routes import fit, health, jobs, keys, query, spaces, tasks
 from service.schemas import SamplesAppend, TaskCreate
 from service.security import SecurityMiddleware, document_security_responses, serve_docs_offline
 from service.uploads import ENVELOPE_BYTES, BodyLimitMiddleware
@@ -151,7 +151,7 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
     app.state.settings = settings
     install_error_handlers(app)
 
-    for module in (health, tasks, jobs, query, spaces, keys):
+    for module in (health, tasks, jobs, query, fit, spaces, keys):
         app.include_router(module.router)
     mount_dashboard(app)
     serve_docs_offline(app)

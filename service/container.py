@@ -31,6 +31,7 @@ from atlas.ports import PromptSketcher, SpaceKey
 from atlas.queue import JobQueue
 from atlas.services import JobService, QueryService, SpaceService, StateLoader, TaskService
 from atlas.services.tasks import require_same_space
+from atlas.services.thresholds import ThresholdService
 from atlas.settings import Settings
 from atlas.state_cache import StateCache
 from atlas.store import Store
@@ -106,6 +107,7 @@ class Container:
         self.queries = QueryService(store, self.index, self.state_loader, self.prompts,
                                     observe=lambda kind, seconds: observe.labels(kind=kind).observe(seconds))
         self.spaces = SpaceService(store, self.index)
+        self.thresholds = ThresholdService(store, self.queries)
         self.metrics.watch_store(self.store_stats)
         self._bg = threading.Thread(target=self._background, name="atlas-index-sync", daemon=True)
         self._bg.start()

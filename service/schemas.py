@@ -266,10 +266,15 @@ class RouteMatch(_Out):
 
     task_id: int
     name: str
-    score: float = Field(description="Exact re-rank score: Fisher alignment of the prompt state and the task state.")
+    score: float = Field(description="Route score, a cosine in [-1, 1] between the prompt and the task's routing "
+                                     "state, shrunk for the task's size and noise (docs/SCORES.md).")
     faiss_score: float = Field(description="Inner product of the unit signatures (the ANN stage).")
-    activation: float = Field(description="S_cov(M_a) of prompt and task: activation-side similarity.")
-    error: float = Field(description="S_cov(Γ_e) of prompt and task: error-side similarity.")
+    activation: float = Field(description="S_cov(M_a) of prompt and task in [0, 1]: activation-side similarity.")
+    error: float = Field(description="S_cov(Γ_e) of prompt and task in [0, 1]: error-side similarity.")
+    threshold: float | None = Field(default=None, description="The threshold this task is held to (request, task "
+                                    "override, calibrated, or global default).")
+    confidence: float | None = Field(default=None, description="sigmoid((score - threshold) / scale) in [0, 1]: "
+                                     "0.5 on the threshold (docs/SCORES.md).")
 
 
 class RouteResult(_Out):
@@ -279,6 +284,8 @@ class RouteResult(_Out):
     none: bool = Field(description="True when the best score is under the threshold (no stored task fits).")
     best_score: float | None = None
     threshold: float
+    confidence: float | None = Field(default=None, description="Confidence in [0, 1] of the answer given: the best "
+                                     "task, or no task when `none` is true.")
 
 
 class RouteResponse(_Out):
@@ -314,6 +321,7 @@ class RouteResponse(_Out):
     none: bool
     best_score: float | None = None
     threshold: float
+    confidence: float | None = None
     results: list[RouteResult]
 
 
@@ -497,3 +505,56 @@ class Readiness(_Out):
     ready: bool
     checks: dict[str, bool]
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class FitExample(BaseModel):
+    """One labelled prompt for ``/v1/route/fit``: the task it belongs to, or ``"none"``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1)
+    label: str | int = Field(description='Task name or id, or "none" (the prompt belongs to no task).')
+
+
+class FitRequest(BaseModel):
+    """Labelled prompts from which per-task route thresholds are tuned (docs/SCORES.md)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"examples": [{"prompt": "To be or not to be", "label": "shakespeare"},
+                                                      {"prompt": "SELECT 1;", "label": "none"}]}]},
+    )
+
+    examples: list[FitExample] = Field(min_length=1, max_length=2000)
+    space: str | None = None
+    dry_run: bool = Field(default=False, description="Compute the thresholds without storing them.")
+
+
+class FitResponse(_Out):
+    """New per-task thresholds (stored as overrides unless ``dry_run``) and the accuracy on the examples."""
+
+    thresholds: dict[str, float]
+    accuracy_before: float
+    accuracy_after: float
+    stored: bool
+
+
+class ThresholdPatch(BaseModel):
+    """Set or clear (``null``) a task's route-threshold override."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
+
+
+class RoutingInfo(_Out):
+    """A task's routing side: effective threshold and where it comes from."""
+
+    task_id: int
+    threshold: float
+    source: str = Field(description="override, calibrated or default")
+    threshold_override: float | None = None
+    threshold_auto: float | None = None
+    calibration_scores: int = 0
+    false_reject_rate: float | None = None
+    prompt_side: bool = Field(default=False, description="Routes on a prompt-side state (completion mode).")

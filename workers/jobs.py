@@ -44,6 +44,7 @@ from atlas.errors import AtlasError, IncompatibleSpace
 from atlas.models import JOB_APPEND, JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
 from atlas.settings import Settings
 from atlas.vocabulary import ModeName
+from workers import calibration
 
 if TYPE_CHECKING:
     from atlas.index import IndexManager
@@ -392,10 +393,12 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
             return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
         _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint")
         return "released"
-    return _store(ctx, claim, res)
+    side = calibration.prompt_side_or_none(extractor, samples, mode) if res.state.n_tokens else None
+    return _store(ctx, claim, res, None if side is None else (mode, side))
 
 
-def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult) -> str:
+def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
+           routing_side: tuple[str, calibration.PromptSide] | None = None) -> str:
     """The final transaction: merge into the task, store, mark done, log the change."""
     from fishersketch import SketchState
 
@@ -425,6 +428,8 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult) ->
                 s, task, state=merged.to_bytes(), signature=merged.signature(), baselines=merged_base.to_bytes(),
                 n_samples=merged.n_samples, n_tokens=merged.n_tokens,
             )
+            if routing_side is not None:
+                calibration.store_routing_side(s, task.id, routing_side[0], merged, routing_side[1])
             job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, _progress_of(res, final=True))
         elif outcome == JOB_SUCCEEDED:  # an append with nothing usable: nothing to merge
             job_store.mark_succeeded(s, job, summary | {"note": error}, _progress_of(res, final=True))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from atlas import analysis, changes
+from atlas import analysis, changes, routing
 from atlas import repository as repo
 from atlas import space_repository as sql
 from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLarge
@@ -127,14 +127,17 @@ class QueryService:
         t1 = time.perf_counter()
         thr = float(threshold) if threshold is not None else float(self.settings.route_threshold)
         answers = await asyncio.to_thread(self.search_states, key.space_id, states, k=k, threshold=thr,
-                                          candidates=candidates or analysis.default_candidates(k))
+                                          candidates=candidates or analysis.default_candidates(k),
+                                          per_task=threshold is None)
         timings.search_s = time.perf_counter() - t1
         self.observe("route", timings.search_s)
         return answers, timings
 
     def search_states(self, space_id: int, states: Sequence[SketchState], *, k: int, threshold: float,
-                      candidates: int) -> list[analysis.RouteAnswer]:
-        """FAISS candidates by signature, then the exact re-rank, for each query state."""
+                      candidates: int, per_task: bool = False) -> list[analysis.RouteAnswer]:
+        """FAISS candidates by signature (plus the space's completion tasks, routed on their prompt-side
+        states), then the exact re-rank, for each query state; ``per_task``: each task's own calibrated
+        threshold instead of ``threshold`` (``docs/SCORES.md``)."""
         answers = []
         queries = np.stack([np.asarray(st.signature(), dtype=np.float32) for st in states])
         with self.store.read() as session:
@@ -143,10 +146,10 @@ class QueryService:
             scores, ids = self.index.search(space_id, queries, candidates)
             for qi, st in enumerate(states):
                 faiss_score = {int(t): float(sc) for t, sc in zip(ids[qi], scores[qi], strict=True) if t >= 0}
-                loaded = self.states.load(session, space, list(faiss_score))
-                cands = [analysis.Candidate(x.task_id, x.name, x.state, faiss_score[x.task_id], x.view)
-                         for x in loaded]
-                answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold))
+                loaded = self.states.load(session, space, routing.with_prompt_side(session, space_id,
+                                                                                   list(faiss_score)))
+                cands = routing.route_candidates(session, self.store.spec_of(space), loaded, faiss_score)
+                answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task))
         return answers
 
     # -- recommendation and alignment ------------------------------------------------------------

@@ -42,6 +42,31 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
 
 
 @app.command()
+def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}: a task name or "none".')],
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Report, do not store the thresholds.")] = False,
+        url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+        json: Json = False) -> None:
+    """Tune the route thresholds from labelled prompts ("none" for prompts that fit no task)."""
+    import json as jsonlib
+
+    examples = []
+    for i, line in enumerate(file.read_text(encoding="utf-8").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = jsonlib.loads(line)
+            examples.append((str(rec["prompt"]), rec["label"]))
+        except (ValueError, KeyError, TypeError):
+            raise fail(f"{file}:{i}: expected a JSON object with 'prompt' and 'label'", 2) from None
+    with client(url, api_key, timeout) as cl:
+        res = cl.fit(examples, space=space, dry_run=dry_run)
+    lines = [f"accuracy on the labelled prompts: {res.accuracy_before:.3f} -> {res.accuracy_after:.3f}"
+             + ("" if res.stored else " (dry run: nothing stored)")]
+    lines += [f"  {name}: threshold {thr:.4f}" for name, thr in sorted(res.thresholds.items())]
+    emit(json, res, "\n".join(lines))
+
+
+@app.command()
 def recommend(name: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5,
               candidates: Annotated[int | None, typer.Option(help="Nearest tasks compared.")] = None,
               plot: Annotated[Path | None, typer.Option(help="Also draw the factors (.png, .svg, .pdf).")] = None,

@@ -25,12 +25,14 @@ from service.schemas import (
     AlignMatrixResponse,
     AlignResponse,
     AtlasResponse,
+    FitResponse,
     Health,
     ImportResult,
     JobList,
     JobOut,
     Readiness,
     RouteResponse,
+    RoutingInfo,
     SourcesResponse,
     SpaceList,
     SpaceOut,
@@ -225,6 +227,24 @@ class AsyncAtlasClient:
                     candidates: int | None = None, space: str | int | None = None) -> RouteResponse:
         """``POST /v1/route`` for one prompt (``str``) or a batch (a sequence)."""
         return await self._send(calls.route(prompt, k, threshold, candidates, space))
+
+    async def fit(self, examples: Sequence[tuple[str, str | int]], *, space: str | int | None = None,
+                  dry_run: bool = False) -> FitResponse:
+        """``POST /v1/route/fit``: tune route thresholds from ``(prompt, label)`` pairs (label: a task name,
+        a task id, or ``"none"``)."""
+        body: dict[str, Any] = {"examples": [{"prompt": p, "label": lab} for p, lab in examples], "dry_run": dry_run}
+        if space is not None:
+            body["space"] = str(space)
+        return await self._send(Call("POST", "/v1/route/fit", FitResponse, json=body))
+
+    async def routing(self, task_id: int) -> RoutingInfo:
+        """``GET /v1/tasks/{id}/routing``: the task's effective route threshold and its calibration."""
+        return await self._send(Call("GET", f"/v1/tasks/{task_id}/routing", RoutingInfo))
+
+    async def set_threshold(self, task_id: int, threshold: float | None) -> RoutingInfo:
+        """``PATCH /v1/tasks/{id}/routing``: override the task's route threshold (``None`` clears it)."""
+        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
+                                     json={"threshold": threshold}))
 
     async def sources(self, task_id: int, *, k: int = 5, candidates: int | None = None) -> SourcesResponse:
         """``GET /v1/tasks/{id}/sources``: recommended fine-tuning sources."""

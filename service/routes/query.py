@@ -44,14 +44,15 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
     results = [
         RouteResult(
             matches=[RouteMatch(task_id=m.task_id, name=m.name, score=m.score, faiss_score=m.faiss_score,
-                                activation=m.activation, error=m.error) for m in a.matches],
-            none=a.none, best_score=a.best_score, threshold=a.threshold,
+                                activation=m.activation, error=m.error, threshold=m.threshold,
+                                confidence=m.confidence) for m in a.matches],
+            none=a.none, best_score=a.best_score, threshold=a.threshold, confidence=a.confidence,
         )
         for a in answers
     ]
     first = results[0]
     return RouteResponse(matches=first.matches, none=first.none, best_score=first.best_score,
-                         threshold=first.threshold, results=results)
+                         threshold=first.threshold, confidence=first.confidence, results=results)
 
 
 @router.get(

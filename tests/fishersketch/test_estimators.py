@@ -157,3 +157,73 @@ def test_align_refuses_mixed_specs() -> None:
         align(states[0], other)
     with pytest.raises(ValueError):
         align_matrix([])
+
+
+# --------------------------------------------------------------------------------------------------
+# Score ranges (docs/SCORES.md): hypothesis over open-ended tasks
+# --------------------------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fishersketch.estimators import RHO_MAX  # noqa: E402
+
+_SK = Sketcher(SketchSpec(d=6, K=9, m=256, seed=3), chunk_rows=64)
+_COSINES = ("fisher", "activation", "error", "proxy", "fisher_eb")
+
+
+def _task(seed: int, n: int, scale_e: float, offset: float) -> SketchState:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, 6)) + offset
+    e = scale_e * (rng.standard_normal((n, 9)) + offset)
+    return _SK.sketch(a, e, np.arange(n) + 7 * seed)
+
+
+_tasks = st.builds(_task, st.integers(0, 10_000), st.integers(1, 40),
+                   st.sampled_from([1e-9, 1e-4, 1.0, 30.0]), st.floats(-2.0, 2.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_tasks)
+def test_align_of_a_task_with_itself_is_exactly_one(state: SketchState) -> None:
+    copy = SketchState.from_bytes(state.to_bytes(), spec=state.spec)
+    for other in (state, copy):
+        r = align(state, other)
+        for name in ("fisher", "activation", "error", "proxy", "rho"):
+            assert abs(getattr(r, name) - 1.0) <= 1e-6, (name, r)
+        assert "identical" in r.flags
+    assert abs(align_matrix([state, copy, _task(1, 5, 1.0, 0.0)]).fisher_eb[0, 1] - 1.0) <= 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_tasks, min_size=2, max_size=5))
+def test_every_score_and_factor_stays_in_its_range(states: list[SketchState]) -> None:
+    mr = align_matrix(states)
+    for name in _COSINES:
+        x = getattr(mr, name)
+        assert np.all(np.isfinite(x)) and np.all(x >= 0.0) and np.all(x <= 1.0), name
+    for name in ("rho", "rho_eb"):
+        x = getattr(mr, name)
+        assert np.all(np.isfinite(x)) and np.all(x >= 1.0 / RHO_MAX - 1e-12) and np.all(x <= RHO_MAX + 1e-9)
+    assert np.all(np.isfinite(mr.se)) and np.all(mr.se >= 0.0)
+    assert np.all((mr.weight >= 0.0) & (mr.weight <= 1.0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 1000), st.floats(1e-12, 1e-6))
+def test_rho_is_finite_and_flagged_when_the_error_factor_is_near_zero(seed: int, tiny: float) -> None:
+    rng = np.random.default_rng(seed)
+    n = 30
+    a = rng.standard_normal((n, 6)) + 1.0
+    # Two tasks whose error gradients are almost orthogonal: S_e(i, j) ≈ 0, so proxy ≈ 0.
+    e1 = np.zeros((n, 9))
+    e1[:, 0] = 1.0 + 0.1 * rng.standard_normal(n)
+    e2 = np.zeros((n, 9))
+    e2[:, 1] = 1.0 + 0.1 * rng.standard_normal(n)
+    e2[:, 0] = tiny
+    exact = Sketcher(SketchSpec(d=6, K=9, m=4096, seed=5, error_projection="dense"))
+    r = align(exact.sketch(a, e1, np.arange(n)), exact.sketch(a, e2, np.arange(n) + n))
+    assert np.isfinite(r.rho) and 1.0 / RHO_MAX <= r.rho <= RHO_MAX
+    assert 0.0 <= r.error <= 1.0
+    if r.proxy < r.fisher / RHO_MAX:
+        assert "rho_bounded" in r.flags

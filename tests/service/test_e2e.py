@@ -122,7 +122,8 @@ def test_end_to_end(backend: str, serve, model, domains, request: pytest.Fixture
             res = c.route(heldout, k=3)
             top = [r.matches[0].name for r in res.results]
             assert top == [name] * len(heldout), (name, top)
-            assert not any(r.none for r in res.results)
+            # per-task calibrated thresholds reject ~5 % of in-task prompts by design (docs/SCORES.md)
+            assert sum(r.none for r in res.results) <= 1, [(r.best_score, r.threshold) for r in res.results]
 
         # open set: prompts of no stored domain answer none at the default threshold
         off = c.route(OFF_DOMAIN, k=1)

@@ -1,0 +1,89 @@
+"""``fit``: tune per-task route thresholds from labelled prompts (docs/SCORES.md).
+
+semantic-router's ``RouteLayer.fit`` searches thresholds that maximise accuracy on labelled
+utterances; here the search is closed-form per task and bounded so that the documented
+false-reject rate holds (see :func:`fit_thresholds`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from atlas.routing import FALSE_REJECT_RATE, MIN_CALIBRATION
+
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FitItem:
+    """One labelled prompt: its label (task id, or ``None`` for "none") and its scores per task."""
+
+    label: int | None
+    scores: Mapping[int, float]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """New per-task thresholds and the accuracy before and after on the labelled prompts."""
+
+    thresholds: dict[int, float]
+    accuracy_before: float
+    accuracy_after: float
+
+
+def _predict(item: FitItem, thr: Mapping[int, float], default: float) -> int | None:
+    if not item.scores:
+        return None
+    best = max(item.scores, key=lambda t: (item.scores[t], -t))
+    return best if item.scores[best] >= thr.get(best, default) else None
+
+
+def accuracy(items: Sequence[FitItem], thr: Mapping[int, float], default: float) -> float:
+    """Share of labelled prompts answered right (the best task, or none) under thresholds ``thr``."""
+    if not items:
+        return 0.0
+    return sum(_predict(it, thr, default) == it.label for it in items) / len(items)
+
+
+def fit_thresholds(
+    items: Sequence[FitItem], current: Mapping[int, float], held_out: Mapping[int, Sequence[float]],
+    *, default: float, false_reject_rate: float = FALSE_REJECT_RATE,
+) -> FitResult:
+    """Tune per-task thresholds from labelled prompts (semantic-router's ``fit``, made monotone and safe).
+
+    For each task that is the best match of some prompt labelled otherwise (another task or "none"),
+    the threshold is raised to just above the highest such score, but never above the cap: the
+    ``false_reject_rate`` quantile of the task's positives (its labelled prompts' scores and its own
+    held-out calibration scores), so false rejects stay within the documented rate; a threshold
+    above the cap is lowered to it. Tasks with fewer than ``MIN_CALIBRATION`` positives, or not
+    touched by the labelled prompts, keep theirs. Returns only the thresholds that changed.
+    """
+    thr = {int(k): float(v) for k, v in current.items()}
+    before = accuracy(items, thr, default)
+    tasks = {t for it in items for t in it.scores}
+    for t in sorted(tasks):
+        pos = [float(it.scores[t]) for it in items if it.label == t and t in it.scores]
+        pos += [float(s) for s in held_out.get(t, ())]
+        if len(pos) < MIN_CALIBRATION:
+            continue
+        cap = float(np.quantile(np.asarray(pos), false_reject_rate, method="lower"))
+        negs = []
+        for it in items:
+            if it.label == t or t not in it.scores:
+                continue
+            best = max(it.scores, key=lambda x: (it.scores[x], -x))
+            if best == t:
+                negs.append(float(it.scores[t]))
+        old = thr.get(t, default)
+        new = old
+        if negs:
+            new = max(new, min(cap, float(np.nextafter(max(negs), np.inf))))
+        new = min(new, cap)
+        if new != old:
+            thr[t] = new
+    after = accuracy(items, thr, default)
+    changed = {t: v for t, v in thr.items() if current.get(t) != v}
+    return FitResult(thresholds=changed, accuracy_before=before, accuracy_after=after)

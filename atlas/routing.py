@@ -1,0 +1,417 @@
+"""Route scores with a meaning, per-task calibrated thresholds and ``fit`` (docs/SCORES.md).
+
+Pure numpy over :class:`fishersketch.SketchState` objects, plus two helpers that read the routing
+rows through :mod:`atlas.routing_repo` (no SQL here).
+
+Route score
+    ``score(p, t) = ⟨p̂, μ_t⟩ / √(max(Ŝ_t, 0) (1 + κ / n_s) + n₀ σ̄²_t / n_t)`` on the ``ae`` feature: ``p̂`` the
+    prompt's unit signature, ``μ_t`` the task's mean feature over its ``n_t`` draws, ``Ŝ_t`` its
+    unbiased (U-statistic) self-similarity, ``σ̄²_t`` the mean squared norm of one draw and
+    ``n₀ = PRIOR_DRAWS`` pseudo-draws of noise (a minimum-evidence prior). The denominator is never
+    below ``‖μ_t‖`` (``‖μ‖² = Ŝ (n − 1)/n + σ̄²/n``), so by Cauchy–Schwarz the score is a cosine in
+    ``[−1, 1]``; for a large task it tends to the unbiased cosine ``⟨p̂, μ⟩ / √Ŝ``, for a task of a
+    few draws the noise term dominates and the score shrinks towards the cosine with its (noisy)
+    mean — a small or noisy task cannot inflate it. The signal term is further multiplied by
+    ``1 + κ / n_s`` (``κ = PRIOR_SAMPLES`` pseudo-samples, ``n_s`` the task's samples): the cosine is
+    shrunk by ``√(n_s / (n_s + κ))`` at most, 0.58 for 2 samples, 0.93 for 24, 0.99 for 150.
+Threshold
+    Per task: ``threshold_override`` (PATCH, ``/v1/route/fit``) else ``threshold_auto`` — the
+    ``FALSE_REJECT_RATE`` quantile of the task's leave-one-out scores (each calibration sample's prompt
+    scored against the task's routing state with that sample removed, i.e. held out) — else the
+    global default ``settings.route_threshold``. A request's explicit ``threshold`` overrides all.
+Confidence
+    ``sigmoid((score − threshold) / scale)``, ``scale`` the spread (standard deviation) of the task's
+    leave-one-out scores (``DEFAULT_SCALE`` without calibration): 0.5 on the threshold, towards 1
+    when the prompt scores like the task's own samples; for a ``none`` answer the confidence that
+    the prompt fits no task, ``1 − sigmoid(...)`` of the best match.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+PRIOR_DRAWS = 1.0
+"""Pseudo-draws of noise ``n₀`` in the route score's denominator (``≥ 1`` keeps the score in [−1, 1])."""
+PRIOR_SAMPLES = 4.0
+"""Minimum-evidence prior ``κ`` in samples: the signal term is inflated by ``κ / n_samples`` (draws are
+tokens, which are correlated within a sample, so evidence is counted in samples)."""
+FALSE_REJECT_RATE = 0.05
+"""Target false-reject rate of the calibrated per-task thresholds (the quantile of held-out scores)."""
+MIN_CALIBRATION = 5
+"""Fewest held-out scores from which a task's threshold is estimated; fewer: the global default."""
+CALIBRATION_SAMPLES = 32
+"""Samples of one job scored leave-one-out (evenly spaced over the job's samples)."""
+MAX_CAL_SCORES = 256
+"""Held-out scores kept per task (appends add theirs; the oldest are dropped beyond this)."""
+DEFAULT_SCALE = 0.05
+"""Confidence scale when a task has no calibration."""
+_EPS = 1e-10
+
+
+def _f(x: Any) -> float:
+    """A finite Python float (NaN/inf become 0.0 so that answers stay valid JSON)."""
+    v = float(x)
+    return v if math.isfinite(v) else 0.0
+
+
+def totals(state: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """Sums over both splits ``(3, m)``, squared norms ``(3,)`` and draws of a state."""
+    return (np.asarray(state.sums, dtype=np.float64).sum(axis=0),
+            np.asarray(state.sq_norms, dtype=np.float64).sum(axis=0), int(state.n_draws))
+
+
+def denominator(sums: np.ndarray, sq: np.ndarray, n: int, n_samples: int | None = None,
+                prior_draws: float = PRIOR_DRAWS, prior_samples: float = PRIOR_SAMPLES) -> float:
+    """``√(max(Ŝ, 0) (1 + κ / n_s) + n₀ σ̄² / n)`` of one feature (0 when empty; see the module notes)."""
+    if n <= 0:
+        return 0.0
+    u = max((float(sums @ sums) - float(sq)) / (n * (n - 1.0)) if n >= 2 else 0.0, 0.0)
+    ns = max(int(n_samples if n_samples is not None else n), 1)
+    d2 = u * (1.0 + prior_samples / ns) + prior_draws * float(sq) / (n * n)
+    return math.sqrt(d2) if d2 > _EPS else 0.0
+
+
+def unit_signature(state: Any) -> np.ndarray:
+    """The prompt's unit ``ae`` mean (zeros when it has no norm)."""
+    s, _, n = totals(state)
+    mu = s[0] / max(n, 1)
+    norm = float(np.linalg.norm(mu))
+    return mu / norm if norm > 0 and math.isfinite(norm) else np.zeros_like(mu)
+
+
+def score(unit: np.ndarray, sums_ae: np.ndarray, sq_ae: float, n: int, n_samples: int | None = None) -> float:
+    """Route score of a task given by its ``ae`` sums (see the module notes), clipped to [−1, 1]."""
+    den = denominator(sums_ae, np.float64(sq_ae), n, n_samples)
+    if den <= 0:
+        return 0.0
+    return float(np.clip(float(unit @ (sums_ae / n)) / den, -1.0, 1.0))
+
+
+def leave_one_out_scores(task_state: Any, sample_states: Sequence[Any]) -> list[float]:
+    """Held-out scores: each sample's prompt state against the task's routing state without it.
+
+    ``task_state`` must contain the samples' contributions (states are sums, so removing one is
+    exact up to float32 rounding of the stored sums).
+    """
+    s, q, n = totals(task_state)
+    ns = int(task_state.n_samples)
+    out = []
+    for st in sample_states:
+        si, qi, ni = totals(st)
+        if ni <= 0 or n - ni <= 0:
+            continue
+        out.append(score(unit_signature(st), s[0] - si[0], q[0] - qi[0], n - ni, max(ns - int(st.n_samples), 1)))
+    return out
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A task's calibration: held-out scores, the threshold at ``false_reject_rate`` and their spread."""
+
+    scores: list[float]
+    threshold: float | None
+    scale: float | None
+    false_reject_rate: float
+
+
+CALIBRATION_CONFIDENCE = 0.9
+"""Confidence that the calibrated threshold rejects at most ``FALSE_REJECT_RATE`` of the task's prompts."""
+
+
+def calibrate(scores: Iterable[float], false_reject_rate: float = FALSE_REJECT_RATE) -> Calibration:
+    """Threshold from held-out in-task scores (``None`` if fewer than ``MIN_CALIBRATION``).
+
+    A lower tolerance bound: with confidence ``CALIBRATION_CONFIDENCE`` at most ``false_reject_rate``
+    of the task's prompts score below it. The lower of the normal one-sided tolerance bound
+    ``mean − k σ``, the empirical ``false_reject_rate`` quantile and, when one exists (n ≳ 45), the
+    distribution-free order statistic ``x₍ᵣ₎`` with ``P(Binomial(n, rate) ≥ r) ≥ confidence``.
+    """
+    from statistics import NormalDist
+
+    from scipy.stats import binom
+
+    xs = [float(x) for x in scores if math.isfinite(float(x))][-MAX_CAL_SCORES:]
+    if len(xs) < MIN_CALIBRATION:
+        return Calibration(xs, None, None, false_reject_rate)
+    arr = np.sort(np.asarray(xs))
+    n = arr.size
+    sd = float(np.std(arr, ddof=1))
+    zp = NormalDist().inv_cdf(1.0 - false_reject_rate)
+    zg = NormalDist().inv_cdf(CALIBRATION_CONFIDENCE)
+    a = 1.0 - zg**2 / (2.0 * (n - 1))
+    b = zp**2 - zg**2 / n
+    k = (zp + math.sqrt(max(zp**2 - a * b, 0.0))) / a if a > 0 else zp * 3.0
+    thr = float(np.mean(arr)) - k * sd
+    r = int(binom.isf(CALIBRATION_CONFIDENCE, n, false_reject_rate))  # largest r with P(B >= r) >= confidence
+    if r >= 1:
+        thr = min(thr, float(arr[r - 1]))
+    thr = min(thr, float(np.quantile(arr, false_reject_rate, method="lower")))
+    return Calibration(xs, float(np.clip(thr, -1.0, 1.0)), max(sd, 1e-3), false_reject_rate)
+
+
+def calibration_pick(n: int, cap: int = CALIBRATION_SAMPLES) -> list[int]:
+    """Indices of the samples scored leave-one-out: at most ``cap``, evenly spaced over ``range(n)``."""
+    if n <= cap:
+        return list(range(n))
+    return sorted(set(np.linspace(0, n - 1, cap).round().astype(int).tolist()))
+
+
+def confidence(score_: float, threshold: float, scale: float | None) -> float:
+    """``sigmoid((score − threshold) / scale)`` in [0, 1] (see the module notes)."""
+    z = (score_ - threshold) / (scale if scale and scale > 0 else DEFAULT_SCALE)
+    return float(1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0))))
+
+
+@dataclass(frozen=True)
+class TaskRoute:
+    """What routing reads for one task beside its state: prompt-side state and threshold."""
+
+    threshold: float | None = None
+    scale: float | None = None
+    prompt_state: bytes | None = None
+    version: int = 0
+
+
+def resolve(row: Any) -> TaskRoute:
+    """A :class:`TaskRoute` from a ``TaskRouting`` row (override wins over the calibrated threshold)."""
+    thr = row.threshold_override if row.threshold_override is not None else row.threshold_auto
+    return TaskRoute(threshold=None if thr is None else float(thr),
+                     scale=None if row.score_scale is None else float(row.score_scale),
+                     prompt_state=row.prompt_state, version=int(row.version or 0))
+
+
+class _ViewCache:
+    """LRU of deserialised prompt-side states and their views, by (task id, row version)."""
+
+    def __init__(self, max_items: int = 2048) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int], make: Any) -> tuple[Any, Any]:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+        return value
+
+
+_PROMPT_VIEWS = _ViewCache()
+
+
+def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score: Mapping[int, float]) -> list[Any]:
+    """Re-rank candidates for loaded tasks: prompt-side state where the task has one, thresholds.
+
+    Parameters
+    ----------
+    session
+        Open session (the routing rows are read through :mod:`atlas.routing_repo`).
+    spec
+        The space's sketch spec (to deserialise prompt-side states).
+    loaded
+        Objects with ``task_id``, ``name``, ``state`` and ``view`` (``service.engine.Loaded``).
+    faiss_score
+        ANN score per task id (0 for tasks added because they route on a prompt-side state).
+    """
+    from atlas import routing_repo
+    from fishersketch import SketchState
+
+    routes = routing_repo.get_task_routes(session, [x.task_id for x in loaded])
+    out = []
+    for x in loaded:
+        r = routes.get(x.task_id, TaskRoute())
+        state, view = x.state, x.view
+        if r.prompt_state is not None:
+            blob = r.prompt_state
+            state, view = _PROMPT_VIEWS.get(
+                (x.task_id, r.version),
+                lambda b=blob: (lambda s: (s, state_view(s)))(SketchState.from_bytes(b, spec=spec)),
+            )
+        out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
+                             threshold=r.threshold, scale=r.scale))
+    return out
+
+
+def with_prompt_side(session: Any, space_id: int, ids: Sequence[int], cap: int = 256) -> list[int]:
+    """``ids`` plus up to ``cap`` tasks of the space that route on a prompt-side state.
+
+    Completion-mode tasks are indexed by their completion signature, which a prompt does not resemble,
+    so the ANN stage may miss them; they are always re-ranked.
+    """
+    from atlas import routing_repo
+
+    have = set(ids)
+    extra = [i for i in routing_repo.prompt_side_task_ids(session, space_id, limit=cap) if i not in have]
+    return list(ids) + extra
+
+
+# --------------------------------------------------------------------------------------------------
+# routing
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stored task offered to the re-ranker.
+
+    Attributes
+    ----------
+    task_id, name
+        Identity of the task.
+    state : fishersketch.SketchState
+        Its stored state.
+    faiss_score : float
+        Inner product of the prompt's and the task's unit signatures.
+    view : tuple of ndarray, optional
+        The state's :func:`state_view`, if the caller cached it (saves recomputing it per query).
+    threshold : float, optional
+        The task's own open-set threshold (override, else calibrated); ``None``: the global default.
+    scale : float, optional
+        Spread of the task's held-out scores (the confidence scale).
+    """
+
+    task_id: int
+    name: str
+    state: Any
+    faiss_score: float = 0.0
+    view: Any = None
+    threshold: float | None = None
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
+class RouteMatch:
+    """One re-ranked match (see :func:`rerank_route`)."""
+
+    task_id: int
+    name: str
+    score: float
+    faiss_score: float
+    activation: float
+    error: float
+    threshold: float = 0.0
+    confidence: float = 0.0
+
+
+@dataclass(frozen=True)
+class RouteAnswer:
+    """The answer for one prompt: top-``k`` matches, best first, the open-set flag and its confidence.
+
+    ``threshold`` is the one the best match was held to; ``confidence`` is that of the answer given
+    (the best task when ``none`` is false, "no task" when it is true).
+    """
+
+    matches: list[RouteMatch]
+    none: bool
+    best_score: float | None
+    threshold: float
+    confidence: float = 1.0
+
+
+def self_similarity(state: Any, feature: str = "ae") -> float:
+    """Unbiased self-similarity Ŝ_f(t, t) of a state (U-statistic; V-statistic for a single draw).
+
+    ``(‖Σψ_f‖² − Σ‖ψ_f‖²) / (n (n − 1))`` over both splits, as in ``fishersketch.align``; 0.0 when
+    the state has no draws.
+    """
+    return float(state_view(state)[1][_FEATURE_INDEX[feature]])
+
+
+_FEATURE_INDEX = {"ae": 0, "a": 1, "e": 2}
+
+
+def state_view(state: Any) -> tuple[np.ndarray, np.ndarray, float]:
+    """Pooled means ``μ_f`` (3, m), unbiased self-similarities (3,) and the shrunk route denominator.
+
+    Features (ae, a, e); the denominator is :func:`atlas.routing.denominator` of ``ae``. What the
+    route re-rank reads from a task's state; callers may cache it next to the state.
+    """
+    sums, sq, n = totals(state)
+    if n == 0:
+        return np.zeros_like(sums), np.zeros(3), 0.0
+    norms2 = np.einsum("fm,fm->f", sums, sums)
+    self_terms = sq.copy() if n == 1 else (norms2 - sq) / (n * (n - 1.0))
+    return sums / n, self_terms, denominator(sums[0], sq[0], n, int(state.n_samples))
+
+
+def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
+    """Route score of a task for a prompt, a cosine in [−1, 1] (see :mod:`atlas.routing`)."""
+    mu, _, den = state_view(task_state)
+    if not den > 0:
+        return 0.0
+    return float(np.clip(float(prompt_unit @ mu[0]) / den, -1.0, 1.0))
+
+
+def rerank_route(
+    prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float, per_task: bool = False,
+) -> RouteAnswer:
+    """Exact re-rank of ANN candidates for one prompt.
+
+    Parameters
+    ----------
+    prompt_state : fishersketch.SketchState
+        State of the prompt (all its next-token positions).
+    candidates
+        Candidate tasks with their stored states (same space as the prompt).
+    k
+        Matches to return.
+    threshold
+        Open-set threshold: ``none`` is true when there is no candidate or the best score is below it.
+    per_task
+        When true, ``threshold`` is only the default: a candidate's own ``threshold`` wins.
+
+    Returns
+    -------
+    RouteAnswer
+        Matches sorted by :func:`route_score` (descending), ties by FAISS score then task id. Each
+        match carries the prompt-task ``activation`` and ``error`` cosines, computed exactly as the
+        pooled point estimates of ``fishersketch.align`` (cross kernel mean clamped at 1e-10 over the
+        root of both unbiased self-similarities; 0 when a self-similarity is not positive — a short
+        prompt's own error self-similarity is often too noisy to estimate, then ``error`` is 0).
+    """
+    if not candidates:
+        return RouteAnswer(matches=[], none=True, best_score=None, threshold=threshold)
+    mu_p, self_p, _ = state_view(prompt_state)
+    norm = float(np.linalg.norm(mu_p[0]))
+    unit = mu_p[0] / norm if norm > 0 and math.isfinite(norm) else np.zeros_like(mu_p[0])
+    views = [c.view if c.view is not None and len(c.view) == 3 else state_view(c.state) for c in candidates]
+    den = np.array([v[2] for v in views])
+    dots = np.array([float(v[0][0] @ unit) for v in views])
+    ok = den > 0
+    score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
+    faiss = np.array([_f(c.faiss_score) for c in candidates])
+    order = sorted(range(len(candidates)), key=lambda i: (-_f(score[i]), -faiss[i], candidates[i].task_id))[:k]
+    top = []
+    for i in order:
+        mu_t, self_t, _ = views[i]
+        diag = []
+        for f in (1, 2):  # activation, error: the pooled cosines of fishersketch.align
+            if self_t[f] > _EPS and self_p[f] > _EPS:
+                diag.append(max(float(mu_t[f] @ mu_p[f]), _EPS) / math.sqrt(self_t[f] * self_p[f]))
+            else:
+                diag.append(0.0)
+        c = candidates[i]
+        thr = c.threshold if per_task and c.threshold is not None else threshold
+        sc = _f(score[i])
+        top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
+                              activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
+                              threshold=float(thr), confidence=confidence(sc, thr, c.scale)))
+    best = top[0]
+    none = best.score < best.threshold
+    conf = 1.0 - best.confidence if none else best.confidence
+    return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf)
+
+

@@ -1,0 +1,121 @@
+"""Repository of the routing side of tasks (``task_routing`` rows; all its SQL lives here).
+
+Kept apart from :mod:`atlas.repository` (already large) so that routing can change without touching
+the task store. See :class:`atlas.models.TaskRouting` and docs/SCORES.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from atlas.errors import InvalidInput, NotFound
+from atlas.models import TASK_READY, Task, TaskRouting, utcnow
+from atlas.routing import FALSE_REJECT_RATE, Calibration, TaskRoute, calibrate, resolve
+
+
+def get_routing(session: Session, task_id: int) -> TaskRouting | None:
+    """The routing row of a task, or ``None``."""
+    return session.get(TaskRouting, int(task_id), populate_existing=True)
+
+
+def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, TaskRoute]:
+    """Resolved :class:`TaskRoute` (threshold, scale, prompt-side state) of the tasks that have a row."""
+    if not task_ids:
+        return {}
+    rows = session.execute(select(TaskRouting).where(TaskRouting.task_id.in_([int(i) for i in task_ids]))).scalars()
+    return {int(r.task_id): resolve(r) for r in rows}
+
+
+def get_held_out_scores(session: Session, task_ids: Sequence[int]) -> dict[int, list[float]]:
+    """The stored held-out (leave-one-out) calibration scores of the tasks."""
+    if not task_ids:
+        return {}
+    rows = session.execute(
+        select(TaskRouting.task_id, TaskRouting.cal_scores).where(TaskRouting.task_id.in_([int(i) for i in task_ids]))
+    ).all()
+    return {int(t): [float(x) for x in (s or [])] for t, s in rows}
+
+
+def prompt_side_task_ids(session: Session, space_id: int, *, limit: int) -> list[int]:
+    """Ready tasks of a space that route on a prompt-side state (completion mode), by id."""
+    ids = session.execute(
+        select(TaskRouting.task_id).join(Task, Task.id == TaskRouting.task_id)
+        .where(Task.space_id == space_id, Task.status == TASK_READY, TaskRouting.prompt_state.is_not(None))
+        .order_by(TaskRouting.task_id).limit(limit)
+    ).scalars()
+    return [int(i) for i in ids]
+
+
+def store_routing(session: Session, task_id: int, *, prompt_state: bytes | None, calibration: Calibration) -> None:
+    """Write a task's prompt-side state (``None`` keeps none) and calibration; the override is kept."""
+    row = get_routing(session, task_id)
+    now = utcnow()
+    values = {"prompt_state": prompt_state, "cal_scores": list(calibration.scores),
+              "threshold_auto": calibration.threshold, "score_scale": calibration.scale,
+              "false_reject_rate": calibration.false_reject_rate}
+    if row is None:
+        session.add(TaskRouting(task_id=int(task_id), version=1, updated_at=now, **values))
+    else:
+        for key, value in values.items():
+            setattr(row, key, value)
+        row.version = (row.version or 0) + 1
+        row.updated_at = now
+    session.flush()
+
+
+def set_threshold_override(session: Session, task_id: int, threshold: float | None) -> TaskRouting:
+    """Set (or clear, with ``None``) a task's threshold override; creates its row when missing."""
+    if threshold is not None and not -1.0 <= float(threshold) <= 1.0:
+        raise InvalidInput("a route threshold is a cosine in [-1, 1]", {"threshold": threshold})
+    if session.get(Task, int(task_id)) is None:
+        raise NotFound(f"task {task_id} not found", {"task_id": task_id})
+    row = get_routing(session, task_id)
+    now = utcnow()
+    if row is None:
+        row = TaskRouting(task_id=int(task_id), version=1, cal_scores=[], updated_at=now)
+        session.add(row)
+    else:
+        row.version = (row.version or 0) + 1
+        row.updated_at = now
+    row.threshold_override = None if threshold is None else float(threshold)
+    session.flush()
+    return row
+
+
+def export_records(session: Session, task_ids: Sequence[int]) -> dict[int, dict[str, object]]:
+    """JSON-able routing records of the tasks that have one (for space export)."""
+    import base64
+
+    if not task_ids:
+        return {}
+    rows = session.execute(select(TaskRouting).where(TaskRouting.task_id.in_([int(i) for i in task_ids]))).scalars()
+    return {int(r.task_id): {
+        "prompt_state": None if r.prompt_state is None else base64.b64encode(r.prompt_state).decode(),
+        "cal_scores": list(r.cal_scores or []), "threshold_override": r.threshold_override,
+        "false_reject_rate": r.false_reject_rate,
+    } for r in rows}
+
+
+def import_record(session: Session, task_id: int, record: object, spec: object) -> None:
+    """Restore an exported routing record (validated: the prompt-side state must fit ``spec``)."""
+    import base64
+
+    from fishersketch import SketchState
+
+    if not isinstance(record, dict):
+        return
+    try:
+        blob = base64.b64decode(record["prompt_state"], validate=True) if record.get("prompt_state") else None
+        if blob is not None:
+            SketchState.from_bytes(blob, spec=spec)
+        scores = [float(x) for x in record.get("cal_scores") or []]
+        override = record.get("threshold_override")
+        frr = float(record.get("false_reject_rate") or FALSE_REJECT_RATE)
+    except Exception as exc:
+        raise InvalidInput(f"task {task_id}: invalid routing record ({exc})") from None
+    store_routing(session, task_id, prompt_state=blob, calibration=calibrate(scores, frr))
+    if override is not None:
+        set_threshold_override(session, task_id, float(override))

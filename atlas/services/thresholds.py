@@ -1,0 +1,94 @@
+"""Route thresholds: each task's effective threshold, overrides, and ``fit`` from labelled prompts
+(semantic-router's ``fit``; ``docs/SCORES.md``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from atlas import repository, routing_repo
+from atlas.errors import InvalidInput
+from atlas.route_fit import FitItem, fit_thresholds
+from atlas.services.queries import QueryService
+from atlas.store import Store
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Thresholds by task name, accuracy on the labelled prompts before and after, whether stored."""
+
+    thresholds: dict[str, float]
+    accuracy_before: float
+    accuracy_after: float
+    stored: bool
+
+
+class ThresholdService:
+    """Per-task route thresholds (see the module docstring)."""
+
+    def __init__(self, store: Store, queries: QueryService) -> None:
+        self.store = store
+        self.queries = queries
+
+    @property
+    def default(self) -> float:
+        """The global default threshold (tasks too small to calibrate)."""
+        return float(self.store.settings.route_threshold)
+
+    def info(self, task_id: int) -> dict[str, Any]:
+        """The task's effective threshold (override, else calibrated, else default) and its calibration."""
+        with self.store.read() as session:
+            repository.get_task(session, task_id)
+            row = routing_repo.get_routing(session, task_id)
+            if row is None:
+                return {"task_id": task_id, "threshold": self.default, "source": "default"}
+            thr, src = self.default, "default"
+            if row.threshold_override is not None:
+                thr, src = float(row.threshold_override), "override"
+            elif row.threshold_auto is not None:
+                thr, src = float(row.threshold_auto), "calibrated"
+            return {"task_id": task_id, "threshold": thr, "source": src,
+                    "threshold_override": row.threshold_override, "threshold_auto": row.threshold_auto,
+                    "calibration_scores": len(row.cal_scores or []), "false_reject_rate": row.false_reject_rate,
+                    "prompt_side": row.prompt_state is not None}
+
+    def set_override(self, task_id: int, threshold: float | None) -> dict[str, Any]:
+        """Set (or clear with ``None``) the task's threshold override."""
+        with self.store.session() as session:
+            routing_repo.set_threshold_override(session, task_id, threshold)
+        return self.info(task_id)
+
+    async def fit(self, examples: Sequence[tuple[str, str | int]], *, space_ref: str | None = None,
+                  dry_run: bool = False) -> FitResult:
+        """Route the labelled prompts, then raise each task's threshold just above the prompts it wrongly
+        accepts, never past the documented false-reject rate of its own held-out scores."""
+        if not examples:
+            raise InvalidInput("no examples")
+        prompts = [p for p, _ in examples]
+        answers = []
+        for start in range(0, len(prompts), 64):
+            part, _ = await self.queries.route(prompts[start: start + 64], k=100, threshold=None, space_ref=space_ref)
+            answers += part
+        with self.store.session() as session:
+            space = self.store.resolve_space(session, space_ref)
+            labels: list[int | None] = []
+            for _, label in examples:
+                if isinstance(label, str) and label.strip().lower() == "none":
+                    labels.append(None)
+                    continue
+                task = (repository.get_task(session, int(label)) if isinstance(label, int)
+                        else repository.get_task_by_name(session, space.id, label))
+                labels.append(int(task.id))
+            items = [FitItem(lab, {m.task_id: m.score for m in a.matches})
+                     for lab, a in zip(labels, answers, strict=True)]
+            ids = sorted({t for it in items for t in it.scores})
+            routes = routing_repo.get_task_routes(session, ids)
+            current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
+            res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, ids), default=self.default)
+            names = {int(t.id): t.name for t in repository.get_tasks(session, list(res.thresholds))}
+            if not dry_run:
+                for t, thr in res.thresholds.items():
+                    routing_repo.set_threshold_override(session, t, thr)
+        return FitResult({names.get(t, str(t)): v for t, v in res.thresholds.items()}, res.accuracy_before,
+                         res.accuracy_after, not dry_run)

@@ -1,0 +1,41 @@
+"""Route thresholds: ``POST /v1/route/fit`` and ``GET``/``PATCH /v1/tasks/{id}/routing`` (docs/SCORES.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+from starlette.concurrency import run_in_threadpool
+
+from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
+from service.routes import MAX_ID, error_responses
+from service.schemas import FitRequest, FitResponse, RoutingInfo, ThresholdPatch
+
+router = APIRouter(prefix="/v1", tags=["queries"])
+TaskId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
+@router.get("/tasks/{task_id}/routing", response_model=RoutingInfo, summary="A task's route threshold",
+            responses=error_responses(401, 403, 404))
+async def get_routing(task_id: TaskId, c: ContainerDep, _: ReadPrincipal) -> RoutingInfo:
+    """The task's effective route threshold: its override, else its calibrated one, else the default."""
+    return RoutingInfo(**await run_in_threadpool(c.thresholds.info, task_id))
+
+
+@router.patch("/tasks/{task_id}/routing", response_model=RoutingInfo, summary="Override a task's route threshold",
+              responses=error_responses(401, 403, 404, 422))
+async def patch_routing(task_id: TaskId, body: ThresholdPatch, c: ContainerDep, _: WritePrincipal) -> RoutingInfo:
+    """Set (or clear with ``null``) the task's threshold override."""
+    return RoutingInfo(**await run_in_threadpool(c.thresholds.set_override, task_id, body.threshold))
+
+
+@router.post("/route/fit", response_model=FitResponse, summary="Tune route thresholds from labelled prompts",
+             responses=error_responses(401, 403, 404, 413, 422, 429, 503))
+async def fit(body: FitRequest, c: ContainerDep, _: WritePrincipal) -> FitResponse:
+    """Route the labelled prompts, then raise each task's threshold just above the prompts it wrongly
+    accepts (labelled another task or "none"), never past the documented false-reject rate of its
+    own held-out scores and labelled prompts (semantic-router's ``fit``; docs/SCORES.md)."""
+    res = await c.thresholds.fit([(e.prompt, e.label) for e in body.examples], space_ref=body.space,
+                                 dry_run=body.dry_run)
+    return FitResponse(thresholds=res.thresholds, accuracy_before=res.accuracy_before,
+                       accuracy_after=res.accuracy_after, stored=res.stored)

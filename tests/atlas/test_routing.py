@@ -1,0 +1,88 @@
+"""Route score, calibration and fit as pure functions (hypothesis over open-ended tasks)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atlas import routing
+from atlas.route_fit import FitItem, fit_thresholds
+from fishersketch import Sketcher, SketchSpec
+
+_SK = Sketcher(SketchSpec(d=6, K=9, m=256, seed=4), chunk_rows=64)
+
+
+def _state(seed: int, n_samples: int, tokens: int, offset: float) -> object:
+    rng = np.random.default_rng(seed)
+    n = n_samples * tokens
+    a = rng.standard_normal((n, 6)) + offset
+    e = rng.standard_normal((n, 9)) + offset
+    return _SK.sketch(a, e, np.repeat(np.arange(n_samples) + 1000 * seed, tokens))
+
+
+_states = st.builds(_state, st.integers(0, 10_000), st.integers(1, 12), st.integers(1, 6), st.floats(-1.5, 1.5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_states, st.lists(_states, min_size=1, max_size=6))
+def test_route_scores_and_confidences_stay_in_range(prompt: object, tasks: list[object]) -> None:
+    cands = [routing.Candidate(i, f"t{i}", s) for i, s in enumerate(tasks)]
+    ans = routing.rerank_route(prompt, cands, k=len(cands), threshold=0.1)
+    for m in ans.matches:
+        assert -1.0 <= m.score <= 1.0 and 0.0 <= m.confidence <= 1.0
+        assert 0.0 <= m.activation <= 1.0 and 0.0 <= m.error <= 1.0
+    assert 0.0 <= ans.confidence <= 1.0 and ans.none is (ans.matches[0].score < 0.1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 1000))
+def test_a_prompt_scores_its_own_task_at_most_one_and_small_tasks_are_shrunk(seed: int) -> None:
+    big = _state(seed, 12, 3, 1.0)
+    small = _state(seed + 1, 2, 3, 1.0)
+    prompt = _state(seed + 2, 1, 3, 1.0)
+    unit = routing.unit_signature(prompt)
+    s_big, s_small = routing.route_score(unit, big), routing.route_score(unit, small)
+    assert -1.0 <= s_big <= 1.0 and -1.0 <= s_small <= 1.0
+    # the evidence prior: the same task data counted as fewer samples scores lower
+    sums, sq, n = routing.totals(big)
+    assert routing.score(unit, sums[0], sq[0], n, 2) <= routing.score(unit, sums[0], sq[0], n, 12) + 1e-12
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-1, 1), min_size=0, max_size=60), st.sampled_from([0.01, 0.05, 0.2]))
+def test_calibrated_threshold_rejects_at_most_the_stated_rate_of_its_own_scores(xs: list[float], frr: float) -> None:
+    cal = routing.calibrate(xs, frr)
+    if len(xs) < routing.MIN_CALIBRATION:
+        assert cal.threshold is None
+        return
+    assert cal.threshold is not None and -1.0 <= cal.threshold <= 1.0
+    assert np.mean(np.asarray(xs) < cal.threshold) <= frr + 1e-12
+
+
+def test_leave_one_out_removes_the_sample_exactly() -> None:
+    parts = [_state(s, 1, 4, 0.5) for s in range(6)]
+    whole = parts[0].copy()
+    for p in parts[1:]:
+        whole.merge_(p)
+    loo = routing.leave_one_out_scores(whole, parts)
+    for i, p in enumerate(parts):
+        rest = [q for j, q in enumerate(parts) if j != i]
+        acc = rest[0].copy()
+        for q in rest[1:]:
+            acc.merge_(q)
+        assert abs(loo[i] - routing.route_score(routing.unit_signature(p), acc)) < 1e-5
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, 0, 1]), st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=40),
+       st.lists(st.floats(0, 1), min_size=5, max_size=20))
+def test_fit_never_raises_a_threshold_past_the_false_reject_cap(rows: list, held: list[float]) -> None:
+    items = [FitItem(lab, {0: a, 1: b}) for lab, a, b in rows]
+    current = {0: 0.1, 1: 0.1}
+    res = fit_thresholds(items, current, {0: held, 1: held}, default=0.1)
+    assert res.accuracy_after >= 0.0
+    for t, thr in res.thresholds.items():
+        pos = [it.scores[t] for it in items if it.label == t] + held
+        cap = float(np.quantile(pos, routing.FALSE_REJECT_RATE, method="lower"))
+        assert thr <= cap + 1e-12

@@ -1,0 +1,73 @@
+"""Route thresholds over real HTTP with a tiny model: calibration at job end, PATCH override, fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from service.client import AtlasClient
+
+PROSE = [f"The {a} fox jumps over the {b} dog near the {c}." for a, b, c in
+         [("quick", "lazy", "barn"), ("brown", "old", "road"), ("red", "small", "river"), ("grey", "big", "farm"),
+          ("young", "tired", "hill"), ("wild", "sleepy", "fence"), ("sly", "happy", "forest")]]
+CODE = [f"def f{i}(a, b):\n    return a {op} b\n" for i, op in enumerate("+-*/%&|")]
+QA = [(f"Question: is {x} {y}? Answer:", z) for x, y, z in
+      [("the sky", "blue", " yes"), ("fire", "cold", " no"), ("water", "wet", " yes"), ("the sun", "dark", " no"),
+       ("ice", "hot", " no"), ("grass", "green", " yes"), ("snow", "white", " yes")]]
+
+
+def _write(tmp: Path) -> dict[str, tuple[Path, str]]:
+    files = {}
+    for name, rows in (("prose", [{"text": t} for t in PROSE]), ("code", [{"text": t} for t in CODE]),
+                       ("qa", [{"prompt": p, "completion": c} for p, c in QA])):
+        p = tmp / f"{name}.jsonl"
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        files[name] = (p, "completion" if name == "qa" else "text")
+    return files
+
+
+def test_calibration_override_and_fit(serve, tiny_lm, tmp_path: Path) -> None:
+    svc = serve(lm=tiny_lm)
+    with AtlasClient(svc.url) as c:
+        ids = {}
+        for name, (path, mode) in _write(tmp_path).items():
+            r = c.add_task(name, path, mode=mode, wait=True)
+            assert r.job.status == "succeeded", r.job.error
+            ids[name] = r.task.id
+        info = {n: httpx.get(f"{svc.url}/v1/tasks/{i}/routing").json() for n, i in ids.items()}
+        for n, body in info.items():
+            assert body["source"] == "calibrated", body
+            assert -1.0 <= body["threshold"] <= 1.0 and body["calibration_scores"] == 7
+            assert body["false_reject_rate"] == 0.05 and body["prompt_side"] is (n == "qa")
+
+        res = c.route(["The calm fox jumps over the lazy cat.", "Question: is salt sweet? Answer:"], k=3)
+        for r in res.results:
+            assert 0.0 <= r.confidence <= 1.0
+            for m in r.matches:
+                assert -1.0 <= m.score <= 1.0 and 0.0 <= m.confidence <= 1.0
+            assert r.none is (r.matches[0].score < r.matches[0].threshold)
+        assert res.results[1].matches[0].name == "qa"  # the completion task receives a prompt like its own
+
+        # PATCH override: 1.0 rejects everything for that task, null restores the calibrated one
+        body = httpx.patch(f"{svc.url}/v1/tasks/{ids['qa']}/routing", json={"threshold": 1.0}).json()
+        assert body["source"] == "override" and body["threshold"] == 1.0
+        assert c.route("Question: is salt sweet? Answer:", k=1).none is True
+        assert httpx.patch(f"{svc.url}/v1/tasks/{ids['qa']}/routing", json={"threshold": 2}).status_code == 422
+        body = httpx.patch(f"{svc.url}/v1/tasks/{ids['qa']}/routing", json={"threshold": None}).json()
+        assert body["source"] == "calibrated"
+        assert httpx.get(f"{svc.url}/v1/tasks/999999/routing").status_code == 404
+
+        # fit: off-domain prompts labelled none; thresholds only change within the documented bound
+        examples = [(t, "prose") for t in PROSE[:4]] + [(p, "qa") for p, _ in QA[:4]]
+        examples += [("SELECT name FROM users;", "none"), ("1 2 3 4 5 6 7", "none"), ("Bonjour tout le monde", "none")]
+        dry = c.fit(examples, dry_run=True)
+        assert dry.stored is False and dry.accuracy_after >= dry.accuracy_before
+        fitted = c.fit(examples)
+        assert fitted.stored is True and fitted.thresholds == dry.thresholds
+        for name, thr in fitted.thresholds.items():
+            got = httpx.get(f"{svc.url}/v1/tasks/{ids[name]}/routing").json()
+            assert got["source"] == "override" and abs(got["threshold"] - thr) < 1e-12
+        bad = httpx.post(f"{svc.url}/v1/route/fit", json={"examples": [{"prompt": "x y z", "label": "nope"}]})
+        assert bad.status_code == 404

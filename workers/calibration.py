@@ -1,0 +1,95 @@
+"""The routing side of a job's end: prompt-side state and held-out threshold calibration.
+
+:func:`prompt_side` runs outside the final transaction (model forwards, prompt mode of the
+extractor); :func:`store_routing_side` runs inside it, after the task's merged state is known.
+Semantics (docs/SCORES.md):
+
+* **Completion-mode tasks** route on a prompt-side state: the sum of the prompt-mode states of
+  every sample's ``prompt`` (a prompt has no answer tokens, so the completion signature is not what
+  a prompt resembles). It is merged on append like the task state.
+* **Text-mode tasks** route on their own state (prompt mode of a text is text mode of it).
+* **Calibration**: up to ``CALIBRATION_SAMPLES`` samples of the job are scored leave-one-out against
+  the routing state (their own contribution removed, so each is held out); the task's threshold is
+  the ``FALSE_REJECT_RATE`` quantile of all its held-out scores (appends add theirs).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from atlas import routing, routing_repo
+from atlas.errors import InvalidInput
+from atlas.samples import Sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptSide:
+    """What the job computed for routing: the prompt-side sum (completion mode) and the held-out states."""
+
+    prompt_sum: Any = None
+    cal_states: list[Any] = field(default_factory=list)
+
+
+def _query_text(sample: Sample, mode: str) -> str | None:
+    if mode == "completion":
+        return sample.prompt
+    return sample.text if sample.text is not None else (sample.prompt or "") + (sample.completion or "")
+
+
+def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptSide:
+    """Prompt-mode states of the job's samples (all of them in completion mode, the calibration pick else)."""
+    pick = set(routing.calibration_pick(len(samples)))
+    out = PromptSide()
+    for i, sample in enumerate(samples):
+        if mode != "completion" and i not in pick:
+            continue
+        text = _query_text(sample, mode)
+        if not text:
+            continue
+        try:
+            st = extractor.prompt(text).state
+        except InvalidInput:
+            continue
+        if st.n_draws == 0:
+            continue
+        if mode == "completion":
+            out.prompt_sum = st.copy() if out.prompt_sum is None else out.prompt_sum.merge(st)
+        if i in pick:
+            out.cal_states.append(st)
+    return out
+
+
+def prompt_side_or_none(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptSide | None:
+    """:func:`prompt_side`, or ``None`` (logged) when it fails: routing data is derived, never fatal."""
+    try:
+        return prompt_side(extractor, samples, mode)
+    except Exception:
+        log.exception("prompt-side routing data could not be computed; the task keeps its previous calibration")
+        return None
+
+
+def store_routing_side(session: Any, task_id: int, mode: str, merged_state: Any, side: PromptSide) -> None:
+    """Merge the prompt-side state, score the calibration samples held out, store the calibration."""
+    from fishersketch import SketchState
+
+    row = routing_repo.get_routing(session, task_id)
+    prompt_blob = None
+    route_state = merged_state
+    if mode == "completion":
+        old = None if row is None or row.prompt_state is None else SketchState.from_bytes(
+            row.prompt_state, spec=merged_state.spec)
+        parts = [p for p in (old, side.prompt_sum) if p is not None]
+        if parts:
+            route_state = parts[0] if len(parts) == 1 else parts[0].merge(parts[1])
+            prompt_blob = route_state.to_bytes()
+    scores = routing.leave_one_out_scores(route_state, side.cal_states)
+    previous = [] if row is None else list(row.cal_scores or [])
+    calibration = routing.calibrate(previous + scores)
+    routing_repo.store_routing(session, task_id, prompt_state=prompt_blob, calibration=calibration)
+    log.info("task %s: routing calibrated on %s held-out scores, threshold %s", task_id,
+             len(calibration.scores), calibration.threshold)
