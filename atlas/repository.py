@@ -13,15 +13,11 @@ signatures are float32 vectors.
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import delete, exists, func, select, update
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -42,13 +38,30 @@ from atlas.models import (
     Job,
     Signature,
     SketchStateRow,
-    Space,
     Task,
     Upload,
     utcnow,
 )
-from atlas.sample_io import decode_jsonl, write_jsonl
+from atlas.paging import Page as Page
 from atlas.samples import Sample, check_metadata
+from atlas.signature_repository import bytes_to_vectors as bytes_to_vectors
+from atlas.signature_repository import count_signatures as count_signatures
+from atlas.signature_repository import get_baseline_blob as get_baseline_blob
+from atlas.signature_repository import get_baselines as get_baselines
+from atlas.signature_repository import get_signatures as get_signatures
+from atlas.signature_repository import get_state_blob as get_state_blob
+from atlas.signature_repository import get_states as get_states
+from atlas.signature_repository import iter_signatures as iter_signatures
+from atlas.signature_repository import vector_to_bytes as vector_to_bytes
+from atlas.space_repository import get_or_create_space as get_or_create_space
+from atlas.space_repository import get_space as get_space
+from atlas.space_repository import list_spaces as list_spaces
+from atlas.upload_repository import decode_samples as decode_samples
+from atlas.upload_repository import encode_samples as encode_samples
+from atlas.upload_repository import get_or_create_upload as get_or_create_upload
+from atlas.upload_repository import load_upload_samples as load_upload_samples
+from atlas.upload_repository import purge_orphan_uploads as purge_orphan_uploads
+from atlas.upload_repository import samples_digest as samples_digest
 from atlas.vocabulary import Mode
 
 T = TypeVar("T")
@@ -56,135 +69,14 @@ T = TypeVar("T")
 MODES = tuple(Mode)
 
 
-@dataclass(frozen=True)
-class Page(Generic[T]):
-    """One page of a listing and the total number of matching rows."""
-
-    items: list[T]
-    total: int
-    offset: int
-    limit: int
-
-
 # --------------------------------------------------------------------------------------------------
 # Spaces
 # --------------------------------------------------------------------------------------------------
 
 
-def get_or_create_space(
-    session: Session,
-    *,
-    model_fingerprint: str,
-    spec_fingerprint: str,
-    model_name: str,
-    d: int,
-    K: int,
-    m: int,
-    seed: int,
-    spec: dict[str, Any],
-) -> Space:
-    """Return the space of (model fingerprint, sketch spec), creating it on first use.
-
-    Parameters
-    ----------
-    model_fingerprint
-        ``ModelFingerprint.key()`` of the loaded model.
-    spec_fingerprint
-        ``SketchSpec.fingerprint()``.
-    model_name, d, K, m, seed, spec
-        Descriptive copies (``spec`` is the JSON form of the ``SketchSpec``, enough to rebuild it).
-    """
-    stmt = select(Space).where(
-        Space.model_fingerprint == model_fingerprint, Space.spec_fingerprint == spec_fingerprint
-    )
-    found = session.execute(stmt).scalar_one_or_none()
-    if found is not None:
-        return found
-    space = Space(
-        model_fingerprint=model_fingerprint, spec_fingerprint=spec_fingerprint, model_name=model_name,
-        d=d, K=K, m=m, seed=seed, spec=dict(spec),
-    )
-    try:
-        with session.begin_nested():
-            session.add(space)
-    except IntegrityError:  # created concurrently by another transaction
-        return session.execute(stmt).scalar_one()
-    return space
-
-
-def get_space(session: Session, space_id: int) -> Space:
-    """Return a space or raise :class:`NotFound`."""
-    space = session.get(Space, space_id)
-    if space is None:
-        raise NotFound(f"space {space_id} does not exist", {"space_id": space_id})
-    return space
-
-
-def list_spaces(session: Session) -> list[Space]:
-    """All spaces, oldest first."""
-    return list(session.execute(select(Space).order_by(Space.id)).scalars())
-
-
 # --------------------------------------------------------------------------------------------------
 # Uploads
 # --------------------------------------------------------------------------------------------------
-
-
-def encode_samples(samples: Sequence[Sample]) -> tuple[bytes, str]:
-    """Serialise samples to gzip-compressed JSONL (:func:`atlas.sample_io.write_jsonl`).
-
-    Returns
-    -------
-    blob : bytes
-        gzip (deterministic: ``mtime=0``) of one ``Sample.canonical_json()`` per line.
-    sha256 : str
-        Hex digest of the uncompressed JSONL text (the content address).
-    """
-    text = write_jsonl(samples)
-    return gzip.compress(text, compresslevel=6, mtime=0), hashlib.sha256(text).hexdigest()
-
-
-def samples_digest(samples: Sequence[Sample]) -> str:
-    """The content address :func:`encode_samples` gives these samples."""
-    return hashlib.sha256(write_jsonl(samples)).hexdigest()
-
-
-def decode_samples(blob: bytes) -> list[Sample]:
-    """Inverse of :func:`encode_samples` (lines split on ``"\\n"`` only: U+2028 and friends stay inside)."""
-    return decode_jsonl(gzip.decompress(blob))
-
-
-def get_or_create_upload(session: Session, samples: Sequence[Sample]) -> Upload:
-    """Store the samples once (content-addressed by sha256) and return the upload row."""
-    if not samples:
-        raise InvalidInput("an upload needs at least one sample")
-    blob, digest = encode_samples(samples)
-    stmt = select(Upload).where(Upload.sha256 == digest)
-    found = session.execute(stmt).scalar_one_or_none()
-    if found is not None:
-        return found
-    upload = Upload(sha256=digest, n_samples=len(samples), size_bytes=len(blob), content=blob)
-    try:
-        with session.begin_nested():
-            session.add(upload)
-    except IntegrityError:
-        return session.execute(stmt).scalar_one()
-    return upload
-
-
-def load_upload_samples(session: Session, upload_id: int) -> list[Sample]:
-    """The samples of an upload, in upload order."""
-    upload = session.get(Upload, upload_id)
-    if upload is None:
-        raise NotFound(f"upload {upload_id} does not exist", {"upload_id": upload_id})
-    return decode_samples(upload.content)
-
-
-def purge_orphan_uploads(session: Session) -> int:
-    """Delete uploads no job references any more; return how many."""
-    referenced = exists().where(Job.upload_id == Upload.id)
-    result = session.execute(delete(Upload).where(~referenced))
-    return int(cast(CursorResult[Any], result).rowcount or 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -496,24 +388,6 @@ def delete_task(session: Session, task_id: int) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def vector_to_bytes(vector: np.ndarray, m: int) -> bytes:
-    """Validate a signature (shape ``(m,)``, finite) and encode it as little-endian float32."""
-    vec = np.asarray(vector, dtype=np.float32)
-    if vec.shape != (m,):
-        raise InvalidInput(f"signature must have shape ({m},), got {vec.shape}")
-    if not np.all(np.isfinite(vec)):
-        raise InvalidInput("signature has non-finite values")
-    return vec.astype("<f4", copy=False).tobytes()
-
-
-def bytes_to_vectors(blobs: Sequence[bytes], m: int) -> np.ndarray:
-    """Decode signature blobs into a C-contiguous float32 matrix of shape ``(n, m)``."""
-    out = np.empty((len(blobs), m), dtype=np.float32)
-    for i, blob in enumerate(blobs):
-        out[i] = np.frombuffer(blob, dtype="<f4", count=m)
-    return out
-
-
 def store_task_result(
     session: Session,
     task: Task,
@@ -598,78 +472,3 @@ def mark_task_failed_if_empty(session: Session, task_id: int) -> None:
         .where(Task.id == task_id, Task.status == TASK_PENDING)
         .values(status=TASK_FAILED, updated_at=utcnow())
     )
-
-
-def get_state_blob(session: Session, task_id: int) -> bytes | None:
-    """The task's stored state blob, or ``None``."""
-    return session.execute(select(SketchStateRow.blob).where(SketchStateRow.task_id == task_id)).scalar_one_or_none()
-
-
-def get_baseline_blob(session: Session, task_id: int) -> bytes | None:
-    """The task's stored baseline blob, or ``None``."""
-    return session.execute(select(BaselineRow.blob).where(BaselineRow.task_id == task_id)).scalar_one_or_none()
-
-
-def get_states(session: Session, task_ids: Sequence[int]) -> dict[int, bytes]:
-    """State blobs of the given tasks (tasks without a state are absent from the result)."""
-    stmt = select(SketchStateRow.task_id, SketchStateRow.blob).where(SketchStateRow.task_id.in_(list(task_ids)))
-    return {int(t): b for t, b in session.execute(stmt)}
-
-
-def get_baselines(session: Session, task_ids: Sequence[int]) -> dict[int, bytes]:
-    """Baseline blobs of the given tasks (tasks without baselines are absent)."""
-    stmt = select(BaselineRow.task_id, BaselineRow.blob).where(BaselineRow.task_id.in_(list(task_ids)))
-    return {int(t): b for t, b in session.execute(stmt)}
-
-
-def get_signatures(
-    session: Session, *, task_ids: Sequence[int] | None = None, space_id: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Signatures of given tasks or of a whole space.
-
-    Returns
-    -------
-    ids : ndarray, shape (n,), int64
-        Task ids, ascending (tasks without a signature are left out).
-    vectors : ndarray, shape (n, m), float32
-    """
-    if (task_ids is None) == (space_id is None):
-        raise ValueError("give exactly one of task_ids or space_id")
-    stmt = select(Signature.task_id, Signature.vector, Signature.space_id)
-    stmt = stmt.where(Signature.task_id.in_(list(task_ids))) if task_ids is not None else stmt.where(
-        Signature.space_id == space_id
-    )
-    rows = session.execute(stmt.order_by(Signature.task_id)).all()
-    if not rows:
-        return np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.float32)
-    spaces = {int(r[2]) for r in rows}
-    if len(spaces) > 1:
-        from atlas.errors import IncompatibleSpace
-
-        raise IncompatibleSpace("the tasks belong to different spaces", {"space_ids": sorted(spaces)})
-    m = session.get(Space, spaces.pop()).m  # type: ignore[union-attr]
-    return np.array([r[0] for r in rows], dtype=np.int64), bytes_to_vectors([r[1] for r in rows], m)
-
-
-def iter_signatures(
-    session: Session, space_id: int, m: int, *, chunk: int = 4096
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield ``(ids, vectors)`` chunks of a space's signatures in task-id order (keyset paging)."""
-    after = -1
-    while True:
-        rows = session.execute(
-            select(Signature.task_id, Signature.vector)
-            .where(Signature.space_id == space_id, Signature.task_id > after)
-            .order_by(Signature.task_id)
-            .limit(chunk)
-        ).all()
-        if not rows:
-            return
-        yield np.array([r[0] for r in rows], dtype=np.int64), bytes_to_vectors([r[1] for r in rows], m)
-        after = int(rows[-1][0])
-
-
-def count_signatures(session: Session, space_id: int) -> int:
-    """Number of stored signatures in a space."""
-    stmt = select(func.count()).select_from(Signature).where(Signature.space_id == space_id)
-    return int(session.execute(stmt).scalar_one())

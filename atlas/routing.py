@@ -376,7 +376,8 @@ def rerank_route(
     Returns
     -------
     RouteAnswer
-        Matches sorted by :func:`route_score` (descending), ties by FAISS score then task id. Each
+        Matches sorted by :func:`route_score` (descending), ties by FAISS score then task name (unique in a
+        space, so a space and its imported copy answer alike). Each
         match carries the prompt-task ``activation`` and ``error`` cosines, computed exactly as the
         pooled point estimates of ``fishersketch.align`` (cross kernel mean clamped at 1e-10 over the
         root of both unbiased self-similarities; 0 when a self-similarity is not positive — a short
@@ -393,7 +394,8 @@ def rerank_route(
     ok = den > 0
     score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
-    order = sorted(range(len(candidates)), key=lambda i: (-_f(score[i]), -faiss[i], candidates[i].task_id))[:k]
+    order = sorted(range(len(candidates)),
+                   key=lambda i: (-round(_f(score[i]), 9), -round(faiss[i], 6), candidates[i].name))[:k]
     top = []
     for i in order:
         mu_t, self_t, _ = views[i]

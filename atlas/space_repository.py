@@ -12,13 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from atlas.errors import NotFound
 from atlas.models import JOB_STATUSES, JOB_SUCCEEDED, TASK_READY, Job, SketchStateRow, Space, Task
-from atlas.repository import Page, get_space, list_spaces
+from atlas.paging import Page
 
 __all__ = [
     "StateMeta",
+    "get_or_create_space",
     "get_space",
     "job_counts",
     "list_spaces",
@@ -133,3 +136,57 @@ def succeeded_job_figures(session: Session) -> dict[str, float]:
     last = float((progress[0] or {}).get("tokens_per_s", 0.0) or 0.0) if progress else 0.0
     return {"duration_count": len(durations), "duration_sum": float(sum(durations)), "tokens_total": tokens,
             "last_tokens_per_s": last}
+
+
+def get_or_create_space(
+    session: Session,
+    *,
+    model_fingerprint: str,
+    spec_fingerprint: str,
+    model_name: str,
+    d: int,
+    K: int,
+    m: int,
+    seed: int,
+    spec: dict[str, Any],
+) -> Space:
+    """Return the space of (model fingerprint, sketch spec), creating it on first use.
+
+    Parameters
+    ----------
+    model_fingerprint
+        ``ModelFingerprint.key()`` of the loaded model.
+    spec_fingerprint
+        ``SketchSpec.fingerprint()``.
+    model_name, d, K, m, seed, spec
+        Descriptive copies (``spec`` is the JSON form of the ``SketchSpec``, enough to rebuild it).
+    """
+    stmt = select(Space).where(
+        Space.model_fingerprint == model_fingerprint, Space.spec_fingerprint == spec_fingerprint
+    )
+    found = session.execute(stmt).scalar_one_or_none()
+    if found is not None:
+        return found
+    space = Space(
+        model_fingerprint=model_fingerprint, spec_fingerprint=spec_fingerprint, model_name=model_name,
+        d=d, K=K, m=m, seed=seed, spec=dict(spec),
+    )
+    try:
+        with session.begin_nested():
+            session.add(space)
+    except IntegrityError:  # created concurrently by another transaction
+        return session.execute(stmt).scalar_one()
+    return space
+
+
+def get_space(session: Session, space_id: int) -> Space:
+    """Return a space or raise :class:`NotFound`."""
+    space = session.get(Space, space_id)
+    if space is None:
+        raise NotFound(f"space {space_id} does not exist", {"space_id": space_id})
+    return space
+
+
+def list_spaces(session: Session) -> list[Space]:
+    """All spaces, oldest first."""
+    return list(session.execute(select(Space).order_by(Space.id)).scalars())

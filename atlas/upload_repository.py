@@ -1,0 +1,78 @@
+"""Uploads: samples stored once per content (gzip JSONL, addressed by their SHA-256), shared by jobs.
+
+Every function takes a session and works inside the caller's transaction (see :mod:`atlas.repository`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import Sequence
+from typing import Any, cast
+
+from sqlalchemy import delete, exists, select
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from atlas.errors import InvalidInput, NotFound
+from atlas.models import Job, Upload
+from atlas.sample_io import decode_jsonl, write_jsonl
+from atlas.samples import Sample
+
+
+def encode_samples(samples: Sequence[Sample]) -> tuple[bytes, str]:
+    """Serialise samples to gzip-compressed JSONL (:func:`atlas.sample_io.write_jsonl`).
+
+    Returns
+    -------
+    blob : bytes
+        gzip (deterministic: ``mtime=0``) of one ``Sample.canonical_json()`` per line.
+    sha256 : str
+        Hex digest of the uncompressed JSONL text (the content address).
+    """
+    text = write_jsonl(samples)
+    return gzip.compress(text, compresslevel=6, mtime=0), hashlib.sha256(text).hexdigest()
+
+
+def samples_digest(samples: Sequence[Sample]) -> str:
+    """The content address :func:`encode_samples` gives these samples."""
+    return hashlib.sha256(write_jsonl(samples)).hexdigest()
+
+
+def decode_samples(blob: bytes) -> list[Sample]:
+    """Inverse of :func:`encode_samples` (lines split on ``"\\n"`` only: U+2028 and friends stay inside)."""
+    return decode_jsonl(gzip.decompress(blob))
+
+
+def get_or_create_upload(session: Session, samples: Sequence[Sample]) -> Upload:
+    """Store the samples once (content-addressed by sha256) and return the upload row."""
+    if not samples:
+        raise InvalidInput("an upload needs at least one sample")
+    blob, digest = encode_samples(samples)
+    stmt = select(Upload).where(Upload.sha256 == digest)
+    found = session.execute(stmt).scalar_one_or_none()
+    if found is not None:
+        return found
+    upload = Upload(sha256=digest, n_samples=len(samples), size_bytes=len(blob), content=blob)
+    try:
+        with session.begin_nested():
+            session.add(upload)
+    except IntegrityError:
+        return session.execute(stmt).scalar_one()
+    return upload
+
+
+def load_upload_samples(session: Session, upload_id: int) -> list[Sample]:
+    """The samples of an upload, in upload order."""
+    upload = session.get(Upload, upload_id)
+    if upload is None:
+        raise NotFound(f"upload {upload_id} does not exist", {"upload_id": upload_id})
+    return decode_samples(upload.content)
+
+
+def purge_orphan_uploads(session: Session) -> int:
+    """Delete uploads no job references any more; return how many."""
+    referenced = exists().where(Job.upload_id == Upload.id)
+    result = session.execute(delete(Upload).where(~referenced))
+    return int(cast(CursorResult[Any], result).rowcount or 0)
