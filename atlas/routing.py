@@ -236,8 +236,10 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
         state, view = x.state, x.view
         if r.prompt_state is not None:
             blob = r.prompt_state
+            # Content-addressed: a state blob ends with its own BLAKE2b digest, so two stores in one
+            # process (a server and a library, or tests) never share an entry by task id.
             state, view = _PROMPT_VIEWS.get(
-                (x.task_id, r.version),
+                (spec.fingerprint(), bytes(blob[-32:])),
                 lambda b=blob: (lambda s: (s, state_view(s)))(SketchState.from_bytes(b, spec=spec)),
             )
         out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
