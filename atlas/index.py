@@ -196,7 +196,7 @@ class IndexManager:
 
     def _try_load(self, session: Session, space: Space) -> tuple[SpaceIndex | None, str]:
         """Load a persisted index if it is valid and worth catching up; else say why not."""
-        if self.directory is None:
+        if self.directory is None or self.files is None:
             return None, "no index directory"
         meta, why = self.files.read_meta(space.id)
         if meta is None:

@@ -83,7 +83,7 @@ class TwoStageIndex:
         self.full = full
         self.coarse = coarse
         transform = faiss.downcast_VectorTransform(coarse.chain.at(0))
-        self._proj = faiss.vector_to_array(transform.A).reshape(transform.d_out, transform.d_in)
+        self._proj = faiss.vector_to_array(transform.A).reshape(transform.d_out, transform.d_in)  # type: ignore[attr-defined]
         self.rerank_min = rerank_min
         self.rerank_factor = rerank_factor
 

@@ -342,7 +342,7 @@ def update_task(
                     merged[key] = value
             task.meta = check_metadata(merged, where="the merged metadata")
     renamed = name is not None and _check_name(name) != task.name
-    if renamed:
+    if name is not None and renamed:
         task.name = _check_name(name)
         try:
             with session.begin_nested():

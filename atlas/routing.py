@@ -88,7 +88,7 @@ def unit_signature(state: Any) -> np.ndarray:
 
 def score(unit: np.ndarray, sums_ae: np.ndarray, sq_ae: float, n: int, n_samples: int | None = None) -> float:
     """Route score of a task given by its ``ae`` sums (see the module notes), clipped to [−1, 1]."""
-    den = denominator(sums_ae, np.float64(sq_ae), n, n_samples)
+    den = denominator(sums_ae, np.asarray(sq_ae, dtype=np.float64), n, n_samples)
     if den <= 0:
         return 0.0
     return float(np.clip(float(unit @ (sums_ae / n)) / den, -1.0, 1.0))
@@ -188,20 +188,20 @@ def resolve(row: Any) -> TaskRoute:
 
 
 class _ViewCache:
-    """LRU of deserialised prompt-side states and their views, by (task id, row version)."""
+    """LRU of deserialised prompt-side states and their views, by (spec fingerprint, state digest)."""
 
     def __init__(self, max_items: int = 2048) -> None:
         self.max_items = max_items
-        self._items: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, bytes], tuple[Any, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[int, int], make: Any) -> tuple[Any, Any]:
+    def get(self, key: tuple[str, bytes], make: Any) -> tuple[Any, Any]:
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
                 self._items.move_to_end(key)
                 return hit
-        value = make()
+        value: tuple[Any, Any] = make()
         with self._lock:
             self._items[key] = value
             while len(self._items) > self.max_items:
@@ -397,7 +397,7 @@ def rerank_route(
     score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
     order = sorted(range(len(candidates)),
-                   key=lambda i: (-round(_f(score[i]), 9), -round(faiss[i], 6), candidates[i].name))[:k]
+                   key=lambda i: (-round(_f(score[i]), 9), -round(float(faiss[i]), 6), candidates[i].name))[:k]
     top = []
     for i in order:
         mu_t, self_t, _ = views[i]

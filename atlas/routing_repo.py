@@ -110,7 +110,7 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
     try:
         blob = base64.b64decode(record["prompt_state"], validate=True) if record.get("prompt_state") else None
         if blob is not None:
-            SketchState.from_bytes(blob, spec=spec)
+            SketchState.from_bytes(blob, spec=spec)  # type: ignore[arg-type]  # a SketchSpec
         scores = [float(x) for x in record.get("cal_scores") or []]
         override = record.get("threshold_override")
         frr = float(record.get("false_reject_rate") or FALSE_REJECT_RATE)

@@ -34,7 +34,7 @@ import json
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from atlas.errors import InvalidInput, PayloadTooLarge
 from atlas.samples import Mode, Sample, record_values, sample_of
@@ -148,8 +148,8 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
     counter = _Counter(lim, filename)
     try:
         if name.endswith(".gz"):
-            stream: IO[bytes] = io.BufferedReader(
-                _BoundedReader(gzip.GzipFile(fileobj=raw, mode="rb"), lim.max_bytes, filename), 1 << 16)
+            gz = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
+            stream: IO[bytes] = io.BufferedReader(_BoundedReader(gz, lim.max_bytes, filename), 1 << 16)
             name = name[:-3]
         else:
             stream = io.BufferedReader(_BoundedReader(raw, lim.max_bytes, filename), 1 << 16)

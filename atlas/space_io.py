@@ -187,8 +187,7 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         (422) naming the line and the problem; nothing is returned for a file with any problem.
     """
     from atlas.baselines import BaselineSums
-    from fishersketch import SketchSpec, SketchState
-    from fishersketch.state import SpecMismatch
+    from fishersketch import SketchSpec, SketchState, SpecMismatch
 
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":

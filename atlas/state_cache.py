@@ -68,7 +68,7 @@ class LoadedState:
     space_id: int
     version: int
     state: Any
-    view: tuple[np.ndarray, np.ndarray]
+    view: tuple[Any, ...]
     loaded_seq: int
     nbytes: int = field(default=0, compare=False)
 
@@ -88,7 +88,7 @@ class CacheStats:
     clears: int
 
 
-def _entry_bytes(state: Any, view: tuple[np.ndarray, np.ndarray], name: str) -> int:
+def _entry_bytes(state: Any, view: tuple[Any, ...], name: str) -> int:
     arrays = (state.sums, state.sq_norms, state.token_counts, state.sample_counts, *view)
     return int(sum(np.asarray(a).nbytes for a in arrays)) + len(name.encode()) + ENTRY_OVERHEAD_BYTES
 
