@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -50,6 +51,11 @@ class Store:
         """A read-write transaction, committed on success."""
         with self.write.begin() as session:
             yield session
+
+    def ping(self) -> None:
+        """One trivial read (raises when the database does not answer)."""
+        with self.read() as session:
+            session.execute(text("SELECT 1"))
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -236,15 +236,11 @@ class Container:
 
     def readiness(self) -> tuple[bool, dict[str, bool], dict[str, Any]]:
         """Whether the service can answer every request: database, model (or workers), index."""
-        from sqlalchemy import text
-
         remote = self.settings.resolved_prompt_service() == "redis"
         checks = {"database": False, "model": remote or self.lm is not None, "index": self.index is not None}
         detail: dict[str, Any] = {}
         try:
-            assert self.store is not None
-            with self.store.read() as session:
-                session.execute(text("SELECT 1"))
+            self.require_store().ping()
             checks["database"] = True
         except Exception as exc:
             detail["database"] = type(exc).__name__

@@ -28,9 +28,9 @@ from typing import Any
 from celery import Celery, signals
 
 from atlas import job_store
-from atlas.models import Space
 from atlas.ports import SpaceKey
 from atlas.settings import Settings, get_settings
+from atlas.space_repository import get_space
 from workers.jobs import TransientJobError, WorkerContext, ensure_space, run_job
 
 log = logging.getLogger(__name__)
@@ -225,8 +225,7 @@ def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "I
     key = serve_space(ctx)
     settings = ctx.settings
     with ctx.ro_factory() as session:
-        space = session.get(Space, key.space_id)
-        assert space is not None
+        space = get_space(session, key.space_id)
         extractor = ctx.extractor_for(space)
     batcher = PromptBatcher(extractor, max_batch=settings.prompt_max_batch, max_wait_ms=settings.prompt_max_wait_ms,
                             max_pending=settings.prompt_max_pending)
