@@ -68,7 +68,7 @@ def record_values(record: object, mode: Mode, where: str) -> tuple[str, ...]:
         v = record[k]
         if not isinstance(v, str):
             raise InvalidInput(f"{where}: field '{k}' must be a string, got {type(v).__name__}")
-        if not _encodable(v):
+        if not is_valid_unicode(v):
             raise InvalidInput(f"{where}: field '{k}' holds a lone surrogate (not valid Unicode text)")
     return tuple(record[k] for k in keys)
 
@@ -80,7 +80,8 @@ def sample_of(values: tuple[str, ...]) -> Sample:
     return Sample(prompt=values[0], completion=values[1])
 
 
-def _encodable(text: str) -> bool:
+def is_valid_unicode(text: str) -> bool:
+    """False when ``text`` cannot be encoded as UTF-8 (lone surrogates)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -157,5 +158,5 @@ def _check_node(node: object, depth: int, where: str) -> None:
 def _check_text(text: str, where: str) -> None:
     if "\x00" in text:
         raise InvalidInput(f"{where}: NUL characters are not allowed in metadata")
-    if not _encodable(text):
+    if not is_valid_unicode(text):
         raise InvalidInput(f"{where}: lone surrogates are not allowed in metadata")

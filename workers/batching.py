@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import torch
 
-from atlas.samples import Sample, sample_id
+from atlas.samples import Sample, is_valid_unicode, sample_id
 from atlas.vocabulary import ModeName
 
 ExtractMode = ModeName
@@ -142,15 +142,6 @@ class TokenBatch:
         return TokenBatch(mv(self.input_ids), mv(self.attention_mask), mv(self.position_ids),  # type: ignore[arg-type]
                           mv(self.flat_positions), mv(self.targets), mv(self.sample_ids),  # type: ignore[arg-type]
                           mv(self.last_token_mask), self.samples)  # type: ignore[arg-type]
-
-
-def is_valid_unicode(text: str) -> bool:
-    """False when ``text`` cannot be encoded as UTF-8 (lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class SampleTokenizer:

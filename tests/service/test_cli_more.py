@@ -15,17 +15,9 @@ from typing import Any
 import pytest
 
 from service.cli import main
+from tests.service.test_cli import CODE, PROSE, _jsonl
 
-PROSE = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps while the fox runs.",
-         "The brown fox and the dog are friends.", "The fox jumps over the fence by the road."]
-CODE = ["def add(a, b):\n    return a + b\n", "def sub(a, b):\n    return a - b\n",
-        "for i in range(3):\n    print(i)\n"]
 CHEM = ["CC(=O)OC1=CC=CC=C1C(=O)O", "CCO", "C1=CC=CC=C1", "CC(C)CC1=CC=C(C=C1)C(C)C(=O)O"]
-
-
-def _jsonl(path: Path, texts: list[str]) -> Path:
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    return path
 
 
 def _out(capsys: pytest.CaptureFixture[str]) -> Any:
