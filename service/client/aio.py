@@ -25,14 +25,12 @@ from service.schemas import (
     AlignMatrixResponse,
     AlignResponse,
     AtlasResponse,
-    FitResponse,
     Health,
     ImportResult,
     JobList,
     JobOut,
     Readiness,
     RouteResponse,
-    RoutingInfo,
     SourcesResponse,
     SpaceList,
     SpaceOut,
@@ -40,6 +38,7 @@ from service.schemas import (
     TaskList,
     TaskOut,
 )
+from service.schemas_routing import FitResponse, RoutingInfo
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, error_responses
-from service.schemas import FitRequest, FitResponse, RoutingInfo, ThresholdPatch
+from service.schemas_routing import FitRequest, FitResponse, RoutingInfo, ThresholdPatch
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 TaskId = Annotated[int, Path(ge=1, le=MAX_ID)]
