@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,54 +210,6 @@ class _ViewCache:
 
 
 _PROMPT_VIEWS = _ViewCache()
-
-
-def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score: Mapping[int, float]) -> list[Any]:
-    """Re-rank candidates for loaded tasks: prompt-side state where the task has one, thresholds.
-
-    Parameters
-    ----------
-    session
-        Open session (the routing rows are read through :mod:`atlas.routing_repo`).
-    spec
-        The space's sketch spec (to deserialise prompt-side states).
-    loaded
-        Objects with ``task_id``, ``name``, ``state`` and ``view`` (``service.engine.Loaded``).
-    faiss_score
-        ANN score per task id (0 for tasks added because they route on a prompt-side state).
-    """
-    from atlas import routing_repo
-    from fishersketch import SketchState
-
-    routes = routing_repo.get_task_routes(session, [x.task_id for x in loaded])
-    out = []
-    for x in loaded:
-        r = routes.get(x.task_id, TaskRoute())
-        state, view = x.state, x.view
-        if r.prompt_state is not None:
-            blob = r.prompt_state
-            # Content-addressed: a state blob ends with its own BLAKE2b digest, so two stores in one
-            # process (a server and a library, or tests) never share an entry by task id.
-            state, view = _PROMPT_VIEWS.get(
-                (spec.fingerprint(), bytes(blob[-32:])),
-                lambda b=blob: (lambda s: (s, state_view(s)))(SketchState.from_bytes(b, spec=spec)),
-            )
-        out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
-                             threshold=r.threshold, scale=r.scale))
-    return out
-
-
-def with_prompt_side(session: Any, space_id: int, ids: Sequence[int], cap: int = 256) -> list[int]:
-    """``ids`` plus up to ``cap`` tasks of the space that route on a prompt-side state.
-
-    Completion-mode tasks are indexed by their completion signature, which a prompt does not resemble,
-    so the ANN stage may miss them; they are always re-ranked.
-    """
-    from atlas import routing_repo
-
-    have = set(ids)
-    extra = [i for i in routing_repo.prompt_side_task_ids(session, space_id, limit=cap) if i not in have]
-    return list(ids) + extra
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,14 +6,24 @@ the task store. See :class:`atlas.models.TaskRouting` and docs/SCORES.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from atlas.errors import InvalidInput, NotFound
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
-from atlas.routing import FALSE_REJECT_RATE, Calibration, TaskRoute, calibrate, resolve
+from atlas.routing import (
+    _PROMPT_VIEWS,
+    FALSE_REJECT_RATE,
+    Calibration,
+    Candidate,
+    TaskRoute,
+    calibrate,
+    resolve,
+    state_view,
+)
 
 
 def get_routing(session: Session, task_id: int) -> TaskRouting | None:
@@ -119,3 +129,49 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
     store_routing(session, task_id, prompt_state=blob, calibration=calibrate(scores, frr))
     if override is not None:
         set_threshold_override(session, task_id, float(override))
+
+
+def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score: Mapping[int, float]) -> list[Any]:
+    """Re-rank candidates for loaded tasks: prompt-side state where the task has one, thresholds.
+
+    Parameters
+    ----------
+    session
+        Open session (the routing rows are read through :mod:`atlas.routing_repo`).
+    spec
+        The space's sketch spec (to deserialise prompt-side states).
+    loaded
+        Objects with ``task_id``, ``name``, ``state`` and ``view`` (``service.engine.Loaded``).
+    faiss_score
+        ANN score per task id (0 for tasks added because they route on a prompt-side state).
+    """
+    from fishersketch import SketchState
+
+    routes = get_task_routes(session, [x.task_id for x in loaded])
+    out = []
+    for x in loaded:
+        r = routes.get(x.task_id, TaskRoute())
+        state, view = x.state, x.view
+        if r.prompt_state is not None:
+            blob = r.prompt_state
+            # Content-addressed: a state blob ends with its own BLAKE2b digest, so two stores in one
+            # process (a server and a library, or tests) never share an entry by task id.
+            state, view = _PROMPT_VIEWS.get(
+                (spec.fingerprint(), bytes(blob[-32:])),
+                lambda b=blob: (lambda s: (s, state_view(s)))(SketchState.from_bytes(b, spec=spec)),
+            )
+        out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
+                             threshold=r.threshold, scale=r.scale))
+    return out
+
+
+def with_prompt_side(session: Any, space_id: int, ids: Sequence[int], cap: int = 256) -> list[int]:
+    """``ids`` plus up to ``cap`` tasks of the space that route on a prompt-side state.
+
+    Completion-mode tasks are indexed by their completion signature, which a prompt does not resemble,
+    so the ANN stage may miss them; they are always re-ranked.
+    """
+
+    have = set(ids)
+    extra = [i for i in prompt_side_task_ids(session, space_id, limit=cap) if i not in have]
+    return list(ids) + extra

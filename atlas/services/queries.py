@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from atlas import analysis, changes, routing
+from atlas import analysis, changes, routing_repo
 from atlas import repository as repo
 from atlas import space_repository as sql
 from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLarge
@@ -146,9 +146,9 @@ class QueryService:
             scores, ids = self.index.search(space_id, queries, candidates)
             for qi, st in enumerate(states):
                 faiss_score = {int(t): float(sc) for t, sc in zip(ids[qi], scores[qi], strict=True) if t >= 0}
-                loaded = self.states.load(session, space, routing.with_prompt_side(session, space_id,
+                loaded = self.states.load(session, space, routing_repo.with_prompt_side(session, space_id,
                                                                                    list(faiss_score)))
-                cands = routing.route_candidates(session, self.store.spec_of(space), loaded, faiss_score)
+                cands = routing_repo.route_candidates(session, self.store.spec_of(space), loaded, faiss_score)
                 answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task))
         return answers
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas import repository, routing_repo
-from atlas.errors import InvalidInput
+from atlas.errors import InvalidInput, NotFound
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.services.queries import QueryService
 from atlas.store import Store
@@ -22,6 +22,10 @@ class FitResult:
     accuracy_before: float
     accuracy_after: float
     stored: bool
+
+
+MAX_TASK_ID = 2**62
+"""Largest task id a label may name (ids are 64-bit)."""
 
 
 class ThresholdService:
@@ -77,6 +81,8 @@ class ThresholdService:
                 if isinstance(label, str) and label.strip().lower() == "none":
                     labels.append(None)
                     continue
+                if isinstance(label, int) and not 1 <= label <= MAX_TASK_ID:
+                    raise NotFound(f"task {label} does not exist", {"task_id": label})
                 task = (repository.get_task(session, int(label)) if isinstance(label, int)
                         else repository.get_task_by_name(session, space.id, label))
                 labels.append(int(task.id))
