@@ -141,7 +141,7 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
     spec
         The space's sketch spec (to deserialise prompt-side states).
     loaded
-        Objects with ``task_id``, ``name``, ``state`` and ``view`` (``service.engine.Loaded``).
+        Objects with ``task_id``, ``name``, ``state`` and ``view`` (``atlas.services.Loaded``).
     faiss_score
         ANN score per task id (0 for tasks added because they route on a prompt-side state).
     """
