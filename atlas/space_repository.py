@@ -25,7 +25,6 @@ __all__ = [
     "get_space",
     "job_counts",
     "list_spaces",
-    "neighbour_fallback_ids",
     "ready_task_ids",
     "spaces_of_model",
     "state_blobs",
@@ -56,11 +55,6 @@ def ready_task_ids(session: Session, space_id: int, *, exclude: int | None = Non
     if limit is not None:
         stmt = stmt.limit(limit)
     return [int(i) for i in session.execute(stmt).scalars()]
-
-
-def neighbour_fallback_ids(session: Session, space_id: int, task_id: int, n: int) -> list[int]:
-    """The first ``n`` other ready tasks of a small space (used when it has at most ``n + 1``)."""
-    return ready_task_ids(session, space_id, exclude=task_id, limit=n)
 
 
 @dataclass(frozen=True)

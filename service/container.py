@@ -129,6 +129,7 @@ class Container:
 
     def _start_embedded(self) -> None:
         """The model here: prompt batcher + in-process job runner on the same model."""
+        from fishersketch import SketchSpec
         from workers.extraction import Extractor
         from workers.inprocess import InProcessRunner
         from workers.jobs import WorkerContext, ensure_space
@@ -142,7 +143,7 @@ class Container:
             with self.store.session() as session:
                 space = ensure_space(session, self.lm, s)
                 self.store.default_space_id = int(space.id)
-                sketcher = _sketcher_for(space, self.lm)
+                sketcher = self.lm.make_sketcher(SketchSpec.from_dict(space.spec))
             extractor = Extractor(self.lm, sketcher, max_tokens_per_sample=s.max_tokens_per_sample)
         self.prompts = InProcessPromptSketcher(
             extractor, model_name=s.model, model_error=self.model_error, max_batch=s.prompt_max_batch,
@@ -259,10 +260,3 @@ class Container:
         if sid is not None and self.index is not None:
             out["index_size"] = int(self.index.stats(sid)["count"])
         return out
-
-
-def _sketcher_for(space: Space, lm: Any) -> Any:
-    """The sketcher of a space on the model's device."""
-    from fishersketch import SketchSpec
-
-    return lm.make_sketcher(SketchSpec.from_dict(space.spec))

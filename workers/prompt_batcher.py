@@ -337,12 +337,6 @@ class InProcessPromptSketcher:
         prepared = await asyncio.to_thread(self.batcher.prepare, prompts)
         return await asyncio.wrap_future(self.batcher.submit(prepared))
 
-    def sketch_sync(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
-        """Blocking form of :meth:`sketch` (library mode outside an event loop)."""
-        self.check_served(space)
-        assert self.batcher is not None
-        return self.batcher.sketch_sync(prompts)
-
     def stats(self) -> dict[str, Any]:
         """The batcher's figures (empty without a model)."""
         return {"mode": "inprocess", **(self.batcher.stats() if self.batcher else {})}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -92,7 +92,7 @@ class QueryService:
     def _neighbours(self, session: Session, space: Space, task_id: int, n: int) -> list[int]:
         """Up to ``n`` other ready tasks near ``task_id``: all of them when the space is small."""
         if repo.count_signatures(session, space.id) <= n + 1:
-            return sql.neighbour_fallback_ids(session, space.id, task_id, n)
+            return sql.ready_task_ids(session, space.id, exclude=task_id, limit=n)
         sig_ids, vectors = repo.get_signatures(session, task_ids=[task_id])
         if len(sig_ids) == 0:
             raise NotReady(f"task {task_id} has no signature yet", {"task_id": task_id})
@@ -144,12 +144,17 @@ class QueryService:
             space = sql.get_space(session, space_id)
             self._fresh_index(session, space_id)
             scores, ids = self.index.search(space_id, queries, candidates)
-            for qi, st in enumerate(states):
-                faiss_score = {int(t): float(sc) for t, sc in zip(ids[qi], scores[qi], strict=True) if t >= 0}
-                loaded = self.states.load(session, space, routing_repo.with_prompt_side(session, space_id,
-                                                                                   list(faiss_score)))
-                cands = routing_repo.route_candidates(session, self.store.spec_of(space), loaded, faiss_score)
-                answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task))
+            hits = [{int(t): float(sc) for t, sc in zip(ids[qi], scores[qi], strict=True) if t >= 0}
+                    for qi in range(len(states))]
+            # One read of the states and routing rows for the whole batch: the union of every query's
+            # hits plus the tasks that always route on a prompt-side state.
+            union = list(dict.fromkeys(t for h in hits for t in h))
+            prompt_side = set(routing_repo.with_prompt_side(session, space_id, []))
+            loaded = self.states.load(session, space, [*union, *sorted(prompt_side - set(union))])
+            base = {c.task_id: c for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
+        for st, hit in zip(states, hits, strict=True):
+            cands = [replace(c, faiss_score=hit.get(t, 0.0)) for t, c in base.items() if t in hit or t in prompt_side]
+            answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task))
         return answers
 
     # -- recommendation and alignment ------------------------------------------------------------

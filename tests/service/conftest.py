@@ -28,6 +28,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PG_ADMIN_URL = os.environ.get("FISHER_ATLAS_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
+def wait_job(http: Any, job_id: int, timeout: float = 60.0) -> dict[str, Any]:
+    """Poll ``GET /v1/jobs/{id}`` (an ``httpx.Client`` on the service) until the job ends; its final JSON."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = http.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return dict(job)
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket() as s:

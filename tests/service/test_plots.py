@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,6 @@ TASKS = {
 }
 
 
-def _wait(http: httpx.Client, job_id: int, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = http.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +34,7 @@ def bodies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from atlas.settings import Settings
     from service.app import create_app
     from tests.service.conftest import LiveServer
+    from tests.service.conftest import wait_job as _wait
     from tests.tiny_models import save_tiny_gpt2
 
     tmp = tmp_path_factory.mktemp("plots")

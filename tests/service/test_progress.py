@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any
 
 import httpx
+
+from tests.service.conftest import wait_job as _wait
 
 PAIRS = [
     ("Question: is the sky blue on a clear day?\nAnswer:", " yes"),
@@ -20,14 +20,6 @@ PAIRS = [
 ]
 
 
-def _wait(http: httpx.Client, job_id: int, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = http.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
 
 
 def test_completion_job_counts_every_token_streamed(serve, tiny_lm, tiny_model_dir: Path) -> None:
