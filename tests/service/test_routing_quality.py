@@ -30,8 +30,8 @@ DATA = Path(os.environ.get("FISHER_ATLAS_SHARED_DATA", Path(__file__).resolve().
 BIG = ("wikipedia", "literature_shakespeare", "questions_trec")
 SMALL = ("biomedical_abstracts", "news_sports", "scientific_citations")
 UNSEEN = ("news_world", "academic_paper_titles")
-N_TASK, N_HELD, N_FIT = 24, 8, 6
-SKETCH_DIM = 1024  # smaller than the service default (4096) to keep the module under a minute on CPU
+N_TASK, N_HELD, N_FIT = 24, 16, 6
+SKETCH_DIM = 4096  # the service default: at m = 1024 sketch noise (~1/√m ≈ 0.03) is as large as the score gaps here
 
 
 def _bucket(key: str) -> int:
@@ -57,7 +57,9 @@ def test_a_text_tasks_state_is_the_sum_of_its_samples_prompt_states(world: dict[
     whole = ex.extract(samples, mode="text").state
     side = prompt_side(ex, samples, "text")
     summed = side.cal_states[0].merge(side.cal_states[1]).merge(side.cal_states[2])
-    np.testing.assert_allclose(np.asarray(summed.sums), np.asarray(whole.sums), rtol=1e-4, atol=1e-6)
+    whole_sums = np.asarray(whole.sums)
+    # float32 sums accumulated in a different order: tolerance relative to the largest entry
+    np.testing.assert_allclose(np.asarray(summed.sums), whole_sums, rtol=1e-4, atol=1e-6 * np.abs(whole_sums).max())
     assert summed.n_draws == whole.n_draws
 
 
@@ -141,9 +143,9 @@ def test_small_tasks_never_take_a_well_populated_tasks_prompts(world: dict[str, 
         assert sum(t == own for t in tops) >= 0.6 * len(tops), (d, [names[t] for t in tops])
     total = len(BIG) * N_HELD
     print(f"small tasks took the top-1 of {taken} of {total} held-out prompts of the well-populated tasks")
-    # Goal: never. Measured: at most one (a wikipedia sentence to the 2-sample news_sports task); the old
-    # score gave 21 %. The bound below is what this test guards.
-    assert taken <= 1, taken
+    # Never (the old score gave 21 %). At m = 1024 sketch noise let one wikipedia sentence reach the
+    # 2-sample news_sports task; at the service's m = 4096 none does.
+    assert taken == 0, taken
     for sc in (x for d in BIG for x in world["held"][d]):
         assert all(-1.0 <= v <= 1.0 for v in sc.values())
 
@@ -179,8 +181,7 @@ def test_fit_lowers_false_accepts_within_the_false_reject_rate(world: dict[str, 
     print(f"fit: false accepts {fa_before:.2f} -> {fa_after:.2f}; false rejects {fr_before:.2f} -> {fr_after:.2f}; "
           f"fit accuracy {res.accuracy_before:.2f} -> {res.accuracy_after:.2f}")
     assert res.accuracy_after >= res.accuracy_before
-    # Goal: strictly lower. Measured on these (close) unseen domains: 0.81 -> 0.81, because their
-    # scores lie above the false-reject cap of the tasks that accept them; fit never makes it worse.
-    assert fa_after <= fa_before
+    # Strictly lower (measured 0.94 -> 0.81 on these close unseen news/paper-title domains).
+    assert fa_after < fa_before
     # documented rate 5 %, plus the sampling error of 40 held-out prompts (one prompt = 2.5 %)
     assert fr_after <= max(fr_before, routing.FALSE_REJECT_RATE + 0.05)
