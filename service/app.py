@@ -87,6 +87,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
                          tags=app.openapi_tags)
+    document_security_responses(schema)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for model in (TaskCreate, SamplesAppend):
         js = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -155,7 +156,6 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
         app.include_router(module.router)
     mount_dashboard(app)
     serve_docs_offline(app)
-    document_security_responses(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + ENVELOPE_BYTES)
     app.add_middleware(SecurityMiddleware, settings=settings, container=container)

@@ -235,16 +235,22 @@ REFUSALS = {
 }
 
 
-def document_security_responses(app: Any) -> None:
-    """Add the middleware's refusals (401, 403, 429, 503) to every ``/v1`` operation's OpenAPI responses."""
-    from fastapi.routing import APIRoute
+def document_security_responses(schema: dict[str, Any]) -> None:
+    """Add the middleware's refusals (401, 403, 429, 503) to every ``/v1`` operation of an OpenAPI ``schema``.
 
-    from service.schemas import ErrorBody
-
-    for route in app.routes:
-        if isinstance(route, APIRoute) and route.path.startswith("/v1"):
+    Works on the generated document, not on the route objects: FastAPI ≥ 0.165 keeps included routers
+    lazily (``app.routes`` no longer lists their ``APIRoute`` objects), and the document is what clients
+    and schemathesis read.
+    """
+    error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for path, item in schema.get("paths", {}).items():
+        if not path.startswith("/v1"):
+            continue
+        for operation in item.values():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
             for status, text in REFUSALS.items():
-                route.responses.setdefault(status, {"model": ErrorBody, "description": text})
+                operation["responses"].setdefault(str(status), {"description": text, "content": error_body})
 
 
 # --------------------------------------------------------------------------------------------------

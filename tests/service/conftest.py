@@ -40,23 +40,31 @@ def wait_job(http: Any, job_id: int, timeout: float = 60.0) -> dict[str, Any]:
 
 
 def free_port() -> int:
-    """A free TCP port on the loopback interface."""
+    """A free TCP port on the loopback interface (for processes that bind it themselves)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 class LiveServer:
-    """A uvicorn server running an app in a background thread."""
+    """A uvicorn server running an app in a background thread.
+
+    The listening socket is bound here, before the server starts, and handed to uvicorn: no other
+    process can take the port between picking and serving (``free_port`` races on a busy machine).
+    """
 
     def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
         self.app = app
-        self.port = free_port()
         self.host = host
+        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, 0))
+        self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name=f"uvicorn-{self.port}", daemon=True)
 
     @property
     def url(self) -> str:
@@ -76,6 +84,7 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        self.socket.close()
 
 
 @dataclass

@@ -304,14 +304,14 @@ def test_readyz_shows_no_file_paths(tmp_path: Path) -> None:
 def test_docs_are_served_without_a_cdn(bind) -> None:
     url, _ = bind()
     for page_path, asset in (("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")):
-        page = httpx.get(f"{url}{page_path}")
+        page = httpx.get(f"{url}{page_path}", timeout=60)
         assert page.status_code == 200
         assert "cdn.jsdelivr" not in page.text and "unpkg" not in page.text and "googleapis" not in page.text
         assert f"/docs-assets/{asset}" in page.text
-        js = httpx.get(f"{url}/docs-assets/{asset}")
+        js = httpx.get(f"{url}/docs-assets/{asset}", timeout=60)
         assert js.status_code == 200 and len(js.content) > 100_000
-    assert httpx.get(f"{url}/docs-assets/swagger-ui.css").status_code == 200
-    spec = httpx.get(f"{url}/openapi.json").json()
+    assert httpx.get(f"{url}/docs-assets/swagger-ui.css", timeout=60).status_code == 200
+    spec = httpx.get(f"{url}/openapi.json", timeout=60).json()
     assert spec["openapi"].startswith("3.1")  # Swagger UI 5 renders 3.1
     for status in ("401", "403", "429", "503"):  # the middleware's refusals are documented
         assert status in spec["paths"]["/v1/tasks"]["post"]["responses"], status
