@@ -18,6 +18,8 @@ SECTIONS = [
     ("bundled_model.md", "The bundled model (issue 4)"),
     ("store.md", "Store, FAISS index, rebuild (issue 5)"),
     ("upload_memory.md", "Upload memory per format (issue 14)"),
+    ("load.md", "Load held: mixed reads and writes over HTTP (issue 14)"),
+    ("chaos.md", "Chaos rounds: SIGKILLs under load (issue 14)"),
     ("index.md", "Candidate search at scale (issue 12)"),
     ("api.md", "Routing over HTTP against a MiniLM router (issues 6, 12)"),
     ("gpu.md", "Llama-3.1-8B shape on an H100 (issue 12)"),

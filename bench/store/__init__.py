@@ -1,1 +1,1 @@
-"""Store and index benchmarks (results in bench/results/store.md)."""
+"""Store and index benchmarks (results in bench/results/store.md; load and chaos: load.md, chaos.md)."""
