@@ -19,10 +19,18 @@ from atlas.routing import FALSE_REJECT_RATE, MIN_CALIBRATION
 
 @dataclass(frozen=True)
 class FitItem:
-    """One labelled prompt: its label (task id, or ``None`` for "none") and its scores per task."""
+    """One labelled prompt: its label (task id, or ``None`` for "none"), its scores per task and the task
+    the router ranks first (``best``; default: the highest score)."""
 
     label: int | None
     scores: Mapping[int, float]
+    best: int | None = None
+
+    def top(self) -> int:
+        """The task the router answers before any threshold."""
+        if self.best is not None and self.best in self.scores:
+            return self.best
+        return max(self.scores, key=lambda t: (self.scores[t], -t))
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,7 @@ class FitResult:
 def _predict(item: FitItem, thr: Mapping[int, float], default: float) -> int | None:
     if not item.scores:
         return None
-    best = max(item.scores, key=lambda t: (item.scores[t], -t))
+    best = item.top()
     return best if item.scores[best] >= thr.get(best, default) else None
 
 
@@ -74,8 +82,7 @@ def fit_thresholds(
         for it in items:
             if it.label == t or t not in it.scores:
                 continue
-            best = max(it.scores, key=lambda x: (it.scores[x], -x))
-            if best == t:
+            if it.top() == t:
                 negs.append(float(it.scores[t]))
         old = thr.get(t, default)
         new = old

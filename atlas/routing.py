@@ -258,6 +258,7 @@ class RouteMatch:
     error: float
     threshold: float = 0.0
     confidence: float = 0.0
+    rank_score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -309,8 +310,26 @@ def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
     return float(np.clip(float(prompt_unit @ mu[0]) / den, -1.0, 1.0))
 
 
+def rank_scores(prompt_unit: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
+                whitening: Any) -> np.ndarray:
+    """Ranking scores, shape (len(candidates),): whitened cosines shrunk by the minimum-evidence prior.
+
+    ``cos(f(p̂), f(μ̂_t)) · √(n_s / (n_s + κ))`` with ``f`` the space's :class:`atlas.whitening.Whitening`
+    and the same ``κ = PRIOR_SAMPLES`` as the route score, so a task of a few samples cannot take
+    other tasks' prompts by its noise. A task's whitened terms are memoised on the transform.
+    """
+    mus = [np.asarray(v[0][0]) for v in views]
+    norms = np.array([float(np.linalg.norm(mu)) for mu in mus])
+    dots = np.array([float(mu @ prompt_unit) for mu in mus]) / np.where(norms > 0, norms, 1.0)
+    terms = [whitening.task_terms(c.task_id, v[0], v[0][0]) for c, v in zip(candidates, views, strict=True)]
+    cos = whitening.cosines(prompt_unit, dots, terms)
+    ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
+    return np.asarray(np.where(norms > 0, cos * np.sqrt(ns / (ns + PRIOR_SAMPLES)), -1.0))
+
+
 def rerank_route(
     prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float, per_task: bool = False,
+    whitening: Any = None,
 ) -> RouteAnswer:
     """Exact re-rank of ANN candidates for one prompt.
 
@@ -326,11 +345,16 @@ def rerank_route(
         Open-set threshold: ``none`` is true when there is no candidate or the best score is below it.
     per_task
         When true, ``threshold`` is only the default: a candidate's own ``threshold`` wins.
+    whitening : atlas.whitening.Whitening, optional
+        The space's ranking transform: matches are then ordered by :func:`rank_scores` (reported as
+        ``rank_score``); the open-set decision still compares the best match's route ``score`` with its
+        calibrated threshold.
 
     Returns
     -------
     RouteAnswer
-        Matches sorted by :func:`route_score` (descending), ties by FAISS score then task name (unique in a
+        Matches sorted by ``rank_score`` when a whitening is given, else by :func:`route_score`
+        (descending), ties by route score, FAISS score, then task name (unique in a
         space, so a space and its imported copy answer alike). Each
         match carries the prompt-task ``activation`` and ``error`` cosines, computed exactly as the
         pooled point estimates of ``fishersketch.align`` (cross kernel mean clamped at 1e-10 over the
@@ -348,8 +372,10 @@ def rerank_route(
     ok = den > 0
     score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
+    rank = rank_scores(unit, candidates, views, whitening) if whitening is not None else None
     order = sorted(range(len(candidates)),
-                   key=lambda i: (-round(_f(score[i]), 9), -round(float(faiss[i]), 6), candidates[i].name))[:k]
+                   key=lambda i: (-round(_f(rank[i]), 9) if rank is not None else 0.0, -round(_f(score[i]), 9),
+                                  -round(float(faiss[i]), 6), candidates[i].name))[:k]
     top = []
     for i in order:
         mu_t, self_t, _ = views[i]
@@ -364,7 +390,8 @@ def rerank_route(
         sc = _f(score[i])
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
                               activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
-                              threshold=float(thr), confidence=confidence(sc, thr, c.scale)))
+                              threshold=float(thr), confidence=confidence(sc, thr, c.scale),
+                              rank_score=_f(rank[i]) if rank is not None else None))
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence

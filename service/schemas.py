@@ -267,6 +267,7 @@ class RouteMatch(_Out):
                                     "override, calibrated, or global default).")
     confidence: float | None = Field(default=None, description="sigmoid((score - threshold) / scale) in [0, 1]: "
                                      "0.5 on the threshold (docs/SCORES.md).")
+    rank_score: float | None = Field(default=None, description="Orders the matches, in [-1, 1] (docs/SCORES.md).")
 
 
 class RouteResult(_Out):

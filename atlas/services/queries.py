@@ -25,6 +25,7 @@ from atlas.models import TASK_READY, Space, Task
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
 from atlas.services.states import Loaded, StateLoader
 from atlas.store import Store
+from atlas.whitening import WhiteningCache
 from fishersketch import SketchState
 
 
@@ -62,6 +63,7 @@ class QueryService:
         self.prompts = prompts
         self.observe = observe or (lambda kind, seconds: None)
         self._space_keys: dict[str, tuple[float, SpaceKey]] = {}
+        self.whitenings = WhiteningCache()
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -78,9 +80,12 @@ class QueryService:
         return key
 
     def _fresh_index(self, session: Session, space_id: int) -> None:
-        """Apply committed changes the index has not seen (read-your-writes for queries)."""
-        if changes.last_seq(session) > self.index.watermark(space_id):
+        """Apply committed changes the index and the state cache have not seen (read-your-writes for
+        queries: the exact re-rank never reads a state older than the FAISS entry that found it)."""
+        head = changes.last_seq(session)
+        if head > self.index.watermark(space_id):
             self.index.catch_up(space_id)
+        self.states.catch_up(head)
 
     def _ready_task(self, session: Session, task_id: int) -> Task:
         task = repo.get_task(session, task_id)
@@ -137,7 +142,8 @@ class QueryService:
                       candidates: int, per_task: bool = False) -> list[analysis.RouteAnswer]:
         """FAISS candidates by signature (plus the space's completion tasks, routed on their prompt-side
         states), then the exact re-rank, for each query state; ``per_task``: each task's own calibrated
-        threshold instead of ``threshold`` (``docs/SCORES.md``)."""
+        threshold instead of ``threshold``; matches are ordered by the space-whitened ranking score
+        (:mod:`atlas.whitening`, ``docs/SCORES.md``)."""
         answers = []
         queries = np.stack([np.asarray(st.signature(), dtype=np.float32) for st in states])
         with self.store.read() as session:
@@ -152,9 +158,11 @@ class QueryService:
             prompt_side = set(routing_repo.with_prompt_side(session, space_id, []))
             loaded = self.states.load(session, space, [*union, *sorted(prompt_side - set(union))])
             base = {c.task_id: c for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
+            whitening = self.whitenings.get(session, self.index, space_id, space.m)
         for st, hit in zip(states, hits, strict=True):
             cands = [replace(c, faiss_score=hit.get(t, 0.0)) for t, c in base.items() if t in hit or t in prompt_side]
-            answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task))
+            answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task,
+                                                 whitening=whitening))
         return answers
 
     # -- recommendation and alignment ------------------------------------------------------------

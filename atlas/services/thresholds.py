@@ -86,7 +86,7 @@ class ThresholdService:
                 task = (repository.get_task(session, int(label)) if isinstance(label, int)
                         else repository.get_task_by_name(session, space.id, label))
                 labels.append(int(task.id))
-            items = [FitItem(lab, {m.task_id: m.score for m in a.matches})
+            items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None)
                      for lab, a in zip(labels, answers, strict=True)]
             ids = sorted({t for it in items for t in it.scores})
             routes = routing_repo.get_task_routes(session, ids)

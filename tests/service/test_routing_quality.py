@@ -7,6 +7,10 @@ engine run (:mod:`workers.calibration`, :mod:`atlas.routing`, :mod:`atlas.route_
 * tasks of 1, 2 and 3 samples from other domains;
 * a completion-mode BoolQ task (passage + question → yes/no), routed on its prompt-side state.
 
+Prompts are ranked as the service ranks them (:mod:`atlas.whitening`: by the route score in a space of
+fewer than ``WHITEN_MIN_TASKS`` tasks, as here), open-set decisions on the best match's route score and
+threshold. The whitened ranking of larger spaces is measured on 105 tasks in bench/results/quality.md.
+
 Only rows the bundled model was not trained on are used (its split rule: sha256 bucket ≥ 4).
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ import pytest
 from atlas import routing
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
+from atlas.whitening import WHITEN_MIN_TASKS, fit_whitening
 from workers.calibration import prompt_side
 
 DATA = Path(os.environ.get("FISHER_ATLAS_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
@@ -32,6 +38,14 @@ SMALL = ("biomedical_abstracts", "news_sports", "scientific_citations")
 UNSEEN = ("news_world", "academic_paper_titles")
 N_TASK, N_HELD, N_FIT = 24, 16, 6
 SKETCH_DIM = 4096  # the service default: at m = 1024 sketch noise (~1/√m ≈ 0.03) is as large as the score gaps here
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A prompt's route scores per task and the task the product ranks first (whitened ranking)."""
+
+    scores: dict[int, float]
+    best: int
 
 
 def _bucket(key: str) -> int:
@@ -113,10 +127,15 @@ def world() -> dict[str, Any]:
     cands = [routing.Candidate(i, nm, tasks[nm][1], 0.0, routing.state_view(tasks[nm][1]),
                                threshold=tasks[nm][2].threshold, scale=tasks[nm][2].scale)
              for i, nm in enumerate(names)]
+    # The service's ranking transform, fitted on the stored (indexed) signatures of the space; None
+    # here (fewer than WHITEN_MIN_TASKS tasks), so prompts are ranked by the route score, as the service does.
+    whitening = fit_whitening(np.stack([tasks[nm][0].signature() for nm in names]))
+    assert (whitening is None) == (len(names) < WHITEN_MIN_TASKS)
 
-    def scores(text: str) -> dict[int, float]:
-        ans = routing.rerank_route(ex.prompt(text).state, cands, k=len(cands), threshold=0.0, per_task=True)
-        return {m.task_id: m.score for m in ans.matches}
+    def scores(text: str) -> Routed:
+        ans = routing.rerank_route(ex.prompt(text).state, cands, k=len(cands), threshold=0.0, per_task=True,
+                                   whitening=whitening)
+        return Routed({m.task_id: m.score for m in ans.matches}, ans.matches[0].task_id)
 
     held = {d: [scores(t) for t in texts[d][N_TASK : N_TASK + N_HELD]] for d in BIG}
     fit = {d: [scores(t) for t in texts[d][N_TASK + N_HELD :]] for d in BIG}
@@ -128,8 +147,8 @@ def world() -> dict[str, Any]:
             "extractor": ex, "texts": texts}
 
 
-def _top(sc: dict[int, float]) -> int:
-    return max(sc, key=lambda t: (sc[t], -t))
+def _top(r: Routed) -> int:
+    return r.best
 
 
 def test_small_tasks_never_take_a_well_populated_tasks_prompts(world: dict[str, Any]) -> None:
@@ -146,8 +165,8 @@ def test_small_tasks_never_take_a_well_populated_tasks_prompts(world: dict[str, 
     # Never (the old score gave 21 %). At m = 1024 sketch noise let one wikipedia sentence reach the
     # 2-sample news_sports task; at the service's m = 4096 none does.
     assert taken == 0, taken
-    for sc in (x for d in BIG for x in world["held"][d]):
-        assert all(-1.0 <= v <= 1.0 for v in sc.values())
+    for r in (x for d in BIG for x in world["held"][d]):
+        assert all(-1.0 <= v <= 1.0 for v in r.scores.values())
 
 
 def test_a_completion_task_receives_its_own_prompts(world: dict[str, Any]) -> None:
@@ -163,15 +182,15 @@ def test_fit_lowers_false_accepts_within_the_false_reject_rate(world: dict[str, 
     names, tasks = world["names"], world["tasks"]
     default = world["default"]
     current = {i: tasks[nm][2].threshold for i, nm in enumerate(names) if tasks[nm][2].threshold is not None}
-    items = [FitItem(names.index(d), sc) for d in BIG for sc in world["fit"][d]]
-    items += [FitItem(None, sc) for sc in world["none_fit"]]
+    items = [FitItem(names.index(d), r.scores, r.best) for d in BIG for r in world["fit"][d]]
+    items += [FitItem(None, r.scores, r.best) for r in world["none_fit"]]
     cal = {i: tasks[nm][2].scores for i, nm in enumerate(names)}
     res = fit_thresholds(items, current, cal, default=default)
     after = {**current, **res.thresholds}
 
-    def accepted(sc: dict[int, float], thr: dict[int, float]) -> int | None:
-        t = _top(sc)
-        return t if sc[t] >= thr.get(t, default) else None
+    def accepted(r: Routed, thr: dict[int, float]) -> int | None:
+        t = _top(r)
+        return t if r.scores[t] >= thr.get(t, default) else None
 
     fa_before = np.mean([accepted(sc, current) is not None for sc in world["none_held"]])
     fa_after = np.mean([accepted(sc, after) is not None for sc in world["none_held"]])
