@@ -25,6 +25,8 @@ WHITEN_RIDGE = 0.1
 """Ridge added to each direction's variance, as a share of the mean variance (0: full whitening)."""
 WHITEN_MAX_TASKS = 512
 """Signatures the transform is fitted on at most (evenly spaced by task id above this)."""
+WHITEN_MEMO_MAX = 8192
+"""Tasks whose whitened terms a transform keeps (r floats each, ≤ 4 KiB); cleared past this."""
 WHITEN_MIN_TASKS = 32
 """Fewest tasks a transform is fitted for; a smaller space ranks by the route score alone. Measured on
 random subsets of the 105 instruction tasks: whitening loses 1–2.5 points of top-1 below 16 tasks, is
@@ -80,6 +82,8 @@ class Whitening:
             return hit[1], hit[2], hit[3]
         norm = float(np.linalg.norm(mu))
         coef, sq, cu = self.terms(mu / norm if norm > 0 else np.zeros_like(mu, dtype=np.float64))
+        if len(self._memo) >= WHITEN_MEMO_MAX:
+            self._memo.clear()
         self._memo[key] = (owner, coef, sq, cu)
         return coef, sq, cu
 
