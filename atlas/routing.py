@@ -312,19 +312,24 @@ def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
 
 def rank_scores(prompt_unit: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
                 whitening: Any) -> np.ndarray:
-    """Ranking scores, shape (len(candidates),): whitened cosines shrunk by the minimum-evidence prior.
+    """Ranking scores, shape (len(candidates),): whitened cosines shrunk for the task's size and noise.
 
-    ``cos(f(p̂), f(μ̂_t)) · √(n_s / (n_s + κ))`` with ``f`` the space's :class:`atlas.whitening.Whitening`
-    and the same ``κ = PRIOR_SAMPLES`` as the route score, so a task of a few samples cannot take
-    other tasks' prompts by its noise. A task's whitened terms are memoised on the transform.
+    ``cos(f(p̂), f(μ̂_t)) · ‖μ_t‖ / den_t · √(n_s / (n_s + κ))`` with ``f`` the space's
+    :class:`atlas.whitening.Whitening`: ``‖μ_t‖ / den_t`` is the route score's own shrink (its
+    minimum-evidence prior and noise term), and whitening, which amplifies the quiet directions where a
+    small task's noise lives, takes the prior ``κ = PRIOR_SAMPLES`` once more, so a task of a few samples
+    cannot take other tasks' prompts by its noise. A task's whitened terms are memoised on the transform.
     """
     mus = [np.asarray(v[0][0]) for v in views]
     norms = np.array([float(np.linalg.norm(mu)) for mu in mus])
+    dens = np.array([float(v[2]) for v in views])
     dots = np.array([float(mu @ prompt_unit) for mu in mus]) / np.where(norms > 0, norms, 1.0)
     terms = [whitening.task_terms(c.task_id, v[0], v[0][0]) for c, v in zip(candidates, views, strict=True)]
     cos = whitening.cosines(prompt_unit, dots, terms)
     ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
-    return np.asarray(np.where(norms > 0, cos * np.sqrt(ns / (ns + PRIOR_SAMPLES)), -1.0))
+    ok = (norms > 0) & (dens > 0)
+    shrink = np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * np.sqrt(ns / (ns + PRIOR_SAMPLES))
+    return np.asarray(np.where(ok, cos * shrink, -1.0))
 
 
 def rerank_route(

@@ -113,7 +113,7 @@ def render(res: dict[str, Any], facts: str) -> str:
     """Markdown for ``quality.md``."""
     added = res["added"]
     fs = res["per_task"]["FisherSketch (signature cosine, paper rule)"]
-    rr = res["per_task"]["FisherSketch (product route: FAISS + Â_F re-rank)"]
+    rr = res["per_task"]["FisherSketch (product route: FAISS candidates + whitened rank)"]
     rows = []
     for name, a in added.items():
         t1, t3, n = fs[name]

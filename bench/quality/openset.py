@@ -1,0 +1,394 @@
+"""Experiment 4b — open set, small-task robustness and completion-mode routing (issue 13).
+
+Same 105 multitask_instructions tasks, splits, index cache and prompts as experiment 4
+(:mod:`bench.quality.routing`), scored with the product's route score and calibration
+(:mod:`atlas.routing`, :mod:`workers.calibration`, :mod:`atlas.route_fit`):
+
+* **Open set.** In each of ``--repeats`` random draws 20 % of the tasks are *unseen* (left out of the
+  index). Every task's threshold is calibrated as a job does it (up to 32 of its signature samples
+  scored leave-one-out, 5 % false-reject target). The indexed tasks' 10 held-out prompts are split
+  5 for ``fit`` / 5 for evaluation; the unseen tasks are split in two halves, one giving "none"
+  examples to ``fit``, the other evaluated (and then swapped: cross-fitting, so no unseen task is
+  both fitted on and evaluated). Routers: FisherAtlas with its calibrated thresholds (no labels),
+  FisherAtlas after ``fit``, and a threshold fitted by accuracy on the same labelled prompts
+  (semantic-router's ``fit`` objective) for FisherAtlas and for a MiniLM centroid router.
+  Reported: "none" on unseen prompts (goal ≥ 0.90), "none" on indexed prompts (goal ≤ 0.05),
+  answered-right on indexed prompts, and the AUROC of the best score (indexed vs unseen).
+* **Small tasks.** For source tasks drawn at random and k = 1, 2, 3, the task is replaced in the
+  index by one built from k of its samples; counted: other tasks' held-out prompts whose top-1
+  becomes the small task, under the product score and under the old score (cosine over the bare
+  unbiased self-similarity, no prior).
+* **Completion-mode tasks.** BoolQ, RTE and CB (SuperGLUE) added as prompt/completion pairs
+  (passage + question → " yes"/" no") beside the 105 text tasks; their held-out prompts routed on
+  the prompt-side state (the product) and on the completion state (before), with MiniLM on the
+  prompts for reference.
+
+Run: ``python -m bench.quality.openset`` (full) or ``--quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from atlas import routing
+from atlas.route_fit import FitItem, fit_thresholds
+from atlas.samples import Sample
+from atlas.whitening import fit_whitening
+from bench.quality import report
+from bench.quality.common import log, make_extractor, make_sketcher, pct, run_and_report
+from bench.quality.data import load_superglue_binary
+from bench.quality.paths import OUT_DIR
+from bench.quality.routing import (
+    N_HELDOUT,
+    build_index,
+    load_encoder,
+    parse_routing_args,
+    prompt_features,
+    routing_settings,
+    task_splits,
+)
+from workers.calibration import prompt_side
+
+UNSEEN_SHARE = 0.2
+N_FIT = 5
+DEFAULT_THRESHOLD = 0.05
+COMPLETION_SETS = ("boolq", "rte", "cb")
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def score_matrix(prompt_states: list[Any], task_states: list[Any], *, prior: bool = True) -> np.ndarray:
+    """Route scores, shape (prompts, tasks): the product's score, or (``prior=False``) the old one.
+
+    The old score divides by the bare unbiased self-similarity ``√Ŝ`` (no prior, no noise term).
+    """
+    units = np.stack([routing.unit_signature(s) for s in prompt_states])
+    cols = []
+    for st in task_states:
+        s, q, n = routing.totals(st)
+        if prior:
+            den = routing.denominator(s[0], q[0], n, int(st.n_samples))
+        else:
+            den = routing.denominator(s[0], q[0], n, int(st.n_samples), prior_draws=0.0, prior_samples=0.0)
+        cols.append(s[0] / max(n, 1) / den if den > 0 else np.zeros_like(s[0]))
+    out: np.ndarray = units @ np.stack(cols).T
+    return np.clip(out, -1.0, 1.0) if prior else out
+
+
+def rank_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols: np.ndarray) -> np.ndarray:
+    """The product's ranking scores, shape (prompts, tasks): whitened cosines shrunk by the prior.
+
+    The whitening is fitted on the unit signatures of the tasks ``fit_cols`` (the indexed ones), as
+    the service fits it on the space's stored signatures (:mod:`atlas.whitening`).
+    """
+    units = np.stack([routing.unit_signature(s) for s in prompt_states])
+    sigs = np.stack([routing.unit_signature(s) for s in task_states])
+    w = fit_whitening(sigs[fit_cols])
+    if w is None:
+        return units @ sigs.T
+    shrink = []
+    for s in task_states:  # as atlas.routing.rank_scores: the route score's shrink, and the prior once more
+        mu, _, den = routing.state_view(s)
+        ns = max(int(s.n_samples), 1)
+        shrink.append(min(float(np.linalg.norm(mu[0])) / den, 1.0) * np.sqrt(ns / (ns + routing.PRIOR_SAMPLES))
+                      if den > 0 else 0.0)
+    out: np.ndarray = (w.apply(units) @ w.apply(sigs).T) * np.asarray(shrink)[None, :]
+    return out
+
+
+def calibration_states(args: argparse.Namespace, lm: Any, names: list[str], splits: dict[str, Any]
+                       ) -> dict[str, list[Any]]:
+    """Prompt-mode states of each task's calibration samples (the job's pick), cached on disk."""
+    from fishersketch import SketchState
+
+    key = hashlib.sha256(json.dumps({"model": lm.fingerprint.key(), "m": args.m, "seed": args.seeds[0],
+                                     "max_tokens": args.max_tokens, "names": names,
+                                     "n_signature": args.n_signature}, sort_keys=True).encode()).hexdigest()[:16]
+    path = OUT_DIR / "cache" / f"calibration_{key}.pkl"
+    if path.exists():
+        spec = lm.make_spec(m=args.m, seed=args.seeds[0])
+        blob = pickle.loads(path.read_bytes())
+        return {n: [SketchState.from_bytes(b, spec=spec) for b in blob[n]] for n in names}
+    ex = make_extractor(lm, make_sketcher(lm, args.m, args.seeds[0]), args)
+    out = {n: prompt_side(ex, [Sample(text=x.input) for x in splits[n][0]], "text").cal_states for n in names}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps({n: [s.to_bytes() for s in v] for n, v in out.items()}))
+    return out
+
+
+def _best(scores: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Best column (as a task index) and its score, per row, among ``cols``."""
+    sub = scores[:, cols]
+    j = np.argmax(sub, axis=1)
+    return cols[j], sub[np.arange(len(sub)), j]
+
+
+def _fit_global(best_score: np.ndarray, best: np.ndarray, labels: np.ndarray) -> float:
+    """The single threshold that maximises accuracy on labelled prompts (label −1 = none)."""
+    grid = np.unique(np.concatenate([best_score, [-1.0, 1.0]]))
+    acc = [np.mean(np.where(best_score >= t, best, -1) == labels) for t in grid]
+    return float(grid[int(np.argmax(acc))])
+
+
+def _rates(answer: np.ndarray, truth: np.ndarray, unseen: np.ndarray, in_score: np.ndarray) -> dict[str, float]:
+    """none on unseen / indexed prompts, answered right on indexed prompts, AUROC (answer −1 = none)."""
+    return {"none_unseen": float(np.mean(answer[unseen] == -1)),
+            "none_indexed": float(np.mean(answer[~unseen] == -1)),
+            "right_indexed": float(np.mean(answer[~unseen] == truth[~unseen])),
+            "auroc": float(roc_auc_score(~unseen, in_score))}
+
+
+def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.ndarray, cal: list[routing.Calibration],
+             repeats: int, seed: int, rank: Any = None) -> dict[str, Any]:
+    """The open-set protocol of the module notes; medians over repeats (cross-fitted halves averaged).
+
+    ``rank(indexed)``, when given, returns the product's ranking matrix for a draw's indexed tasks:
+    the answered task is its best column, held to that task's threshold on the route score ``S``.
+    """
+    T = S.shape[1]
+    thr_auto = np.array([c.threshold if c.threshold is not None else DEFAULT_THRESHOLD for c in cal])
+    rng = np.random.default_rng(seed)
+    runs: dict[str, list[dict[str, float]]] = {}
+    for _ in range(repeats):
+        unseen_tasks = rng.choice(T, round(UNSEEN_SHARE * T), replace=False)
+        halves = np.array_split(rng.permutation(unseen_tasks), 2)
+        indexed = np.setdiff1d(np.arange(T), unseen_tasks)
+        for fit_half, eval_half in ((halves[0], halves[1]), (halves[1], halves[0])):
+            is_fit = (np.isin(truth, indexed) & (per_prompt < N_FIT)) | np.isin(truth, fit_half)
+            is_eval = (np.isin(truth, indexed) & (per_prompt >= N_FIT)) | np.isin(truth, eval_half)
+            label = np.where(np.isin(truth, indexed), truth, -1)
+            unseen = ~np.isin(truth, indexed)
+            res: dict[str, dict[str, float]] = {}
+            best, bs = _best(S, indexed)
+            ans = np.where(bs >= thr_auto[best], best, -1)
+            res["fs_auto"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], bs[is_eval])
+            items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed})
+                     for i in np.flatnonzero(is_fit)]
+            fitted = fit_thresholds(items, {t: float(thr_auto[t]) for t in indexed},
+                                    {t: cal[t].scores for t in indexed}, default=DEFAULT_THRESHOLD)
+            thr_fit = thr_auto.copy()
+            for t, v in fitted.thresholds.items():
+                thr_fit[t] = v
+            ans = np.where(bs >= thr_fit[best], best, -1)
+            res["fs_fit"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], bs[is_eval])
+            g = _fit_global(bs[is_fit], best[is_fit], label[is_fit])
+            ans = np.where(bs >= g, best, -1)
+            res["fs_global"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], bs[is_eval])
+            if rank is not None:
+                wb, _ = _best(rank(indexed), indexed)
+                ws = S[np.arange(len(S)), wb]
+                ans = np.where(ws >= thr_auto[wb], wb, -1)
+                res["fsw_auto"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], ws[is_eval])
+                items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed},
+                                 int(wb[i])) for i in np.flatnonzero(is_fit)]
+                fitted = fit_thresholds(items, {t: float(thr_auto[t]) for t in indexed},
+                                        {t: cal[t].scores for t in indexed}, default=DEFAULT_THRESHOLD)
+                thr_w = thr_auto.copy()
+                for t, v in fitted.thresholds.items():
+                    thr_w[t] = v
+                ans = np.where(ws >= thr_w[wb], wb, -1)
+                res["fsw_fit"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], ws[is_eval])
+            mb, ms = _best(M, indexed)
+            g = _fit_global(ms[is_fit], mb[is_fit], label[is_fit])
+            ans = np.where(ms >= g, mb, -1)
+            res["minilm_global"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], ms[is_eval])
+            for k, v in res.items():
+                runs.setdefault(k, []).append(v)
+    return {k: {m: float(np.median([r[m] for r in v])) for m in v[0]} | {"runs": len(v)} for k, v in runs.items()}
+
+
+def small_tasks(S_new: np.ndarray, S_old: np.ndarray, truth: np.ndarray, small_new: dict[tuple[int, int], np.ndarray],
+                small_old: dict[tuple[int, int], np.ndarray], R: np.ndarray | None = None,
+                small_rank: dict[tuple[int, int], np.ndarray] | None = None) -> list[dict[str, Any]]:
+    """Captures of other tasks' prompts by a k-sample task replacing its source, per k and score."""
+    rows = []
+    kinds = [("route score", S_new, small_new), ("old score (no prior)", S_old, small_old)]
+    if R is not None and small_rank is not None:
+        kinds.insert(0, ("whitened ranking (product)", R, small_rank))
+    for k in (1, 2, 3):
+        for name, S, small in kinds:
+            taken = total = own = own_total = 0
+            max_score = -np.inf
+            for (src, kk), col in small.items():
+                if kk != k:
+                    continue
+                if col.ndim == 2:  # a whole re-fitted ranking matrix
+                    Sx, col = col, col[:, src]
+                else:
+                    Sx = S.copy()
+                    Sx[:, src] = col
+                other = truth != src
+                top = np.argmax(Sx, axis=1)
+                taken += int(np.sum(top[other] == src))
+                total += int(other.sum())
+                own += int(np.sum(top[~other] == src))
+                own_total += int((~other).sum())
+                max_score = max(max_score, float(col.max()))
+            rows.append({"k": k, "score": name, "taken": taken, "total": total, "own": own, "own_total": own_total,
+                         "max_score": max_score})
+    return rows
+
+
+def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any, S_text: np.ndarray,
+                     n_sig: int, n_held: int) -> dict[str, Any]:
+    """Route held-out prompts of SuperGLUE completion tasks added beside the text tasks."""
+    ex = make_extractor(lm, make_sketcher(lm, args.m, args.seeds[0]), args)
+    comp, side, held, minilm_c = [], [], {}, []
+    for k, ds in enumerate(COMPLETION_SETS):
+        rows = load_superglue_binary(ds)
+        perm = np.random.default_rng(1000 + k).permutation(len(rows))
+        samples = [Sample(prompt=f"{rows[i][0]}\nQuestion: {rows[i][1]}\nAnswer:",
+                          completion=" yes" if rows[i][2] else " no") for i in perm[: n_sig + n_held]]
+        sig, held[ds] = samples[:n_sig], [s.prompt or "" for s in samples[n_sig:]]
+        comp.append(ex.extract(sig, mode="completion").state)
+        side.append(prompt_side(ex, sig, "completion").prompt_sum)
+        if encoder is not None:
+            minilm_c.append(encoder.encode([s.prompt or "" for s in sig]).mean(0))
+    prompts = [ex.prompt(t).state for ds in COMPLETION_SETS for t in held[ds]]
+    truth = np.repeat(np.arange(len(COMPLETION_SETS)) + S_text.shape[1], n_held)
+    text_cols = score_matrix(prompts, index.states)
+    out: dict[str, Any] = {"n_signature": n_sig, "n_heldout": n_held, "rows": {}}
+    all_side = [*index.states, *side]
+    R = rank_matrix(prompts, all_side, np.arange(len(all_side)))
+    top = np.argmax(R, axis=1)
+    out["rows"]["prompt-side state, whitened ranking (product)"] = {
+        ds: float(np.mean(top[truth == c] == c)) for ds, c in zip(COMPLETION_SETS, np.unique(truth), strict=True)}
+    for name, states in (("prompt-side state, route score", side), ("completion state (before)", comp)):
+        S = np.concatenate([text_cols, score_matrix(prompts, states)], axis=1)
+        top = np.argmax(S, axis=1)
+        out["rows"][name] = {ds: float(np.mean(top[truth == c] == c)) for ds, c in
+                             zip(COMPLETION_SETS, np.unique(truth), strict=True)}
+    if encoder is not None and index.minilm:
+        cent = _unit(np.concatenate([np.stack([e.mean(0) for e in index.minilm]), np.stack(minilm_c)]))
+        q = _unit(encoder.encode([t for ds in COMPLETION_SETS for t in held[ds]]))
+        top = np.argmax(q @ cent.T, axis=1)
+        out["rows"]["all-MiniLM-L6-v2 centroid (prompts)"] = {
+            ds: float(np.mean(top[truth == c] == c)) for ds, c in zip(COMPLETION_SETS, np.unique(truth), strict=True)}
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build (or load) the routing index and calibration, then the three studies."""
+    from bench.quality.common import load_model
+
+    lm = load_model(args)
+    encoder = load_encoder(args)
+    splits = task_splits(args.seeds[0], args.n_signature, N_HELDOUT)
+    names = list(splits)
+    if args.quick:
+        names = names[::5]
+    index = build_index(args, lm, names, splits, encoder)
+    feats, _ = prompt_features(args, lm, index.heldout, encoder)
+    pos = {n: i for i, n in enumerate(names)}
+    truth = np.array([pos[f.task] for f in feats])
+    counts: dict[int, int] = {}
+    ranks = []
+    for t in truth:  # rank of each prompt within its task
+        ranks.append(counts.get(int(t), 0))
+        counts[int(t)] = ranks[-1] + 1
+    per_prompt = np.array(ranks)
+    cal_states = calibration_states(args, lm, names, splits)
+    cal = [routing.calibrate(routing.leave_one_out_scores(index.states[i], cal_states[n])) for i, n in enumerate(names)]
+    prompt_states = [f.state for f in feats]
+    S = score_matrix(prompt_states, index.states)
+    S_old = score_matrix(prompt_states, index.states, prior=False)
+    if encoder is not None:
+        M = _unit(np.stack([f.minilm for f in feats])) @ _unit(np.stack([e.mean(0) for e in index.minilm])).T
+    else:
+        M = S.copy()
+    R = rank_matrix(prompt_states, index.states, np.arange(len(names)))
+    log(f"top-1: route score {np.mean(np.argmax(S, 1) == truth):.3f}, "
+        f"whitened ranking {np.mean(np.argmax(R, 1) == truth):.3f}")
+    opens = open_set(S, M, truth, per_prompt, cal, args.repeats, args.seeds[0],
+                     rank=lambda cols: rank_matrix(prompt_states, index.states, cols))
+    rng = np.random.default_rng(args.seeds[0] + 7)
+    sources = rng.choice(len(names), min(args.small_sources, len(names)), replace=False)
+    small_new, small_old, small_rank = {}, {}, {}
+    for src in sources:
+        for k in (1, 2, 3):
+            sts = cal_states[names[src]][:k]
+            if len(sts) < k:
+                continue
+            st = sts[0].copy()
+            for x in sts[1:]:
+                st.merge_(x)
+            small_new[(int(src), k)] = score_matrix(prompt_states, [st])[:, 0]
+            small_old[(int(src), k)] = score_matrix(prompt_states, [st], prior=False)[:, 0]
+            states_k = [*index.states[:src], st, *index.states[src + 1:]]  # the small task replaces its source
+            # the whole matrix: the whitening is re-fitted with the small task in the space, as the service does
+            small_rank[(int(src), k)] = rank_matrix(prompt_states, states_k, np.arange(len(names)))
+    small = small_tasks(S, S_old, truth, small_new, small_old, R, small_rank)
+    comp = completion_tasks(args, lm, encoder, index, S, 12 if args.quick else 64, 5 if args.quick else 20)
+    thr = np.array([c.threshold for c in cal if c.threshold is not None])
+    return {"names": names, "n_prompts": len(feats), "open_set": opens, "small": small, "completion": comp,
+            "top1": float(np.mean(np.argmax(S, 1) == truth)), "n_sources": len(sources),
+            "top1_ranked": float(np.mean(np.argmax(R, 1) == truth)),
+            "threshold_quantiles": np.quantile(thr, [0, 0.25, 0.5, 0.75, 1]).tolist() if thr.size else [],
+            "repeats": args.repeats, "lm": lm}
+
+
+ROUTERS = {"fsw_auto": "FisherAtlas (product: whitened ranking), calibrated per-task thresholds (no labels)",
+           "fsw_fit": "FisherAtlas (product: whitened ranking) + `fit` (labelled prompts incl. none)",
+           "fs_auto": "FisherAtlas ranked by route score (before), calibrated per-task thresholds",
+           "fs_fit": "FisherAtlas ranked by route score (before) + `fit`",
+           "fs_global": "FisherAtlas, one threshold fitted by accuracy",
+           "minilm_global": "all-MiniLM-L6-v2 centroid, one threshold fitted by accuracy"}
+
+
+def render(res: dict[str, Any], facts: str) -> str:
+    """Markdown for ``quality.md``."""
+    o = res["open_set"]
+    t1 = report.table(["Router", "none on unseen (goal ≥ 0.90)", "none on indexed (goal ≤ 0.05)",
+                       "answered right, indexed", "AUROC (best score)"],
+                      [[ROUTERS[k], f"{v['none_unseen']:.3f}", f"{v['none_indexed']:.3f}",
+                        pct(v["right_indexed"]), f"{v['auroc']:.3f}"] for k, v in o.items()])
+    t2 = report.table(["Samples in the small task", "Score", "other tasks' prompts taken (top-1)",
+                       "its source's prompts routed to it", "highest score it reached"],
+                      [[r["k"], r["score"], f"{r['taken']} / {r['total']}", f"{r['own']} / {r['own_total']}",
+                        f"{r['max_score']:.3f}"] for r in res["small"]])
+    c = res["completion"]
+    t3 = report.table(["Routed on", *COMPLETION_SETS],
+                      [[k, *[pct(v[d]) for d in COMPLETION_SETS]] for k, v in c["rows"].items()])
+    n = len(res["names"])
+    q = ", ".join(f"{x:.3f}" for x in res["threshold_quantiles"])
+    return (
+        f"{n} multitask_instructions tasks, {res['n_prompts']} held-out prompts (experiment 4's splits and index); "
+        f"top-1 on all {n}: whitened ranking (product) {res['top1_ranked']:.1%}, route score alone {res['top1']:.1%}. "
+        "Calibrated thresholds (min, quartiles, "
+        f"max): {q}.\n\n"
+        f"**Open set** ({int(UNSEEN_SHARE * 100)} % of tasks unseen, {res['repeats']} draws × 2 cross-fitted halves; "
+        "medians):\n\n" + t1 + "\n\n"
+        f"**Small tasks** (a task replaced by one of k of its samples; {res['n_sources']} random source tasks per k; "
+        "prompts of all other tasks):\n\n" + t2 + "\n\n"
+        f"**Completion-mode tasks** (SuperGLUE as prompt → \" yes\"/\" no\", {c['n_signature']} pairs each, "
+        f"{c['n_heldout']} held-out prompts each, beside the {n} text tasks; share of own prompts routed to the "
+        "task):\n\n" + t3 + "\n\n" + facts
+    )
+
+
+def main() -> None:
+    """Command-line entry point."""
+    import sys
+
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--repeats", type=int, default=5)
+    extra.add_argument("--small-sources", type=int, default=30)
+    known, rest = extra.parse_known_args()
+    sys.argv = [sys.argv[0], *rest]
+    args = parse_routing_args(__doc__.split("\n")[0])
+    args.repeats, args.small_sources = known.repeats, known.small_sources
+    run_and_report("openset", "4b. Open set, small tasks and completion-mode routing (issue 13)", args, run, render,
+                   lambda res: routing_settings(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The open-set and small-task protocols of ``bench.quality.openset`` on synthetic score matrices."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas import routing
+from bench.quality.openset import _fit_global, open_set, small_tasks
+
+
+def _world(separation: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[routing.Calibration]]:
+    """20 tasks × 10 prompts; own-task score ``0.3 + separation``, others ~0.3 (noise 0.02)."""
+    rng = np.random.default_rng(seed)
+    T, per = 20, 10
+    truth = np.repeat(np.arange(T), per)
+    S = 0.3 + 0.02 * rng.standard_normal((T * per, T))
+    S[np.arange(T * per), truth] += separation
+    cal = [routing.calibrate(0.3 + separation + 0.02 * rng.standard_normal(32)) for _ in range(T)]
+    return S, truth, np.tile(np.arange(per), T), cal
+
+
+def test_a_separable_world_answers_none_for_unseen_and_keeps_indexed() -> None:
+    S, truth, rank, cal = _world(separation=0.3)
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0)
+    auto = res["fs_auto"]
+    assert auto["none_unseen"] == 1.0 and auto["auroc"] == 1.0
+    assert auto["none_indexed"] <= 0.1 and auto["right_indexed"] >= 0.9
+    assert res["fs_auto"]["runs"] == 4  # 2 draws × 2 cross-fitted halves
+
+
+def test_a_ranking_answers_its_best_task_held_to_that_tasks_threshold() -> None:
+    S, truth, rank, cal = _world(separation=0.3, seed=2)
+    same = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols: S)
+    assert same["fsw_auto"] == same["fs_auto"]  # ranking by the route score itself changes nothing
+    flipped = -S  # a ranking that always answers the worst task: right answers vanish
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols: flipped)
+    assert res["fsw_auto"]["right_indexed"] == 0.0 and res["fs_auto"]["right_indexed"] >= 0.9
+
+
+def test_an_inseparable_world_has_chance_auroc() -> None:
+    S, truth, rank, cal = _world(separation=0.0)
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=3, seed=1)
+    assert 0.3 <= res["fs_auto"]["auroc"] <= 0.7
+
+
+def test_fit_global_maximises_accuracy() -> None:
+    best_score = np.array([0.9, 0.8, 0.2, 0.1])
+    best = np.array([1, 2, 3, 4])
+    labels = np.array([1, 2, -1, -1])  # the low-scoring two are "none"
+    t = _fit_global(best_score, best, labels)
+    assert 0.2 < t <= 0.8
+
+
+def test_small_tasks_take_a_whole_refitted_ranking_matrix() -> None:
+    truth = np.array([0, 0, 1, 1])
+    S = np.array([[0.9, 0.1], [0.8, 0.2], [0.1, 0.9], [0.2, 0.7]])
+    refit = {(1, 1): np.array([[0.1, 0.9], [0.9, 0.2], [0.1, 0.9], [0.2, 0.7]])}  # column 0 moved too
+    rows = small_tasks(S, S, truth, {(1, 1): S[:, 1]}, {(1, 1): S[:, 1]}, S, refit)
+    k1 = {r["score"]: r for r in rows if r["k"] == 1}
+    assert k1["whitened ranking (product)"]["taken"] == 1 and k1["route score"]["taken"] == 0
+
+
+def test_small_tasks_count_captures_of_other_tasks_prompts() -> None:
+    truth = np.array([0, 0, 1, 1])
+    S = np.array([[0.9, 0.1], [0.8, 0.2], [0.1, 0.9], [0.2, 0.7]])
+    strong = {(1, 1): np.array([0.95, 0.1, 0.9, 0.9])}  # takes one prompt of task 0
+    weak = {(1, 1): np.array([0.0, 0.0, 0.9, 0.9])}
+    rows = small_tasks(S, S, truth, weak, strong)
+    k1 = {r["score"]: r for r in rows if r["k"] == 1}
+    assert k1["route score"]["taken"] == 0 and k1["route score"]["own"] == 2
+    assert k1["old score (no prior)"]["taken"] == 1 and k1["old score (no prior)"]["total"] == 2
