@@ -147,6 +147,24 @@ def _rates(answer: np.ndarray, truth: np.ndarray, unseen: np.ndarray, in_score: 
             "auroc": float(roc_auc_score(~unseen, in_score))}
 
 
+def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_auto: np.ndarray,
+                   cal: list[routing.Calibration], indexed: np.ndarray, label: np.ndarray, unseen: np.ndarray,
+                   is_fit: np.ndarray, is_eval: np.ndarray) -> tuple[dict[str, float], dict[str, float]]:
+    """Rates with the calibrated per-task thresholds, then after ``fit`` on the ``is_fit`` prompts, for the
+    answers ``top`` held to their task's threshold on the route score ``top_score``."""
+    ans = np.where(top_score >= thr_auto[top], top, -1)
+    auto = _rates(ans[is_eval], label[is_eval], unseen[is_eval], top_score[is_eval])
+    items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed},
+                     int(top[i])) for i in np.flatnonzero(is_fit)]
+    fitted = fit_thresholds(items, {t: float(thr_auto[t]) for t in indexed}, {t: cal[t].scores for t in indexed},
+                            default=DEFAULT_THRESHOLD)
+    thr_fit = thr_auto.copy()
+    for t, v in fitted.thresholds.items():
+        thr_fit[t] = v
+    ans = np.where(top_score >= thr_fit[top], top, -1)
+    return auto, _rates(ans[is_eval], label[is_eval], unseen[is_eval], top_score[is_eval])
+
+
 def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.ndarray, cal: list[routing.Calibration],
              repeats: int, seed: int, rank: Any = None) -> dict[str, Any]:
     """The open-set protocol of the module notes; medians over repeats (cross-fitted halves averaged).
@@ -169,34 +187,15 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
             unseen = ~np.isin(truth, indexed)
             res: dict[str, dict[str, float]] = {}
             best, bs = _best(S, indexed)
-            ans = np.where(bs >= thr_auto[best], best, -1)
-            res["fs_auto"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], bs[is_eval])
-            items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed})
-                     for i in np.flatnonzero(is_fit)]
-            fitted = fit_thresholds(items, {t: float(thr_auto[t]) for t in indexed},
-                                    {t: cal[t].scores for t in indexed}, default=DEFAULT_THRESHOLD)
-            thr_fit = thr_auto.copy()
-            for t, v in fitted.thresholds.items():
-                thr_fit[t] = v
-            ans = np.where(bs >= thr_fit[best], best, -1)
-            res["fs_fit"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], bs[is_eval])
+            res["fs_auto"], res["fs_fit"] = _per_task_rows(S, best, bs, thr_auto, cal, indexed, label, unseen,
+                                                           is_fit, is_eval)
             g = _fit_global(bs[is_fit], best[is_fit], label[is_fit])
             ans = np.where(bs >= g, best, -1)
             res["fs_global"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], bs[is_eval])
             if rank is not None:
                 wb, _ = _best(rank(indexed), indexed)
-                ws = S[np.arange(len(S)), wb]
-                ans = np.where(ws >= thr_auto[wb], wb, -1)
-                res["fsw_auto"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], ws[is_eval])
-                items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed},
-                                 int(wb[i])) for i in np.flatnonzero(is_fit)]
-                fitted = fit_thresholds(items, {t: float(thr_auto[t]) for t in indexed},
-                                        {t: cal[t].scores for t in indexed}, default=DEFAULT_THRESHOLD)
-                thr_w = thr_auto.copy()
-                for t, v in fitted.thresholds.items():
-                    thr_w[t] = v
-                ans = np.where(ws >= thr_w[wb], wb, -1)
-                res["fsw_fit"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], ws[is_eval])
+                res["fsw_auto"], res["fsw_fit"] = _per_task_rows(S, wb, S[np.arange(len(S)), wb], thr_auto, cal,
+                                                                 indexed, label, unseen, is_fit, is_eval)
             mb, ms = _best(M, indexed)
             g = _fit_global(ms[is_fit], mb[is_fit], label[is_fit])
             ans = np.where(ms >= g, mb, -1)
