@@ -339,8 +339,8 @@ def write(path: Path, args: argparse.Namespace, r: dict[str, Any]) -> None:
 - Command: `{cmd}`
   (raw JSON: `bench/out/store/load.json`)
 - Machine: {r['machine']}; date {r['date']} (UTC); 1-min load average {r['loadavg_start'][0]:.2f} at start,
-  {r['loadavg_end_of_load'][0]:.2f} at the end of the load (the box was shared with other jobs); the load
-  generator runs on the same two cores.
+  {r['loadavg_end_of_load'][0]:.2f} at the end of the load (the service, its job
+  worker and the load generator share the two cores).
 - Service: `fisher-atlas serve` on its embedded defaults (SQLite, FAISS, in-process job worker and prompt
   service), the **{r['model']}** model, m = {r['m']}, `FISHER_ATLAS_TORCH_THREADS={args.threads}`, the
   per-client rate limit off (`FISHER_ATLAS_RATE_LIMIT_PER_S=0`: one load generator is one client address).
