@@ -9,7 +9,7 @@ It is a fixed linear map of the space — fitted on its stored signatures, re-fi
 so a prompt's ranking never depends on the other prompts of its batch.
 
 Measured on the 105 multitask-instruction tasks (bench/results/quality.md, experiment 4): top-1
-73.3 % → 77.4 % against the route score alone. With few tasks the between-task spread is too poorly
+73.3 % → 77.3 % against the route score alone. With few tasks the between-task spread is too poorly
 estimated to whiten by, so spaces below ``WHITEN_MIN_TASKS`` rank by the route score.
 """
 
