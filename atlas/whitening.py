@@ -16,6 +16,7 @@ estimated to whiten by, so spaces below ``WHITEN_MIN_TASKS`` rank by the route s
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,10 @@ WHITEN_RIDGE = 0.1
 """Ridge added to each direction's variance, as a share of the mean variance (0: full whitening)."""
 WHITEN_MAX_TASKS = 512
 """Signatures the transform is fitted on at most (evenly spaced by task id above this)."""
+WHITEN_REFIT_S = 2.0
+"""A space at ``WHITEN_MAX_TASKS`` or more is re-fitted at most this often (one change barely moves its
+fit, and a re-fit costs ~0.1 s of eigendecomposition plus reading the signatures); smaller spaces are
+re-fitted on every change (milliseconds)."""
 WHITEN_MEMO_MAX = 8192
 """Tasks whose whitened terms a transform keeps (r floats each, ≤ 4 KiB); cleared past this."""
 WHITEN_MIN_TASKS = 32
@@ -133,11 +138,12 @@ class WhiteningCache:
     """One fitted transform per space, re-fitted when the space's index has moved on.
 
     Keyed by the index's watermark (the change-log position it reflects): every add, append or
-    delete moves it, and then the next route re-fits from the stored signatures.
+    delete moves it, and then the next route re-fits from the stored signatures — at once in a space
+    of fewer than ``WHITEN_MAX_TASKS`` tasks, at most every ``WHITEN_REFIT_S`` seconds in a larger one.
     """
 
     def __init__(self) -> None:
-        self._fits: dict[int, tuple[int, Whitening | None]] = {}
+        self._fits: dict[int, tuple[int, float, int, Whitening | None]] = {}
         self._lock = threading.Lock()
 
     def get(self, session: Any, index: Any, space_id: int, m: int) -> Whitening | None:
@@ -147,15 +153,18 @@ class WhiteningCache:
         mark = int(index.watermark(space_id))
         with self._lock:
             cached = self._fits.get(space_id)
-        if cached is not None and cached[0] == mark:
-            return cached[1]
+        now = time.monotonic()
+        if cached is not None and (cached[0] == mark or (cached[2] >= WHITEN_MAX_TASKS
+                                                         and now - cached[1] < WHITEN_REFIT_S)):
+            return cached[3]
         ids = index.ids(space_id)
-        if len(ids) > WHITEN_MAX_TASKS:
-            ids = ids[np.linspace(0, len(ids) - 1, WHITEN_MAX_TASKS).round().astype(int)]
+        n_tasks = len(ids)
+        if n_tasks > WHITEN_MAX_TASKS:
+            ids = ids[np.linspace(0, n_tasks - 1, WHITEN_MAX_TASKS).round().astype(int)]
         found, vectors = read_signatures(session, [int(i) for i in ids], m)
         fitted = fit_whitening(vectors) if found else None
         with self._lock:
-            self._fits[space_id] = (mark, fitted)
+            self._fits[space_id] = (mark, now, n_tasks, fitted)
         return fitted
 
     def clear(self) -> None:
