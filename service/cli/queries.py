@@ -32,9 +32,12 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
     """Route a prompt to the nearest stored tasks ("none" below the threshold)."""
     with client(url, api_key, timeout) as cl:
         res = cl.route(prompt, k=k, threshold=threshold, space=space)
-    lines = [f"{'rank':>4}  {'score':>8}  {'faiss':>7}  {'act':>6}  {'err':>6}  task"]
+    ranked = any(m.rank_score is not None for m in res.matches)  # a whitened space orders by rank_score
+    lines = [f"{'rank':>4}  {'score':>8}  {'faiss':>7}  {'act':>6}  {'err':>6}  " + ("ranking  " if ranked else "")
+             + "task"]
     for i, m in enumerate(res.matches, start=1):
-        lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  "
+        rank = f"{m.rank_score:7.4f}  " if ranked and m.rank_score is not None else ""
+        lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  {rank}"
                      f"{m.name} (id {m.task_id})")
     if res.none:
         lines.append(f"none: the best score is below the threshold {res.threshold:g} (no stored task fits)")
