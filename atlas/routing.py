@@ -19,6 +19,10 @@ Threshold
     ``FALSE_REJECT_RATE`` quantile of the task's leave-one-out scores (each calibration sample's prompt
     scored against the task's routing state with that sample removed, i.e. held out) — else the
     global default ``settings.route_threshold``. A request's explicit ``threshold`` overrides all.
+Ranking
+    In a space of ``atlas.whitening.WHITEN_MIN_TASKS`` tasks or more, matches are ordered by
+    :func:`rank_scores` — the cosine after the space's whitening, shrunk like the score — while the
+    open-set decision stays on the score and its threshold (docs/SCORES.md, "Ranking").
 Confidence
     ``sigmoid((score − threshold) / scale)``, ``scale`` the spread (standard deviation) of the task's
     leave-one-out scores (``DEFAULT_SCALE`` without calibration): 0.5 on the threshold, towards 1
@@ -36,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from atlas.whitening import Whitening
 
 PRIOR_DRAWS = 1.0
 """Pseudo-draws of noise ``n₀`` in the route score's denominator (``≥ 1`` keeps the score in [−1, 1])."""
@@ -311,7 +317,7 @@ def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
 
 
 def rank_scores(prompt_unit: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
-                whitening: Any) -> np.ndarray:
+                whitening: Whitening) -> np.ndarray:
     """Ranking scores, shape (len(candidates),): whitened cosines shrunk for the task's size and noise.
 
     ``cos(f(p̂), f(μ̂_t)) · ‖μ_t‖ / den_t · √(n_s / (n_s + κ))`` with ``f`` the space's
@@ -334,7 +340,7 @@ def rank_scores(prompt_unit: np.ndarray, candidates: Sequence[Candidate], views:
 
 def rerank_route(
     prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float, per_task: bool = False,
-    whitening: Any = None,
+    whitening: Whitening | None = None,
 ) -> RouteAnswer:
     """Exact re-rank of ANN candidates for one prompt.
 
