@@ -317,21 +317,20 @@ def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
 
 
 def rank_scores(prompt_unit: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
-                whitening: Whitening) -> np.ndarray:
+                dots: np.ndarray, whitening: Whitening) -> np.ndarray:
     """Ranking scores, shape (len(candidates),): whitened cosines shrunk for the task's size and noise.
 
     ``cos(f(p̂), f(μ̂_t)) · ‖μ_t‖ / den_t · √(n_s / (n_s + κ))`` with ``f`` the space's
     :class:`atlas.whitening.Whitening`: ``‖μ_t‖ / den_t`` is the route score's own shrink (its
     minimum-evidence prior and noise term), and whitening, which amplifies the quiet directions where a
     small task's noise lives, takes the prior ``κ = PRIOR_SAMPLES`` once more, so a task of a few samples
-    cannot take other tasks' prompts by its noise. A task's whitened terms are memoised on the transform.
+    cannot take other tasks' prompts by its noise. ``dots`` (len(candidates),) are the re-rank's
+    ``⟨p̂, μ_t⟩``; a task's norm and whitened terms are memoised on the transform.
     """
-    mus = [np.asarray(v[0][0]) for v in views]
-    norms = np.array([float(np.linalg.norm(mu)) for mu in mus])
-    dens = np.array([float(v[2]) for v in views])
-    dots = np.array([float(mu @ prompt_unit) for mu in mus]) / np.where(norms > 0, norms, 1.0)
     terms = [whitening.task_terms(c.task_id, v[0], v[0][0]) for c, v in zip(candidates, views, strict=True)]
-    cos = whitening.cosines(prompt_unit, dots, terms)
+    norms = np.array([t[3] for t in terms])
+    dens = np.array([float(v[2]) for v in views])
+    cos = whitening.cosines(prompt_unit, np.asarray(dots) / np.where(norms > 0, norms, 1.0), terms)
     ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
     ok = (norms > 0) & (dens > 0)
     shrink = np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * np.sqrt(ns / (ns + PRIOR_SAMPLES))
@@ -383,7 +382,7 @@ def rerank_route(
     ok = den > 0
     score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
-    rank = rank_scores(unit, candidates, views, whitening) if whitening is not None else None
+    rank = rank_scores(unit, candidates, views, dots, whitening) if whitening is not None else None
     order = sorted(range(len(candidates)),
                    key=lambda i: (-round(_f(rank[i]), 9) if rank is not None else 0.0, -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +59,7 @@ class Whitening:
     basis: np.ndarray
     gains: np.ndarray
     floor: float
-    _memo: dict[int, tuple[Any, np.ndarray, float, float]] = field(
+    _memo: dict[int, tuple[Any, tuple[np.ndarray, float, float, float]]] = field(
         default_factory=dict, compare=False, repr=False)
 
     def apply(self, x: np.ndarray) -> np.ndarray:
@@ -76,25 +77,26 @@ class Whitening:
         sq = self.floor ** 2 * float(z @ z) + float(((self.gains ** 2 - self.floor ** 2) * coef * coef).sum())
         return coef, sq, float(self.center @ unit)
 
-    def task_terms(self, key: int, owner: Any, mu: np.ndarray) -> tuple[np.ndarray, float, float]:
-        """:meth:`terms` of ``mu / ‖mu‖``, memoised per ``key`` while the same ``owner`` object is given.
+    def task_terms(self, key: int, owner: Any, mu: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+        """:meth:`terms` of ``mu / ‖mu‖`` and ``‖mu‖``, memoised per ``key`` while the same ``owner`` is given.
 
         ``owner`` is the cached object ``mu`` belongs to (a task's view); a new object (the task
         changed) recomputes.
         """
         hit = self._memo.get(key)
         if hit is not None and hit[0] is owner:
-            return hit[1], hit[2], hit[3]
+            return hit[1]
         norm = float(np.linalg.norm(mu))
         coef, sq, cu = self.terms(mu / norm if norm > 0 else np.zeros_like(mu, dtype=np.float64))
         if len(self._memo) >= WHITEN_MEMO_MAX:
             self._memo.clear()
-        self._memo[key] = (owner, coef, sq, cu)
-        return coef, sq, cu
+        self._memo[key] = (owner, (coef, sq, cu, norm))
+        return coef, sq, cu, norm
 
     def cosines(self, prompt_unit: np.ndarray, unit_dots: np.ndarray,
-                tasks: list[tuple[np.ndarray, float, float]]) -> np.ndarray:
-        """``cos(f(p̂), f(û_t))`` for each task, shape (T,), from :meth:`terms` without touching ``m``-vectors.
+                tasks: Sequence[tuple[np.ndarray, float, float, float]]) -> np.ndarray:
+        """``cos(f(p̂), f(û_t))`` for each task, shape (T,), from :meth:`task_terms` without touching
+        ``m``-vectors.
 
         ``unit_dots`` (T,) are ``p̂ · û_t``; with ``z = u − c``:
         ``f̃(z_p) · f̃(z_t) = g₀² z_p · z_t + Σ (g² − g₀²) (V z_p)(V z_t)`` and

@@ -91,8 +91,9 @@ def test_rank_scores_shrink_small_tasks() -> None:
     views = [(np.stack([v, v, v]), np.ones(3), 1.0) for v in x]
     big = [routing.Candidate(i, f"t{i}", _State(1000), 0.0, views[i]) for i in range(len(x))]
     small = [routing.Candidate(i, f"t{i}", _State(1), 0.0, views[i]) for i in range(len(x))]
-    r_big = routing.rank_scores(x[0], big, views, w)
-    r_small = routing.rank_scores(x[0], small, views, w)
+    dots = x @ x[0]  # ⟨p̂, μ_t⟩ as the re-rank computes them
+    r_big = routing.rank_scores(x[0], big, views, dots, w)
+    r_small = routing.rank_scores(x[0], small, views, dots, w)
     assert int(np.argmax(r_big)) == 0 and r_big[0] > 0.99
     np.testing.assert_allclose(r_small, r_big * np.sqrt(1 / (1 + routing.PRIOR_SAMPLES)) /
                                np.sqrt(1000 / (1000 + routing.PRIOR_SAMPLES)), rtol=1e-9)
