@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shutil
 import statistics
@@ -28,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.store.common import add_run_options, finish_run
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "2-core CPU (python-svc dev box)"
@@ -91,8 +92,7 @@ def main() -> None:
     p.add_argument("--drain-timeout", type=float, default=180.0, help="longest wait for every job to end")
     p.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL server (a throw-away database is made there)")
     p.add_argument("--redis-url", default=os.environ.get("FISHER_ATLAS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    p.add_argument("--json", type=Path, default=ROOT / "bench" / "out" / "store" / "chaos.json")
-    p.add_argument("--out", type=Path, default=None, help="markdown section to write (bench/results/chaos.md)")
+    add_run_options(p, "chaos")
     args = p.parse_args()
 
     started = dt.datetime.now(dt.UTC)
@@ -103,15 +103,7 @@ def main() -> None:
                    "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "model": args.model,
                    "round_s": args.round_s, "seed": args.seed, "total_s": time.perf_counter() - t0,
                    "python": sys.version.split()[0]})
-    result["failures"] = failures(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    print(table(result))
-    print(f"wrote {args.json}")
-    if args.out:
-        write(args.out, args, result)
-    if result["failures"]:
-        raise SystemExit("chaos not survived: " + "; ".join(result["failures"]))
+    finish_run(result, args, failures(result), table(result), write, "chaos not survived")
 
 
 def table(r: dict[str, Any]) -> str:

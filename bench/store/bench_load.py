@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import os
 import random
 import shutil
@@ -47,6 +46,7 @@ import httpx
 import numpy as np
 
 from bench.api.bench_route import _serve_cmd, _wait_ready, free_port, load_texts
+from bench.store.common import add_run_options, finish_run
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "2-core CPU (python-svc dev box)"
@@ -233,8 +233,7 @@ def main() -> None:
     p.add_argument("--model", default="bundled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drain-timeout", type=float, default=240.0, help="longest wait for the queue to drain")
-    p.add_argument("--json", type=Path, default=ROOT / "bench" / "out" / "store" / "load.json")
-    p.add_argument("--out", type=Path, default=None, help="markdown section to write (bench/results/load.md)")
+    add_run_options(p, "load")
     args = p.parse_args()
 
     started = dt.datetime.now(dt.UTC)
@@ -282,16 +281,8 @@ def main() -> None:
                             for stage, v in w.route_stages.items() if v},
         "python": sys.version.split()[0],
     }
-    result["failures"] = failures(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    print(table(result))
-    print(f"wrote {args.json}")
-    if args.out:
-        write(args.out, args, result)
     shutil.rmtree(tmp, ignore_errors=True)
-    if result["failures"]:
-        raise SystemExit("load not held: " + "; ".join(result["failures"]))
+    finish_run(result, args, failures(result), table(result), write, "load not held")
 
 
 HEADER = ["| requests | count | answered 2xx | 2xx per s | p50 ms | p99 ms | statuses |",

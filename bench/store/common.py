@@ -6,8 +6,12 @@ The store plumbing (bulk inserts, throw-away PostgreSQL databases) is shared wit
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
@@ -16,7 +20,10 @@ from atlas import repository
 from tests import store_helpers
 from tests.store_helpers import drop_pg_database, insert_ready_tasks
 
-__all__ = ["bulk_load", "clustered_unit_vectors", "create_pg_database", "drop_pg_database", "make_space"]
+ROOT = Path(__file__).resolve().parents[2]
+
+__all__ = ["add_run_options", "bulk_load", "clustered_unit_vectors", "create_pg_database", "drop_pg_database",
+           "finish_run", "make_space"]
 
 
 def clustered_unit_vectors(n: int, m: int, *, clusters: int, spread: float, seed: int,
@@ -58,3 +65,24 @@ def bulk_load(factory: sessionmaker[Session], space_id: int, chunks: Iterator[np
 def create_pg_database(server_url: str) -> str:
     """Create an empty PostgreSQL database ``fa_bench_<random>`` and return its URL."""
     return store_helpers.create_pg_database(server_url, prefix="fa_bench")
+
+
+def add_run_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--json`` (raw results, ``bench/out/store/<name>.json``) and ``--out`` (the markdown section)."""
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "out" / "store" / f"{name}.json")
+    parser.add_argument("--out", type=Path, default=None, help=f"markdown section to write (bench/results/{name}.md)")
+
+
+def finish_run(result: dict[str, Any], args: argparse.Namespace, failures: list[str], table: str,
+               write: Callable[[Path, argparse.Namespace, dict[str, Any]], None], verdict: str) -> None:
+    """The shared tail of a run: record ``failures``, write the raw JSON, print ``table``, write the
+    markdown section when ``--out`` is given; exit non-zero with ``verdict`` when a check failed."""
+    result["failures"] = failures
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+    print(table)
+    print(f"wrote {args.json}")
+    if args.out:
+        write(args.out, args, result)
+    if failures:
+        raise SystemExit(f"{verdict}: " + "; ".join(failures))
