@@ -34,9 +34,11 @@ re-fitted on every change (milliseconds)."""
 WHITEN_MEMO_MAX = 8192
 """Tasks whose whitened terms a transform keeps (r floats each, ≤ 4 KiB); cleared past this."""
 WHITEN_MIN_TASKS = 32
-"""Fewest tasks a transform is fitted for; a smaller space ranks by the route score alone. Measured on
-random subsets of the 105 instruction tasks: whitening loses 1–2.5 points of top-1 below 16 tasks, is
-even at 24 and gains from 32 on (+1.1 at 32, +2.9 at 64, +4.1 at 105)."""
+"""Fewest tasks a transform is fitted for; a smaller space ranks by the route score alone. The fit is
+T − 1 directions estimated from T signatures: on random sub-spaces of the 105 instruction tasks the gain
+is +0.2 to +0.5 points of top-1 up to 32 tasks and +2 to +3.5 from 48 on (bench/results/quality.md, 4c),
+while in a space of 7 tasks with a completion task (tests/service/test_routing_quality.py) whitening sent
+a third of one text task's prompts to the completion task."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""Experiment 4c — the space whitening of the route ranking: when it helps, and what it costs.
+
+Same 105 multitask_instructions tasks, splits, index cache and held-out prompts as experiment 4
+(:mod:`bench.quality.routing`). For random sub-spaces of T tasks (``--draws`` per size), each with its own
+whitening fitted on its tasks' unit signatures (as the service fits it on a space's stored signatures),
+the top-1 of the tasks' held-out prompts under the route score alone and under the product's ranking
+(:func:`bench.quality.openset.rank_matrix`, the matrix form of :func:`atlas.routing.rank_scores`). This
+is what sets ``atlas.whitening.WHITEN_MIN_TASKS``.
+
+Cost, on synthetic unit signatures at m = 4096: fitting the transform on ``WHITEN_MAX_TASKS`` signatures,
+and ranking one prompt against 128 candidates with memoised task terms (the route path).
+
+Run: ``python -m bench.quality.whitening`` (full) or ``--quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+from atlas import routing
+from atlas.whitening import WHITEN_MAX_TASKS, WHITEN_MIN_TASKS, fit_whitening
+from bench.quality import report
+from bench.quality.common import run_and_report
+from bench.quality.openset import rank_matrix, score_matrix
+from bench.quality.routing import (
+    N_HELDOUT,
+    build_index,
+    parse_routing_args,
+    prompt_features,
+    routing_settings,
+    task_splits,
+)
+
+SIZES = (8, 16, 24, 32, 48, 64, 105)
+
+
+def subsets(S: np.ndarray, states: list[Any], prompts: list[Any], truth: np.ndarray, sizes: tuple[int, ...],
+            draws: int, seed: int) -> list[dict[str, Any]]:
+    """Mean top-1 (route score, product ranking) over random sub-spaces of each size."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for size in sizes:
+        plain, ranked = [], []
+        for _ in range(draws if size < len(states) else 1):
+            cols = np.sort(rng.choice(len(states), size, replace=False))
+            mask = np.isin(truth, cols)
+            y = np.searchsorted(cols, truth[mask])
+            plain.append(float(np.mean(S[np.ix_(mask, cols)].argmax(1) == y)))
+            R = rank_matrix([p for p, keep in zip(prompts, mask, strict=True) if keep], [states[c] for c in cols],
+                            np.arange(size))
+            ranked.append(float(np.mean(R.argmax(1) == y)))
+        rows.append({"tasks": size, "draws": len(plain), "route": float(np.mean(plain)),
+                     "ranked": float(np.mean(ranked)), "gain": float(np.mean(ranked) - np.mean(plain))})
+    return rows
+
+
+def costs(m: int, seed: int, repeats: int = 5) -> dict[str, float]:
+    """Seconds to fit on ``WHITEN_MAX_TASKS`` signatures; milliseconds to rank one prompt vs 128 candidates."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(WHITEN_MAX_TASKS, m))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    fits = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        w = fit_whitening(x)
+        fits.append(time.perf_counter() - t)
+    assert w is not None
+
+    class _State:
+        n_samples = 200
+
+    views = [(np.stack([v, v, v]), np.ones(3), 1.0) for v in x[:128]]
+    cands = [routing.Candidate(i, f"t{i}", _State(), 0.0, views[i]) for i in range(128)]
+    p = x[-1]
+    routing.rank_scores(p, cands, views, x[:128] @ p, w)  # memoise the task terms, as a warm route path does
+    t = time.perf_counter()
+    for _ in range(100):
+        routing.rank_scores(p, cands, views, x[:128] @ p, w)
+    return {"fit_s": float(np.median(fits)), "rank_ms": (time.perf_counter() - t) / 100 * 1e3,
+            "fit_tasks": WHITEN_MAX_TASKS, "candidates": 128, "m": m}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Load experiment 4's index and prompts, then the sub-space sweep and the costs."""
+    from bench.quality.common import load_model
+
+    lm = load_model(args)
+    splits = task_splits(args.seeds[0], args.n_signature, N_HELDOUT)
+    names = list(splits)
+    if args.quick:
+        names = names[::3]
+    index = build_index(args, lm, names, splits, None)
+    feats, _ = prompt_features(args, lm, index.heldout, None)
+    pos = {n: i for i, n in enumerate(names)}
+    truth = np.array([pos[f.task] for f in feats])
+    prompts = [f.state for f in feats]
+    S = score_matrix(prompts, index.states)
+    sizes = (*(s for s in SIZES if s < len(names)), len(names))
+    return {"rows": subsets(S, index.states, prompts, truth, sizes, args.draws, args.seeds[0]),
+            "costs": costs(args.m, args.seeds[0]), "n_prompts": len(feats), "lm": lm}
+
+
+def render(res: dict[str, Any], facts: str) -> str:
+    """Markdown for ``quality.md``."""
+    table = report.table(["Tasks in the space", "draws", "top-1, route score", "top-1, whitened ranking", "gain"],
+                         [[r["tasks"], r["draws"], f"{r['route']:.1%}", f"{r['ranked']:.1%}",
+                           f"{100 * r['gain']:+.1f} pts"] for r in res["rows"]])
+    c = res["costs"]
+    return (
+        f"Random sub-spaces of the 105 tasks, each whitened on its own signatures; their held-out prompts "
+        f"({res['n_prompts']} in all). The service whitens from {WHITEN_MIN_TASKS} tasks on.\n\n" + table + "\n\n"
+        f"Cost at m = {c['m']}: fitting on {c['fit_tasks']} signatures {c['fit_s']:.3f} s (median); "
+        f"ranking one prompt against {c['candidates']} candidates with memoised task terms {c['rank_ms']:.2f} ms."
+        "\n\n" + facts
+    )
+
+
+def main() -> None:
+    """Command-line entry point."""
+    import sys
+
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--draws", type=int, default=30)
+    known, rest = extra.parse_known_args()
+    sys.argv = [sys.argv[0], *rest]
+    args = parse_routing_args(__doc__.split("\n")[0])
+    args.draws = known.draws
+    run_and_report("whitening", "4c. Space whitening of the route ranking: when it helps, what it costs", args,
+                   run, render, lambda res: {**routing_settings(args), "draws per size": args.draws})
+
+
+if __name__ == "__main__":
+    main()
