@@ -19,12 +19,14 @@ from atlas.routing import FALSE_REJECT_RATE, MIN_CALIBRATION
 
 @dataclass(frozen=True)
 class FitItem:
-    """One labelled prompt: its label (task id, or ``None`` for "none"), its scores per task and the task
-    the router ranks first (``best``; default: the highest score)."""
+    """One labelled prompt: its label (task id, or ``None`` for "none"), its scores per task, the task
+    the router ranks first (``best``; default: the highest score) and whether the answer is "none"
+    whatever the thresholds (``floored``: the best match is below the rank floor)."""
 
     label: int | None
     scores: Mapping[int, float]
     best: int | None = None
+    floored: bool = False
 
     def top(self) -> int:
         """The task the router answers before any threshold."""
@@ -43,7 +45,7 @@ class FitResult:
 
 
 def _predict(item: FitItem, thr: Mapping[int, float], default: float) -> int | None:
-    if not item.scores:
+    if not item.scores or item.floored:
         return None
     best = item.top()
     return best if item.scores[best] >= thr.get(best, default) else None
@@ -82,7 +84,7 @@ def fit_thresholds(
         for it in items:
             if it.label == t or t not in it.scores:
                 continue
-            if it.top() == t:
+            if it.top() == t and not it.floored:  # a floored answer is "none" already
                 negs.append(float(it.scores[t]))
         old = thr.get(t, default)
         new = old

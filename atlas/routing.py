@@ -21,8 +21,9 @@ Threshold
     global default ``settings.route_threshold``. A request's explicit ``threshold`` overrides all.
 Ranking
     In a space of ``atlas.whitening.WHITEN_MIN_TASKS`` tasks or more, matches are ordered by
-    :func:`rank_scores` — the cosine after the space's whitening, shrunk like the score — while the
-    open-set decision stays on the score and its threshold (docs/SCORES.md, "Ranking").
+    :func:`rank_scores` — the mean of the whitened ``ae`` and error cosines, shrunk like the score, less
+    half the task's typical held-out score — while the open-set decision stays on the score and its
+    threshold (docs/SCORES.md, "Ranking").
 Confidence
     ``sigmoid((score − threshold) / scale)``, ``scale`` the spread (standard deviation) of the task's
     leave-one-out scores (``DEFAULT_SCALE`` without calibration): 0.5 on the threshold, towards 1
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas.whitening import Whitening
+from atlas.whitening import SpaceWhitening, Whitening
 
 PRIOR_DRAWS = 1.0
 """Pseudo-draws of noise ``n₀`` in the route score's denominator (``≥ 1`` keeps the score in [−1, 1])."""
@@ -56,6 +57,11 @@ CALIBRATION_SAMPLES = 32
 """Samples of one job scored leave-one-out (evenly spaced over the job's samples)."""
 MAX_CAL_SCORES = 256
 """Held-out scores kept per task (appends add theirs; the oldest are dropped beyond this)."""
+RANK_TYPICAL_WEIGHT = 0.5
+"""Weight ``λ`` of the task's typical held-out score subtracted in the ranking (see :func:`rank_scores`)."""
+TYPICAL_PRIOR = 1.0
+"""Typical score assumed for a task none of whose own samples was scored (shrunk towards with weight
+``PRIOR_SAMPLES``): as tight as a task can be, so an uncalibrated task must win on its cosine alone."""
 DEFAULT_SCALE = 0.05
 """Confidence scale when a task has no calibration."""
 _EPS = 1e-10
@@ -90,6 +96,13 @@ def unit_signature(state: Any) -> np.ndarray:
     mu = s[0] / max(n, 1)
     norm = float(np.linalg.norm(mu))
     return mu / norm if norm > 0 and math.isfinite(norm) else np.zeros_like(mu)
+
+
+def unit_means(state: Any) -> np.ndarray:
+    """The state's unit ``ae`` and error means, shape (2, m): what the ranking compares (zeros if empty)."""
+    sums = totals(state)[0][[0, 2]]
+    norms = np.linalg.norm(sums, axis=1, keepdims=True)
+    return np.asarray(np.where(norms > 0, sums / np.where(norms > 0, norms, 1.0), 0.0))
 
 
 def score(unit: np.ndarray, sums_ae: np.ndarray, sq_ae: float, n: int, n_samples: int | None = None) -> float:
@@ -169,6 +182,13 @@ def calibration_pick(n: int, cap: int = CALIBRATION_SAMPLES) -> list[int]:
     return sorted(set(np.linspace(0, n - 1, cap).round().astype(int).tolist()))
 
 
+def typical_score(cal_scores: Iterable[float]) -> float:
+    """A task's typical held-out route score: the mean of its leave-one-out scores shrunk towards
+    ``TYPICAL_PRIOR`` by ``PRIOR_SAMPLES`` pseudo-scores, in [−1, 1] (``TYPICAL_PRIOR`` with none)."""
+    xs = [float(x) for x in cal_scores if math.isfinite(float(x))][-MAX_CAL_SCORES:]
+    return float(np.clip((sum(xs) + PRIOR_SAMPLES * TYPICAL_PRIOR) / (len(xs) + PRIOR_SAMPLES), -1.0, 1.0))
+
+
 def confidence(score_: float, threshold: float, scale: float | None) -> float:
     """``sigmoid((score − threshold) / scale)`` in [0, 1] (see the module notes)."""
     z = (score_ - threshold) / (scale if scale and scale > 0 else DEFAULT_SCALE)
@@ -183,6 +203,7 @@ class TaskRoute:
     scale: float | None = None
     prompt_state: bytes | None = None
     version: int = 0
+    typical: float = TYPICAL_PRIOR
 
 
 def resolve(row: Any) -> TaskRoute:
@@ -190,7 +211,8 @@ def resolve(row: Any) -> TaskRoute:
     thr = row.threshold_override if row.threshold_override is not None else row.threshold_auto
     return TaskRoute(threshold=None if thr is None else float(thr),
                      scale=None if row.score_scale is None else float(row.score_scale),
-                     prompt_state=row.prompt_state, version=int(row.version or 0))
+                     prompt_state=row.prompt_state, version=int(row.version or 0),
+                     typical=typical_score(row.cal_scores or []))
 
 
 class _ViewCache:
@@ -241,6 +263,8 @@ class Candidate:
         The task's own open-set threshold (override, else calibrated); ``None``: the global default.
     scale : float, optional
         Spread of the task's held-out scores (the confidence scale).
+    typical : float
+        The task's :func:`typical_score` (``TYPICAL_PRIOR`` when none of its samples was scored).
     """
 
     task_id: int
@@ -250,6 +274,7 @@ class Candidate:
     view: Any = None
     threshold: float | None = None
     scale: float | None = None
+    typical: float = TYPICAL_PRIOR
 
 
 @dataclass(frozen=True)
@@ -272,7 +297,8 @@ class RouteAnswer:
     """The answer for one prompt: top-``k`` matches, best first, the open-set flag and its confidence.
 
     ``threshold`` is the one the best match was held to; ``confidence`` is that of the answer given
-    (the best task when ``none`` is false, "no task" when it is true).
+    (the best task when ``none`` is false, "no task" when it is true); ``below_rank_floor``: the best
+    match's ``rank_score`` was under the rank floor (then ``none`` whatever its threshold).
     """
 
     matches: list[RouteMatch]
@@ -280,6 +306,7 @@ class RouteAnswer:
     best_score: float | None
     threshold: float
     confidence: float = 1.0
+    below_rank_floor: bool = False
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -316,30 +343,53 @@ def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
     return float(np.clip(float(prompt_unit @ mu[0]) / den, -1.0, 1.0))
 
 
-def rank_scores(prompt_unit: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
-                dots: np.ndarray, whitening: Whitening) -> np.ndarray:
-    """Ranking scores, shape (len(candidates),): whitened cosines shrunk for the task's size and noise.
+def _unit(x: np.ndarray) -> np.ndarray:
+    n = float(np.linalg.norm(x))
+    return np.asarray(x / n) if n > 0 and math.isfinite(n) else np.zeros_like(x)
 
-    ``cos(f(p̂), f(μ̂_t)) · ‖μ_t‖ / den_t · √(n_s / (n_s + κ))`` with ``f`` the space's
-    :class:`atlas.whitening.Whitening`: ``‖μ_t‖ / den_t`` is the route score's own shrink (its
-    minimum-evidence prior and noise term), and whitening, which amplifies the quiet directions where a
-    small task's noise lives, takes the prior ``κ = PRIOR_SAMPLES`` once more, so a task of a few samples
-    cannot take other tasks' prompts by its noise. ``dots`` (len(candidates),) are the re-rank's
-    ``⟨p̂, μ_t⟩``; a task's norm and whitened terms are memoised on the transform.
-    """
-    terms = [whitening.task_terms(c.task_id, v[0], v[0][0]) for c, v in zip(candidates, views, strict=True)]
+
+def _whitened_cosines(w: Whitening, prompt_unit: np.ndarray, candidates: Sequence[Candidate],
+                      views: Sequence[Any], feature: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos(f(p̂), f(μ̂_t)), ‖μ_t‖)`` of one feature for each candidate, shapes (T,), (T,)."""
+    terms = [w.task_terms(c.task_id, v[0], v[0][feature]) for c, v in zip(candidates, views, strict=True)]
     norms = np.array([t[3] for t in terms])
+    dots = np.array([float(v[0][feature] @ prompt_unit) for v in views])
+    return w.cosines(prompt_unit, dots / np.where(norms > 0, norms, 1.0), terms), norms
+
+
+def rank_scores(prompt_means: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
+                whitening: SpaceWhitening) -> np.ndarray:
+    """Ranking scores in [−1, 1], shape (len(candidates),): whitened cosines shrunk for the task's size
+    and noise, as a margin over the task's typical held-out score.
+
+    ``(c_t · ‖μ_t‖ / den_t · √(n_s / (n_s + κ)) − λ g_t) / (1 + λ)`` with
+    ``c_t = ½ (cos(f_ae(p̂_ae), f_ae(μ̂_ae,t)) + cos(f_e(p̂_e), f_e(μ̂_e,t)))``, ``f_ae``, ``f_e`` the space's
+    :class:`atlas.whitening.SpaceWhitening` of the ``ae`` signature and of the error feature (the ``ae``
+    term alone when the space has no error transform). ``‖μ_t‖ / den_t`` is the route score's own
+    shrink (its minimum-evidence prior and noise term), and whitening, which amplifies the quiet
+    directions where a small task's noise lives, takes the prior ``κ = PRIOR_SAMPLES`` once more, so a
+    task of a few samples cannot take other tasks' prompts by its noise. ``g_t`` is the task's
+    :func:`typical_score` and ``λ = RANK_TYPICAL_WEIGHT``: a task whose own prompts score high against
+    it (a tight, templated task) must be matched closer than a loose one, and a task never calibrated
+    is held to ``TYPICAL_PRIOR``. ``prompt_means`` (3, m) are the prompt's pooled feature means; a
+    task's norms and whitened terms are memoised on the transforms.
+    """
+    cos, norms = _whitened_cosines(whitening.ae, _unit(prompt_means[0]), candidates, views, 0)
+    if whitening.error is not None:
+        cos_e, _ = _whitened_cosines(whitening.error, _unit(prompt_means[2]), candidates, views, 2)
+        cos = (cos + cos_e) / 2.0
     dens = np.array([float(v[2]) for v in views])
-    cos = whitening.cosines(prompt_unit, np.asarray(dots) / np.where(norms > 0, norms, 1.0), terms)
     ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
     ok = (norms > 0) & (dens > 0)
     shrink = np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * np.sqrt(ns / (ns + PRIOR_SAMPLES))
-    return np.asarray(np.where(ok, cos * shrink, -1.0))
+    typical = np.array([float(c.typical) for c in candidates])
+    rank = (cos * shrink - RANK_TYPICAL_WEIGHT * typical) / (1.0 + RANK_TYPICAL_WEIGHT)
+    return np.asarray(np.where(ok, rank, -1.0))
 
 
 def rerank_route(
     prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float, per_task: bool = False,
-    whitening: Whitening | None = None,
+    whitening: SpaceWhitening | None = None, rank_floor: float | None = None,
 ) -> RouteAnswer:
     """Exact re-rank of ANN candidates for one prompt.
 
@@ -355,10 +405,13 @@ def rerank_route(
         Open-set threshold: ``none`` is true when there is no candidate or the best score is below it.
     per_task
         When true, ``threshold`` is only the default: a candidate's own ``threshold`` wins.
-    whitening : atlas.whitening.Whitening, optional
-        The space's ranking transform: matches are then ordered by :func:`rank_scores` (reported as
+    whitening : atlas.whitening.SpaceWhitening, optional
+        The space's ranking transforms: matches are then ordered by :func:`rank_scores` (reported as
         ``rank_score``); the open-set decision still compares the best match's route ``score`` with its
         calibrated threshold.
+    rank_floor : float, optional
+        With a whitening: ``none`` also when the best match's ``rank_score`` is below this (the
+        confidence of that ``none`` is at least ``1 − sigmoid((rank_score − floor) / DEFAULT_SCALE)``).
 
     Returns
     -------
@@ -382,7 +435,7 @@ def rerank_route(
     ok = den > 0
     score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
-    rank = rank_scores(unit, candidates, views, dots, whitening) if whitening is not None else None
+    rank = rank_scores(mu_p, candidates, views, whitening) if whitening is not None else None
     order = sorted(range(len(candidates)),
                    key=lambda i: (-round(_f(rank[i]), 9) if rank is not None else 0.0, -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]
@@ -403,8 +456,12 @@ def rerank_route(
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
                               rank_score=_f(rank[i]) if rank is not None else None))
     best = top[0]
-    none = best.score < best.threshold
+    floored = rank_floor is not None and best.rank_score is not None and best.rank_score < rank_floor
+    none = best.score < best.threshold or floored
     conf = 1.0 - best.confidence if none else best.confidence
-    return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf)
+    if floored and best.rank_score is not None and rank_floor is not None:
+        conf = max(conf, 1.0 - confidence(best.rank_score, rank_floor, DEFAULT_SCALE))
+    return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf,
+                       below_rank_floor=floored)
 
 

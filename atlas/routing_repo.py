@@ -161,7 +161,7 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
                 lambda b=blob: (lambda s: (s, state_view(s)))(SketchState.from_bytes(b, spec=spec)),
             )
         out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
-                             threshold=r.threshold, scale=r.scale))
+                             threshold=r.threshold, scale=r.scale, typical=r.typical))
     return out
 
 

@@ -5,19 +5,22 @@ gradient has one) and a few directions of large between-task variance; a plain c
 them. Whitening centres the signatures on the space's mean and rescales each principal direction of
 the tasks' spread to equal variance (ridge-regularised; directions the tasks do not span keep the
 smallest gain), so that the rare directions that tell tasks apart weigh as much as the common ones.
-It is a fixed linear map of the space — fitted on its stored signatures, re-fitted when they change —
+It is a fixed linear map of the space — fitted on its tasks' means, re-fitted when they change —
 so a prompt's ranking never depends on the other prompts of its batch.
 
-Measured on the 105 multitask-instruction tasks (bench/results/quality.md, experiment 4): top-1
-73.3 % → 77.3 % against the route score alone. With few tasks the between-task spread is too poorly
-estimated to whiten by, so spaces below ``WHITEN_MIN_TASKS`` rank by the route score.
+A space has one transform per feature the ranking compares (:class:`SpaceWhitening`: the ``ae``
+signature and the error feature), fitted on its tasks' unit routing means. Measured on the 105
+multitask-instruction tasks (bench/results/quality.md, experiment 4): whitening ``ae`` lifts top-1 from
+73.3 % (route score) to 77.3 %, and the error transform with the typical-score term of
+:func:`atlas.routing.rank_scores` adds about 2.5 points more. With few tasks the between-task spread is
+too poorly estimated to whiten by, so spaces below ``WHITEN_MIN_TASKS`` rank by the route score.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +36,13 @@ fit, and a re-fit costs ~0.1 s of eigendecomposition plus reading the signatures
 re-fitted on every change (milliseconds)."""
 WHITEN_MEMO_MAX = 8192
 """Tasks whose whitened terms a transform keeps (r floats each, ≤ 4 KiB); cleared past this."""
-WHITEN_MIN_TASKS = 32
+WHITEN_MIN_TASKS = 16
 """Fewest tasks a transform is fitted for; a smaller space ranks by the route score alone. The fit is
-T − 1 directions estimated from T signatures: on random sub-spaces of the 105 instruction tasks the gain
-is +0.2 to +0.5 points of top-1 up to 32 tasks and +2 to +3.5 from 48 on (bench/results/quality.md, 4c),
-while in a space of 7 tasks with a completion task (tests/service/test_routing_quality.py) whitening sent
-a third of one text task's prompts to the completion task."""
+T − 1 directions estimated from T means: on random sub-spaces of the 105 instruction tasks the ranking
+(whitened ``ae`` and error, typical-score term) gains about +1 point of top-1 over the route score at 16
+tasks and +2 to +3 from 20 on, but nothing below ~12 (bench/results/quality.md, 4c); and in a space of
+7 tasks with a completion task (tests/service/test_routing_quality.py) whitening sent a third of one
+text task's prompts to the completion task."""
 
 
 @dataclass(frozen=True)
@@ -116,14 +120,15 @@ class Whitening:
         return np.asarray(np.clip(dots / den, -1.0, 1.0))
 
 
-def fit_whitening(signatures: np.ndarray, ridge: float = WHITEN_RIDGE) -> Whitening | None:
-    """Fit the transform on unit signatures, shape (T, m); ``None`` below ``WHITEN_MIN_TASKS``.
+def fit_whitening(signatures: np.ndarray, ridge: float = WHITEN_RIDGE,
+                  min_tasks: int = WHITEN_MIN_TASKS) -> Whitening | None:
+    """Fit the transform on unit signatures, shape (T, m); ``None`` below ``min_tasks`` (and below 2).
 
     The principal directions come from the (T, T) Gram matrix of the centred signatures (T ≪ m), so
     the cost is O(T² m).
     """
     x = np.asarray(signatures, dtype=np.float64)
-    if x.ndim != 2 or len(x) < WHITEN_MIN_TASKS:
+    if x.ndim != 2 or len(x) < max(min_tasks, 2):
         return None
     center = x.mean(axis=0)
     z = x - center
@@ -138,35 +143,71 @@ def fit_whitening(signatures: np.ndarray, ridge: float = WHITEN_RIDGE) -> Whiten
     return Whitening(center=center, basis=basis, gains=gains, floor=float(gains.min()))
 
 
+@dataclass(frozen=True)
+class SpaceWhitening:
+    """The ranking transforms of one space: one per feature the ranking compares.
+
+    Attributes
+    ----------
+    ae : Whitening
+        Fitted on the tasks' unit ``ae`` means (the signatures).
+    error : Whitening or None
+        Fitted on the tasks' unit error (``e``) means; ``None`` ranks by ``ae`` alone.
+    """
+
+    ae: Whitening
+    error: Whitening | None = None
+
+
+def fit_space_whitening(ae_units: np.ndarray, error_units: np.ndarray | None = None,
+                        ridge: float = WHITEN_RIDGE, min_tasks: int = WHITEN_MIN_TASKS) -> SpaceWhitening | None:
+    """Fit a space's transforms on its tasks' unit means, shapes (T, m); ``None`` below ``min_tasks``."""
+    ae = fit_whitening(ae_units, ridge, min_tasks)
+    if ae is None:
+        return None
+    error = fit_whitening(error_units, ridge, min_tasks) if error_units is not None else None
+    return SpaceWhitening(ae=ae, error=error)
+
+
+MeansLoader = Callable[[list[int]], tuple[np.ndarray, np.ndarray]]
+"""Reads the unit routing means of tasks: ``ids → (ae (n, m), error (n, m))`` (rows of tasks found)."""
+
+
 class WhiteningCache:
     """One fitted transform per space, re-fitted when the space's index has moved on.
 
     Keyed by the index's watermark (the change-log position it reflects): every add, append or
-    delete moves it, and then the next route re-fits from the stored signatures — at once in a space
+    delete moves it, and then the next route re-fits from the tasks' routing means — at once in a space
     of fewer than ``WHITEN_MAX_TASKS`` tasks, at most every ``WHITEN_REFIT_S`` seconds in a larger one.
     """
 
     def __init__(self) -> None:
-        self._fits: dict[int, tuple[int, float, int, Whitening | None]] = {}
+        self._fits: dict[int, tuple[int, float, int, SpaceWhitening | None]] = {}
         self._lock = threading.Lock()
 
-    def get(self, session: Any, index: Any, space_id: int, m: int) -> Whitening | None:
-        """The space's transform (fitted now from SQL when stale)."""
-        from atlas.index_ann import read_signatures
+    def get(self, space_id: int, mark: int, ids: np.ndarray, load: MeansLoader) -> SpaceWhitening | None:
+        """The space's transforms (fitted now when stale).
 
-        mark = int(index.watermark(space_id))
+        Parameters
+        ----------
+        space_id, mark
+            The space and its index watermark.
+        ids : ndarray of int
+            The space's indexed task ids.
+        load
+            Reads the unit routing means of the tasks it is given (see :data:`MeansLoader`).
+        """
         with self._lock:
             cached = self._fits.get(space_id)
         now = time.monotonic()
         if cached is not None and (cached[0] == mark or (cached[2] >= WHITEN_MAX_TASKS
                                                          and now - cached[1] < WHITEN_REFIT_S)):
             return cached[3]
-        ids = index.ids(space_id)
         n_tasks = len(ids)
         if n_tasks > WHITEN_MAX_TASKS:
             ids = ids[np.linspace(0, n_tasks - 1, WHITEN_MAX_TASKS).round().astype(int)]
-        found, vectors = read_signatures(session, [int(i) for i in ids], m)
-        fitted = fit_whitening(vectors) if found else None
+        ae, error = load([int(i) for i in ids])
+        fitted = fit_space_whitening(ae, error) if len(ae) else None
         with self._lock:
             self._fits[space_id] = (mark, now, n_tasks, fitted)
         return fitted

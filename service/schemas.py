@@ -274,7 +274,8 @@ class RouteResult(_Out):
     """The answer for one prompt."""
 
     matches: list[RouteMatch]
-    none: bool = Field(description="True when the best score is under the threshold (no stored task fits).")
+    none: bool = Field(description="True when the best score is under its threshold, or (a whitened space, no request "
+                                   "threshold) its rank_score under the rank floor: no stored task fits.")
     best_score: float | None = None
     threshold: float
     confidence: float | None = Field(default=None, description="Confidence in [0, 1] of the answer given: the best "
@@ -297,9 +298,7 @@ class RouteResponse(_Out):
                         {"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
                          "activation": 0.93, "error": 0.58}
                     ],
-                    "none": False,
-                    "best_score": 0.61,
-                    "threshold": 0.05,
+                    "none": False, "best_score": 0.61, "threshold": 0.05,
                     "results": [
                         {"matches": [{"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
                                       "activation": 0.93, "error": 0.58}],

@@ -86,8 +86,8 @@ class ThresholdService:
                 task = (repository.get_task(session, int(label)) if isinstance(label, int)
                         else repository.get_task_by_name(session, space.id, label))
                 labels.append(int(task.id))
-            items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None)
-                     for lab, a in zip(labels, answers, strict=True)]
+            items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
+                             floored=a.below_rank_floor) for lab, a in zip(labels, answers, strict=True)]
             ids = sorted({t for it in items for t in it.scores})
             routes = routing_repo.get_task_routes(session, ids)
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}

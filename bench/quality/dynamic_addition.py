@@ -37,12 +37,14 @@ from bench.quality.routing import (
     NEW_TASKS,
     accuracy,
     build_index,
+    calibration_states,
     load_encoder,
     parse_routing_args,
     prompt_features,
     route_all,
     routing_settings,
     task_splits,
+    typicals,
 )
 
 N_HELDOUT_NEW = 30
@@ -63,7 +65,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base_names = base_names[::10]
     index = build_index(args, lm, base_names, splits, encoder)
     old_feats, _ = prompt_features(args, lm, {n: index.heldout[n] for n in base_names}, encoder)
-    before = {k: accuracy(index, old_feats, v) for k, v in route_all(index, old_feats).items()}
+    cal = calibration_states(args, lm, base_names, splits) | calibration_states(args, lm, list(NEW_TASKS.values()),
+                                                                                splits)
+    typical = list(typicals(index.states, [cal[n] for n in base_names]))
+    before = {k: accuracy(index, old_feats, v) for k, v in route_all(index, old_feats, np.array(typical)).items()}
 
     sketcher = make_sketcher(lm, args.m, args.seeds[0])
     extractor = make_extractor(lm, sketcher, args)
@@ -79,6 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fs_seconds = time.perf_counter() - t
         index.names.append(name)
         index.states.append(sig.state)
+        typical.extend(typicals([sig.state], [cal[name]]))  # the job's calibration, as the service stores it
         index.mean_hidden = np.vstack([index.mean_hidden, sig.baselines.mean_hidden()])
         index.last_hidden = np.vstack([index.last_hidden, sig.baselines.last_hidden()])
         index.heldout[name] = [x.input for x in splits[name][1]]
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"added {theme} ({name}): {fs_seconds:.2f}s, {sig.n_samples} samples, {sig.tokens} tokens; "
             f"FAISS size {flat.ntotal}")
     new_feats, _ = prompt_features(args, lm, {n: index.heldout[n] for n in NEW_TASKS.values()}, encoder)
-    new_tops = route_all(index, new_feats)
+    new_tops = route_all(index, new_feats, np.array(typical))
     per_task: dict[str, dict[str, tuple[float, float, int]]] = {}
     pos = {n: i for i, n in enumerate(index.names)}
     for router, tops in new_tops.items():
@@ -102,7 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hits1 = sum(tops[i][0] == pos[name] for i in sel)
             hits3 = sum(pos[name] in tops[i][:3] for i in sel)
             per_task[router][name] = (hits1 / len(sel), hits3 / len(sel), len(sel))
-    after = {k: accuracy(index, old_feats, v) for k, v in route_all(index, old_feats).items()}
+    after = {k: accuracy(index, old_feats, v) for k, v in route_all(index, old_feats, np.array(typical)).items()}
     for k in after:
         log(f"old tasks {k}: top-1 {before[k][0]:.3f} -> {after[k][0]:.3f}")
     return {"base_tasks": len(base_names), "added": added, "per_task": per_task, "old_before": before,

@@ -29,9 +29,6 @@ Run: ``python -m bench.quality.openset`` (full) or ``--quick``.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import pickle
 from typing import Any
 
 import numpy as np
@@ -40,19 +37,21 @@ from sklearn.metrics import roc_auc_score
 from atlas import routing
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
-from atlas.whitening import fit_whitening
+from atlas.settings import Settings
+from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
 from bench.quality import report
 from bench.quality.common import log, make_extractor, make_sketcher, pct, run_and_report
 from bench.quality.data import load_superglue_binary
-from bench.quality.paths import OUT_DIR
 from bench.quality.routing import (
     N_HELDOUT,
     build_index,
+    calibration_states,
     load_encoder,
     parse_routing_args,
     prompt_features,
     routing_settings,
     task_splits,
+    typicals,
 )
 from workers.calibration import prompt_side
 
@@ -84,44 +83,32 @@ def score_matrix(prompt_states: list[Any], task_states: list[Any], *, prior: boo
     return np.clip(out, -1.0, 1.0) if prior else out
 
 
-def rank_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols: np.ndarray) -> np.ndarray:
-    """The product's ranking scores, shape (prompts, tasks): whitened cosines shrunk by the prior.
+def rank_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols: np.ndarray,
+                typical: np.ndarray, min_tasks: int = WHITEN_MIN_TASKS) -> np.ndarray:
+    """The product's ranking scores, shape (prompts, tasks) — the matrix form of
+    :func:`atlas.routing.rank_scores`: whitened ``ae`` and error cosines, averaged, shrunk by the prior,
+    less ``RANK_TYPICAL_WEIGHT`` times the task's ``typical`` score (T,).
 
-    The whitening is fitted on the unit signatures of the tasks ``fit_cols`` (the indexed ones), as
-    the service fits it on the space's stored signatures (:mod:`atlas.whitening`).
+    The whitening is fitted on the unit means of the tasks ``fit_cols`` (the indexed ones), as the
+    service fits it on the space's routing means (:mod:`atlas.whitening`); below ``min_tasks`` tasks the
+    service ranks by the route score, and so does this.
     """
-    units = np.stack([routing.unit_signature(s) for s in prompt_states])
-    sigs = np.stack([routing.unit_signature(s) for s in task_states])
-    w = fit_whitening(sigs[fit_cols])
-    if w is None:
-        return units @ sigs.T
+    p = np.stack([routing.unit_means(s) for s in prompt_states])  # (P, 2, m): ae, error
+    t = np.stack([routing.unit_means(s) for s in task_states])
+    w = fit_space_whitening(t[fit_cols, 0], t[fit_cols, 1], min_tasks=min_tasks)
+    if w is None:  # too few tasks to whiten: the service ranks by the route score
+        return score_matrix(prompt_states, task_states)
+    cos = w.ae.apply(p[:, 0]) @ w.ae.apply(t[:, 0]).T
+    if w.error is not None:
+        cos = (cos + w.error.apply(p[:, 1]) @ w.error.apply(t[:, 1]).T) / 2.0
     shrink = []
     for s in task_states:  # as atlas.routing.rank_scores: the route score's shrink, and the prior once more
         mu, _, den = routing.state_view(s)
         ns = max(int(s.n_samples), 1)
         shrink.append(min(float(np.linalg.norm(mu[0])) / den, 1.0) * np.sqrt(ns / (ns + routing.PRIOR_SAMPLES))
                       if den > 0 else 0.0)
-    out: np.ndarray = (w.apply(units) @ w.apply(sigs).T) * np.asarray(shrink)[None, :]
-    return out
-
-
-def calibration_states(args: argparse.Namespace, lm: Any, names: list[str], splits: dict[str, Any]
-                       ) -> dict[str, list[Any]]:
-    """Prompt-mode states of each task's calibration samples (the job's pick), cached on disk."""
-    from fishersketch import SketchState
-
-    key = hashlib.sha256(json.dumps({"model": lm.fingerprint.key(), "m": args.m, "seed": args.seeds[0],
-                                     "max_tokens": args.max_tokens, "names": names,
-                                     "n_signature": args.n_signature}, sort_keys=True).encode()).hexdigest()[:16]
-    path = OUT_DIR / "cache" / f"calibration_{key}.pkl"
-    if path.exists():
-        spec = lm.make_spec(m=args.m, seed=args.seeds[0])
-        blob = pickle.loads(path.read_bytes())
-        return {n: [SketchState.from_bytes(b, spec=spec) for b in blob[n]] for n in names}
-    ex = make_extractor(lm, make_sketcher(lm, args.m, args.seeds[0]), args)
-    out = {n: prompt_side(ex, [Sample(text=x.input) for x in splits[n][0]], "text").cal_states for n in names}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps({n: [s.to_bytes() for s in v] for n, v in out.items()}))
+    lam = routing.RANK_TYPICAL_WEIGHT
+    out: np.ndarray = (cos * np.asarray(shrink)[None, :] - lam * np.asarray(typical)[None, :]) / (1.0 + lam)
     return out
 
 
@@ -149,28 +136,34 @@ def _rates(answer: np.ndarray, truth: np.ndarray, unseen: np.ndarray, in_score: 
 
 def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_auto: np.ndarray,
                    cal: list[routing.Calibration], indexed: np.ndarray, label: np.ndarray, unseen: np.ndarray,
-                   is_fit: np.ndarray, is_eval: np.ndarray) -> tuple[dict[str, float], dict[str, float]]:
+                   is_fit: np.ndarray, is_eval: np.ndarray, floored: np.ndarray | None = None,
+                   auroc_score: np.ndarray | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Rates with the calibrated per-task thresholds, then after ``fit`` on the ``is_fit`` prompts, for the
-    answers ``top`` held to their task's threshold on the route score ``top_score``."""
-    ans = np.where(top_score >= thr_auto[top], top, -1)
-    auto = _rates(ans[is_eval], label[is_eval], unseen[is_eval], top_score[is_eval])
+    answers ``top`` held to their task's threshold on the route score ``top_score``; ``floored`` prompts
+    (below the rank floor) are "none" whatever the thresholds. AUROC on ``auroc_score`` (default
+    ``top_score``)."""
+    floored = np.zeros(len(top), dtype=bool) if floored is None else floored
+    auroc_score = top_score if auroc_score is None else auroc_score
+    ans = np.where((top_score >= thr_auto[top]) & ~floored, top, -1)
+    auto = _rates(ans[is_eval], label[is_eval], unseen[is_eval], auroc_score[is_eval])
     items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed},
-                     int(top[i])) for i in np.flatnonzero(is_fit)]
+                     int(top[i]), floored=bool(floored[i])) for i in np.flatnonzero(is_fit)]
     fitted = fit_thresholds(items, {t: float(thr_auto[t]) for t in indexed}, {t: cal[t].scores for t in indexed},
                             default=DEFAULT_THRESHOLD)
     thr_fit = thr_auto.copy()
     for t, v in fitted.thresholds.items():
         thr_fit[t] = v
-    ans = np.where(top_score >= thr_fit[top], top, -1)
-    return auto, _rates(ans[is_eval], label[is_eval], unseen[is_eval], top_score[is_eval])
+    ans = np.where((top_score >= thr_fit[top]) & ~floored, top, -1)
+    return auto, _rates(ans[is_eval], label[is_eval], unseen[is_eval], auroc_score[is_eval])
 
 
 def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.ndarray, cal: list[routing.Calibration],
-             repeats: int, seed: int, rank: Any = None) -> dict[str, Any]:
+             repeats: int, seed: int, rank: Any = None, floor: float | None = None) -> dict[str, Any]:
     """The open-set protocol of the module notes; medians over repeats (cross-fitted halves averaged).
 
     ``rank(indexed)``, when given, returns the product's ranking matrix for a draw's indexed tasks:
-    the answered task is its best column, held to that task's threshold on the route score ``S``.
+    the answered task is its best column, held to that task's threshold on the route score ``S`` and,
+    with ``floor``, "none" when its rank score is below the floor (the service's ``route_rank_floor``).
     """
     T = S.shape[1]
     thr_auto = np.array([c.threshold if c.threshold is not None else DEFAULT_THRESHOLD for c in cal])
@@ -193,9 +186,13 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
             ans = np.where(bs >= g, best, -1)
             res["fs_global"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], bs[is_eval])
             if rank is not None:
-                wb, _ = _best(rank(indexed), indexed)
-                res["fsw_auto"], res["fsw_fit"] = _per_task_rows(S, wb, S[np.arange(len(S)), wb], thr_auto, cal,
-                                                                 indexed, label, unseen, is_fit, is_eval)
+                wb, wr = _best(rank(indexed), indexed)
+                ws = S[np.arange(len(S)), wb]
+                rows = (indexed, label, unseen, is_fit, is_eval)
+                res["fsw_auto"], res["fsw_fit"] = _per_task_rows(S, wb, ws, thr_auto, cal, *rows,
+                                                                 floored=None if floor is None else wr < floor,
+                                                                 auroc_score=wr)
+                res["fsw_nofloor"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows)
             mb, ms = _best(M, indexed)
             g = _fit_global(ms[is_fit], mb[is_fit], label[is_fit])
             ans = np.where(ms >= g, mb, -1)
@@ -238,10 +235,10 @@ def small_tasks(S_new: np.ndarray, S_old: np.ndarray, truth: np.ndarray, small_n
 
 
 def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any, S_text: np.ndarray,
-                     n_sig: int, n_held: int) -> dict[str, Any]:
+                     typical: np.ndarray, n_sig: int, n_held: int) -> dict[str, Any]:
     """Route held-out prompts of SuperGLUE completion tasks added beside the text tasks."""
     ex = make_extractor(lm, make_sketcher(lm, args.m, args.seeds[0]), args)
-    comp, side, held, minilm_c = [], [], {}, []
+    comp, side, side_cal, held, minilm_c = [], [], [], {}, []
     for k, ds in enumerate(COMPLETION_SETS):
         rows = load_superglue_binary(ds)
         perm = np.random.default_rng(1000 + k).permutation(len(rows))
@@ -249,7 +246,9 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
                           completion=" yes" if rows[i][2] else " no") for i in perm[: n_sig + n_held]]
         sig, held[ds] = samples[:n_sig], [s.prompt or "" for s in samples[n_sig:]]
         comp.append(ex.extract(sig, mode="completion").state)
-        side.append(prompt_side(ex, sig, "completion").prompt_sum)
+        ps = prompt_side(ex, sig, "completion")
+        side.append(ps.prompt_sum)
+        side_cal.append(ps.cal_states)
         if encoder is not None:
             minilm_c.append(encoder.encode([s.prompt or "" for s in sig]).mean(0))
     prompts = [ex.prompt(t).state for ds in COMPLETION_SETS for t in held[ds]]
@@ -257,7 +256,7 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
     text_cols = score_matrix(prompts, index.states)
     out: dict[str, Any] = {"n_signature": n_sig, "n_heldout": n_held, "rows": {}}
     all_side = [*index.states, *side]
-    R = rank_matrix(prompts, all_side, np.arange(len(all_side)))
+    R = rank_matrix(prompts, all_side, np.arange(len(all_side)), np.concatenate([typical, typicals(side, side_cal)]))
     top = np.argmax(R, axis=1)
     out["rows"]["prompt-side state, whitened ranking (product)"] = {
         ds: float(np.mean(top[truth == c] == c)) for ds, c in zip(COMPLETION_SETS, np.unique(truth), strict=True)}
@@ -304,11 +303,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         M = _unit(np.stack([f.minilm for f in feats])) @ _unit(np.stack([e.mean(0) for e in index.minilm])).T
     else:
         M = S.copy()
-    R = rank_matrix(prompt_states, index.states, np.arange(len(names)))
+    typical = np.array([routing.typical_score(c.scores) for c in cal])
+    R = rank_matrix(prompt_states, index.states, np.arange(len(names)), typical)
     log(f"top-1: route score {np.mean(np.argmax(S, 1) == truth):.3f}, "
         f"whitened ranking {np.mean(np.argmax(R, 1) == truth):.3f}")
     opens = open_set(S, M, truth, per_prompt, cal, args.repeats, args.seeds[0],
-                     rank=lambda cols: rank_matrix(prompt_states, index.states, cols))
+                     rank=lambda cols: rank_matrix(prompt_states, index.states, cols, typical),
+                     floor=Settings().route_rank_floor)
     rng = np.random.default_rng(args.seeds[0] + 7)
     sources = rng.choice(len(names), min(args.small_sources, len(names)), replace=False)
     small_new, small_old, small_rank = {}, {}, {}
@@ -324,9 +325,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             small_old[(int(src), k)] = score_matrix(prompt_states, [st], prior=False)[:, 0]
             states_k = [*index.states[:src], st, *index.states[src + 1:]]  # the small task replaces its source
             # the whole matrix: the whitening is re-fitted with the small task in the space, as the service does
-            small_rank[(int(src), k)] = rank_matrix(prompt_states, states_k, np.arange(len(names)))
+            typical_k = typical.copy()  # the small task's own calibration (none for 1 sample: the prior)
+            typical_k[src] = typicals([st], [sts])[0]
+            small_rank[(int(src), k)] = rank_matrix(prompt_states, states_k, np.arange(len(names)), typical_k)
     small = small_tasks(S, S_old, truth, small_new, small_old, R, small_rank)
-    comp = completion_tasks(args, lm, encoder, index, S, 12 if args.quick else 64, 5 if args.quick else 20)
+    comp = completion_tasks(args, lm, encoder, index, S, typical, 12 if args.quick else 64, 5 if args.quick else 20)
     thr = np.array([c.threshold for c in cal if c.threshold is not None])
     return {"names": names, "n_prompts": len(feats), "open_set": opens, "small": small, "completion": comp,
             "top1": float(np.mean(np.argmax(S, 1) == truth)), "n_sources": len(sources),
@@ -335,8 +338,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats, "lm": lm}
 
 
-ROUTERS = {"fsw_auto": "FisherAtlas (product: whitened ranking), calibrated per-task thresholds (no labels)",
-           "fsw_fit": "FisherAtlas (product: whitened ranking) + `fit` (labelled prompts incl. none)",
+ROUTERS = {"fsw_auto": "FisherAtlas (product: whitened ranking, rank floor), calibrated per-task thresholds "
+                       "(no labels)",
+           "fsw_fit": "FisherAtlas (product: whitened ranking, rank floor) + `fit` (labelled prompts incl. none)",
+           "fsw_nofloor": "FisherAtlas, whitened ranking without the rank floor, calibrated per-task thresholds",
            "fs_auto": "FisherAtlas ranked by route score (before), calibrated per-task thresholds",
            "fs_fit": "FisherAtlas ranked by route score (before) + `fit`",
            "fs_global": "FisherAtlas, one threshold fitted by accuracy",
@@ -347,7 +352,7 @@ def render(res: dict[str, Any], facts: str) -> str:
     """Markdown for ``quality.md``."""
     o = res["open_set"]
     t1 = report.table(["Router", "none on unseen (goal ≥ 0.90)", "none on indexed (goal ≤ 0.05)",
-                       "answered right, indexed", "AUROC (best score)"],
+                       "answered right, indexed", "AUROC (best score; product: its rank score)"],
                       [[ROUTERS[k], f"{v['none_unseen']:.3f}", f"{v['none_indexed']:.3f}",
                         pct(v["right_indexed"]), f"{v['auroc']:.3f}"] for k, v in o.items()])
     t2 = report.table(["Samples in the small task", "Score", "other tasks' prompts taken (top-1)",

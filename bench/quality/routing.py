@@ -56,6 +56,7 @@ from bench.quality.common import (
 )
 from bench.quality.data import TaskExample, instruction_tasks, split_task
 from bench.quality.paths import OUT_DIR
+from workers.calibration import prompt_side
 
 NEW_TASKS = {"code": "bbh_boolean_expressions", "medical": "mmlu_professional_medicine",
              "legal": "mmlu_professional_law", "math": "mmlu_high_school_mathematics"}
@@ -162,6 +163,37 @@ def build_index(args: argparse.Namespace, lm: Any, names: list[str],
     return idx
 
 
+def calibration_states(args: argparse.Namespace, lm: Any, names: list[str], splits: dict[str, Any]
+                       ) -> dict[str, list[Any]]:
+    """Prompt-mode states of each task's calibration samples (the job's pick), cached on disk."""
+    from fishersketch import SketchState
+
+    key = hashlib.sha256(json.dumps({"model": lm.fingerprint.key(), "m": args.m, "seed": args.seeds[0],
+                                     "max_tokens": args.max_tokens, "names": names,
+                                     "n_signature": args.n_signature,
+                                     "texts": hashlib.sha256("".join(x.input for n in names for x in splits[n][0])
+                                                             .encode()).hexdigest()},
+                                    sort_keys=True).encode()).hexdigest()[:16]
+    path = OUT_DIR / "cache" / f"calibration_{key}.pkl"
+    if path.exists():
+        spec = lm.make_spec(m=args.m, seed=args.seeds[0])
+        blob = pickle.loads(path.read_bytes())
+        return {n: [SketchState.from_bytes(b, spec=spec) for b in blob[n]] for n in names}
+    ex = make_extractor(lm, make_sketcher(lm, args.m, args.seeds[0]), args)
+    out = {n: prompt_side(ex, [Sample(text=x.input) for x in splits[n][0]], "text").cal_states for n in names}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps({n: [s.to_bytes() for s in v] for n, v in out.items()}))
+    return out
+
+
+def typicals(task_states: list[Any], cal_states: list[list[Any]]) -> np.ndarray:
+    """Each task's :func:`atlas.routing.typical_score` from its calibration samples, shape (T,), as a job stores it."""
+    from atlas import routing
+
+    return np.array([routing.typical_score(routing.leave_one_out_scores(st, cs))
+                     for st, cs in zip(task_states, cal_states, strict=True)])
+
+
 @dataclass
 class PromptFeatures:
     """Everything a router needs about one held-out prompt."""
@@ -195,15 +227,17 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def route_all(index: RoutingIndex, feats: list[PromptFeatures]) -> dict[str, list[list[int]]]:
-    """Top-3 task indices per prompt for every router."""
+def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndarray) -> dict[str, list[list[int]]]:
+    """Top-3 task indices per prompt for every router (``typical``: the tasks' typical scores, (T,))."""
     from atlas.analysis import Candidate, default_candidates, rerank_route, state_view
-    from atlas.whitening import fit_whitening
+    from atlas.routing import unit_means
+    from atlas.whitening import fit_space_whitening
     from bench.quality.embed import UtteranceRouter, centroid_rank
 
     names = index.names
     sigs = index.signatures()
-    whitening = fit_whitening(sigs)  # as the service fits it on the space's stored signatures
+    means = np.stack([unit_means(s) for s in index.states])
+    whitening = fit_space_whitening(means[:, 0], means[:, 1])  # as the service fits it on the space's routing means
     views = [state_view(s) for s in index.states]
     flat = faiss.IndexFlatIP(sigs.shape[1])
     flat.add(sigs)
@@ -226,7 +260,8 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures]) -> dict[str, lis
     n_cand = default_candidates(3)
     for i, f in enumerate(feats):
         out["FisherSketch (signature cosine, paper rule)"].append(faiss_top[i, :3].tolist())
-        cands = [Candidate(task_id=int(j), name=names[j], state=index.states[j], faiss_score=0.0, view=views[j])
+        cands = [Candidate(task_id=int(j), name=names[j], state=index.states[j], faiss_score=0.0, view=views[j],
+                           typical=float(typical[j]))
                  for j in faiss_top[i, :n_cand]]
         ans = rerank_route(f.state, cands, k=3, threshold=-1.0, whitening=whitening)
         out["FisherSketch (product route: FAISS candidates + whitened rank)"].append([m.task_id for m in ans.matches])
@@ -315,7 +350,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     index_s = time.perf_counter() - t
     feats, prompt_s = prompt_features(args, lm, index.heldout, encoder)
     log(f"{len(feats)} prompt signatures: {prompt_s:.1f}s")
-    tops = route_all(index, feats)
+    cal = calibration_states(args, lm, names, splits)
+    tops = route_all(index, feats, typicals(index.states, [cal[n] for n in names]))
     acc = {k: accuracy(index, feats, v) for k, v in tops.items()}
     for k, (a1, a3) in acc.items():
         log(f"{k}: top-1 {a1:.3f} top-3 {a3:.3f}")

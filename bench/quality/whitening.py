@@ -2,10 +2,10 @@
 
 Same 105 multitask_instructions tasks, splits, index cache and held-out prompts as experiment 4
 (:mod:`bench.quality.routing`). For random sub-spaces of T tasks (``--draws`` per size), each with its own
-whitening fitted on its tasks' unit signatures (as the service fits it on a space's stored signatures),
-the top-1 of the tasks' held-out prompts under the route score alone and under the product's ranking
-(:func:`bench.quality.openset.rank_matrix`, the matrix form of :func:`atlas.routing.rank_scores`). This
-is what sets ``atlas.whitening.WHITEN_MIN_TASKS``.
+whitening fitted on its tasks' unit means (as the service fits it on a space's routing means), the top-1
+of the tasks' held-out prompts under the route score alone and under the product's ranking
+(:func:`bench.quality.openset.rank_matrix`, the matrix form of :func:`atlas.routing.rank_scores`), at
+every size, below the service's minimum too. This is what sets ``atlas.whitening.WHITEN_MIN_TASKS``.
 
 Cost, on synthetic unit signatures at m = 4096: fitting the transform on ``WHITEN_MAX_TASKS`` signatures,
 and ranking one prompt against 128 candidates with memoised task terms (the route path).
@@ -22,24 +22,26 @@ from typing import Any
 import numpy as np
 
 from atlas import routing
-from atlas.whitening import WHITEN_MAX_TASKS, WHITEN_MIN_TASKS, fit_whitening
+from atlas.whitening import WHITEN_MAX_TASKS, WHITEN_MIN_TASKS, fit_space_whitening
 from bench.quality import report
 from bench.quality.common import run_and_report
 from bench.quality.openset import rank_matrix, score_matrix
 from bench.quality.routing import (
     N_HELDOUT,
     build_index,
+    calibration_states,
     parse_routing_args,
     prompt_features,
     routing_settings,
     task_splits,
+    typicals,
 )
 
-SIZES = (8, 16, 24, 32, 48, 64, 105)
+SIZES = (8, 12, 16, 24, 32, 48, 64, 105)
 
 
-def subsets(S: np.ndarray, states: list[Any], prompts: list[Any], truth: np.ndarray, sizes: tuple[int, ...],
-            draws: int, seed: int) -> list[dict[str, Any]]:
+def subsets(S: np.ndarray, states: list[Any], prompts: list[Any], truth: np.ndarray, typical: np.ndarray,
+            sizes: tuple[int, ...], draws: int, seed: int) -> list[dict[str, Any]]:
     """Mean top-1 (route score, product ranking) over random sub-spaces of each size."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -51,7 +53,7 @@ def subsets(S: np.ndarray, states: list[Any], prompts: list[Any], truth: np.ndar
             y = np.searchsorted(cols, truth[mask])
             plain.append(float(np.mean(S[np.ix_(mask, cols)].argmax(1) == y)))
             R = rank_matrix([p for p, keep in zip(prompts, mask, strict=True) if keep], [states[c] for c in cols],
-                            np.arange(size))
+                            np.arange(size), typical[cols], min_tasks=2)
             ranked.append(float(np.mean(R.argmax(1) == y)))
         rows.append({"tasks": size, "draws": len(plain), "route": float(np.mean(plain)),
                      "ranked": float(np.mean(ranked)), "gain": float(np.mean(ranked) - np.mean(plain))})
@@ -59,27 +61,28 @@ def subsets(S: np.ndarray, states: list[Any], prompts: list[Any], truth: np.ndar
 
 
 def costs(m: int, seed: int, repeats: int = 5) -> dict[str, float]:
-    """Seconds to fit on ``WHITEN_MAX_TASKS`` signatures; milliseconds to rank one prompt vs 128 candidates."""
+    """Seconds to fit a space's transforms (``ae`` and error) on ``WHITEN_MAX_TASKS`` tasks; milliseconds to
+    rank one prompt vs 128 candidates."""
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(WHITEN_MAX_TASKS, m))
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x = rng.normal(size=(2, WHITEN_MAX_TASKS, m))
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
     fits = []
     for _ in range(repeats):
         t = time.perf_counter()
-        w = fit_whitening(x)
+        w = fit_space_whitening(x[0], x[1])
         fits.append(time.perf_counter() - t)
     assert w is not None
 
     class _State:
         n_samples = 200
 
-    views = [(np.stack([v, v, v]), np.ones(3), 1.0) for v in x[:128]]
+    views = [(np.stack([a, a, e]), np.ones(3), 1.0) for a, e in zip(x[0, :128], x[1, :128], strict=True)]
     cands = [routing.Candidate(i, f"t{i}", _State(), 0.0, views[i]) for i in range(128)]
-    p = x[-1]
-    routing.rank_scores(p, cands, views, x[:128] @ p, w)  # memoise the task terms, as a warm route path does
+    p = np.stack([x[0, -1], x[0, -1], x[1, -1]])
+    routing.rank_scores(p, cands, views, w)  # memoise the task terms, as a warm route path does
     t = time.perf_counter()
     for _ in range(100):
-        routing.rank_scores(p, cands, views, x[:128] @ p, w)
+        routing.rank_scores(p, cands, views, w)
     return {"fit_s": float(np.median(fits)), "rank_ms": (time.perf_counter() - t) / 100 * 1e3,
             "fit_tasks": WHITEN_MAX_TASKS, "candidates": 128, "m": m}
 
@@ -99,8 +102,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     truth = np.array([pos[f.task] for f in feats])
     prompts = [f.state for f in feats]
     S = score_matrix(prompts, index.states)
+    cal = calibration_states(args, lm, names, splits)
+    typical = typicals(index.states, [cal[n] for n in names])
     sizes = (*(s for s in SIZES if s < len(names)), len(names))
-    return {"rows": subsets(S, index.states, prompts, truth, sizes, args.draws, args.seeds[0]),
+    return {"rows": subsets(S, index.states, prompts, truth, typical, sizes, args.draws, args.seeds[0]),
             "costs": costs(args.m, args.seeds[0]), "n_prompts": len(feats), "lm": lm}
 
 
@@ -111,9 +116,10 @@ def render(res: dict[str, Any], facts: str) -> str:
                            f"{100 * r['gain']:+.1f} pts"] for r in res["rows"]])
     c = res["costs"]
     return (
-        f"Random sub-spaces of the 105 tasks, each whitened on its own signatures; their held-out prompts "
-        f"({res['n_prompts']} in all). The service whitens from {WHITEN_MIN_TASKS} tasks on.\n\n" + table + "\n\n"
-        f"Cost at m = {c['m']}: fitting on {c['fit_tasks']} signatures {c['fit_s']:.3f} s (median); "
+        f"Random sub-spaces of the 105 tasks, each whitened on its own tasks' means (`ae` and error; the ranking "
+        f"computed at every size, below the service's minimum too); their held-out prompts ({res['n_prompts']} "
+        f"in all). The service whitens from {WHITEN_MIN_TASKS} tasks on.\n\n" + table + "\n\n"
+        f"Cost at m = {c['m']}: fitting both transforms on {c['fit_tasks']} tasks {c['fit_s']:.3f} s (median); "
         f"ranking one prompt against {c['candidates']} candidates with memoised task terms {c['rank_ms']:.2f} ms."
         "\n\n" + facts
     )

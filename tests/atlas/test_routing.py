@@ -88,3 +88,39 @@ def test_fit_never_raises_a_threshold_past_the_false_reject_cap(rows: list, held
         pos = [it.scores[t] for it in items if it.label == t] + held
         cap = float(np.quantile(pos, routing.FALSE_REJECT_RATE, method="lower"))
         assert thr <= cap + 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.floats(-0.5, 0.5), st.floats(-1.0, 0.5))
+def test_the_rank_floor_answers_none_only_below_it_and_explains_itself(seed: int, floor: float,
+                                                                       threshold: float) -> None:
+    from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
+
+    tasks = [_state(seed + i, 6, 4, 0.3 * (i % 5)) for i in range(WHITEN_MIN_TASKS + 2)]
+    means = np.stack([routing.unit_means(s) for s in tasks])
+    space = fit_space_whitening(means[:, 0], means[:, 1])
+    assert space is not None
+    cands = [routing.Candidate(i, f"t{i:03d}", s, typical=0.3) for i, s in enumerate(tasks)]
+    prompt = _state(seed + 10_001, 1, 4, 0.3)
+    plain = routing.rerank_route(prompt, cands, k=3, threshold=threshold, whitening=space)
+    floored = routing.rerank_route(prompt, cands, k=3, threshold=threshold, whitening=space, rank_floor=floor)
+    best = plain.matches[0]
+    assert best.rank_score is not None and floored.matches == plain.matches
+    assert floored.below_rank_floor == (best.rank_score < floor) and not plain.below_rank_floor
+    assert floored.none == (plain.none or best.rank_score < floor)
+    assert 0.0 <= floored.confidence <= 1.0
+    if floored.below_rank_floor:
+        assert floored.confidence >= 0.5  # confident there is no task, as the floor says
+    else:
+        assert floored.confidence == plain.confidence
+
+
+def test_fit_leaves_floored_answers_alone() -> None:
+    """A prompt answered "none" by the rank floor is predicted none and never raises a threshold."""
+    held = [0.5, 0.6, 0.7, 0.8, 0.9]
+    floored = [FitItem(None, {0: 0.7, 1: 0.1}, 0, floored=True) for _ in range(5)]
+    res = fit_thresholds(floored, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1)
+    assert res.thresholds == {} and res.accuracy_before == res.accuracy_after == 1.0
+    live = [FitItem(None, {0: 0.7, 1: 0.1}, 0) for _ in range(5)]
+    res = fit_thresholds(live, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1)
+    assert res.thresholds == {0: 0.5}  # raised towards 0.7, stopped at its false-reject cap (5 % of held-out)

@@ -69,3 +69,42 @@ def test_small_tasks_count_captures_of_other_tasks_prompts() -> None:
     k1 = {r["score"]: r for r in rows if r["k"] == 1}
     assert k1["route score"]["taken"] == 0 and k1["route score"]["own"] == 2
     assert k1["old score (no prior)"]["taken"] == 1 and k1["old score (no prior)"]["total"] == 2
+
+
+def test_rank_matrix_is_the_products_ranking() -> None:
+    """The benchmark's matrix form gives the ``rank_score`` that ``atlas.routing.rerank_route`` returns."""
+    from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
+    from bench.quality.openset import rank_matrix
+    from fishersketch import Sketcher, SketchSpec
+
+    sk = Sketcher(SketchSpec(d=6, K=9, m=128, seed=4), chunk_rows=64)
+    rng = np.random.default_rng(5)
+
+    def state(n_samples: int, centre: np.ndarray) -> object:
+        n = n_samples * 4
+        return sk.sketch(centre[:6] + rng.standard_normal((n, 6)), centre[6:] + rng.standard_normal((n, 9)),
+                         np.repeat(np.arange(n_samples), 4))
+
+    centres = rng.standard_normal((WHITEN_MIN_TASKS + 3, 15))
+    tasks = [state(int(rng.integers(1, 30)), c) for c in centres]
+    prompts = [state(1, centres[i]) for i in range(0, len(centres), 5)]
+    typical = rng.uniform(-0.5, 1.0, size=len(tasks))
+    R = rank_matrix(prompts, tasks, np.arange(len(tasks)), typical)
+    means = np.stack([routing.unit_means(s) for s in tasks])
+    space = fit_space_whitening(means[:, 0], means[:, 1])
+    cands = [routing.Candidate(i, f"t{i:03d}", s, typical=float(typical[i])) for i, s in enumerate(tasks)]
+    for p, row in zip(prompts, R, strict=True):
+        ans = routing.rerank_route(p, cands, k=len(cands), threshold=0.0, whitening=space)
+        got = {m.task_id: m.rank_score for m in ans.matches}
+        np.testing.assert_allclose([got[i] for i in range(len(tasks))], row, atol=1e-9)
+        assert ans.matches[0].task_id == int(np.argmax(row))
+
+
+def test_the_rank_floor_turns_low_ranked_answers_into_none() -> None:
+    S, truth, rank, cal = _world(separation=0.3, seed=3)
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=1, seed=0, rank=lambda cols: S, floor=0.45)
+    assert res["fsw_nofloor"] == res["fs_auto"]  # same ranking, no floor: the route-ranked rows
+    floor = res["fsw_auto"]  # unseen prompts' best score is ~0.3 + noise: all floored; indexed ~0.6: none are
+    assert floor["none_unseen"] == 1.0 and floor["none_indexed"] == res["fs_auto"]["none_indexed"]
+    everything = open_set(S, S.copy(), truth, rank, cal, repeats=1, seed=0, rank=lambda cols: S, floor=2.0)
+    assert everything["fsw_auto"]["none_indexed"] == 1.0 and everything["fsw_fit"]["right_indexed"] == 0.0

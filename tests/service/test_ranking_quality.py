@@ -6,7 +6,9 @@ of the 105, so the space holds at least ``WHITEN_MIN_TASKS``), plus three tasks 
 taken from three other tasks. Their held-out prompts (4 per task) are routed in one batch:
 
 * the whitened ranking is engaged (``rank_score`` on every match) and routes most prompts right;
-* a task of 1–3 samples never takes the top-1 of a well-populated task's own held-out prompts.
+* a task of 1–3 samples never takes the top-1 of a well-populated task's own held-out prompts;
+* the rank floor (``route_rank_floor``, docs/SCORES.md "Open set") answers "none" for more prompts of
+  tasks outside the space than the calibrated thresholds alone, at a small cost on indexed prompts.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def test_small_tasks_never_capture_prompts_in_a_whitened_space(tmp_path: Path) -
             atlas.add(name, texts, progress=False)
         prompts = [(name, p) for name, ps in held.items() for p in ps]
         answers = atlas.route([p for _, p in prompts], k=3)
+        outside = [n for i, n in enumerate(names) if i % 3 == 2][::2]
+        unseen = atlas.route([x.input for n in outside for x in split_task(tasks[n], 0, N_HELD, seed=7).heldout], k=3)
     assert all(m.rank_score is not None for a in answers for m in a.matches)  # the whitened ranking is on
     tops = [a.matches[0].name for a in answers]
     right = sum(top == name for (name, _), top in zip(prompts, tops, strict=True)) / len(prompts)
@@ -51,3 +55,13 @@ def test_small_tasks_never_capture_prompts_in_a_whitened_space(tmp_path: Path) -
           f"small tasks took {len(taken)}")
     assert right >= 0.6
     assert not taken, taken
+    by_threshold = [a.best_score is not None and a.best_score < a.threshold for a in unseen]
+    floored = [a.below_rank_floor for a in unseen]
+    assert all(a.none == (t or f) for a, t, f in zip(unseen, by_threshold, floored, strict=True))
+    none_unseen, none_thr = sum(a.none for a in unseen) / len(unseen), sum(by_threshold) / len(unseen)
+    none_indexed = sum(a.none for a in answers) / len(answers)
+    indexed_thr = sum(a.best_score is not None and a.best_score < a.threshold for a in answers) / len(answers)
+    print(f"none on {len(unseen)} prompts of {len(outside)} tasks outside the space: {none_unseen:.0%} "
+          f"(thresholds alone {none_thr:.0%}); on indexed prompts {none_indexed:.0%} (thresholds alone "
+          f"{indexed_thr:.0%})")
+    assert none_unseen > none_thr and none_indexed <= 0.15

@@ -29,7 +29,7 @@ import pytest
 from atlas import routing
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
-from atlas.whitening import WHITEN_MIN_TASKS, fit_whitening
+from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
 from workers.calibration import prompt_side
 
 DATA = Path(os.environ.get("FISHER_ATLAS_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
@@ -129,7 +129,8 @@ def world() -> dict[str, Any]:
              for i, nm in enumerate(names)]
     # The service's ranking transform, fitted on the stored (indexed) signatures of the space; None
     # here (fewer than WHITEN_MIN_TASKS tasks), so prompts are ranked by the route score, as the service does.
-    whitening = fit_whitening(np.stack([tasks[nm][0].signature() for nm in names]))
+    means = np.stack([routing.unit_means(c.state) for c in cands])  # what each task routes on
+    whitening = fit_space_whitening(means[:, 0], means[:, 1])
     assert (whitening is None) == (len(names) < WHITEN_MIN_TASKS)
 
     def scores(text: str) -> Routed:

@@ -9,14 +9,16 @@ index moves) and disappears below the minimum.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atlas import routing
-from atlas.whitening import WHITEN_MIN_TASKS, fit_whitening
+from atlas.whitening import WHITEN_MIN_TASKS, SpaceWhitening, fit_space_whitening, fit_whitening
 from fisher_atlas import Atlas
 
 
@@ -89,14 +91,58 @@ def test_rank_scores_shrink_small_tasks() -> None:
             self.n_samples = n
 
     views = [(np.stack([v, v, v]), np.ones(3), 1.0) for v in x]
-    big = [routing.Candidate(i, f"t{i}", _State(1000), 0.0, views[i]) for i in range(len(x))]
-    small = [routing.Candidate(i, f"t{i}", _State(1), 0.0, views[i]) for i in range(len(x))]
-    dots = x @ x[0]  # ⟨p̂, μ_t⟩ as the re-rank computes them
-    r_big = routing.rank_scores(x[0], big, views, dots, w)
-    r_small = routing.rank_scores(x[0], small, views, dots, w)
-    assert int(np.argmax(r_big)) == 0 and r_big[0] > 0.99
+    big = [routing.Candidate(i, f"t{i}", _State(1000), 0.0, views[i], typical=0.0) for i in range(len(x))]
+    small = [routing.Candidate(i, f"t{i}", _State(1), 0.0, views[i], typical=0.0) for i in range(len(x))]
+    space = SpaceWhitening(ae=w, error=w)
+    prompt = np.stack([x[0], x[0], x[0]])
+    r_big = routing.rank_scores(prompt, big, views, space)
+    r_small = routing.rank_scores(prompt, small, views, space)
+    assert int(np.argmax(r_big)) == 0 and r_big[0] * (1 + routing.RANK_TYPICAL_WEIGHT) > 0.99
     np.testing.assert_allclose(r_small, r_big * np.sqrt(1 / (1 + routing.PRIOR_SAMPLES)) /
                                np.sqrt(1000 / (1000 + routing.PRIOR_SAMPLES)), rtol=1e-9)
+
+
+def test_rank_scores_average_the_whitened_ae_and_error_cosines() -> None:
+    """The memoised per-task terms give what applying both transforms to whole vectors gives."""
+    rng = np.random.default_rng(3)
+    ae, _ = _space(6, WHITEN_MIN_TASKS + 8, 96, 1.0)
+    err = rng.normal(size=ae.shape) + 2.0 * rng.normal(size=(1, ae.shape[1]))  # error means: a common direction
+    err /= np.linalg.norm(err, axis=1, keepdims=True)
+    space = fit_space_whitening(ae, err)
+    assert space is not None and space.error is not None
+    scale = rng.uniform(0.5, 3.0, size=len(ae))  # task means are not unit: only their directions count
+
+    class _State:
+        n_samples = 10_000
+
+    views = [(np.stack([a * c, a * c, e * c]), np.ones(3), float(c)) for a, e, c in zip(ae, err, scale, strict=True)]
+    typical = rng.uniform(-0.2, 0.8, size=len(ae))
+    cands = [routing.Candidate(i, f"t{i}", _State(), 0.0, views[i], typical=float(typical[i])) for i in range(len(ae))]
+    p_ae, p_err = ae[3] + 0.02 * rng.normal(size=ae.shape[1]), err[3] + 0.02 * rng.normal(size=ae.shape[1])
+    got = routing.rank_scores(np.stack([p_ae * 2.0, p_ae, p_err * 5.0]), cands, views, space)
+    want = (space.ae.apply(_unit(p_ae)) @ space.ae.apply(ae).T
+            + space.error.apply(_unit(p_err)) @ space.error.apply(err).T) / 2
+    lam = routing.RANK_TYPICAL_WEIGHT
+    shrunk = want * np.sqrt(10_000 / (10_000 + routing.PRIOR_SAMPLES))
+    np.testing.assert_allclose(got, (shrunk - lam * typical) / (1 + lam), atol=1e-9)
+    assert np.all(np.abs(got) <= 1.0)
+    tight = [replace(c, typical=1.0) if c.task_id == 3 else c for c in cands]  # its own prompts score ~1
+    assert routing.rank_scores(np.stack([p_ae, p_ae, p_err]), tight, views, space)[3] < got[3]
+
+
+@settings(max_examples=100, deadline=None)
+@given(scores=st.lists(st.floats(-1.0, 1.0), max_size=300))
+def test_typical_score_is_a_shrunk_mean_in_range(scores: list[float]) -> None:
+    g = routing.typical_score(scores)
+    assert -1.0 <= g <= 1.0
+    kept = scores[-routing.MAX_CAL_SCORES:]
+    k = routing.PRIOR_SAMPLES
+    assert g == pytest.approx((sum(kept) + k * routing.TYPICAL_PRIOR) / (len(kept) + k), abs=1e-9)
+    if kept:  # between the scores' mean and the prior: evidence moves it, never past the mean
+        lo, hi = sorted((float(np.mean(kept)), routing.TYPICAL_PRIOR))
+        assert lo - 1e-9 <= g <= hi + 1e-9
+    else:
+        assert g == routing.TYPICAL_PRIOR
 
 
 def _texts(topic: int, n: int, seed: int) -> list[str]:
