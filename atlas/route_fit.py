@@ -21,12 +21,13 @@ from atlas.routing import FALSE_REJECT_RATE, MIN_CALIBRATION
 class FitItem:
     """One labelled prompt: its label (task id, or ``None`` for "none"), its scores per task, the task
     the router ranks first (``best``; default: the highest score) and whether the answer is "none"
-    whatever the thresholds (``floored``: the best match is below the rank floor)."""
+    whatever the best task's threshold (``forced_none``: the nearest task rejects it, see
+    :func:`atlas.routing.rerank_route`)."""
 
     label: int | None
     scores: Mapping[int, float]
     best: int | None = None
-    floored: bool = False
+    forced_none: bool = False
 
     def top(self) -> int:
         """The task the router answers before any threshold."""
@@ -45,7 +46,7 @@ class FitResult:
 
 
 def _predict(item: FitItem, thr: Mapping[int, float], default: float) -> int | None:
-    if not item.scores or item.floored:
+    if not item.scores or item.forced_none:
         return None
     best = item.top()
     return best if item.scores[best] >= thr.get(best, default) else None
@@ -84,7 +85,7 @@ def fit_thresholds(
         for it in items:
             if it.label == t or t not in it.scores:
                 continue
-            if it.top() == t and not it.floored:  # a floored answer is "none" already
+            if it.top() == t and not it.forced_none:  # answered "none" already
                 negs.append(float(it.scores[t]))
         old = thr.get(t, default)
         new = old

@@ -60,8 +60,8 @@ MAX_CAL_SCORES = 256
 RANK_TYPICAL_WEIGHT = 0.5
 """Weight ``λ`` of the task's typical held-out score subtracted in the ranking (see :func:`rank_scores`)."""
 TYPICAL_PRIOR = 1.0
-"""Typical score assumed for a task none of whose own samples was scored (shrunk towards with weight
-``PRIOR_SAMPLES``): as tight as a task can be, so an uncalibrated task must win on its cosine alone."""
+"""Typical score a task's held-out scores are shrunk towards (weight ``PRIOR_SAMPLES``), and that of a task
+of one sample (none can be held out): as tight as a task can be, so it must win on its cosine alone."""
 DEFAULT_SCALE = 0.05
 """Confidence scale when a task has no calibration."""
 _EPS = 1e-10
@@ -203,7 +203,7 @@ class TaskRoute:
     scale: float | None = None
     prompt_state: bytes | None = None
     version: int = 0
-    typical: float = TYPICAL_PRIOR
+    typical: float | None = None
 
 
 def resolve(row: Any) -> TaskRoute:
@@ -212,7 +212,7 @@ def resolve(row: Any) -> TaskRoute:
     return TaskRoute(threshold=None if thr is None else float(thr),
                      scale=None if row.score_scale is None else float(row.score_scale),
                      prompt_state=row.prompt_state, version=int(row.version or 0),
-                     typical=typical_score(row.cal_scores or []))
+                     typical=typical_score(row.cal_scores) if row.cal_scores else None)
 
 
 class _ViewCache:
@@ -263,8 +263,8 @@ class Candidate:
         The task's own open-set threshold (override, else calibrated); ``None``: the global default.
     scale : float, optional
         Spread of the task's held-out scores (the confidence scale).
-    typical : float
-        The task's :func:`typical_score` (``TYPICAL_PRIOR`` when none of its samples was scored).
+    typical : float, optional
+        The task's :func:`typical_score`; ``None``: never calibrated (see :func:`rank_scores`).
     """
 
     task_id: int
@@ -274,7 +274,7 @@ class Candidate:
     view: Any = None
     threshold: float | None = None
     scale: float | None = None
-    typical: float = TYPICAL_PRIOR
+    typical: float | None = None
 
 
 @dataclass(frozen=True)
@@ -297,8 +297,9 @@ class RouteAnswer:
     """The answer for one prompt: top-``k`` matches, best first, the open-set flag and its confidence.
 
     ``threshold`` is the one the best match was held to; ``confidence`` is that of the answer given
-    (the best task when ``none`` is false, "no task" when it is true); ``below_rank_floor``: the best
-    match's ``rank_score`` was under the rank floor (then ``none`` whatever its threshold).
+    (the best task when ``none`` is false, "no task" when it is true); ``nearest_rejects``: in a whitened
+    space, the task nearest to the prompt before the typical-score term (not the answered one) holds the
+    prompt below its threshold — then ``none`` too (see :func:`rerank_route`).
     """
 
     matches: list[RouteMatch]
@@ -306,7 +307,7 @@ class RouteAnswer:
     best_score: float | None
     threshold: float
     confidence: float = 1.0
-    below_rank_floor: bool = False
+    nearest_rejects: bool = False
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -370,10 +371,19 @@ def rank_scores(prompt_means: np.ndarray, candidates: Sequence[Candidate], views
     directions where a small task's noise lives, takes the prior ``κ = PRIOR_SAMPLES`` once more, so a
     task of a few samples cannot take other tasks' prompts by its noise. ``g_t`` is the task's
     :func:`typical_score` and ``λ = RANK_TYPICAL_WEIGHT``: a task whose own prompts score high against
-    it (a tight, templated task) must be matched closer than a loose one, and a task never calibrated
-    is held to ``TYPICAL_PRIOR``. ``prompt_means`` (3, m) are the prompt's pooled feature means; a
-    task's norms and whitened terms are memoised on the transforms.
+    it (a tight, templated task) must be matched closer than a loose one. A task with no held-out score
+    is held to ``TYPICAL_PRIOR`` if it has one sample (none could be held out), else to the space's
+    ``typical`` (its calibration is missing: a task stored before calibration existed).
+    ``prompt_means`` (3, m) are the prompt's pooled feature means; a task's norms and whitened terms are
+    memoised on the transforms.
     """
+    return rank_parts(prompt_means, candidates, views, whitening)[1]
+
+
+def rank_parts(prompt_means: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
+               whitening: SpaceWhitening) -> tuple[np.ndarray, np.ndarray]:
+    """``(shrunk cosine c_t · ‖μ_t‖ / den_t · √(n_s / (n_s + κ)), rank score)`` of :func:`rank_scores`,
+    shapes (T,), (T,); both −1 where the task has no norm."""
     cos, norms = _whitened_cosines(whitening.ae, _unit(prompt_means[0]), candidates, views, 0)
     if whitening.error is not None:
         cos_e, _ = _whitened_cosines(whitening.error, _unit(prompt_means[2]), candidates, views, 2)
@@ -381,15 +391,16 @@ def rank_scores(prompt_means: np.ndarray, candidates: Sequence[Candidate], views
     dens = np.array([float(v[2]) for v in views])
     ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
     ok = (norms > 0) & (dens > 0)
-    shrink = np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * np.sqrt(ns / (ns + PRIOR_SAMPLES))
-    typical = np.array([float(c.typical) for c in candidates])
-    rank = (cos * shrink - RANK_TYPICAL_WEIGHT * typical) / (1.0 + RANK_TYPICAL_WEIGHT)
-    return np.asarray(np.where(ok, rank, -1.0))
+    shrunk = cos * np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * np.sqrt(ns / (ns + PRIOR_SAMPLES))
+    typical = np.array([float(c.typical) if c.typical is not None else
+                        (whitening.typical if n > 1 else TYPICAL_PRIOR) for c, n in zip(candidates, ns, strict=True)])
+    rank = (shrunk - RANK_TYPICAL_WEIGHT * typical) / (1.0 + RANK_TYPICAL_WEIGHT)
+    return np.asarray(np.where(ok, shrunk, -1.0)), np.asarray(np.where(ok, rank, -1.0))
 
 
 def rerank_route(
     prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float, per_task: bool = False,
-    whitening: SpaceWhitening | None = None, rank_floor: float | None = None,
+    whitening: SpaceWhitening | None = None,
 ) -> RouteAnswer:
     """Exact re-rank of ANN candidates for one prompt.
 
@@ -409,9 +420,10 @@ def rerank_route(
         The space's ranking transforms: matches are then ordered by :func:`rank_scores` (reported as
         ``rank_score``); the open-set decision still compares the best match's route ``score`` with its
         calibrated threshold.
-    rank_floor : float, optional
-        With a whitening: ``none`` also when the best match's ``rank_score`` is below this (the
-        confidence of that ``none`` is at least ``1 − sigmoid((rank_score − floor) / DEFAULT_SCALE)``).
+        The typical-score term can move the answer from the task nearest to the prompt to a looser one
+        (a lower threshold): the prompt must then also pass the nearest task's threshold (the task with
+        the highest shrunk whitened cosine, :func:`rank_parts`), else ``none``, with
+        ``nearest_rejects`` set and at least that task's confidence in the rejection.
 
     Returns
     -------
@@ -435,7 +447,7 @@ def rerank_route(
     ok = den > 0
     score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
-    rank = rank_scores(mu_p, candidates, views, whitening) if whitening is not None else None
+    near, rank = rank_parts(mu_p, candidates, views, whitening) if whitening is not None else (None, None)
     order = sorted(range(len(candidates)),
                    key=lambda i: (-round(_f(rank[i]), 9) if rank is not None else 0.0, -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]
@@ -456,12 +468,18 @@ def rerank_route(
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
                               rank_score=_f(rank[i]) if rank is not None else None))
     best = top[0]
-    floored = rank_floor is not None and best.rank_score is not None and best.rank_score < rank_floor
-    none = best.score < best.threshold or floored
+    none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence
-    if floored and best.rank_score is not None and rank_floor is not None:
-        conf = max(conf, 1.0 - confidence(best.rank_score, rank_floor, DEFAULT_SCALE))
+    rejects = False
+    if near is not None:
+        j = int(np.argmax(np.round(near, 9)))
+        own = candidates[j].threshold
+        thr_j = float(own) if per_task and own is not None else threshold
+        rejects = candidates[j].task_id != best.task_id and _f(score[j]) < thr_j
+        if rejects:
+            conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
+            none = True
     return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf,
-                       below_rank_floor=floored)
+                       nearest_rejects=rejects)
 
 

@@ -64,11 +64,6 @@ class Settings(BaseSettings):
     route_threshold: float = Field(
         default=0.05, description="Default open-set threshold on the route score (see atlas.analysis)."
     )
-    route_rank_floor: float | None = Field(
-        default=0.0, ge=-1.0, le=1.0,
-        description="In a whitened space, 'none' also when the best match's rank_score is below this (unless a "
-        "request gives its own threshold); null: off. See docs/SCORES.md, 'Open set'.",
-    )
     index_kind: Literal["auto", "flat", "ivf"] = Field(
         default="auto",
         description="'auto' (or 'ivf'): exact flat below index_ivf_min_size signatures, the two-stage index "

@@ -153,24 +153,35 @@ class SpaceWhitening:
         Fitted on the tasks' unit ``ae`` means (the signatures).
     error : Whitening or None
         Fitted on the tasks' unit error (``e``) means; ``None`` ranks by ``ae`` alone.
+    typical : float
+        Median typical score of the fitted tasks that have one (0.0 if none has): what a task whose
+        calibration is missing is held to (:func:`atlas.routing.rank_scores`).
     """
 
     ae: Whitening
     error: Whitening | None = None
+    typical: float = 0.0
 
 
 def fit_space_whitening(ae_units: np.ndarray, error_units: np.ndarray | None = None,
-                        ridge: float = WHITEN_RIDGE, min_tasks: int = WHITEN_MIN_TASKS) -> SpaceWhitening | None:
-    """Fit a space's transforms on its tasks' unit means, shapes (T, m); ``None`` below ``min_tasks``."""
+                        ridge: float = WHITEN_RIDGE, min_tasks: int = WHITEN_MIN_TASKS,
+                        typicals: np.ndarray | None = None) -> SpaceWhitening | None:
+    """Fit a space's transforms on its tasks' unit means, shapes (T, m); ``None`` below ``min_tasks``.
+
+    ``typicals`` (T,) are the tasks' typical scores (NaN where a task has none).
+    """
     ae = fit_whitening(ae_units, ridge, min_tasks)
     if ae is None:
         return None
     error = fit_whitening(error_units, ridge, min_tasks) if error_units is not None else None
-    return SpaceWhitening(ae=ae, error=error)
+    known = np.asarray([] if typicals is None else typicals, dtype=np.float64)
+    known = known[np.isfinite(known)]
+    return SpaceWhitening(ae=ae, error=error, typical=float(np.median(known)) if known.size else 0.0)
 
 
-MeansLoader = Callable[[list[int]], tuple[np.ndarray, np.ndarray]]
-"""Reads the unit routing means of tasks: ``ids → (ae (n, m), error (n, m))`` (rows of tasks found)."""
+MeansLoader = Callable[[list[int]], tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""Reads the unit routing means of tasks and their typical scores: ``ids → (ae (n, m), error (n, m),
+typical (n,))`` (rows of the tasks found; NaN where a task has no typical score)."""
 
 
 class WhiteningCache:
@@ -206,8 +217,8 @@ class WhiteningCache:
         n_tasks = len(ids)
         if n_tasks > WHITEN_MAX_TASKS:
             ids = ids[np.linspace(0, n_tasks - 1, WHITEN_MAX_TASKS).round().astype(int)]
-        ae, error = load([int(i) for i in ids])
-        fitted = fit_space_whitening(ae, error) if len(ae) else None
+        ae, error, typicals = load([int(i) for i in ids])
+        fitted = fit_space_whitening(ae, error, typicals=typicals) if len(ae) else None
         with self._lock:
             self._fits[space_id] = (mark, now, n_tasks, fitted)
         return fitted

@@ -274,8 +274,8 @@ class RouteResult(_Out):
     """The answer for one prompt."""
 
     matches: list[RouteMatch]
-    none: bool = Field(description="True when the best score is under its threshold, or (a whitened space, no request "
-                                   "threshold) its rank_score under the rank floor: no stored task fits.")
+    none: bool = Field(description="True when the best match's score is under its threshold, or (a whitened space) "
+                                   "the nearest task's score under that task's threshold: no stored task fits.")
     best_score: float | None = None
     threshold: float
     confidence: float | None = Field(default=None, description="Confidence in [0, 1] of the answer given: the best "

@@ -58,3 +58,5 @@ class RoutingInfo(_Out):
     calibration_scores: int = 0
     false_reject_rate: float | None = None
     prompt_side: bool = Field(default=False, description="Routes on a prompt-side state (completion mode).")
+    typical_score: float | None = Field(default=None, description="Shrunk mean of the held-out scores, subtracted "
+                                        "(×½) in the ranking of a whitened space (docs/SCORES.md, 'Ranking').")

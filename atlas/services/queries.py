@@ -143,10 +143,9 @@ class QueryService:
                       candidates: int, per_task: bool = False) -> list[analysis.RouteAnswer]:
         """FAISS candidates by signature (plus the space's completion tasks, routed on their prompt-side
         states), then the exact re-rank, for each query state; ``per_task``: each task's own calibrated
-        threshold instead of ``threshold``, and the rank floor (``settings.route_rank_floor``) as well;
-        matches are ordered by the space-whitened ranking score (:mod:`atlas.whitening`, ``docs/SCORES.md``)."""
+        threshold instead of ``threshold``; matches are ordered by the space-whitened ranking score
+        (:mod:`atlas.whitening`, ``docs/SCORES.md``)."""
         answers = []
-        floor = self.settings.route_rank_floor if per_task else None  # a request's own threshold is final
         queries = np.stack([np.asarray(st.signature(), dtype=np.float32) for st in states])
         with self.store.read() as session:
             space = sql.get_space(session, space_id)
@@ -165,18 +164,20 @@ class QueryService:
         for st, hit in zip(states, hits, strict=True):
             cands = [replace(c, faiss_score=hit.get(t, 0.0)) for t, c in base.items() if t in hit or t in prompt_side]
             answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task,
-                                                 whitening=whitening, rank_floor=floor))
+                                                 whitening=whitening))
         return answers
 
-    def _routing_means(self, session: Session, space: Space, task_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _routing_means(self, session: Session, space: Space, task_ids: list[int]
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Unit ``ae`` and error means, shapes (n, m), of what each task routes on (its prompt-side state
-        for a completion task): what the space's whitening is fitted on."""
+        for a completion task), and the tasks' typical scores (n,): what the space's whitening is fitted on."""
         loaded = self.states.load(session, space, task_ids)
         cands = routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})
         if not cands:
-            return np.zeros((0, space.m)), np.zeros((0, space.m))
+            return np.zeros((0, space.m)), np.zeros((0, space.m)), np.zeros(0)
         means = np.stack([unit_means(c.state) for c in cands])  # (n, 2, m)
-        return means[:, 0], means[:, 1]
+        typicals = np.array([np.nan if c.typical is None else c.typical for c in cands])
+        return means[:, 0], means[:, 1], typicals
 
     # -- recommendation and alignment ------------------------------------------------------------
 

@@ -37,7 +37,6 @@ from sklearn.metrics import roc_auc_score
 from atlas import routing
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
-from atlas.settings import Settings
 from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
 from bench.quality import report
 from bench.quality.common import log, make_extractor, make_sketcher, pct, run_and_report
@@ -85,9 +84,15 @@ def score_matrix(prompt_states: list[Any], task_states: list[Any], *, prior: boo
 
 def rank_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols: np.ndarray,
                 typical: np.ndarray, min_tasks: int = WHITEN_MIN_TASKS) -> np.ndarray:
-    """The product's ranking scores, shape (prompts, tasks) — the matrix form of
-    :func:`atlas.routing.rank_scores`: whitened ``ae`` and error cosines, averaged, shrunk by the prior,
-    less ``RANK_TYPICAL_WEIGHT`` times the task's ``typical`` score (T,).
+    """The product's ranking scores, shape (prompts, tasks): :func:`rank_parts_matrix`'s second part."""
+    return rank_parts_matrix(prompt_states, task_states, fit_cols, typical, min_tasks)[1]
+
+
+def rank_parts_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols: np.ndarray,
+                      typical: np.ndarray, min_tasks: int = WHITEN_MIN_TASKS) -> tuple[np.ndarray, np.ndarray]:
+    """The shrunk whitened cosines and the ranking scores, shapes (prompts, tasks) — the matrix form of
+    :func:`atlas.routing.rank_parts`: whitened ``ae`` and error cosines, averaged, shrunk by the prior;
+    then less ``RANK_TYPICAL_WEIGHT`` times the task's ``typical`` score (T,).
 
     The whitening is fitted on the unit means of the tasks ``fit_cols`` (the indexed ones), as the
     service fits it on the space's routing means (:mod:`atlas.whitening`); below ``min_tasks`` tasks the
@@ -97,7 +102,8 @@ def rank_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols: np.n
     t = np.stack([routing.unit_means(s) for s in task_states])
     w = fit_space_whitening(t[fit_cols, 0], t[fit_cols, 1], min_tasks=min_tasks)
     if w is None:  # too few tasks to whiten: the service ranks by the route score
-        return score_matrix(prompt_states, task_states)
+        route = score_matrix(prompt_states, task_states)
+        return route, route
     cos = w.ae.apply(p[:, 0]) @ w.ae.apply(t[:, 0]).T
     if w.error is not None:
         cos = (cos + w.error.apply(p[:, 1]) @ w.error.apply(t[:, 1]).T) / 2.0
@@ -108,8 +114,8 @@ def rank_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols: np.n
         shrink.append(min(float(np.linalg.norm(mu[0])) / den, 1.0) * np.sqrt(ns / (ns + routing.PRIOR_SAMPLES))
                       if den > 0 else 0.0)
     lam = routing.RANK_TYPICAL_WEIGHT
-    out: np.ndarray = (cos * np.asarray(shrink)[None, :] - lam * np.asarray(typical)[None, :]) / (1.0 + lam)
-    return out
+    shrunk = cos * np.asarray(shrink)[None, :]
+    return shrunk, (shrunk - lam * np.asarray(typical)[None, :]) / (1.0 + lam)
 
 
 def _best(scores: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -136,34 +142,40 @@ def _rates(answer: np.ndarray, truth: np.ndarray, unseen: np.ndarray, in_score: 
 
 def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_auto: np.ndarray,
                    cal: list[routing.Calibration], indexed: np.ndarray, label: np.ndarray, unseen: np.ndarray,
-                   is_fit: np.ndarray, is_eval: np.ndarray, floored: np.ndarray | None = None,
+                   is_fit: np.ndarray, is_eval: np.ndarray, nearest: np.ndarray | None = None,
                    auroc_score: np.ndarray | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Rates with the calibrated per-task thresholds, then after ``fit`` on the ``is_fit`` prompts, for the
-    answers ``top`` held to their task's threshold on the route score ``top_score``; ``floored`` prompts
-    (below the rank floor) are "none" whatever the thresholds. AUROC on ``auroc_score`` (default
-    ``top_score``)."""
-    floored = np.zeros(len(top), dtype=bool) if floored is None else floored
+    answers ``top`` held to their task's threshold on the route score ``top_score`` and, with ``nearest``
+    (the task nearest before the typical-score term), to that task's threshold too, as
+    :func:`atlas.routing.rerank_route` does. AUROC on ``auroc_score`` (default ``top_score``)."""
+    rows = np.arange(len(top))
+    nearest = top if nearest is None else nearest
+
+    def rejects(thr: np.ndarray) -> np.ndarray:
+        return np.asarray((nearest != top) & (S[rows, nearest] < thr[nearest]))
+
+    floored = rejects(thr_auto)
     auroc_score = top_score if auroc_score is None else auroc_score
     ans = np.where((top_score >= thr_auto[top]) & ~floored, top, -1)
     auto = _rates(ans[is_eval], label[is_eval], unseen[is_eval], auroc_score[is_eval])
     items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed},
-                     int(top[i]), floored=bool(floored[i])) for i in np.flatnonzero(is_fit)]
+                     int(top[i]), forced_none=bool(floored[i])) for i in np.flatnonzero(is_fit)]
     fitted = fit_thresholds(items, {t: float(thr_auto[t]) for t in indexed}, {t: cal[t].scores for t in indexed},
                             default=DEFAULT_THRESHOLD)
     thr_fit = thr_auto.copy()
     for t, v in fitted.thresholds.items():
         thr_fit[t] = v
-    ans = np.where((top_score >= thr_fit[top]) & ~floored, top, -1)
+    ans = np.where((top_score >= thr_fit[top]) & ~rejects(thr_fit), top, -1)
     return auto, _rates(ans[is_eval], label[is_eval], unseen[is_eval], auroc_score[is_eval])
 
 
 def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.ndarray, cal: list[routing.Calibration],
-             repeats: int, seed: int, rank: Any = None, floor: float | None = None) -> dict[str, Any]:
+             repeats: int, seed: int, rank: Any = None) -> dict[str, Any]:
     """The open-set protocol of the module notes; medians over repeats (cross-fitted halves averaged).
 
-    ``rank(indexed)``, when given, returns the product's ranking matrix for a draw's indexed tasks:
-    the answered task is its best column, held to that task's threshold on the route score ``S`` and,
-    with ``floor``, "none" when its rank score is below the floor (the service's ``route_rank_floor``).
+    ``rank(indexed)``, when given, returns the product's shrunk cosines and ranking matrix for a draw's
+    indexed tasks (:func:`rank_parts_matrix`): the answered task is the ranking's best column, held to
+    that task's threshold on the route score ``S`` and to that of the cosines' best column.
     """
     T = S.shape[1]
     thr_auto = np.array([c.threshold if c.threshold is not None else DEFAULT_THRESHOLD for c in cal])
@@ -186,13 +198,14 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
             ans = np.where(bs >= g, best, -1)
             res["fs_global"] = _rates(ans[is_eval], label[is_eval], unseen[is_eval], bs[is_eval])
             if rank is not None:
-                wb, wr = _best(rank(indexed), indexed)
+                near, ranked = rank(indexed)
+                wb, wr = _best(ranked, indexed)
+                nb, _ = _best(near, indexed)
                 ws = S[np.arange(len(S)), wb]
                 rows = (indexed, label, unseen, is_fit, is_eval)
-                res["fsw_auto"], res["fsw_fit"] = _per_task_rows(S, wb, ws, thr_auto, cal, *rows,
-                                                                 floored=None if floor is None else wr < floor,
+                res["fsw_auto"], res["fsw_fit"] = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
                                                                  auroc_score=wr)
-                res["fsw_nofloor"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows)
+                res["fsw_alone"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, auroc_score=wr)
             mb, ms = _best(M, indexed)
             g = _fit_global(ms[is_fit], mb[is_fit], label[is_fit])
             ans = np.where(ms >= g, mb, -1)
@@ -308,8 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log(f"top-1: route score {np.mean(np.argmax(S, 1) == truth):.3f}, "
         f"whitened ranking {np.mean(np.argmax(R, 1) == truth):.3f}")
     opens = open_set(S, M, truth, per_prompt, cal, args.repeats, args.seeds[0],
-                     rank=lambda cols: rank_matrix(prompt_states, index.states, cols, typical),
-                     floor=Settings().route_rank_floor)
+                     rank=lambda cols: rank_parts_matrix(prompt_states, index.states, cols, typical))
     rng = np.random.default_rng(args.seeds[0] + 7)
     sources = rng.choice(len(names), min(args.small_sources, len(names)), replace=False)
     small_new, small_old, small_rank = {}, {}, {}
@@ -338,10 +350,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats, "lm": lm}
 
 
-ROUTERS = {"fsw_auto": "FisherAtlas (product: whitened ranking, rank floor), calibrated per-task thresholds "
-                       "(no labels)",
-           "fsw_fit": "FisherAtlas (product: whitened ranking, rank floor) + `fit` (labelled prompts incl. none)",
-           "fsw_nofloor": "FisherAtlas, whitened ranking without the rank floor, calibrated per-task thresholds",
+ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking score; answered and nearest task's thresholds), calibrated "
+                       "per-task thresholds (no labels)",
+           "fsw_fit": "FisherAtlas (product) + `fit` (labelled prompts incl. none)",
+           "fsw_alone": "FisherAtlas, ranking score, the answered task's threshold alone",
            "fs_auto": "FisherAtlas ranked by route score (before), calibrated per-task thresholds",
            "fs_fit": "FisherAtlas ranked by route score (before) + `fit`",
            "fs_global": "FisherAtlas, one threshold fitted by accuracy",

@@ -91,35 +91,39 @@ def test_fit_never_raises_a_threshold_past_the_false_reject_cap(rows: list, held
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.floats(-0.5, 0.5), st.floats(-1.0, 0.5))
-def test_the_rank_floor_answers_none_only_below_it_and_explains_itself(seed: int, floor: float,
-                                                                       threshold: float) -> None:
+@given(st.integers(0, 10_000), st.floats(-0.2, 0.6), st.floats(-1.0, 0.5))
+def test_the_nearest_task_also_holds_the_prompt_to_its_threshold(seed: int, typical_gap: float,
+                                                                 threshold: float) -> None:
     from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
 
     tasks = [_state(seed + i, 6, 4, 0.3 * (i % 5)) for i in range(WHITEN_MIN_TASKS + 2)]
     means = np.stack([routing.unit_means(s) for s in tasks])
     space = fit_space_whitening(means[:, 0], means[:, 1])
     assert space is not None
-    cands = [routing.Candidate(i, f"t{i:03d}", s, typical=0.3) for i, s in enumerate(tasks)]
     prompt = _state(seed + 10_001, 1, 4, 0.3)
-    plain = routing.rerank_route(prompt, cands, k=3, threshold=threshold, whitening=space)
-    floored = routing.rerank_route(prompt, cands, k=3, threshold=threshold, whitening=space, rank_floor=floor)
-    best = plain.matches[0]
-    assert best.rank_score is not None and floored.matches == plain.matches
-    assert floored.below_rank_floor == (best.rank_score < floor) and not plain.below_rank_floor
-    assert floored.none == (plain.none or best.rank_score < floor)
-    assert 0.0 <= floored.confidence <= 1.0
-    if floored.below_rank_floor:
-        assert floored.confidence >= 0.5  # confident there is no task, as the floor says
-    else:
-        assert floored.confidence == plain.confidence
+    typicals = [0.3 + (typical_gap if i % 2 else 0.0) for i in range(len(tasks))]  # every other task tighter
+    cands = [routing.Candidate(i, f"t{i:03d}", s, typical=typicals[i], threshold=0.1 + 0.01 * (i % 7))
+             for i, s in enumerate(tasks)]
+    ans = routing.rerank_route(prompt, cands, k=len(cands), threshold=threshold, per_task=True, whitening=space)
+    near, rank = routing.rank_parts(np.stack(routing.state_view(prompt)[0]), cands,
+                                    [routing.state_view(s) for s in tasks], space)
+    j = int(np.argmax(np.round(near, 9)))
+    best = ans.matches[0]
+    assert best.task_id == int(np.argmax(np.round(rank, 9)))
+    score_j = next(m.score for m in ans.matches if m.task_id == j)
+    rejects = j != best.task_id and score_j < cands[j].threshold
+    assert ans.nearest_rejects == rejects
+    assert ans.none == (best.score < best.threshold or rejects)
+    assert 0.0 <= ans.confidence <= 1.0
+    if rejects:
+        assert ans.confidence >= 0.5  # confident there is no task, as the nearest task says
 
 
-def test_fit_leaves_floored_answers_alone() -> None:
-    """A prompt answered "none" by the rank floor is predicted none and never raises a threshold."""
+def test_fit_leaves_answers_forced_to_none_alone() -> None:
+    """A prompt answered "none" by its nearest task is predicted none and never raises a threshold."""
     held = [0.5, 0.6, 0.7, 0.8, 0.9]
-    floored = [FitItem(None, {0: 0.7, 1: 0.1}, 0, floored=True) for _ in range(5)]
-    res = fit_thresholds(floored, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1)
+    forced = [FitItem(None, {0: 0.7, 1: 0.1}, 0, forced_none=True) for _ in range(5)]
+    res = fit_thresholds(forced, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1)
     assert res.thresholds == {} and res.accuracy_before == res.accuracy_after == 1.0
     live = [FitItem(None, {0: 0.7, 1: 0.1}, 0) for _ in range(5)]
     res = fit_thresholds(live, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1)

@@ -30,10 +30,11 @@ def test_a_separable_world_answers_none_for_unseen_and_keeps_indexed() -> None:
 
 def test_a_ranking_answers_its_best_task_held_to_that_tasks_threshold() -> None:
     S, truth, rank, cal = _world(separation=0.3, seed=2)
-    same = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols: S)
-    assert same["fsw_auto"] == same["fs_auto"]  # ranking by the route score itself changes nothing
+    same = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols: (S, S))
+    assert {k: v for k, v in same["fsw_auto"].items() if k != "auroc"} == \
+        {k: v for k, v in same["fs_auto"].items() if k != "auroc"}  # ranking by the route score changes nothing
     flipped = -S  # a ranking that always answers the worst task: right answers vanish
-    res = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols: flipped)
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols: (flipped, flipped))
     assert res["fsw_auto"]["right_indexed"] == 0.0 and res["fs_auto"]["right_indexed"] >= 0.9
 
 
@@ -100,11 +101,21 @@ def test_rank_matrix_is_the_products_ranking() -> None:
         assert ans.matches[0].task_id == int(np.argmax(row))
 
 
-def test_the_rank_floor_turns_low_ranked_answers_into_none() -> None:
+def test_the_nearest_tasks_threshold_also_holds_the_answer() -> None:
+    """When the ranking answers another task than the nearest one, the nearest task's threshold applies too."""
     S, truth, rank, cal = _world(separation=0.3, seed=3)
-    res = open_set(S, S.copy(), truth, rank, cal, repeats=1, seed=0, rank=lambda cols: S, floor=0.45)
-    assert res["fsw_nofloor"] == res["fs_auto"]  # same ranking, no floor: the route-ranked rows
-    floor = res["fsw_auto"]  # unseen prompts' best score is ~0.3 + noise: all floored; indexed ~0.6: none are
-    assert floor["none_unseen"] == 1.0 and floor["none_indexed"] == res["fs_auto"]["none_indexed"]
-    everything = open_set(S, S.copy(), truth, rank, cal, repeats=1, seed=0, rank=lambda cols: S, floor=2.0)
-    assert everything["fsw_auto"]["none_indexed"] == 1.0 and everything["fsw_fit"]["right_indexed"] == 0.0
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=1, seed=0, rank=lambda cols: (S, S - 1.0))
+    assert res["fsw_auto"]["none_unseen"] == res["fsw_alone"]["none_unseen"] == res["fs_auto"]["none_unseen"]
+    loose = set(range(5))  # five loose tasks (threshold ~0): at least one of them is indexed in every draw
+    cal = [routing.calibrate(0.02 * np.random.default_rng(t).standard_normal(32)) if t in loose else c
+           for t, c in enumerate(cal)]
+
+    def to_a_loose_task(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lifted = S.copy()
+        lifted[:, next(c for c in cols if c in loose)] += 1.0  # the ranking answers it for every prompt
+        return S, lifted
+
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=to_a_loose_task)
+    alone, both = res["fsw_alone"], res["fsw_auto"]
+    assert alone["none_unseen"] == 0.0  # the loose task accepts every prompt of the unseen tasks
+    assert both["none_unseen"] >= 0.5  # their nearest indexed task rejects them unless it is a loose one too

@@ -7,8 +7,8 @@ taken from three other tasks. Their held-out prompts (4 per task) are routed in 
 
 * the whitened ranking is engaged (``rank_score`` on every match) and routes most prompts right;
 * a task of 1–3 samples never takes the top-1 of a well-populated task's own held-out prompts;
-* the rank floor (``route_rank_floor``, docs/SCORES.md "Open set") answers "none" for more prompts of
-  tasks outside the space than the calibrated thresholds alone, at a small cost on indexed prompts.
+* a prompt is held to the threshold of its nearest task as well as to that of the answered one
+  (docs/SCORES.md "Open set"), and indexed prompts are rarely answered "none" (the calibrated 5 %).
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ def test_small_tasks_never_capture_prompts_in_a_whitened_space(tmp_path: Path) -
     assert right >= 0.6
     assert not taken, taken
     by_threshold = [a.best_score is not None and a.best_score < a.threshold for a in unseen]
-    floored = [a.below_rank_floor for a in unseen]
-    assert all(a.none == (t or f) for a, t, f in zip(unseen, by_threshold, floored, strict=True))
+    nearest = [a.nearest_rejects for a in unseen]
+    assert all(a.none == (t or n) for a, t, n in zip(unseen, by_threshold, nearest, strict=True))
     none_unseen, none_thr = sum(a.none for a in unseen) / len(unseen), sum(by_threshold) / len(unseen)
     none_indexed = sum(a.none for a in answers) / len(answers)
     indexed_thr = sum(a.best_score is not None and a.best_score < a.threshold for a in answers) / len(answers)
     print(f"none on {len(unseen)} prompts of {len(outside)} tasks outside the space: {none_unseen:.0%} "
-          f"(thresholds alone {none_thr:.0%}); on indexed prompts {none_indexed:.0%} (thresholds alone "
-          f"{indexed_thr:.0%})")
-    assert none_unseen > none_thr and none_indexed <= 0.15
+          f"(answered task's threshold alone {none_thr:.0%}); on indexed prompts {none_indexed:.0%} "
+          f"(alone {indexed_thr:.0%})")
+    assert none_indexed <= 0.1

@@ -41,6 +41,8 @@ def test_calibration_override_and_fit(serve, tiny_lm, tmp_path: Path) -> None:
             assert body["source"] == "calibrated", body
             assert -1.0 <= body["threshold"] <= 1.0 and body["calibration_scores"] == 7
             assert body["false_reject_rate"] == 0.05 and body["prompt_side"] is (n == "qa")
+            # the ranking's typical score: 7 held-out scores shrunk towards the prior, inside (mean, prior]
+            assert body["threshold"] < body["typical_score"] <= 1.0
 
         res = c.route(["The calm fox jumps over the lazy cat.", "Question: is salt sweet? Answer:"], k=3)
         for r in res.results:

@@ -130,6 +130,33 @@ def test_rank_scores_average_the_whitened_ae_and_error_cosines() -> None:
     assert routing.rank_scores(np.stack([p_ae, p_ae, p_err]), tight, views, space)[3] < got[3]
 
 
+def test_a_task_without_calibration_is_held_to_the_prior_or_to_the_space_median() -> None:
+    """One sample (nothing could be held out): ``TYPICAL_PRIOR``; more (calibration missing, e.g. a task
+    stored before calibration existed): the median typical score of the space's calibrated tasks."""
+    x, _ = _space(7, WHITEN_MIN_TASKS + 4, 64, 1.0)
+    typicals = np.linspace(0.1, 0.5, len(x))
+    typicals[:3] = np.nan
+    space = fit_space_whitening(x, x[::-1].copy(), typicals=typicals)
+    assert space is not None and space.typical == pytest.approx(float(np.median(typicals[3:])))
+    assert fit_space_whitening(x, x[::-1].copy()).typical == 0.0  # nothing calibrated: no offset
+
+    class _State:
+        def __init__(self, n: int) -> None:
+            self.n_samples = n
+
+    views = [(np.stack([v, v, w]), np.ones(3), 1.0) for v, w in zip(x, x[::-1], strict=True)]
+    prompt = np.stack([x[0], x[0], x[-1]])
+    lam = routing.RANK_TYPICAL_WEIGHT
+
+    def rank(n: int, typical: float | None) -> float:
+        return float(routing.rank_scores(prompt, [routing.Candidate(0, "t", _State(n), 0.0, views[0], typical=typical)],
+                                         [views[0]], space)[0])
+
+    assert rank(1, None) == pytest.approx(rank(1, routing.TYPICAL_PRIOR))
+    assert rank(50, None) == pytest.approx(rank(50, space.typical))
+    assert rank(50, 0.2) - rank(50, 0.4) == pytest.approx(0.2 * lam / (1 + lam))
+
+
 @settings(max_examples=100, deadline=None)
 @given(scores=st.lists(st.floats(-1.0, 1.0), max_size=300))
 def test_typical_score_is_a_shrunk_mean_in_range(scores: list[float]) -> None:
