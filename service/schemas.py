@@ -280,13 +280,13 @@ class RouteResult(_Out):
     threshold: float
     confidence: float | None = Field(default=None, description="Confidence in [0, 1] of the answer given: the best "
                                      "task, or no task when `none` is true.")
+    nearest_rejects: bool = Field(default=False, description="`none` because the nearest task rejects the prompt.")
 
 
 class RouteResponse(_Out):
     """Answer of ``POST /v1/route``.
 
-    The top-level ``matches``/``none`` answer ``prompt`` (or ``prompts[0]``); ``results[i]``
-    answers ``prompts[i]``.
+    The top-level fields answer ``prompt`` (or ``prompts[0]``); ``results[i]`` answers ``prompts[i]``.
     """
 
     model_config = ConfigDict(
@@ -294,10 +294,8 @@ class RouteResponse(_Out):
         json_schema_extra={
             "examples": [
                 {
-                    "matches": [
-                        {"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
-                         "activation": 0.93, "error": 0.58}
-                    ],
+                    "matches": [{"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
+                                 "activation": 0.93, "error": 0.58}],
                     "none": False, "best_score": 0.61, "threshold": 0.05,
                     "results": [
                         {"matches": [{"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
@@ -314,6 +312,7 @@ class RouteResponse(_Out):
     best_score: float | None = None
     threshold: float
     confidence: float | None = None
+    nearest_rejects: bool = False
     results: list[RouteResult]
 
 

@@ -39,7 +39,9 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
         rank = f"{m.rank_score:7.4f}  " if ranked and m.rank_score is not None else ""
         lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  {rank}"
                      f"{m.name} (id {m.task_id})")
-    if res.none:
+    if res.none and res.nearest_rejects:
+        lines.append("none: the task nearest to the prompt rejects it (below its threshold; docs/SCORES.md)")
+    elif res.none:
         lines.append(f"none: the best score is below the threshold {res.threshold:g} (no stored task fits)")
     emit(json, res, "\n".join(lines))
 

@@ -47,12 +47,14 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
                                 activation=m.activation, error=m.error, threshold=m.threshold,
                                 confidence=m.confidence, rank_score=m.rank_score) for m in a.matches],
             none=a.none, best_score=a.best_score, threshold=a.threshold, confidence=a.confidence,
+            nearest_rejects=a.nearest_rejects,
         )
         for a in answers
     ]
     first = results[0]
     return RouteResponse(matches=first.matches, none=first.none, best_score=first.best_score,
-                         threshold=first.threshold, confidence=first.confidence, results=results)
+                         threshold=first.threshold, confidence=first.confidence,
+                         nearest_rejects=first.nearest_rejects, results=results)
 
 
 @router.get(

@@ -50,6 +50,8 @@ def test_calibration_override_and_fit(serve, tiny_lm, tmp_path: Path) -> None:
             for m in r.matches:
                 assert -1.0 <= m.score <= 1.0 and 0.0 <= m.confidence <= 1.0
             assert r.none is (r.matches[0].score < r.matches[0].threshold)
+            assert r.nearest_rejects is False  # a space of 3 tasks is not whitened: one task decides
+        assert res.nearest_rejects is res.results[0].nearest_rejects
         assert res.results[1].matches[0].name == "qa"  # the completion task receives a prompt like its own
 
         # PATCH override: 1.0 rejects everything for that task, null restores the calibrated one
