@@ -42,14 +42,11 @@ from bench.quality import report
 from bench.quality.common import log, make_extractor, make_sketcher, pct, run_and_report
 from bench.quality.data import load_superglue_binary
 from bench.quality.routing import (
-    N_HELDOUT,
-    build_index,
     calibration_states,
     load_encoder,
+    load_experiment,
     parse_routing_args,
-    prompt_features,
     routing_settings,
-    task_splits,
     typicals,
 )
 from workers.calibration import prompt_side
@@ -293,14 +290,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     lm = load_model(args)
     encoder = load_encoder(args)
-    splits = task_splits(args.seeds[0], args.n_signature, N_HELDOUT)
-    names = list(splits)
-    if args.quick:
-        names = names[::5]
-    index = build_index(args, lm, names, splits, encoder)
-    feats, _ = prompt_features(args, lm, index.heldout, encoder)
-    pos = {n: i for i, n in enumerate(names)}
-    truth = np.array([pos[f.task] for f in feats])
+    ex = load_experiment(args, lm, encoder, quick_stride=5)
+    splits, names, index, feats, truth = ex.splits, ex.names, ex.index, ex.feats, ex.truth
     counts: dict[int, int] = {}
     ranks = []
     for t in truth:  # rank of each prompt within its task

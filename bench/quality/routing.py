@@ -222,6 +222,37 @@ def prompt_features(args: argparse.Namespace, lm: Any, prompts: dict[str, list[s
     return feats, time.perf_counter() - t
 
 
+@dataclass
+class Experiment:
+    """Experiment 4's tasks, index and held-out prompts, as experiments 4b and 4c reuse them.
+
+    Attributes
+    ----------
+    splits, names, index, feats
+        As :func:`task_splits`, the tasks used, :func:`build_index` and :func:`prompt_features` give them.
+    truth : ndarray of int, shape (prompts,)
+        Position in ``names`` of each prompt's task.
+    """
+
+    splits: dict[str, tuple[list[TaskExample], list[TaskExample]]]
+    names: list[str]
+    index: RoutingIndex
+    feats: list[PromptFeatures]
+    truth: np.ndarray
+
+
+def load_experiment(args: argparse.Namespace, lm: Any, encoder: Any | None, quick_stride: int) -> Experiment:
+    """Experiment 4's index (cached) and held-out prompts; every ``quick_stride``-th task with ``--quick``."""
+    splits = task_splits(args.seeds[0], args.n_signature, N_HELDOUT)
+    names = list(splits)
+    if args.quick:
+        names = names[::quick_stride]
+    index = build_index(args, lm, names, splits, encoder)
+    feats, _ = prompt_features(args, lm, index.heldout, encoder)
+    pos = {n: i for i, n in enumerate(names)}
+    return Experiment(splits, names, index, feats, np.array([pos[f.task] for f in feats]))
+
+
 def _unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)

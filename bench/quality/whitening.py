@@ -27,13 +27,10 @@ from bench.quality import report
 from bench.quality.common import run_and_report
 from bench.quality.openset import rank_matrix, score_matrix
 from bench.quality.routing import (
-    N_HELDOUT,
-    build_index,
     calibration_states,
+    load_experiment,
     parse_routing_args,
-    prompt_features,
     routing_settings,
-    task_splits,
     typicals,
 )
 
@@ -92,14 +89,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.quality.common import load_model
 
     lm = load_model(args)
-    splits = task_splits(args.seeds[0], args.n_signature, N_HELDOUT)
-    names = list(splits)
-    if args.quick:
-        names = names[::3]
-    index = build_index(args, lm, names, splits, None)
-    feats, _ = prompt_features(args, lm, index.heldout, None)
-    pos = {n: i for i, n in enumerate(names)}
-    truth = np.array([pos[f.task] for f in feats])
+    ex = load_experiment(args, lm, None, quick_stride=3)
+    splits, names, index, feats, truth = ex.splits, ex.names, ex.index, ex.feats, ex.truth
     prompts = [f.state for f in feats]
     S = score_matrix(prompts, index.states)
     cal = calibration_states(args, lm, names, splits)
