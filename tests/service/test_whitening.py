@@ -178,6 +178,27 @@ def _texts(topic: int, n: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(4, 9))) for _ in range(n)]
 
 
+def _legacy_task_stays_routable(atlas: Atlas, prompt: str, before: routing.RouteAnswer) -> None:
+    """A task whose calibration is missing (its routing row gone, as for a task stored before calibration
+    existed) is held to the space's median typical score, not to the 1-sample prior."""
+    from sqlalchemy import delete
+
+    from atlas.models import TaskRouting
+
+    best = before.matches[0]
+    task_id = best.task_id
+    g_old = atlas._c.thresholds.info(task_id)["typical_score"]
+    with atlas._c.store.session() as session:
+        session.execute(delete(TaskRouting).where(TaskRouting.task_id == task_id))
+    after = atlas.route(prompt, k=5, threshold=-1.0)
+    assert isinstance(after, routing.RouteAnswer)
+    moved = next(m for m in after.matches if m.task_id == task_id)
+    lam = routing.RANK_TYPICAL_WEIGHT
+    held_to_prior = best.rank_score - lam * (routing.TYPICAL_PRIOR - g_old) / (1 + lam)
+    assert moved.rank_score > held_to_prior + 1e-9
+    assert after.matches[0].task_id == task_id  # still the answer
+
+
 def test_library_space_ranks_by_rank_score_from_the_minimum_and_refits_after_deletes(
         tmp_path: Path, tiny_model_dir: Path) -> None:
     with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=128, device="cpu") as atlas:
@@ -189,6 +210,7 @@ def test_library_space_ranks_by_rank_score_from_the_minimum_and_refits_after_del
             ranks = [m.rank_score for m in a.matches]
             assert all(r is not None and -1.0 <= r <= 1.0 for r in ranks), ranks
             assert ranks == sorted(ranks, reverse=True)  # ordered by the ranking score
+        _legacy_task_stays_routable(atlas, prompts[0], answers[0])
         atlas.delete("topic1")  # the index moves on: the next route re-fits, now below the minimum
         after = atlas.route(prompts, k=5, threshold=-1.0)
         for a in after:
