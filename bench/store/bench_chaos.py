@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.store.common import add_run_options, finish_run
+from bench.store.common import add_run_options, finish_run, nonzero_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "2-core CPU (python-svc dev box)"
@@ -76,10 +76,7 @@ def failures(r: dict[str, Any]) -> list[str]:
     bad = []
     if r["server_errors"]:
         bad.append(f"{r['server_errors']} answers 5xx other than 503")
-    for key in ("duplicated", "lost_adds", "lost_appends", "stuck_jobs"):
-        if r[key]:
-            bad.append(f"{key}: {r[key]}")
-    return bad
+    return bad + nonzero_counts(r, ("duplicated", "lost_adds", "lost_appends", "stuck_jobs"))
 
 
 def main() -> None:

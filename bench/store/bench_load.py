@@ -46,7 +46,7 @@ import httpx
 import numpy as np
 
 from bench.api.bench_route import _serve_cmd, _wait_ready, free_port, load_texts
-from bench.store.common import add_run_options, finish_run
+from bench.store.common import add_run_options, finish_run, nonzero_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "2-core CPU (python-svc dev box)"
@@ -214,9 +214,7 @@ def failures(result: dict[str, Any]) -> list[str]:
         bad.append(f"5xx answers: {errors}")
     if total.get("-1"):
         bad.append(f"{total['-1']} connections cut")
-    for key in ("lost_adds", "duplicated_adds", "adds_not_ready", "failed_appends", "lost_patches"):
-        if v[key]:
-            bad.append(f"{key}: {v[key]}")
+    bad += nonzero_counts(v, ("lost_adds", "duplicated_adds", "adds_not_ready", "failed_appends", "lost_patches"))
     if v["unacknowledged_tasks"]:
         bad.append(f"{v['unacknowledged_tasks']} tasks stored that were not acknowledged")
     if v["unfinished_jobs"]:

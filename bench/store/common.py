@@ -73,6 +73,11 @@ def add_run_options(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--out", type=Path, default=None, help=f"markdown section to write (bench/results/{name}.md)")
 
 
+def nonzero_counts(result: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    """``"key: value"`` for each of ``keys`` whose count in ``result`` is not zero (a failed check)."""
+    return [f"{key}: {result[key]}" for key in keys if result[key]]
+
+
 def finish_run(result: dict[str, Any], args: argparse.Namespace, failures: list[str], table: str,
                write: Callable[[Path, argparse.Namespace, dict[str, Any]], None], verdict: str) -> None:
     """The shared tail of a run: record ``failures``, write the raw JSON, print ``table``, write the
