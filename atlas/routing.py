@@ -350,12 +350,25 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def _whitened_cosines(w: Whitening, prompt_unit: np.ndarray, candidates: Sequence[Candidate],
-                      views: Sequence[Any], feature: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(cos(f(p̂), f(μ̂_t)), ‖μ_t‖)`` of one feature for each candidate, shapes (T,), (T,)."""
+                      views: Sequence[Any], feature: int, dots: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos(f(p̂), f(μ̂_t)), ‖μ_t‖)`` of one feature for each candidate, shapes (T,), (T,); ``dots`` (T,),
+    the ``⟨p̂, μ_t⟩`` when the caller has them already."""
     terms = [w.task_terms(c.task_id, v[0], v[0][feature]) for c, v in zip(candidates, views, strict=True)]
     norms = np.array([t[3] for t in terms])
-    dots = np.array([float(v[0][feature] @ prompt_unit) for v in views])
+    if dots is None:
+        dots = np.array([float(v[0][feature] @ prompt_unit) for v in views])
     return w.cosines(prompt_unit, dots / np.where(norms > 0, norms, 1.0), terms), norms
+
+
+def size_shrink(norms: np.ndarray, dens: np.ndarray, n_samples: np.ndarray) -> np.ndarray:
+    """``min(‖μ_t‖ / den_t, 1) · √(n_s / (n_s + κ))`` per task, shape (T,): the ranking's shrink for a task's
+    size and noise (0 where the task has no norm or denominator)."""
+    norms, dens = np.asarray(norms, dtype=np.float64), np.asarray(dens, dtype=np.float64)
+    ns = np.maximum(np.asarray(n_samples, dtype=np.float64), 1.0)
+    ok = (norms > 0) & (dens > 0)
+    shrink = np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * np.sqrt(ns / (ns + PRIOR_SAMPLES))
+    return np.asarray(np.where(ok, shrink, 0.0))
 
 
 def rank_scores(prompt_means: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
@@ -381,17 +394,18 @@ def rank_scores(prompt_means: np.ndarray, candidates: Sequence[Candidate], views
 
 
 def rank_parts(prompt_means: np.ndarray, candidates: Sequence[Candidate], views: Sequence[Any],
-               whitening: SpaceWhitening) -> tuple[np.ndarray, np.ndarray]:
+               whitening: SpaceWhitening, ae_dots: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(shrunk cosine c_t · ‖μ_t‖ / den_t · √(n_s / (n_s + κ)), rank score)`` of :func:`rank_scores`,
-    shapes (T,), (T,); both −1 where the task has no norm."""
-    cos, norms = _whitened_cosines(whitening.ae, _unit(prompt_means[0]), candidates, views, 0)
+    shapes (T,), (T,); both −1 where the task has no norm. ``ae_dots`` (T,): the re-rank's ``⟨p̂, μ_t⟩``
+    (computed here when not given)."""
+    cos, norms = _whitened_cosines(whitening.ae, _unit(prompt_means[0]), candidates, views, 0, ae_dots)
     if whitening.error is not None:
         cos_e, _ = _whitened_cosines(whitening.error, _unit(prompt_means[2]), candidates, views, 2)
         cos = (cos + cos_e) / 2.0
     dens = np.array([float(v[2]) for v in views])
     ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
     ok = (norms > 0) & (dens > 0)
-    shrunk = cos * np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * np.sqrt(ns / (ns + PRIOR_SAMPLES))
+    shrunk = cos * size_shrink(norms, dens, ns)
     typical = np.array([float(c.typical) if c.typical is not None else
                         (whitening.typical if n > 1 else TYPICAL_PRIOR) for c, n in zip(candidates, ns, strict=True)])
     rank = (shrunk - RANK_TYPICAL_WEIGHT * typical) / (1.0 + RANK_TYPICAL_WEIGHT)
@@ -439,15 +453,14 @@ def rerank_route(
     if not candidates:
         return RouteAnswer(matches=[], none=True, best_score=None, threshold=threshold)
     mu_p, self_p, _ = state_view(prompt_state)
-    norm = float(np.linalg.norm(mu_p[0]))
-    unit = mu_p[0] / norm if norm > 0 and math.isfinite(norm) else np.zeros_like(mu_p[0])
+    unit = _unit(mu_p[0])
     views = [c.view if c.view is not None and len(c.view) == 3 else state_view(c.state) for c in candidates]
     den = np.array([v[2] for v in views])
     dots = np.array([float(v[0][0] @ unit) for v in views])
     ok = den > 0
     score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
-    near, rank = rank_parts(mu_p, candidates, views, whitening) if whitening is not None else (None, None)
+    near, rank = rank_parts(mu_p, candidates, views, whitening, dots) if whitening is not None else (None, None)
     order = sorted(range(len(candidates)),
                    key=lambda i: (-round(_f(rank[i]), 9) if rank is not None else 0.0, -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]

@@ -104,14 +104,11 @@ def rank_parts_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols
     cos = w.ae.apply(p[:, 0]) @ w.ae.apply(t[:, 0]).T
     if w.error is not None:
         cos = (cos + w.error.apply(p[:, 1]) @ w.error.apply(t[:, 1]).T) / 2.0
-    shrink = []
-    for s in task_states:  # as atlas.routing.rank_scores: the route score's shrink, and the prior once more
-        mu, _, den = routing.state_view(s)
-        ns = max(int(s.n_samples), 1)
-        shrink.append(min(float(np.linalg.norm(mu[0])) / den, 1.0) * np.sqrt(ns / (ns + routing.PRIOR_SAMPLES))
-                      if den > 0 else 0.0)
+    views = [routing.state_view(s) for s in task_states]
+    shrink = routing.size_shrink(np.array([np.linalg.norm(v[0][0]) for v in views]), np.array([v[2] for v in views]),
+                                 np.array([int(s.n_samples) for s in task_states]))
     lam = routing.RANK_TYPICAL_WEIGHT
-    shrunk = cos * np.asarray(shrink)[None, :]
+    shrunk = cos * shrink[None, :]
     return shrunk, (shrunk - lam * np.asarray(typical)[None, :]) / (1.0 + lam)
 
 
