@@ -230,7 +230,8 @@ class IndexManager:
             return None, "index contents do not match its metadata"
         si = SpaceIndex(
             space_id=space.id, model_fingerprint=space.model_fingerprint, spec_fingerprint=space.spec_fingerprint,
-            m=space.m, kind=meta.kind, index=index, watermark=meta.watermark, ids=ids, nlist=meta.nlist,
+            m=space.m, kind=meta.kind, index=index, watermark=meta.watermark, content_seq=meta.watermark, ids=ids,
+            nlist=meta.nlist,
             trained_n=meta.trained_n, dirty=False, persisted_watermark=meta.watermark,
         )
         self._configure(si)
@@ -279,7 +280,8 @@ class IndexManager:
                 ids.update(chunk_ids.tolist())
             si = SpaceIndex(
                 space_id=space_id, model_fingerprint=space.model_fingerprint, spec_fingerprint=space.spec_fingerprint,
-                m=space.m, kind=kind, index=index, watermark=watermark, ids=ids, nlist=nlist, trained_n=trained_n,
+                m=space.m, kind=kind, index=index, watermark=watermark, content_seq=watermark, ids=ids, nlist=nlist,
+                trained_n=trained_n,
             )
         self._configure(si)
         return si
@@ -350,7 +352,7 @@ class IndexManager:
                         break
                     self._apply(session, si, batch)
                     applied += len(batch)
-                    si.watermark = batch[-1].seq
+                    si.watermark = si.content_seq = batch[-1].seq
                 if changes.pruned_seq(session) > start:  # a prune raced with the reads above
                     return self._rebuild_now(si, "changes were pruned during catch-up")
                 # Every change <= head is visible now, including those of other spaces.
@@ -493,6 +495,11 @@ class IndexManager:
     def watermark(self, space_id: int) -> int:
         """Watermark of a space's index."""
         return self._space(space_id).watermark
+
+    def content_mark(self, space_id: int) -> int:
+        """Change-log position of the last change to the space's own tasks the index reflects
+        (:attr:`SpaceIndex.content_seq`): moves when the space's tasks change, not when another space's do."""
+        return self._space(space_id).content_seq
 
     def _space(self, space_id: int) -> SpaceIndex:
         if space_id not in self._spaces:

@@ -111,6 +111,10 @@ class SpaceIndex:
     index: Any
     watermark: int
     ids: set[int] = field(default_factory=set)
+    content_seq: int = -1
+    """Change-log position of the last change to this space's own tasks that the index reflects (the
+    build's or the loaded file's watermark until a change of the space is applied): what derived per-space state
+    (the ranking's whitening) is keyed on, so that other spaces' changes leave it alone."""
     nlist: int = 0
     trained_n: int = 0
     dirty: bool = True

@@ -185,11 +185,13 @@ typical (n,))`` (rows of the tasks found; NaN where a task has no typical score)
 
 
 class WhiteningCache:
-    """One fitted transform per space, re-fitted when the space's index has moved on.
+    """One fitted transform per space, re-fitted when the space's tasks have changed.
 
-    Keyed by the index's watermark (the change-log position it reflects): every add, append or
-    delete moves it, and then the next route re-fits from the tasks' routing means — at once in a space
-    of fewer than ``WHITEN_MAX_TASKS`` tasks, at most every ``WHITEN_REFIT_S`` seconds in a larger one.
+    Keyed by the space's content mark (:meth:`atlas.index.IndexManager.content_mark`: the change-log
+    position of the last change to the space's own tasks that its index reflects): every add, append or
+    delete in the space moves it — another space's changes do not — and then the next route re-fits
+    from the tasks' routing means and typical scores: at once in a space of fewer than
+    ``WHITEN_MAX_TASKS`` tasks, at most every ``WHITEN_REFIT_S`` seconds in a larger one.
     """
 
     def __init__(self) -> None:
@@ -202,7 +204,7 @@ class WhiteningCache:
         Parameters
         ----------
         space_id, mark
-            The space and its index watermark.
+            The space and its content mark (any value that moves when the space's tasks change).
         ids : ndarray of int
             The space's indexed task ids.
         load

@@ -159,6 +159,46 @@ def test_spaces_are_separate_and_discovered(factory, ro_factory) -> None:
         index.search(a.id, np.zeros(7, np.float32), 3)
 
 
+def test_content_mark_moves_with_the_space_s_own_changes_only(factory, ro_factory, tmp_path: Path) -> None:
+    """Derived per-space state (the ranking's whitening) is keyed on the content mark: a change in
+    another space moves the watermark of every space's index but not this mark, and nothing re-fits."""
+    from atlas.whitening import WhiteningCache
+
+    a, b = make_space(factory, m=M), make_space(factory, m=M, key="model-b")
+    ids_a = _populate(factory, a.id, 20)
+    _populate(factory, b.id, 3, seed=1, prefix="b")
+    index = IndexManager(ro_factory, tmp_path / "idx")
+    index.open()
+    loads: list[list[int]] = []
+
+    def load(task_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        loads.append(task_ids)
+        vecs = unit_vectors(len(task_ids), M, seed=len(loads))
+        return vecs, vecs, np.full(len(task_ids), np.nan)
+
+    cache = WhiteningCache()
+
+    def fit_a() -> object:
+        return cache.get(a.id, index.content_mark(a.id), index.ids(a.id), load)
+
+    first = fit_a()
+    assert first is not None and len(loads) == 1
+    mark_a = index.content_mark(a.id)
+    _populate(factory, b.id, 2, seed=2, prefix="b2")  # another space changes
+    index.catch_up()
+    assert index.watermark(a.id) > mark_a and index.content_mark(a.id) == mark_a
+    assert fit_a() is first and len(loads) == 1  # not re-fitted
+    with factory.begin() as s:  # the space's own change moves its mark and re-fits
+        repository.delete_task(s, ids_a[0])
+    index.catch_up()
+    assert index.content_mark(a.id) > mark_a
+    assert fit_a() is not first and len(loads) == 2 and ids_a[0] not in loads[1]
+    reopened = IndexManager(ro_factory, tmp_path / "idx")  # a load or rebuild starts from its watermark
+    index.persist()
+    reopened.open()
+    assert reopened.content_mark(a.id) == reopened.watermark(a.id)
+
+
 def test_ivf_recall_against_flat(factory, ro_factory, tmp_path: Path) -> None:
     """IVF on clustered signatures (like real task families) keeps recall@10 high vs flat."""
     space = make_space(factory, m=M)
