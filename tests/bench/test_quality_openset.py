@@ -38,6 +38,18 @@ def test_a_ranking_answers_its_best_task_held_to_that_tasks_threshold() -> None:
     assert res["fsw_auto"]["right_indexed"] == 0.0 and res["fs_auto"]["right_indexed"] >= 0.9
 
 
+def test_the_oracle_ceiling_holds_the_goal_false_none_rate_on_the_test_prompts() -> None:
+    for separation, none_unseen in ((0.3, 1.0), (0.0, None)):
+        S, truth, rank, cal = _world(separation=separation, seed=3)
+        res = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols, S=S: (S, S))
+        for key in ("fsw_oracle", "minilm_oracle"):
+            assert abs(res[key]["none_indexed"] - 0.05) <= 0.02, res[key]  # its threshold is that quantile
+            if none_unseen is not None:
+                assert res[key]["none_unseen"] == none_unseen
+            else:  # no separation: no single threshold rejects much more unseen than indexed
+                assert res[key]["none_unseen"] <= 0.2
+
+
 def test_an_inseparable_world_has_chance_auroc() -> None:
     S, truth, rank, cal = _world(separation=0.0)
     res = open_set(S, S.copy(), truth, rank, cal, repeats=3, seed=1)
