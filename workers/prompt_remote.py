@@ -3,7 +3,8 @@
 Why Redis: it is already the broker of the job queue in the scale-out stack, workers only need
 outbound connections (no service discovery, no inbound port on GPU machines), and a list gives a
 shared work queue per model that any number of workers drain. The overhead is two round trips on the
-API side (push, pop) and about 200 KiB of state bytes per prompt at m = 4096 (``bench/api``).
+API side (push, pop) and about 48 KiB of state bytes per prompt at m = 4096 (float32 sums of the
+prompt's split, :func:`encode_reply`; ``bench/api``).
 
 Keys (``<key>`` is :attr:`atlas.ports.SpaceKey.serving_key`, a hash of the model and spec fingerprints)
 
@@ -14,8 +15,8 @@ Keys (``<key>`` is :attr:`atlas.ports.SpaceKey.serving_key`, a hash of the model
 * ``fa:inflight:<key>:<worker id>`` — requests a worker has taken (``LMOVE``), removed after its
   reply; when the worker's announcement expires (SIGKILL), any live worker of the key moves them back
   to the head of the request list, so they are served again;
-* ``fa:reply:<client id>`` — the replies of one API process: a JSON header line, then the state
-  blobs (``SketchState.to_bytes``) back to back.
+* ``fa:reply:<client id>`` — the replies of one API process: a JSON header line, then the states
+  back to back (:func:`encode_reply`).
 
 Time bound: an API caller gets its states or an error within ``timeout_s`` (default 10 s) — at once
 (503) when no worker announces the space's model, and within ``WORKER_TTL_S + 1`` s when the last
@@ -36,6 +37,8 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
+
+import numpy as np
 
 from atlas import errors as domain_errors
 from atlas.errors import AtlasError, ModelUnavailable, QueueFull
@@ -75,19 +78,38 @@ def _error_classes() -> dict[str, type[AtlasError]]:
 
 def encode_reply(request_id: str, states: Sequence[SketchState] | None = None,
                  error: AtlasError | None = None) -> bytes:
-    """A reply: JSON header line (id, blob lengths or error), then the blobs."""
+    """A reply: JSON header line (id, spec fingerprint, per state its non-empty splits and byte length, or the
+    error), then the states back to back.
+
+    A state travels as the ``sums`` of its non-empty splits in little-endian float32 (a prompt fills one
+    split: ``3 m`` floats, 48 KiB at m = 4096, a quarter of ``SketchState.to_bytes``), then ``sq_norms``
+    (float64) and the token and sample counts (int64). float32 keeps the route scores to ~1e-7; the
+    receiver accumulates nothing into these states.
+    """
     header: dict[str, Any]
     if error is not None:
         header = {"id": request_id, "error": {"code": error.code, "message": error.message, "detail": error.detail,
                                               "retry_after_s": error.retry_after_s}}
         return json.dumps(header).encode() + b"\n"
-    blobs = [s.to_bytes() for s in states or ()]
-    header = {"id": request_id, "lengths": [len(b) for b in blobs]}
+    blobs, splits = [], []
+    for st in states or ():
+        used = [k for k in (0, 1) if st.token_counts[k] or st.sample_counts[k] or st.sq_norms[k].any()
+                or st.sums[k].any()]
+        splits.append(used)
+        blobs.append(b"".join([st.sums[used].astype("<f4").tobytes(), st.sq_norms.astype("<f8").tobytes(),
+                               st.token_counts.astype("<i8").tobytes(), st.sample_counts.astype("<i8").tobytes()]))
+    header = {"id": request_id, "fingerprint": states[0].spec.fingerprint() if states else None,
+              "splits": splits, "lengths": [len(b) for b in blobs]}
     return json.dumps(header).encode() + b"\n" + b"".join(blobs)
 
 
-def decode_reply(data: bytes, spec: SketchSpec | None) -> tuple[str, list[SketchState] | AtlasError]:
-    """Inverse of :func:`encode_reply`: ``(request id, states or the error to raise)``."""
+_TAIL = 6 * 8 + 2 * 8 + 2 * 8
+"""Bytes after a state's sums on the wire: ``sq_norms`` (2, 3) float64, token and sample counts (2,) int64."""
+
+
+def decode_reply(data: bytes, spec: SketchSpec) -> tuple[str, list[SketchState] | AtlasError]:
+    """Inverse of :func:`encode_reply`: ``(request id, states or the error to raise)``; a reply for another
+    sketch spec or of the wrong length is an error, not states."""
     head, _, body = data.partition(b"\n")
     header = json.loads(head)
     if "error" in header:
@@ -95,9 +117,21 @@ def decode_reply(data: bytes, spec: SketchSpec | None) -> tuple[str, list[Sketch
         cls = _error_classes().get(err.get("code"), AtlasError)
         return header["id"], cls(err.get("message", "worker error"), err.get("detail"),
                                  retry_after_s=err.get("retry_after_s"))
-    states, at = [], 0
-    for n in header["lengths"]:
-        states.append(SketchState.from_bytes(body[at: at + n], spec=spec))
+    lengths, splits = header["lengths"], header["splits"]
+    if lengths and header.get("fingerprint") != spec.fingerprint():
+        return header["id"], AtlasError("the worker replied with states of another sketch spec",
+                                        {"expected": spec.fingerprint(), "got": header.get("fingerprint")})
+    states, at, m = [], 0, spec.m
+    for n, used in zip(lengths, splits, strict=True):
+        if n != len(used) * 3 * m * 4 + _TAIL or at + n > len(body) or not set(used) <= {0, 1}:
+            return header["id"], AtlasError("the worker's reply is malformed", {"length": n, "splits": used})
+        sums = np.zeros((2, 3, m))
+        cut = len(used) * 3 * m * 4
+        sums[used] = np.frombuffer(body, "<f4", len(used) * 3 * m, at).reshape(len(used), 3, m)
+        tail = at + cut
+        states.append(SketchState(spec, sums, np.frombuffer(body, "<f8", 6, tail).reshape(2, 3).copy(),
+                                  np.frombuffer(body, "<i8", 2, tail + 48).copy(),
+                                  np.frombuffer(body, "<i8", 2, tail + 64).copy()))
         at += n
     return header["id"], states
 

@@ -1,0 +1,54 @@
+"""The prompt service's reply format (workers.prompt_remote): float32 sums of the non-empty splits."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atlas.errors import AtlasError, NotFound
+from fishersketch import SketchSpec, SketchState
+from workers.prompt_remote import decode_reply, encode_reply
+
+SPEC = SketchSpec(d=6, K=10, m=32, seed=3)
+
+
+def _state(rng: np.random.Generator, splits: list[int], spec: SketchSpec = SPEC) -> SketchState:
+    st = SketchState.empty(spec)
+    for k in splits:
+        st.sums[k] = rng.standard_normal((3, spec.m)) * 10 ** rng.uniform(-3, 3)
+        st.sq_norms[k] = rng.uniform(0, 5, 3)
+        st.token_counts[k] = rng.integers(1, 500)
+        st.sample_counts[k] = rng.integers(1, 3)
+    return st
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), layout=st.lists(st.sampled_from([[], [0], [1], [0, 1]]), max_size=5))
+def test_reply_round_trip_keeps_each_state_to_float32(seed: int, layout: list[list[int]]) -> None:
+    rng = np.random.default_rng(seed)
+    states = [_state(rng, splits) for splits in layout]
+    data = encode_reply("r1", states)
+    rid, got = decode_reply(data, SPEC)
+    assert rid == "r1" and isinstance(got, list) and len(got) == len(states)
+    for a, b in zip(states, got, strict=True):
+        np.testing.assert_allclose(b.sums, a.sums, rtol=1e-6, atol=0)  # empty splits stay exactly zero
+        np.testing.assert_array_equal(b.sq_norms, a.sq_norms)
+        np.testing.assert_array_equal(b.token_counts, a.token_counts)
+        np.testing.assert_array_equal(b.sample_counts, a.sample_counts)
+        b.sums += 1.0  # the decoded state is the caller's own, writable copy
+    # a one-split prompt costs 3 m float32 (+ a fixed tail), a quarter of the stored blob's float64 sums
+    one = encode_reply("r2", [_state(rng, [0])])
+    assert len(one.partition(b"\n")[2]) == 3 * SPEC.m * 4 + 80
+
+
+def test_reply_of_another_spec_or_length_or_an_error_is_refused() -> None:
+    rng = np.random.default_rng(0)
+    other = SketchSpec(d=6, K=10, m=32, seed=4)
+    _, got = decode_reply(encode_reply("x", [_state(rng, [0], other)]), SPEC)
+    assert isinstance(got, AtlasError) and "another sketch spec" in got.message
+    data = encode_reply("y", [_state(rng, [1])])
+    _, got = decode_reply(data[:-8], SPEC)
+    assert isinstance(got, AtlasError) and "malformed" in got.message
+    _, got = decode_reply(encode_reply("z", error=NotFound("gone", {"task": 1})), SPEC)
+    assert isinstance(got, NotFound) and got.detail == {"task": 1}
