@@ -308,9 +308,9 @@ def write(path: Path, args: argparse.Namespace, r: dict[str, Any]) -> None:
                     f"| {rm['accuracy'] * 100:.1f} % |")
         added = rm["sequential"]["p50_ms"] - e["sequential"]["p50_ms"]
         remote_text = (f"\nRemote mode adds **{added:+.1f} ms** per request at p50 (sequential; goal ≤ 5 ms): the "
-                       "Redis round trips and ~48 KiB of state bytes per prompt (float32 sums). Server stages (API's Server-Timing, "
-                       f"sequential p50): forward {rm['sequential']['forward_p50_ms']:.1f} ms (worker round trip "
-                       f"included), search {rm['sequential']['search_p50_ms']:.1f} ms. Errors: "
+                       "Redis round trips and ~48 KiB of state bytes per prompt (float32 sums). Server stages "
+                       f"(API's Server-Timing, sequential p50): forward {rm['sequential']['forward_p50_ms']:.1f} ms "
+                       f"(worker round trip included), search {rm['sequential']['search_p50_ms']:.1f} ms. Errors: "
                        f"{rm['sequential']['errors'] or 'none'} / {rm['concurrent']['errors'] or 'none'}.\n")
     text = f"""# API benchmarks
 
