@@ -22,8 +22,8 @@ Threshold
 Ranking
     In a space of ``atlas.whitening.WHITEN_MIN_TASKS`` tasks or more, matches are ordered by
     :func:`rank_scores` — the mean of the whitened ``ae`` and error cosines, shrunk like the score, less
-    half the task's typical held-out score — while the open-set decision stays on the score and its
-    threshold (docs/SCORES.md, "Ranking").
+    half the task's typical held-out score — in a smaller one by :func:`unwhitened_rank`; the open-set
+    decision stays on the score and its threshold (docs/SCORES.md, "Ranking").
 Confidence
     ``sigmoid((score − threshold) / scale)``, ``scale`` the spread (standard deviation) of the task's
     leave-one-out scores (``DEFAULT_SCALE`` without calibration): 0.5 on the threshold, towards 1
@@ -34,8 +34,6 @@ Confidence
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -215,34 +213,6 @@ def resolve(row: Any) -> TaskRoute:
                      typical=typical_score(row.cal_scores) if row.cal_scores else None)
 
 
-class _ViewCache:
-    """LRU of deserialised prompt-side states and their views, by (spec fingerprint, state digest)."""
-
-    def __init__(self, max_items: int = 2048) -> None:
-        self.max_items = max_items
-        self._items: OrderedDict[tuple[str, bytes], tuple[Any, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, bytes], make: Any) -> tuple[Any, Any]:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-                return hit
-        value: tuple[Any, Any] = make()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
-        return value
-
-
-_PROMPT_VIEWS = _ViewCache()
-
-
-# --------------------------------------------------------------------------------------------------
-# routing
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -412,6 +382,14 @@ def rank_parts(prompt_means: np.ndarray, candidates: Sequence[Candidate], views:
     return np.asarray(np.where(ok, shrunk, -1.0)), np.asarray(np.where(ok, rank, -1.0))
 
 
+def unwhitened_rank(scores: np.ndarray, candidates: Sequence[Candidate]) -> np.ndarray:
+    """Ranking scores of a space too small to whiten, shape (T,): route ``scores`` (T,) times the ranking's
+    evidence prior ``√(n_s / (n_s + κ))`` (×0.93 at 24 samples, ×0.45 for one sample, whose score is a raw
+    cosine to that sample), so a task of a few samples cannot take other tasks' prompts at noise level."""
+    ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
+    return np.asarray(np.asarray(scores, dtype=np.float64) * np.sqrt(ns / (ns + PRIOR_SAMPLES)))
+
+
 def rerank_route(
     prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float, per_task: bool = False,
     whitening: SpaceWhitening | None = None,
@@ -432,8 +410,8 @@ def rerank_route(
         When true, ``threshold`` is only the default: a candidate's own ``threshold`` wins.
     whitening : atlas.whitening.SpaceWhitening, optional
         The space's ranking transforms: matches are then ordered by :func:`rank_scores` (reported as
-        ``rank_score``); the open-set decision still compares the best match's route ``score`` with its
-        calibrated threshold.
+        ``rank_score``); without them (a space too small to whiten) by :func:`unwhitened_rank`. The
+        open-set decision compares the best match's route ``score`` with its calibrated threshold.
         The typical-score term can move the answer from the task nearest to the prompt to a looser one
         (a lower threshold): the prompt must then also pass the nearest task's threshold (the task with
         the highest shrunk whitened cosine, :func:`rank_parts`), else ``none``, with
@@ -442,8 +420,7 @@ def rerank_route(
     Returns
     -------
     RouteAnswer
-        Matches sorted by ``rank_score`` when a whitening is given, else by :func:`route_score`
-        (descending), ties by route score, FAISS score, then task name (unique in a
+        Matches sorted by ``rank_score`` (descending), ties by route score, FAISS score, then task name (unique in a
         space, so a space and its imported copy answer alike). Each
         match carries the prompt-task ``activation`` and ``error`` cosines, computed exactly as the
         pooled point estimates of ``fishersketch.align`` (cross kernel mean clamped at 1e-10 over the
@@ -460,9 +437,12 @@ def rerank_route(
     ok = den > 0
     score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
-    near, rank = rank_parts(mu_p, candidates, views, whitening, dots) if whitening is not None else (None, None)
+    if whitening is not None:
+        near, rank = rank_parts(mu_p, candidates, views, whitening, dots)
+    else:  # the route score, taken at the ranking's evidence prior once more (see unwhitened_rank)
+        near, rank = None, unwhitened_rank(score, candidates)
     order = sorted(range(len(candidates)),
-                   key=lambda i: (-round(_f(rank[i]), 9) if rank is not None else 0.0, -round(_f(score[i]), 9),
+                   key=lambda i: (-round(_f(rank[i]), 9), -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]
     top = []
     for i in order:
@@ -479,7 +459,7 @@ def rerank_route(
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
                               activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
-                              rank_score=_f(rank[i]) if rank is not None else None))
+                              rank_score=_f(rank[i])))
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence

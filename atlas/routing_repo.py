@@ -6,6 +6,8 @@ the task store. See :class:`atlas.models.TaskRouting` and docs/SCORES.md.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,7 +17,6 @@ from sqlalchemy.orm import Session
 from atlas.errors import InvalidInput, NotFound
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
 from atlas.routing import (
-    _PROMPT_VIEWS,
     FALSE_REJECT_RATE,
     Calibration,
     Candidate,
@@ -24,6 +25,31 @@ from atlas.routing import (
     resolve,
     state_view,
 )
+
+
+class _ViewCache:
+    """LRU of deserialised prompt-side states and their views, by (spec fingerprint, state digest)."""
+
+    def __init__(self, max_items: int = 2048) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[tuple[str, bytes], tuple[Any, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, bytes], make: Any) -> tuple[Any, Any]:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit
+        value: tuple[Any, Any] = make()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+        return value
+
+
+_PROMPT_VIEWS = _ViewCache()
 
 
 def get_routing(session: Session, task_id: int) -> TaskRouting | None:

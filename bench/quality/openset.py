@@ -95,13 +95,14 @@ def rank_parts_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols
 
     The whitening is fitted on the unit means of the tasks ``fit_cols`` (the indexed ones), as the
     service fits it on the space's routing means (:mod:`atlas.whitening`); below ``min_tasks`` tasks the
-    service ranks by the route score, and so does this.
+    service ranks by :func:`atlas.routing.unwhitened_rank`, and so does this.
     """
     p = np.stack([routing.unit_means(s) for s in prompt_states])  # (P, 2, m): ae, error
     t = np.stack([routing.unit_means(s) for s in task_states])
     w = fit_space_whitening(t[fit_cols, 0], t[fit_cols, 1], min_tasks=min_tasks)
-    if w is None:  # too few tasks to whiten: the service ranks by the route score
-        route = score_matrix(prompt_states, task_states)
+    if w is None:  # too few tasks to whiten: the service ranks by routing.unwhitened_rank
+        ns = np.array([max(int(s.n_samples), 1) for s in task_states], dtype=np.float64)
+        route = score_matrix(prompt_states, task_states) * np.sqrt(ns / (ns + routing.PRIOR_SAMPLES))[None, :]
         return route, route
     cos = w.ae.apply(p[:, 0]) @ w.ae.apply(t[:, 0]).T
     if w.error is not None:

@@ -35,6 +35,23 @@ def test_route_scores_and_confidences_stay_in_range(prompt: object, tasks: list[
     assert 0.0 <= ans.confidence <= 1.0 and ans.none is (ans.matches[0].score < 0.1)
 
 
+@settings(max_examples=40, deadline=None)
+@given(_states, st.lists(_states, min_size=1, max_size=6))
+def test_an_unwhitened_space_orders_by_the_score_at_the_evidence_prior(prompt: object, tasks: list[object]) -> None:
+    """Below the whitening minimum the matches are ordered by ``score · √(n_s / (n_s + κ))``: a task of few
+    samples must beat a bigger one's score by that factor to rank above it."""
+    cands = [routing.Candidate(i, f"t{i}", s) for i, s in enumerate(tasks)]
+    ans = routing.rerank_route(prompt, cands, k=len(cands), threshold=0.1)
+    ranks = []
+    for m in ans.matches:
+        ns = tasks[m.task_id].n_samples  # type: ignore[attr-defined]
+        assert abs(m.rank_score - m.score * np.sqrt(ns / (ns + routing.PRIOR_SAMPLES))) <= 1e-12
+        assert abs(m.rank_score) <= abs(m.score) and -1.0 <= m.rank_score <= 1.0
+        ranks.append(round(m.rank_score, 9))
+    assert ranks == sorted(ranks, reverse=True)
+    assert ans.none is (ans.matches[0].score < 0.1)  # the open set stays on the answered task's score
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 1000))
 def test_a_prompt_scores_its_own_task_at_most_one_and_small_tasks_are_shrunk(seed: int) -> None:
