@@ -32,7 +32,7 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
     """Route a prompt to the nearest stored tasks ("none" below the threshold)."""
     with client(url, api_key, timeout) as cl:
         res = cl.route(prompt, k=k, threshold=threshold, space=space)
-    ranked = any(m.rank_score is not None for m in res.matches)  # a whitened space orders by rank_score
+    ranked = any(m.rank_score is not None for m in res.matches)  # what orders the matches
     lines = [f"{'rank':>4}  {'score':>8}  {'faiss':>7}  {'act':>6}  {'err':>6}  " + ("ranking  " if ranked else "")
              + "task"]
     for i, m in enumerate(res.matches, start=1):
