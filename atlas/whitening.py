@@ -13,7 +13,8 @@ signature and the error feature), fitted on its tasks' unit routing means. Measu
 multitask-instruction tasks (bench/results/quality.md, experiment 4): whitening ``ae`` lifts top-1 from
 73.3 % (route score) to 77.3 %, and the error transform with the typical-score term of
 :func:`atlas.routing.rank_scores` adds about 2.5 points more. With few tasks the between-task spread is
-too poorly estimated to whiten by, so spaces below ``WHITEN_MIN_TASKS`` rank by the route score.
+too poorly estimated to whiten by, so spaces below ``WHITEN_MIN_TASKS`` rank by the route score at the
+evidence prior (:func:`atlas.routing.unwhitened_rank`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ re-fitted on every change (milliseconds)."""
 WHITEN_MEMO_MAX = 8192
 """Tasks whose whitened terms a transform keeps (r floats each, ≤ 4 KiB); cleared past this."""
 WHITEN_MIN_TASKS = 16
-"""Fewest tasks a transform is fitted for; a smaller space ranks by the route score alone. The fit is
+"""Fewest tasks a transform is fitted for; a smaller space ranks by :func:`atlas.routing.unwhitened_rank`
+(the route score at the evidence prior). The fit is
 T − 1 directions estimated from T means: on random sub-spaces of the 105 instruction tasks the ranking
 (whitened ``ae`` and error, typical-score term) gains about +1 point of top-1 over the route score at 16
 tasks and +2 to +3 from 20 on, but nothing below ~12 (bench/results/quality.md, 4c); and in a space of
