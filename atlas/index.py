@@ -16,15 +16,12 @@ embedded process — keeps one :class:`SpaceIndex` per space and:
   for the in-memory apply, and a rebuild builds the new index aside and swaps it in, so searches
   always see a whole index at one watermark.
 
-Index kinds, chosen by size. ``flat`` — ``IndexIDMap2(IndexFlatIP(m))``, exact inner product
-(unit vectors: cosine); it reads every vector per query (~1.4 µs per task at m = 4096 on one core),
-so it serves spaces below ``ivf_min_size`` (4,096) signatures. ``ivf`` —
-:class:`atlas.index_ann.TwoStageIndex`: an inverted file over 256-d projections of the signatures
-(``nlist ~ sqrt(N)``, ``nprobe`` scanned), then an exact re-rank of the ``max(128, 4k)`` best on the
-full float32 vectors: scores are exact, only recall is approximate (recall@10 ≥ 0.99 against flat
-at 10k and 100k, p50 ~1–2 ms at 100k: ``bench/results/index.md``). Training reads at most 16,384
-sampled signatures; a space that outgrows its training 4x is retrained by a rebuild. ``kind="flat"``
-keeps every space flat. ``use_gpu`` mirrors flat indexes to a GPU when faiss-gpu is installed.
+Index kinds, chosen by size: ``flat`` (``IndexIDMap2(IndexFlatIP(m))``, exact cosine, ~1.4 µs per task
+per query at m = 4096) below ``ivf_min_size`` (4,096) signatures, else ``ivf`` — the two-stage
+:class:`atlas.index_ann.TwoStageIndex` (IVF over 256-d projections, exact re-rank: exact scores,
+recall@10 ≥ 0.99 at 10k–100k, ``bench/results/index.md``), trained on ≤ 16,384 sampled signatures and
+retrained by a rebuild when the space outgrows that 4x. ``kind="flat"`` keeps every space flat;
+``use_gpu`` mirrors flat indexes to a GPU when faiss-gpu is installed.
 
 The change log may be pruned (:meth:`IndexManager.compact`): an index whose watermark is below the
 pruned point — another replica that was down, a stale file — rebuilds from SQL instead of catching
@@ -464,8 +461,6 @@ class IndexManager:
             written.append(sid)
         return written
 
-    # -- compaction ----------------------------------------------------------------------------
-
     def compact(self, write_factory: sessionmaker[Session], *, retain: int = 100_000) -> int:
         """Prune the change log through a compaction point (:func:`atlas.changes.compact`); return the
         rows deleted. The floors are this manager's persisted watermarks (the in-memory ones when
@@ -475,15 +470,13 @@ class IndexManager:
         with write_factory.begin() as session:
             return changes.compact(session, retain=retain, floors=[f for f in floors if f >= 0])
 
-    # -- introspection -------------------------------------------------------------------------
-
     def stats(self, space_id: int) -> dict[str, Any]:
         """Kind, count, watermark and last open report of a space's index."""
         si = self._space(space_id)
         report = self.reports.get(space_id)
         ivf = si.kind == "ivf"
-        return {"space_id": space_id, "kind": si.kind, "count": si.count, "watermark": si.watermark,
-                "nlist": si.nlist, "nprobe": self.nprobe if ivf else None, "coarse_dim": si.index.dim if ivf else None,
+        return {"space_id": space_id, "kind": si.kind, "count": si.count, "watermark": si.watermark, "nlist": si.nlist,
+                "nprobe": self.nprobe if ivf else None, "coarse_dim": si.index.dim if ivf else None,
                 "opened": asdict(report) if report else None}
 
     def ids(self, space_id: int) -> np.ndarray:
@@ -497,8 +490,7 @@ class IndexManager:
         return self._space(space_id).watermark
 
     def content_mark(self, space_id: int) -> int:
-        """Change-log position of the last change to the space's own tasks the index reflects
-        (:attr:`SpaceIndex.content_seq`): moves when the space's tasks change, not when another space's do."""
+        """:attr:`SpaceIndex.content_seq`: moves when the space's own tasks change, not when another space's do."""
         return self._space(space_id).content_seq
 
     def _space(self, space_id: int) -> SpaceIndex:
