@@ -200,15 +200,17 @@ class WhiteningCache:
         self._fits: dict[int, tuple[int, float, int, SpaceWhitening | None]] = {}
         self._lock = threading.Lock()
 
-    def get(self, space_id: int, mark: int, ids: np.ndarray, load: MeansLoader) -> SpaceWhitening | None:
+    def get(self, space_id: int, mark: int, task_ids: Callable[[], np.ndarray],
+            load: MeansLoader) -> SpaceWhitening | None:
         """The space's transforms (fitted now when stale).
 
         Parameters
         ----------
         space_id, mark
             The space and its content mark (any value that moves when the space's tasks change).
-        ids : ndarray of int
-            The space's indexed task ids.
+        task_ids
+            Lists the space's indexed task ids (ndarray of int); called only for a re-fit, so a fresh
+            fit costs the route path nothing.
         load
             Reads the unit routing means of the tasks it is given (see :data:`MeansLoader`).
         """
@@ -218,6 +220,7 @@ class WhiteningCache:
         if cached is not None and (cached[0] == mark or (cached[2] >= WHITEN_MAX_TASKS
                                                          and now - cached[1] < WHITEN_REFIT_S)):
             return cached[3]
+        ids = task_ids()
         n_tasks = len(ids)
         if n_tasks > WHITEN_MAX_TASKS:
             ids = ids[np.linspace(0, n_tasks - 1, WHITEN_MAX_TASKS).round().astype(int)]

@@ -159,7 +159,8 @@ class QueryService:
             prompt_side = set(routing_repo.with_prompt_side(session, space_id, []))
             loaded = self.states.load(session, space, [*union, *sorted(prompt_side - set(union))])
             base = {c.task_id: c for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
-            whitening = self.whitenings.get(space_id, self.index.content_mark(space_id), self.index.ids(space_id),
+            whitening = self.whitenings.get(space_id, self.index.content_mark(space_id),
+                                            lambda: self.index.ids(space_id),
                                             lambda ids: self._routing_means(session, space, ids))
         for st, hit in zip(states, hits, strict=True):
             cands = [replace(c, faiss_score=hit.get(t, 0.0)) for t, c in base.items() if t in hit or t in prompt_side]

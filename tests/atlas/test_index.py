@@ -179,7 +179,7 @@ def test_content_mark_moves_with_the_space_s_own_changes_only(factory, ro_factor
     cache = WhiteningCache()
 
     def fit_a() -> object:
-        return cache.get(a.id, index.content_mark(a.id), index.ids(a.id), load)
+        return cache.get(a.id, index.content_mark(a.id), lambda: index.ids(a.id), load)
 
     first = fit_a()
     assert first is not None and len(loads) == 1
