@@ -331,13 +331,24 @@ def _whitened_cosines(w: Whitening, prompt_unit: np.ndarray, candidates: Sequenc
     return w.cosines(prompt_unit, dots / np.where(norms > 0, norms, 1.0), terms), norms
 
 
+def evidence_prior(n_samples: Any) -> np.ndarray:
+    """``√(n_s / (n_s + κ))`` per task (``n_s`` at least 1), the ranking's minimum-evidence prior: ×0.93 at 24
+    samples, ×0.45 for one."""
+    ns = np.maximum(np.asarray(n_samples, dtype=np.float64), 1.0)
+    return np.asarray(np.sqrt(ns / (ns + PRIOR_SAMPLES)))
+
+
+def _n_samples(candidates: Sequence[Candidate]) -> np.ndarray:
+    """The candidates' sample counts (at least 1), shape (T,)."""
+    return np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
+
+
 def size_shrink(norms: np.ndarray, dens: np.ndarray, n_samples: np.ndarray) -> np.ndarray:
     """``min(‖μ_t‖ / den_t, 1) · √(n_s / (n_s + κ))`` per task, shape (T,): the ranking's shrink for a task's
     size and noise (0 where the task has no norm or denominator)."""
     norms, dens = np.asarray(norms, dtype=np.float64), np.asarray(dens, dtype=np.float64)
-    ns = np.maximum(np.asarray(n_samples, dtype=np.float64), 1.0)
     ok = (norms > 0) & (dens > 0)
-    shrink = np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * np.sqrt(ns / (ns + PRIOR_SAMPLES))
+    shrink = np.minimum(norms / np.where(ok, dens, 1.0), 1.0) * evidence_prior(n_samples)
     return np.asarray(np.where(ok, shrink, 0.0))
 
 
@@ -373,7 +384,7 @@ def rank_parts(prompt_means: np.ndarray, candidates: Sequence[Candidate], views:
         cos_e, _ = _whitened_cosines(whitening.error, _unit(prompt_means[2]), candidates, views, 2)
         cos = (cos + cos_e) / 2.0
     dens = np.array([float(v[2]) for v in views])
-    ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
+    ns = _n_samples(candidates)
     ok = (norms > 0) & (dens > 0)
     shrunk = cos * size_shrink(norms, dens, ns)
     typical = np.array([float(c.typical) if c.typical is not None else
@@ -386,8 +397,7 @@ def unwhitened_rank(scores: np.ndarray, candidates: Sequence[Candidate]) -> np.n
     """Ranking scores of a space too small to whiten, shape (T,): route ``scores`` (T,) times the ranking's
     evidence prior ``√(n_s / (n_s + κ))`` (×0.93 at 24 samples, ×0.45 for one sample, whose score is a raw
     cosine to that sample), so a task of a few samples cannot take other tasks' prompts at noise level."""
-    ns = np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
-    return np.asarray(np.asarray(scores, dtype=np.float64) * np.sqrt(ns / (ns + PRIOR_SAMPLES)))
+    return np.asarray(np.asarray(scores, dtype=np.float64) * evidence_prior(_n_samples(candidates)))
 
 
 def rerank_route(

@@ -101,8 +101,8 @@ def rank_parts_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols
     t = np.stack([routing.unit_means(s) for s in task_states])
     w = fit_space_whitening(t[fit_cols, 0], t[fit_cols, 1], min_tasks=min_tasks)
     if w is None:  # too few tasks to whiten: the service ranks by routing.unwhitened_rank
-        ns = np.array([max(int(s.n_samples), 1) for s in task_states], dtype=np.float64)
-        route = score_matrix(prompt_states, task_states) * np.sqrt(ns / (ns + routing.PRIOR_SAMPLES))[None, :]
+        prior = routing.evidence_prior([int(s.n_samples) for s in task_states])
+        route = score_matrix(prompt_states, task_states) * prior[None, :]
         return route, route
     cos = w.ae.apply(p[:, 0]) @ w.ae.apply(t[:, 0]).T
     if w.error is not None:
