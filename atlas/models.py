@@ -22,6 +22,8 @@ One schema for SQLite and PostgreSQL (created by the Alembic scripts in ``migrat
     has seen ``seq = s`` has seen every change ``<= s``).
 ``task_routing``
     Routing side of a task: prompt-side state (completion tasks), calibration, threshold override.
+``task_lexicon``
+    A task's hashed term counts (the lexical side of routing, :mod:`atlas.lexical`), with their digest.
 ``api_keys``
     sha256 hashes of API keys with their scopes.
 """
@@ -297,4 +299,20 @@ class TaskRouting(Base):
     score_scale: Mapped[float | None] = mapped_column(Float)
     false_reject_rate: Mapped[float | None] = mapped_column(Float)
     threshold_override: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class TaskLexicon(Base):
+    """A task's term counts (:class:`atlas.lexical.TermCounts` blob), summed over its jobs' samples.
+
+    ``digest`` (BLAKE2b-128 of ``terms``) lets a reader cache the decoded counts by content; ``n_terms``
+    is the number of distinct terms kept.
+    """
+
+    __tablename__ = "task_lexicon"
+
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    digest: Mapped[bytes] = mapped_column(LargeBinary)
+    n_terms: Mapped[int] = mapped_column(Integer)
+    terms: Mapped[bytes] = mapped_column(LargeBinary)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

@@ -22,8 +22,9 @@ Threshold
 Ranking
     In a space of ``atlas.whitening.WHITEN_MIN_TASKS`` tasks or more, matches are ordered by
     :func:`rank_scores` — the mean of the whitened ``ae`` and error cosines, shrunk like the score, less
-    half the task's typical held-out score — in a smaller one by :func:`unwhitened_rank`; the open-set
-    decision stays on the score and its threshold (docs/SCORES.md, "Ranking").
+    half the task's typical held-out score — in a smaller one by :func:`unwhitened_rank` — fused with the
+    lexical score where tasks have terms (:mod:`atlas.lexical`); the open-set decision stays on the score
+    and its threshold (docs/SCORES.md, "Ranking", "Lexical evidence").
 Confidence
     ``sigmoid((score − threshold) / scale)``, ``scale`` the spread (standard deviation) of the task's
     leave-one-out scores (``DEFAULT_SCALE`` without calibration): 0.5 on the threshold, towards 1
@@ -40,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas import lexical
 from atlas.whitening import SpaceWhitening, Whitening
 
 PRIOR_DRAWS = 1.0
@@ -213,8 +215,6 @@ def resolve(row: Any) -> TaskRoute:
                      typical=typical_score(row.cal_scores) if row.cal_scores else None)
 
 
-
-
 @dataclass(frozen=True)
 class Candidate:
     """A stored task offered to the re-ranker.
@@ -235,6 +235,8 @@ class Candidate:
         Spread of the task's held-out scores (the confidence scale).
     typical : float, optional
         The task's :func:`typical_score`; ``None``: never calibrated (see :func:`rank_scores`).
+    terms : atlas.lexical.TaskTerms, optional
+        The task's lexical terms; ``None``: none stored (then the query is ranked without lexical evidence).
     """
 
     task_id: int
@@ -245,6 +247,7 @@ class Candidate:
     threshold: float | None = None
     scale: float | None = None
     typical: float | None = None
+    terms: Any = None
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,7 @@ class RouteMatch:
     threshold: float = 0.0
     confidence: float = 0.0
     rank_score: float | None = None
+    lexical: float | None = None
 
 
 @dataclass(frozen=True)
@@ -402,7 +406,7 @@ def unwhitened_rank(scores: np.ndarray, candidates: Sequence[Candidate]) -> np.n
 
 def rerank_route(
     prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float, per_task: bool = False,
-    whitening: SpaceWhitening | None = None,
+    whitening: SpaceWhitening | None = None, prompt_terms: lexical.TermCounts | None = None,
 ) -> RouteAnswer:
     """Exact re-rank of ANN candidates for one prompt.
 
@@ -426,12 +430,16 @@ def rerank_route(
         (a lower threshold): the prompt must then also pass the nearest task's threshold (the task with
         the highest shrunk whitened cosine, :func:`rank_parts`), else ``none``, with
         ``nearest_rejects`` set and at least that task's confidence in the rejection.
+    prompt_terms : atlas.lexical.TermCounts, optional
+        The prompt's terms: when given and every candidate has ``terms``, matches are ordered by the hybrid
+        :func:`atlas.lexical.fuse` of the ranking score and the lexical score (reported as ``lexical``).
 
     Returns
     -------
     RouteAnswer
-        Matches sorted by ``rank_score`` (descending), ties by route score, FAISS score, then task name (unique in a
-        space, so a space and its imported copy answer alike). Each
+        Matches sorted by the hybrid score when lexical evidence is used, else by ``rank_score`` (descending); ties
+        by ``rank_score``, route score, FAISS score, then task name (unique in a space, so a space and its imported
+        copy answer alike). Each
         match carries the prompt-task ``activation`` and ``error`` cosines, computed exactly as the
         pooled point estimates of ``fishersketch.align`` (cross kernel mean clamped at 1e-10 over the
         root of both unbiased self-similarities; 0 when a self-similarity is not positive — a short
@@ -451,8 +459,12 @@ def rerank_route(
         near, rank = rank_parts(mu_p, candidates, views, whitening, dots)
     else:  # the route score, taken at the ranking's evidence prior once more (see unwhitened_rank)
         near, rank = None, unwhitened_rank(score, candidates)
+    lex, key = None, rank
+    if prompt_terms is not None and all(c.terms is not None for c in candidates):
+        lex = lexical.lexical_scores(prompt_terms, [c.terms for c in candidates])
+        key = lexical.fuse(rank, lex * evidence_prior(_n_samples(candidates)))
     order = sorted(range(len(candidates)),
-                   key=lambda i: (-round(_f(rank[i]), 9), -round(_f(score[i]), 9),
+                   key=lambda i: (-round(_f(key[i]), 9), -round(_f(rank[i]), 9), -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]
     top = []
     for i in order:
@@ -469,7 +481,7 @@ def rerank_route(
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
                               activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
-                              rank_score=_f(rank[i])))
+                              rank_score=_f(rank[i]), lexical=None if lex is None else _f(lex[i])))
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence

@@ -14,7 +14,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from atlas import lexicon_repo
 from atlas.errors import InvalidInput, NotFound
+from atlas.lexical import TermCounts
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
 from atlas.routing import (
     FALSE_REJECT_RATE,
@@ -128,10 +130,12 @@ def export_records(session: Session, task_ids: Sequence[int]) -> dict[int, dict[
     if not task_ids:
         return {}
     rows = session.execute(select(TaskRouting).where(TaskRouting.task_id.in_([int(i) for i in task_ids]))).scalars()
+    terms = lexicon_repo.get_blobs(session, task_ids)
     return {int(r.task_id): {
         "prompt_state": None if r.prompt_state is None else base64.b64encode(r.prompt_state).decode(),
         "cal_scores": list(r.cal_scores or []), "threshold_override": r.threshold_override,
         "false_reject_rate": r.false_reject_rate,
+        "terms": None if r.task_id not in terms else base64.b64encode(terms[r.task_id]).decode(),
     } for r in rows}
 
 
@@ -150,15 +154,18 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         scores = [float(x) for x in record.get("cal_scores") or []]
         override = record.get("threshold_override")
         frr = float(record.get("false_reject_rate") or FALSE_REJECT_RATE)
+        terms = TermCounts.from_bytes(base64.b64decode(record["terms"], validate=True)) if record.get("terms") else None
     except Exception as exc:
         raise InvalidInput(f"task {task_id}: invalid routing record ({exc})") from None
     store_routing(session, task_id, prompt_state=blob, calibration=calibrate(scores, frr))
+    if terms is not None:
+        lexicon_repo.put_terms(session, task_id, terms)
     if override is not None:
         set_threshold_override(session, task_id, float(override))
 
 
 def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score: Mapping[int, float]) -> list[Any]:
-    """Re-rank candidates for loaded tasks: prompt-side state where the task has one, thresholds.
+    """Re-rank candidates for loaded tasks: prompt-side state where the task has one, thresholds, terms.
 
     Parameters
     ----------
@@ -174,6 +181,7 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
     from fishersketch import SketchState
 
     routes = get_task_routes(session, [x.task_id for x in loaded])
+    terms = lexicon_repo.get_task_terms(session, [x.task_id for x in loaded])
     out = []
     for x in loaded:
         r = routes.get(x.task_id, TaskRoute())
@@ -187,7 +195,7 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
                 lambda b=blob: (lambda s: (s, state_view(s)))(SketchState.from_bytes(b, spec=spec)),
             )
         out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
-                             threshold=r.threshold, scale=r.scale, typical=r.typical))
+                             threshold=r.threshold, scale=r.scale, typical=r.typical, terms=terms.get(x.task_id)))
     return out
 
 

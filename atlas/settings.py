@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     route_threshold: float = Field(
         default=0.05, description="Default open-set threshold on the route score (see atlas.analysis)."
     )
+    route_lexical: bool = Field(
+        default=True, description="Order route matches by the hybrid of the Fisher ranking and the tasks' "
+        "lexical evidence (atlas.lexical); false: the Fisher ranking alone.",
+    )
     index_kind: Literal["auto", "flat", "ivf"] = Field(
         default="auto",
         description="'auto' (or 'ivf'): exact flat below index_ivf_min_size signatures, the two-stage index "

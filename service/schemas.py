@@ -267,7 +267,9 @@ class RouteMatch(_Out):
                                     "override, calibrated, or global default).")
     confidence: float | None = Field(default=None, description="sigmoid((score - threshold) / scale) in [0, 1]: "
                                      "0.5 on the threshold (docs/SCORES.md).")
-    rank_score: float | None = Field(default=None, description="Orders the matches, in [-1, 1] (docs/SCORES.md).")
+    rank_score: float | None = Field(default=None, description="Fisher ranking score in [-1, 1] (docs/SCORES.md).")
+    lexical: float | None = Field(default=None, description="Lexical score in [0, 1]; set when it is fused with "
+                                  "rank_score to order the matches (docs/SCORES.md, 'Lexical evidence').")
 
 
 class RouteResult(_Out):

@@ -22,6 +22,7 @@ from typing import Any
 
 from atlas import routing, routing_repo
 from atlas.errors import InvalidInput
+from atlas.lexicon_repo import routing_text
 from atlas.samples import Sample
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,6 @@ class PromptSide:
     cal_states: list[Any] = field(default_factory=list)
 
 
-def _query_text(sample: Sample, mode: str) -> str | None:
-    if mode == "completion":
-        return sample.prompt
-    return sample.text if sample.text is not None else (sample.prompt or "") + (sample.completion or "")
-
-
 def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptSide:
     """Prompt-mode states of the job's samples (all of them in completion mode, the calibration pick else)."""
     pick = set(routing.calibration_pick(len(samples)))
@@ -48,7 +43,7 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptS
     for i, sample in enumerate(samples):
         if mode != "completion" and i not in pick:
             continue
-        text = _query_text(sample, mode)
+        text = routing_text(sample, mode)
         if not text:
             continue
         try:

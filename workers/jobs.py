@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from atlas import db, job_store, repository
+from atlas import db, job_store, lexicon_repo, repository
 from atlas.baselines import BaselineSums
 from atlas.errors import AtlasError, IncompatibleSpace
+from atlas.lexical import TermCounts
 from atlas.models import JOB_APPEND, JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
 from atlas.settings import Settings
 from atlas.vocabulary import ModeName
@@ -394,12 +395,14 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
         _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint")
         return "released"
     side = calibration.prompt_side_or_none(extractor, samples, mode) if res.state.n_tokens else None
-    return _store(ctx, claim, res, None if side is None else (mode, side))
+    terms = lexicon_repo.counts_of(samples, mode) if res.state.n_tokens else None
+    return _store(ctx, claim, res, None if side is None else (mode, side), terms)
 
 
 def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
-           routing_side: tuple[str, calibration.PromptSide] | None = None) -> str:
-    """The final transaction: merge into the task, store, mark done, log the change."""
+           routing_side: tuple[str, calibration.PromptSide] | None = None, terms: TermCounts | None = None) -> str:
+    """The final transaction: merge into the task (state, routing side, term counts), store, mark done, log
+    the change."""
     from fishersketch import SketchState
 
     summary = res.summary()
@@ -430,6 +433,8 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
             )
             if routing_side is not None:
                 calibration.store_routing_side(s, task.id, routing_side[0], merged, routing_side[1])
+            if terms is not None:
+                lexicon_repo.add_terms(s, task.id, terms)
             job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, _progress_of(res, final=True))
         elif outcome == JOB_SUCCEEDED:  # an append with nothing usable: nothing to merge
             job_store.mark_succeeded(s, job, summary | {"note": error}, _progress_of(res, final=True))

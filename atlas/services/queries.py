@@ -21,6 +21,7 @@ from atlas import repository as repo
 from atlas import space_repository as sql
 from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLarge
 from atlas.index import IndexManager
+from atlas.lexical import TermCounts
 from atlas.models import TASK_READY, Space, Task
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
 from atlas.routing import unit_means
@@ -134,17 +135,19 @@ class QueryService:
         thr = float(threshold) if threshold is not None else float(self.settings.route_threshold)
         answers = await asyncio.to_thread(self.search_states, key.space_id, states, k=k, threshold=thr,
                                           candidates=candidates or analysis.default_candidates(k),
-                                          per_task=threshold is None)
+                                          per_task=threshold is None, texts=prompts)
         timings.search_s = time.perf_counter() - t1
         self.observe("route", timings.search_s)
         return answers, timings
 
     def search_states(self, space_id: int, states: Sequence[SketchState], *, k: int, threshold: float,
-                      candidates: int, per_task: bool = False) -> list[analysis.RouteAnswer]:
+                      candidates: int, per_task: bool = False, texts: Sequence[str] | None = None
+                      ) -> list[analysis.RouteAnswer]:
         """FAISS candidates by signature (plus the space's completion tasks, routed on their prompt-side
         states), then the exact re-rank, for each query state; ``per_task``: each task's own calibrated
         threshold instead of ``threshold``; matches are ordered by the space-whitened ranking score
-        (:mod:`atlas.whitening`, ``docs/SCORES.md``)."""
+        (:mod:`atlas.whitening`, ``docs/SCORES.md``), fused with the lexical score of the prompt ``texts``
+        (one per state; :mod:`atlas.lexical`) unless ``settings.route_lexical`` is false."""
         answers = []
         queries = np.stack([np.asarray(st.signature(), dtype=np.float32) for st in states])
         with self.store.read() as session:
@@ -162,10 +165,13 @@ class QueryService:
             whitening = self.whitenings.get(space_id, self.index.content_mark(space_id),
                                             lambda: self.index.ids(space_id),
                                             lambda ids: self._routing_means(session, space, ids))
-        for st, hit in zip(states, hits, strict=True):
+        terms: list[TermCounts | None] = [None] * len(states)
+        if texts is not None and self.settings.route_lexical:
+            terms = [TermCounts.from_texts([t]) for t in texts]
+        for st, hit, pt in zip(states, hits, terms, strict=True):
             cands = [replace(c, faiss_score=hit.get(t, 0.0)) for t, c in base.items() if t in hit or t in prompt_side]
             answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task,
-                                                 whitening=whitening))
+                                                 whitening=whitening, prompt_terms=pt))
         return answers
 
     def _routing_means(self, session: Session, space: Space, task_ids: list[int]

@@ -35,6 +35,7 @@ from bench.quality.common import (
 from bench.quality.routing import (
     N_HELDOUT,
     NEW_TASKS,
+    PRODUCT_ROW,
     accuracy,
     build_index,
     calibration_states,
@@ -44,6 +45,7 @@ from bench.quality.routing import (
     route_all,
     routing_settings,
     task_splits,
+    task_terms,
     typicals,
 )
 
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         index.mean_hidden = np.vstack([index.mean_hidden, sig.baselines.mean_hidden()])
         index.last_hidden = np.vstack([index.last_hidden, sig.baselines.last_hidden()])
         index.heldout[name] = [x.input for x in splits[name][1]]
+        index.terms.extend(task_terms([name], splits))
         mini_seconds = None
         if encoder is not None:
             t = time.perf_counter()
@@ -119,7 +122,7 @@ def render(res: dict[str, Any], facts: str) -> str:
     """Markdown for ``quality.md``."""
     added = res["added"]
     fs = res["per_task"]["FisherSketch (signature cosine, paper rule)"]
-    rr = res["per_task"]["FisherSketch (product route: FAISS candidates + whitened rank)"]
+    rr = res["per_task"][PRODUCT_ROW]
     rows = []
     for name, a in added.items():
         t1, t3, n = fs[name]

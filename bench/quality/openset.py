@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from atlas import routing
+from atlas import lexicon_repo, routing
+from atlas.lexical import TaskTerms, TermCounts
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
 from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
@@ -115,6 +116,26 @@ def rank_parts_matrix(prompt_states: list[Any], task_states: list[Any], fit_cols
     return shrunk, (shrunk - lam * np.asarray(typical)[None, :]) / (1.0 + lam)
 
 
+def hybrid_best(rank: np.ndarray, sig: np.ndarray, prompt_terms: list[Any], task_terms: list[Any],
+                n_samples: np.ndarray, cols: np.ndarray, always: np.ndarray | None = None) -> np.ndarray:
+    """The task the product answers for each prompt, shape (P,): among ``cols``, the FAISS candidates (top
+    ``default_candidates(3)`` by signature cosine ``sig`` (P, T), plus the ``always`` columns: completion
+    tasks) ordered by :func:`atlas.lexical.fuse` of the ranking scores ``rank`` (P, T) and the prior-weighted
+    lexical scores, as :func:`atlas.routing.rerank_route` does with terms."""
+    from atlas.analysis import default_candidates
+    from atlas.lexical import fuse, lexical_scores
+
+    prior = routing.evidence_prior(n_samples)
+    extra = np.array([], dtype=int) if always is None else np.intersect1d(always, cols)
+    out = np.empty(len(rank), dtype=int)
+    for i in range(len(rank)):
+        top = cols[np.argsort(-sig[i, cols], kind="stable")[:default_candidates(3)]]
+        cand = np.union1d(top, extra)
+        key = fuse(rank[i, cand], lexical_scores(prompt_terms[i], [task_terms[j] for j in cand]) * prior[cand])
+        out[i] = cand[np.lexsort((-rank[i, cand], -key))[0]]
+    return out
+
+
 def _best(scores: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Best column (as a task index) and its score, per row, among ``cols``."""
     sub = scores[:, cols]
@@ -177,12 +198,15 @@ def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_au
 
 
 def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.ndarray, cal: list[routing.Calibration],
-             repeats: int, seed: int, rank: Any = None) -> dict[str, Any]:
+             repeats: int, seed: int, rank: Any = None, hybrid: Any = None) -> dict[str, Any]:
     """The open-set protocol of the module notes; medians over repeats (cross-fitted halves averaged).
 
     ``rank(indexed)``, when given, returns the product's shrunk cosines and ranking matrix for a draw's
     indexed tasks (:func:`rank_parts_matrix`): the answered task is the ranking's best column, held to
     that task's threshold on the route score ``S`` and to that of the cosines' best column.
+    ``hybrid(ranked, indexed)``, when given, returns the product's answered column per prompt with
+    lexical evidence (:func:`hybrid_best`): the product rows then use it, the ranking's best column
+    gives the "no lexical" row.
     """
     T = S.shape[1]
     thr_auto = np.array([c.threshold if c.threshold is not None else DEFAULT_THRESHOLD for c in cal])
@@ -208,8 +232,13 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
                 near, ranked = rank(indexed)
                 wb, wr = _best(ranked, indexed)
                 nb, _ = _best(near, indexed)
-                ws = S[np.arange(len(S)), wb]
                 rows = (indexed, label, unseen, is_fit, is_eval)
+                if hybrid is not None:
+                    res["fsw_fisher_only"], _ = _per_task_rows(S, wb, S[np.arange(len(S)), wb], thr_auto, cal,
+                                                               *rows, nearest=nb, auroc_score=wr)
+                    wb = hybrid(ranked, indexed)
+                    wr = ranked[np.arange(len(S)), wb]
+                ws = S[np.arange(len(S)), wb]
                 res["fsw_auto"], res["fsw_fit"] = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
                                                                  auroc_score=wr)
                 res["fsw_alone"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, auroc_score=wr)
@@ -226,12 +255,22 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
 
 def small_tasks(S_new: np.ndarray, S_old: np.ndarray, truth: np.ndarray, small_new: dict[tuple[int, int], np.ndarray],
                 small_old: dict[tuple[int, int], np.ndarray], R: np.ndarray | None = None,
-                small_rank: dict[tuple[int, int], np.ndarray] | None = None) -> list[dict[str, Any]]:
-    """Captures of other tasks' prompts by a k-sample task replacing its source, per k and score."""
+                small_rank: dict[tuple[int, int], np.ndarray] | None = None,
+                small_top: dict[tuple[int, int], np.ndarray] | None = None) -> list[dict[str, Any]]:
+    """Captures of other tasks' prompts by a k-sample task replacing its source, per k and score
+    (``small_top``: the product's answered column per prompt with lexical evidence, :func:`hybrid_best`)."""
     rows = []
+    for k in (1, 2, 3) if small_top else ():
+        sel = [(src, top) for (src, kk), top in small_top.items() if kk == k]
+        other = [(truth != src, top == src) for src, top in sel]
+        rows.append({"k": k, "score": "ranking fused with lexical (product)",
+                     "taken": int(sum(np.sum(hit[o]) for o, hit in other)),
+                     "total": int(sum(o.sum() for o, _ in other)),
+                     "own": int(sum(np.sum(hit[~o]) for o, hit in other)),
+                     "own_total": int(sum((~o).sum() for o, _ in other)), "max_score": float("nan")})
     kinds = [("route score", S_new, small_new), ("old score (no prior)", S_old, small_old)]
     if R is not None and small_rank is not None:
-        kinds.insert(0, ("whitened ranking (product)", R, small_rank))
+        kinds.insert(0, ("whitened ranking alone", R, small_rank))
     for k in (1, 2, 3):
         for name, S, small in kinds:
             taken = total = own = own_total = 0
@@ -260,7 +299,7 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
                      typical: np.ndarray, n_sig: int, n_held: int) -> dict[str, Any]:
     """Route held-out prompts of SuperGLUE completion tasks added beside the text tasks."""
     ex = make_extractor(lm, make_sketcher(lm, args.m, args.seeds[0]), args)
-    comp, side, side_cal, held, minilm_c = [], [], [], {}, []
+    comp, side, side_cal, held, minilm_c, comp_terms = [], [], [], {}, [], []
     for k, ds in enumerate(COMPLETION_SETS):
         rows = load_superglue_binary(ds)
         perm = np.random.default_rng(1000 + k).permutation(len(rows))
@@ -271,6 +310,7 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
         ps = prompt_side(ex, sig, "completion")
         side.append(ps.prompt_sum)
         side_cal.append(ps.cal_states)
+        comp_terms.append(lexicon_repo.counts_of(sig, "completion"))  # what the job stores: the prompts' terms
         if encoder is not None:
             minilm_c.append(encoder.encode([s.prompt or "" for s in sig]).mean(0))
     prompts = [ex.prompt(t).state for ds in COMPLETION_SETS for t in held[ds]]
@@ -279,9 +319,18 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
     out: dict[str, Any] = {"n_signature": n_sig, "n_heldout": n_held, "rows": {}}
     all_side = [*index.states, *side]
     R = rank_matrix(prompts, all_side, np.arange(len(all_side)), np.concatenate([typical, typicals(side, side_cal)]))
+    cols = np.unique(truth)
+    n_text = len(index.states)
+    sig = np.stack([p.signature() for p in prompts]) @ np.stack([*index.signatures(), *[c.signature() for c in comp]]).T
+    terms = [*index.terms, *[TaskTerms.of(t) for t in comp_terms]]
+    top = hybrid_best(R, sig, [TermCounts.from_texts([t]) for ds in COMPLETION_SETS for t in held[ds]], terms,
+                      np.array([int(s.n_samples) for s in all_side]), np.arange(len(all_side)),
+                      always=np.arange(n_text, len(all_side)))
+    out["rows"]["prompt-side state, ranking fused with lexical (product)"] = {
+        ds: float(np.mean(top[truth == c] == c)) for ds, c in zip(COMPLETION_SETS, cols, strict=True)}
     top = np.argmax(R, axis=1)
-    out["rows"]["prompt-side state, whitened ranking (product)"] = {
-        ds: float(np.mean(top[truth == c] == c)) for ds, c in zip(COMPLETION_SETS, np.unique(truth), strict=True)}
+    out["rows"]["prompt-side state, whitened ranking alone"] = {
+        ds: float(np.mean(top[truth == c] == c)) for ds, c in zip(COMPLETION_SETS, cols, strict=True)}
     for name, states in (("prompt-side state, route score", side), ("completion state (before)", comp)):
         S = np.concatenate([text_cols, score_matrix(prompts, states)], axis=1)
         top = np.argmax(S, axis=1)
@@ -323,11 +372,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     R = rank_matrix(prompt_states, index.states, np.arange(len(names)), typical)
     log(f"top-1: route score {np.mean(np.argmax(S, 1) == truth):.3f}, "
         f"whitened ranking {np.mean(np.argmax(R, 1) == truth):.3f}")
+    sig = np.stack([f.signature for f in feats]) @ index.signatures().T  # the FAISS stage's scores
+    p_terms = [f.terms for f in feats]
+    n_samp = np.array([int(st.n_samples) for st in index.states])
+    H = hybrid_best(R, sig, p_terms, index.terms, n_samp, np.arange(len(names)))
+    log(f"top-1: ranking fused with lexical (product) {np.mean(truth == H):.3f}")
     opens = open_set(S, M, truth, per_prompt, cal, args.repeats, args.seeds[0],
-                     rank=lambda cols: rank_parts_matrix(prompt_states, index.states, cols, typical))
+                     rank=lambda cols: rank_parts_matrix(prompt_states, index.states, cols, typical),
+                     hybrid=lambda ranked, cols: hybrid_best(ranked, sig, p_terms, index.terms, n_samp, cols))
     rng = np.random.default_rng(args.seeds[0] + 7)
     sources = rng.choice(len(names), min(args.small_sources, len(names)), replace=False)
-    small_new, small_old, small_rank = {}, {}, {}
+    small_new, small_old, small_rank, small_top = {}, {}, {}, {}
     for src in sources:
         for k in (1, 2, 3):
             sts = cal_states[names[src]][:k]
@@ -343,20 +398,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             typical_k = typical.copy()  # the small task's own calibration (none for 1 sample: the prior)
             typical_k[src] = typicals([st], [sts])[0]
             small_rank[(int(src), k)] = rank_matrix(prompt_states, states_k, np.arange(len(names)), typical_k)
-    small = small_tasks(S, S_old, truth, small_new, small_old, R, small_rank)
+            sig_k, terms_k, n_k = sig.copy(), list(index.terms), n_samp.copy()
+            sig_k[:, src] = np.stack([f.signature for f in feats]) @ st.signature()
+            pick = sorted(routing.calibration_pick(len(splits[names[src]][0])))[:k]  # the samples of cal_states
+            terms_k[src] = TaskTerms.of(TermCounts.from_texts(splits[names[src]][0][i].input for i in pick))
+            n_k[src] = k
+            small_top[(int(src), k)] = hybrid_best(small_rank[(int(src), k)], sig_k, p_terms, terms_k, n_k,
+                                                   np.arange(len(names)))
+    small = small_tasks(S, S_old, truth, small_new, small_old, R, small_rank, small_top)
     comp = completion_tasks(args, lm, encoder, index, S, typical, 12 if args.quick else 64, 5 if args.quick else 20)
     thr = np.array([c.threshold for c in cal if c.threshold is not None])
     return {"names": names, "n_prompts": len(feats), "open_set": opens, "small": small, "completion": comp,
             "top1": float(np.mean(np.argmax(S, 1) == truth)), "n_sources": len(sources),
-            "top1_ranked": float(np.mean(np.argmax(R, 1) == truth)),
+            "top1_ranked": float(np.mean(np.argmax(R, 1) == truth)), "top1_hybrid": float(np.mean(truth == H)),
             "threshold_quantiles": np.quantile(thr, [0, 0.25, 0.5, 0.75, 1]).tolist() if thr.size else [],
             "repeats": args.repeats, "lm": lm}
 
 
-ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking score; answered and nearest task's thresholds), calibrated "
-                       "per-task thresholds (no labels)",
+ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking fused with lexical; answered and nearest task's thresholds), "
+                       "calibrated per-task thresholds (no labels)",
            "fsw_fit": "FisherAtlas (product) + `fit` (labelled prompts incl. none)",
            "fsw_alone": "FisherAtlas, ranking score, the answered task's threshold alone",
+           "fsw_fisher_only": "FisherAtlas ordered by the Fisher ranking alone (no lexical evidence), calibrated",
            "fs_auto": "FisherAtlas ranked by route score (before), calibrated per-task thresholds",
            "fs_fit": "FisherAtlas ranked by route score (before) + `fit`",
            "fs_global": "FisherAtlas, one threshold fitted by accuracy",
@@ -383,7 +446,8 @@ def render(res: dict[str, Any], facts: str) -> str:
     q = ", ".join(f"{x:.3f}" for x in res["threshold_quantiles"])
     return (
         f"{n} multitask_instructions tasks, {res['n_prompts']} held-out prompts (experiment 4's splits and index); "
-        f"top-1 on all {n}: whitened ranking (product) {res['top1_ranked']:.1%}, route score alone {res['top1']:.1%}. "
+        f"top-1 on all {n}: ranking fused with lexical (product) {res.get('top1_hybrid', float('nan')):.1%}, whitened "
+        f"ranking alone {res['top1_ranked']:.1%}, route score alone {res['top1']:.1%}. "
         "Calibrated thresholds (min, quartiles, "
         f"max): {q}.\n\n"
         f"**Open set** ({int(UNSEEN_SHARE * 100)} % of tasks unseen, {res['repeats']} draws × 2 cross-fitted halves; "

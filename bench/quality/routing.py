@@ -12,7 +12,9 @@ Routers compared (all training-free):
 
 * FisherSketch — the prompt's state from :meth:`Extractor.prompt` (all T−1 next-token positions);
   (a) the paper's rule: cosine of unit ``μ_ae`` signatures (exact FAISS ``IndexFlatIP``), and
-  (b) the product's route: FAISS candidates re-ranked by ``Â_F`` (:func:`atlas.analysis.rerank_route`);
+  (b) the product's route: FAISS candidates re-ranked (:func:`atlas.analysis.rerank_route`) by the
+  space-whitened ranking score fused with the lexical score (:mod:`atlas.lexical`), and without the
+  lexical score; (c) the lexical score alone over all tasks;
 * mean hidden state and last-token hidden state (cosine), from the same extraction pass
   (:class:`atlas.baselines.BaselineSums`; "last token" = the last counted position of each sample), raw
   and centred (the mean over the indexed tasks' vectors subtracted from task and prompt vectors —
@@ -63,6 +65,10 @@ NEW_TASKS = {"code": "bbh_boolean_expressions", "medical": "mmlu_professional_me
 """Tasks kept out of the routing index and added by experiment 5 (the paper's code/medical/legal/math)."""
 
 N_HELDOUT = 10
+PRODUCT_ROW = "FisherSketch (product route: FAISS candidates + whitened rank, fused with lexical)"
+FISHER_RANK_ROW = "FisherSketch (FAISS candidates + whitened rank, no lexical)"
+LEXICAL_ROW = "Lexical score alone (all tasks; atlas.lexical)"
+MINILM_HYBRID_ROW = "all-MiniLM-L6-v2 centroid, fused with lexical (same fusion, top-32 candidates)"
 
 PAPER = {  # tab:retrieval (700 Natural Instructions domains, Llama-3.1-8B, m = 4096)
     "FisherSketch (signature cosine, paper rule)": ("55.5%", "80.4%"),
@@ -97,6 +103,8 @@ class RoutingIndex:
     add_seconds: dict[str, float] = field(default_factory=dict)
     n_signature: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
+    terms: list[Any] = field(default_factory=list)
+    """Each task's :class:`atlas.lexical.TaskTerms` from its signature samples (what a job stores)."""
 
     def signatures(self) -> np.ndarray:
         """Unit ``μ_ae`` signatures, shape (T, m), float32."""
@@ -136,6 +144,7 @@ def build_index(args: argparse.Namespace, lm: Any, names: list[str],
                            add_seconds=blob["add_seconds"], n_signature=blob["n_signature"], tokens=blob["tokens"])
         if encoder is not None and not idx.minilm:
             idx.minilm = [encoder.encode([x.input for x in splits[n][0]]) for n in names]
+        idx.terms = task_terms(names, splits)
         return idx
     sketcher = make_sketcher(lm, args.m, args.seeds[0])
     extractor = make_extractor(lm, sketcher, args)
@@ -155,12 +164,19 @@ def build_index(args: argparse.Namespace, lm: Any, names: list[str],
         log(f"MiniLM utterance embeddings: {time.perf_counter() - t:.1f}s")
     idx = RoutingIndex(names=list(names), states=states, mean_hidden=np.stack(mh), last_hidden=np.stack(lh),
                        minilm=minilm, heldout={n: [x.input for x in splits[n][1]] for n in names},
-                       add_seconds=secs, n_signature=nsig, tokens=toks)
+                       add_seconds=secs, n_signature=nsig, tokens=toks, terms=task_terms(names, splits))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps({"states": [s.to_bytes() for s in states], "mean_hidden": idx.mean_hidden,
                                    "last_hidden": idx.last_hidden, "minilm": minilm, "add_seconds": secs,
                                    "n_signature": nsig, "tokens": toks}))
     return idx
+
+
+def task_terms(names: list[str], splits: dict[str, tuple[list[TaskExample], list[TaskExample]]]) -> list[Any]:
+    """The lexical terms a job stores for each task (its signature samples' texts)."""
+    from atlas.lexical import TaskTerms, TermCounts
+
+    return [TaskTerms.of(TermCounts.from_texts(x.input for x in splits[n][0])) for n in names]
 
 
 def calibration_states(args: argparse.Namespace, lm: Any, names: list[str], splits: dict[str, Any]
@@ -204,11 +220,16 @@ class PromptFeatures:
     mean_hidden: np.ndarray
     last_hidden: np.ndarray
     minilm: np.ndarray | None
+    terms: Any = None
+    """The prompt's :class:`atlas.lexical.TermCounts`."""
 
 
 def prompt_features(args: argparse.Namespace, lm: Any, prompts: dict[str, list[str]], encoder: Any | None
                     ) -> tuple[list[PromptFeatures], float]:
-    """Prompt states via :meth:`Extractor.prompt` and MiniLM query embeddings; returns (features, seconds)."""
+    """Prompt states via :meth:`Extractor.prompt`, MiniLM query embeddings and the prompts' terms; returns
+    (features, seconds)."""
+    from atlas.lexical import TermCounts
+
     sketcher = make_sketcher(lm, args.m, args.seeds[0])
     extractor = make_extractor(lm, sketcher, args)
     t = time.perf_counter()
@@ -218,7 +239,7 @@ def prompt_features(args: argparse.Namespace, lm: Any, prompts: dict[str, list[s
         for text, e in zip(texts, emb, strict=True):
             r = extractor.prompt(text)
             feats.append(PromptFeatures(task, r.state, r.state.signature(), r.baselines.mean_hidden(),
-                                        r.baselines.last_hidden(), e))
+                                        r.baselines.last_hidden(), e, TermCounts.from_texts([text])))
     return feats, time.perf_counter() - t
 
 
@@ -261,7 +282,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndarray) -> dict[str, list[list[int]]]:
     """Top-3 task indices per prompt for every router (``typical``: the tasks' typical scores, (T,))."""
     from atlas.analysis import Candidate, default_candidates, rerank_route, state_view
-    from atlas.routing import unit_means
+    from atlas.lexical import fuse, lexical_scores
+    from atlas.routing import evidence_prior, unit_means
     from atlas.whitening import fit_space_whitening
     from bench.quality.embed import UtteranceRouter, centroid_rank
 
@@ -278,24 +300,31 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndar
     mh_c, lh_c = index.mean_hidden.mean(0), index.last_hidden.mean(0)
     mhc, lhc = _unit(index.mean_hidden - mh_c), _unit(index.last_hidden - lh_c)
     out: dict[str, list[list[int]]] = {k: [] for k in (
-        "FisherSketch (signature cosine, paper rule)", "FisherSketch (product route: FAISS candidates + whitened rank)",
-        "FisherSketch (route score, no whitening)", "Mean hidden state", "Mean hidden state (centred)",
+        "FisherSketch (signature cosine, paper rule)", PRODUCT_ROW, FISHER_RANK_ROW,
+        "FisherSketch (route score, no whitening)", LEXICAL_ROW, "Mean hidden state", "Mean hidden state (centred)",
         "Last-token hidden state", "Last-token hidden state (centred)")}
     has_minilm = bool(index.minilm) and feats and feats[0].minilm is not None
     if has_minilm:
         out["all-MiniLM-L6-v2, semantic-router (top-5 utterances, mean)"] = []
         out["all-MiniLM-L6-v2, centroid"] = []
+        if index.terms:
+            out[MINILM_HYBRID_ROW] = []
         router = UtteranceRouter(np.concatenate(index.minilm),
                                  np.concatenate([np.full(len(e), i) for i, e in enumerate(index.minilm)]), len(names))
         centroids = np.stack([e.mean(0) for e in index.minilm])
     n_cand = default_candidates(3)
+    prior = evidence_prior([int(s.n_samples) for s in index.states])
     for i, f in enumerate(feats):
         out["FisherSketch (signature cosine, paper rule)"].append(faiss_top[i, :3].tolist())
         cands = [Candidate(task_id=int(j), name=names[j], state=index.states[j], faiss_score=0.0, view=views[j],
-                           typical=float(typical[j]))
+                           typical=float(typical[j]), terms=index.terms[j] if index.terms else None)
                  for j in faiss_top[i, :n_cand]]
+        ans = rerank_route(f.state, cands, k=3, threshold=-1.0, whitening=whitening, prompt_terms=f.terms)
+        out[PRODUCT_ROW].append([m.task_id for m in ans.matches])
         ans = rerank_route(f.state, cands, k=3, threshold=-1.0, whitening=whitening)
-        out["FisherSketch (product route: FAISS candidates + whitened rank)"].append([m.task_id for m in ans.matches])
+        out[FISHER_RANK_ROW].append([m.task_id for m in ans.matches])
+        if index.terms and f.terms is not None:
+            out[LEXICAL_ROW].append(np.argsort(-lexical_scores(f.terms, index.terms), kind="stable")[:3].tolist())
         ans = rerank_route(f.state, cands, k=3, threshold=-1.0)
         out["FisherSketch (route score, no whitening)"].append([m.task_id for m in ans.matches])
         out["Mean hidden state"].append(np.argsort(-(mh @ _unit(f.mean_hidden)), kind="stable")[:3].tolist())
@@ -307,6 +336,12 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndar
         if has_minilm:
             out["all-MiniLM-L6-v2, semantic-router (top-5 utterances, mean)"].append(router.rank(f.minilm)[:3].tolist())
             out["all-MiniLM-L6-v2, centroid"].append(centroid_rank(centroids, f.minilm)[:3].tolist())
+            if index.terms and f.terms is not None:  # semantic-router's HybridRouter idea, with our fusion
+                cos = _unit(centroids) @ _unit(f.minilm)
+                top = np.argsort(-cos, kind="stable")[:n_cand]
+                lex = lexical_scores(f.terms, [index.terms[j] for j in top]) * prior[top]
+                key = fuse(cos[top], lex)
+                out[MINILM_HYBRID_ROW].append(top[np.lexsort((-cos[top], -key))][:3].tolist())
     return out
 
 

@@ -16,7 +16,7 @@ from tests.store_helpers import create_pg_database, drop_pg_database
 
 TABLES = {
     "spaces", "tasks", "sketch_states", "signatures", "baselines", "uploads", "jobs", "job_checkpoints",
-    "changes", "atlas_state", "api_keys",
+    "changes", "atlas_state", "api_keys", "task_routing", "task_lexicon",
 }
 
 
@@ -64,3 +64,38 @@ def test_upgrade_is_idempotent(empty_url: str) -> None:
     migrations.upgrade(empty_url)
     migrations.upgrade(empty_url)
     assert migrations.current_revision(empty_url) == migrations.head_revision()
+
+
+def test_0003_backfills_the_term_counts_of_existing_tasks(empty_url: str) -> None:
+    from sqlalchemy import update
+
+    from atlas import repository
+    from atlas.lexical import TermCounts
+    from atlas.models import Job, JobStatus, Task, TaskLexicon
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    migrations.upgrade(empty_url, "0002")  # a store from before the lexical side
+    engine = db.make_engine(empty_url, pool_size=1)
+    factory = db.session_factory(engine)
+    space = make_space(factory)
+    first = [Sample(text="Photosynthesis\u2028in leaves"), Sample(text="light energy")]
+    second = [Sample(prompt="Is it green?", completion=" yes")]
+    with factory.begin() as s:
+        t1, j1 = repository.create_task_with_job(s, space.id, "bio", "text", {}, first)
+        t2, j2 = repository.create_task_with_job(s, space.id, "qa", "completion", {}, second)
+        t3, _ = repository.create_task_with_job(s, space.id, "pending", "text", {}, first)
+        ids = (t1.id, t2.id, t3.id)
+        s.execute(update(Job).where(Job.id.in_([j1.id, j2.id])).values(status=JobStatus.SUCCEEDED))
+        s.execute(update(Task).where(Task.id.in_(ids[:2])).values(status="ready"))
+    engine.dispose()
+
+    migrations.upgrade(empty_url)
+    engine = db.make_engine(empty_url, pool_size=1)
+    with db.session_factory(engine)() as s:
+        rows = {r.task_id: TermCounts.from_bytes(r.terms) for r in s.query(TaskLexicon)}
+    engine.dispose()
+    assert set(rows) == set(ids[:2])  # ready tasks only
+    for tid, texts in ((ids[0], ["Photosynthesis\u2028in leaves", "light energy"]), (ids[1], ["Is it green?"])):
+        want = TermCounts.from_texts(texts)
+        assert rows[tid].keys.tolist() == want.keys.tolist() and rows[tid].counts.tolist() == want.counts.tolist()

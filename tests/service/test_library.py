@@ -55,6 +55,8 @@ def test_library_then_server_same_answers(tmp_path: Path, tiny_model_dir: Path, 
             assert [m["name"] for m in got["matches"]] == [m.name for m in lib.matches]
             np.testing.assert_allclose([m["score"] for m in got["matches"]], [m.score for m in lib.matches],
                                        atol=1e-6)
+            np.testing.assert_allclose([m["lexical"] for m in got["matches"]], [m.lexical for m in lib.matches],
+                                       atol=1e-9)  # the stored terms are fused in, from both front ends
         tasks = {t["name"]: t["id"] for t in http.get("/v1/tasks").json()["items"]}
         assert tasks["weather"] and http.get(f"/v1/tasks/{tasks['weather']}").json()["n_samples"] == 30
         src = http.get(f"/v1/tasks/{tasks['weather']}/sources", params={"k": 2}).json()["sources"]
@@ -67,6 +69,9 @@ def test_library_then_server_same_answers(tmp_path: Path, tiny_model_dir: Path, 
         assert copy.import_(export) == 3
         again = copy.route(prompts, k=3, threshold=-1.0)
         assert [[m.name for m in a.matches] for a in again] == [[m.name for m in a.matches] for a in lib_routes]
+        # the export carries each task's term counts: the copy fuses the same lexical evidence
+        assert [[m.lexical for m in a.matches] for a in again] == [[m.lexical for m in a.matches] for a in lib_routes]
+        assert all(m.lexical is not None for a in again for m in a.matches)
 
 
 def test_readme_library_example_runs(tmp_path: Path) -> None:

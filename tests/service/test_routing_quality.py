@@ -8,8 +8,9 @@ engine run (:mod:`workers.calibration`, :mod:`atlas.routing`, :mod:`atlas.route_
 * a completion-mode BoolQ task (passage + question → yes/no), routed on its prompt-side state.
 
 Prompts are ranked as the service ranks them (:mod:`atlas.whitening`: by the route score in a space of
-fewer than ``WHITEN_MIN_TASKS`` tasks, as here), open-set decisions on the best match's route score and
-threshold. The whitened ranking of larger spaces is measured on 105 tasks in bench/results/quality.md.
+fewer than ``WHITEN_MIN_TASKS`` tasks, as here, fused with the lexical score of the terms a job stores,
+:mod:`atlas.lexical`), open-set decisions on the best match's route score and threshold. The whitened
+ranking of larger spaces is measured on 105 tasks in bench/results/quality.md.
 
 Only rows the bundled model was not trained on are used (its split rule: sha256 bucket ≥ 4).
 """
@@ -26,7 +27,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atlas import routing
+from atlas import lexicon_repo, routing
+from atlas.lexical import TaskTerms, TermCounts
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
 from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
@@ -104,7 +106,7 @@ def world() -> dict[str, Any]:
     spec = lm.make_spec(m=SKETCH_DIM, seed=s.sketch_seed, error_projection=s.error_projection)
     ex = Extractor(lm, Sketcher(spec, device=lm.device), max_tokens_per_sample=s.max_tokens_per_sample)
 
-    def task(samples: list[Sample], mode: str) -> tuple[Any, Any, routing.Calibration]:
+    def task(samples: list[Sample], mode: str) -> tuple[Any, Any, routing.Calibration, TaskTerms]:
         side = prompt_side(ex, samples, mode)  # every sample is a calibration sample (n <= 32)
         if mode == "completion":
             state, route_state = ex.extract(samples, mode=mode).state, side.prompt_sum
@@ -114,9 +116,9 @@ def world() -> dict[str, Any]:
                 state.merge_(st)
             route_state = state
         cal = routing.calibrate(routing.leave_one_out_scores(route_state, side.cal_states))
-        return state, route_state, cal
+        return state, route_state, cal, TaskTerms.of(lexicon_repo.counts_of(samples, mode))  # what the job stores
 
-    tasks: dict[str, tuple[Any, Any, routing.Calibration]] = {}
+    tasks: dict[str, tuple[Any, Any, routing.Calibration, TaskTerms]] = {}
     for d in BIG:
         tasks[d] = task([Sample(text=t) for t in texts[d][:N_TASK]], "text")
     for n, d in zip((1, 2, 3), SMALL, strict=True):
@@ -125,7 +127,7 @@ def world() -> dict[str, Any]:
     tasks["boolq"] = task(boolq[:N_TASK], "completion")
     names = list(tasks)
     cands = [routing.Candidate(i, nm, tasks[nm][1], 0.0, routing.state_view(tasks[nm][1]),
-                               threshold=tasks[nm][2].threshold, scale=tasks[nm][2].scale)
+                               threshold=tasks[nm][2].threshold, scale=tasks[nm][2].scale, terms=tasks[nm][3])
              for i, nm in enumerate(names)]
     # The service's ranking transform, fitted on the stored (indexed) signatures of the space; None
     # here (fewer than WHITEN_MIN_TASKS tasks), so prompts are ranked by the route score, as the service does.
@@ -135,7 +137,7 @@ def world() -> dict[str, Any]:
 
     def scores(text: str) -> Routed:
         ans = routing.rerank_route(ex.prompt(text).state, cands, k=len(cands), threshold=0.0, per_task=True,
-                                   whitening=whitening)
+                                   whitening=whitening, prompt_terms=TermCounts.from_texts([text]))
         return Routed({m.task_id: m.score for m in ans.matches}, ans.matches[0].task_id)
 
     held = {d: [scores(t) for t in texts[d][N_TASK : N_TASK + N_HELD]] for d in BIG}

@@ -202,7 +202,9 @@ def _legacy_task_stays_routable(atlas: Atlas, prompt: str, before: routing.Route
 
 def test_library_space_ranks_by_rank_score_from_the_minimum_and_refits_after_deletes(
         tmp_path: Path, tiny_model_dir: Path) -> None:
-    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=128, device="cpu") as atlas:
+    # the Fisher ranking alone (route_lexical=False); its fusion with lexical evidence: the next test
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=128, device="cpu",
+               route_lexical=False) as atlas:
         for t in range(WHITEN_MIN_TASKS):
             atlas.add(f"topic{t}", _texts(t, 6, seed=1), progress=False)
         prompts = [_texts(t, 1, seed=2)[0] for t in range(0, WHITEN_MIN_TASKS, 4)]
@@ -220,3 +222,15 @@ def test_library_space_ranks_by_rank_score_from_the_minimum_and_refits_after_del
             scores = [m.score for m in a.matches]
             assert scores == sorted(scores, reverse=True)
             assert "topic1" not in {m.name for m in a.matches}
+
+
+def test_library_routes_by_the_hybrid_of_ranking_and_stored_terms(tmp_path: Path, tiny_model_dir: Path) -> None:
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=128, device="cpu") as atlas:
+        for t in range(WHITEN_MIN_TASKS):
+            atlas.add(f"topic{t}", _texts(t, 6, seed=1), progress=False)
+        prompts = [_texts(t, 1, seed=2)[0] for t in range(WHITEN_MIN_TASKS)]
+        answers = atlas.route(prompts, k=3, threshold=-1.0)
+        for t, a in enumerate(answers):
+            assert all(m.lexical is not None and 0.0 <= m.lexical <= 1.0 for m in a.matches)
+            assert a.matches[0].name == f"topic{t}"  # (route_lexical=False: 15 of 16 on this run)
+            assert a.matches[0].lexical == max(m.lexical for m in a.matches)

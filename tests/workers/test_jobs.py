@@ -122,6 +122,32 @@ def test_append_merges_and_updates_index(ctx: WorkerContext, space_id: int, ro_f
     assert index.watermark(space_id) == 2
 
 
+def test_jobs_store_and_merge_the_tasks_term_counts(ctx: WorkerContext, space_id: int) -> None:
+    from atlas import lexicon_repo
+    from atlas.lexical import TermCounts, term_hashes
+    from atlas.models import TaskLexicon
+
+    first = [Sample(prompt="Is the sky blue?\u2028Answer:", completion=" yes"),
+             Sample(prompt="Q: 2+2?", completion=" 4")]
+    more = [Sample(prompt="Is the sky green?", completion=" no")]
+    task_id, job_id = create(ctx, space_id, "terms", first, mode="completion")
+    assert run_job(job_id, ctx) == "succeeded"
+    with ctx.factory.begin() as s:
+        append = repository.append_samples(s, task_id, more)
+    assert run_job(append.id, ctx) == "succeeded"
+    with ctx.factory() as s:
+        row = s.get(TaskLexicon, task_id)
+        assert row is not None
+        stored = TermCounts.from_bytes(row.terms)
+        terms = lexicon_repo.get_task_terms(s, [task_id])[task_id]
+    want = TermCounts.from_texts([x.prompt for x in first + more])  # completion mode: the prompts only
+    assert stored.keys.tolist() == want.keys.tolist() and stored.counts.tolist() == want.counts.tolist()
+    assert row.n_terms == len(want)
+    assert int(term_hashes("yes")[0]) not in set(stored.keys.tolist())  # no answer terms
+    assert terms.keys.tolist() == want.keys.tolist()
+    assert float(np.linalg.norm(terms.weights)) == pytest.approx(1.0)
+
+
 def test_resume_after_worker_death_equals_uninterrupted(ctx: WorkerContext, space_id: int) -> None:
     """A worker that died after a checkpoint: the next claim resumes and ends bit-identical."""
     samples = make_samples(14, seed=3)

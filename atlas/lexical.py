@@ -1,0 +1,192 @@
+"""Lexical evidence for routing: a task's term counts and the hybrid (Fisher + lexical) ranking.
+
+FisherSketch compares a prompt with a task through the model's head-gradient geometry; it is best
+where tasks differ by *format* (a question type, a label set, a template) and weakest where they
+differ by *topic* only (49 MMLU subjects: the same question format, different vocabulary). A sparse
+lexical score is strong exactly there and weak on format. The hybrid of a dense and a sparse score
+is the standard answer of retrieval systems (semantic-router's ``HybridRouter``, Elasticsearch and
+Weaviate hybrid search); here the two are fused per prompt over the re-ranked candidates.
+
+Terms
+    Lower-cased word tokens of two or more characters (``\\w\\w+``, Unicode-aware, the scikit-learn
+    default) and the bigrams of adjacent tokens, each hashed to 32 bits (CRC-32 of its UTF-8 bytes).
+    A task keeps the counts of its samples' terms, summed over every job (appends add theirs), up to
+    ``MAX_TERMS`` distinct terms (the most frequent; a task that outgrows the cap keeps its most
+    frequent terms, so an append can change which of the rare ones are kept).
+Lexical score
+    ``lex(p, t) = ⟨q̂_p, t̂⟩ ∈ [0, 1]``: the cosine between the prompt's tf-idf vector
+    ``q_k = (1 + ln tf_p,k) · idf_k`` and the task's log-tf vector ``t_k = 1 + ln tf_t,k``, with
+    ``idf_k = ln((1 + C) / (1 + df_k)) + 1`` over the ``C`` candidates being ranked (``df_k``: how many
+    of them contain term ``k``). The idf is local to the candidates: a term every candidate shares
+    carries little weight, and no space-wide statistics need maintaining. It is taken at the
+    ranking's evidence prior ``√(n_s / (n_s + κ))`` like the Fisher ranking, so a task of a few
+    samples cannot take prompts by a few shared words.
+Fusion
+    ``fused = z(rank) + z(lex · prior)``: each score standardised over the prompt's candidates (mean 0,
+    unit standard deviation; 0 where a score does not vary), equal weights. Standardising makes the
+    two scales comparable without a tuned weight; ties keep the Fisher order. The open-set decision
+    does not use it (docs/SCORES.md, "Lexical evidence").
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_TERMS = 65_536
+"""Distinct terms kept per task (the most frequent)."""
+_TOKEN = re.compile(r"\w\w+")
+_MAGIC = b"FALX1"
+
+
+def terms(text: str) -> list[str]:
+    """Word tokens (lower-cased ``\\w\\w+``) and adjacent-token bigrams of ``text``."""
+    words = _TOKEN.findall(text.lower())
+    return words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
+
+
+def term_hashes(text: str) -> np.ndarray:
+    """CRC-32 hashes of :func:`terms`, shape (n_terms,), uint32."""
+    return np.fromiter((zlib.crc32(t.encode("utf-8")) for t in terms(text)), dtype=np.uint32)
+
+
+@dataclass(frozen=True)
+class TermCounts:
+    """Term counts of a set of texts: sorted unique hashed ``keys`` (n,) uint32 and their ``counts`` (n,) uint32."""
+
+    keys: np.ndarray
+    counts: np.ndarray
+
+    @staticmethod
+    def empty() -> TermCounts:
+        """No terms."""
+        return TermCounts(np.zeros(0, np.uint32), np.zeros(0, np.uint32))
+
+    @staticmethod
+    def from_texts(texts: Iterable[str | None]) -> TermCounts:
+        """Counts of the terms of every text (``None`` and empty texts count nothing), capped at ``MAX_TERMS``."""
+        out, batch = TermCounts.empty(), []
+        for text in texts:
+            if text:
+                batch.append(term_hashes(text))
+            if len(batch) >= 4096:
+                out, batch = out.merge(TermCounts._of(np.concatenate(batch))), []
+        return out.merge(TermCounts._of(np.concatenate(batch))) if batch else out
+
+    @staticmethod
+    def _of(hashes: np.ndarray) -> TermCounts:
+        keys, counts = np.unique(hashes, return_counts=True)
+        return TermCounts(keys.astype(np.uint32), counts.astype(np.uint32))
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    def merge(self, other: TermCounts) -> TermCounts:
+        """Summed counts of both (exact below the cap), capped at ``MAX_TERMS`` most frequent terms."""
+        if not len(other):
+            return self
+        if not len(self):
+            return other._capped()
+        keys = np.concatenate([self.keys, other.keys])
+        counts = np.concatenate([self.counts, other.counts]).astype(np.uint64)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        summed = np.bincount(inv, weights=counts, minlength=uniq.size)
+        summed = np.minimum(summed, np.iinfo(np.uint32).max)
+        return TermCounts(uniq.astype(np.uint32), summed.astype(np.uint32))._capped()
+
+    def _capped(self) -> TermCounts:
+        if len(self) <= MAX_TERMS:
+            return self
+        keep = np.lexsort((self.keys, -self.counts.astype(np.int64)))[:MAX_TERMS]
+        keep.sort()
+        return TermCounts(self.keys[keep], self.counts[keep])
+
+    def to_bytes(self) -> bytes:
+        """Compact, compressed serialisation (``from_bytes`` inverts it)."""
+        body = self.keys.astype("<u4").tobytes() + self.counts.astype("<u4").tobytes()
+        return _MAGIC + len(self).to_bytes(4, "little") + zlib.compress(body, 6)
+
+    @staticmethod
+    def from_bytes(blob: bytes) -> TermCounts:
+        """Inverse of :meth:`to_bytes`.
+
+        Raises
+        ------
+        ValueError
+            Not a term-count blob, or a corrupt one.
+        """
+        head = len(_MAGIC) + 4
+        if len(blob) < head or bytes(blob[:len(_MAGIC)]) != _MAGIC:
+            raise ValueError("not a term-count blob")
+        n = int.from_bytes(blob[len(_MAGIC):head], "little")
+        try:
+            body = zlib.decompress(bytes(blob[head:]))
+        except zlib.error as exc:
+            raise ValueError(f"corrupt term-count blob ({exc})") from None
+        if len(body) != 8 * n:
+            raise ValueError("corrupt term-count blob (length)")
+        keys = np.frombuffer(body[:4 * n], dtype="<u4").astype(np.uint32)
+        counts = np.frombuffer(body[4 * n:], dtype="<u4").astype(np.uint32)
+        if n > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            raise ValueError("corrupt term-count blob (keys not sorted)")
+        return TermCounts(keys, counts)
+
+
+@dataclass(frozen=True)
+class TaskTerms:
+    """What the ranking reads of a task's counts: sorted ``keys`` (n,) and unit log-tf ``weights`` (n,)."""
+
+    keys: np.ndarray
+    weights: np.ndarray
+
+    @staticmethod
+    def of(counts: TermCounts) -> TaskTerms:
+        """Unit ``1 + ln tf`` weights of the counts."""
+        w = 1.0 + np.log(np.maximum(counts.counts.astype(np.float64), 1.0))
+        norm = float(np.linalg.norm(w))
+        return TaskTerms(counts.keys, (w / norm) if norm > 0 else w)
+
+
+def lexical_scores(prompt: TermCounts, tasks: Sequence[TaskTerms]) -> np.ndarray:
+    """Lexical scores ``lex(p, t)`` in [0, 1] of one prompt for each task, shape (len(tasks),).
+
+    The idf is computed over ``tasks`` (see the module notes); 0 for a prompt without terms.
+    """
+    n = len(tasks)
+    out = np.zeros(n)
+    if not len(prompt) or n == 0:
+        return out
+    tf = np.zeros((n, len(prompt)))
+    for i, t in enumerate(tasks):
+        if t.keys.size == 0:
+            continue
+        pos = np.minimum(np.searchsorted(t.keys, prompt.keys), t.keys.size - 1)
+        hit = t.keys[pos] == prompt.keys
+        tf[i] = np.where(hit, t.weights[pos], 0.0)
+    df = np.count_nonzero(tf, axis=0)
+    q = (1.0 + np.log(prompt.counts.astype(np.float64))) * (np.log((1.0 + n) / (1.0 + df)) + 1.0)
+    q /= float(np.linalg.norm(q))
+    return np.asarray(np.clip(tf @ q, 0.0, 1.0))
+
+
+def standardised(x: np.ndarray) -> np.ndarray:
+    """``(x − mean) / std`` over the entries, shape as ``x``; zeros where ``x`` does not vary."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return x
+    sd = float(x.std())
+    return np.asarray((x - x.mean()) / sd) if sd > 1e-12 else np.zeros_like(x)
+
+
+def fuse(rank: np.ndarray, lexical: np.ndarray) -> np.ndarray:
+    """Hybrid ordering score ``z(rank) + z(lexical)`` over one prompt's candidates, shape (T,).
+
+    ``rank`` (T,) the Fisher ranking scores, ``lexical`` (T,) the prior-weighted lexical scores. Only the
+    order is meaningful (a sum of standard scores, no fixed range).
+    """
+    return np.asarray(standardised(rank) + standardised(lexical))
