@@ -139,7 +139,8 @@ class TermCounts:
 
 @dataclass(frozen=True)
 class TaskTerms:
-    """What the ranking reads of a task's counts: sorted ``keys`` (n,) and unit log-tf ``weights`` (n,)."""
+    """What the ranking reads of a task's counts: sorted ``keys`` (n,) uint32 and unit log-tf ``weights`` (n,)
+    float32."""
 
     keys: np.ndarray
     weights: np.ndarray
@@ -149,7 +150,7 @@ class TaskTerms:
         """Unit ``1 + ln tf`` weights of the counts."""
         w = 1.0 + np.log(np.maximum(counts.counts.astype(np.float64), 1.0))
         norm = float(np.linalg.norm(w))
-        return TaskTerms(counts.keys, (w / norm) if norm > 0 else w)
+        return TaskTerms(counts.keys, ((w / norm) if norm > 0 else w).astype(np.float32))
 
 
 def lexical_scores(prompt: TermCounts, tasks: Sequence[TaskTerms]) -> np.ndarray:

@@ -58,11 +58,13 @@ def put_terms(session: Session, task_id: int, counts: TermCounts) -> None:
 
 
 class _TermsCache:
-    """LRU of decoded :class:`TaskTerms` by blob digest (content-addressed: safe across stores)."""
+    """LRU of decoded :class:`TaskTerms` by blob digest (content-addressed: safe across stores), bounded by
+    the total number of terms held (8 bytes each: ``max_terms`` = 16 M is 128 MiB)."""
 
-    def __init__(self, max_items: int = 4096) -> None:
-        self.max_items = max_items
+    def __init__(self, max_terms: int = 16 * 1024 * 1024) -> None:
+        self.max_terms = max_terms
         self._items: OrderedDict[bytes, TaskTerms] = OrderedDict()
+        self._held = 0
         self._lock = threading.Lock()
 
     def get(self, digest: bytes) -> TaskTerms | None:
@@ -74,9 +76,13 @@ class _TermsCache:
 
     def put(self, digest: bytes, terms: TaskTerms) -> None:
         with self._lock:
+            if digest in self._items:
+                return
             self._items[digest] = terms
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
+            self._held += terms.keys.size
+            while self._held > self.max_terms and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._held -= old.keys.size
 
 
 _TERMS = _TermsCache()

@@ -438,7 +438,7 @@ def render(res: dict[str, Any], facts: str) -> str:
     t2 = report.table(["Samples in the small task", "Score", "other tasks' prompts taken (top-1)",
                        "its source's prompts routed to it", "highest score it reached"],
                       [[r["k"], r["score"], f"{r['taken']} / {r['total']}", f"{r['own']} / {r['own_total']}",
-                        f"{r['max_score']:.3f}"] for r in res["small"]])
+                        f"{r['max_score']:.3f}" if np.isfinite(r["max_score"]) else "–"] for r in res["small"]])
     c = res["completion"]
     t3 = report.table(["Routed on", *COMPLETION_SETS],
                       [[k, *[pct(v[d]) for d in COMPLETION_SETS]] for k, v in c["rows"].items()])

@@ -33,11 +33,13 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
     with client(url, api_key, timeout) as cl:
         res = cl.route(prompt, k=k, threshold=threshold, space=space)
     ranked = any(m.rank_score is not None for m in res.matches)  # what orders the matches
+    lexical = any(m.lexical is not None for m in res.matches)  # fused with rank_score (docs/SCORES.md)
     lines = [f"{'rank':>4}  {'score':>8}  {'faiss':>7}  {'act':>6}  {'err':>6}  " + ("ranking  " if ranked else "")
-             + "task"]
+             + ("lexical  " if lexical else "") + "task"]
     for i, m in enumerate(res.matches, start=1):
         rank = f"{m.rank_score:7.4f}  " if ranked and m.rank_score is not None else ""
-        lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  {rank}"
+        lex = f"{m.lexical:7.4f}  " if lexical and m.lexical is not None else ""
+        lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  {rank}{lex}"
                      f"{m.name} (id {m.task_id})")
     if res.none and res.nearest_rejects:
         lines.append("none: the task nearest to the prompt rejects it (below its threshold; docs/SCORES.md)")

@@ -125,3 +125,13 @@ def test_lexical_evidence_decides_between_near_twins_in_fisher_geometry() -> Non
                                             _cand(2, states[2], terms[2])], k=3, threshold=-1.0, prompt_terms=pt)
     assert all(m.lexical is None for m in missing.matches)
     assert [m.task_id for m in missing.matches] == [m.task_id for m in plain.matches]
+
+
+def test_the_terms_cache_is_bounded_by_the_terms_it_holds() -> None:
+    from atlas.lexicon_repo import _TermsCache
+
+    cache = _TermsCache(max_terms=10)
+    for i in range(5):
+        cache.put(bytes([i]), TaskTerms.of(TermCounts.from_texts([f"aa{i} bb{i} cc{i}"])))  # 5 terms each
+    assert cache.get(bytes([4])) is not None and cache.get(bytes([3])) is not None
+    assert cache.get(bytes([0])) is None and cache._held <= 10

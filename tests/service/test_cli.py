@@ -76,7 +76,8 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     assert _json(capsys)["status"] == "succeeded"
 
     assert main(["route", "The lazy fox", "-k", "2", *url]) == 0
-    assert "prose" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "prose" in out and "lexical" in out.splitlines()[0]  # the stored terms are fused in
     assert main(["route", "The lazy fox", "-k", "1", "--json", *url]) == 0
     assert _json(capsys)["matches"][0]["name"] in ("prose", "code", "math")
     assert main(["align", "prose", "code", "--json", *url]) == 0
