@@ -73,6 +73,9 @@ def routing_quality(out: Path) -> Path:
     # keep the parenthesised variant when two rows would share a label
     labels = [n if names.count(n) == 1 else r["Router"].replace("all-MiniLM-L6-v2, ", "MiniLM ")
               for n, r in zip(names, rows, strict=True)]
+    for long, short in (("FAISS candidates + ", ""), ("product route: ", "product: "), (", paper rule", ""),
+                        ("all-MiniLM-L6-v2 centroid, fused with lexical", "MiniLM centroid + lexical")):
+        labels = [x.replace(long, short) for x in labels]
     series = {"top-1 %": [_number(r["Top-1"]) for r in rows], "top-3 %": [_number(r["Top-3"]) for r in rows]}
     return save_grouped_bars(labels, series, out, title="Routing on the shared instruction tasks (held-out prompts)",
                              ylabel="accuracy (%)", ylim=(0, 105), value_fmt="{:.1f}")
