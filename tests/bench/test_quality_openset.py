@@ -70,7 +70,7 @@ def test_small_tasks_take_a_whole_refitted_ranking_matrix() -> None:
     refit = {(1, 1): np.array([[0.1, 0.9], [0.9, 0.2], [0.1, 0.9], [0.2, 0.7]])}  # column 0 moved too
     rows = small_tasks(S, S, truth, {(1, 1): S[:, 1]}, {(1, 1): S[:, 1]}, S, refit)
     k1 = {r["score"]: r for r in rows if r["k"] == 1}
-    assert k1["whitened ranking (product)"]["taken"] == 1 and k1["route score"]["taken"] == 0
+    assert k1["whitened ranking alone"]["taken"] == 1 and k1["route score"]["taken"] == 0
 
 
 def test_small_tasks_count_captures_of_other_tasks_prompts() -> None:
@@ -131,3 +131,32 @@ def test_the_nearest_tasks_threshold_also_holds_the_answer() -> None:
     alone, both = res["fsw_alone"], res["fsw_auto"]
     assert alone["none_unseen"] == 0.0  # the loose task accepts every prompt of the unseen tasks
     assert both["none_unseen"] >= 0.5  # their nearest indexed task rejects them unless it is a loose one too
+
+
+def test_hybrid_best_is_the_products_rerank_with_terms() -> None:
+    from atlas.lexical import TaskTerms, TermCounts
+    from bench.quality.openset import hybrid_best
+
+    rng = np.random.default_rng(3)
+    P, T = 12, 40
+    rank = rng.uniform(-0.3, 0.3, (P, T))
+    sig = rng.uniform(0, 1, (P, T))
+    words = [f"topic{j} word{j} extra{j}" for j in range(T)]
+    terms = [TaskTerms.of(TermCounts.from_texts([w] * 5)) for w in words]
+    n = np.full(T, 50)
+    cols = np.arange(T)
+    no_words = [TermCounts.from_texts(["!"])] * P  # no lexical evidence: the ranking's best FAISS candidate
+    cand = [cols[np.argsort(-sig[i], kind="stable")[:32]] for i in range(P)]
+    want = [c[np.argmax(rank[i, c])] for i, c in enumerate(cand)]
+    assert hybrid_best(rank, sig, no_words, terms, n, cols).tolist() == want
+    # each prompt names one candidate's words: among 32 candidates that one wins
+    target = [c[5] for c in cand]
+    named = [TermCounts.from_texts([words[t]]) for t in target]
+    got = hybrid_best(rank, sig, named, terms, n, cols)
+    assert got.tolist() == target  # a lexical z-score of ~6 against a uniform ranking
+    # a column outside the FAISS candidates is reached only through ``always``
+    outside = [int(np.argsort(-sig[i], kind="stable")[-1]) for i in range(P)]
+    named = [TermCounts.from_texts([words[t]]) for t in outside]
+    assert not np.any(hybrid_best(rank, sig, named, terms, n, cols) == np.array(outside))
+    got = hybrid_best(rank, sig, named, terms, n, cols, always=np.array(sorted(set(outside))))
+    assert got.tolist() == outside
