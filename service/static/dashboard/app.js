@@ -1081,7 +1081,8 @@
             taskLink(m.task_id, m.name ?? `task ${m.task_id}`),
             bar,
             h("span", { class: "mono score", title: m.rank_score !== undefined && m.rank_score !== null
-              ? `route score ${fmt(m.score)}; ranking score ${fmt(m.rank_score)} (orders the matches)`
+              ? `route score ${fmt(m.score)}; ranking score ${fmt(m.rank_score)}` + (m.lexical !== undefined && m.lexical !== null
+                ? `; lexical ${fmt(m.lexical)} (both order the matches)` : " (orders the matches)")
               : `route score ${fmt(m.score)}` }, fmt(m.score)));
         })) : null);
     }
