@@ -135,3 +135,25 @@ def test_the_terms_cache_is_bounded_by_the_terms_it_holds() -> None:
         cache.put(bytes([i]), TaskTerms.of(TermCounts.from_texts([f"aa{i} bb{i} cc{i}"])))  # 5 terms each
     assert cache.get(bytes([4])) is not None and cache.get(bytes([3])) is not None
     assert cache.get(bytes([0])) is None and cache._held <= 10
+
+
+_WORDS = st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta"]),
+                  min_size=0, max_size=6).map(" ".join)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.floats(-1.5, 1.5), st.integers(1, 12), _WORDS),
+                min_size=1, max_size=7), _WORDS, st.integers(1, 7))
+def test_rerank_orders_by_the_fused_score_of_every_candidate(tasks: list, prompt_words: str, k: int) -> None:
+    cands = [_cand(i, _state(seed, off, n_samples=n), TaskTerms.of(TermCounts.from_texts([w] * n)))
+             for i, (seed, off, n, w) in enumerate(tasks)]
+    pt = TermCounts.from_texts([prompt_words])
+    ans = routing.rerank_route(_state(99, 0.5, n_samples=1), cands, k=k, threshold=-1.0, prompt_terms=pt)
+    lex = lexical_scores(pt, [c.terms for c in cands])
+    ranks = routing.unwhitened_rank([routing.route_score(routing.unit_signature(_state(99, 0.5, n_samples=1)), c.state)
+                                     for c in cands], cands)
+    key = fuse(ranks, lex * routing.evidence_prior([c.state.n_samples for c in cands]))
+    got = [m.task_id for m in ans.matches]
+    assert len(got) == min(k, len(cands))
+    assert all(0.0 <= m.lexical <= 1.0 for m in ans.matches)
+    assert [round(float(key[i]), 6) for i in got] == sorted((round(float(x), 6) for x in key), reverse=True)[:len(got)]
