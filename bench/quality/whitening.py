@@ -34,16 +34,21 @@ from bench.quality.routing import (
     typicals,
 )
 
-SIZES = (8, 12, 16, 24, 32, 48, 64, 105)
+SIZES = (3, 5, 8, 12, 16, 24, 32, 48, 64, 105)
 
 
 def subsets(S: np.ndarray, states: list[Any], prompts: list[Any], truth: np.ndarray, typical: np.ndarray,
-            sizes: tuple[int, ...], draws: int, seed: int) -> list[dict[str, Any]]:
-    """Mean top-1 (route score, product ranking) over random sub-spaces of each size."""
+            sizes: tuple[int, ...], draws: int, seed: int, lexical: tuple[Any, ...] | None = None
+            ) -> list[dict[str, Any]]:
+    """Mean top-1 (route score, whitened ranking at every size, and — given ``lexical`` = (signature
+    cosines (P, T), prompt terms, task terms, task sample counts) — the product: its ranking, whitened from
+    ``WHITEN_MIN_TASKS`` tasks, fused with the lexical score) over random sub-spaces of each size."""
+    from bench.quality.openset import hybrid_best
+
     rng = np.random.default_rng(seed)
     rows = []
     for size in sizes:
-        plain, ranked = [], []
+        plain, ranked, fused = [], [], []
         for _ in range(draws if size < len(states) else 1):
             cols = np.sort(rng.choice(len(states), size, replace=False))
             mask = np.isin(truth, cols)
@@ -52,8 +57,17 @@ def subsets(S: np.ndarray, states: list[Any], prompts: list[Any], truth: np.ndar
             R = rank_matrix([p for p, keep in zip(prompts, mask, strict=True) if keep], [states[c] for c in cols],
                             np.arange(size), typical[cols], min_tasks=2)
             ranked.append(float(np.mean(R.argmax(1) == y)))
+            if lexical is not None:
+                sig, p_terms, t_terms, n_samples = lexical
+                sub = [p for p, keep in zip(prompts, mask, strict=True) if keep]
+                R = rank_matrix(sub, [states[c] for c in cols], np.arange(size), typical[cols])  # the product's
+                best = hybrid_best(R, sig[np.ix_(mask, cols)], [t for t, keep in zip(p_terms, mask, strict=True)
+                                                                if keep], [t_terms[c] for c in cols],
+                                   n_samples[cols], np.arange(size))
+                fused.append(float(np.mean(best == y)))
         rows.append({"tasks": size, "draws": len(plain), "route": float(np.mean(plain)),
-                     "ranked": float(np.mean(ranked)), "gain": float(np.mean(ranked) - np.mean(plain))})
+                     "ranked": float(np.mean(ranked)), "gain": float(np.mean(ranked) - np.mean(plain)),
+                     "fused": float(np.mean(fused)) if fused else float("nan")})
     return rows
 
 
@@ -96,15 +110,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cal = calibration_states(args, lm, names, splits)
     typical = typicals(index.states, [cal[n] for n in names])
     sizes = (*(s for s in SIZES if s < len(names)), len(names))
-    return {"rows": subsets(S, index.states, prompts, truth, typical, sizes, args.draws, args.seeds[0]),
+    lexical = (np.stack([f.signature for f in feats]) @ index.signatures().T, [f.terms for f in feats], index.terms,
+               np.array([int(st.n_samples) for st in index.states]))
+    return {"rows": subsets(S, index.states, prompts, truth, typical, sizes, args.draws, args.seeds[0], lexical),
             "costs": costs(args.m, args.seeds[0]), "n_prompts": len(feats), "lm": lm}
 
 
 def render(res: dict[str, Any], facts: str) -> str:
     """Markdown for ``quality.md``."""
-    table = report.table(["Tasks in the space", "draws", "top-1, route score", "top-1, whitened ranking", "gain"],
+    table = report.table(["Tasks in the space", "draws", "top-1, route score", "top-1, whitened ranking", "gain",
+                          "top-1, product (ranking fused with lexical)"],
                          [[r["tasks"], r["draws"], f"{r['route']:.1%}", f"{r['ranked']:.1%}",
-                           f"{100 * r['gain']:+.1f} pts"] for r in res["rows"]])
+                           f"{100 * r['gain']:+.1f} pts", f"{r.get('fused', float('nan')):.1%}"] for r in res["rows"]])
     c = res["costs"]
     return (
         f"Random sub-spaces of the 105 tasks, each whitened on its own tasks' means (`ae` and error; the ranking "
