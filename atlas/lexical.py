@@ -191,3 +191,11 @@ def fuse(rank: np.ndarray, lexical: np.ndarray) -> np.ndarray:
     order is meaningful (a sum of standard scores, no fixed range).
     """
     return np.asarray(standardised(rank) + standardised(lexical))
+
+
+def hybrid_key(rank: np.ndarray, prompt: TermCounts, tasks: Sequence[TaskTerms], prior: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(fused order key, lexical scores)`` of one prompt's candidates, shapes (T,), (T,): :func:`fuse` of the
+    ranking scores ``rank`` (T,) and the :func:`lexical_scores` taken at the evidence ``prior`` (T,)."""
+    lex = lexical_scores(prompt, tasks)
+    return fuse(rank, lex * np.asarray(prior, dtype=np.float64)), lex

@@ -9,14 +9,13 @@ through a process-wide LRU keyed by the blob's digest (:func:`get_task_terms`). 
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from atlas.lexical import TaskTerms, TermCounts
+from atlas.lru import ContentLru
 from atlas.models import JOB_SUCCEEDED, TaskLexicon, utcnow
 from atlas.samples import Sample
 
@@ -41,8 +40,7 @@ def _digest(blob: bytes) -> bytes:
 def add_terms(session: Session, task_id: int, counts: TermCounts) -> None:
     """Add ``counts`` to the task's stored term counts (creates the row)."""
     row = session.get(TaskLexicon, int(task_id), populate_existing=True)
-    merged = counts if row is None else TermCounts.from_bytes(row.terms).merge(counts)
-    put_terms(session, task_id, merged)
+    put_terms(session, task_id, counts if row is None else TermCounts.from_bytes(row.terms).merge(counts))
 
 
 def put_terms(session: Session, task_id: int, counts: TermCounts) -> None:
@@ -57,35 +55,8 @@ def put_terms(session: Session, task_id: int, counts: TermCounts) -> None:
     session.flush()
 
 
-class _TermsCache:
-    """LRU of decoded :class:`TaskTerms` by blob digest (content-addressed: safe across stores), bounded by
-    the total number of terms held (8 bytes each: ``max_terms`` = 16 M is 128 MiB)."""
-
-    def __init__(self, max_terms: int = 16 * 1024 * 1024) -> None:
-        self.max_terms = max_terms
-        self._items: OrderedDict[bytes, TaskTerms] = OrderedDict()
-        self._held = 0
-        self._lock = threading.Lock()
-
-    def get(self, digest: bytes) -> TaskTerms | None:
-        with self._lock:
-            hit = self._items.get(digest)
-            if hit is not None:
-                self._items.move_to_end(digest)
-            return hit
-
-    def put(self, digest: bytes, terms: TaskTerms) -> None:
-        with self._lock:
-            if digest in self._items:
-                return
-            self._items[digest] = terms
-            self._held += terms.keys.size
-            while self._held > self.max_terms and len(self._items) > 1:
-                _, old = self._items.popitem(last=False)
-                self._held -= old.keys.size
-
-
-_TERMS = _TermsCache()
+_TERMS: ContentLru[TaskTerms] = ContentLru(16 * 1024 * 1024, weigh=lambda t: int(t.keys.size))
+"""Decoded :class:`TaskTerms` by blob digest, bounded by the terms held (8 bytes each: 16 M is 128 MiB)."""
 
 
 def get_task_terms(session: Session, task_ids: Sequence[int]) -> dict[int, TaskTerms]:

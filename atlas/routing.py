@@ -461,8 +461,8 @@ def rerank_route(
         near, rank = None, unwhitened_rank(score, candidates)
     lex, key = None, rank
     if prompt_terms is not None and all(c.terms is not None for c in candidates):
-        lex = lexical.lexical_scores(prompt_terms, [c.terms for c in candidates])
-        key = lexical.fuse(rank, lex * evidence_prior(_n_samples(candidates)))
+        key, lex = lexical.hybrid_key(rank, prompt_terms, [c.terms for c in candidates],
+                                      evidence_prior(_n_samples(candidates)))
     order = sorted(range(len(candidates)),
                    key=lambda i: (-round(_f(key[i]), 9), -round(_f(rank[i]), 9), -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]

@@ -6,8 +6,7 @@ the task store. See :class:`atlas.models.TaskRouting` and docs/SCORES.md.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from sqlalchemy.orm import Session
 from atlas import lexicon_repo
 from atlas.errors import InvalidInput, NotFound
 from atlas.lexical import TermCounts
+from atlas.lru import ContentLru
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
 from atlas.routing import (
     FALSE_REJECT_RATE,
@@ -28,30 +28,8 @@ from atlas.routing import (
     state_view,
 )
 
-
-class _ViewCache:
-    """LRU of deserialised prompt-side states and their views, by (spec fingerprint, state digest)."""
-
-    def __init__(self, max_items: int = 2048) -> None:
-        self.max_items = max_items
-        self._items: OrderedDict[tuple[str, bytes], tuple[Any, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, bytes], make: Any) -> tuple[Any, Any]:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-                return hit
-        value: tuple[Any, Any] = make()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
-        return value
-
-
-_PROMPT_VIEWS = _ViewCache()
+_PROMPT_VIEWS: ContentLru[tuple[Any, Any]] = ContentLru(2048)
+"""Deserialised prompt-side states and their views, by (spec fingerprint, state digest)."""
 
 
 def get_routing(session: Session, task_id: int) -> TaskRouting | None:
@@ -164,6 +142,14 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         set_threshold_override(session, task_id, float(override))
 
 
+def _prompt_view(blob: bytes, spec: Any) -> tuple[Any, Any]:
+    """A prompt-side state blob deserialised, with its :func:`state_view`."""
+    from fishersketch import SketchState
+
+    state = SketchState.from_bytes(blob, spec=spec)
+    return state, state_view(state)
+
+
 def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score: Mapping[int, float]) -> list[Any]:
     """Re-rank candidates for loaded tasks: prompt-side state where the task has one, thresholds, terms.
 
@@ -178,7 +164,6 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
     faiss_score
         ANN score per task id (0 for tasks added because they route on a prompt-side state).
     """
-    from fishersketch import SketchState
 
     routes = get_task_routes(session, [x.task_id for x in loaded])
     terms = lexicon_repo.get_task_terms(session, [x.task_id for x in loaded])
@@ -190,10 +175,8 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
             blob = r.prompt_state
             # Content-addressed: a state blob ends with its own BLAKE2b digest, so two stores in one
             # process (a server and a library, or tests) never share an entry by task id.
-            state, view = _PROMPT_VIEWS.get(
-                (spec.fingerprint(), bytes(blob[-32:])),
-                lambda b=blob: (lambda s: (s, state_view(s)))(SketchState.from_bytes(b, spec=spec)),
-            )
+            state, view = _PROMPT_VIEWS.get_or_make((spec.fingerprint(), bytes(blob[-32:])),
+                                                    functools.partial(_prompt_view, blob, spec))
         out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
                              threshold=r.threshold, scale=r.scale, typical=r.typical, terms=terms.get(x.task_id)))
     return out

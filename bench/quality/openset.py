@@ -123,7 +123,7 @@ def hybrid_best(rank: np.ndarray, sig: np.ndarray, prompt_terms: list[Any], task
     tasks) ordered by :func:`atlas.lexical.fuse` of the ranking scores ``rank`` (P, T) and the prior-weighted
     lexical scores, as :func:`atlas.routing.rerank_route` does with terms."""
     from atlas.analysis import default_candidates
-    from atlas.lexical import fuse, lexical_scores
+    from atlas.lexical import hybrid_key
 
     prior = routing.evidence_prior(n_samples)
     extra = np.array([], dtype=int) if always is None else np.intersect1d(always, cols)
@@ -131,7 +131,7 @@ def hybrid_best(rank: np.ndarray, sig: np.ndarray, prompt_terms: list[Any], task
     for i in range(len(rank)):
         top = cols[np.argsort(-sig[i, cols], kind="stable")[:default_candidates(3)]]
         cand = np.union1d(top, extra)
-        key = fuse(rank[i, cand], lexical_scores(prompt_terms[i], [task_terms[j] for j in cand]) * prior[cand])
+        key, _ = hybrid_key(rank[i, cand], prompt_terms[i], [task_terms[j] for j in cand], prior[cand])
         out[i] = cand[np.lexsort((-rank[i, cand], -key))[0]]
     return out
 

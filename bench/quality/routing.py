@@ -282,7 +282,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndarray) -> dict[str, list[list[int]]]:
     """Top-3 task indices per prompt for every router (``typical``: the tasks' typical scores, (T,))."""
     from atlas.analysis import Candidate, default_candidates, rerank_route, state_view
-    from atlas.lexical import fuse, lexical_scores
+    from atlas.lexical import hybrid_key, lexical_scores
     from atlas.routing import evidence_prior, unit_means
     from atlas.whitening import fit_space_whitening
     from bench.quality.embed import UtteranceRouter, centroid_rank
@@ -339,8 +339,7 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndar
             if index.terms and f.terms is not None:  # semantic-router's HybridRouter idea, with our fusion
                 cos = _unit(centroids) @ _unit(f.minilm)
                 top = np.argsort(-cos, kind="stable")[:n_cand]
-                lex = lexical_scores(f.terms, [index.terms[j] for j in top]) * prior[top]
-                key = fuse(cos[top], lex)
+                key, _ = hybrid_key(cos[top], f.terms, [index.terms[j] for j in top], prior[top])
                 out[MINILM_HYBRID_ROW].append(top[np.lexsort((-cos[top], -key))][:3].tolist())
     return out
 

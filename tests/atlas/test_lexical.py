@@ -128,13 +128,14 @@ def test_lexical_evidence_decides_between_near_twins_in_fisher_geometry() -> Non
 
 
 def test_the_terms_cache_is_bounded_by_the_terms_it_holds() -> None:
-    from atlas.lexicon_repo import _TermsCache
+    from atlas import lexicon_repo
+    from atlas.lru import ContentLru
 
-    cache = _TermsCache(max_terms=10)
+    cache: ContentLru[TaskTerms] = ContentLru(10, weigh=lexicon_repo._TERMS._weigh)  # lexicon_repo's weight
     for i in range(5):
         cache.put(bytes([i]), TaskTerms.of(TermCounts.from_texts([f"aa{i} bb{i} cc{i}"])))  # 5 terms each
     assert cache.get(bytes([4])) is not None and cache.get(bytes([3])) is not None
-    assert cache.get(bytes([0])) is None and cache._held <= 10
+    assert cache.get(bytes([0])) is None and cache.held <= 10
 
 
 _WORDS = st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta"]),
