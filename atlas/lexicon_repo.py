@@ -1,16 +1,19 @@
 """Repository of the lexical side of tasks (``task_lexicon`` rows; all its SQL lives here).
 
-A job adds the term counts of its samples' routing texts (:func:`routing_text`) to its task
-(:func:`add_terms`, in the job's final transaction); the route path reads the candidates' terms
-through a process-wide LRU keyed by the blob's digest (:func:`get_task_terms`). See
-:mod:`atlas.lexical` and docs/SCORES.md ("Lexical evidence").
+A task's lexical record (:class:`LexicalRecord`: term counts and template) is one blob. A job adds
+its samples' routing texts (:func:`routing_text`) to its task (:func:`add_texts`, in the job's final
+transaction); the route path reads the candidates' records through a process-wide LRU keyed by the
+blob's digest (:func:`get_task_lexicon`). See :mod:`atlas.lexical`, :mod:`atlas.template` and
+docs/SCORES.md ("Lexical evidence", "Open set: template test").
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -18,6 +21,7 @@ from atlas.lexical import TaskTerms, TermCounts
 from atlas.lru import ContentLru
 from atlas.models import JOB_SUCCEEDED, TaskLexicon, utcnow
 from atlas.samples import Sample
+from atlas.template import TaskTemplate, presence
 
 
 def routing_text(sample: Sample, mode: str) -> str | None:
@@ -33,42 +37,120 @@ def counts_of(samples: Iterable[Sample], mode: str) -> TermCounts:
     return TermCounts.from_texts(routing_text(s, mode) for s in samples)
 
 
+_RECORD = b"FALR1"
+
+
+@dataclass(frozen=True)
+class LexicalDelta:
+    """What a job adds to its task's record, computed outside the final transaction: the term ``counts`` of
+    its samples' routing texts and each sample's :func:`atlas.template.presence`."""
+
+    counts: TermCounts
+    presences: list[np.ndarray]
+
+    @staticmethod
+    def of_texts(texts: Sequence[str | None]) -> LexicalDelta:
+        """The delta of a job's routing texts."""
+        return LexicalDelta(TermCounts.from_texts(texts), [presence(t) for t in texts])
+
+
+@dataclass(frozen=True)
+class LexicalRecord:
+    """What a task stores of its samples' words: term ``counts`` and ``template`` (``None``: stored before
+    templates existed — a bare :class:`atlas.lexical.TermCounts` blob — so the template test is off)."""
+
+    counts: TermCounts
+    template: TaskTemplate | None
+
+    def add(self, delta: LexicalDelta) -> LexicalRecord:
+        """This record with a job's :class:`LexicalDelta` added (counts summed, template intersected)."""
+        return LexicalRecord(self.counts.merge(delta.counts),
+                             None if self.template is None else self.template.add_presences(delta.presences))
+
+    def to_bytes(self) -> bytes:
+        """Serialisation (``from_bytes`` inverts it; a record without template is a bare counts blob)."""
+        counts = self.counts.to_bytes()
+        if self.template is None:
+            return counts
+        return _RECORD + len(counts).to_bytes(4, "little") + counts + self.template.to_bytes()
+
+    @staticmethod
+    def from_bytes(blob: bytes) -> LexicalRecord:
+        """Inverse of :meth:`to_bytes`; also reads a bare counts blob (no template).
+
+        Raises
+        ------
+        ValueError
+            Neither, or a corrupt one.
+        """
+        blob = bytes(blob)
+        if not blob.startswith(_RECORD):
+            return LexicalRecord(TermCounts.from_bytes(blob), None)
+        head = len(_RECORD) + 4
+        n = int.from_bytes(blob[len(_RECORD):head], "little")
+        if len(blob) < head + n:
+            raise ValueError("corrupt lexical record (length)")
+        return LexicalRecord(TermCounts.from_bytes(blob[head:head + n]), TaskTemplate.from_bytes(blob[head + n:]))
+
+
+@dataclass(frozen=True)
+class TaskLexical:
+    """What the route path reads of a task's record: ranking ``terms`` and the ``template``."""
+
+    terms: TaskTerms
+    template: TaskTemplate | None
+
+
+def routing_texts(samples: Iterable[Sample], mode: str) -> list[str | None]:
+    """The samples' :func:`routing_text`."""
+    return [routing_text(s, mode) for s in samples]
+
+
 def _digest(blob: bytes) -> bytes:
     return hashlib.blake2b(blob, digest_size=16).digest()
 
 
-def add_terms(session: Session, task_id: int, counts: TermCounts) -> None:
-    """Add ``counts`` to the task's stored term counts (creates the row)."""
+def add_delta(session: Session, task_id: int, delta: LexicalDelta) -> None:
+    """Add a job's ``delta`` to the task's stored record (creates it; a record stored without a template
+    gets none until re-derived — migration ``0004``, :func:`backfill` — its earlier samples not at hand)."""
     row = session.get(TaskLexicon, int(task_id), populate_existing=True)
-    put_terms(session, task_id, counts if row is None else TermCounts.from_bytes(row.terms).merge(counts))
+    old = LexicalRecord.from_bytes(row.terms) if row is not None else LexicalRecord(TermCounts.empty(),
+                                                                                      TaskTemplate.empty())
+    put_record(session, task_id, old.add(delta))
 
 
-def put_terms(session: Session, task_id: int, counts: TermCounts) -> None:
-    """Store ``counts`` as the task's term counts (replacing any)."""
-    blob = counts.to_bytes()
+def put_record(session: Session, task_id: int, record: LexicalRecord) -> None:
+    """Store ``record`` as the task's lexical record (replacing any)."""
+    blob = record.to_bytes()
+    n = len(record.counts)
     row = session.get(TaskLexicon, int(task_id))
     if row is None:
-        session.add(TaskLexicon(task_id=int(task_id), digest=_digest(blob), n_terms=len(counts), terms=blob,
+        session.add(TaskLexicon(task_id=int(task_id), digest=_digest(blob), n_terms=n, terms=blob,
                                 updated_at=utcnow()))
     else:
-        row.terms, row.digest, row.n_terms, row.updated_at = blob, _digest(blob), len(counts), utcnow()
+        row.terms, row.digest, row.n_terms, row.updated_at = blob, _digest(blob), n, utcnow()
     session.flush()
 
 
-_TERMS: ContentLru[TaskTerms] = ContentLru(16 * 1024 * 1024, weigh=lambda t: int(t.keys.size))
-"""Decoded :class:`TaskTerms` by blob digest, bounded by the terms held (8 bytes each: 16 M is 128 MiB)."""
+def _decode(blob: bytes) -> TaskLexical:
+    record = LexicalRecord.from_bytes(blob)
+    return TaskLexical(TaskTerms.of(record.counts), record.template)
 
 
-def get_task_terms(session: Session, task_ids: Sequence[int]) -> dict[int, TaskTerms]:
-    """The :class:`TaskTerms` of the tasks that have term counts (blobs read only for cache misses)."""
+_LEXICAL: ContentLru[TaskLexical] = ContentLru(16 * 1024 * 1024, weigh=lambda t: int(t.terms.keys.size))
+"""Decoded records by blob digest, bounded by the terms held (8 bytes each: 16 M is 128 MiB)."""
+
+
+def get_task_lexicon(session: Session, task_ids: Sequence[int]) -> dict[int, TaskLexical]:
+    """The :class:`TaskLexical` of the tasks that have a record (blobs read only for cache misses)."""
     ids = [int(i) for i in task_ids]
     if not ids:
         return {}
-    out: dict[int, TaskTerms] = {}
+    out: dict[int, TaskLexical] = {}
     missing: dict[bytes, int] = {}
     for tid, digest in session.execute(select(TaskLexicon.task_id, TaskLexicon.digest)
                                        .where(TaskLexicon.task_id.in_(ids))).all():
-        hit = _TERMS.get(bytes(digest))
+        hit = _LEXICAL.get(bytes(digest))
         if hit is None:
             missing[bytes(digest)] = int(tid)
         else:
@@ -77,14 +159,14 @@ def get_task_terms(session: Session, task_ids: Sequence[int]) -> dict[int, TaskT
         rows = session.execute(select(TaskLexicon.task_id, TaskLexicon.digest, TaskLexicon.terms)
                                .where(TaskLexicon.task_id.in_(list(missing.values())))).all()
         for tid, digest, blob in rows:
-            terms = TaskTerms.of(TermCounts.from_bytes(blob))
-            _TERMS.put(bytes(digest), terms)
-            out[int(tid)] = terms
+            lexical = _decode(blob)
+            _LEXICAL.put(bytes(digest), lexical)
+            out[int(tid)] = lexical
     return out
 
 
 def get_blobs(session: Session, task_ids: Sequence[int]) -> dict[int, bytes]:
-    """The stored term-count blobs of the tasks that have one (for space export)."""
+    """The stored lexical-record blobs of the tasks that have one (for space export)."""
     if not task_ids:
         return {}
     rows = session.execute(select(TaskLexicon.task_id, TaskLexicon.terms)
@@ -93,7 +175,7 @@ def get_blobs(session: Session, task_ids: Sequence[int]) -> dict[int, bytes]:
 
 
 def tasks_without_terms(session: Session) -> list[int]:
-    """Ready tasks that have no term counts (stored before the lexical side existed), by id."""
+    """Ready tasks that have no lexical record (stored before the lexical side existed), by id."""
     from atlas.models import TASK_READY, Task
 
     rows = session.execute(select(Task.id).outerjoin(TaskLexicon, TaskLexicon.task_id == Task.id)
@@ -101,10 +183,18 @@ def tasks_without_terms(session: Session) -> list[int]:
     return [int(i) for i in rows.scalars()]
 
 
-def backfill(session: Session, task_ids: Sequence[int]) -> int:
-    """Compute the term counts of tasks from the uploads of their succeeded jobs; returns how many got a row.
+def tasks_without_template(session: Session) -> list[int]:
+    """Tasks whose lexical record has no template (stored before templates existed), by id."""
+    rows = session.execute(select(TaskLexicon.task_id, TaskLexicon.terms).order_by(TaskLexicon.task_id)).all()
+    return [int(t) for t, blob in rows if not bytes(blob).startswith(_RECORD)]
 
-    Reads named columns only (no ORM entity loads), so migration ``0003`` can run it on its own schema.
+
+def backfill(session: Session, task_ids: Sequence[int]) -> int:
+    """Re-derive the lexical records of tasks from the uploads of their succeeded jobs, job by job as the
+    jobs added them; returns how many got a record.
+
+    Reads named columns only (no ORM entity loads), so migrations ``0003`` and ``0004`` can run it on their
+    own schema.
     """
     from atlas.models import Job, Task, Upload
     from atlas.upload_repository import decode_samples
@@ -117,11 +207,11 @@ def backfill(session: Session, task_ids: Sequence[int]) -> int:
         uploads = session.execute(select(Job.upload_id).where(Job.task_id == int(tid),
                                                               Job.status == JOB_SUCCEEDED)
                                   .order_by(Job.id)).scalars().all()
-        counts = TermCounts.empty()
+        record = LexicalRecord(TermCounts.empty(), TaskTemplate.empty())
         for upload_id in dict.fromkeys(uploads):
             content = session.execute(select(Upload.content).where(Upload.id == upload_id)).scalar_one_or_none()
             if content is not None:
-                counts = counts.merge(counts_of(decode_samples(content), str(mode)))
-        put_terms(session, int(tid), counts)
+                record = record.add(LexicalDelta.of_texts(routing_texts(decode_samples(content), str(mode))))
+        put_record(session, int(tid), record)
         done += 1
     return done

@@ -42,6 +42,14 @@ from typing import Any
 import numpy as np
 
 from atlas import lexical
+from atlas.route_calibration import CALIBRATION_CONFIDENCE as CALIBRATION_CONFIDENCE
+from atlas.route_calibration import CALIBRATION_SAMPLES as CALIBRATION_SAMPLES
+from atlas.route_calibration import FALSE_REJECT_RATE as FALSE_REJECT_RATE
+from atlas.route_calibration import MAX_CAL_SCORES
+from atlas.route_calibration import MIN_CALIBRATION as MIN_CALIBRATION
+from atlas.route_calibration import Calibration as Calibration
+from atlas.route_calibration import calibrate as calibrate
+from atlas.route_calibration import calibration_pick as calibration_pick
 from atlas.whitening import SpaceWhitening, Whitening
 
 PRIOR_DRAWS = 1.0
@@ -49,14 +57,6 @@ PRIOR_DRAWS = 1.0
 PRIOR_SAMPLES = 4.0
 """Minimum-evidence prior ``κ`` in samples: the signal term is inflated by ``κ / n_samples`` (draws are
 tokens, which are correlated within a sample, so evidence is counted in samples)."""
-FALSE_REJECT_RATE = 0.05
-"""Target false-reject rate of the calibrated per-task thresholds (the quantile of held-out scores)."""
-MIN_CALIBRATION = 5
-"""Fewest held-out scores from which a task's threshold is estimated; fewer: the global default."""
-CALIBRATION_SAMPLES = 32
-"""Samples of one job scored leave-one-out (evenly spaced over the job's samples)."""
-MAX_CAL_SCORES = 256
-"""Held-out scores kept per task (appends add theirs; the oldest are dropped beyond this)."""
 RANK_TYPICAL_WEIGHT = 0.5
 """Weight ``λ`` of the task's typical held-out score subtracted in the ranking (see :func:`rank_scores`)."""
 TYPICAL_PRIOR = 1.0
@@ -130,58 +130,6 @@ def leave_one_out_scores(task_state: Any, sample_states: Sequence[Any]) -> list[
     return out
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """A task's calibration: held-out scores, the threshold at ``false_reject_rate`` and their spread."""
-
-    scores: list[float]
-    threshold: float | None
-    scale: float | None
-    false_reject_rate: float
-
-
-CALIBRATION_CONFIDENCE = 0.9
-"""Confidence that the calibrated threshold rejects at most ``FALSE_REJECT_RATE`` of the task's prompts."""
-
-
-def calibrate(scores: Iterable[float], false_reject_rate: float = FALSE_REJECT_RATE) -> Calibration:
-    """Threshold from held-out in-task scores (``None`` if fewer than ``MIN_CALIBRATION``).
-
-    A lower tolerance bound: with confidence ``CALIBRATION_CONFIDENCE`` at most ``false_reject_rate``
-    of the task's prompts score below it. The lower of the normal one-sided tolerance bound
-    ``mean − k σ``, the empirical ``false_reject_rate`` quantile and, when one exists (n ≳ 45), the
-    distribution-free order statistic ``x₍ᵣ₎`` with ``P(Binomial(n, rate) ≥ r) ≥ confidence``.
-    """
-    from statistics import NormalDist
-
-    from scipy.stats import binom
-
-    xs = [float(x) for x in scores if math.isfinite(float(x))][-MAX_CAL_SCORES:]
-    if len(xs) < MIN_CALIBRATION:
-        return Calibration(xs, None, None, false_reject_rate)
-    arr = np.sort(np.asarray(xs))
-    n = arr.size
-    sd = float(np.std(arr, ddof=1))
-    zp = NormalDist().inv_cdf(1.0 - false_reject_rate)
-    zg = NormalDist().inv_cdf(CALIBRATION_CONFIDENCE)
-    a = 1.0 - zg**2 / (2.0 * (n - 1))
-    b = zp**2 - zg**2 / n
-    k = (zp + math.sqrt(max(zp**2 - a * b, 0.0))) / a if a > 0 else zp * 3.0
-    thr = float(np.mean(arr)) - k * sd
-    r = int(binom.isf(CALIBRATION_CONFIDENCE, n, false_reject_rate))  # largest r with P(B >= r) >= confidence
-    if r >= 1:
-        thr = min(thr, float(arr[r - 1]))
-    thr = min(thr, float(np.quantile(arr, false_reject_rate, method="lower")))
-    return Calibration(xs, float(np.clip(thr, -1.0, 1.0)), max(sd, 1e-3), false_reject_rate)
-
-
-def calibration_pick(n: int, cap: int = CALIBRATION_SAMPLES) -> list[int]:
-    """Indices of the samples scored leave-one-out: at most ``cap``, evenly spaced over ``range(n)``."""
-    if n <= cap:
-        return list(range(n))
-    return sorted(set(np.linspace(0, n - 1, cap).round().astype(int).tolist()))
-
-
 def typical_score(cal_scores: Iterable[float]) -> float:
     """A task's typical held-out route score: the mean of its leave-one-out scores shrunk towards
     ``TYPICAL_PRIOR`` by ``PRIOR_SAMPLES`` pseudo-scores, in [−1, 1] (``TYPICAL_PRIOR`` with none)."""
@@ -237,6 +185,8 @@ class Candidate:
         The task's :func:`typical_score`; ``None``: never calibrated (see :func:`rank_scores`).
     terms : atlas.lexical.TaskTerms, optional
         The task's lexical terms; ``None``: none stored (then the query is ranked without lexical evidence).
+    template : atlas.template.TaskTemplate, optional
+        The terms every sample of the task has (the open set's template test); ``None``: none stored.
     """
 
     task_id: int
@@ -248,6 +198,7 @@ class Candidate:
     scale: float | None = None
     typical: float | None = None
     terms: Any = None
+    template: Any = None
 
 
 @dataclass(frozen=True)
@@ -273,7 +224,8 @@ class RouteAnswer:
     ``threshold`` is the one the best match was held to; ``confidence`` is that of the answer given
     (the best task when ``none`` is false, "no task" when it is true); ``nearest_rejects``: in a whitened
     space, the task nearest to the prompt before the typical-score term (not the answered one) holds the
-    prompt below its threshold — then ``none`` too (see :func:`rerank_route`).
+    prompt below its threshold — then ``none`` too (see :func:`rerank_route`); ``template_rejects``: the
+    prompt lacks a term every sample of the answered task has (:mod:`atlas.template`) — then ``none`` too.
     """
 
     matches: list[RouteMatch]
@@ -282,6 +234,7 @@ class RouteAnswer:
     threshold: float
     confidence: float = 1.0
     nearest_rejects: bool = False
+    template_rejects: bool = False
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -432,7 +385,9 @@ def rerank_route(
         ``nearest_rejects`` set and at least that task's confidence in the rejection.
     prompt_terms : atlas.lexical.TermCounts, optional
         The prompt's terms: when given and every candidate has ``terms``, matches are ordered by the hybrid
-        :func:`atlas.lexical.fuse` of the ranking score and the lexical score (reported as ``lexical``).
+        :func:`atlas.lexical.fuse` of the ranking score and the lexical score (reported as ``lexical``); and
+        when the answered task's template is active and the prompt lacks one of its terms, ``none``, with
+        ``template_rejects`` set and at least the template's confidence (:mod:`atlas.template`).
 
     Returns
     -------
@@ -494,7 +449,11 @@ def rerank_route(
         if rejects:
             conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
             none = True
+    tpl = candidates[order[0]].template
+    lacks = prompt_terms is not None and tpl is not None and tpl.missing(prompt_terms) > 0
+    if lacks:
+        conf, none = max(conf if none else 0.0, 1.0 - tpl.false_reject), True
     return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf,
-                       nearest_rejects=rejects)
+                       nearest_rejects=rejects, template_rejects=lacks)
 
 

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session
 
 from atlas import lexicon_repo
 from atlas.errors import InvalidInput, NotFound
-from atlas.lexical import TermCounts
 from atlas.lru import ContentLru
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
 from atlas.routing import (
@@ -132,12 +131,13 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         scores = [float(x) for x in record.get("cal_scores") or []]
         override = record.get("threshold_override")
         frr = float(record.get("false_reject_rate") or FALSE_REJECT_RATE)
-        terms = TermCounts.from_bytes(base64.b64decode(record["terms"], validate=True)) if record.get("terms") else None
+        terms = (lexicon_repo.LexicalRecord.from_bytes(base64.b64decode(record["terms"], validate=True))
+                 if record.get("terms") else None)
     except Exception as exc:
         raise InvalidInput(f"task {task_id}: invalid routing record ({exc})") from None
     store_routing(session, task_id, prompt_state=blob, calibration=calibrate(scores, frr))
     if terms is not None:
-        lexicon_repo.put_terms(session, task_id, terms)
+        lexicon_repo.put_record(session, task_id, terms)
     if override is not None:
         set_threshold_override(session, task_id, float(override))
 
@@ -151,7 +151,7 @@ def _prompt_view(blob: bytes, spec: Any) -> tuple[Any, Any]:
 
 
 def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score: Mapping[int, float]) -> list[Any]:
-    """Re-rank candidates for loaded tasks: prompt-side state where the task has one, thresholds, terms.
+    """Re-rank candidates for loaded tasks: prompt-side state where the task has one, thresholds, terms, template.
 
     Parameters
     ----------
@@ -166,7 +166,7 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
     """
 
     routes = get_task_routes(session, [x.task_id for x in loaded])
-    terms = lexicon_repo.get_task_terms(session, [x.task_id for x in loaded])
+    lexicon = lexicon_repo.get_task_lexicon(session, [x.task_id for x in loaded])
     out = []
     for x in loaded:
         r = routes.get(x.task_id, TaskRoute())
@@ -177,8 +177,10 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
             # process (a server and a library, or tests) never share an entry by task id.
             state, view = _PROMPT_VIEWS.get_or_make((spec.fingerprint(), bytes(blob[-32:])),
                                                     functools.partial(_prompt_view, blob, spec))
+        lex = lexicon.get(x.task_id)
         out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
-                             threshold=r.threshold, scale=r.scale, typical=r.typical, terms=terms.get(x.task_id)))
+                             threshold=r.threshold, scale=r.scale, typical=r.typical,
+                             terms=None if lex is None else lex.terms, template=None if lex is None else lex.template))
     return out
 
 

@@ -68,6 +68,10 @@ class Settings(BaseSettings):
         default=True, description="Order route matches by the hybrid of the Fisher ranking and the tasks' "
         "lexical evidence (atlas.lexical); false: the Fisher ranking alone.",
     )
+    route_template: bool = Field(
+        default=True, description="Answer 'none' when a prompt lacks a term every sample of the answered task "
+        "has, for tasks whose template is active (atlas.template); needs route_lexical.",
+    )
     index_kind: Literal["auto", "flat", "ivf"] = Field(
         default="auto",
         description="'auto' (or 'ivf'): exact flat below index_ivf_min_size signatures, the two-stage index "

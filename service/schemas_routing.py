@@ -1,10 +1,116 @@
-"""Request and response models of the route thresholds: ``/v1/route/fit`` and ``/v1/tasks/{id}/routing``."""
+"""Request and response models of routing: ``/v1/route``, ``/v1/route/fit`` and ``/v1/tasks/{id}/routing``."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.schemas import _Out
+
+
+class RouteRequest(BaseModel):
+    """Route one prompt (``prompt``) or a batch (``prompts``) to the nearest stored tasks."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"prompt": "Is the Eiffel tower in Paris?", "k": 3},
+                {"prompts": ["CCOc1ccccc1", "To be, or not to be"], "k": 1, "threshold": 0.2},
+            ]
+        },
+    )
+
+    prompt: str | None = Field(default=None, min_length=1, description="One prompt.")
+    prompts: list[str] | None = Field(default=None, min_length=1, max_length=64, description="A batch of prompts.")
+    k: int = Field(default=5, ge=1, le=100, description="Matches returned per prompt.")
+    threshold: float | None = Field(
+        default=None, ge=-1.0, le=1.0,
+        description="Open-set threshold on the best score; `none` is true below it. Default: the service's.",
+    )
+    candidates: int | None = Field(
+        default=None, ge=1, le=4096, description="FAISS candidates re-ranked exactly; default max(4k, 32)."
+    )
+    space: str | None = Field(default=None, description="Space id or name; default: the loaded model's space.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RouteRequest:
+        if (self.prompt is None) == (self.prompts is None):
+            raise ValueError("give exactly one of 'prompt' or 'prompts'")
+        if self.prompts is not None and any(not p for p in self.prompts):
+            raise ValueError("prompts must be non-empty strings")
+        return self
+
+    def texts(self) -> list[str]:
+        """The prompts as a list."""
+        return [self.prompt] if self.prompt is not None else list(self.prompts or [])
+
+
+class RouteMatch(_Out):
+    """One candidate task for a prompt."""
+
+    task_id: int
+    name: str
+    score: float = Field(description="Route score, a cosine in [-1, 1] between the prompt and the task's routing "
+                                     "state, shrunk for the task's size and noise (docs/SCORES.md).")
+    faiss_score: float = Field(description="Inner product of the unit signatures (the ANN stage).")
+    activation: float = Field(description="S_cov(M_a) of prompt and task in [0, 1]: activation-side similarity.")
+    error: float = Field(description="S_cov(Γ_e) of prompt and task in [0, 1]: error-side similarity.")
+    threshold: float | None = Field(default=None, description="The threshold this task is held to (request, task "
+                                    "override, calibrated, or global default).")
+    confidence: float | None = Field(default=None, description="sigmoid((score - threshold) / scale) in [0, 1]: "
+                                     "0.5 on the threshold (docs/SCORES.md).")
+    rank_score: float | None = Field(default=None, description="Fisher ranking score in [-1, 1] (docs/SCORES.md).")
+    lexical: float | None = Field(default=None, description="Lexical score in [0, 1]; set when it is fused with "
+                                  "rank_score to order the matches (docs/SCORES.md, 'Lexical evidence').")
+
+
+class RouteResult(_Out):
+    """The answer for one prompt."""
+
+    matches: list[RouteMatch]
+    none: bool = Field(description="True when no stored task fits: the best match's score is under its threshold, "
+                                   "the nearest task rejects the prompt, or it lacks the answered task's template.")
+    best_score: float | None = None
+    threshold: float
+    confidence: float | None = Field(default=None, description="Confidence in [0, 1] of the answer given: the best "
+                                     "task, or no task when `none` is true.")
+    nearest_rejects: bool = Field(default=False, description="`none` because the nearest task rejects the prompt.")
+    template_rejects: bool = Field(default=False, description="`none` because the prompt lacks a term every sample "
+                                   "of the answered task has (docs/SCORES.md, 'Open set: template test').")
+
+
+class RouteResponse(_Out):
+    """Answer of ``POST /v1/route``.
+
+    The top-level fields answer ``prompt`` (or ``prompts[0]``); ``results[i]`` answers ``prompts[i]``.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "matches": [{"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
+                                 "activation": 0.93, "error": 0.58}],
+                    "none": False, "best_score": 0.61, "threshold": 0.05,
+                    "results": [
+                        {"matches": [{"task_id": 3, "name": "boolq", "score": 0.61, "faiss_score": 0.42,
+                                      "activation": 0.93, "error": 0.58}],
+                         "none": False, "best_score": 0.61, "threshold": 0.05}
+                    ],
+                }
+            ]
+        },
+    )
+
+    matches: list[RouteMatch]
+    none: bool
+    best_score: float | None = None
+    threshold: float
+    confidence: float | None = None
+    nearest_rejects: bool = False
+    template_rejects: bool = False
+    results: list[RouteResult]
 
 
 class FitExample(BaseModel):
@@ -60,3 +166,9 @@ class RoutingInfo(_Out):
     prompt_side: bool = Field(default=False, description="Routes on a prompt-side state (completion mode).")
     typical_score: float | None = Field(default=None, description="Shrunk mean of the held-out scores, subtracted "
                                         "(×½) in the ranking of a whitened space (docs/SCORES.md, 'Ranking').")
+    template_terms: int | None = Field(default=None, description="Terms every sample of the task has (its template; "
+                                       "null: stored before templates).")
+    template_active: bool | None = Field(default=None, description="Whether a prompt lacking a template term is "
+                                         "answered `none` (docs/SCORES.md, 'Open set: template test').")
+    template_false_reject: float | None = Field(default=None, description="Estimated share of the task's prompts "
+                                                "lacking a template term, (misses + 1) / (checks + 2).")

@@ -41,7 +41,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from atlas import db, job_store, lexicon_repo, repository
 from atlas.baselines import BaselineSums
 from atlas.errors import AtlasError, IncompatibleSpace
-from atlas.lexical import TermCounts
 from atlas.models import JOB_APPEND, JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
 from atlas.settings import Settings
 from atlas.vocabulary import ModeName
@@ -395,13 +394,15 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
         _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint")
         return "released"
     side = calibration.prompt_side_or_none(extractor, samples, mode) if res.state.n_tokens else None
-    terms = lexicon_repo.counts_of(samples, mode) if res.state.n_tokens else None
-    return _store(ctx, claim, res, None if side is None else (mode, side), terms)
+    texts = lexicon_repo.routing_texts(samples, mode)
+    lexical = lexicon_repo.LexicalDelta.of_texts(texts) if res.state.n_tokens else None
+    return _store(ctx, claim, res, None if side is None else (mode, side), lexical)
 
 
 def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
-           routing_side: tuple[str, calibration.PromptSide] | None = None, terms: TermCounts | None = None) -> str:
-    """The final transaction: merge into the task (state, routing side, term counts), store, mark done, log
+           routing_side: tuple[str, calibration.PromptSide] | None = None,
+           lexical: lexicon_repo.LexicalDelta | None = None) -> str:
+    """The final transaction: merge into the task (state, routing side, lexical record), store, mark done, log
     the change."""
     from fishersketch import SketchState
 
@@ -433,8 +434,8 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
             )
             if routing_side is not None:
                 calibration.store_routing_side(s, task.id, routing_side[0], merged, routing_side[1])
-            if terms is not None:
-                lexicon_repo.add_terms(s, task.id, terms)
+            if lexical is not None:
+                lexicon_repo.add_delta(s, task.id, lexical)
             job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, _progress_of(res, final=True))
         elif outcome == JOB_SUCCEEDED:  # an append with nothing usable: nothing to merge
             job_store.mark_succeeded(s, job, summary | {"note": error}, _progress_of(res, final=True))

@@ -147,7 +147,9 @@ class QueryService:
         states), then the exact re-rank, for each query state; ``per_task``: each task's own calibrated
         threshold instead of ``threshold``; matches are ordered by the space-whitened ranking score
         (:mod:`atlas.whitening`, ``docs/SCORES.md``), fused with the lexical score of the prompt ``texts``
-        (one per state; :mod:`atlas.lexical`) unless ``settings.route_lexical`` is false."""
+        (one per state; :mod:`atlas.lexical`) unless ``settings.route_lexical`` is false; a prompt that lacks
+        a term of the answered task's active template is answered ``none`` (:mod:`atlas.template`) unless
+        ``settings.route_template`` is false."""
         answers = []
         queries = np.stack([np.asarray(st.signature(), dtype=np.float32) for st in states])
         with self.store.read() as session:
@@ -169,7 +171,9 @@ class QueryService:
         if texts is not None and self.settings.route_lexical:
             terms = [TermCounts.from_texts([t]) for t in texts]
         for st, hit, pt in zip(states, hits, terms, strict=True):
-            cands = [replace(c, faiss_score=hit.get(t, 0.0)) for t, c in base.items() if t in hit or t in prompt_side]
+            keep = self.settings.route_template
+            cands = [replace(c, faiss_score=hit.get(t, 0.0), template=c.template if keep else None)
+                     for t, c in base.items() if t in hit or t in prompt_side]
             answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task,
                                                  whitening=whitening, prompt_terms=pt))
         return answers

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from atlas import repository, routing, routing_repo
+from atlas import lexicon_repo, repository, routing, routing_repo
 from atlas.errors import InvalidInput, NotFound
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.services.queries import QueryService
@@ -45,8 +45,13 @@ class ThresholdService:
         with self.store.read() as session:
             repository.get_task(session, task_id)
             row = routing_repo.get_routing(session, task_id)
+            lexical = lexicon_repo.get_task_lexicon(session, [task_id]).get(task_id)
+            tpl = None if lexical is None else lexical.template
+            template = {} if tpl is None else {
+                "template_terms": int(tpl.keys.size), "template_active": tpl.active,
+                "template_false_reject": tpl.false_reject}
             if row is None:
-                return {"task_id": task_id, "threshold": self.default, "source": "default"}
+                return {"task_id": task_id, "threshold": self.default, "source": "default"} | template
             thr, src = self.default, "default"
             if row.threshold_override is not None:
                 thr, src = float(row.threshold_override), "override"
@@ -56,7 +61,7 @@ class ThresholdService:
                     "threshold_override": row.threshold_override, "threshold_auto": row.threshold_auto,
                     "calibration_scores": len(row.cal_scores or []), "false_reject_rate": row.false_reject_rate,
                     "prompt_side": row.prompt_state is not None,
-                    "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None}
+                    "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
 
     def set_override(self, task_id: int, threshold: float | None) -> dict[str, Any]:
         """Set (or clear with ``None``) the task's threshold override."""
@@ -88,7 +93,8 @@ class ThresholdService:
                         else repository.get_task_by_name(session, space.id, label))
                 labels.append(int(task.id))
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
-                             forced_none=a.nearest_rejects) for lab, a in zip(labels, answers, strict=True)]
+                             forced_none=a.nearest_rejects or a.template_rejects)
+                     for lab, a in zip(labels, answers, strict=True)]
             ids = sorted({t for it in items for t in it.scores})
             routes = routing_repo.get_task_routes(session, ids)
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}

@@ -9,7 +9,7 @@ Same 105 multitask_instructions tasks, splits, index cache and prompts as experi
   scored leave-one-out, 5 % false-reject target). The indexed tasks' 10 held-out prompts are split
   5 for ``fit`` / 5 for evaluation; the unseen tasks are split in two halves, one giving "none"
   examples to ``fit``, the other evaluated (and then swapped: cross-fitting, so no unseen task is
-  both fitted on and evaluated). Routers: FisherAtlas with its calibrated thresholds (no labels),
+  both fitted on and evaluated). Routers: FisherAtlas with its calibrated thresholds and template test (no labels),
   FisherAtlas after ``fit``, and a threshold fitted by accuracy on the same labelled prompts
   (semantic-router's ``fit`` objective) for FisherAtlas and for a MiniLM centroid router.
   Reported: "none" on unseen prompts (goal ≥ 0.90), "none" on indexed prompts (goal ≤ 0.05),
@@ -38,6 +38,7 @@ from atlas import lexicon_repo, routing
 from atlas.lexical import TaskTerms, TermCounts
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
+from atlas.template import TaskTemplate
 from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
 from bench.quality import report
 from bench.quality.common import log, make_extractor, make_sketcher, pct, run_and_report
@@ -171,16 +172,19 @@ def _oracle_rates(best: np.ndarray, score: np.ndarray, label: np.ndarray, unseen
 def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_auto: np.ndarray,
                    cal: list[routing.Calibration], indexed: np.ndarray, label: np.ndarray, unseen: np.ndarray,
                    is_fit: np.ndarray, is_eval: np.ndarray, nearest: np.ndarray | None = None,
-                   auroc_score: np.ndarray | None = None) -> tuple[dict[str, float], dict[str, float]]:
+                   auroc_score: np.ndarray | None = None, lacks: np.ndarray | None = None
+                   ) -> tuple[dict[str, float], dict[str, float]]:
     """Rates with the calibrated per-task thresholds, then after ``fit`` on the ``is_fit`` prompts, for the
     answers ``top`` held to their task's threshold on the route score ``top_score`` and, with ``nearest``
-    (the task nearest before the typical-score term), to that task's threshold too, as
+    (the task nearest before the typical-score term), to that task's threshold too, and with ``lacks``
+    (P, T) bool (the prompt lacks the task's active template) to the answered task's template, as
     :func:`atlas.routing.rerank_route` does. AUROC on ``auroc_score`` (default ``top_score``)."""
     rows = np.arange(len(top))
     nearest = top if nearest is None else nearest
+    template = np.zeros(len(top), bool) if lacks is None else lacks[rows, top]
 
     def rejects(thr: np.ndarray) -> np.ndarray:
-        return np.asarray((nearest != top) & (S[rows, nearest] < thr[nearest]))
+        return np.asarray(((nearest != top) & (S[rows, nearest] < thr[nearest])) | template)
 
     floored = rejects(thr_auto)
     auroc_score = top_score if auroc_score is None else auroc_score
@@ -198,7 +202,8 @@ def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_au
 
 
 def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.ndarray, cal: list[routing.Calibration],
-             repeats: int, seed: int, rank: Any = None, hybrid: Any = None) -> dict[str, Any]:
+             repeats: int, seed: int, rank: Any = None, hybrid: Any = None, lacks: np.ndarray | None = None
+             ) -> dict[str, Any]:
     """The open-set protocol of the module notes; medians over repeats (cross-fitted halves averaged).
 
     ``rank(indexed)``, when given, returns the product's shrunk cosines and ranking matrix for a draw's
@@ -206,7 +211,8 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
     that task's threshold on the route score ``S`` and to that of the cosines' best column.
     ``hybrid(ranked, indexed)``, when given, returns the product's answered column per prompt with
     lexical evidence (:func:`hybrid_best`): the product rows then use it, the ranking's best column
-    gives the "no lexical" row.
+    gives the "no lexical" row. ``lacks`` (P, T) bool, when given: the prompt lacks the task's active
+    template (:mod:`atlas.template`); the product rows answer "none" then, the "no template" row does not.
     """
     T = S.shape[1]
     thr_auto = np.array([c.threshold if c.threshold is not None else DEFAULT_THRESHOLD for c in cal])
@@ -240,7 +246,10 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
                     wr = ranked[np.arange(len(S)), wb]
                 ws = S[np.arange(len(S)), wb]
                 res["fsw_auto"], res["fsw_fit"] = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
-                                                                 auroc_score=wr)
+                                                                 auroc_score=wr, lacks=lacks)
+                if lacks is not None:
+                    res["fsw_no_template"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
+                                                               auroc_score=wr)
                 res["fsw_alone"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, auroc_score=wr)
                 res["fsw_oracle"] = _oracle_rates(wb, wr, label, unseen, is_eval)
             mb, ms = _best(M, indexed)
@@ -377,9 +386,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     n_samp = np.array([int(st.n_samples) for st in index.states])
     H = hybrid_best(R, sig, p_terms, index.terms, n_samp, np.arange(len(names)))
     log(f"top-1: ranking fused with lexical (product) {np.mean(truth == H):.3f}")
+    templates = [TaskTemplate.of_texts(x.input for x in splits[n][0]) for n in names]  # one job each
+    lacks = np.array([[t.missing(pt) > 0 for t in templates] for pt in p_terms])
+    log(f"templates: {sum(t.active for t in templates)} of {len(names)} active; own prompts lacking theirs "
+        f"{np.mean(lacks[np.arange(len(truth)), truth]):.2%}")
     opens = open_set(S, M, truth, per_prompt, cal, args.repeats, args.seeds[0],
                      rank=lambda cols: rank_parts_matrix(prompt_states, index.states, cols, typical),
-                     hybrid=lambda ranked, cols: hybrid_best(ranked, sig, p_terms, index.terms, n_samp, cols))
+                     hybrid=lambda ranked, cols: hybrid_best(ranked, sig, p_terms, index.terms, n_samp, cols),
+                     lacks=lacks)
     rng = np.random.default_rng(args.seeds[0] + 7)
     sources = rng.choice(len(names), min(args.small_sources, len(names)), replace=False)
     small_new, small_old, small_rank, small_top = {}, {}, {}, {}
@@ -412,11 +426,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "top1": float(np.mean(np.argmax(S, 1) == truth)), "n_sources": len(sources),
             "top1_ranked": float(np.mean(np.argmax(R, 1) == truth)), "top1_hybrid": float(np.mean(truth == H)),
             "threshold_quantiles": np.quantile(thr, [0, 0.25, 0.5, 0.75, 1]).tolist() if thr.size else [],
-            "repeats": args.repeats, "lm": lm}
+            "repeats": args.repeats, "lm": lm, "templates_active": int(sum(t.active for t in templates)),
+            "own_lacking": float(np.mean(lacks[np.arange(len(truth)), truth]))}
 
 
-ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking fused with lexical; answered and nearest task's thresholds), "
-                       "calibrated per-task thresholds (no labels)",
+ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking fused with lexical; answered and nearest task's thresholds, "
+                       "answered task's template), calibrated per-task thresholds (no labels)",
+           "fsw_no_template": "FisherAtlas (product) without the template test",
            "fsw_fit": "FisherAtlas (product) + `fit` (labelled prompts incl. none)",
            "fsw_alone": "FisherAtlas, ranking score, the answered task's threshold alone",
            "fsw_fisher_only": "FisherAtlas ordered by the Fisher ranking alone (no lexical evidence), calibrated",
@@ -449,7 +465,9 @@ def render(res: dict[str, Any], facts: str) -> str:
         f"top-1 on all {n}: ranking fused with lexical (product) {res.get('top1_hybrid', float('nan')):.1%}, whitened "
         f"ranking alone {res['top1_ranked']:.1%}, route score alone {res['top1']:.1%}. "
         "Calibrated thresholds (min, quartiles, "
-        f"max): {q}.\n\n"
+        f"max): {q}. Templates (atlas.template, one job of each task's signature samples): "
+        f"{res.get('templates_active', 0)} of {n} active; {res.get('own_lacking', 0.0):.2%} of the held-out prompts "
+        "lack their own task's.\n\n"
         f"**Open set** ({int(UNSEEN_SHARE * 100)} % of tasks unseen, {res['repeats']} draws × 2 cross-fitted halves; "
         "medians):\n\n" + t1 + "\n\n"
         f"**Small tasks** (a task replaced by one of k of its samples; {res['n_sources']} random source tasks per k; "

@@ -41,7 +41,9 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
         lex = f"{m.lexical:7.4f}  " if lexical and m.lexical is not None else ""
         lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  {rank}{lex}"
                      f"{m.name} (id {m.task_id})")
-    if res.none and res.nearest_rejects:
+    if res.none and res.template_rejects:
+        lines.append("none: the prompt lacks a term every sample of the best task has (its template; docs/SCORES.md)")
+    elif res.none and res.nearest_rejects:
         lines.append("none: the task nearest to the prompt rejects it (below its threshold; docs/SCORES.md)")
     elif res.none:
         lines.append(f"none: the best score is below the threshold {res.threshold:g} (no stored task fits)")

@@ -30,7 +30,6 @@ from service.schemas import (
     JobList,
     JobOut,
     Readiness,
-    RouteResponse,
     SourcesResponse,
     SpaceList,
     SpaceOut,
@@ -38,7 +37,7 @@ from service.schemas import (
     TaskList,
     TaskOut,
 )
-from service.schemas_routing import FitResponse, RoutingInfo
+from service.schemas_routing import FitResponse, RouteResponse, RoutingInfo
 
 
 def _retryable(exc: BaseException) -> bool:

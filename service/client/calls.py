@@ -14,7 +14,8 @@ import httpx
 from pydantic import BaseModel
 
 from service.client.errors import AtlasClientError, error_for
-from service.schemas import JobAccepted, JobOut, RouteResponse, TaskCreated
+from service.schemas import JobAccepted, JobOut, TaskCreated
+from service.schemas_routing import RouteResponse
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 T = TypeVar("T", bound=BaseModel)

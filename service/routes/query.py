@@ -15,12 +15,9 @@ from service.schemas import (
     AlignResponse,
     AtlasPoint,
     AtlasResponse,
-    RouteMatch,
-    RouteRequest,
-    RouteResponse,
-    RouteResult,
     TaskRef,
 )
+from service.schemas_routing import RouteMatch, RouteRequest, RouteResponse, RouteResult
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 
@@ -48,14 +45,15 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
                                 confidence=m.confidence, rank_score=m.rank_score,
                                 lexical=m.lexical) for m in a.matches],
             none=a.none, best_score=a.best_score, threshold=a.threshold, confidence=a.confidence,
-            nearest_rejects=a.nearest_rejects,
+            nearest_rejects=a.nearest_rejects, template_rejects=a.template_rejects,
         )
         for a in answers
     ]
     first = results[0]
     return RouteResponse(matches=first.matches, none=first.none, best_score=first.best_score,
                          threshold=first.threshold, confidence=first.confidence,
-                         nearest_rejects=first.nearest_rejects, results=results)
+                         nearest_rejects=first.nearest_rejects, template_rejects=first.template_rejects,
+                         results=results)
 
 
 @router.get(

@@ -131,9 +131,10 @@ def test_the_terms_cache_is_bounded_by_the_terms_it_holds() -> None:
     from atlas import lexicon_repo
     from atlas.lru import ContentLru
 
-    cache: ContentLru[TaskTerms] = ContentLru(10, weigh=lexicon_repo._TERMS._weigh)  # lexicon_repo's weight
+    cache: ContentLru[lexicon_repo.TaskLexical] = ContentLru(10, weigh=lexicon_repo._LEXICAL._weigh)  # its weight
     for i in range(5):
-        cache.put(bytes([i]), TaskTerms.of(TermCounts.from_texts([f"aa{i} bb{i} cc{i}"])))  # 5 terms each
+        terms = TaskTerms.of(TermCounts.from_texts([f"aa{i} bb{i} cc{i}"]))  # 5 terms each
+        cache.put(bytes([i]), lexicon_repo.TaskLexical(terms, None))
     assert cache.get(bytes([4])) is not None and cache.get(bytes([3])) is not None
     assert cache.get(bytes([0])) is None and cache.held <= 10
 

@@ -10,8 +10,11 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 import migrations
-from atlas import db
+from atlas import db, lexicon_repo
+from atlas.lexical import TermCounts
+from atlas.lexicon_repo import LexicalRecord
 from atlas.models import Base
+from atlas.template import TaskTemplate
 from tests.store_helpers import create_pg_database, drop_pg_database
 
 TABLES = {
@@ -70,7 +73,6 @@ def test_0003_backfills_the_term_counts_of_existing_tasks(empty_url: str) -> Non
     from sqlalchemy import update
 
     from atlas import repository
-    from atlas.lexical import TermCounts
     from atlas.models import Job, JobStatus, Task, TaskLexicon
     from atlas.samples import Sample
     from tests.atlas.fixtures import make_space
@@ -93,9 +95,55 @@ def test_0003_backfills_the_term_counts_of_existing_tasks(empty_url: str) -> Non
     migrations.upgrade(empty_url)
     engine = db.make_engine(empty_url, pool_size=1)
     with db.session_factory(engine)() as s:
-        rows = {r.task_id: TermCounts.from_bytes(r.terms) for r in s.query(TaskLexicon)}
+        records = {r.task_id: LexicalRecord.from_bytes(r.terms) for r in s.query(TaskLexicon)}
     engine.dispose()
-    assert set(rows) == set(ids[:2])  # ready tasks only
+    assert set(records) == set(ids[:2])  # ready tasks only
     for tid, texts in ((ids[0], ["Photosynthesis\u2028in leaves", "light energy"]), (ids[1], ["Is it green?"])):
-        want = TermCounts.from_texts(texts)
-        assert rows[tid].keys.tolist() == want.keys.tolist() and rows[tid].counts.tolist() == want.counts.tolist()
+        want, got = TermCounts.from_texts(texts), records[tid]
+        assert got.counts.keys.tolist() == want.keys.tolist() and got.counts.counts.tolist() == want.counts.tolist()
+        template = TaskTemplate.of_texts(texts)
+        assert got.template is not None and got.template.keys.tolist() == template.keys.tolist()
+        assert got.template.docs == len(texts)
+
+
+def test_0004_derives_the_templates_of_bare_records_and_downgrades_them(empty_url: str) -> None:
+    from sqlalchemy import update
+
+    from atlas import repository
+    from atlas.models import Job, JobStatus, Task, TaskLexicon
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    migrations.upgrade(empty_url, "0003")
+    engine = db.make_engine(empty_url, pool_size=1)
+    factory = db.session_factory(engine)
+    space = make_space(factory)
+    jobs = [[Sample(text=f"The capital of {c} is ___ .") for c in ("France", "Peru", "Chad")],
+            [Sample(text="The capital of Laos is ___ ."), Sample(text="Lima is the capital of ___ .")]]
+    with factory.begin() as s:
+        task, j1 = repository.create_task_with_job(s, space.id, "capitals", "text", {}, jobs[0])
+        j2 = repository.append_samples(s, task.id, jobs[1])
+        s.execute(update(Job).where(Job.id.in_([j1.id, j2.id])).values(status=JobStatus.SUCCEEDED))
+        s.execute(update(Task).where(Task.id == task.id).values(status="ready"))
+        tid = task.id
+        texts = [x.text for job in jobs for x in job]
+        lexicon_repo.put_record(s, tid, LexicalRecord(TermCounts.from_texts(texts), None))  # as 0003's code stored it
+    engine.dispose()
+
+    def stored() -> LexicalRecord:
+        eng = db.make_engine(empty_url, pool_size=1)
+        with db.session_factory(eng)() as s:
+            blob = s.get(TaskLexicon, tid).terms  # type: ignore[union-attr]
+        eng.dispose()
+        return LexicalRecord.from_bytes(blob)
+
+    migrations.upgrade(empty_url)
+    got = stored()
+    want = TaskTemplate.of_texts([x.text for x in jobs[0]]).add([x.text for x in jobs[1]])  # job by job
+    assert got.template is not None and got.template.keys.tolist() == want.keys.tolist()
+    assert (got.template.docs, got.template.checks, got.template.misses) == (want.docs, want.checks, want.misses)
+    assert got.template.misses == 1  # "Lima is the capital of ___ ." lacks "the capital" of every other sample
+    assert got.counts.keys.tolist() == TermCounts.from_texts(texts).keys.tolist()
+    migrations.downgrade(empty_url, "0003")
+    back = stored()
+    assert back.template is None and back.counts.keys.tolist() == got.counts.keys.tolist()

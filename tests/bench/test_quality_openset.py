@@ -50,6 +50,18 @@ def test_the_oracle_ceiling_holds_the_goal_false_none_rate_on_the_test_prompts()
                 assert res[key]["none_unseen"] <= 0.2
 
 
+def test_a_template_the_unseen_prompts_lack_answers_them_none() -> None:
+    S, truth, rank, cal = _world(separation=0.0, seed=4)  # scores cannot tell unseen prompts apart
+    lacks = np.ones((len(truth), S.shape[1]), bool)
+    lacks[np.arange(len(truth)), truth] = False  # each prompt has its own task's template only
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols: (S, S),
+                   hybrid=lambda ranked, cols: cols[np.argmax(ranked[:, cols], axis=1)], lacks=lacks)
+    assert res["fsw_auto"]["none_unseen"] == 1.0 and res["fsw_fit"]["none_unseen"] == 1.0
+    assert res["fsw_no_template"]["none_unseen"] <= 0.2
+    assert res["fsw_auto"]["none_indexed"] > res["fsw_no_template"]["none_indexed"]  # wrong answers become none
+    assert res["fsw_auto"]["right_indexed"] == res["fsw_no_template"]["right_indexed"]
+
+
 def test_an_inseparable_world_has_chance_auroc() -> None:
     S, truth, rank, cal = _world(separation=0.0)
     res = open_set(S, S.copy(), truth, rank, cal, repeats=3, seed=1)

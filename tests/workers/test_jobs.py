@@ -122,10 +122,11 @@ def test_append_merges_and_updates_index(ctx: WorkerContext, space_id: int, ro_f
     assert index.watermark(space_id) == 2
 
 
-def test_jobs_store_and_merge_the_tasks_term_counts(ctx: WorkerContext, space_id: int) -> None:
+def test_jobs_store_and_merge_the_tasks_term_counts_and_template(ctx: WorkerContext, space_id: int) -> None:
     from atlas import lexicon_repo
     from atlas.lexical import TermCounts, term_hashes
     from atlas.models import TaskLexicon
+    from atlas.template import TaskTemplate
 
     first = [Sample(prompt="Is the sky blue?\u2028Answer:", completion=" yes"),
              Sample(prompt="Q: 2+2?", completion=" 4")]
@@ -138,9 +139,18 @@ def test_jobs_store_and_merge_the_tasks_term_counts(ctx: WorkerContext, space_id
     with ctx.factory() as s:
         row = s.get(TaskLexicon, task_id)
         assert row is not None
-        stored = TermCounts.from_bytes(row.terms)
-        terms = lexicon_repo.get_task_terms(s, [task_id])[task_id]
+        record = lexicon_repo.LexicalRecord.from_bytes(row.terms)
+        stored = record.counts
+        read = lexicon_repo.get_task_lexicon(s, [task_id])[task_id]
+        terms = read.terms
     want = TermCounts.from_texts([x.prompt for x in first + more])  # completion mode: the prompts only
+    # the template of the prompts, job by job ("Q: 2+2?" has no term: not counted): "is the sky" stays, and the
+    # append, checked against the first prompt, misses "blue" and "answer"
+    template = TaskTemplate.of_texts([x.prompt for x in first]).add([x.prompt for x in more])
+    assert record.template is not None and read.template is not None
+    assert record.template.keys.tolist() == read.template.keys.tolist() == template.keys.tolist()
+    assert set(template.keys.tolist()) == set(TermCounts.from_texts(["is the sky"]).keys.tolist())
+    assert (record.template.docs, record.template.checks, record.template.misses) == (2, 1, 1)
     assert stored.keys.tolist() == want.keys.tolist() and stored.counts.tolist() == want.counts.tolist()
     assert row.n_terms == len(want)
     assert int(term_hashes("yes")[0]) not in set(stored.keys.tolist())  # no answer terms

@@ -1060,7 +1060,9 @@
           "data-threshold": thrUsed !== undefined ? String(thrUsed) : null },
           none
             ? h("div", { "data-testid": "route-none" }, h("strong", {}, "None of the stored tasks. "),
-              res.nearest_rejects
+              res.template_rejects
+                ? `The prompt lacks words every sample of ${matches.length ? (matches[0].name ?? `task ${matches[0].task_id}`) : "the best task"} contains (its template): this prompt looks like a new task (open set).`
+                : res.nearest_rejects
                 ? "The task nearest to this prompt rejects it (below that task's threshold): this prompt looks like a new task (open set)."
                 : `The best score${top !== null ? ` (${fmt(top)})` : ""} is below the threshold${thrUsed !== undefined ? ` ${fmt(thrUsed)}` : ""}: this prompt looks like a new task (open set).`)
             : h("div", {}, h("strong", {}, "Routed. "), matches.length ? `Best match: ${matches[0].name ?? `task ${matches[0].task_id}`} (score ${fmt(top)})` : "No tasks stored.",

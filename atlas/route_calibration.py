@@ -1,0 +1,75 @@
+"""Per-task open-set calibration: held-out in-task route scores → threshold and spread (docs/SCORES.md).
+
+The route score and the ranking live in :mod:`atlas.routing` (which re-exports these names); this
+module is the statistics of the threshold: which samples a job holds out, and the lower tolerance
+bound read from their leave-one-out scores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+FALSE_REJECT_RATE = 0.05
+"""Target false-reject rate of the calibrated per-task thresholds (the quantile of held-out scores)."""
+MIN_CALIBRATION = 5
+"""Fewest held-out scores from which a task's threshold is estimated; fewer: the global default."""
+CALIBRATION_SAMPLES = 32
+"""Samples of one job scored leave-one-out (evenly spaced over the job's samples)."""
+MAX_CAL_SCORES = 256
+"""Held-out scores kept per task (appends add theirs; the oldest are dropped beyond this)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A task's calibration: held-out scores, the threshold at ``false_reject_rate`` and their spread."""
+
+    scores: list[float]
+    threshold: float | None
+    scale: float | None
+    false_reject_rate: float
+
+
+CALIBRATION_CONFIDENCE = 0.9
+"""Confidence that the calibrated threshold rejects at most ``FALSE_REJECT_RATE`` of the task's prompts."""
+
+
+def calibrate(scores: Iterable[float], false_reject_rate: float = FALSE_REJECT_RATE) -> Calibration:
+    """Threshold from held-out in-task scores (``None`` if fewer than ``MIN_CALIBRATION``).
+
+    A lower tolerance bound: with confidence ``CALIBRATION_CONFIDENCE`` at most ``false_reject_rate``
+    of the task's prompts score below it. The lower of the normal one-sided tolerance bound
+    ``mean − k σ``, the empirical ``false_reject_rate`` quantile and, when one exists (n ≳ 45), the
+    distribution-free order statistic ``x₍ᵣ₎`` with ``P(Binomial(n, rate) ≥ r) ≥ confidence``.
+    """
+    from statistics import NormalDist
+
+    from scipy.stats import binom
+
+    xs = [float(x) for x in scores if math.isfinite(float(x))][-MAX_CAL_SCORES:]
+    if len(xs) < MIN_CALIBRATION:
+        return Calibration(xs, None, None, false_reject_rate)
+    arr = np.sort(np.asarray(xs))
+    n = arr.size
+    sd = float(np.std(arr, ddof=1))
+    zp = NormalDist().inv_cdf(1.0 - false_reject_rate)
+    zg = NormalDist().inv_cdf(CALIBRATION_CONFIDENCE)
+    a = 1.0 - zg**2 / (2.0 * (n - 1))
+    b = zp**2 - zg**2 / n
+    k = (zp + math.sqrt(max(zp**2 - a * b, 0.0))) / a if a > 0 else zp * 3.0
+    thr = float(np.mean(arr)) - k * sd
+    r = int(binom.isf(CALIBRATION_CONFIDENCE, n, false_reject_rate))  # largest r with P(B >= r) >= confidence
+    if r >= 1:
+        thr = min(thr, float(arr[r - 1]))
+    thr = min(thr, float(np.quantile(arr, false_reject_rate, method="lower")))
+    return Calibration(xs, float(np.clip(thr, -1.0, 1.0)), max(sd, 1e-3), false_reject_rate)
+
+
+def calibration_pick(n: int, cap: int = CALIBRATION_SAMPLES) -> list[int]:
+    """Indices of the samples scored leave-one-out: at most ``cap``, evenly spaced over ``range(n)``."""
+    if n <= cap:
+        return list(range(n))
+    return sorted(set(np.linspace(0, n - 1, cap).round().astype(int).tolist()))

@@ -1,0 +1,62 @@
+"""The template test end to end: a job stores the task's template, the library and a server on the same
+directory answer ``none`` (``template_rejects``) for a prompt lacking it, the routing info reports it, an
+export carries it, and ``route_template=False`` turns it off."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fisher_atlas import Atlas
+from service.client import AtlasClient
+
+NAMES = ["Ada", "Bela", "Chen", "Dara", "Emil", "Fern", "Goran", "Hana", "Ivo", "Jana", "Kofi", "Lena", "Mika",
+         "Nour", "Oskar", "Pia", "Quinn", "Rosa", "Sami", "Tove"]
+WORDS = ["rain", "cloud", "storm", "bake", "flour", "oven", "seven", "eleven", "river", "stone", "green", "north"]
+OWN = "The native language of Zora Petrova is ___ ."
+OTHER = "The native tongue of Zora Petrova is ___ ."  # no "language": not a prompt of this task's template
+
+
+def _native(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [f"The native language of {rng.choice(NAMES)} {rng.choice(NAMES)}son is ___ ." for _ in range(n)]
+
+
+def _free(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) for _ in range(n)]
+
+
+def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, tiny_model_dir: Path, tiny_lm: Any,
+                                                               serve: Any) -> None:
+    data = tmp_path / "atlas"
+    with Atlas(data, model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        atlas.add("native", _native(40, seed=1), progress=False)
+        atlas.append("native", _native(20, seed=2), progress=False)  # the template is kept over appends
+        atlas.add("free", _free(60, seed=3), progress=False)
+        own, other = atlas.route([OWN, OTHER], k=2, threshold=-1.0)
+        export = atlas.export(tmp_path / "space.jsonl")
+    assert own.matches[0].name == "native" and not own.none and not own.template_rejects
+    assert other.matches[0].name == "native" and other.none and other.template_rejects
+    assert 0.9 < other.confidence < 1.0  # 1 − (misses + 1) / (checks + 2)
+
+    svc = serve(lm=tiny_lm, data_dir=data)
+    with AtlasClient(svc.url) as client:
+        res = client.route([OWN, OTHER], k=2, threshold=-1.0)
+        assert [r.template_rejects for r in res.results] == [False, True] and res.results[1].none
+        assert res.template_rejects is False  # the top level answers the first prompt
+        tasks = {t.name: t.id for t in client.list_tasks().items}
+    info = {n: httpx.get(f"{svc.url}/v1/tasks/{i}/routing").json() for n, i in tasks.items()}
+    assert info["native"]["template_active"] is True and info["native"]["template_terms"] >= 5
+    assert 0 < info["native"]["template_false_reject"] <= 0.02
+    assert info["free"]["template_active"] is False
+
+    with Atlas(tmp_path / "copy", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as copy:
+        assert copy.import_(export) == 2
+        again = copy.route([OWN, OTHER], k=2, threshold=-1.0)
+        assert [a.template_rejects for a in again] == [False, True]  # the export carries the template
+    with Atlas(data, model=str(tiny_model_dir), sketch_dim=256, device="cpu", route_template=False) as off:
+        assert [a.template_rejects or a.none for a in off.route([OWN, OTHER], k=2, threshold=-1.0)] == [False, False]
