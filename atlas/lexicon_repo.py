@@ -32,6 +32,12 @@ def routing_text(sample: Sample, mode: str) -> str | None:
     return sample.text if sample.text is not None else (sample.prompt or "") + (sample.completion or "")
 
 
+def template_text(sample: Sample) -> str | None:
+    """What a sample brings to its task's template: its ``prompt`` when it has one (a prompt routed to the
+    task has no completion, so a term every completion shares must not be required of it), else its text."""
+    return sample.prompt if sample.prompt is not None else sample.text
+
+
 def counts_of(samples: Iterable[Sample], mode: str) -> TermCounts:
     """Term counts of the samples' routing texts."""
     return TermCounts.from_texts(routing_text(s, mode) for s in samples)
@@ -49,9 +55,16 @@ class LexicalDelta:
     presences: list[np.ndarray]
 
     @staticmethod
-    def of_texts(texts: Sequence[str | None]) -> LexicalDelta:
-        """The delta of a job's routing texts."""
-        return LexicalDelta(TermCounts.from_texts(texts), [presence(t) for t in texts])
+    def of_texts(texts: Sequence[str | None], template_texts: Sequence[str | None] | None = None) -> LexicalDelta:
+        """The delta of a job's routing ``texts`` (the template from ``template_texts``, default the same)."""
+        return LexicalDelta(TermCounts.from_texts(texts),
+                            [presence(t) for t in (texts if template_texts is None else template_texts)])
+
+    @staticmethod
+    def of_samples(samples: Sequence[Sample], mode: str) -> LexicalDelta:
+        """The delta of a job's samples: counts of their :func:`routing_text`, template of their
+        :func:`template_text`."""
+        return LexicalDelta.of_texts([routing_text(s, mode) for s in samples], [template_text(s) for s in samples])
 
 
 @dataclass(frozen=True)
@@ -101,9 +114,6 @@ class TaskLexical:
     template: TaskTemplate | None
 
 
-def routing_texts(samples: Iterable[Sample], mode: str) -> list[str | None]:
-    """The samples' :func:`routing_text`."""
-    return [routing_text(s, mode) for s in samples]
 
 
 def _digest(blob: bytes) -> bytes:
@@ -211,7 +221,7 @@ def backfill(session: Session, task_ids: Sequence[int]) -> int:
         for upload_id in dict.fromkeys(uploads):
             content = session.execute(select(Upload.content).where(Upload.id == upload_id)).scalar_one_or_none()
             if content is not None:
-                record = record.add(LexicalDelta.of_texts(routing_texts(decode_samples(content), str(mode))))
+                record = record.add(LexicalDelta.of_samples(decode_samples(content), str(mode)))
         put_record(session, int(tid), record)
         done += 1
     return done

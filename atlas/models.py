@@ -48,6 +48,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -286,7 +287,8 @@ class TaskRouting(Base):
     text-mode tasks route on their own state. ``cal_scores`` are leave-one-out route scores of the
     task's own samples (held out from the routing state), ``threshold_auto`` their
     ``false_reject_rate`` quantile, ``score_scale`` their spread; ``threshold_override`` (PATCH or
-    ``/v1/route/fit``) wins over ``threshold_auto`` when set.
+    ``/v1/route/fit``) wins over ``threshold_auto`` when set; ``template_test`` false turns the template
+    test (:mod:`atlas.template`) off for the task (PATCH).
     """
 
     __tablename__ = "task_routing"
@@ -299,6 +301,7 @@ class TaskRouting(Base):
     score_scale: Mapped[float | None] = mapped_column(Float)
     false_reject_rate: Mapped[float | None] = mapped_column(Float)
     threshold_override: Mapped[float | None] = mapped_column(Float)
+    template_test: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 

@@ -152,6 +152,7 @@ class TaskRoute:
     prompt_state: bytes | None = None
     version: int = 0
     typical: float | None = None
+    template_test: bool = True
 
 
 def resolve(row: Any) -> TaskRoute:
@@ -160,7 +161,8 @@ def resolve(row: Any) -> TaskRoute:
     return TaskRoute(threshold=None if thr is None else float(thr),
                      scale=None if row.score_scale is None else float(row.score_scale),
                      prompt_state=row.prompt_state, version=int(row.version or 0),
-                     typical=typical_score(row.cal_scores) if row.cal_scores else None)
+                     typical=typical_score(row.cal_scores) if row.cal_scores else None,
+                     template_test=row.template_test is not False)
 
 
 @dataclass(frozen=True)

@@ -85,17 +85,31 @@ def set_threshold_override(session: Session, task_id: int, threshold: float | No
     """Set (or clear, with ``None``) a task's threshold override; creates its row when missing."""
     if threshold is not None and not -1.0 <= float(threshold) <= 1.0:
         raise InvalidInput("a route threshold is a cosine in [-1, 1]", {"threshold": threshold})
+    row = _routing_row(session, task_id)
+    row.threshold_override = None if threshold is None else float(threshold)
+    session.flush()
+    return row
+
+
+def _routing_row(session: Session, task_id: int) -> TaskRouting:
+    """The task's routing row, its version bumped (created when missing)."""
     if session.get(Task, int(task_id)) is None:
         raise NotFound(f"task {task_id} not found", {"task_id": task_id})
     row = get_routing(session, task_id)
     now = utcnow()
     if row is None:
-        row = TaskRouting(task_id=int(task_id), version=1, cal_scores=[], updated_at=now)
+        row = TaskRouting(task_id=int(task_id), version=1, cal_scores=[], template_test=True, updated_at=now)
         session.add(row)
     else:
         row.version = (row.version or 0) + 1
         row.updated_at = now
-    row.threshold_override = None if threshold is None else float(threshold)
+    return row
+
+
+def set_template_test(session: Session, task_id: int, enabled: bool) -> TaskRouting:
+    """Turn the template test (:mod:`atlas.template`) on or off for a task; creates its row when missing."""
+    row = _routing_row(session, task_id)
+    row.template_test = bool(enabled)
     session.flush()
     return row
 
@@ -111,7 +125,7 @@ def export_records(session: Session, task_ids: Sequence[int]) -> dict[int, dict[
     return {int(r.task_id): {
         "prompt_state": None if r.prompt_state is None else base64.b64encode(r.prompt_state).decode(),
         "cal_scores": list(r.cal_scores or []), "threshold_override": r.threshold_override,
-        "false_reject_rate": r.false_reject_rate,
+        "false_reject_rate": r.false_reject_rate, "template_test": r.template_test is not False,
         "terms": None if r.task_id not in terms else base64.b64encode(terms[r.task_id]).decode(),
     } for r in rows}
 
@@ -140,6 +154,8 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         lexicon_repo.put_record(session, task_id, terms)
     if override is not None:
         set_threshold_override(session, task_id, float(override))
+    if record.get("template_test") is False:
+        set_template_test(session, task_id, False)
 
 
 def _prompt_view(blob: bytes, spec: Any) -> tuple[Any, Any]:
@@ -180,7 +196,8 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
         lex = lexicon.get(x.task_id)
         out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
                              threshold=r.threshold, scale=r.scale, typical=r.typical,
-                             terms=None if lex is None else lex.terms, template=None if lex is None else lex.template))
+                             terms=None if lex is None else lex.terms,
+                             template=lex.template if lex is not None and r.template_test else None))
     return out
 
 

@@ -6,7 +6,8 @@ frame, a label list ("The native language of X is ___ .", "… describe a set of
 however close its Fisher geometry (docs/SCORES.md, "Open set: template test").
 
 Template
-    ``K = {terms in every counted sample}`` (the terms of :func:`atlas.lexical.terms`, hashed). It is
+    ``K = {terms in every counted sample}`` (the terms of :func:`atlas.lexical.terms`, hashed; a pair's
+    prompt, :func:`atlas.lexicon_repo.template_text`). It is
     kept as the intersection over jobs, so an append needs only the stored keys and the new samples:
     ``K ← K ∩ (terms in every new sample)``. At most ``MAX_TEMPLATE`` keys are kept (the smallest hashes
     when a very long single sample would exceed it): a subset of the true ``K`` only ever makes the

@@ -146,11 +146,14 @@ class FitResponse(_Out):
 
 
 class ThresholdPatch(BaseModel):
-    """Set or clear (``null``) a task's route-threshold override."""
+    """Set or clear (``null``) a task's route-threshold override; turn its template test on or off."""
 
     model_config = ConfigDict(extra="forbid")
 
-    threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
+    threshold: float | None = Field(default=None, ge=-1.0, le=1.0, description="The override; null clears it. "
+                                    "Left as it is when the body names only `template`.")
+    template: bool | None = Field(default=None, description="false: prompts lacking the task's template are no "
+                                  "longer answered `none` for it; true: they are again (docs/SCORES.md).")
 
 
 class RoutingInfo(_Out):
@@ -168,7 +171,9 @@ class RoutingInfo(_Out):
                                         "(×½) in the ranking of a whitened space (docs/SCORES.md, 'Ranking').")
     template_terms: int | None = Field(default=None, description="Terms every sample of the task has (its template; "
                                        "null: stored before templates).")
-    template_active: bool | None = Field(default=None, description="Whether a prompt lacking a template term is "
-                                         "answered `none` (docs/SCORES.md, 'Open set: template test').")
+    template_active: bool | None = Field(default=None, description="Whether the template held in enough leave-one-"
+                                         "out checks (docs/SCORES.md, 'Open set: template test').")
+    template_test: bool = Field(default=True, description="Whether a prompt lacking an active template's term is "
+                                "answered `none` for this task (PATCH `template`).")
     template_false_reject: float | None = Field(default=None, description="Estimated share of the task's prompts "
                                                 "lacking a template term, (misses + 1) / (checks + 2).")

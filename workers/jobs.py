@@ -394,8 +394,7 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
         _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint")
         return "released"
     side = calibration.prompt_side_or_none(extractor, samples, mode) if res.state.n_tokens else None
-    texts = lexicon_repo.routing_texts(samples, mode)
-    lexical = lexicon_repo.LexicalDelta.of_texts(texts) if res.state.n_tokens else None
+    lexical = lexicon_repo.LexicalDelta.of_samples(samples, mode) if res.state.n_tokens else None
     return _store(ctx, claim, res, None if side is None else (mode, side), lexical)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any
 
 from atlas import lexicon_repo, repository, routing, routing_repo
@@ -52,6 +53,7 @@ class ThresholdService:
                 "template_false_reject": tpl.false_reject}
             if row is None:
                 return {"task_id": task_id, "threshold": self.default, "source": "default"} | template
+            template["template_test"] = row.template_test is not False
             thr, src = self.default, "default"
             if row.threshold_override is not None:
                 thr, src = float(row.threshold_override), "override"
@@ -65,8 +67,17 @@ class ThresholdService:
 
     def set_override(self, task_id: int, threshold: float | None) -> dict[str, Any]:
         """Set (or clear with ``None``) the task's threshold override."""
+        return self.patch(task_id, threshold)
+
+    def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None
+              ) -> dict[str, Any]:
+        """Set (or clear with ``None``) the threshold override unless ``threshold`` is ``...``; turn the template
+        test on or off unless ``template`` is ``None``; one transaction."""
         with self.store.session() as session:
-            routing_repo.set_threshold_override(session, task_id, threshold)
+            if not isinstance(threshold, EllipsisType):
+                routing_repo.set_threshold_override(session, task_id, threshold)
+            if template is not None:
+                routing_repo.set_template_test(session, task_id, template)
         return self.info(task_id)
 
     async def fit(self, examples: Sequence[tuple[str, str | int]], *, space_ref: str | None = None,

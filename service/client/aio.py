@@ -244,6 +244,11 @@ class AsyncAtlasClient:
         return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
                                      json={"threshold": threshold}))
 
+    async def set_template_test(self, task_id: int, enabled: bool) -> RoutingInfo:
+        """``PATCH /v1/tasks/{id}/routing``: turn the task's template test on or off (docs/SCORES.md)."""
+        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
+                                     json={"template": bool(enabled)}))
+
     async def sources(self, task_id: int, *, k: int = 5, candidates: int | None = None) -> SourcesResponse:
         """``GET /v1/tasks/{id}/sources``: recommended fine-tuning sources."""
         return await self._send(Call("GET", f"/v1/tasks/{task_id}/sources", SourcesResponse,

@@ -22,11 +22,13 @@ async def get_routing(task_id: TaskId, c: ContainerDep, _: ReadPrincipal) -> Rou
     return RoutingInfo(**await run_in_threadpool(c.thresholds.info, task_id))
 
 
-@router.patch("/tasks/{task_id}/routing", response_model=RoutingInfo, summary="Override a task's route threshold",
+@router.patch("/tasks/{task_id}/routing", response_model=RoutingInfo,
+              summary="Override a task's route threshold or template test",
               responses=error_responses(401, 403, 404, 422))
 async def patch_routing(task_id: TaskId, body: ThresholdPatch, c: ContainerDep, _: WritePrincipal) -> RoutingInfo:
-    """Set (or clear with ``null``) the task's threshold override."""
-    return RoutingInfo(**await run_in_threadpool(c.thresholds.set_override, task_id, body.threshold))
+    """Set (or clear with ``null``) the task's threshold override; turn its template test on or off."""
+    threshold = ... if body.model_fields_set == {"template"} else body.threshold
+    return RoutingInfo(**await run_in_threadpool(c.thresholds.patch, task_id, threshold, body.template))
 
 
 @router.post("/route/fit", response_model=FitResponse, summary="Tune route thresholds from labelled prompts",

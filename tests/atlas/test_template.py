@@ -114,3 +114,18 @@ def test_the_rerank_answers_none_when_the_prompt_lacks_the_answered_tasks_templa
     assert outside.none and outside.template_rejects and outside.matches[0].task_id == 1
     assert outside.confidence == pytest.approx(1.0 - tpl.false_reject)
     assert not routing.rerank_route(prompt, [cand], **kw).none  # no prompt terms (lexical evidence off): no test
+
+
+def test_a_pair_brings_its_prompt_to_the_template_not_its_completion() -> None:
+    from atlas.samples import Sample
+
+    pairs = [Sample(prompt=f"Translate {w} into French:", completion=f" The answer is {w}-fr.") for w in
+             ("cat", "dog", "bird", "fish", "tree", "house", "river", "stone")] * 7
+    for mode in ("text", "completion"):
+        delta = LexicalDelta.of_samples(pairs, mode)
+        tpl = LexicalRecord(TermCounts.empty(), TaskTemplate.empty()).add(delta).template
+        assert tpl is not None and tpl.active
+        assert tpl.missing(TermCounts.from_texts(["Translate moon into French:"])) == 0  # a prompt has no answer
+        assert tpl.missing(TermCounts.from_texts(["Translate moon into German:"])) > 0
+    text = LexicalDelta.of_samples(pairs, "text").counts  # the counts still cover the completions in text mode
+    assert set(TermCounts.from_texts(["answer"]).keys.tolist()) <= set(text.keys.tolist())

@@ -49,10 +49,28 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
         assert [r.template_rejects for r in res.results] == [False, True] and res.results[1].none
         assert res.template_rejects is False  # the top level answers the first prompt
         tasks = {t.name: t.id for t in client.list_tasks().items}
-    info = {n: httpx.get(f"{svc.url}/v1/tasks/{i}/routing").json() for n, i in tasks.items()}
-    assert info["native"]["template_active"] is True and info["native"]["template_terms"] >= 5
-    assert 0 < info["native"]["template_false_reject"] <= 0.02
-    assert info["free"]["template_active"] is False
+        info = {n: httpx.get(f"{svc.url}/v1/tasks/{i}/routing").json() for n, i in tasks.items()}
+        assert info["native"]["template_active"] is True and info["native"]["template_terms"] >= 5
+        assert 0 < info["native"]["template_false_reject"] <= 0.02 and info["native"]["template_test"] is True
+        assert info["free"]["template_active"] is False
+        # per task: PATCH {"template": false} turns it off (the threshold override untouched), true back on
+        client.set_threshold(tasks["native"], 0.5)
+        off = client.set_template_test(tasks["native"], False)
+        assert off.template_test is False and off.threshold_override == 0.5
+        assert client.route(OTHER, k=1, threshold=-1.0).template_rejects is False
+        client.set_threshold(tasks["native"], None)
+        assert client.routing(tasks["native"]).template_test is False  # a threshold PATCH keeps it
+        exported_off = client.export_space()
+        client.set_template_test(tasks["native"], True)
+        assert client.route(OTHER, k=1, threshold=-1.0).template_rejects is True
+    fresh = serve(lm=tiny_lm)
+    with AtlasClient(fresh.url) as client:  # the export carries the per-task switch
+        assert client.import_space(exported_off).imported == 2
+        assert client.route(OTHER, k=1, threshold=-1.0).template_rejects is False
+        native = {t.name: t.id for t in client.list_tasks().items}["native"]
+        assert client.routing(native).template_test is False
+        bad = httpx.patch(f"{svc.url}/v1/tasks/{tasks['native']}/routing", json={"template": "maybe"})
+        assert bad.status_code == 422
 
     with Atlas(tmp_path / "copy", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as copy:
         assert copy.import_(export) == 2
