@@ -143,6 +143,8 @@ class FitResponse(_Out):
     accuracy_before: float
     accuracy_after: float
     stored: bool
+    template_off: list[str] = Field(default_factory=list, description="Tasks whose template test was turned off: "
+                                    "more than 2 % of the prompts labelled with them lack their template.")
 
 
 class ThresholdPatch(BaseModel):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
 
@@ -17,12 +17,15 @@ from atlas.store import Store
 
 @dataclass(frozen=True)
 class FitResult:
-    """Thresholds by task name, accuracy on the labelled prompts before and after, whether stored."""
+    """Thresholds by task name, accuracy on the labelled prompts before and after, whether stored, and the tasks
+    whose template test was turned off."""
 
     thresholds: dict[str, float]
     accuracy_before: float
     accuracy_after: float
     stored: bool
+    template_off: list[str] = field(default_factory=list)
+    """Tasks whose template test ``fit`` turned off (their labelled prompts lack their template)."""
 
 
 MAX_TASK_ID = 2**62
@@ -103,16 +106,32 @@ class ThresholdService:
                 task = (repository.get_task(session, int(label)) if isinstance(label, int)
                         else repository.get_task_by_name(session, space.id, label))
                 labels.append(int(task.id))
+            off = _templates_to_turn_off(labels, answers)
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
-                             forced_none=a.nearest_rejects or a.template_rejects)
+                             forced_none=a.nearest_rejects or (a.template_rejects and a.matches[0].task_id not in off))
                      for lab, a in zip(labels, answers, strict=True)]
             ids = sorted({t for it in items for t in it.scores})
             routes = routing_repo.get_task_routes(session, ids)
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
             res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, ids), default=self.default)
-            names = {int(t.id): t.name for t in repository.get_tasks(session, list(res.thresholds))}
+            names = {int(t.id): t.name for t in repository.get_tasks(session, [*res.thresholds, *off])}
             if not dry_run:
                 for t, thr in res.thresholds.items():
                     routing_repo.set_threshold_override(session, t, thr)
+                for t in off:
+                    routing_repo.set_template_test(session, t, False)
         return FitResult({names.get(t, str(t)): v for t, v in res.thresholds.items()}, res.accuracy_before,
-                         res.accuracy_after, not dry_run)
+                         res.accuracy_after, not dry_run, sorted(names.get(t, str(t)) for t in off))
+
+
+def _templates_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any]) -> set[int]:
+    """Tasks whose template rejected more than ``TEMPLATE_FALSE_REJECT`` of the prompts labelled with them (and
+    answered by them): their real prompts do not follow their samples' wording, so ``fit`` turns the test off."""
+    from collections import Counter
+
+    from atlas.template import TEMPLATE_FALSE_REJECT
+
+    positives = Counter(lab for lab in labels if lab is not None)
+    lacking = Counter(lab for lab, a in zip(labels, answers, strict=True)
+                      if lab is not None and a.template_rejects and a.matches and a.matches[0].task_id == lab)
+    return {t for t, n in lacking.items() if n / positives[t] > TEMPLATE_FALSE_REJECT}

@@ -72,6 +72,7 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}:
     lines = [f"accuracy on the labelled prompts: {res.accuracy_before:.3f} -> {res.accuracy_after:.3f}"
              + ("" if res.stored else " (dry run: nothing stored)")]
     lines += [f"  {name}: threshold {thr:.4f}" for name, thr in sorted(res.thresholds.items())]
+    lines += [f"  {name}: template test off (its labelled prompts lack its template)" for name in res.template_off]
     emit(json, res, "\n".join(lines))
 
 

@@ -40,4 +40,4 @@ async def fit(body: FitRequest, c: ContainerDep, _: WritePrincipal) -> FitRespon
     res = await c.thresholds.fit([(e.prompt, e.label) for e in body.examples], space_ref=body.space,
                                  dry_run=body.dry_run)
     return FitResponse(thresholds=res.thresholds, accuracy_before=res.accuracy_before,
-                       accuracy_after=res.accuracy_after, stored=res.stored)
+                       accuracy_after=res.accuracy_after, stored=res.stored, template_off=res.template_off)

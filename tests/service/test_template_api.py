@@ -62,6 +62,15 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
         assert client.routing(tasks["native"]).template_test is False  # a threshold PATCH keeps it
         exported_off = client.export_space()
         client.set_template_test(tasks["native"], True)
+        # fit: prompts labelled "native" that lack its template show its real prompts do not follow it
+        own_others = [f"The native tongue of {n} is ___ ." for n in ("Ada", "Bo", "Cy")]
+        dry = client.fit([(p, "native") for p in own_others], dry_run=True)
+        assert dry.template_off == ["native"] and not dry.stored
+        assert client.routing(tasks["native"]).template_test is True  # a dry run stores nothing
+        fitted = client.fit([(p, "native") for p in own_others] + [(OWN, "native")])
+        assert fitted.template_off == ["native"] and fitted.accuracy_after > fitted.accuracy_before
+        assert client.routing(tasks["native"]).template_test is False
+        client.set_template_test(tasks["native"], True)
         assert client.route(OTHER, k=1, threshold=-1.0).template_rejects is True
     fresh = serve(lm=tiny_lm)
     with AtlasClient(fresh.url) as client:  # the export carries the per-task switch
