@@ -70,10 +70,15 @@ class TermCounts:
     @staticmethod
     def from_texts(texts: Iterable[str | None]) -> TermCounts:
         """Counts of the terms of every text (``None`` and empty texts count nothing), capped at ``MAX_TERMS``."""
+        return TermCounts.from_hashes(term_hashes(t) for t in texts if t)
+
+    @staticmethod
+    def from_hashes(hashes: Iterable[np.ndarray]) -> TermCounts:
+        """Counts of the hashed terms of every text (:func:`term_hashes` arrays), capped at ``MAX_TERMS``."""
         out, batch = TermCounts.empty(), []
-        for text in texts:
-            if text:
-                batch.append(term_hashes(text))
+        for h in hashes:
+            if h.size:
+                batch.append(h)
             if len(batch) >= 4096:
                 out, batch = out.merge(TermCounts._of(np.concatenate(batch))), []
         return out.merge(TermCounts._of(np.concatenate(batch))) if batch else out

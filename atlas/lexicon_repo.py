@@ -17,7 +17,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from atlas.lexical import TaskTerms, TermCounts
+from atlas.lexical import TaskTerms, TermCounts, term_hashes
 from atlas.lru import ContentLru
 from atlas.models import JOB_SUCCEEDED, TaskLexicon, utcnow
 from atlas.samples import Sample
@@ -56,9 +56,12 @@ class LexicalDelta:
 
     @staticmethod
     def of_texts(texts: Sequence[str | None], template_texts: Sequence[str | None] | None = None) -> LexicalDelta:
-        """The delta of a job's routing ``texts`` (the template from ``template_texts``, default the same)."""
-        return LexicalDelta(TermCounts.from_texts(texts),
-                            [presence(t) for t in (texts if template_texts is None else template_texts)])
+        """The delta of a job's routing ``texts`` (the template from ``template_texts``, default the same; each
+        text is hashed once where both are the same string)."""
+        hashes = [term_hashes(t) if t else np.zeros(0, np.uint32) for t in texts]
+        tpl = texts if template_texts is None else template_texts
+        presences = [np.unique(h) if t == r else presence(t) for h, r, t in zip(hashes, texts, tpl, strict=True)]
+        return LexicalDelta(TermCounts.from_hashes(hashes), presences)
 
     @staticmethod
     def of_samples(samples: Sequence[Sample], mode: str) -> LexicalDelta:
