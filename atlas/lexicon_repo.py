@@ -1,7 +1,7 @@
 """Repository of the lexical side of tasks (``task_lexicon`` rows; all its SQL lives here).
 
 A task's lexical record (:class:`LexicalRecord`: term counts and template) is one blob. A job adds
-its samples' routing texts (:func:`routing_text`) to its task (:func:`add_texts`, in the job's final
+its samples' :class:`LexicalDelta` to its task (:func:`add_delta`, in the job's final
 transaction); the route path reads the candidates' records through a process-wide LRU keyed by the
 blob's digest (:func:`get_task_lexicon`). See :mod:`atlas.lexical`, :mod:`atlas.template` and
 docs/SCORES.md ("Lexical evidence", "Open set: template test").
@@ -115,8 +115,6 @@ class TaskLexical:
 
     terms: TaskTerms
     template: TaskTemplate | None
-
-
 
 
 def _digest(blob: bytes) -> bytes:
