@@ -532,3 +532,36 @@ def test_task_added_elsewhere_lands_on_the_open_atlas(service: _Service, page: A
         assert points.count() == before + 1
         assert http.delete(f"/v1/tasks/{task_id}").status_code == 204
         http.delete(f"/v1/tasks/{rb.json()['task']['id']}")
+
+
+def test_task_page_shows_the_routing_side_and_toggles_the_template_test(service: _Service, page: Any) -> None:
+    import httpx
+
+    names = ["Ada", "Bela", "Chen", "Dara", "Emil", "Fern", "Goran", "Hana", "Ivo", "Jana", "Kofi", "Lena"]
+    texts = [f"The native language of {a} {b}son is ___ ." for a in names for b in names[:5]]  # 60 samples
+    with httpx.Client(base_url=service.base, timeout=60) as http:
+        r = http.post("/v1/tasks", json={"name": "native-language", "samples": [{"text": t} for t in texts]})
+        assert r.status_code == 202, r.text
+        task_id, job_id = r.json()["task"]["id"], r.json()["job"]["id"]
+        deadline = time.monotonic() + 3 * JOB_TIMEOUT_S
+        while http.get(f"/v1/jobs/{job_id}").json()["status"] != "succeeded":
+            assert time.monotonic() < deadline, "the job did not finish"
+            time.sleep(0.2)
+        try:
+            page.goto(f"{service.base}/dashboard/#/task/{task_id}")
+            card = page.locator("[data-testid=task-routing]")
+            state = card.locator("[data-testid=template-state]")
+            state.wait_for()
+            assert "active" in state.inner_text() and "not active" not in state.inner_text()
+            assert card.locator("[data-testid=template-test]").inner_text() == "on"
+            assert "calibrated" in card.inner_text()
+            _shot(page, "task-routing")
+            card.locator("[data-testid=template-toggle]").click()
+            page.locator("[data-testid=template-toggle][data-on=false]").wait_for()
+            assert card.locator("[data-testid=template-test]").inner_text() == "off"
+            assert http.get(f"/v1/tasks/{task_id}/routing").json()["template_test"] is False  # stored
+            card.locator("[data-testid=template-toggle]").click()
+            page.locator("[data-testid=template-toggle][data-on=true]").wait_for()
+            assert http.get(f"/v1/tasks/{task_id}/routing").json()["template_test"] is True
+        finally:
+            assert http.delete(f"/v1/tasks/{task_id}").status_code == 204

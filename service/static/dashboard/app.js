@@ -847,6 +847,8 @@
         : h("p", { class: "muted" }, "No metadata."),
       kv([["created", fmtDate(task.created_at)], ["updated", fmtDate(task.updated_at)]]));
     info.append(modelCard, metaCard);
+    const routingCard = h("div", { class: "card", "data-testid": "task-routing" }, h("h2", {}, "Routing"),
+      h("p", { class: "muted loading" }, "Loading…"));
     const jobBox = h("div", {});
     const sourcesCard = h("div", { class: "card", "data-testid": "sources" }, h("h2", {}, "Recommended sources"),
       h("p", { class: "muted loading" }, "Loading…"));
@@ -855,7 +857,7 @@
     const darkCard = h("div", { class: "card", "data-testid": "dark-neighbours" }, h("h2", {}, "Activation-dark neighbours"),
       h("p", { class: "muted loading" }, "Loading…"));
     neighbours.append(nearestCard, darkCard);
-    root.append(stats, jobBox, info, sourcesCard, neighbours);
+    root.append(stats, jobBox, info, routingCard, sourcesCard, neighbours);
     view().replaceChildren(root);
 
     // model & spec: from the task itself or its space
@@ -924,6 +926,8 @@
       jobRefresh();
     }
 
+    routingPanel(ctx, task, routingCard);
+
     if (task.status !== "ready") {
       const msg = task.status === "failed" ? "This task has no signature: its job failed (see Jobs)." : "Sources and neighbours appear once the task's first job succeeds.";
       for (const c of [sourcesCard, nearestCard, darkCard]) c.replaceChildren(c.firstChild, h("p", { class: "muted" }, msg));
@@ -986,6 +990,43 @@
       }
     })();
   }
+  // A task's open-set side (GET /v1/tasks/{id}/routing): its threshold and where it comes from, and its
+  // template test (docs/SCORES.md), which a write key can turn off and on (PATCH {"template": bool}).
+  async function routingPanel(ctx, task, card) {
+    const path = `/tasks/${encodeURIComponent(task.id)}/routing`;
+    const render = (r) => {
+      const tpl = r.template_terms === undefined || r.template_terms === null ? "none stored (re-add the task to get one)"
+        : !r.template_active ? `${fmtInt(r.template_terms)} terms in every sample; not active (estimated ${fmt(100 * r.template_false_reject, 2)} % of own prompts lack one; active at ≤ 2 %)`
+        : `${fmtInt(r.template_terms)} terms in every sample; active (estimated ${fmt(100 * r.template_false_reject, 2)} % of own prompts lack one)`;
+      const on = r.template_test !== false;
+      const toggle = h("button", { type: "button", class: "btn small ghost", "data-testid": "template-toggle",
+        "data-on": String(on) }, on ? "Turn the template test off" : "Turn the template test on");
+      toggle.addEventListener("click", async () => {
+        toggle.disabled = true;
+        try {
+          render(await api(path, { method: "PATCH", body: { template: !on } }));
+        } catch (err) {
+          toggle.disabled = false;
+          toggle.replaceWith(errorBox(err, "Template test"));
+        }
+      });
+      card.replaceChildren(h("h2", {}, "Routing"),
+        h("p", { class: "muted small" }, "A prompt is answered “none” below the threshold, or when it lacks a term every sample of this task has (its template) while the template test is on."),
+        kv([["threshold", `${fmt(r.threshold)} (${r.source})`],
+          ["calibration scores", fmtInt(r.calibration_scores ?? 0)],
+          ["typical score", r.typical_score === undefined || r.typical_score === null ? "—" : fmt(r.typical_score)],
+          ["template", h("span", { "data-testid": "template-state" }, tpl)],
+          ["template test", h("span", { "data-testid": "template-test" }, on ? "on" : "off")]]),
+        toggle);
+    };
+    try {
+      const r = await api(path);
+      if (ctx.alive()) render(r);
+    } catch (err) {
+      if (ctx.alive()) card.replaceChildren(card.firstChild, errorBox(err, "Routing"));
+    }
+  }
+
   function stat(label, value, testid) {
     return h("div", { class: "stat", "data-testid": testid || null }, h("div", { class: "stat-value" }, value), h("div", { class: "stat-label" }, label));
   }
