@@ -98,7 +98,7 @@ def _routing_row(session: Session, task_id: int) -> TaskRouting:
     row = get_routing(session, task_id)
     now = utcnow()
     if row is None:
-        row = TaskRouting(task_id=int(task_id), version=1, cal_scores=[], template_test=True, updated_at=now)
+        row = TaskRouting(task_id=int(task_id), version=1, cal_scores=[], updated_at=now)
         session.add(row)
     else:
         row.version = (row.version or 0) + 1

@@ -163,7 +163,9 @@ class QueryService:
             union = list(dict.fromkeys(t for h in hits for t in h))
             prompt_side = set(routing_repo.with_prompt_side(session, space_id, []))
             loaded = self.states.load(session, space, [*union, *sorted(prompt_side - set(union))])
-            base = {c.task_id: c for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
+            keep = self.settings.route_template  # else no candidate carries its template: the test is off
+            base = {c.task_id: c if keep else replace(c, template=None)
+                    for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
             whitening = self.whitenings.get(space_id, self.index.content_mark(space_id),
                                             lambda: self.index.ids(space_id),
                                             lambda ids: self._routing_means(session, space, ids))
@@ -171,9 +173,7 @@ class QueryService:
         if texts is not None and self.settings.route_lexical:
             terms = [TermCounts.from_texts([t]) for t in texts]
         for st, hit, pt in zip(states, hits, terms, strict=True):
-            keep = self.settings.route_template
-            cands = [replace(c, faiss_score=hit.get(t, 0.0), template=c.template if keep else None)
-                     for t, c in base.items() if t in hit or t in prompt_side]
+            cands = [replace(c, faiss_score=hit.get(t, 0.0)) for t, c in base.items() if t in hit or t in prompt_side]
             answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task,
                                                  whitening=whitening, prompt_terms=pt))
         return answers

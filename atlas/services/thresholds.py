@@ -68,10 +68,6 @@ class ThresholdService:
                     "prompt_side": row.prompt_state is not None,
                     "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
 
-    def set_override(self, task_id: int, threshold: float | None) -> dict[str, Any]:
-        """Set (or clear with ``None``) the task's threshold override."""
-        return self.patch(task_id, threshold)
-
     def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None
               ) -> dict[str, Any]:
         """Set (or clear with ``None``) the threshold override unless ``threshold`` is ``...``; turn the template
