@@ -137,6 +137,26 @@ def hybrid_best(rank: np.ndarray, sig: np.ndarray, prompt_terms: list[Any], task
     return out
 
 
+def lexical_cost(task_texts: list[list[str]], repeats: int = 3) -> dict[str, float]:
+    """Microseconds per word (median of ``repeats``) of what a job computes of its samples' words: the term
+    counts alone, and the counts with the template (:class:`atlas.lexicon_repo.LexicalDelta`)."""
+    import time
+
+    from atlas.lexicon_repo import LexicalDelta
+
+    words = max(sum(len(t.split()) for texts in task_texts for t in texts), 1)
+    out = {}
+    for key, make in (("counts_us", TermCounts.from_texts), ("delta_us", LexicalDelta.of_texts)):
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for texts in task_texts:
+                make(texts)
+            runs.append(time.perf_counter() - t0)
+        out[key] = float(np.median(runs)) / words * 1e6
+    return out
+
+
 def _best(scores: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Best column (as a task index) and its score, per row, among ``cols``."""
     sub = scores[:, cols]
@@ -387,6 +407,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     H = hybrid_best(R, sig, p_terms, index.terms, n_samp, np.arange(len(names)))
     log(f"top-1: ranking fused with lexical (product) {np.mean(truth == H):.3f}")
     templates = [TaskTemplate.of_texts(x.input for x in splits[n][0]) for n in names]  # one job each
+    cost = lexical_cost([[x.input for x in splits[n][0]] for n in names])
     lacks = np.array([[t.missing(pt) > 0 for t in templates] for pt in p_terms])
     log(f"templates: {sum(t.active for t in templates)} of {len(names)} active; own prompts lacking theirs "
         f"{np.mean(lacks[np.arange(len(truth)), truth]):.2%}")
@@ -427,7 +448,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "top1_ranked": float(np.mean(np.argmax(R, 1) == truth)), "top1_hybrid": float(np.mean(truth == H)),
             "threshold_quantiles": np.quantile(thr, [0, 0.25, 0.5, 0.75, 1]).tolist() if thr.size else [],
             "repeats": args.repeats, "lm": lm, "templates_active": int(sum(t.active for t in templates)),
-            "own_lacking": float(np.mean(lacks[np.arange(len(truth)), truth]))}
+            "own_lacking": float(np.mean(lacks[np.arange(len(truth)), truth])), "lexical_cost": cost}
 
 
 ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking fused with lexical; answered and nearest task's thresholds, "
@@ -467,7 +488,9 @@ def render(res: dict[str, Any], facts: str) -> str:
         "Calibrated thresholds (min, quartiles, "
         f"max): {q}. Templates (atlas.template, one job of each task's signature samples): "
         f"{res.get('templates_active', 0)} of {n} active; {res.get('own_lacking', 0.0):.2%} of the held-out prompts "
-        "lack their own task's.\n\n"
+        "lack their own task's. Worker cost per word of the tasks' samples (median of 3): term counts alone "
+        f"{res.get('lexical_cost', {}).get('counts_us', float('nan')):.2f} µs, counts + template (the job's "
+        f"lexical delta) {res.get('lexical_cost', {}).get('delta_us', float('nan')):.2f} µs.\n\n"
         f"**Open set** ({int(UNSEEN_SHARE * 100)} % of tasks unseen, {res['repeats']} draws × 2 cross-fitted halves; "
         "medians):\n\n" + t1 + "\n\n"
         f"**Small tasks** (a task replaced by one of k of its samples; {res['n_sources']} random source tasks per k; "
