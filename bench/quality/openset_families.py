@@ -1,0 +1,187 @@
+"""Experiment 4d — the open set where no task has a twin: distinct data families, end to end.
+
+Experiment 4b measures the open set on the 105 instruction tasks, where every unseen MMLU subject or LAMA
+relation has near-twins among the indexed ones (same frame, another topic). A user's space is more often a
+set of *different* tasks. This experiment takes one task per data family of ``shared/data`` (22 in all,
+:func:`family_tasks`: the natural text families of experiment 3 with their slices merged, SuperGLUE passages,
+MMLU question stems, ZINC SMILES, and eight instruction tasks of distinct formats, BBH and LAMA), and runs the
+**product itself** through the library (:class:`fisher_atlas.Atlas`: in-process worker, SQLite, FAISS, the
+bundled model, every default): per draw, 20 % of the tasks are left out (unseen), the others are added from
+``--signature`` samples each, and every held-out prompt is routed. No labels are used (calibrated thresholds
+only).
+
+Reported (medians over ``--draws`` draws): "none" on unseen tasks' prompts (goal ≥ 0.90), on indexed tasks'
+prompts (goal ≤ 0.05), the share of indexed prompts answered right; against the all-MiniLM-L6-v2 centroid
+router with its best single threshold set on the test prompts themselves at 5 % "none" on indexed prompts (a
+ceiling no fitted threshold reaches).
+
+Run: ``python -m bench.quality.openset_families`` (full, ~8 min on 2 cores with ``--threads 2``) or ``--quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from bench.quality.common import load_model, log, make_parser, pct, run_and_report
+from bench.quality.data import instruction_tasks, text_domains
+
+INSTRUCTION_TASKS = ("bbh_boolean_expressions", "bbh_date_understanding", "bbh_dyck_languages",
+                     "bbh_geometric_shapes", "bbh_navigate", "bbh_sports_understanding",
+                     "lama_trex_P36_capital", "lama_trex_P106_occupation")
+
+
+def family_tasks() -> dict[str, list[str]]:
+    """One task per data family: name → its texts (file order, the bundled model's training rows removed).
+
+    The natural text domains of experiment 3 with the slices of one family merged (AG News topics, SST-2
+    polarities, TREC classes, citation intents, MAG fields, the two biomedical corpora), and the inputs of
+    eight instruction tasks of distinct formats.
+    """
+    families: dict[str, list[str]] = defaultdict(list)
+    for name, texts in text_domains().items():
+        family = name.split("_")[0] if name.split("_")[0] in {"news", "reviews", "trec", "scicite", "titles",
+                                                              "biomed"} else name
+        families[family].extend(texts)
+    instr = instruction_tasks()
+    for name in INSTRUCTION_TASKS:
+        families[name] = [ex.input for ex in instr[name]]
+    return dict(sorted(families.items()))
+
+
+def _split(texts: list[str], n_sig: int, n_held: int, rng: np.random.Generator) -> tuple[list[str], list[str]]:
+    perm = rng.permutation(len(texts))
+    return [texts[i] for i in perm[n_held:n_held + n_sig]], [texts[i] for i in perm[:n_held]]
+
+
+def _minilm_ceiling(encoder: Any, sig: dict[str, list[str]], held: dict[str, list[str]], indexed: list[str],
+                    unseen: list[str]) -> dict[str, float]:
+    """MiniLM centroid router, one threshold on its best cosine set at 5 % "none" on indexed prompts."""
+    cents = np.stack([encoder.encode(sig[t]).mean(0) for t in indexed])
+    cents /= np.linalg.norm(cents, axis=1, keepdims=True)
+    best, truth_in, right = [], [], []
+    for t in indexed + unseen:
+        s = encoder.encode(held[t]) @ cents.T
+        best.extend(s.max(1))
+        truth_in.extend([t in indexed] * len(held[t]))
+        right.extend(np.array(indexed)[s.argmax(1)] == t)
+    best_a, is_in, right_a = np.array(best), np.array(truth_in), np.array(right)
+    thr = float(np.quantile(best_a[is_in], 0.05))
+    return {"none_unseen": float(np.mean(best_a[~is_in] < thr)), "none_indexed": float(np.mean(best_a[is_in] < thr)),
+            "right": float(np.mean(right_a[is_in] & (best_a[is_in] >= thr))), "top1": float(np.mean(right_a[is_in]))}
+
+
+def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]) -> dict[str, Any]:
+    """Rates of one draw, why indexed prompts were answered "none", and which task took unseen prompts."""
+    none_unseen, none_indexed, right, top1, records = [], [], [], [], []
+    why: dict[str, int] = defaultdict(int)
+    taken: dict[str, int] = defaultdict(int)
+    for (t, _), a in zip(prompts, answers, strict=True):
+        top = a.matches[0].name if a.matches else None
+        records.append({"task": t, "top": top, "none": a.none, "score": a.best_score, "threshold": a.threshold,
+                        "rank": a.matches[0].rank_score if a.matches else None,
+                        "nearest": a.nearest_rejects, "template": a.template_rejects})
+        if t in unseen:
+            none_unseen.append(a.none)
+            if not a.none:
+                taken[f"{t} -> {top}"] += 1
+            continue
+        none_indexed.append(a.none)
+        right.append((not a.none) and top == t)
+        top1.append(top == t)
+        if a.none:
+            why["template" if a.template_rejects else "nearest" if a.nearest_rejects else "threshold"] += 1
+    rank = np.array([r["rank"] if r["rank"] is not None else -np.inf for r in records])
+    is_in = np.array([r["task"] not in unseen for r in records])
+    floor = float(np.quantile(rank[is_in], 0.05))  # one threshold on the rank score, set on the test prompts
+    ceiling = {"none_unseen": float(np.mean(rank[~is_in] < floor)), "none_indexed": float(np.mean(rank[is_in] < floor)),
+               "right": float(np.mean(np.array(top1) & (rank[is_in] >= floor))), "top1": float(np.mean(top1))}
+    return {"none_unseen": float(np.mean(none_unseen)), "none_indexed": float(np.mean(none_indexed)),
+            "ceiling": ceiling, "right": float(np.mean(right)), "top1": float(np.mean(top1)),
+            "indexed_none_by": dict(why), "unseen_accepted": dict(taken), "prompts": records}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.quality.embed import MiniLMEncoder
+    from fisher_atlas import Atlas
+
+    tasks = {k: v for k, v in family_tasks().items() if len(v) >= args.signature + args.heldout}
+    names = sorted(tasks)
+    n_unseen = max(1, round(0.2 * len(names)))
+    encoder = MiniLMEncoder()
+    draws: list[dict[str, Any]] = []
+    for d in range(args.draws):
+        rng = np.random.default_rng(1000 + d)
+        sig, held = {}, {}
+        for t in names:
+            sig[t], held[t] = _split(tasks[t], args.signature, args.heldout, rng)
+        unseen = sorted(rng.choice(names, size=n_unseen, replace=False).tolist())
+        indexed = [t for t in names if t not in unseen]
+        t0 = time.perf_counter()
+        product = {"model": args.model, "device": args.device, "torch_threads": args.threads}
+        with tempfile.TemporaryDirectory() as tmp, Atlas(tmp, **product) as atlas:
+            for t in indexed:
+                atlas.add(t, sig[t], progress=False)
+            add_s = time.perf_counter() - t0
+            prompts = [(t, p) for t in indexed + unseen for p in held[t]]
+            answers = atlas.route([p for _, p in prompts], k=3)
+        draw = _tally(prompts, answers, unseen)
+        draw.update(unseen_tasks=unseen, add_s=add_s, minilm=_minilm_ceiling(encoder, sig, held, indexed, unseen))
+        mini = draw["minilm"]
+        log(f"draw {d}: unseen {unseen}: none {draw['none_unseen']:.3f} unseen / {draw['none_indexed']:.3f} indexed, "
+            f"right {draw['right']:.3f}; MiniLM ceiling {mini['none_unseen']:.3f} / {mini['none_indexed']:.3f}")
+        draws.append(draw)
+    # the model the library ran, loaded once more here for the run facts only
+    return {"tasks": {t: len(tasks[t]) for t in names}, "n_unseen": n_unseen, "draws": draws, "lm": load_model(args)}
+
+
+def render(res: dict[str, Any], facts: str) -> str:
+    draws = res["draws"]
+
+    def med(key: str, sub: str | None = None) -> float:
+        return float(np.median([(d[sub] if sub else d)[key] for d in draws]))
+
+    table = (
+        "| Router | none on unseen (goal ≥ 0.90) | none on indexed (goal ≤ 0.05) | answered right, indexed | "
+        "top-1, indexed (no open set) |\n"
+        "|:---|---:|---:|---:|---:|\n"
+        f"| FisherAtlas (product, library, calibrated thresholds, no labels) | {med('none_unseen'):.3f} | "
+        f"{med('none_indexed'):.3f} | {pct(med('right'))} | {pct(med('top1'))} |\n"
+        f"| ceiling: FisherAtlas rank score, one threshold set on the test prompts (5 % none, indexed) | "
+        f"{med('none_unseen', 'ceiling'):.3f} | {med('none_indexed', 'ceiling'):.3f} | "
+        f"{pct(med('right', 'ceiling'))} | {pct(med('top1', 'ceiling'))} |\n"
+        f"| ceiling: MiniLM centroid, one threshold set on the test prompts (5 % none, indexed) | "
+        f"{med('none_unseen', 'minilm'):.3f} | {med('none_indexed', 'minilm'):.3f} | {pct(med('right', 'minilm'))} | "
+        f"{pct(med('top1', 'minilm'))} |\n"
+    )
+    per_draw = "\n".join(
+        f"- draw {i}: unseen {', '.join(d['unseen_tasks'])}: none {d['none_unseen']:.3f} / {d['none_indexed']:.3f}; "
+        f"indexed prompts answered none by {d['indexed_none_by'] or '-'}; unseen accepted "
+        f"{dict(sorted(d['unseen_accepted'].items(), key=lambda kv: -kv[1])[:4]) or '-'}"
+        for i, d in enumerate(draws))
+    tasks = ", ".join(f"{t} ({n})" for t, n in res["tasks"].items())
+    return (f"{len(res['tasks'])} tasks, one per data family: {tasks}. {res['n_unseen']} unseen per draw; "
+            f"{len(draws)} draws; medians.\n\n{table}\n{per_draw}\n\n{facts}")
+
+
+def main() -> None:
+    """Command-line entry point."""
+    p = make_parser(__doc__.split("\n")[0], m=4096, max_tokens=512, seeds=[0])
+    p.add_argument("--draws", type=int, default=5)
+    p.add_argument("--signature", type=int, default=100, help="samples per indexed task")
+    p.add_argument("--heldout", type=int, default=20, help="held-out prompts per task")
+    args = p.parse_args()
+    if args.quick:
+        args.draws, args.signature, args.heldout = 1, 48, 8
+    run_and_report("openset_families", "4d. Open set without twins: one task per data family (issue 13)", args,
+                   run, render, lambda res: {"signature samples": args.signature, "held-out prompts": args.heldout,
+                                             "product": "library defaults (bundled model, m=4096)"})
+
+
+if __name__ == "__main__":
+    main()
