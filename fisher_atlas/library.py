@@ -14,6 +14,7 @@ from atlas.models import Job, Task
 from atlas.sample_io import parse_upload
 from atlas.samples import Sample
 from atlas.services.jobs import is_final
+from atlas.services.thresholds import FitResult
 from atlas.settings import Settings
 from atlas.vocabulary import JobStatus, TaskStatus
 from service.container import Container
@@ -144,6 +145,27 @@ class Atlas:
         texts = [prompts] if isinstance(prompts, str) else [str(p) for p in prompts]
         answers: list[analysis.RouteAnswer] = _run(self._c.queries.route(texts, k=k, threshold=threshold))[0]
         return answers[0] if isinstance(prompts, str) else answers
+
+    def fit(self, examples: Sequence[tuple[str, str]], *, dry_run: bool = False) -> FitResult:
+        """Tune the route thresholds from labelled prompts, ``(prompt, task name or "none")`` pairs (the
+        ``POST /v1/route/fit`` semantics, docs/SCORES.md "fit"); ``dry_run`` only reports them."""
+        result: FitResult = _run(self._c.thresholds.fit(list(examples), dry_run=dry_run))
+        return result
+
+    def routing(self, name: str) -> dict[str, Any]:
+        """A task's effective route threshold and its source, calibration and template state
+        (``GET /v1/tasks/{id}/routing``)."""
+        return self._c.thresholds.info(self.task(name).id)
+
+    def set_threshold(self, name: str, threshold: float | None) -> dict[str, Any]:
+        """Override a task's route threshold (``None`` clears the override); returns :meth:`routing`."""
+        if threshold is not None and not -1.0 <= float(threshold) <= 1.0:
+            raise InvalidInput("threshold must be in [-1, 1]", {"threshold": threshold})
+        return self._c.thresholds.patch(self.task(name).id, threshold=threshold)
+
+    def set_template_test(self, name: str, enabled: bool) -> dict[str, Any]:
+        """Turn a task's template test on or off (docs/SCORES.md "Open set: template test"); returns :meth:`routing`."""
+        return self._c.thresholds.patch(self.task(name).id, template=bool(enabled))
 
     def recommend(self, name: str, *, k: int = 5) -> list[analysis.Source]:
         """Fine-tuning sources for a target task, best first."""
