@@ -159,8 +159,6 @@ class Atlas:
 
     def set_threshold(self, name: str, threshold: float | None) -> dict[str, Any]:
         """Override a task's route threshold (``None`` clears the override); returns :meth:`routing`."""
-        if threshold is not None and not -1.0 <= float(threshold) <= 1.0:
-            raise InvalidInput("threshold must be in [-1, 1]", {"threshold": threshold})
         return self._c.thresholds.patch(self.task(name).id, threshold=threshold)
 
     def set_template_test(self, name: str, enabled: bool) -> dict[str, Any]:

@@ -71,7 +71,15 @@ class ThresholdService:
     def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None
               ) -> dict[str, Any]:
         """Set (or clear with ``None``) the threshold override unless ``threshold`` is ``...``; turn the template
-        test on or off unless ``template`` is ``None``; one transaction."""
+        test on or off unless ``template`` is ``None``; one transaction.
+
+        Raises
+        ------
+        InvalidInput
+            A threshold outside [−1, 1] (the route score's range) or not a number.
+        """
+        if isinstance(threshold, int | float) and not -1.0 <= float(threshold) <= 1.0:
+            raise InvalidInput("threshold must be in [-1, 1]", {"threshold": str(threshold)})
         with self.store.session() as session:
             if not isinstance(threshold, EllipsisType):
                 routing_repo.set_threshold_override(session, task_id, threshold)

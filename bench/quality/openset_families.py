@@ -30,10 +30,14 @@ import numpy as np
 
 from bench.quality.common import load_model, log, make_parser, pct, run_and_report
 from bench.quality.data import instruction_tasks, text_domains
+from bench.quality.openset import _oracle_rates
 
 INSTRUCTION_TASKS = ("bbh_boolean_expressions", "bbh_date_understanding", "bbh_dyck_languages",
                      "bbh_geometric_shapes", "bbh_navigate", "bbh_sports_understanding",
                      "lama_trex_P36_capital", "lama_trex_P106_occupation")
+
+MERGED_FAMILIES = frozenset({"news", "reviews", "trec", "scicite", "titles", "biomed"})
+"""Experiment 3's domain families whose slices (topics, labels, fields, corpora) become one task here."""
 
 
 def family_tasks() -> dict[str, list[str]]:
@@ -45,9 +49,8 @@ def family_tasks() -> dict[str, list[str]]:
     """
     families: dict[str, list[str]] = defaultdict(list)
     for name, texts in text_domains().items():
-        family = name.split("_")[0] if name.split("_")[0] in {"news", "reviews", "trec", "scicite", "titles",
-                                                              "biomed"} else name
-        families[family].extend(texts)
+        prefix = name.split("_")[0]
+        families[prefix if prefix in MERGED_FAMILIES else name].extend(texts)
     instr = instruction_tasks()
     for name in INSTRUCTION_TASKS:
         families[name] = [ex.input for ex in instr[name]]
@@ -59,21 +62,26 @@ def _split(texts: list[str], n_sig: int, n_held: int, rng: np.random.Generator) 
     return [texts[i] for i in perm[n_held:n_held + n_sig]], [texts[i] for i in perm[:n_held]]
 
 
+def _ceiling(best: list[str], score: np.ndarray, truth: list[str], unseen: list[str]) -> dict[str, float]:
+    """Experiment 4b's ceiling (:func:`bench.quality.openset._oracle_rates`: one threshold on ``score`` set on the
+    test prompts at the goal's 5 % "none" on indexed prompts) for answers by task name, plus the top-1."""
+    names = sorted({*best, *truth})
+    b, y = np.array([names.index(t) for t in best]), np.array([names.index(t) for t in truth])
+    is_unseen = np.array([t in unseen for t in truth])
+    rates = _oracle_rates(b, np.asarray(score, dtype=np.float64), y, is_unseen, np.ones(len(b), dtype=bool))
+    return {"none_unseen": rates["none_unseen"], "none_indexed": rates["none_indexed"],
+            "right": rates["right_indexed"], "top1": float(np.mean(b[~is_unseen] == y[~is_unseen])),
+            "auroc": rates["auroc"]}
+
+
 def _minilm_ceiling(encoder: Any, sig: dict[str, list[str]], held: dict[str, list[str]], indexed: list[str],
                     unseen: list[str]) -> dict[str, float]:
     """MiniLM centroid router, one threshold on its best cosine set at 5 % "none" on indexed prompts."""
     cents = np.stack([encoder.encode(sig[t]).mean(0) for t in indexed])
     cents /= np.linalg.norm(cents, axis=1, keepdims=True)
-    best, truth_in, right = [], [], []
-    for t in indexed + unseen:
-        s = encoder.encode(held[t]) @ cents.T
-        best.extend(s.max(1))
-        truth_in.extend([t in indexed] * len(held[t]))
-        right.extend(np.array(indexed)[s.argmax(1)] == t)
-    best_a, is_in, right_a = np.array(best), np.array(truth_in), np.array(right)
-    thr = float(np.quantile(best_a[is_in], 0.05))
-    return {"none_unseen": float(np.mean(best_a[~is_in] < thr)), "none_indexed": float(np.mean(best_a[is_in] < thr)),
-            "right": float(np.mean(right_a[is_in] & (best_a[is_in] >= thr))), "top1": float(np.mean(right_a[is_in]))}
+    truth = [t for t in indexed + unseen for _ in held[t]]
+    cos = encoder.encode([p for t in indexed + unseen for p in held[t]]) @ cents.T
+    return _ceiling([indexed[j] for j in cos.argmax(1)], cos.max(1), truth, unseen)
 
 
 def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]) -> dict[str, Any]:
@@ -96,11 +104,8 @@ def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]
         top1.append(top == t)
         if a.none:
             why["template" if a.template_rejects else "nearest" if a.nearest_rejects else "threshold"] += 1
-    rank = np.array([r["rank"] if r["rank"] is not None else -np.inf for r in records])
-    is_in = np.array([r["task"] not in unseen for r in records])
-    floor = float(np.quantile(rank[is_in], 0.05))  # one threshold on the rank score, set on the test prompts
-    ceiling = {"none_unseen": float(np.mean(rank[~is_in] < floor)), "none_indexed": float(np.mean(rank[is_in] < floor)),
-               "right": float(np.mean(np.array(top1) & (rank[is_in] >= floor))), "top1": float(np.mean(top1))}
+    rank = np.array([r["rank"] if r["rank"] is not None else -2.0 for r in records])  # no match: below any rank
+    ceiling = _ceiling([r["top"] or "" for r in records], rank, [r["task"] for r in records], unseen)
     return {"none_unseen": float(np.mean(none_unseen)), "none_indexed": float(np.mean(none_indexed)),
             "ceiling": ceiling, "right": float(np.mean(right)), "top1": float(np.mean(top1)),
             "indexed_none_by": dict(why), "unseen_accepted": dict(taken), "prompts": records}
@@ -140,7 +145,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         unseen = sorted(rng.choice(names, size=n_unseen, replace=False).tolist())
         indexed = [t for t in names if t not in unseen]
         t0 = time.perf_counter()
-        product = {"model": args.model, "device": args.device, "torch_threads": args.threads}
+        product = {"model": args.model, "device": args.device, "torch_threads": args.threads, "sketch_dim": args.m,
+                   "max_tokens_per_sample": args.max_tokens}
         with tempfile.TemporaryDirectory() as tmp, Atlas(tmp, **product) as atlas:
             for t in indexed:
                 atlas.add(t, sig[t], progress=False)
