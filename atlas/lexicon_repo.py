@@ -1,6 +1,7 @@
 """Repository of the lexical side of tasks (``task_lexicon`` rows; all its SQL lives here).
 
-A task's lexical record (:class:`LexicalRecord`: term counts and template) is one blob. A job adds
+A task's lexical record (:class:`atlas.lexical_record.LexicalRecord`: term counts and template; its blob
+format lives there, re-exported here with :class:`LexicalDelta` and the text helpers) is one blob. A job adds
 its samples' :class:`LexicalDelta` to its task (:func:`add_delta`, in the job's final
 transaction); the route path reads the candidates' records through a process-wide LRU keyed by the
 blob's digest (:func:`get_task_lexicon`). See :mod:`atlas.lexical`, :mod:`atlas.template` and
@@ -10,103 +11,21 @@ docs/SCORES.md ("Lexical evidence", "Open set: template test").
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from atlas.lexical import TaskTerms, TermCounts, term_hashes
+from atlas.lexical import TaskTerms, TermCounts
+from atlas.lexical_record import LexicalDelta, LexicalRecord, counts_of, routing_text, template_text
 from atlas.lru import ContentLru
 from atlas.models import JOB_SUCCEEDED, TaskLexicon, utcnow
-from atlas.samples import Sample
-from atlas.template import TaskTemplate, presence
+from atlas.template import TaskTemplate
 
-
-def routing_text(sample: Sample, mode: str) -> str | None:
-    """What a prompt routed to the task is compared with: the ``prompt`` of a completion-mode sample
-    (a prompt has no answer), the text (or prompt + completion) of a text-mode one."""
-    if mode == "completion":
-        return sample.prompt
-    return sample.text if sample.text is not None else (sample.prompt or "") + (sample.completion or "")
-
-
-def template_text(sample: Sample) -> str | None:
-    """What a sample brings to its task's template: its ``prompt`` when it has one (a prompt routed to the
-    task has no completion, so a term every completion shares must not be required of it), else its text."""
-    return sample.prompt if sample.prompt is not None else sample.text
-
-
-def counts_of(samples: Iterable[Sample], mode: str) -> TermCounts:
-    """Term counts of the samples' routing texts."""
-    return TermCounts.from_texts(routing_text(s, mode) for s in samples)
-
-
-_RECORD = b"FALR1"
-
-
-@dataclass(frozen=True)
-class LexicalDelta:
-    """What a job adds to its task's record, computed outside the final transaction: the term ``counts`` of
-    its samples' routing texts and each sample's :func:`atlas.template.presence`."""
-
-    counts: TermCounts
-    presences: list[np.ndarray]
-
-    @staticmethod
-    def of_texts(texts: Sequence[str | None], template_texts: Sequence[str | None] | None = None) -> LexicalDelta:
-        """The delta of a job's routing ``texts`` (the template from ``template_texts``, default the same; each
-        text is hashed once where both are the same string)."""
-        hashes = [term_hashes(t) if t else np.zeros(0, np.uint32) for t in texts]
-        tpl = texts if template_texts is None else template_texts
-        presences = [np.unique(h) if t == r else presence(t) for h, r, t in zip(hashes, texts, tpl, strict=True)]
-        return LexicalDelta(TermCounts.from_hashes(hashes), presences)
-
-    @staticmethod
-    def of_samples(samples: Sequence[Sample], mode: str) -> LexicalDelta:
-        """The delta of a job's samples: counts of their :func:`routing_text`, template of their
-        :func:`template_text`."""
-        return LexicalDelta.of_texts([routing_text(s, mode) for s in samples], [template_text(s) for s in samples])
-
-
-@dataclass(frozen=True)
-class LexicalRecord:
-    """What a task stores of its samples' words: term ``counts`` and ``template`` (``None``: stored before
-    templates existed — a bare :class:`atlas.lexical.TermCounts` blob — so the template test is off)."""
-
-    counts: TermCounts
-    template: TaskTemplate | None
-
-    def add(self, delta: LexicalDelta) -> LexicalRecord:
-        """This record with a job's :class:`LexicalDelta` added (counts summed, template intersected)."""
-        return LexicalRecord(self.counts.merge(delta.counts),
-                             None if self.template is None else self.template.add_presences(delta.presences))
-
-    def to_bytes(self) -> bytes:
-        """Serialisation (``from_bytes`` inverts it; a record without template is a bare counts blob)."""
-        counts = self.counts.to_bytes()
-        if self.template is None:
-            return counts
-        return _RECORD + len(counts).to_bytes(4, "little") + counts + self.template.to_bytes()
-
-    @staticmethod
-    def from_bytes(blob: bytes) -> LexicalRecord:
-        """Inverse of :meth:`to_bytes`; also reads a bare counts blob (no template).
-
-        Raises
-        ------
-        ValueError
-            Neither, or a corrupt one.
-        """
-        blob = bytes(blob)
-        if not blob.startswith(_RECORD):
-            return LexicalRecord(TermCounts.from_bytes(blob), None)
-        head = len(_RECORD) + 4
-        n = int.from_bytes(blob[len(_RECORD):head], "little")
-        if len(blob) < head + n:
-            raise ValueError("corrupt lexical record (length)")
-        return LexicalRecord(TermCounts.from_bytes(blob[head:head + n]), TaskTemplate.from_bytes(blob[head + n:]))
+__all__ = ["LexicalDelta", "LexicalRecord", "TaskLexical", "add_delta", "backfill", "counts_of", "get_blobs",
+           "get_task_lexicon", "put_record", "routing_text", "tasks_without_template", "tasks_without_terms",
+           "template_text"]
 
 
 @dataclass(frozen=True)
@@ -197,7 +116,7 @@ def tasks_without_terms(session: Session) -> list[int]:
 def tasks_without_template(session: Session) -> list[int]:
     """Tasks whose lexical record has no template (stored before templates existed), by id."""
     rows = session.execute(select(TaskLexicon.task_id, TaskLexicon.terms).order_by(TaskLexicon.task_id)).all()
-    return [int(t) for t, blob in rows if not bytes(blob).startswith(_RECORD)]
+    return [int(t) for t, blob in rows if not LexicalRecord.has_template(blob)]
 
 
 def backfill(session: Session, task_ids: Sequence[int]) -> int:
