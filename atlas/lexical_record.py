@@ -8,7 +8,7 @@ the records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,11 +30,6 @@ def template_text(sample: Sample) -> str | None:
     """What a sample brings to its task's template: its ``prompt`` when it has one (a prompt routed to the
     task has no completion, so a term every completion shares must not be required of it), else its text."""
     return sample.prompt if sample.prompt is not None else sample.text
-
-
-def counts_of(samples: Iterable[Sample], mode: str) -> TermCounts:
-    """Term counts of the samples' routing texts."""
-    return TermCounts.from_texts(routing_text(s, mode) for s in samples)
 
 
 _RECORD = b"FALR1"

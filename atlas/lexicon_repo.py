@@ -18,12 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from atlas.lexical import TaskTerms, TermCounts
-from atlas.lexical_record import LexicalDelta, LexicalRecord, counts_of, routing_text, template_text
+from atlas.lexical_record import LexicalDelta, LexicalRecord, routing_text, template_text
 from atlas.lru import ContentLru
 from atlas.models import JOB_SUCCEEDED, TaskLexicon, utcnow
 from atlas.template import TaskTemplate
 
-__all__ = ["LexicalDelta", "LexicalRecord", "TaskLexical", "add_delta", "backfill", "counts_of", "get_blobs",
+__all__ = ["LexicalDelta", "LexicalRecord", "TaskLexical", "add_delta", "backfill", "get_blobs",
            "get_task_lexicon", "put_record", "routing_text", "tasks_without_template", "tasks_without_terms",
            "template_text"]
 

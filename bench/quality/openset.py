@@ -339,7 +339,7 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
         ps = prompt_side(ex, sig, "completion")
         side.append(ps.prompt_sum)
         side_cal.append(ps.cal_states)
-        comp_terms.append(lexicon_repo.counts_of(sig, "completion"))  # what the job stores: the prompts' terms
+        comp_terms.append(lexicon_repo.LexicalDelta.of_samples(sig, "completion").counts)  # the job stores these
         if encoder is not None:
             minilm_c.append(encoder.encode([s.prompt or "" for s in sig]).mean(0))
     prompts = [ex.prompt(t).state for ds in COMPLETION_SETS for t in held[ds]]

@@ -116,7 +116,7 @@ def world() -> dict[str, Any]:
                 state.merge_(st)
             route_state = state
         cal = routing.calibrate(routing.leave_one_out_scores(route_state, side.cal_states))
-        return state, route_state, cal, TaskTerms.of(lexicon_repo.counts_of(samples, mode))  # what the job stores
+        return state, route_state, cal, TaskTerms.of(lexicon_repo.LexicalDelta.of_samples(samples, mode).counts)
 
     tasks: dict[str, tuple[Any, Any, routing.Calibration, TaskTerms]] = {}
     for d in BIG:
