@@ -748,12 +748,16 @@ class Corpus:
         Per-source row and character counts.
     train, heldout, val : dict[str, numpy.ndarray]
         Domain to token stream (``uint16``/``int64``) of buckets < 4, == 9 and == 8.
+    stdlib_dir : str or None
+        The CPython standard library the code rows came from (kept in a prepared corpus, so a summary written
+        on another machine names the library that was read, not its own).
     """
 
     sources: dict[str, dict[str, int | str]]
     train: dict[str, np.ndarray]
     heldout: dict[str, np.ndarray]
     val: dict[str, np.ndarray]
+    stdlib_dir: str | None = None
 
 
 def build_corpus(
@@ -794,7 +798,8 @@ def build_corpus(
             entry["heldout_rows"] = int(entry["heldout_rows"]) + 1
     if tokenizer is None:
         tokenizer = train_tokenizer(train_docs, args.tokenizer_chars)
-    corpus = Corpus(sources, pack(train_docs, tokenizer), pack(heldout_docs, tokenizer), pack(val_docs, tokenizer))
+    corpus = Corpus(sources, pack(train_docs, tokenizer), pack(heldout_docs, tokenizer), pack(val_docs, tokenizer),
+                    str(args.stdlib_dir))
     return corpus, tokenizer
 
 
@@ -802,14 +807,17 @@ def save_corpus(corpus: Corpus, path: Path) -> None:
     """Write a corpus as a compressed ``.npz`` of ``uint16`` streams plus the JSON manifest."""
     arrays = {f"{split}_{d}": getattr(corpus, split)[d].astype(np.uint16) for split in ("train", "heldout", "val")
               for d in DOMAINS}
-    np.savez_compressed(path, sources=np.array(json.dumps(corpus.sources)), **arrays)
+    np.savez_compressed(path, sources=np.array(json.dumps(corpus.sources)),
+                        stdlib_dir=np.array(corpus.stdlib_dir or ""), **arrays)
 
 
 def read_corpus(path: Path) -> Corpus:
     """Read a corpus written by :func:`save_corpus`."""
     data = np.load(path)
     streams = {split: {d: data[f"{split}_{d}"] for d in DOMAINS} for split in ("train", "heldout", "val")}
-    return Corpus(json.loads(str(data["sources"])), streams["train"], streams["heldout"], streams["val"])
+    stdlib = str(data["stdlib_dir"]) if "stdlib_dir" in data.files else ""
+    return Corpus(json.loads(str(data["sources"])), streams["train"], streams["heldout"], streams["val"],
+                  stdlib or None)
 
 
 def save_checkpoint(path: Path, model: GPT2LMHeadModel, optimizer: torch.optim.AdamW, sampler: BatchSampler,
@@ -1046,7 +1054,7 @@ def main(argv: list[str] | None = None) -> None:
         "loss_heldout": loss_heldout,
         "loss_train": loss_train,
         "best_val_loss": best_val,
-        "stdlib_dir": str(args.stdlib_dir),
+        "stdlib_dir": corpus.stdlib_dir,
     }
     (args.out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"[done] saved to {args.out} in {summary['total_seconds']}s", flush=True)

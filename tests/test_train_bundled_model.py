@@ -29,7 +29,7 @@ def test_resume_continues_the_same_run(tmp_path: Path) -> None:
     tb = _load_script()
     rng = np.random.default_rng(1)
     streams = {d: rng.integers(1, 8192, size=3000).astype(np.uint16) for d in tb.DOMAINS}
-    corpus = tb.Corpus({"synthetic": {"domain": "prose", "rows": 1}}, streams, streams, streams)
+    corpus = tb.Corpus({"synthetic": {"domain": "prose", "rows": 1}}, streams, streams, streams, "/elsewhere/lib")
     tb.save_corpus(corpus, tmp_path / "c.npz")
     common = ["--corpus", str(tmp_path / "c.npz"), "--tokenizer-dir", str(BUNDLED_MODEL_DIR), "--steps", "6",
               "--warmup", "2", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "2",
@@ -47,4 +47,5 @@ def test_resume_continues_the_same_run(tmp_path: Path) -> None:
         torch.testing.assert_close(resumed[key], full[key], rtol=0, atol=0)
     summary = json.loads((tmp_path / "resumed" / "training_summary.json").read_text())
     assert summary["steps_done"] == 6
+    assert summary["stdlib_dir"] == "/elsewhere/lib"  # the corpus's library, not this machine's
     assert json.loads((tmp_path / "resumed" / "config.json").read_text())["resid_pdrop"] == 0.0

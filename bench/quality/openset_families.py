@@ -11,9 +11,11 @@ bundled model, every default): per draw, 20 % of the tasks are left out (unseen)
 only), except in the ``fit`` row (``Atlas.fit`` on half of the held-out prompts, answers on the other half).
 
 Reported (medians over ``--draws`` draws): "none" on unseen tasks' prompts (goal ≥ 0.90), on indexed tasks'
-prompts (goal ≤ 0.05), the share of indexed prompts answered right; against the all-MiniLM-L6-v2 centroid
-router with its best single threshold set on the test prompts themselves at 5 % "none" on indexed prompts (a
-ceiling no fitted threshold reaches).
+prompts (goal ≤ 0.05), the share of indexed prompts answered right; against all-MiniLM-L6-v2 twice: the
+router a user would pick (each route scored by the mean cosine of its 5 nearest utterances, after
+semantic-router's ``top_k``; per-route thresholds calibrated without labels exactly as ours are,
+:func:`calibrated_knn_rates`), and its centroid router with the best single threshold set on the
+test prompts themselves at 5 % "none" on indexed prompts (a ceiling no fitted threshold reaches).
 
 Run: ``python -m bench.quality.openset_families`` (full, ~8 min on 2 cores with ``--threads 2``) or ``--quick``.
 """
@@ -28,9 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from atlas.route_calibration import FALSE_REJECT_RATE
 from bench.quality.common import load_model, log, make_parser, pct, run_and_report
 from bench.quality.data import instruction_tasks, text_domains
 from bench.quality.openset import _oracle_rates
+
+KNN_K = 5
+"""Utterances per route averaged by the calibrated MiniLM router (semantic-router's ``top_k``)."""
 
 INSTRUCTION_TASKS = ("bbh_boolean_expressions", "bbh_date_understanding", "bbh_dyck_languages",
                      "bbh_geometric_shapes", "bbh_navigate", "bbh_sports_understanding",
@@ -75,13 +81,77 @@ def _ceiling(best: list[str], score: np.ndarray, truth: list[str], unseen: list[
 
 
 def _minilm_ceiling(encoder: Any, sig: dict[str, list[str]], held: dict[str, list[str]], indexed: list[str],
-                    unseen: list[str]) -> dict[str, float]:
-    """MiniLM centroid router, one threshold on its best cosine set at 5 % "none" on indexed prompts."""
+                    unseen: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """The MiniLM rows: (the centroid router with one threshold on its best cosine set at 5 % "none" on indexed
+    prompts, the kNN router with per-route thresholds calibrated without labels (:func:`calibrated_knn_rates`))."""
     cents = np.stack([encoder.encode(sig[t]).mean(0) for t in indexed])
     cents /= np.linalg.norm(cents, axis=1, keepdims=True)
     truth = [t for t in indexed + unseen for _ in held[t]]
-    cos = encoder.encode([p for t in indexed + unseen for p in held[t]]) @ cents.T
-    return _ceiling([indexed[j] for j in cos.argmax(1)], cos.max(1), truth, unseen)
+    queries = encoder.encode([p for t in indexed + unseen for p in held[t]])
+    cos = queries @ cents.T
+    calibrated = calibrated_knn_rates([encoder.encode(sig[t]) for t in indexed], queries,
+                                             [indexed.index(t) if t in indexed else None for t in truth],
+                                             FALSE_REJECT_RATE)
+    return _ceiling([indexed[j] for j in cos.argmax(1)], cos.max(1), truth, unseen), calibrated
+
+
+def knn_route_scores(utterances: list[np.ndarray], queries: np.ndarray, k: int = KNN_K,
+                     leave_one_out: int | None = None) -> np.ndarray:
+    """Each route's score for each query: the mean cosine of the query to its ``k`` nearest utterances of the route.
+
+    Parameters
+    ----------
+    utterances : list of ndarray, each shape (n_r, D)
+        Unit vectors of each route's utterances.
+    queries : ndarray, shape (Q, D)
+        Unit query vectors.
+    k : int
+    leave_one_out : int, optional
+        When the queries are the utterances of this route (same order), each one's own vector is left out of it.
+
+    Returns
+    -------
+    ndarray, shape (Q, R)
+    """
+    out = np.empty((len(queries), len(utterances)))
+    for r, u in enumerate(utterances):
+        sims = queries @ u.T
+        if leave_one_out == r:
+            np.fill_diagonal(sims, -np.inf)
+        kk = min(k, u.shape[0] - (leave_one_out == r))
+        out[:, r] = -np.sort(-sims, axis=1)[:, :kk].mean(1)
+    return out
+
+
+def calibrated_knn_rates(utterances: list[np.ndarray], queries: np.ndarray, truth: list[int | None],
+                         rate: float) -> dict[str, float]:
+    """A kNN router with per-route thresholds calibrated like the product's, with no labels: each route's threshold
+    is the ``rate`` quantile of its own utterances' leave-one-out scores; a query goes to its best route, or "none"
+    below that route's threshold.
+
+    Parameters
+    ----------
+    utterances, queries
+        As :func:`knn_route_scores`.
+    truth : list of int or None, length Q
+        Each query's route, ``None`` for an unseen task's.
+    rate : float
+        The false-reject rate the thresholds are set at.
+
+    Returns
+    -------
+    dict
+        ``none_unseen``, ``none_indexed``, ``right`` (indexed, answered and right), ``top1`` (indexed, no open set).
+    """
+    thresholds = np.array([np.quantile(knn_route_scores(utterances, u, leave_one_out=r)[:, r], rate)
+                           for r, u in enumerate(utterances)])
+    scores = knn_route_scores(utterances, queries)
+    best = scores.argmax(1)
+    none = scores[np.arange(len(best)), best] < thresholds[best]
+    unseen = np.array([t is None for t in truth])
+    hit = np.array([t == b for t, b in zip(truth, best, strict=True)])
+    return {"none_unseen": float(none[unseen].mean()), "none_indexed": float(none[~unseen].mean()),
+            "right": float((hit & ~none)[~unseen].mean()), "top1": float(hit[~unseen].mean())}
 
 
 def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]) -> dict[str, Any]:
@@ -155,11 +225,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             answers = atlas.route([p for _, p in prompts], k=3)
             fitted = _with_fit(atlas, prompts, indexed, unseen, rng)
         draw = _tally(prompts, answers, unseen)
-        draw.update(unseen_tasks=unseen, add_s=add_s, fit=fitted,
-                    minilm=_minilm_ceiling(encoder, sig, held, indexed, unseen))
+        mini_ceiling, mini_cal = _minilm_ceiling(encoder, sig, held, indexed, unseen)
+        draw.update(unseen_tasks=unseen, add_s=add_s, fit=fitted, minilm=mini_ceiling, mini_cal=mini_cal)
         mini = draw["minilm"]
         log(f"draw {d}: unseen {unseen}: none {draw['none_unseen']:.3f} unseen / {draw['none_indexed']:.3f} indexed, "
-            f"right {draw['right']:.3f}; MiniLM ceiling {mini['none_unseen']:.3f} / {mini['none_indexed']:.3f}")
+            f"right {draw['right']:.3f}; MiniLM ceiling {mini['none_unseen']:.3f} / {mini['none_indexed']:.3f}, "
+            f"calibrated {mini_cal['none_unseen']:.3f} / {mini_cal['none_indexed']:.3f}")
         draws.append(draw)
     # the model the library ran, loaded once more here for the run facts only
     return {"tasks": {t: len(tasks[t]) for t in names}, "n_unseen": n_unseen, "draws": draws, "lm": load_model(args)}
@@ -183,6 +254,9 @@ def render(res: dict[str, Any], facts: str) -> str:
         f"| ceiling: FisherAtlas rank score, one threshold set on the test prompts (5 % none, indexed) | "
         f"{med('none_unseen', 'ceiling'):.3f} | {med('none_indexed', 'ceiling'):.3f} | "
         f"{pct(med('right', 'ceiling'))} | {pct(med('top1', 'ceiling'))} |\n"
+        f"| MiniLM kNN (mean of {KNN_K} nearest utterances per route), per-route thresholds calibrated like ours "
+        f"(leave-one-out, {FALSE_REJECT_RATE:.0%} false rejects), no labels | {med('none_unseen', 'mini_cal'):.3f} | "
+        f"{med('none_indexed', 'mini_cal'):.3f} | {pct(med('right', 'mini_cal'))} | {pct(med('top1', 'mini_cal'))} |\n"
         f"| ceiling: MiniLM centroid, one threshold set on the test prompts (5 % none, indexed) | "
         f"{med('none_unseen', 'minilm'):.3f} | {med('none_indexed', 'minilm'):.3f} | {pct(med('right', 'minilm'))} | "
         f"{pct(med('top1', 'minilm'))} |\n"

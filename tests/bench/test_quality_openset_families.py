@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from atlas.routing import RouteAnswer, RouteMatch
 from bench.quality.data import trained_on
-from bench.quality.openset_families import INSTRUCTION_TASKS, _tally, family_tasks
+from bench.quality.openset_families import (
+    INSTRUCTION_TASKS,
+    _tally,
+    calibrated_knn_rates,
+    family_tasks,
+    knn_route_scores,
+)
 
 
 def _answer(task: str, *, none: bool, rank: float, template: bool = False, nearest: bool = False) -> RouteAnswer:
@@ -35,6 +42,30 @@ def test_a_prompt_without_matches_counts_as_none() -> None:
     empty = RouteAnswer(matches=[], none=True, best_score=None, threshold=0.1)
     res = _tally([("a", "p"), ("u", "q")], [_answer("a", none=False, rank=0.5), empty], unseen=["u"])
     assert res["none_unseen"] == 1.0 and res["right"] == 1.0
+
+
+def _cluster(axis: int, n: int, rng: np.random.Generator, spread: float = 0.1) -> np.ndarray:
+    x = np.eye(4)[axis] + spread * rng.standard_normal((n, 4))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_knn_scores_leave_each_utterance_out_of_its_own_route() -> None:
+    u = [np.eye(3)[:2], np.eye(3)[2:]]  # route 0: e0, e1; route 1: e2
+    own = knn_route_scores(u, u[0], leave_one_out=0)
+    assert own[:, 0].tolist() == [0.0, 0.0]  # each meets only the other (orthogonal) utterance
+    assert knn_route_scores(u, u[0])[:, 0].tolist() == [0.5, 0.5]  # mean of itself (1) and the other (0)
+
+
+def test_the_calibrated_knn_router_answers_none_off_every_route() -> None:
+    rng = np.random.default_rng(0)
+    routes = [_cluster(0, 40, rng), _cluster(1, 40, rng)]
+    queries = np.concatenate([_cluster(0, 10, rng), _cluster(1, 10, rng), _cluster(3, 10, rng)])
+    truth = [0] * 10 + [1] * 10 + [None] * 10
+    res = calibrated_knn_rates(routes, queries, truth, rate=0.05)
+    assert res["none_unseen"] == 1.0 and res["top1"] == 1.0
+    assert res["none_indexed"] <= 0.2 and res["right"] == 1.0 - res["none_indexed"]
+    strict = calibrated_knn_rates(routes, queries, truth, rate=1.0)  # every threshold at the route's best own score
+    assert strict["none_indexed"] > res["none_indexed"]
 
 
 @pytest.mark.slow
