@@ -64,7 +64,7 @@ def test_the_calibrated_knn_router_answers_none_off_every_route() -> None:
     res = calibrated_knn_rates(routes, queries, truth, rate=0.05)
     assert res["none_unseen"] == 1.0 and res["top1"] == 1.0
     assert res["none_indexed"] <= 0.2 and res["right"] == 1.0 - res["none_indexed"]
-    strict = calibrated_knn_rates(routes, queries, truth, rate=1.0)  # every threshold at the route's best own score
+    strict = calibrated_knn_rates(routes, queries, truth, rate=0.5)  # thresholds near the routes' median own score
     assert strict["none_indexed"] > res["none_indexed"]
 
 
