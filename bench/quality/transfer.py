@@ -396,3 +396,51 @@ def ppl_similarity(mean_loss: Sequence[float]) -> np.ndarray:
     """PPL-similarity scores ``−|ℓ_s − ℓ_t|`` from each task's base log-perplexity (paper baseline)."""
     ell = np.asarray(mean_loss, dtype=np.float64)
     return -np.abs(ell[:, None] - ell[None, :])
+
+
+@dataclass(frozen=True)
+class SeedAgreement:
+    """How well repeated measurements of one symmetric pair matrix agree (test–retest).
+
+    Attributes
+    ----------
+    pairwise : float
+        Mean Spearman correlation, over every two repeats, of their upper triangles.
+    of_mean : float
+        The same for the mean of all ``n`` repeats, by the Spearman–Brown formula
+        ``n r / (1 + (n − 1) r)``.
+    ceiling : float
+        ``√of_mean``: the highest correlation any score can reach with the mean of the repeats when
+        their disagreement is noise (the attenuation bound).
+    n : int
+        Repeats.
+    """
+
+    pairwise: float
+    of_mean: float
+    ceiling: float
+    n: int
+
+
+def seed_agreement(mats: Sequence[np.ndarray]) -> SeedAgreement:
+    """Test–retest agreement of a pair matrix measured once per seed.
+
+    Parameters
+    ----------
+    mats : sequence of ndarray, each shape (T, T)
+        One measurement per seed; each is symmetrised, ``(M + Mᵀ) / 2``, and its T (T − 1) / 2 off-diagonal
+        pairs compared.
+
+    Returns
+    -------
+    SeedAgreement
+        All NaN with fewer than two measurements.
+    """
+    n = len(mats)
+    if n < 2:
+        return SeedAgreement(float("nan"), float("nan"), float("nan"), n)
+    iu = np.triu_indices(np.asarray(mats[0]).shape[0], 1)
+    pairs = [((np.asarray(m) + np.asarray(m).T) / 2)[iu] for m in mats]
+    r = float(np.mean([spearmanr(pairs[i], pairs[j]).statistic for i in range(n) for j in range(i + 1, n)]))
+    of_mean = n * r / (1 + (n - 1) * r)
+    return SeedAgreement(r, of_mean, float(np.sqrt(max(of_mean, 0.0))), n)

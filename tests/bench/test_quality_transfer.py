@@ -12,6 +12,7 @@ from bench.quality.transfer import (
     normalised_transfer,
     ppl_similarity,
     random_scores,
+    seed_agreement,
     selection_metrics,
     transfer_matrix,
 )
@@ -90,3 +91,19 @@ def test_head_oracle_self_training_helps_most() -> None:
     assert res.U[2, 0] < 0.5
     W = oracle.finetune(train["t0"], seed=0)
     assert oracle.loss(W, evals["t0"]) < oracle.loss(W0, evals["t0"])
+
+
+def test_seed_agreement_identical_noisy_and_unrelated_repeats() -> None:
+    rng = np.random.default_rng(3)
+    truth = rng.normal(size=(9, 9))
+    same = seed_agreement([truth, truth.T.copy(), truth])
+    assert same.pairwise == pytest.approx(1.0) and same.of_mean == pytest.approx(1.0)
+    assert same.ceiling == pytest.approx(1.0) and same.n == 3
+    noisy = seed_agreement([truth + rng.normal(scale=0.5, size=(9, 9)) for _ in range(3)])
+    assert 0.3 < noisy.pairwise < 1.0
+    # Spearman–Brown: the mean of three repeats agrees better than any two of them, and the ceiling is its root
+    assert noisy.pairwise < noisy.of_mean < 1.0
+    assert noisy.ceiling == pytest.approx(np.sqrt(noisy.of_mean))
+    unrelated = seed_agreement([rng.normal(size=(9, 9)) for _ in range(3)])
+    assert abs(unrelated.pairwise) < 0.5
+    assert np.isnan(seed_agreement([truth]).pairwise)
