@@ -17,6 +17,13 @@ semantic-router's ``top_k``; per-route thresholds calibrated without labels as o
 :func:`calibrated_knn_rates`), and its centroid router with the best single threshold set on the
 test prompts themselves at 5 % "none" on indexed prompts (a ceiling no fitted threshold reaches).
 
+Per draw it also reports where the unseen prompts went (:func:`landing_tasks`): for the indexed tasks that were
+their top match, the calibrated threshold beside the task's own held-out prompts' 5 % quantile, and how well the
+route score separates its own prompts from the foreign ones.
+
+``--indexed N`` indexes N tasks per draw and leaves the rest unseen: experiment 4e, the open set of a small space
+(``--indexed 6``).
+
 Run: ``python -m bench.quality.openset_families`` (full, ~8 min on 2 cores with ``--threads 2``) or ``--quick``.
 """
 
@@ -29,6 +36,7 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+from sklearn.metrics import roc_auc_score
 
 from atlas.route_calibration import FALSE_REJECT_RATE, calibrate
 from bench.quality.common import load_model, log, make_parser, pct, run_and_report
@@ -78,6 +86,51 @@ def _ceiling(best: list[str], score: np.ndarray, truth: list[str], unseen: list[
     return {"none_unseen": rates["none_unseen"], "none_indexed": rates["none_indexed"],
             "right": rates["right_indexed"], "top1": float(np.mean(b[~is_unseen] == y[~is_unseen])),
             "auroc": rates["auroc"]}
+
+
+def landing_tasks(records: list[dict[str, Any]], unseen: list[str], rate: float = FALSE_REJECT_RATE
+                  ) -> list[dict[str, Any]]:
+    """Per indexed task that was the top match of unseen tasks' prompts: how its threshold compares with its own
+    held-out prompts' scores, and how well the route score separates its own prompts from the foreign ones.
+
+    Parameters
+    ----------
+    records : list of dict
+        :func:`_tally`'s per-prompt records (``task``, ``top``, ``score``, ``threshold``).
+    unseen : list of str
+    rate : float
+        The quantile of the own prompts' scores reported beside the threshold (the documented false-reject rate).
+
+    Returns
+    -------
+    list of dict
+        ``task``, ``threshold`` (the calibrated one the answers used), ``own`` / ``foreign`` (prompts, top match
+        this task), ``own_quantile`` (the ``rate`` quantile of the own prompts' route scores), ``auroc`` (own vs
+        foreign route scores), ``foreign_pass_quantile`` (share of the foreign prompts at or above
+        ``own_quantile``); most foreign prompts first.
+    """
+    by_task: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"own": [], "foreign": [], "thr": []})
+    for r in records:
+        if r["top"] is None or r["score"] is None:
+            continue
+        entry = by_task[r["top"]]
+        if r["threshold"] is not None:
+            entry["thr"].append(r["threshold"])
+        if r["task"] == r["top"]:
+            entry["own"].append(r["score"])
+        elif r["task"] in unseen:
+            entry["foreign"].append(r["score"])
+    rows = []
+    for task, e in by_task.items():
+        own, foreign = np.asarray(e["own"]), np.asarray(e["foreign"])
+        if not foreign.size or not own.size:
+            continue
+        q = float(np.quantile(own, rate))
+        auroc = float(roc_auc_score(np.r_[np.ones(own.size), np.zeros(foreign.size)], np.r_[own, foreign]))
+        rows.append({"task": task, "threshold": float(np.median(e["thr"])) if e["thr"] else None,
+                     "own": int(own.size), "foreign": int(foreign.size), "own_quantile": q, "auroc": auroc,
+                     "foreign_pass_quantile": float(np.mean(foreign >= q))})
+    return sorted(rows, key=lambda r: -r["foreign"])
 
 
 def _minilm_rows(encoder: Any, sig: dict[str, list[str]], held: dict[str, list[str]], indexed: list[str],
@@ -180,8 +233,9 @@ def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]
     rank = np.array([r["rank"] if r["rank"] is not None else -2.0 for r in records])  # no match: below any rank
     ceiling = _ceiling([r["top"] or "" for r in records], rank, [r["task"] for r in records], unseen)
     return {"none_unseen": float(np.mean(none_unseen)), "none_indexed": float(np.mean(none_indexed)),
-            "ceiling": ceiling, "right": float(np.mean(right)), "top1": float(np.mean(top1)),
-            "indexed_none_by": dict(why), "unseen_accepted": dict(taken), "prompts": records}
+            "ceiling": ceiling, "landing": landing_tasks(records, unseen), "right": float(np.mean(right)),
+            "top1": float(np.mean(top1)), "indexed_none_by": dict(why), "unseen_accepted": dict(taken),
+            "prompts": records}
 
 
 def _with_fit(atlas: Any, prompts: list[tuple[str, str]], indexed: list[str], unseen: list[str],
@@ -207,7 +261,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     tasks = {k: v for k, v in family_tasks().items() if len(v) >= args.signature + args.heldout}
     names = sorted(tasks)
-    n_unseen = max(1, round(0.2 * len(names)))
+    n_unseen = len(names) - args.indexed if args.indexed else max(1, round(0.2 * len(names)))
+    if not 1 <= n_unseen < len(names):
+        raise SystemExit(f"--indexed must be between 1 and {len(names) - 1}")
     encoder = MiniLMEncoder()
     draws: list[dict[str, Any]] = []
     for d in range(args.draws):
@@ -229,7 +285,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fitted = _with_fit(atlas, prompts, indexed, unseen, rng)
         draw = _tally(prompts, answers, unseen)
         mini_ceiling, mini_cal = _minilm_rows(encoder, sig, held, indexed, unseen)
-        draw.update(unseen_tasks=unseen, add_s=add_s, fit=fitted, minilm=mini_ceiling, mini_cal=mini_cal)
+        draw.update(unseen_tasks=unseen, indexed_tasks=indexed, add_s=add_s, fit=fitted, minilm=mini_ceiling,
+                    mini_cal=mini_cal)
         mini = draw["minilm"]
         log(f"draw {d}: unseen {unseen}: none {draw['none_unseen']:.3f} unseen / {draw['none_indexed']:.3f} indexed, "
             f"right {draw['right']:.3f}; MiniLM ceiling {mini['none_unseen']:.3f} / {mini['none_indexed']:.3f}, "
@@ -237,6 +294,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         draws.append(draw)
     # the model the library ran, loaded once more here for the run facts only
     return {"tasks": {t: len(tasks[t]) for t in names}, "n_unseen": n_unseen, "draws": draws, "lm": load_model(args)}
+
+
+def _which(draw: dict[str, Any]) -> str:
+    """The shorter of a draw's two task lists (older result files name the unseen tasks only)."""
+    indexed, unseen = draw.get("indexed_tasks"), draw["unseen_tasks"]
+    if indexed is not None and len(indexed) < len(unseen):
+        return "indexed " + ", ".join(indexed)
+    return "unseen " + ", ".join(unseen)
+
+
+def _landing_table(draws: list[dict[str, Any]]) -> str:
+    """Where the unseen prompts went: the three indexed tasks of each draw that took the most (absent from result
+    files written before :func:`landing_tasks`)."""
+    rows = [(i, r) for i, d in enumerate(draws) for r in d.get("landing", [])[:3]]
+    if not rows:
+        return ""
+    head = ("\n\nWhere the unseen prompts went (per draw, the three indexed tasks that were the top match of most; "
+            "route scores; own = the task's own held-out prompts):\n\n"
+            "| draw | task | unseen prompts it topped | its calibrated threshold | own prompts' 5 % quantile | "
+            "AUROC own vs unseen | unseen at or above that quantile |\n|---:|:---|---:|---:|---:|---:|---:|\n")
+    lines = []
+    for i, r in rows:
+        thr = "–" if r["threshold"] is None else f"{r['threshold']:.3f}"
+        lines.append(f"| {i} | {r['task']} | {r['foreign']} | {thr} | {r['own_quantile']:.3f} | {r['auroc']:.3f} | "
+                     f"{r['foreign_pass_quantile']:.2f} |")
+    return head + "\n".join(lines)
 
 
 def render(res: dict[str, Any], facts: str) -> str:
@@ -266,12 +349,15 @@ def render(res: dict[str, Any], facts: str) -> str:
         f"{pct(med('top1', 'minilm'))} |\n"
     )
     per_draw = "\n".join(
-        f"- draw {i}: unseen {', '.join(d['unseen_tasks'])}: none {d['none_unseen']:.3f} / {d['none_indexed']:.3f}; "
+        f"- draw {i}: {_which(d)}: none {d['none_unseen']:.3f} / {d['none_indexed']:.3f}; "
         f"indexed prompts answered none by {d['indexed_none_by'] or '-'}; unseen accepted "
         f"{dict(sorted(d['unseen_accepted'].items(), key=lambda kv: -kv[1])[:4]) or '-'}"
         for i, d in enumerate(draws))
     tasks = ", ".join(f"{t} ({n})" for t, n in res["tasks"].items())
-    return (f"{len(res['tasks'])} tasks, one per data family: {tasks}. {res['n_unseen']} unseen per draw; "
+    per_draw += _landing_table(draws)
+    n_indexed = len(res["tasks"]) - res["n_unseen"]
+    return (f"{len(res['tasks'])} tasks, one per data family: {tasks}. {n_indexed} indexed and {res['n_unseen']} "
+            f"unseen per draw; "
             f"{len(draws)} draws; medians.\n\n{table}\n{per_draw}\n\n{facts}")
 
 
@@ -281,12 +367,19 @@ def main() -> None:
     p.add_argument("--draws", type=int, default=5)
     p.add_argument("--signature", type=int, default=100, help="samples per indexed task")
     p.add_argument("--heldout", type=int, default=20, help="held-out prompts per task")
+    p.add_argument("--indexed", type=int, default=None,
+                   help="tasks indexed per draw, the rest unseen (default: 80 %%; a small number asks the open set "
+                        "of a small space, written as experiment 4e)")
     args = p.parse_args()
     if args.quick:
         args.draws, args.signature, args.heldout = 1, 48, 8
-    run_and_report("openset_families", "4d. Open set without twins: one task per data family (issue 13)", args,
-                   run, render, lambda res: {"signature samples": args.signature, "held-out prompts": args.heldout,
-                                             "product": "library defaults (bundled model, m=4096)"})
+    key, title = "openset_families", "4d. Open set without twins: one task per data family (issue 13)"
+    if args.indexed:
+        key, title = "openset_small", "4e. Open set of small spaces: a few data families indexed (issue 13)"
+    run_and_report(key, title, args, run, render,
+                   lambda res: {"signature samples": args.signature, "held-out prompts": args.heldout,
+                                "indexed tasks per draw": len(res["tasks"]) - res["n_unseen"],
+                                "product": "library defaults (bundled model, m=4096)"})
 
 
 if __name__ == "__main__":

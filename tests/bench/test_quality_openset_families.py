@@ -10,9 +10,11 @@ from bench.quality.data import trained_on
 from bench.quality.openset_families import (
     INSTRUCTION_TASKS,
     _tally,
+    _which,
     calibrated_knn_rates,
     family_tasks,
     knn_route_scores,
+    landing_tasks,
 )
 
 
@@ -77,3 +79,29 @@ def test_one_task_per_family_without_the_bundled_models_training_rows() -> None:
     assert all(len(texts) >= 120 for texts in tasks.values())  # 100 signature samples + 20 held out
     assert not any(trained_on("multidomain_text", {"domain": "literature_shakespeare", "text": t})
                    for t in tasks["shakespeare"])
+
+
+def test_a_draw_is_named_by_its_shorter_task_list() -> None:
+    small = {"indexed_tasks": ["a", "b"], "unseen_tasks": ["c", "d", "e"]}
+    assert _which(small) == "indexed a, b"
+    large = {"indexed_tasks": ["a", "b", "c"], "unseen_tasks": ["d"]}
+    assert _which(large) == "unseen d"
+    assert _which({"unseen_tasks": ["d"]}) == "unseen d"  # result files written before the indexed list
+
+
+def test_landing_tasks_compare_a_threshold_with_the_own_prompts_and_the_foreign_ones() -> None:
+    def rec(task: str, top: str | None, score: float | None, thr: float | None = 0.1) -> dict[str, object]:
+        return {"task": task, "top": top, "score": score, "threshold": thr}
+
+    records = [rec("a", "a", s) for s in (0.2, 0.3, 0.4, 0.5)]  # a's own prompts
+    records += [rec("u", "a", s) for s in (0.1, 0.25, 0.6)]  # unseen prompts topped by a
+    records += [rec("b", "b", 0.9), rec("v", "b", 0.05), rec("v", None, None), rec("b", "a", 0.35)]  # b's own, wrong
+    rows = landing_tasks(records, unseen=["u", "v"], rate=0.0)  # the 0 quantile: the lowest own score
+    assert [r["task"] for r in rows] == ["a", "b"]  # most foreign prompts first; b's misrouted prompt is not foreign
+    a = rows[0]
+    assert a["own"] == 4 and a["foreign"] == 3 and a["threshold"] == 0.1
+    assert a["own_quantile"] == 0.2
+    assert a["foreign_pass_quantile"] == 2 / 3  # 0.25 and 0.6 reach the lowest own score
+    assert a["auroc"] == 7 / 12  # own above foreign: all four above 0.1, three above 0.25, none above 0.6
+    b = rows[1]
+    assert b["auroc"] == 1.0 and b["foreign_pass_quantile"] == 0.0
