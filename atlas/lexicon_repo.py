@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from atlas.lexical import TaskTerms, TermCounts
@@ -43,23 +43,25 @@ def _digest(blob: bytes) -> bytes:
 def add_delta(session: Session, task_id: int, delta: LexicalDelta) -> None:
     """Add a job's ``delta`` to the task's stored record (creates it; a record stored without a template
     gets none until re-derived — migration ``0004``, :func:`backfill` — its earlier samples not at hand)."""
-    row = session.get(TaskLexicon, int(task_id), populate_existing=True)
-    old = LexicalRecord.from_bytes(row.terms) if row is not None else LexicalRecord(TermCounts.empty(),
-                                                                                      TaskTemplate.empty())
+    blob = session.execute(select(TaskLexicon.terms).where(TaskLexicon.task_id == int(task_id))).scalar_one_or_none()
+    old = LexicalRecord.from_bytes(blob) if blob is not None else LexicalRecord(TermCounts.empty(),
+                                                                                TaskTemplate.empty())
     put_record(session, task_id, old.add(delta))
 
 
 def put_record(session: Session, task_id: int, record: LexicalRecord) -> None:
-    """Store ``record`` as the task's lexical record (replacing any)."""
+    """Store ``record`` as the task's lexical record (replacing any).
+
+    Core statements over the named columns (no ORM entity), so the migrations that run :func:`backfill` keep
+    working on their own schema when later revisions add columns to ``task_lexicon``.
+    """
     blob = record.to_bytes()
-    n = len(record.counts)
-    row = session.get(TaskLexicon, int(task_id))
-    if row is None:
-        session.add(TaskLexicon(task_id=int(task_id), digest=_digest(blob), n_terms=n, terms=blob,
-                                updated_at=utcnow()))
+    values = {"digest": _digest(blob), "n_terms": len(record.counts), "terms": blob, "updated_at": utcnow()}
+    where = TaskLexicon.task_id == int(task_id)
+    if session.execute(select(TaskLexicon.task_id).where(where)).first() is None:
+        session.execute(insert(TaskLexicon).values(task_id=int(task_id), **values))
     else:
-        row.terms, row.digest, row.n_terms, row.updated_at = blob, _digest(blob), n, utcnow()
-    session.flush()
+        session.execute(update(TaskLexicon).where(where).values(**values))
 
 
 def _decode(blob: bytes) -> TaskLexical:
@@ -123,8 +125,8 @@ def backfill(session: Session, task_ids: Sequence[int]) -> int:
     """Re-derive the lexical records of tasks from the uploads of their succeeded jobs, job by job as the
     jobs added them; returns how many got a record.
 
-    Reads named columns only (no ORM entity loads), so migrations ``0003`` and ``0004`` can run it on their
-    own schema.
+    Reads and writes named columns only (no ORM entity), so migrations ``0003`` and ``0004`` can run it on
+    their own schema.
     """
     from atlas.models import Job, Task, Upload
     from atlas.upload_repository import decode_samples
