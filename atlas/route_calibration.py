@@ -15,6 +15,9 @@ import numpy as np
 
 FALSE_REJECT_RATE = 0.05
 """Target false-reject rate of the calibrated per-task thresholds (the quantile of held-out scores)."""
+MAX_FALSE_REJECT_RATE = 0.5
+"""Largest false-reject rate a task may be calibrated at (``PATCH /v1/tasks/{id}/routing``); rates lie in
+``(0, MAX_FALSE_REJECT_RATE]``."""
 MIN_CALIBRATION = 5
 """Fewest held-out scores from which a task's threshold is estimated; fewer: the global default."""
 CALIBRATION_SAMPLES = 32
@@ -42,30 +45,47 @@ def calibrate(scores: Iterable[float], false_reject_rate: float = FALSE_REJECT_R
 
     A lower tolerance bound: with confidence ``CALIBRATION_CONFIDENCE`` at most ``false_reject_rate``
     of the task's prompts score below it. The lower of the normal one-sided tolerance bound
-    ``mean − k σ``, the empirical ``false_reject_rate`` quantile and, when one exists (n ≳ 45), the
+    ``mean − k σ``, the empirical ``false_reject_rate`` quantile and, when one exists (n ≳ 45 at 5 %), the
     distribution-free order statistic ``x₍ᵣ₎`` with ``P(Binomial(n, rate) ≥ r) ≥ confidence``.
+
+    Monotone in the rate: the order statistic first exists at the rate ``b* = 1 − (1 − confidence)^(1/n)``,
+    where the lower of the three can drop. So a rate above the default takes the highest bound of the rates
+    between the default and it, and a rate below the default the lowest — each is a valid bound at the
+    requested rate (a bound at a lower rate is one at a higher), and the default's threshold is unchanged.
     """
-    from statistics import NormalDist
-
-    from scipy.stats import binom
-
     xs = [float(x) for x in scores if math.isfinite(float(x))][-MAX_CAL_SCORES:]
     if len(xs) < MIN_CALIBRATION:
         return Calibration(xs, None, None, false_reject_rate)
     arr = np.sort(np.asarray(xs))
     n = arr.size
     sd = float(np.std(arr, ddof=1))
-    zp = NormalDist().inv_cdf(1.0 - false_reject_rate)
+    thr = _lower_bound(arr, false_reject_rate)
+    first = 1.0 - (1.0 - CALIBRATION_CONFIDENCE) ** (1.0 / n)  # b*: the order statistic's first rate
+    if FALSE_REJECT_RATE < first <= false_reject_rate:
+        thr = max(thr, _lower_bound(arr, first * (1.0 - 1e-9)))
+    elif false_reject_rate < first <= FALSE_REJECT_RATE:
+        thr = min(thr, _lower_bound(arr, first * (1.0 + 1e-9)))
+    return Calibration(xs, float(np.clip(thr, -1.0, 1.0)), max(sd, 1e-3), false_reject_rate)
+
+
+def _lower_bound(arr: np.ndarray, rate: float) -> float:
+    """:func:`calibrate`'s bound at one rate, from sorted scores ``arr`` (n ≥ 2)."""
+    from statistics import NormalDist
+
+    from scipy.stats import binom
+
+    n = arr.size
+    sd = float(np.std(arr, ddof=1))
+    zp = NormalDist().inv_cdf(1.0 - rate)
     zg = NormalDist().inv_cdf(CALIBRATION_CONFIDENCE)
     a = 1.0 - zg**2 / (2.0 * (n - 1))
     b = zp**2 - zg**2 / n
     k = (zp + math.sqrt(max(zp**2 - a * b, 0.0))) / a if a > 0 else zp * 3.0
     thr = float(np.mean(arr)) - k * sd
-    r = int(binom.isf(CALIBRATION_CONFIDENCE, n, false_reject_rate))  # largest r with P(B >= r) >= confidence
+    r = int(binom.isf(CALIBRATION_CONFIDENCE, n, rate))  # largest r with P(B >= r) >= confidence
     if r >= 1:
         thr = min(thr, float(arr[r - 1]))
-    thr = min(thr, float(np.quantile(arr, false_reject_rate, method="lower")))
-    return Calibration(xs, float(np.clip(thr, -1.0, 1.0)), max(sd, 1e-3), false_reject_rate)
+    return min(thr, float(np.quantile(arr, rate, method="lower")))
 
 
 def calibration_pick(n: int, cap: int = CALIBRATION_SAMPLES) -> list[int]:

@@ -17,6 +17,7 @@ from atlas import lexicon_repo
 from atlas.errors import InvalidInput, NotFound
 from atlas.lru import ContentLru
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
+from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from atlas.routing import (
     FALSE_REJECT_RATE,
     Calibration,
@@ -104,6 +105,34 @@ def _routing_row(session: Session, task_id: int) -> TaskRouting:
         row.version = (row.version or 0) + 1
         row.updated_at = now
     return row
+
+
+def set_false_reject_rate(session: Session, task_id: int, rate: float) -> TaskRouting:
+    """Re-calibrate a task's threshold at another false-reject rate from its stored held-out scores (no model
+    needed); later jobs of the task calibrate at it too. Creates its row when missing.
+
+    Raises
+    ------
+    InvalidInput
+        ``rate`` outside ``(0, MAX_FALSE_REJECT_RATE]``.
+    """
+    if not 0.0 < float(rate) <= MAX_FALSE_REJECT_RATE:
+        raise InvalidInput(f"a false-reject rate is in (0, {MAX_FALSE_REJECT_RATE}]", {"false_reject_rate": rate})
+    row = _routing_row(session, task_id)
+    calibration = calibrate(list(row.cal_scores or []), float(rate))
+    row.threshold_auto, row.false_reject_rate = calibration.threshold, calibration.false_reject_rate
+    if calibration.scale is not None:
+        row.score_scale = calibration.scale
+    session.flush()
+    return row
+
+
+def calibration_rate(row: TaskRouting | None) -> float:
+    """The false-reject rate a task calibrates at: its own (set by :func:`set_false_reject_rate`), else the
+    documented default."""
+    if row is None or row.false_reject_rate is None:
+        return FALSE_REJECT_RATE
+    return float(row.false_reject_rate)
 
 
 def set_template_test(session: Session, task_id: int, enabled: bool) -> TaskRouting:

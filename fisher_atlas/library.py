@@ -161,6 +161,11 @@ class Atlas:
         """Override a task's route threshold (``None`` clears the override); returns :meth:`routing`."""
         return self._c.thresholds.patch(self.task(name).id, threshold=threshold)
 
+    def set_false_reject_rate(self, name: str, rate: float) -> dict[str, Any]:
+        """Re-calibrate a task's route threshold so that at most ``rate`` of its own prompts are answered "none"
+        (default 0.05; from its stored held-out scores; later appends keep it); returns :meth:`routing`."""
+        return self._c.thresholds.patch(self.task(name).id, false_reject_rate=float(rate))
+
     def set_template_test(self, name: str, enabled: bool) -> dict[str, Any]:
         """Turn a task's template test on or off (docs/SCORES.md "Open set: template test"); returns :meth:`routing`."""
         return self._c.thresholds.patch(self.task(name).id, template=bool(enabled))

@@ -148,7 +148,8 @@ class FitResponse(_Out):
 
 
 class ThresholdPatch(BaseModel):
-    """Set or clear (``null``) a task's route-threshold override; turn its template test on or off."""
+    """Set or clear (``null``) a task's route-threshold override; turn its template test on or off; set the
+    false-reject rate its threshold is calibrated at."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -156,6 +157,10 @@ class ThresholdPatch(BaseModel):
                                     "Left as it is when the body names only `template`.")
     template: bool | None = Field(default=None, description="false: prompts lacking the task's template are no "
                                   "longer answered `none` for it; true: they are again (docs/SCORES.md).")
+    false_reject_rate: float | None = Field(default=None, gt=0.0, le=0.5, description="Re-calibrate the task's "
+                                            "threshold so that at most this share of its own prompts is answered "
+                                            "`none` (default 0.05; from its stored held-out scores, no model run; "
+                                            "later appends keep it). An override still wins.")
 
 
 class RoutingInfo(_Out):

@@ -10,7 +10,8 @@ Semantics (docs/SCORES.md):
 * **Text-mode tasks** route on their own state (prompt mode of a text is text mode of it).
 * **Calibration**: up to ``CALIBRATION_SAMPLES`` samples of the job are scored leave-one-out against
   the routing state (their own contribution removed, so each is held out); the task's threshold is
-  the ``FALSE_REJECT_RATE`` quantile of all its held-out scores (appends add theirs).
+  the lower tolerance bound at its false-reject rate (``FALSE_REJECT_RATE`` unless set for the task) of all
+  its held-out scores (appends add theirs).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def store_routing_side(session: Any, task_id: int, mode: str, merged_state: Any,
             prompt_blob = route_state.to_bytes()
     scores = routing.leave_one_out_scores(route_state, side.cal_states)
     previous = [] if row is None else list(row.cal_scores or [])
-    calibration = routing.calibrate(previous + scores)
+    calibration = routing.calibrate(previous + scores, routing_repo.calibration_rate(row))
     routing_repo.store_routing(session, task_id, prompt_state=prompt_blob, calibration=calibration)
     log.info("task %s: routing calibrated on %s held-out scores, threshold %s", task_id,
              len(calibration.scores), calibration.threshold)

@@ -68,15 +68,17 @@ class ThresholdService:
                     "prompt_side": row.prompt_state is not None,
                     "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
 
-    def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None
-              ) -> dict[str, Any]:
+    def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None,
+              false_reject_rate: float | None = None) -> dict[str, Any]:
         """Set (or clear with ``None``) the threshold override unless ``threshold`` is ``...``; turn the template
-        test on or off unless ``template`` is ``None``; one transaction.
+        test on or off unless ``template`` is ``None``; re-calibrate the task's threshold at
+        ``false_reject_rate`` unless it is ``None``; one transaction.
 
         Raises
         ------
         InvalidInput
-            A threshold outside [−1, 1] (the route score's range) or not a number.
+            A threshold outside [−1, 1] (the route score's range) or not a number; a false-reject rate outside
+            ``(0, 0.5]``.
         """
         if isinstance(threshold, int | float) and not -1.0 <= float(threshold) <= 1.0:
             raise InvalidInput("threshold must be in [-1, 1]", {"threshold": str(threshold)})
@@ -85,6 +87,8 @@ class ThresholdService:
                 routing_repo.set_threshold_override(session, task_id, threshold)
             if template is not None:
                 routing_repo.set_template_test(session, task_id, template)
+            if false_reject_rate is not None:
+                routing_repo.set_false_reject_rate(session, task_id, false_reject_rate)
         return self.info(task_id)
 
     async def fit(self, examples: Sequence[tuple[str, str | int]], *, space_ref: str | None = None,

@@ -244,6 +244,12 @@ class AsyncAtlasClient:
         return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
                                      json={"threshold": threshold}))
 
+    async def set_false_reject_rate(self, task_id: int, rate: float) -> RoutingInfo:
+        """``PATCH /v1/tasks/{id}/routing``: re-calibrate the task's route threshold at another false-reject rate
+        (the share of its own prompts answered "none"; default 0.05)."""
+        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
+                                     json={"false_reject_rate": float(rate)}))
+
     async def set_template_test(self, task_id: int, enabled: bool) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: turn the task's template test on or off (docs/SCORES.md)."""
         return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,

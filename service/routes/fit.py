@@ -23,12 +23,14 @@ async def get_routing(task_id: TaskId, c: ContainerDep, _: ReadPrincipal) -> Rou
 
 
 @router.patch("/tasks/{task_id}/routing", response_model=RoutingInfo,
-              summary="Override a task's route threshold or template test",
+              summary="Override a task's route threshold, template test or false-reject rate",
               responses=error_responses(401, 403, 404, 422))
 async def patch_routing(task_id: TaskId, body: ThresholdPatch, c: ContainerDep, _: WritePrincipal) -> RoutingInfo:
-    """Set (or clear with ``null``) the task's threshold override; turn its template test on or off."""
-    threshold = ... if body.model_fields_set == {"template"} else body.threshold
-    return RoutingInfo(**await run_in_threadpool(c.thresholds.patch, task_id, threshold, body.template))
+    """Set (or clear with ``null``) the task's threshold override; turn its template test on or off; re-calibrate
+    its threshold at another false-reject rate."""
+    threshold = body.threshold if "threshold" in body.model_fields_set else ...
+    return RoutingInfo(**await run_in_threadpool(c.thresholds.patch, task_id, threshold, body.template,
+                                                 body.false_reject_rate))
 
 
 @router.post("/route/fit", response_model=FitResponse, summary="Tune route thresholds from labelled prompts",

@@ -100,6 +100,14 @@ def test_library_fit_and_per_task_routing_controls(tmp_path: Path, tiny_model_di
         cleared = atlas.set_threshold("cooking", None)
         assert cleared["source"] == "calibrated"
         assert cleared["threshold"] == pytest.approx(before["cooking"]["threshold"])
+        looser = atlas.set_false_reject_rate("cooking", 0.25)  # re-calibrated from the stored held-out scores
+        assert looser["source"] == "calibrated" and looser["false_reject_rate"] == 0.25
+        assert looser["threshold"] >= before["cooking"]["threshold"]
+        again = atlas.set_false_reject_rate("cooking", 0.05)["threshold"]
+        assert again == pytest.approx(before["cooking"]["threshold"])
+        for bad_rate in (0.0, 0.75, float("nan")):
+            with pytest.raises(InvalidInput):
+                atlas.set_false_reject_rate("cooking", bad_rate)
         assert atlas.set_template_test("weather", False)["template_test"] is False
         assert atlas.routing("weather")["template_test"] is False
         assert atlas.set_template_test("weather", True)["template_test"] is True

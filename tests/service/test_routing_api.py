@@ -75,3 +75,34 @@ def test_calibration_override_and_fit(serve, tiny_lm, tmp_path: Path) -> None:
             assert got["source"] == "override" and abs(got["threshold"] - thr) < 1e-12
         bad = httpx.post(f"{svc.url}/v1/route/fit", json={"examples": [{"prompt": "x y z", "label": "nope"}]})
         assert bad.status_code == 404
+
+
+def test_false_reject_rate_recalibrates_from_stored_scores_and_appends_keep_it(serve, tiny_lm, tmp_path: Path) -> None:
+    svc = serve(lm=tiny_lm)
+    files = _write(tmp_path)
+    with AtlasClient(svc.url) as c:
+        tid = c.add_task("prose", files["prose"][0], wait=True).task.id
+        url = f"{svc.url}/v1/tasks/{tid}/routing"
+        before = httpx.get(url).json()
+        assert before["false_reject_rate"] == 0.05 and before["calibration_scores"] == 7
+
+        looser = c.set_false_reject_rate(tid, 0.3)  # more of its own prompts may be answered none: a higher bar
+        assert looser.source == "calibrated" and looser.false_reject_rate == 0.3
+        assert looser.calibration_scores == 7  # no model run: the stored held-out scores, re-read
+        assert looser.threshold > before["threshold"]
+        back = httpx.patch(url, json={"false_reject_rate": 0.05}).json()
+        assert back["threshold"] == before["threshold"]  # the same scores at the same rate: the same threshold
+        for bad in (0, -0.1, 0.6, "x"):
+            assert httpx.patch(url, json={"false_reject_rate": bad}).status_code == 422
+        assert httpx.patch(f"{svc.url}/v1/tasks/999999/routing", json={"false_reject_rate": 0.1}).status_code == 404
+        assert httpx.patch(url, json={}).json()["threshold"] == before["threshold"]  # an empty body changes nothing
+
+        c.set_false_reject_rate(tid, 0.3)
+        job = c.append(tid, samples=[{"text": t.replace("fox", "cat")} for t in PROSE], wait=True)
+        assert job.status == "succeeded", job.error
+        after = httpx.get(url).json()
+        assert after["false_reject_rate"] == 0.3 and after["calibration_scores"] == 14  # the append kept the rate
+
+        over = httpx.patch(url, json={"threshold": 0.9, "false_reject_rate": 0.1}).json()
+        assert over["source"] == "override" and over["threshold"] == 0.9  # an override still wins
+        assert over["false_reject_rate"] == 0.1 and over["threshold_auto"] <= after["threshold_auto"]
