@@ -1,4 +1,5 @@
-"""Query commands: ``route``, ``recommend``, ``align``, ``matrix``, ``atlas``, ``export``, ``import``."""
+"""Query commands: ``route``, ``fit``, ``routing``, ``recommend``, ``align``, ``matrix``, ``atlas``, ``export``,
+``import``."""
 
 from __future__ import annotations
 
@@ -74,6 +75,40 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}:
     lines += [f"  {name}: threshold {thr:.4f}" for name, thr in sorted(res.thresholds.items())]
     lines += [f"  {name}: template test off (its labelled prompts lack its template)" for name in res.template_off]
     emit(json, res, "\n".join(lines))
+
+
+@app.command()
+def routing(name: str,
+            threshold: Annotated[float | None, typer.Option(help="Override the route threshold (-1..1).")] = None,
+            clear: Annotated[bool, typer.Option("--clear", help="Clear the threshold override.")] = False,
+            false_reject_rate: Annotated[float | None, typer.Option(
+                "--false-reject-rate", help="Re-calibrate at this share of the task's own prompts answered none "
+                "(0 < r <= 0.5; default 0.05).")] = None,
+            template: Annotated[bool | None, typer.Option("--template/--no-template",
+                                                          help="Turn the template test on or off.")] = None,
+            url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+            json: Json = False) -> None:
+    """Show a task's route threshold and calibration; with options, change them (docs/SCORES.md)."""
+    if clear and threshold is not None:
+        raise fail("give --threshold or --clear, not both", 2)
+    body: dict[str, Any] = {}
+    if threshold is not None or clear:
+        body["threshold"] = threshold
+    if false_reject_rate is not None:
+        body["false_reject_rate"] = false_reject_rate
+    if template is not None:
+        body["template"] = template
+    with client(url, api_key, timeout) as cl:
+        task = cl.find_task(name, space=space)
+        info = cl.patch_routing(task.id, **body) if body else cl.routing(task.id)
+    rate = "-" if info.false_reject_rate is None else f"{info.false_reject_rate:g}"
+    auto = "-" if info.threshold_auto is None else f"{info.threshold_auto:.4f}"
+    state = "" if info.template_active is None else (
+        f" (template {'active' if info.template_active else 'inactive'}, {info.template_terms} terms)")
+    lines = [f"{task.name} (id {task.id}): threshold {info.threshold:.4f} ({info.source}), calibrated {auto} "
+             f"at false-reject rate {rate} from {info.calibration_scores} held-out scores",
+             f"template test {'on' if info.template_test else 'off'}{state}"]
+    emit(json, info, "\n".join(lines))
 
 
 @app.command()

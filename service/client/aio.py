@@ -244,6 +244,11 @@ class AsyncAtlasClient:
         return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
                                      json={"threshold": threshold}))
 
+    async def patch_routing(self, task_id: int, **fields: Any) -> RoutingInfo:
+        """``PATCH /v1/tasks/{id}/routing`` with any of ``threshold`` (``None`` clears the override),
+        ``false_reject_rate`` and ``template``; fields not given are left as they are."""
+        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo, json=fields))
+
     async def set_false_reject_rate(self, task_id: int, rate: float) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: re-calibrate the task's route threshold at another false-reject rate
         (the share of its own prompts answered "none"; default 0.05)."""

@@ -145,3 +145,30 @@ def test_migrate_hides_the_database_password(pg_database: Any, capsys: pytest.Ca
     assert main(["migrate", "--database-url", url, "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "latest schema revision" in out and "s3cret-pw" not in out and "***" in out
+
+
+def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FISHER_ATLAS_URL", keyed["url"])
+    monkeypatch.setenv("FISHER_ATLAS_API_KEY", keyed["admin"])
+    pairs = [("quick", "lazy"), ("brown", "old"), ("red", "small"), ("grey", "big"), ("young", "tired"),
+             ("wild", "sleepy"), ("sly", "happy")]
+    texts = [f"The {a} fox jumps over the {b} dog." for a, b in pairs]
+    assert main(["add", "foxes", str(_jsonl(tmp_path / "f.jsonl", texts)), "--wait"]) == 0
+    capsys.readouterr()
+    assert main(["routing", "foxes", "--json"]) == 0
+    before = _out(capsys)
+    assert before["source"] == "calibrated" and before["false_reject_rate"] == 0.05
+    assert main(["routing", "foxes", "--false-reject-rate", "0.3", "--json"]) == 0
+    looser = _out(capsys)
+    assert looser["false_reject_rate"] == 0.3 and looser["threshold"] > before["threshold"]
+    assert main(["routing", "foxes", "--threshold", "0.5", "--no-template", "--json"]) == 0
+    over = _out(capsys)
+    assert over["source"] == "override" and over["threshold"] == 0.5 and over["template_test"] is False
+    assert main(["routing", "foxes", "--clear"]) == 0
+    text = capsys.readouterr().out
+    assert "(calibrated)" in text and "false-reject rate 0.3" in text and "template test off" in text
+    assert main(["routing", "foxes", "--threshold", "0.5", "--clear"]) == 2  # one or the other
+    assert main(["routing", "foxes", "--false-reject-rate", "0.9"]) == 1  # the service's 422, said plainly
+    assert "false_reject_rate" in capsys.readouterr().err
