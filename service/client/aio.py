@@ -241,8 +241,7 @@ class AsyncAtlasClient:
 
     async def set_threshold(self, task_id: int, threshold: float | None) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: override the task's route threshold (``None`` clears it)."""
-        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
-                                     json={"threshold": threshold}))
+        return await self.patch_routing(task_id, threshold=threshold)
 
     async def patch_routing(self, task_id: int, **fields: Any) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing`` with any of ``threshold`` (``None`` clears the override),
@@ -252,13 +251,11 @@ class AsyncAtlasClient:
     async def set_false_reject_rate(self, task_id: int, rate: float) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: re-calibrate the task's route threshold at another false-reject rate
         (the share of its own prompts answered "none"; default 0.05)."""
-        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
-                                     json={"false_reject_rate": float(rate)}))
+        return await self.patch_routing(task_id, false_reject_rate=float(rate))
 
     async def set_template_test(self, task_id: int, enabled: bool) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: turn the task's template test on or off (docs/SCORES.md)."""
-        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo,
-                                     json={"template": bool(enabled)}))
+        return await self.patch_routing(task_id, template=bool(enabled))
 
     async def sources(self, task_id: int, *, k: int = 5, candidates: int | None = None) -> SourcesResponse:
         """``GET /v1/tasks/{id}/sources``: recommended fine-tuning sources."""
