@@ -61,14 +61,15 @@ def accuracy(items: Sequence[FitItem], thr: Mapping[int, float], default: float)
 
 def fit_thresholds(
     items: Sequence[FitItem], current: Mapping[int, float], held_out: Mapping[int, Sequence[float]],
-    *, default: float, false_reject_rate: float = FALSE_REJECT_RATE,
+    *, default: float, false_reject_rate: float | Mapping[int, float] = FALSE_REJECT_RATE,
 ) -> FitResult:
     """Tune per-task thresholds from labelled prompts (semantic-router's ``fit``, made monotone and safe).
 
     For each task that is the best match of some prompt labelled otherwise (another task or "none"),
     the threshold is raised to just above the highest such score, but never above the cap: the
     ``false_reject_rate`` quantile of the task's positives (its labelled prompts' scores and its own
-    held-out calibration scores), so false rejects stay within the documented rate; a threshold
+    held-out calibration scores; one rate, or each task's own by id, the default for tasks not named), so false
+    rejects stay within the task's stated rate; a threshold
     above the cap is lowered to it. Tasks with fewer than ``MIN_CALIBRATION`` positives, or not
     touched by the labelled prompts, keep theirs. Returns only the thresholds that changed.
     """
@@ -80,7 +81,9 @@ def fit_thresholds(
         pos += [float(s) for s in held_out.get(t, ())]
         if len(pos) < MIN_CALIBRATION:
             continue
-        cap = float(np.quantile(np.asarray(pos), false_reject_rate, method="lower"))
+        rate = (false_reject_rate.get(t, FALSE_REJECT_RATE) if isinstance(false_reject_rate, Mapping)
+                else false_reject_rate)
+        cap = float(np.quantile(np.asarray(pos), rate, method="lower"))
         negs = []
         for it in items:
             if it.label == t or t not in it.scores:

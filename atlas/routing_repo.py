@@ -55,6 +55,15 @@ def get_held_out_scores(session: Session, task_ids: Sequence[int]) -> dict[int, 
     return {int(t): [float(x) for x in (s or [])] for t, s in rows}
 
 
+def false_reject_rates(session: Session, task_ids: Sequence[int]) -> dict[int, float]:
+    """The false-reject rate each task's threshold is calibrated at (:func:`calibration_rate`), of the tasks that
+    have a routing row."""
+    if not task_ids:
+        return {}
+    rows = session.execute(select(TaskRouting).where(TaskRouting.task_id.in_([int(i) for i in task_ids]))).scalars()
+    return {int(r.task_id): calibration_rate(r) for r in rows}
+
+
 def prompt_side_task_ids(session: Session, space_id: int, *, limit: int) -> list[int]:
     """Ready tasks of a space that route on a prompt-side state (completion mode), by id."""
     ids = session.execute(

@@ -121,7 +121,8 @@ class ThresholdService:
             ids = sorted({t for it in items for t in it.scores})
             routes = routing_repo.get_task_routes(session, ids)
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
-            res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, ids), default=self.default)
+            res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, ids), default=self.default,
+                                 false_reject_rate=routing_repo.false_reject_rates(session, ids))
             names = {int(t.id): t.name for t in repository.get_tasks(session, [*res.thresholds, *off])}
             if not dry_run:
                 for t, thr in res.thresholds.items():

@@ -158,3 +158,12 @@ def test_a_higher_false_reject_rate_never_lowers_the_threshold(xs: list[float], 
     assert all(t is not None for t in thresholds)
     assert all(b >= a - 1e-12 for a, b in itertools.pairwise(thresholds))
     assert routing.calibrate(xs).threshold == routing.calibrate(xs, routing.FALSE_REJECT_RATE).threshold
+
+
+def test_fit_caps_each_task_at_its_own_false_reject_rate() -> None:
+    """A task re-calibrated at a higher false-reject rate lets fit raise its threshold further."""
+    held = [0.5, 0.6, 0.7, 0.8, 0.9]
+    live = [FitItem(None, {0: 0.75, 1: 0.75}, t) for t in (0, 1) for _ in range(3)]  # "none" prompts both accept
+    res = fit_thresholds(live, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1, false_reject_rate={1: 0.5})
+    assert res.thresholds[0] == 0.5  # the default 5 %: the lowest held-out score
+    assert res.thresholds[1] == 0.7  # its own 50 %: the median
