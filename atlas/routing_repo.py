@@ -60,8 +60,9 @@ def false_reject_rates(session: Session, task_ids: Sequence[int]) -> dict[int, f
     have a routing row."""
     if not task_ids:
         return {}
-    rows = session.execute(select(TaskRouting).where(TaskRouting.task_id.in_([int(i) for i in task_ids]))).scalars()
-    return {int(r.task_id): calibration_rate(r) for r in rows}
+    rows = session.execute(select(TaskRouting.task_id, TaskRouting.false_reject_rate)
+                           .where(TaskRouting.task_id.in_([int(i) for i in task_ids]))).all()
+    return {int(t): calibration_rate(rate) for t, rate in rows}
 
 
 def prompt_side_task_ids(session: Session, space_id: int, *, limit: int) -> list[int]:
@@ -136,12 +137,10 @@ def set_false_reject_rate(session: Session, task_id: int, rate: float) -> TaskRo
     return row
 
 
-def calibration_rate(row: TaskRouting | None) -> float:
-    """The false-reject rate a task calibrates at: its own (set by :func:`set_false_reject_rate`), else the
-    documented default."""
-    if row is None or row.false_reject_rate is None:
-        return FALSE_REJECT_RATE
-    return float(row.false_reject_rate)
+def calibration_rate(stored: float | None) -> float:
+    """The false-reject rate a task calibrates at: its stored one (``task_routing.false_reject_rate``, set by
+    :func:`set_false_reject_rate`), else the documented default."""
+    return FALSE_REJECT_RATE if stored is None else float(stored)
 
 
 def set_template_test(session: Session, task_id: int, enabled: bool) -> TaskRouting:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from service.schemas import _Out
 
 
@@ -157,10 +158,11 @@ class ThresholdPatch(BaseModel):
                                     "Left as it is when the body names only `template`.")
     template: bool | None = Field(default=None, description="false: prompts lacking the task's template are no "
                                   "longer answered `none` for it; true: they are again (docs/SCORES.md).")
-    false_reject_rate: float | None = Field(default=None, gt=0.0, le=0.5, description="Re-calibrate the task's "
-                                            "threshold so that at most this share of its own prompts is answered "
-                                            "`none` (default 0.05; from its stored held-out scores, no model run; "
-                                            "later appends keep it). An override still wins.")
+    false_reject_rate: float | None = Field(
+        default=None, gt=0.0, le=MAX_FALSE_REJECT_RATE,
+        description="Re-calibrate the task's threshold so that at most this share of its own prompts is answered "
+                    "`none` (default 0.05; from its stored held-out scores, no model run; later appends keep it). "
+                    "An override still wins.")
 
 
 class RoutingInfo(_Out):

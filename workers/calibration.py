@@ -84,8 +84,8 @@ def store_routing_side(session: Any, task_id: int, mode: str, merged_state: Any,
             route_state = parts[0] if len(parts) == 1 else parts[0].merge(parts[1])
             prompt_blob = route_state.to_bytes()
     scores = routing.leave_one_out_scores(route_state, side.cal_states)
-    previous = [] if row is None else list(row.cal_scores or [])
-    calibration = routing.calibrate(previous + scores, routing_repo.calibration_rate(row))
+    previous, stored_rate = ([], None) if row is None else (list(row.cal_scores or []), row.false_reject_rate)
+    calibration = routing.calibrate(previous + scores, routing_repo.calibration_rate(stored_rate))
     routing_repo.store_routing(session, task_id, prompt_state=prompt_blob, calibration=calibration)
     log.info("task %s: routing calibrated on %s held-out scores, threshold %s", task_id,
              len(calibration.scores), calibration.threshold)
