@@ -534,7 +534,7 @@ def test_task_added_elsewhere_lands_on_the_open_atlas(service: _Service, page: A
         http.delete(f"/v1/tasks/{rb.json()['task']['id']}")
 
 
-def test_task_page_shows_the_routing_side_and_toggles_the_template_test(service: _Service, page: Any) -> None:
+def test_task_page_routing_side_template_switch_rate_and_override(service: _Service, page: Any) -> None:
     import httpx
 
     names = ["Ada", "Bela", "Chen", "Dara", "Emil", "Fern", "Goran", "Hana", "Ivo", "Jana", "Kofi", "Lena"]
@@ -563,5 +563,40 @@ def test_task_page_shows_the_routing_side_and_toggles_the_template_test(service:
             card.locator("[data-testid=template-toggle]").click()
             page.locator("[data-testid=template-toggle][data-on=true]").wait_for()
             assert http.get(f"/v1/tasks/{task_id}/routing").json()["template_test"] is True
+            _set_rate_and_override(page, http, task_id)
         finally:
             assert http.delete(f"/v1/tasks/{task_id}").status_code == 204
+
+
+def _set_rate_and_override(page: Any, http: Any, task_id: int) -> None:
+    """The routing card's form: a false-reject rate re-calibrates the threshold (stored), an override wins and
+    is cleared, and a form without a rate says so and changes nothing (the service's 422s: test_routing_api)."""
+    card = page.locator("[data-testid=task-routing]")
+    before = http.get(f"/v1/tasks/{task_id}/routing").json()
+    assert before["false_reject_rate"] == 0.05 and before["source"] == "calibrated"
+    assert card.locator("[data-testid=routing-rate]").input_value() == "5"
+    card.locator("[data-testid=routing-rate]").fill("20")
+    card.locator("[data-testid=routing-apply]").click()
+    page.locator("[data-testid=routing-rate-state]", has_text="20 %").wait_for()
+    after = http.get(f"/v1/tasks/{task_id}/routing").json()
+    assert after["false_reject_rate"] == 0.2 and after["source"] == "calibrated"
+    assert after["threshold_auto"] >= before["threshold_auto"]  # a higher rate never lowers the bound
+    assert f"{after['threshold_auto']:.3f}" in card.locator("[data-testid=routing-threshold]").inner_text()
+
+    card.locator("[data-testid=routing-override]").fill("0.9")
+    card.locator("[data-testid=routing-apply]").click()
+    page.locator("[data-testid=routing-threshold][data-source=override]").wait_for()
+    got = http.get(f"/v1/tasks/{task_id}/routing").json()
+    assert got["threshold_override"] == 0.9 and got["threshold"] == 0.9 and got["false_reject_rate"] == 0.2
+    card.locator("[data-testid=routing-clear]").click()
+    page.locator("[data-testid=routing-threshold][data-source=calibrated]").wait_for()
+    got = http.get(f"/v1/tasks/{task_id}/routing").json()
+    assert got["threshold_override"] is None and got["threshold"] == after["threshold_auto"]
+    assert card.locator("[data-testid=routing-clear]").is_disabled()
+
+    card.locator("[data-testid=routing-rate]").fill("")  # no rate: the form says so and sends nothing
+    card.locator("[data-testid=routing-apply]").click()
+    error = card.locator("[data-testid=routing-message] [data-testid=error]")
+    error.wait_for()
+    assert "false-reject rate as a percentage" in error.inner_text()
+    assert http.get(f"/v1/tasks/{task_id}/routing").json()["false_reject_rate"] == 0.2  # unchanged

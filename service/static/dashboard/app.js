@@ -990,6 +990,9 @@
       }
     })();
   }
+  // A rate in [0, 1] as a percentage string (three decimals at most, no trailing zeros).
+  function fmtPct(rate) { return String(+(100 * rate).toFixed(3)); }
+  function hasRate(r) { return r.false_reject_rate !== undefined && r.false_reject_rate !== null; }
   // A task's open-set side (GET /v1/tasks/{id}/routing): its threshold and where it comes from, and its
   // template test (docs/SCORES.md), which a write key can turn off and on (PATCH {"template": bool}).
   async function routingPanel(ctx, task, card) {
@@ -1012,12 +1015,63 @@
       });
       card.replaceChildren(h("h2", {}, "Routing"),
         h("p", { class: "muted small" }, "A prompt is answered “none” below the threshold, or when it lacks a term every sample of this task has (its template) while the template test is on."),
-        kv([["threshold", `${fmt(r.threshold)} (${r.source})`],
+        kv([["threshold", h("span", { "data-testid": "routing-threshold", "data-source": r.source }, `${fmt(r.threshold)} (${r.source})`)],
+          ["false-reject rate", h("span", { "data-testid": "routing-rate-state" }, hasRate(r)
+            ? `${fmtPct(r.false_reject_rate)} % of own prompts (calibrated threshold ${r.threshold_auto === undefined || r.threshold_auto === null ? "—" : fmt(r.threshold_auto)})`
+            : "— (no calibration stored: the task is too small or older than calibration)")],
           ["calibration scores", fmtInt(r.calibration_scores ?? 0)],
           ["typical score", r.typical_score === undefined || r.typical_score === null ? "—" : fmt(r.typical_score)],
           ["template", h("span", { "data-testid": "template-state" }, tpl)],
           ["template test", h("span", { "data-testid": "template-test" }, on ? "on" : "off")]]),
-        toggle);
+        toggle, thresholdForm(r));
+    };
+    // The task's false-reject rate (its threshold re-calibrated from stored held-out scores, no model run) and a
+    // threshold override that wins over it (PATCH {"false_reject_rate"}, {"threshold"}; null clears the override).
+    const thresholdForm = (r) => {
+      const rate = h("input", { id: "routing-rate", type: "number", step: "any", class: "input num-input",
+        value: hasRate(r) ? fmtPct(r.false_reject_rate) : "", disabled: hasRate(r) ? null : true, "data-testid": "routing-rate" });
+      const override = h("input", { id: "routing-override", type: "number", step: "any", min: -1, max: 1, placeholder: "none",
+        class: "input num-input", value: r.threshold_override === undefined || r.threshold_override === null ? "" : String(r.threshold_override),
+        "data-testid": "routing-override" });
+      const apply = h("button", { type: "submit", class: "btn small", "data-testid": "routing-apply" }, "Apply");
+      const clear = h("button", { type: "button", class: "btn small ghost", "data-testid": "routing-clear",
+        disabled: r.threshold_override === undefined || r.threshold_override === null ? true : null }, "Clear override");
+      const out = h("div", { "data-testid": "routing-message", "aria-live": "polite" });
+      const form = h("form", { class: "controls routing-form", novalidate: true, "data-testid": "routing-form" },
+        h("label", { class: "field inline", for: "routing-rate" }, h("span", {}, "false-reject rate (%)"), rate),
+        h("label", { class: "field inline", for: "routing-override" }, h("span", {}, "threshold override"), override),
+        apply, clear, out);
+      const send = async (body) => {
+        for (const b of [apply, clear]) b.disabled = true;
+        try {
+          render(await api(path, { method: "PATCH", body }));
+        } catch (err) {
+          apply.disabled = false;
+          clear.disabled = r.threshold_override === undefined || r.threshold_override === null;
+          out.replaceChildren(errorBox(err, "Routing"));
+        }
+      };
+      form.addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        const body = {};
+        if (hasRate(r)) {
+          const pct = rate.value.trim() === "" ? NaN : Number(rate.value);
+          if (!Number.isFinite(pct)) { out.replaceChildren(errorBox("give the false-reject rate as a percentage", "Routing")); return; }
+          if (rate.value !== fmtPct(r.false_reject_rate)) body.false_reject_rate = pct / 100;
+        }
+        const text = override.value.trim();
+        if (text !== "") {
+          const thr = Number(text);
+          if (!Number.isFinite(thr)) { out.replaceChildren(errorBox("the threshold override is a number in [-1, 1]", "Routing")); return; }
+          if (thr !== r.threshold_override) body.threshold = thr;
+        } else if (r.threshold_override !== undefined && r.threshold_override !== null) {
+          body.threshold = null;
+        }
+        if (!Object.keys(body).length) { out.replaceChildren(h("span", { class: "muted small" }, "Nothing changed.")); return; }
+        send(body);
+      });
+      clear.addEventListener("click", () => send({ threshold: null }));
+      return form;
     };
     try {
       const r = await api(path);
