@@ -324,6 +324,13 @@ def small_tasks(S_new: np.ndarray, S_old: np.ndarray, truth: np.ndarray, small_n
     return rows
 
 
+def landing(answered: np.ndarray, names: list[str], top: int = 3) -> list[tuple[str, int]]:
+    """The ``top`` tasks most often in ``answered`` (task indices into ``names``), with their counts."""
+    ids, counts = np.unique(answered, return_counts=True)
+    order = np.lexsort((ids, -counts))[:top]
+    return [(names[int(ids[i])], int(counts[i])) for i in order]
+
+
 def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any, S_text: np.ndarray,
                      typical: np.ndarray, n_sig: int, n_held: int) -> dict[str, Any]:
     """Route held-out prompts of SuperGLUE completion tasks added beside the text tasks."""
@@ -357,6 +364,8 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
                       always=np.arange(n_text, len(all_side)))
     out["rows"]["prompt-side state, ranking fused with lexical (product)"] = {
         ds: float(np.mean(top[truth == c] == c)) for ds, c in zip(COMPLETION_SETS, cols, strict=True)}
+    out["elsewhere"] = {ds: landing(top[(truth == c) & (top != c)], index.names + list(COMPLETION_SETS))
+                        for ds, c in zip(COMPLETION_SETS, cols, strict=True)}
     top = np.argmax(R, axis=1)
     out["rows"]["prompt-side state, whitened ranking alone"] = {
         ds: float(np.mean(top[truth == c] == c)) for ds, c in zip(COMPLETION_SETS, cols, strict=True)}
@@ -441,7 +450,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             small_top[(int(src), k)] = hybrid_best(small_rank[(int(src), k)], sig_k, p_terms, terms_k, n_k,
                                                    np.arange(len(names)))
     small = small_tasks(S, S_old, truth, small_new, small_old, R, small_rank, small_top)
-    comp = completion_tasks(args, lm, encoder, index, S, typical, 12 if args.quick else 64, 5 if args.quick else 20)
+    comp = completion_tasks(args, lm, encoder, index, S, typical, 12 if args.quick else 64,
+                            5 if args.quick else args.completion_heldout)
     thr = np.array([c.threshold for c in cal if c.threshold is not None])
     return {"names": names, "n_prompts": len(feats), "open_set": opens, "small": small, "completion": comp,
             "top1": float(np.mean(np.argmax(S, 1) == truth)), "n_sources": len(sources),
@@ -479,6 +489,11 @@ def render(res: dict[str, Any], facts: str) -> str:
     c = res["completion"]
     t3 = report.table(["Routed on", *COMPLETION_SETS],
                       [[k, *[pct(v[d]) for d in COMPLETION_SETS]] for k, v in c["rows"].items()])
+    elsewhere = "".join(
+        f"- {ds}: the product's other answers went to "
+        + (", ".join(f"{name} ({k})" for name, k in c["elsewhere"][ds]) or "no other task") + "\n"
+        for ds in COMPLETION_SETS if "elsewhere" in c)
+    elsewhere += "\n" if elsewhere else ""
     n = len(res["names"])
     q = ", ".join(f"{x:.3f}" for x in res["threshold_quantiles"])
     return (
@@ -497,7 +512,7 @@ def render(res: dict[str, Any], facts: str) -> str:
         "prompts of all other tasks):\n\n" + t2 + "\n\n"
         f"**Completion-mode tasks** (SuperGLUE as prompt → \" yes\"/\" no\", {c['n_signature']} pairs each, "
         f"{c['n_heldout']} held-out prompts each, beside the {n} text tasks; share of own prompts routed to the "
-        "task):\n\n" + t3 + "\n\n" + facts
+        "task):\n\n" + t3 + "\n\n" + elsewhere + facts
     )
 
 
@@ -508,10 +523,13 @@ def main() -> None:
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--repeats", type=int, default=5)
     extra.add_argument("--small-sources", type=int, default=30)
+    extra.add_argument("--completion-heldout", type=int, default=100,
+                       help="held-out prompts per completion task (CB has 250 rows: at most 186)")
     known, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = parse_routing_args(__doc__.split("\n")[0])
     args.repeats, args.small_sources = known.repeats, known.small_sources
+    args.completion_heldout = known.completion_heldout
     run_and_report("openset", "4b. Open set, small tasks and completion-mode routing (issue 13)", args, run, render,
                    lambda res: routing_settings(args))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlas import routing
+from bench.quality import openset
 from bench.quality.openset import _fit_global, open_set, small_tasks
 
 
@@ -172,3 +173,12 @@ def test_hybrid_best_is_the_products_rerank_with_terms() -> None:
     assert not np.any(hybrid_best(rank, sig, named, terms, n, cols) == np.array(outside))
     got = hybrid_best(rank, sig, named, terms, n, cols, always=np.array(sorted(set(outside))))
     assert got.tolist() == outside
+
+
+def test_landing_counts_the_most_frequent_wrong_answers_in_order() -> None:
+    names = ["a", "b", "c", "d"]
+    answered = np.array([2, 1, 2, 3, 2, 1])
+    assert openset.landing(answered, names) == [("c", 3), ("b", 2), ("d", 1)]
+    assert openset.landing(answered, names, top=1) == [("c", 3)]
+    assert openset.landing(np.array([], dtype=int), names) == []
+    assert openset.landing(np.array([3, 0]), names) == [("a", 1), ("d", 1)]  # ties by task order
