@@ -138,6 +138,9 @@ class Factors:
     se: float | None
     activation_dark: bool
     chi: float | None = None
+    flags: tuple[str, ...] = ()
+    """The estimator's flags of the pair (``fishersketch.AlignmentResult.flags``; docs/SCORES.md), e.g.
+    ``rho_bounded``: ρ hit its bound because the proxy is near 0."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,7 @@ def _factors_from_matrix(mr: MatrixResult, i: int, j: int) -> Factors:
         rho=_f(_entry(mr.rho, i, j)),
         se=_opt_f(_entry(mr.se, i, j)),
         activation_dark=is_activation_dark(activation, fisher),
+        flags=tuple(mr.pair_flags.get((min(i, j), max(i, j)), ())),
     )
 
 
@@ -238,6 +242,7 @@ def pair_factors(a: TaskState, b: TaskState, context: Sequence[TaskState] = ()) 
         se=_opt_f(pair.se),
         activation_dark=is_activation_dark(activation, fisher),
         chi=_opt_f(pair.chi),
+        flags=tuple(pair.flags),
     )
 
 

@@ -232,6 +232,10 @@ class PairFactors(_Out):
     rho: float = Field(description="ρ: coupling ratio; low ρ warns that separable proxies are unreliable.")
     se: float | None = Field(default=None, description="Split-half standard error of log ρ (null if not estimable).")
     activation_dark: bool = Field(description="Activations alike (activation ≥ 0.8) but updates not (fisher ≤ 0.3).")
+    flags: list[str] = Field(default_factory=list, description="The estimator's caveats for this pair "
+                             "(docs/SCORES.md, 'Flags'): e.g. `rho_bounded` — ρ hit its bound [1/100, 100] because "
+                             "the proxy is near 0, so ρ carries no information; `cosine_clipped`, `identical`, "
+                             "`single_draw`, `split_half_unavailable`, `zero_norm_<feature>`, `clamped`, `empty`.")
 
 
 class SourceOut(PairFactors):

@@ -1,7 +1,11 @@
-"""Rows to response models: one place that turns ORM rows into the API's ``TaskOut`` / ``JobOut``."""
+"""Rows and results to response models: one place that turns ORM rows into the API's ``TaskOut`` /
+``JobOut`` and a pair's factors into ``PairFactors`` fields."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from atlas.analysis import Factors
 from atlas.models import Job, Task
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 from service.schemas import JobOut, JobProgress, TaskOut
@@ -25,3 +29,9 @@ def task_out(task: Task) -> TaskOut:
         metadata=task.meta or {}, n_samples=task.n_samples, n_tokens=task.n_tokens, version=task.version,
         created_at=task.created_at, updated_at=task.updated_at,
     )
+
+
+def factor_fields(f: Factors) -> dict[str, Any]:
+    """The ``PairFactors`` fields (``/v1/align``, each source of ``/v1/tasks/{id}/sources``) of a pair's factors."""
+    return {"fisher": f.fisher, "fisher_shrunk": f.fisher_shrunk, "activation": f.activation, "error": f.error,
+            "rho": f.rho, "se": f.se, "activation_dark": f.activation_dark, "flags": list(f.flags)}

@@ -128,8 +128,9 @@ def recommend(name: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] =
     for i, s in enumerate(res.sources, start=1):
         se = f"{s.se:6.3f}" if s.se is not None else "     -"
         dark = "  activation-dark" if s.activation_dark else ""
+        flags = f"  [{', '.join(s.flags)}]" if s.flags else ""
         lines.append(f"{i:>4}  {s.fisher_shrunk:7.4f}  {s.fisher:7.4f}  {s.activation:6.3f}  {s.error:6.3f}  "
-                     f"{s.rho:6.3f}  {se}  {s.name} (id {s.task_id}){dark}")
+                     f"{s.rho:6.3f}  {se}  {s.name} (id {s.task_id}){dark}{flags}")
     emit(json, res, "\n".join(lines) + (f"\nwrote {plot}" if plot else ""))
 
 
@@ -143,7 +144,8 @@ def align(a: str, b: str, url: Url = None, api_key: ApiKey = None, space: Space 
     emit(json, res, f"{res.a.name} ~ {res.b.name}\n  fisher        {res.fisher:.4f}\n"
          f"  fisher_shrunk {res.fisher_shrunk:.4f}\n  activation    {res.activation:.4f}\n"
          f"  error         {res.error:.4f}\n  rho           {res.rho:.4f}\n  se            {se}\n"
-         f"  activation-dark: {'yes' if res.activation_dark else 'no'}")
+         f"  activation-dark: {'yes' if res.activation_dark else 'no'}"
+         + (f"\n  flags: {', '.join(res.flags)}" if res.flags else ""))
 
 
 @app.command()

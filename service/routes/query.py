@@ -18,6 +18,7 @@ from service.schemas import (
     TaskRef,
 )
 from service.schemas_routing import RouteMatch, RouteRequest, RouteResponse, RouteResult
+from service.views import factor_fields
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 
@@ -71,9 +72,8 @@ def align(
     shrunk alignment (shrinkage estimated over ``a`` and its nearest stored tasks)."""
     ta, tb, f = c.queries.align(a, b)
     return AlignResponse(
-        a=TaskRef(task_id=ta.task_id, name=ta.name), b=TaskRef(task_id=tb.task_id, name=tb.name),
-        fisher=f.fisher, fisher_shrunk=f.fisher_shrunk, activation=f.activation, error=f.error, rho=f.rho,
-        se=f.se, activation_dark=f.activation_dark, chi=f.chi,
+        a=TaskRef(task_id=ta.task_id, name=ta.name), b=TaskRef(task_id=tb.task_id, name=tb.name), chi=f.chi,
+        **factor_fields(f),
     )
 
 

@@ -24,7 +24,7 @@ from service.schemas import (
     TaskRef,
 )
 from service.uploads import APPEND_FORM_SCHEMA, TASK_FORM_SCHEMA, read_upload
-from service.views import job_out, task_out
+from service.views import factor_fields, job_out, task_out
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
@@ -159,9 +159,6 @@ def sources(
     target, found, compared = c.queries.sources(task_id, k=k, candidates=candidates)
     return SourcesResponse(
         target=TaskRef(task_id=target.task_id, name=target.name),
-        sources=[SourceOut(task_id=s.task_id, name=s.name, fisher=s.factors.fisher,
-                           fisher_shrunk=s.factors.fisher_shrunk, activation=s.factors.activation,
-                           error=s.factors.error, rho=s.factors.rho, se=s.factors.se,
-                           activation_dark=s.factors.activation_dark) for s in found],
+        sources=[SourceOut(task_id=s.task_id, name=s.name, **factor_fields(s.factors)) for s in found],
         compared=compared,
     )

@@ -76,6 +76,36 @@ def test_pair_factors_match_align(tasks) -> None:
     assert f.activation_dark == analysis.is_activation_dark(r.activation, r.fisher)
 
 
+def _orthogonal_error_pair() -> tuple[analysis.TaskState, analysis.TaskState]:
+    """Two tasks with alike activations whose error gradients live on different vocabulary rows: the error
+    factor, hence the proxy, is near 0 and ρ = fisher / proxy hits its bound."""
+    rng = np.random.default_rng(0)
+    n = 40
+    spec = SketchSpec(d=6, K=9, m=512, seed=5, error_projection="dense")
+    out = []
+    for task_id, row in ((1, 0), (2, 1)):
+        e = np.zeros((n, 9))
+        e[:, row] = 1.0 + 0.1 * rng.standard_normal(n)
+        st = SketchState.empty(spec)
+        Sketcher(spec).update(st, rng.standard_normal((n, 6)) + 1.0, e, np.arange(n) + task_id * n)
+        out.append(analysis.TaskState(task_id, f"t{task_id}", st))
+    return out[0], out[1]
+
+
+def test_pair_flags_reach_the_factors(tasks) -> None:
+    a, b = _orthogonal_error_pair()
+    f = analysis.pair_factors(a, b)
+    assert f.flags == align(a.state, b.state).flags and "rho_bounded" in f.flags
+    assert np.isfinite(f.rho) and f.rho in (100.0, 0.01)
+    (src,) = analysis.recommend_sources(a, [b], k=1)
+    assert "rho_bounded" in src.factors.flags
+    same = analysis.pair_factors(tasks[0], tasks[0])
+    assert "identical" in same.flags and same.rho == 1.0
+    plain = analysis.pair_factors(tasks[0], tasks[1], tasks[2:])
+    assert plain.flags == align(tasks[0].state, tasks[1].state).flags
+    assert "rho_bounded" not in plain.flags
+
+
 def test_activation_dark_rule() -> None:
     assert analysis.is_activation_dark(0.9, 0.1)
     assert analysis.is_activation_dark(0.8, 0.3)

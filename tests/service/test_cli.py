@@ -81,7 +81,11 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     assert main(["route", "The lazy fox", "-k", "1", "--json", *url]) == 0
     assert _json(capsys)["matches"][0]["name"] in ("prose", "code", "math")
     assert main(["align", "prose", "code", "--json", *url]) == 0
-    assert {"fisher", "fisher_shrunk", "activation", "error", "rho", "se", "activation_dark"} <= set(_json(capsys))
+    assert {"fisher", "fisher_shrunk", "activation", "error", "rho", "se", "activation_dark", "flags"} <= set(
+        _json(capsys))
+    assert main(["align", "prose", "prose", *url]) == 0  # a task with itself: the estimator says so
+    (flags,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("flags:")]
+    assert "identical" in flags.split(":", 1)[1].split(", ")
 
     # figures
     png, svg, pdf = tmp_path / "atlas.png", tmp_path / "atlas.svg", tmp_path / "heat.pdf"

@@ -556,6 +556,7 @@ def test_task_page_routing_side_template_switch_rate_and_override(service: _Serv
             assert card.locator("[data-testid=template-test]").inner_text() == "on"
             assert "calibrated" in card.inner_text()
             _shot(page, "task-routing")
+            _sources_show_the_rho_bound(page, http, task_id)
             card.locator("[data-testid=template-toggle]").click()
             page.locator("[data-testid=template-toggle][data-on=false]").wait_for()
             assert card.locator("[data-testid=template-test]").inner_text() == "off"
@@ -600,3 +601,14 @@ def _set_rate_and_override(page: Any, http: Any, task_id: int) -> None:
     error.wait_for()
     assert "false-reject rate as a percentage" in error.inner_text()
     assert http.get(f"/v1/tasks/{task_id}/routing").json()["false_reject_rate"] == 0.2  # unchanged
+
+
+def _sources_show_the_rho_bound(page: Any, http: Any, task_id: int) -> None:
+    """Each recommended source carries a "ρ at bound" badge exactly when the API flags it ``rho_bounded``."""
+    sources = http.get(f"/v1/tasks/{task_id}/sources", params={"k": 8, "candidates": 64}).json()["sources"]
+    rows = page.locator("[data-testid=source-row]")
+    rows.first.wait_for()
+    assert rows.count() == len(sources)
+    for src in sources:
+        row = page.locator(f"[data-testid=source-row][data-task-id='{src['task_id']}']")
+        assert row.locator("[data-testid=rho-bound-badge]").count() == ("rho_bounded" in src["flags"]), src

@@ -64,6 +64,10 @@ def test_library_then_server_same_answers(tmp_path: Path, tiny_model_dir: Path, 
         np.testing.assert_allclose([s["fisher"] for s in src], [s.factors.fisher for s in lib_sources], atol=1e-6)
         al = http.get("/v1/align", params={"a": tasks["weather"], "b": tasks["cooking"]}).json()
         assert al["fisher"] == pytest.approx(lib_align.fisher, abs=1e-6)
+        assert al["flags"] == list(lib_align.flags)  # the estimator's caveats, both front ends
+        assert [s["flags"] for s in src] == [list(s.factors.flags) for s in lib_sources]
+        same = http.get("/v1/align", params={"a": tasks["weather"], "b": tasks["weather"]}).json()
+        assert "identical" in same["flags"] and same["rho"] == 1.0
     # The export imports into a fresh library directory with the same answers.
     with Atlas(tmp_path / "copy", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as copy:
         assert copy.import_(export) == 3

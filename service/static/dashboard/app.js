@@ -774,6 +774,8 @@
   // Fisher (EB-shrunk), activation, error on [0, 1]. Coupling rho on a log axis from 0.1 to 10, drawn as a
   // diverging bar from rho = 1 (separable) with the split-half SE of log rho as a whisker (rho ×/÷ e^SE).
   const RHO_LOG_SPAN = 1; // decades either side of rho = 1
+  const RHO_BOUND_TITLE = "ρ hit its bound (1/100 or 100): the activation × error proxy is near 0, so ρ carries no information (flag rho_bounded, docs/SCORES.md)";
+  function rhoBounded(src) { return Array.isArray(src && src.flags) && src.flags.includes("rho_bounded"); }
   function factorBars(src, { big = false } = {}) {
     const W = big ? 420 : 300; const rowH = big ? 20 : 16; const labelW = 78; const barW = W - labelW - 74;
     const rho = Number(pick(src, "rho"));
@@ -804,7 +806,7 @@
           const x = rhoX(v);
           g.append(s("rect", { x: Math.min(one, x), y: y + 3, width: Math.max(1, Math.abs(x - one)), height: rowH - 6,
             class: `bar ${cls}`, rx: 2, "data-factor": "rho" }));
-          if (Number.isFinite(se) && se > 0 && v > 0) {
+          if (Number.isFinite(se) && se > 0 && v > 0 && !rhoBounded(src)) {
             const lo = rhoX(v * Math.exp(-se)); const hi = rhoX(v * Math.exp(se)); const ym = y + rowH / 2;
             g.append(s("line", { x1: lo, x2: hi, y1: ym, y2: ym, class: "whisker", "data-testid": "se-whisker" }),
               s("line", { x1: lo, x2: lo, y1: ym - 4, y2: ym + 4, class: "whisker" }),
@@ -814,7 +816,7 @@
         g.append(s("line", { x1: one, x2: one, y1: y + 1, y2: y + rowH - 1, class: "ref-line" }));
       }
       const txt = cls === "f-rho"
-        ? `${fmt(v, 2)}${Number.isFinite(se) ? ` ±${fmt(se, 2)}` : ""}` : fmt(v, 3);
+        ? (rhoBounded(src) ? (v >= 1 ? `≥ ${fmt(v, 0)}` : `≤ ${fmt(v, 2)}`) : `${fmt(v, 2)}${Number.isFinite(se) ? ` ±${fmt(se, 2)}` : ""}`) : fmt(v, 3);
       g.append(s("text", { x: labelW + barW + 6, y: y + rowH * 0.68, class: "bar-value" }, txt));
       svg.append(g);
     });
@@ -951,6 +953,7 @@
               h("span", { class: "rank" }, String(i + 1)),
               taskLink(src.task_id, src.name ?? `task ${src.task_id}`),
               src.activation_dark ? h("span", { class: "badge dark", title: "activations alike, updates not", "data-testid": "dark-badge" }, "activation-dark") : null,
+              rhoBounded(src) ? h("span", { class: "badge", title: RHO_BOUND_TITLE, "data-testid": "rho-bound-badge" }, "ρ at bound") : null,
               h("span", { class: "score mono", title: "Fisher (raw → shrunk)" },
                 `A_F ${fmt(src.fisher)}${src.fisher_shrunk !== undefined ? ` → ${fmt(src.fisher_shrunk)}` : ""}`)),
             factorBars(src)))));
