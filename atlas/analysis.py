@@ -257,6 +257,9 @@ class Matrices:
     activation: np.ndarray
     error: np.ndarray
     rho: np.ndarray
+    pair_flags: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)
+    """``(i, j) -> flags`` (``i < j``, positions in ``ids``) for the pairs the estimator flagged
+    (``fishersketch.MatrixResult.pair_flags``, e.g. ``rho_bounded``)."""
 
 
 def _matrix(x: Any, n: int, fill: float) -> np.ndarray:
@@ -281,6 +284,7 @@ def alignment_matrix(tasks: Sequence[TaskState]) -> Matrices:
         activation=_matrix(mr.activation, n, 0.0),
         error=_matrix(mr.error, n, 0.0),
         rho=_matrix(mr.rho, n, 0.0),
+        pair_flags=dict(mr.pair_flags),
     )
 
 

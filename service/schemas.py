@@ -296,6 +296,14 @@ class AlignMatrixRequest(BaseModel):
     task_ids: list[int] = Field(min_length=1, description="Distinct task ids, all ready, all in one space.")
 
 
+class PairFlags(_Out):
+    """The estimator's flags of one pair of an alignment matrix: rows/columns ``i`` and ``j`` (``i < j``)."""
+
+    i: int
+    j: int
+    flags: list[str]
+
+
 class AlignMatrixResponse(_Out):
     """Alignment matrices; row/column ``i`` is ``ids[i]``."""
 
@@ -317,6 +325,8 @@ class AlignMatrixResponse(_Out):
     activation: list[list[float]]
     error: list[list[float]]
     rho: list[list[float]]
+    pair_flags: list[PairFlags] = Field(default_factory=list, description="The pairs the estimator flagged "
+                                        "(docs/SCORES.md, 'Flags'), each once (`i < j`).")
 
 
 class AtlasPoint(_Out):

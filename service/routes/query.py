@@ -15,6 +15,7 @@ from service.schemas import (
     AlignResponse,
     AtlasPoint,
     AtlasResponse,
+    PairFlags,
     TaskRef,
 )
 from service.schemas_routing import RouteMatch, RouteRequest, RouteResponse, RouteResult
@@ -92,7 +93,9 @@ def align_matrix(body: AlignMatrixRequest, c: ContainerDep, _: ReadPrincipal) ->
         return [[round(float(v), 6) for v in row] for row in x]  # type: ignore[attr-defined]
 
     return AlignMatrixResponse(ids=m.ids, names=m.names, fisher=rows(m.fisher), fisher_shrunk=rows(m.fisher_shrunk),
-                               activation=rows(m.activation), error=rows(m.error), rho=rows(m.rho))
+                               activation=rows(m.activation), error=rows(m.error), rho=rows(m.rho),
+                               pair_flags=[PairFlags(i=i, j=j, flags=list(f))
+                                           for (i, j), f in sorted(m.pair_flags.items())])
 
 
 @router.get(

@@ -140,6 +140,11 @@ def test_end_to_end(backend: str, serve, model, domains, request: pytest.Fixture
         assert pair.fisher > far.fisher  # two English tasks are closer than English and SMILES
         mat = c.align_matrix(list(ids.values()))
         assert len(mat.fisher) == 3 and all(abs(mat.fisher[i][i] - 1) < 1e-9 for i in range(3))
+        flagged = {(p.i, p.j): p.flags for p in mat.pair_flags}
+        assert all(p.i < p.j and p.flags for p in mat.pair_flags)
+        for i in range(3):  # a pair's flags are its own: the matrix lists what /v1/align says of each pair
+            for j in range(i + 1, 3):
+                assert flagged.get((i, j), []) == c.align(mat.ids[i], mat.ids[j]).flags
         atlas = c.atlas()
         assert {p.name for p in atlas.points} == set(ids)
         out = tmp_path / "atlas.png"
