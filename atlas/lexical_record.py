@@ -15,7 +15,7 @@ import numpy as np
 
 from atlas.lexical import TermCounts, term_hashes
 from atlas.samples import Sample
-from atlas.template import TaskTemplate, presence
+from atlas.template import TaskTemplate, counted, presence
 
 
 def routing_text(sample: Sample, mode: str) -> str | None:
@@ -41,7 +41,7 @@ class LexicalDelta:
     its samples' routing texts and each sample's :func:`atlas.template.presence`."""
 
     counts: TermCounts
-    presences: list[np.ndarray]
+    presences: list[np.ndarray | None]
 
     @staticmethod
     def of_texts(texts: Sequence[str | None], template_texts: Sequence[str | None] | None = None) -> LexicalDelta:
@@ -49,7 +49,8 @@ class LexicalDelta:
         text is hashed once where both are the same string)."""
         hashes = [term_hashes(t) if t else np.zeros(0, np.uint32) for t in texts]
         tpl = texts if template_texts is None else template_texts
-        presences = [np.unique(h) if t == r else presence(t) for h, r, t in zip(hashes, texts, tpl, strict=True)]
+        presences = [np.unique(h) if t == r and counted(t) else presence(t)
+                     for h, r, t in zip(hashes, texts, tpl, strict=True)]
         return LexicalDelta(TermCounts.from_hashes(hashes), presences)
 
     @staticmethod

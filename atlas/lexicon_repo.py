@@ -24,8 +24,8 @@ from atlas.models import JOB_SUCCEEDED, TaskLexicon, utcnow
 from atlas.template import TaskTemplate
 
 __all__ = ["LexicalDelta", "LexicalRecord", "TaskLexical", "add_delta", "backfill", "get_blobs",
-           "get_task_lexicon", "put_record", "routing_text", "tasks_without_template", "tasks_without_terms",
-           "template_text"]
+           "get_task_lexicon", "put_record", "routing_text", "tasks_with_template_terms", "tasks_without_template",
+           "tasks_without_terms", "template_text"]
 
 
 @dataclass(frozen=True)
@@ -121,11 +121,23 @@ def tasks_without_template(session: Session) -> list[int]:
     return [int(t) for t, blob in rows if not LexicalRecord.has_template(blob)]
 
 
-def backfill(session: Session, task_ids: Sequence[int]) -> int:
-    """Re-derive the lexical records of tasks from the uploads of their succeeded jobs, job by job as the
-    jobs added them; returns how many got a record.
+def tasks_with_template_terms(session: Session) -> list[int]:
+    """Tasks whose stored template has at least one term (the only ones the template test can apply to), by id."""
+    rows = session.execute(select(TaskLexicon.task_id, TaskLexicon.terms).order_by(TaskLexicon.task_id)).all()
+    out = []
+    for tid, blob in rows:
+        template = LexicalRecord.from_bytes(blob).template if LexicalRecord.has_template(blob) else None
+        if template is not None and template.keys.size:
+            out.append(int(tid))
+    return out
 
-    Reads and writes named columns only (no ORM entity), so migrations ``0003`` and ``0004`` can run it on
+
+def backfill(session: Session, task_ids: Sequence[int], *, complete_only: bool = False) -> int:
+    """Re-derive the lexical records of tasks from the uploads of their succeeded jobs, job by job as the
+    jobs added them; returns how many got a record. ``complete_only``: leave a task as it is unless it has
+    succeeded jobs and every one's upload is stored (an imported task has none: its record came with it).
+
+    Reads and writes named columns only (no ORM entity), so migrations ``0003`` to ``0005`` can run it on
     their own schema.
     """
     from atlas.models import Job, Task, Upload
@@ -139,9 +151,12 @@ def backfill(session: Session, task_ids: Sequence[int]) -> int:
         uploads = session.execute(select(Job.upload_id).where(Job.task_id == int(tid),
                                                               Job.status == JOB_SUCCEEDED)
                                   .order_by(Job.id)).scalars().all()
+        contents = [session.execute(select(Upload.content).where(Upload.id == upload_id)).scalar_one_or_none()
+                    for upload_id in dict.fromkeys(uploads)]
+        if complete_only and (not contents or any(c is None for c in contents)):
+            continue
         record = LexicalRecord(TermCounts.empty(), TaskTemplate.empty())
-        for upload_id in dict.fromkeys(uploads):
-            content = session.execute(select(Upload.content).where(Upload.id == upload_id)).scalar_one_or_none()
+        for content in contents:
             if content is not None:
                 record = record.add(LexicalDelta.of_samples(decode_samples(content), str(mode)))
         put_record(session, int(tid), record)

@@ -26,6 +26,12 @@ MAX_CAL_SCORES = 256
 """Held-out scores kept per task (appends add theirs; the oldest are dropped beyond this)."""
 
 
+def is_false_reject_rate(rate: object) -> bool:
+    """Whether ``rate`` is a number in ``(0, MAX_FALSE_REJECT_RATE]`` (a rate a task may be calibrated at)."""
+    return (isinstance(rate, int | float) and not isinstance(rate, bool)
+            and 0.0 < float(rate) <= MAX_FALSE_REJECT_RATE)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """A task's calibration: held-out scores, the threshold at ``false_reject_rate`` and their spread."""
@@ -63,8 +69,8 @@ def calibrate(scores: Iterable[float], false_reject_rate: float = FALSE_REJECT_R
     first = 1.0 - (1.0 - CALIBRATION_CONFIDENCE) ** (1.0 / n)  # b*: the order statistic's first rate
     if FALSE_REJECT_RATE < first <= false_reject_rate:
         thr = max(thr, _lower_bound(arr, first * (1.0 - 1e-9)))
-    elif false_reject_rate < first <= FALSE_REJECT_RATE:
-        thr = min(thr, _lower_bound(arr, first * (1.0 + 1e-9)))
+    elif false_reject_rate <= first * (1.0 + 1e-9) and first <= FALSE_REJECT_RATE:  # rate = b*: its order
+        thr = min(thr, _lower_bound(arr, first * (1.0 + 1e-9)))  # statistic exists only a few ulps above
     return Calibration(xs, float(np.clip(thr, -1.0, 1.0)), max(sd, 1e-3), false_reject_rate)
 
 
@@ -76,7 +82,7 @@ def _lower_bound(arr: np.ndarray, rate: float) -> float:
 
     n = arr.size
     sd = float(np.std(arr, ddof=1))
-    zp = NormalDist().inv_cdf(1.0 - rate)
+    zp = -NormalDist().inv_cdf(rate)  # the upper rate-quantile, exact for rates below 1e-16 (1 − rate rounds to 1)
     zg = NormalDist().inv_cdf(CALIBRATION_CONFIDENCE)
     a = 1.0 - zg**2 / (2.0 * (n - 1))
     b = zp**2 - zg**2 / n

@@ -64,6 +64,8 @@ TYPICAL_PRIOR = 1.0
 of one sample (none can be held out): as tight as a task can be, so it must win on its cosine alone."""
 DEFAULT_SCALE = 0.05
 """Confidence scale when a task has no calibration."""
+MAX_ROUTE_K = 100
+"""Most matches a route query returns per prompt (``k``)."""
 _EPS = 1e-10
 
 

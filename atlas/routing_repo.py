@@ -17,7 +17,7 @@ from atlas import lexicon_repo
 from atlas.errors import InvalidInput, NotFound
 from atlas.lru import ContentLru
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
-from atlas.route_calibration import MAX_FALSE_REJECT_RATE
+from atlas.route_calibration import MAX_FALSE_REJECT_RATE, is_false_reject_rate
 from atlas.routing import (
     FALSE_REJECT_RATE,
     Calibration,
@@ -126,7 +126,7 @@ def set_false_reject_rate(session: Session, task_id: int, rate: float) -> TaskRo
     InvalidInput
         ``rate`` outside ``(0, MAX_FALSE_REJECT_RATE]``.
     """
-    if not 0.0 < float(rate) <= MAX_FALSE_REJECT_RATE:
+    if not is_false_reject_rate(rate):
         raise InvalidInput(f"a false-reject rate is in (0, {MAX_FALSE_REJECT_RATE}]", {"false_reject_rate": rate})
     row = _routing_row(session, task_id)
     calibration = calibrate(list(row.cal_scores or []), float(rate))
@@ -181,12 +181,19 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
             SketchState.from_bytes(blob, spec=spec)  # type: ignore[arg-type]  # a SketchSpec
         scores = [float(x) for x in record.get("cal_scores") or []]
         override = record.get("threshold_override")
-        frr = float(record.get("false_reject_rate") or FALSE_REJECT_RATE)
+        if override is not None and (isinstance(override, bool) or not isinstance(override, int | float)
+                                     or not -1.0 <= float(override) <= 1.0):
+            raise ValueError(f"threshold_override {override!r} is not a number in [-1, 1]")
+        frr = record.get("false_reject_rate")
+        frr = FALSE_REJECT_RATE if frr is None else frr
+        if not is_false_reject_rate(frr):
+            raise ValueError(f"false_reject_rate {frr!r} is not in (0, {MAX_FALSE_REJECT_RATE}]")
+        calibration = calibrate(scores, float(frr))
         terms = (lexicon_repo.LexicalRecord.from_bytes(base64.b64decode(record["terms"], validate=True))
                  if record.get("terms") else None)
     except Exception as exc:
         raise InvalidInput(f"task {task_id}: invalid routing record ({exc})") from None
-    store_routing(session, task_id, prompt_state=blob, calibration=calibrate(scores, frr))
+    store_routing(session, task_id, prompt_state=blob, calibration=calibration)
     if terms is not None:
         lexicon_repo.put_record(session, task_id, terms)
     if override is not None:

@@ -7,7 +7,9 @@ however close its Fisher geometry (docs/SCORES.md, "Open set: template test").
 
 Template
     ``K = {terms in every counted sample}`` (the terms of :func:`atlas.lexical.terms`, hashed; a pair's
-    prompt, :func:`atlas.lexicon_repo.template_text`). It is
+    prompt, :func:`atlas.lexicon_repo.template_text`). A sample is counted when it has a text that is not
+    blank; a text without any term (``"x = 1"``, ``"?"``) counts and empties ``K`` — a prompt like it
+    has no term either. It is
     kept as the intersection over jobs, so an append needs only the stored keys and the new samples:
     ``K ← K ∩ (terms in every new sample)``. At most ``MAX_TEMPLATE`` keys are kept (the smallest hashes
     when a very long single sample would exceed it): a subset of the true ``K`` only ever makes the
@@ -42,9 +44,17 @@ _HEAD = struct.Struct("<4sIIII")
 _MAGIC = b"FAT1"
 
 
-def presence(text: str | None) -> np.ndarray:
-    """The distinct hashed terms of ``text``, sorted, shape (n,) uint32 (empty for ``None`` or "")."""
-    return np.unique(term_hashes(text)) if text else np.zeros(0, np.uint32)
+def presence(text: str | None) -> np.ndarray | None:
+    """The distinct hashed terms of ``text``, sorted, shape (n,) uint32; ``None`` (not counted) for ``None`` or a
+    blank text. A text without terms gives an empty array: it is counted."""
+    if text is None or not counted(text):
+        return None
+    return np.unique(term_hashes(text))
+
+
+def counted(text: str | None) -> bool:
+    """Whether a sample's text counts in its task's template: present and not blank."""
+    return text is not None and bool(text.strip())
 
 
 @dataclass(frozen=True)
@@ -64,17 +74,17 @@ class TaskTemplate:
 
     @staticmethod
     def of_texts(texts: Iterable[str | None]) -> TaskTemplate:
-        """The template of one batch of samples (``None`` and empty texts are not counted)."""
+        """The template of one batch of samples (``None`` and blank texts are not counted)."""
         return TaskTemplate.empty().add(texts)
 
     def add(self, texts: Iterable[str | None]) -> TaskTemplate:
         """This template with a job's samples added (:meth:`add_presences` of their :func:`presence`)."""
         return self.add_presences([presence(t) for t in texts])
 
-    def add_presences(self, presences: Sequence[np.ndarray]) -> TaskTemplate:
-        """This template with a job's samples added, given as their :func:`presence` arrays: keys
-        intersected, each new sample checked against every other counted sample (module notes)."""
-        sets = [p for p in presences if p.size]
+    def add_presences(self, presences: Sequence[np.ndarray | None]) -> TaskTemplate:
+        """This template with a job's samples added, given as their :func:`presence` arrays (``None``: not
+        counted): keys intersected, each new sample checked against every other counted sample (module notes)."""
+        sets = [p for p in presences if p is not None]
         m = len(sets)
         if m == 0:
             return self

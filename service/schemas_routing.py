@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from atlas.route_calibration import MAX_FALSE_REJECT_RATE
+from atlas.routing import MAX_ROUTE_K
 from service.schemas import _Out
 
 
@@ -23,7 +24,7 @@ class RouteRequest(BaseModel):
 
     prompt: str | None = Field(default=None, min_length=1, description="One prompt.")
     prompts: list[str] | None = Field(default=None, min_length=1, max_length=64, description="A batch of prompts.")
-    k: int = Field(default=5, ge=1, le=100, description="Matches returned per prompt.")
+    k: int = Field(default=5, ge=1, le=MAX_ROUTE_K, description="Matches returned per prompt.")
     threshold: float | None = Field(
         default=None, ge=-1.0, le=1.0,
         description="Open-set threshold on the best score; `none` is true below it. Default: the service's.",

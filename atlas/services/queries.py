@@ -24,7 +24,7 @@ from atlas.index import IndexManager
 from atlas.lexical import TermCounts
 from atlas.models import TASK_READY, Space, Task
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
-from atlas.routing import unit_means
+from atlas.routing import MAX_ROUTE_K, unit_means
 from atlas.services.states import Loaded, StateLoader
 from atlas.store import Store
 from atlas.whitening import WhiteningCache
@@ -124,6 +124,8 @@ class QueryService:
         """
         if not prompts:
             raise InvalidInput("give at least one prompt")
+        if not 1 <= int(k) <= MAX_ROUTE_K:
+            raise InvalidInput(f"k must be in 1..{MAX_ROUTE_K}", {"k": k})
         check_prompt_lengths(prompts, self.settings.max_prompt_chars)
         key = await asyncio.to_thread(self.space_key, space_ref)
         self.prompts.check_served(key)

@@ -147,3 +147,46 @@ def test_0004_derives_the_templates_of_bare_records_and_downgrades_them(empty_ur
     migrations.downgrade(empty_url, "0003")
     back = stored()
     assert back.template is None and back.counts.keys.tolist() == got.counts.keys.tolist()
+
+
+def test_0005_re_derives_templates_so_samples_without_terms_count(empty_url: str) -> None:
+    """A template stored while term-less samples were skipped is re-derived from the uploads; an imported task
+    (no uploads) keeps its record."""
+    from sqlalchemy import update
+
+    from atlas import repository
+    from atlas.models import Job, JobStatus, Task, TaskLexicon
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    migrations.upgrade(empty_url, "0004")
+    engine = db.make_engine(empty_url, pool_size=1)
+    factory = db.session_factory(engine)
+    space = make_space(factory)
+    framed = [f"Define the word: w{i:02d}" for i in range(60)]
+    texts = [*framed, "a + b = c"]
+    stale = LexicalRecord(TermCounts.from_texts(texts), TaskTemplate.of_texts(framed))  # as 0004's code stored it
+    assert stale.template is not None and stale.template.active
+    with factory.begin() as s:
+        task, job = repository.create_task_with_job(s, space.id, "define", "text", {}, [Sample(text=t) for t in texts])
+        s.execute(update(Job).where(Job.id == job.id).values(status=JobStatus.SUCCEEDED))
+        s.execute(update(Task).where(Task.id == task.id).values(status="ready"))
+        imported = Task(space_id=space.id, name="imported", mode="text", status="ready", meta={})
+        s.add(imported)
+        s.flush()
+        tid, iid = task.id, imported.id
+        lexicon_repo.put_record(s, tid, stale)
+        lexicon_repo.put_record(s, iid, stale)
+    engine.dispose()
+
+    migrations.upgrade(empty_url)
+    eng = db.make_engine(empty_url, pool_size=1)
+    with db.session_factory(eng)() as s:
+        got = LexicalRecord.from_bytes(s.get(TaskLexicon, tid).terms)  # type: ignore[union-attr]
+        kept = LexicalRecord.from_bytes(s.get(TaskLexicon, iid).terms)  # type: ignore[union-attr]
+    eng.dispose()
+    assert got.template is not None and got.template.keys.size == 0 and not got.template.active
+    assert got.template.docs == len(texts)
+    assert got.counts.keys.tolist() == stale.counts.keys.tolist()  # the counts are the same
+    assert kept.to_bytes() == stale.to_bytes()
+    migrations.downgrade(empty_url, "0004")  # nothing to undo; the records stay readable

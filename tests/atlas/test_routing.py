@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -158,6 +159,23 @@ def test_a_higher_false_reject_rate_never_lowers_the_threshold(xs: list[float], 
     assert all(t is not None for t in thresholds)
     assert all(b >= a - 1e-12 for a, b in itertools.pairwise(thresholds))
     assert routing.calibrate(xs).threshold == routing.calibrate(xs, routing.FALSE_REJECT_RATE).threshold
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1, 1), min_size=5, max_size=300), st.sampled_from([5e-324, 1e-300, 1e-17, 1e-16, 1e-9]))
+def test_any_rate_in_the_documented_range_calibrates(xs: list[float], tiny: float) -> None:
+    # rates below 1e-16 once raised (1 − rate rounds to 1 in the normal quantile)
+    cal = routing.calibrate(xs, tiny)
+    assert cal.threshold is not None and -1.0 <= cal.threshold <= 1.0
+    assert cal.threshold <= routing.calibrate(xs).threshold  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("n", [45, 64, 256])
+def test_the_rate_at_which_the_order_statistic_appears_keeps_the_bound_monotone(n: int) -> None:
+    xs = np.random.default_rng(n).normal(0.3, 0.1, n).clip(-1, 1).tolist()
+    first = 1.0 - (1.0 - routing.CALIBRATION_CONFIDENCE) ** (1.0 / n)  # b* (docs/SCORES.md)
+    below, at, above = (routing.calibrate(xs, r).threshold for r in (first * (1 - 1e-6), first, first * (1 + 1e-12)))
+    assert below <= at <= above  # type: ignore[operator]
 
 
 def test_fit_caps_each_task_at_its_own_false_reject_rate() -> None:

@@ -15,7 +15,8 @@ from atlas.template import TEMPLATE_FALSE_REJECT, TaskTemplate, presence
 from tests.atlas.test_lexical import _state
 
 WORDS = st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "omega", "kappa"]), min_size=1, max_size=5)
-JOB = st.lists(WORDS.map(" ".join), min_size=1, max_size=6)
+JOB = st.lists(WORDS.map(" ".join) | st.sampled_from(["x = 1", "?", "", "  "]), min_size=1, max_size=6)
+"""Samples of a job: words, a few texts without any term (counted) and blank ones (not counted)."""
 
 
 def _every(sets: list[set[int]]) -> set[int]:
@@ -28,7 +29,7 @@ def _brute(jobs: list[list[str]]) -> tuple[set[int], int, int]:
     seen: list[set[int]] = []
     checks = misses = 0
     for job in jobs:
-        new = [set(presence(t).tolist()) for t in job]
+        new = [set(p.tolist()) for p in map(presence, job) if p is not None]
         for j, own in enumerate(new):
             others = seen + new[:j] + new[j + 1:]
             if others:
@@ -46,11 +47,11 @@ def test_keys_checks_and_misses_match_their_definition_over_appends(jobs: list[l
         tpl = tpl.add(job)
     keys, checks, misses = _brute(jobs)
     assert set(tpl.keys.tolist()) == keys
-    assert (tpl.docs, tpl.checks, tpl.misses) == (sum(map(len, jobs)), checks, misses)
+    assert (tpl.docs, tpl.checks, tpl.misses) == (sum(bool(t.strip()) for job in jobs for t in job), checks, misses)
     assert tpl.keys.tolist() == sorted(tpl.keys.tolist())
 
 
-@given(JOB, WORDS.map(" ".join))
+@given(st.lists(WORDS.map(" ".join), min_size=1, max_size=6), WORDS.map(" ".join))
 def test_a_prompt_with_every_template_term_is_never_missing_any(job: list[str], extra: str) -> None:
     tpl = TaskTemplate(np.unique(np.concatenate([presence(t) for t in job])), docs=100, checks=100)
     assert tpl.active
@@ -72,8 +73,24 @@ def test_the_test_activates_only_on_enough_clean_checks() -> None:
 
 
 def test_empty_and_missing_texts_are_not_counted() -> None:
-    tpl = TaskTemplate.of_texts(["alpha beta", None, "", "alpha gamma"])
+    tpl = TaskTemplate.of_texts(["alpha beta", None, "", " \n", "alpha gamma"])
     assert tpl.docs == 2 and set(tpl.keys.tolist()) == set(presence("alpha").tolist())
+
+
+def test_a_sample_without_terms_counts_and_empties_the_template() -> None:
+    """A task whose samples include texts without any term ("a + b = c") has no term in every sample: its own
+    such prompts must not be rejected, so the template is empty and the test off."""
+    frame = [f"Define the word: w{i:02d}" for i in range(60)]
+    clean = TaskTemplate.of_texts(frame)
+    assert clean.active
+    mixed = TaskTemplate.of_texts([*frame, "a + b = c", "?", "x"])
+    assert mixed.docs == 63 and mixed.keys.size == 0 and not mixed.active
+    assert mixed.missing(TermCounts.from_texts(["a + b = c"])) == 0
+    appended = clean.add(["a + b = c"])  # an append: the stored keys meet a sample without terms
+    assert appended.keys.size == 0 and not appended.active and appended.misses == clean.misses + 1
+    delta = LexicalDelta.of_texts(["Define the word: w99", "x = 1", "", None])
+    assert [p is None for p in delta.presences] == [False, False, True, True]
+    assert LexicalRecord(TermCounts.empty(), clean).add(delta).template.keys.size == 0
 
 
 @given(st.lists(JOB, min_size=1, max_size=3))

@@ -319,6 +319,12 @@ def test_import_verifies_never_trusts(serve, tiny_lm) -> None:
         "version 1 incomplete": [v1_short, tasks[0]],
         "nested metadata": _resign([header, dict(tasks[0], metadata=json.loads('{"a":' * 40 + "1" + "}" * 40))]),
     }
+    routing = tasks[0]["routing"]  # a routing record out of its documented ranges is refused, not stored
+    for field, value in (("false_reject_rate", 3.0), ("false_reject_rate", 0.9), ("false_reject_rate", 0),
+                         ("false_reject_rate", "0.1"), ("threshold_override", "abc"), ("threshold_override", [0.1]),
+                         ("threshold_override", True), ("threshold_override", 2.0)):
+        bad[f"routing {field} {value!r}"] = _resign([header, dict(tasks[0], routing={**routing, field: value}),
+                                                     tasks[1]])
     for why, lines in bad.items():
         r = _import(dst.url, lines)
         assert r.status_code == 422, (why, r.text)

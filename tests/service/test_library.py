@@ -122,6 +122,9 @@ def test_library_fit_and_per_task_routing_controls(tmp_path: Path, tiny_model_di
             atlas.routing("no such task")
         with pytest.raises(InvalidInput):
             atlas.fit([])
+        for bad_k in (0, -1, 101):  # the REST bounds, in library mode too (k = 0 once raised IndexError)
+            with pytest.raises(InvalidInput):
+                atlas.route("a pot of soup", k=bad_k)
 
 
 def test_readme_library_example_runs(tmp_path: Path) -> None:

@@ -94,6 +94,10 @@ def test_false_reject_rate_recalibrates_from_stored_scores_and_appends_keep_it(s
         assert back["threshold"] == before["threshold"]  # the same scores at the same rate: the same threshold
         for bad in (0, -0.1, 0.6, "x"):
             assert httpx.patch(url, json={"false_reject_rate": bad}).status_code == 422
+        for tiny in (5e-324, 1e-17):  # in (0, 0.5]: a valid rate, however small (these once answered 500)
+            r = httpx.patch(url, json={"false_reject_rate": tiny})
+            assert r.status_code == 200 and r.json()["threshold"] <= before["threshold"], r.text
+        httpx.patch(url, json={"false_reject_rate": 0.05})
         assert httpx.patch(f"{svc.url}/v1/tasks/999999/routing", json={"false_reject_rate": 0.1}).status_code == 404
         assert httpx.patch(url, json={}).json()["threshold"] == before["threshold"]  # an empty body changes nothing
 
