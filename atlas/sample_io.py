@@ -227,6 +227,8 @@ def loads_json(text: str | bytes, where: str) -> Any:
         raise InvalidInput(f"{where}: JSON nested too deeply") from None
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{where} is not UTF-8 (byte {exc.start})") from None
+    except ValueError:  # Python's limit on integer digits (4300): the only other failure of json.loads
+        raise InvalidInput(f"{where}: a number in it has too many digits") from None
 
 
 def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
@@ -244,7 +246,10 @@ def parse_upload(data: bytes, filename: str, mode: Mode, limits: SampleLimits | 
 
 def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> list[tuple[str, ...]]:
     data = stream.read()
-    text = data.decode("utf-8-sig", errors="strict") if isinstance(data, bytes) else data
+    try:
+        text = data.decode("utf-8-sig", errors="strict") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{filename} is not valid UTF-8 (byte {exc.start})") from None
     decoder = json.JSONDecoder()
     pos = _skip_ws(text, 0)
     if pos < len(text) and text[pos] == "[":  # stream the array element by element
@@ -260,6 +265,8 @@ def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) 
                 raise InvalidInput(f"{where} is not valid JSON: {exc.msg}") from None
             except RecursionError:
                 raise InvalidInput(f"{where}: JSON nested too deeply") from None
+            except ValueError:  # Python's limit on integer digits
+                raise InvalidInput(f"{where}: a number in it has too many digits") from None
             out.append(counter.add(record_values(record, mode, where), where))
             pos = _skip_ws(text, pos)
             if pos < len(text) and text[pos] == ",":
@@ -305,11 +312,18 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -
         header = next(reader, None)
         if header is None:
             return
+        twice = sorted({name for name in header if header.count(name) > 1})
+        if twice:
+            raise InvalidInput(f"{filename}: the header names {', '.join(map(repr, twice))} more than once",
+                               {"columns": twice})
         for row in reader:
             row_no = reader.line_num
             if not row:
                 continue
             where = f"{filename}: row {reader.line_num}"
+            if len(row) > len(header) and any(f.strip() for f in row[len(header):]):  # an unquoted comma
+                raise InvalidInput(f"{where}: {len(row)} fields but the header has {len(header)} (quote a field "
+                                   "that contains a comma)", {"row": reader.line_num})
             record = dict(zip(header, row, strict=False))
             yield counter.add(record_values(record, mode, where), where)
     except csv.Error as exc:

@@ -116,12 +116,25 @@ def test_parse_errors_are_4xx_naming_the_line_or_row() -> None:
         (b"text\nok\n\xff\xfe\n", "a.txt", "line 3"),
         (b"text\nok\n", "a.csv", "field(s) ['prompt', 'completion']"),
         (b'[{"text": "a"}, {"text": 1}]', "a.json", "item 1"),
+        # found by review (were 500s or silently altered rows):
+        (b'[{"text": "\xff"}]', "a.json", "a.json is not valid UTF-8"),
+        (b'{"text": "a", "n": ' + b"1" * 5001 + b"}\n", "a.jsonl", "line 1: a number in it has too many digits"),
+        (b'[{"text": "a"}, {"text": "b", "n": ' + b"1" * 5001 + b"}]", "a.json", "item 1: a number"),
+        (b'{"samples": [{"text": "a", "n": ' + b"1" * 5001 + b"}]}", "a.json", "too many digits"),
+        (b"text\nhello, world and more\n", "b.csv", "row 2: 2 fields but the header has 1"),
+        (b"prompt,completion\nWhat is 2+2, exactly?,4\n", "a.csv", "row 2: 3 fields"),
+        (b"text,text\nfirst,second\n", "b.csv", "'text' more than once"),
     ]
     for data, name, where in cases:
         mode = "completion" if name == "a.csv" else "text"
         with pytest.raises(InvalidInput, match=None) as info:
             read_samples(data, name, mode)  # type: ignore[arg-type]
         assert info.value.status_code == 422 and where in info.value.message, (name, info.value.message)
+
+
+def test_csv_rows_may_end_in_empty_extra_fields() -> None:
+    # a spreadsheet's trailing separators lose nothing: they are read, not refused
+    assert read_samples(b"text\nhello world,,\n", "a.csv", "text") == [Sample(text="hello world")]
 
 
 def test_deeply_nested_json_is_422_not_recursion_error() -> None:

@@ -345,3 +345,22 @@ def test_import_verifies_never_trusts(serve, tiny_lm) -> None:
     want = {t["name"]: t for t in httpx.get(f"{src.url}/v1/tasks").json()["items"]}
     assert got["prose"]["version"] == want["prose"]["version"] == 2
     assert _routes(src.url) == _routes(dst.url)
+
+
+def test_uploads_that_once_answered_500_or_lost_text_are_422(serve, tiny_lm) -> None:
+    """Review findings: invalid UTF-8 in a .json file, a 5,000-digit number (in a sample or the metadata
+    field), a CSV row with an unquoted comma (it was cut, its tail stored as another field) — each a 422
+    naming the place, and nothing stored."""
+    svc = serve(lm=tiny_lm)
+    huge = "1" * 5001
+    cases = [
+        (dict(fname="a.json", data=b'[{"text": "\xff"}]'), "not valid UTF-8"),
+        (dict(fname="a.jsonl", data=b'{"text": "hello", "n": ' + huge.encode() + b"}\n"), "too many digits"),
+        (dict(fname="a.jsonl", data=b'{"text": "hello"}\n', metadata='{"a": ' + huge + "}"), "too many digits"),
+        (dict(fname="a.csv", data=b"prompt,completion\nWhat is 2+2, exactly?,4\n", mode="completion"),
+         "3 fields but the header has 2"),
+    ]
+    for case, message in cases:
+        r = _upload(svc.url, "bad", **case)  # type: ignore[arg-type]
+        assert r.status_code == 422 and message in r.json()["message"], (case["fname"], r.text)
+    assert _counts(svc) == (0, 0)
