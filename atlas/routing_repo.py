@@ -192,7 +192,7 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         terms = (lexicon_repo.LexicalRecord.from_bytes(base64.b64decode(record["terms"], validate=True))
                  if record.get("terms") else None)
     except Exception as exc:
-        raise InvalidInput(f"task {task_id}: invalid routing record ({exc})") from None
+        raise InvalidInput(f"invalid routing record ({exc})") from None
     store_routing(session, task_id, prompt_state=blob, calibration=calibration)
     if terms is not None:
         lexicon_repo.put_record(session, task_id, terms)

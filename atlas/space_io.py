@@ -306,6 +306,9 @@ def import_space(write: sessionmaker[Session], data: bytes, *,
                 n_tokens=t["n_tokens"],
             )
             task.version = t["version"]  # preserved, not reset
-            routing_repo.import_record(session, task.id, t["routing"], spec)
+            try:
+                routing_repo.import_record(session, task.id, t["routing"], spec)
+            except InvalidInput as exc:  # name the task of the file: its new id is rolled back with the import
+                raise InvalidInput(f"task {t['name']!r}: {exc.message}", exc.detail) from None
         space_id = int(space.id)
     return space_id, len(tasks) - len(skipped), skipped
