@@ -329,8 +329,9 @@ def authenticate(
 def authorize(request: Request, container: Any, scope: str) -> Principal:
     """The route dependency's check: the principal the middleware authenticated, holding ``scope``.
 
-    Without :class:`service.security.SecurityMiddleware` (an app assembled by hand) the key is
-    checked here by the static rule of :func:`keys_required`.
+    The middleware leaves ``ANONYMOUS`` when it asked for no key. Where it did not run for the request, the key
+    is checked here: by its gate's rule (keys required once any exists; fail closed) when the middleware is
+    installed, else (an app assembled by hand) by the static rule of :func:`keys_required`.
 
     Raises
     ------
@@ -339,7 +340,9 @@ def authorize(request: Request, container: Any, scope: str) -> Principal:
     state = request.scope.get("state") or {}
     principal = state.get(PRINCIPAL_STATE) if isinstance(state, dict) else None
     if principal is None:
-        if not container.keys_required:
+        gate = getattr(container, "key_gate", None)
+        required = gate.required(request.scope.get("server")) if gate is not None else container.keys_required
+        if not required:
             return ANONYMOUS
         store = container.store
         principal = authenticate(store.read, store.write, presented_key(request), scope)

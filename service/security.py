@@ -36,7 +36,7 @@ from atlas.db import is_busy_error
 from atlas.errors import AtlasError, DatabaseBusy
 from atlas.redaction import truncate
 from atlas.settings import Settings
-from service.auth import PRINCIPAL_STATE, KeyGate, is_loopback, listening_publicly, presented_key
+from service.auth import ANONYMOUS, PRINCIPAL_STATE, KeyGate, is_loopback, listening_publicly, presented_key
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "::1"})
@@ -135,11 +135,11 @@ class SecurityMiddleware:
             public = listening_publicly(server)
             self._check_host(headers, server, public)
             self._check_origin(scope, headers)
-            path: str = scope.get("path", "")
+            path = route_path(scope)
             if path.startswith("/v1/") or path == "/v1":
                 principal = await self._authenticate(headers, server)
-                if principal is not None:
-                    scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
+                # ANONYMOUS: the gate ran and asked for no key (authorize() must not decide again)
+                scope.setdefault("state", {})[PRINCIPAL_STATE] = principal if principal is not None else ANONYMOUS
                 self._rate_limit(principal, scope)
         except AtlasError as exc:
             await _render(exc, scope, receive, send)
@@ -202,6 +202,16 @@ class SecurityMiddleware:
             raise _Refused(429, "rate_limited",
                            f"rate limit of {self.settings.rate_limit_per_s:g} requests/s exceeded; retry later",
                            {"retry_after_s": round(wait, 3)}, retry_after_s=wait)
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: ``scope["path"]`` without the ``root_path`` an ASGI server put in front of it
+    (``uvicorn --root-path /api`` sends ``/api/v1/tasks``, which Starlette routes as ``/v1/tasks``)."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "") or ""
+    if root and (path == root or path.startswith(root.rstrip("/") + "/")):
+        return path[len(root.rstrip("/")):] or "/"
+    return path
 
 
 class _Refused(AtlasError):

@@ -53,7 +53,7 @@ class LiveServer:
     process can take the port between picking and serving (``free_port`` races on a busy machine).
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", root_path: str = "") -> None:
         self.app = app
         self.host = host
         self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -61,7 +61,7 @@ class LiveServer:
         self.socket.bind((host, 0))
         self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=5)
+                                timeout_graceful_shutdown=5, root_path=root_path)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
                                        name=f"uvicorn-{self.port}", daemon=True)

@@ -50,10 +50,11 @@ def bind(tmp_path: Path, tiny_lm: Any) -> Iterator[Any]:
     """``bind(host, **settings)`` → (base url to call, app): a real server bound to ``host``."""
     servers: list[LiveServer] = []
 
-    def start(host: str = "127.0.0.1", connect: str | None = None, **values: Any) -> tuple[str, Any]:
+    def start(host: str = "127.0.0.1", connect: str | None = None, root_path: str = "",
+              **values: Any) -> tuple[str, Any]:
         values = {"data_dir": tmp_path / f"d{len(servers)}", "sketch_dim": 256, "device": "cpu", **values}
         app = create_app(Settings(**values), overrides={"lm": tiny_lm, "start_runner": False})
-        server = LiveServer(app, host=host).start()
+        server = LiveServer(app, host=host, root_path=root_path).start()
         servers.append(server)
         return f"http://{connect or host}:{server.port}", app
 
@@ -102,6 +103,21 @@ def test_keys_are_honoured_on_loopback_once_one_exists(bind) -> None:
     r = httpx.post(f"{url}/v1/tasks", json=SAMPLES)
     assert r.status_code == 401
     assert _counts(app.state.container) == (0, 0)
+
+
+def test_behind_a_root_path_keys_and_the_rate_limit_still_hold(bind) -> None:
+    """``uvicorn --root-path /api`` puts the prefix in front of every path the middleware sees; it once
+    skipped the key check and the rate limit there (an anonymous caller could create an admin key)."""
+    url, app = bind(root_path="/api", rate_limit_per_s=0.5, rate_limit_burst=3)
+    with app.state.container.store.session() as s:
+        _, admin = apikeys.create_api_key(s, "root", ["admin"])
+    assert httpx.get(f"{url}/v1/tasks").status_code == 401
+    r = httpx.post(f"{url}/v1/keys", json={"name": "evil", "scopes": ["admin"]})
+    assert r.status_code == 401, r.text
+    codes = [httpx.get(f"{url}/v1/tasks", headers={"X-API-Key": admin}).status_code for _ in range(4)]
+    assert codes[:3] == [200, 200, 200] and codes[3] == 429
+    with app.state.container.store.read() as s:
+        assert [k.name for k in apikeys.list_api_keys(s)] == ["root"]
 
 
 # -- Origin and Host -------------------------------------------------------------------------------
