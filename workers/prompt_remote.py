@@ -189,6 +189,13 @@ class RedisPromptSketcher:
                 {"space_id": space.space_id, "model": space.model_name},
             )
 
+    def _unreachable(self, space: SpaceKey, exc: Exception) -> ModelUnavailable:
+        """The 503 for a Redis failure on the request path; forgets the cached worker list so the next request
+        checks the registry again."""
+        self._served.pop(space.serving_key, None)
+        return ModelUnavailable(f"the prompt queue (Redis) is unreachable: {type(exc).__name__}",
+                                {"space_id": space.space_id, "model": space.model_name}, retry_after_s=1.0)
+
     # -- requests ----------------------------------------------------------------------------------
 
     async def _ensure_listener(self) -> None:
@@ -244,9 +251,12 @@ class RedisPromptSketcher:
     async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
         """Send the prompts to the model's workers and await their states (see the module docstring)."""
         self.check_served(space)
-        await self._ensure_listener()
         queue = _queue_key(space.serving_key)
-        depth = int(await self._aredis.llen(queue))
+        try:
+            await self._ensure_listener()
+            depth = int(await self._aredis.llen(queue))
+        except Exception as exc:  # the workers were seen < 0.5 s ago, but Redis fails now: 503, re-checked next time
+            raise self._unreachable(space, exc) from exc
         if depth >= self.max_pending:
             rate = sum(float(w.get("prompts_per_s", 0.0)) for w in self.workers(space.serving_key))
             wait = depth / rate if rate > 0 else 1.0
@@ -257,7 +267,10 @@ class RedisPromptSketcher:
         self._waiting[rid] = (fut, space)
         msg = {"id": rid, "reply": self.reply_key, "prompts": list(prompts), "deadline": time.time() + self.timeout_s}
         try:
-            await self._aredis.rpush(queue, json.dumps(msg))
+            try:
+                await self._aredis.rpush(queue, json.dumps(msg))
+            except Exception as exc:
+                raise self._unreachable(space, exc) from exc
             self.sent += 1
             return await asyncio.wait_for(fut, self.timeout_s)
         except TimeoutError:
@@ -378,8 +391,12 @@ class PromptServer:
             self.redis.lrem(self.inflight, 1, raw)  # type: ignore[arg-type]  # the caller gave up already
             return
         try:
-            fut: Future[list[SketchState]] = self.batcher.submit(self.batcher.prepare(msg["prompts"]))
-        except QueueFull:
+            prepared = self.batcher.prepare(msg["prompts"])
+            fut: Future[list[SketchState]] = self.batcher.submit(prepared)
+        except QueueFull as exc:
+            if len(prepared) > self.batcher.max_pending:  # it can never fit: answer as embedded mode does (429)
+                self._reply(raw, msg, encode_reply(msg["id"], error=exc))  # instead of blocking the list head
+                return
             self.redis.lmove(self.inflight, _queue_key(self.key), "RIGHT", "LEFT")  # leave it for later
             time.sleep(0.01)
             return

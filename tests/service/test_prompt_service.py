@@ -154,3 +154,74 @@ def _wait_job(http: httpx.Client, job_id: int, timeout: float = 120.0) -> dict[s
             return job
         time.sleep(0.1)
     raise AssertionError(f"job {job_id} did not finish")
+
+
+@pytest.fixture
+def private_redis() -> Any:
+    """A redis-server of this test alone (on a free port), so that it can be killed."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    import redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            redis.Redis.from_url(url).ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    yield url, proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+def test_remote_prompts_refuse_at_once_and_survive_a_redis_failure(serve: Any, tiny_lm: Any,
+                                                                   private_redis: Any) -> None:
+    """Remote mode (a worker's PromptServer over Redis): a request larger than the worker's queue is refused at
+    once with 429 as in embedded mode (it blocked the list head until its deadline, then 503), a small request
+    behind it is served at once, and Redis failing while the worker list is cached is a 503 (it was a 500)."""
+    import time
+
+    from workers.prompt_remote import PromptServer, RedisPromptSketcher
+
+    url, proc = private_redis
+    svc = serve(lm=tiny_lm, sketch_dim=256)
+    queries = svc.container.queries
+    embedded, key = queries.prompts, queries.space_key(None)
+    batcher = PromptBatcher(embedded.batcher.extractor, max_pending=8)
+    server = PromptServer(url, batcher, key).start()
+    queries.prompts = RedisPromptSketcher(url, timeout_s=20, max_pending=64)
+    try:
+        with httpx.Client(base_url=svc.url, timeout=60) as http:
+            assert http.post("/v1/route", json={"prompt": "alpha beta river"}).status_code == 200
+            t0 = time.monotonic()
+            big = http.post("/v1/route", json={"prompts": _prompts(10, seed=8)})
+            assert big.status_code == 429 and big.json()["code"] == "queue_full", big.text
+            assert time.monotonic() - t0 < 10  # not the 20 s deadline
+            t0 = time.monotonic()
+            assert http.post("/v1/route", json={"prompt": "stone light ember"}).status_code == 200
+            assert time.monotonic() - t0 < 10
+            assert http.post("/v1/route", json={"prompt": "cloud north"}).status_code == 200  # the workers are cached
+            proc.kill()
+            proc.wait(10)
+            r = http.post("/v1/route", json={"prompt": "seven quiet"})
+            assert r.status_code == 503 and r.json()["code"] == "model_unavailable", r.text
+            assert int(r.headers["Retry-After"]) >= 1
+    finally:
+        queries.prompts = embedded
+        server.stop()
+        batcher.close()
