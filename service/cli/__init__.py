@@ -41,6 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"fisher-atlas: no such file: {exc.filename}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a directory, an unreadable file, ...
+        print(f"fisher-atlas: {exc.filename or 'file'}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except UnicodeDecodeError as exc:
+        print(f"fisher-atlas: a file is not valid UTF-8 (byte {exc.start})", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # typer's (vendored) click usage errors and aborts

@@ -93,7 +93,7 @@ def tasks_delete(name: str, yes: Annotated[bool, typer.Option("--yes", "-y", hel
     """Delete a task (store and index)."""
     with client(url, api_key, timeout) as cl:
         t = cl.find_task(name, space=space)
-        if not yes and not typer.confirm(f"delete task {t.id} ({t.name})?"):
+        if not yes and not typer.confirm(f"delete task {t.id} ({t.name})?", err=True):
             raise fail("not deleted")
         cl.delete_task(t.id)
     emit(json, {"deleted": t.id}, f"deleted task {t.id} ({t.name})")

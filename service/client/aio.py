@@ -90,11 +90,15 @@ class AsyncAtlasClient:
         """Close the connection pool."""
         await self._http.aclose()
 
+    def _unreachable(self, exc: httpx.TransportError) -> Unreachable:
+        """The client's error for a transport failure (a read timeout's text is empty: its type is named)."""
+        return Unreachable(0, "unreachable", f"{self.base_url}: {str(exc) or type(exc).__name__}")
+
     async def _once(self, call: Call[Any]) -> Any:
         try:
             resp = await self._http.request(call.method, call.path, **call.kwargs())
         except httpx.TransportError as exc:
-            raise Unreachable(0, "unreachable", f"{self.base_url}: {exc}") from exc
+            raise self._unreachable(exc) from exc
         return calls.parse(call, resp)
 
     async def _send(self, call: Call[Any]) -> Any:
@@ -114,7 +118,10 @@ class AsyncAtlasClient:
 
     async def ready(self) -> Readiness:
         """``GET /readyz`` (a 503 carries the same body: returned, not raised)."""
-        resp = await self._http.get("/readyz")
+        try:
+            resp = await self._http.get("/readyz")
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
         if resp.status_code not in (200, 503):
             calls.raise_for(resp)
         return Readiness.model_validate(resp.json())
@@ -203,16 +210,19 @@ class AsyncAtlasClient:
                     if event.event == "progress":
                         yield JobOut.model_validate_json(event.data)
         except httpx.TransportError as exc:
-            raise Unreachable(0, "unreachable", f"{self.base_url}: {exc}") from exc
+            raise self._unreachable(exc) from exc
 
     async def wait_job(self, job_id: int, *, on_progress: ProgressCallback | None = None,
                        timeout: float | None = None, poll_interval: float = 0.5) -> JobOut:
         """Follow a job (progress stream, polling as fallback) until it ends; its final state."""
         watch = JobWatch(on_progress, timeout)
-        try:
-            async for job in self.job_events(job_id):
-                if watch.done(job) or watch.expired():
-                    break
+        try:  # a quiet stream (keep-alive pings only) must not outlast the deadline
+            async with asyncio.timeout(watch.remaining()):
+                async for job in self.job_events(job_id):
+                    if watch.done(job) or watch.expired():
+                        break
+        except TimeoutError:
+            pass  # the poll below reports the job, and raises TimeoutError unless it has ended
         except AtlasClientError as exc:
             watch.stream_failed(exc)
         while not watch.finished and not watch.polled(await self.get_job(job_id)):

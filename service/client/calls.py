@@ -152,6 +152,10 @@ class JobWatch:
             self.on_progress(job)
         return job.done
 
+    def remaining(self) -> float | None:
+        """Seconds to the deadline (0 past it; ``None``: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
     def expired(self) -> bool:
         """Past the deadline."""
         return self.deadline is not None and time.monotonic() > self.deadline

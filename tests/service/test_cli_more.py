@@ -80,7 +80,8 @@ def test_scopes_progress_and_errors_over_http(keyed: dict[str, Any], tmp_path: P
     assert main(["keys", "list", "--api-key", reader["key"]]) == 1
     assert "403 forbidden" in capsys.readouterr().err
     assert main(["tasks", "show", "prose", "--json"]) == 0
-    assert _out(capsys)["name"] == "prose"
+    prose = _out(capsys)
+    assert prose["name"] == "prose"
     # a revoked key is refused
     assert main(["keys", "revoke", str(reader["id"])]) == 0
     capsys.readouterr()
@@ -92,6 +93,19 @@ def test_scopes_progress_and_errors_over_http(keyed: dict[str, Any], tmp_path: P
     assert "Traceback" not in capsys.readouterr().err
     assert main(["tasks", "list", "--url", "http://127.0.0.1:9"]) == 1
     assert "127.0.0.1:9" in capsys.readouterr().err
+    # file errors other than "no such file": one line, exit 1 (they were tracebacks)
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b'{"prompt": "\xff", "label": "none"}\n')
+    for argv in (["add", "t", str(tmp_path)], ["import", str(tmp_path)], ["fit", str(binary)]):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith("fisher-atlas: ") and len(err.strip().splitlines()) == 1, (argv, err)
+
+    # --json without --yes: the confirmation goes to stderr, stdout stays one JSON document
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    assert main(["tasks", "delete", "prose", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"deleted": prose["id"]} and "delete task" in out.err
 
 
 def test_plot_commands(keyed: dict[str, Any], plots: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -90,6 +90,8 @@ def test_typed_errors(kind: str, services: Any) -> None:
         (c.Unauthorized, "unauthorized", client(keyed.url), lambda cl: cl.list_tasks()),
         (c.Unreachable, "unreachable", client(f"http://127.0.0.1:{free_port()}", retries=1),
          lambda cl: cl.health()),
+        (c.Unreachable, "unreachable", client(f"http://127.0.0.1:{free_port()}", retries=1),
+         lambda cl: cl.ready()),  # it called httpx directly: a ConnectError escaped
     ]
     with keyed.app.state.container.store.session() as s:
         _, read_key = apikeys.create_api_key(s, f"read-{kind}", ["read"])
@@ -114,6 +116,22 @@ def test_typed_errors(kind: str, services: Any) -> None:
         assert info.value.code == code, (code, info.value)
         if cls in (c.RateLimited, c.Unavailable):
             assert info.value.retry_after is not None and info.value.retry_after >= 1
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_wait_job_times_out_while_the_progress_stream_is_quiet(kind: str, serve: Any, tiny_lm: Any) -> None:
+    """A job that never moves (no runner here): the stream sends its state once, then keep-alive pings only;
+    ``wait_job(timeout=1)`` must still raise TimeoutError near 1 s (it waited for the next event)."""
+    import time
+
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})
+    make = lambda: (c.AtlasClient if kind == "sync" else c.AsyncAtlasClient)(svc.url)  # noqa: E731
+    created = _run(kind, make, lambda cl: cl.add_task("stuck", samples=SAMPLES))
+    assert created.job.status == "queued"
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        _run(kind, make, lambda cl: cl.wait_job(created.job.id, timeout=1.0))
+    assert time.monotonic() - t0 < 10
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
