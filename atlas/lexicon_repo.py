@@ -79,21 +79,22 @@ def get_task_lexicon(session: Session, task_ids: Sequence[int]) -> dict[int, Tas
     if not ids:
         return {}
     out: dict[int, TaskLexical] = {}
-    missing: dict[bytes, int] = {}
+    missing: dict[bytes, list[int]] = {}  # digest -> every task with that record (equal records share one)
     for tid, digest in session.execute(select(TaskLexicon.task_id, TaskLexicon.digest)
                                        .where(TaskLexicon.task_id.in_(ids))).all():
         hit = _LEXICAL.get(bytes(digest))
         if hit is None:
-            missing[bytes(digest)] = int(tid)
+            missing.setdefault(bytes(digest), []).append(int(tid))
         else:
             out[int(tid)] = hit
     if missing:
-        rows = session.execute(select(TaskLexicon.task_id, TaskLexicon.digest, TaskLexicon.terms)
-                               .where(TaskLexicon.task_id.in_(list(missing.values())))).all()
-        for tid, digest, blob in rows:
+        rows = session.execute(select(TaskLexicon.digest, TaskLexicon.terms)
+                               .where(TaskLexicon.task_id.in_([t[0] for t in missing.values()]))).all()
+        for digest, blob in rows:
             lexical = _decode(blob)
             _LEXICAL.put(bytes(digest), lexical)
-            out[int(tid)] = lexical
+            for tid in missing[bytes(digest)]:
+                out[tid] = lexical
     return out
 
 

@@ -249,6 +249,7 @@ class QueryService:
             raise PayloadTooLarge(f"{len(ids)} tasks exceed the matrix limit of {cap}", {"max_matrix_tasks": cap})
         t0 = time.perf_counter()
         with self.store.read() as session:
+            self.states.catch_up(changes.last_seq(session))  # read-your-writes, as the other queries
             tasks = repo.get_tasks(session, ids)
             spaces = {t.space_id for t in tasks}
             if len(spaces) > 1:
@@ -267,6 +268,7 @@ class QueryService:
         t0 = time.perf_counter()
         with self.store.read() as session:
             space = self.store.resolve_space(session, space_ref)
+            self.states.catch_up(changes.last_seq(session))  # read-your-writes, as the other queries
             ids = sql.ready_task_ids(session, space.id)
             chosen = analysis.even_sample(ids, self.settings.max_matrix_tasks)
             loaded = self.states.load(session, space, chosen)

@@ -215,3 +215,31 @@ def test_create_ready_task_for_import(factory: sessionmaker[Session]) -> None:
         repository.create_ready_task(s, space.id, "imported", "text", {}, state=b"x", signature=vec,
                                      baselines=None, n_samples=1, n_tokens=1)
     assert _count(factory, Task) == 1 and _count(factory, Job) == 0
+
+
+def test_tasks_with_equal_lexical_records_both_get_theirs_from_a_cold_cache(factory: sessionmaker[Session]) -> None:
+    """The records are cached by digest: two tasks of equal samples share one; a cold read gave only one task its
+    record (the other routed without terms and template until the cache was warm)."""
+    from atlas import lexicon_repo
+    from atlas.lexical_record import LexicalDelta
+    from atlas.lru import ContentLru
+    from atlas.samples import Sample
+
+    space = make_space(factory)
+    v = unit_vectors(2, 64)
+    a = add_ready_task(factory, space.id, "a", v[0])
+    b = add_ready_task(factory, space.id, "b", v[1])
+    delta = LexicalDelta.of_samples([Sample(text=f"the quick brown fox number {i}") for i in range(3)], "text")
+    with factory.begin() as s:
+        lexicon_repo.add_delta(s, a, delta)
+        lexicon_repo.add_delta(s, b, delta)
+    cold = ContentLru(1 << 20, weigh=lambda t: int(t.terms.keys.size))
+    old, lexicon_repo._LEXICAL = lexicon_repo._LEXICAL, cold  # a fresh process's cache
+    try:
+        with factory() as s:
+            first = lexicon_repo.get_task_lexicon(s, [a, b])
+            second = lexicon_repo.get_task_lexicon(s, [a, b])
+    finally:
+        lexicon_repo._LEXICAL = old
+    assert sorted(first) == sorted(second) == sorted([a, b])
+    assert first[a].terms.keys.tolist() == first[b].terms.keys.tolist()

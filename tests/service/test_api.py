@@ -256,3 +256,32 @@ def test_idempotency_key_replays_the_first_answer(serve, tiny_lm) -> None:
     other = httpx.post(f"{svc.url}/v1/tasks", json={**body, "name": "other"}, headers=headers)
     assert other.status_code == 409 and other.json()["code"] == "conflict"
     assert httpx.get(f"{svc.url}/v1/tasks").json()["total"] == 1
+
+
+def _wait_ok(http: httpx.Client, job_id: int) -> None:
+    """Wait for a job to succeed (the client's progress stream, polling as fallback)."""
+    with AtlasClient(str(http.base_url)) as client:
+        assert client.wait_job(job_id, timeout=120).status == "succeeded"
+
+
+def test_matrix_and_atlas_read_their_writes_after_an_append(serve, tiny_lm) -> None:
+    """/v1/align/matrix and /v1/atlas read states through the state cache like every query, and must catch it
+    up first (they served the state from before an append for up to a second after its job ended)."""
+    svc = serve(lm=tiny_lm)
+    texts = {"prose": ["The fox ran over the hill.", "A quiet river runs to the sea.", "Birds sang at dawn."],
+             "code": ["def f(x):\n    return x + 1\n", "for i in range(3):\n    print(i)\n", "x = [1, 2, 3]\n"]}
+    with httpx.Client(base_url=svc.url, timeout=120) as http:
+        ids = []
+        for name, samples in texts.items():
+            r = http.post("/v1/tasks", json={"name": name, "samples": [{"text": t} for t in samples]})
+            ids.append(r.json()["task"]["id"])
+            _wait_ok(http, r.json()["job"]["id"])
+        extra = ["Snow fell on the quiet town.", "She read the letter twice.", "The ship left at noon."]
+        for i, text in enumerate(extra):
+            http.post("/v1/align/matrix", json={"task_ids": ids})  # the cache is warm
+            http.get("/v1/atlas")
+            r = http.post(f"/v1/tasks/{ids[0]}/samples", json={"samples": [{"text": text}]})
+            _wait_ok(http, r.json()["job"]["id"])
+            matrix = http.post("/v1/align/matrix", json={"task_ids": ids}).json()
+            pair = http.get("/v1/align", params={"a": ids[0], "b": ids[1]}).json()  # catches up first
+            assert matrix["fisher"][0][1] == pytest.approx(pair["fisher"], abs=1e-6), i
