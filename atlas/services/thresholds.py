@@ -83,6 +83,9 @@ class ThresholdService:
         if isinstance(threshold, int | float) and not -1.0 <= float(threshold) <= 1.0:
             raise InvalidInput("threshold must be in [-1, 1]", {"threshold": str(threshold)})
         with self.store.session() as session:
+            # the task's row lock, as a job's final transaction takes it: a job ending meanwhile neither overwrites
+            # this change with a calibration read before it, nor is it re-calibrated without the job's scores
+            repository.lock_task(session, task_id)
             if not isinstance(threshold, EllipsisType):
                 routing_repo.set_threshold_override(session, task_id, threshold)
             if template is not None:

@@ -110,3 +110,34 @@ def test_false_reject_rate_recalibrates_from_stored_scores_and_appends_keep_it(s
         over = httpx.patch(url, json={"threshold": 0.9, "false_reject_rate": 0.1}).json()
         assert over["source"] == "override" and over["threshold"] == 0.9  # an override still wins
         assert over["false_reject_rate"] == 0.1 and over["threshold_auto"] <= after["threshold_auto"]
+
+
+def test_a_patch_waits_for_a_jobs_final_transaction_and_is_not_lost(serve, tiny_lm, tmp_path: Path,
+                                                                    pg_database) -> None:
+    """PATCH of the false-reject rate takes the task's row lock, as a job's final transaction does: while a job
+    holds it (it has read the routing row and will write its calibration), the PATCH waits, then re-calibrates
+    from the job's scores — it was silently overwritten by the job's calibration at the old rate (PostgreSQL)."""
+    import threading
+
+    from atlas import repository, routing_repo
+    from atlas.route_calibration import calibrate
+
+    svc = serve(lm=tiny_lm, database_url=pg_database())
+    with AtlasClient(svc.url) as c:
+        tid = c.add_task("prose", samples=[{"text": t} for t in PROSE], wait=True).task.id
+    store, thresholds = svc.container.store, svc.container.thresholds
+    job_scores = [0.30 + 0.01 * i for i in range(60)]
+    done = threading.Event()
+    with store.session() as job:  # a job's final transaction
+        repository.lock_task(job, tid)
+        row = routing_repo.get_routing(job, tid)
+        assert row is not None and row.false_reject_rate == 0.05
+        patch = threading.Thread(target=lambda: (thresholds.patch(tid, false_reject_rate=0.2), done.set()))
+        patch.start()
+        assert not done.wait(1.0)  # the PATCH waits for the task's lock
+        routing_repo.store_routing(job, tid, prompt_state=None, calibration=calibrate(job_scores, 0.05))
+    patch.join(30)
+    assert done.is_set()
+    info = thresholds.info(tid)
+    assert info["false_reject_rate"] == 0.2  # the PATCH is kept ...
+    assert info["threshold_auto"] == calibrate(job_scores, 0.2).threshold  # ... re-calibrated on the job's scores
