@@ -296,6 +296,14 @@ def test_heatmaps_have_the_right_size(service: _Service, page: Any) -> None:
     page.locator("[data-testid=heatmap][data-kind=activation] [data-testid=heatmap-cell]").nth(1).hover()
     page.locator("#tooltip").wait_for(state="visible")
     _shot(page, "matrix")
+    assert page.locator("[data-testid=matrix-count]").inner_text() == f"{n} of {n} selected"
+    # a link naming a task that is not on the map (deleted, or never was): it drops out of the selection
+    ids = _ready_ids(service)[:2]
+    page.goto(f"{service.base}/dashboard/#/matrix?ids={ids[0]},{ids[1]},999999")
+    page.locator("[data-testid=matrix-count]", has_text=f"2 of {n} selected").wait_for()
+    page.goto(f"{service.base}/dashboard/#/matrix")
+    page.reload()  # a fresh page: the default selection (every task) again
+    page.locator("[data-testid=matrix-count]", has_text=f"{n} of {n} selected").wait_for()
 
     # one heatmap at a time, and the pair detail from GET /v1/align
     page.get_by_role("radio", name="Error").click()
@@ -369,6 +377,11 @@ def test_jobs_page_lists_the_jobs_and_the_failed_one_with_its_error(service: _Se
     page.locator(
         f"[data-testid=jobs-finished] [data-testid=job-row][data-job-id='{job_id}'][data-status=succeeded]"
     ).wait_for(timeout=JOB_TIMEOUT_S * 1000)
+    # a task created while the page is open is named on its row (it showed "task N": names were read once)
+    r = httpx.post(f"{service.base}/v1/tasks", json={"name": "named-late", "samples": [{"text": texts[0]}]}, timeout=30)
+    late = page.locator(f"[data-testid=jobs-finished] [data-testid=job-row][data-job-id='{r.json()['job']['id']}']")
+    late.wait_for(timeout=JOB_TIMEOUT_S * 1000)
+    assert "named-late" in late.inner_text()
 
 
 def _write_jsonl(path: Path, texts: list[str]) -> Path:

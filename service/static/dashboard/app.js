@@ -554,7 +554,7 @@
 
   // ------------------------------------------------------------------ Matrix view
   // Same rule as the API's `activation_dark` flag (activation >= 0.8 and fisher <= 0.3); adjustable on the page.
-  const matrixState = { selected: null, order: "cluster", show: "all", darkAct: 0.8, darkFisher: 0.3 };
+  const matrixState = { selected: null, edited: false, order: "cluster", show: "all", darkAct: 0.8, darkFisher: 0.3 };
   function isDark(fisher, activation) {
     return Number.isFinite(activation) && Number.isFinite(fisher)
       && activation >= matrixState.darkAct && fisher <= matrixState.darkFisher;
@@ -566,8 +566,14 @@
     const points = (atlas && atlas.points) || [];
     const pointById = new Map(points.map((p) => [String(p.task_id), p]));
     const fromHash = (query.get("ids") || "").split(",").map((x) => x.trim()).filter(Boolean);
-    if (fromHash.length) matrixState.selected = new Set(fromHash);
-    if (!matrixState.selected) matrixState.selected = new Set(points.slice(0, MATRIX_DEFAULT_MAX).map((p) => String(p.task_id)));
+    if (fromHash.length) {
+      matrixState.selected = new Set(fromHash);
+      matrixState.edited = true;
+    } else if (!matrixState.selected || !matrixState.edited) {  // the default follows the map until the user picks
+      matrixState.selected = new Set(points.slice(0, MATRIX_DEFAULT_MAX).map((p) => String(p.task_id)));
+    }
+    // only tasks on the map can be selected (deleted ones and unknown ids from a link drop out)
+    matrixState.selected = new Set([...matrixState.selected].filter((id) => pointById.has(id)));
 
     const root = h("section", { class: "page", "data-testid": "matrix-view" });
     root.append(pageHeader("Alignment matrix",
@@ -588,21 +594,21 @@
     // --- selection panel
     const filter = h("input", { type: "search", placeholder: "filter tasks", "aria-label": "Filter tasks", class: "input" });
     const list = h("div", { class: "checklist", role: "group", "aria-label": "Tasks in the matrix" });
-    const countLabel = h("span", { class: "muted small" });
+    const countLabel = h("span", { class: "muted small", "data-testid": "matrix-count" });
     function renderList() {
       const f = filter.value.trim().toLowerCase();
       list.replaceChildren(...points.filter((p) => !f || String(p.name).toLowerCase().includes(f)).map((p) => {
         const id = String(p.task_id);
         return h("label", { class: "check" },
           h("input", { type: "checkbox", checked: matrixState.selected.has(id), "data-task-id": id,
-            onchange: (e) => { if (e.target.checked) matrixState.selected.add(id); else matrixState.selected.delete(id); updateCount(); } }),
+            onchange: (e) => { if (e.target.checked) matrixState.selected.add(id); else matrixState.selected.delete(id); matrixState.edited = true; updateCount(); } }),
           h("span", {}, truncate(p.name, 34)));
       }));
       updateCount();
     }
     function updateCount() { countLabel.textContent = `${matrixState.selected.size} of ${points.length} selected`; }
     filter.addEventListener("input", renderList);
-    const setAll = (ids) => { matrixState.selected = new Set(ids); renderList(); };
+    const setAll = (ids) => { matrixState.selected = new Set(ids); matrixState.edited = true; renderList(); };
     side.append(
       h("h2", {}, "Tasks"), filter,
       h("div", { class: "btn-row" },
@@ -920,8 +926,8 @@
           }
           if (job.status === "queued" || job.status === "running") {
             const t = setTimeout(jobRefresh, POLL_MS); ctx.onCleanup(() => clearTimeout(t));
-          } else if (task.status === "pending" && job.status === "succeeded") {
-            navigate();
+          } else if (task.status === "pending" && ["succeeded", "failed", "cancelled"].includes(job.status)) {
+            navigate();  // the task's status changed with its job: draw the page again
           }
         } catch (_) { /* the job list is optional */ }
       };
@@ -1407,11 +1413,15 @@
 
   // ------------------------------------------------------------------ Jobs
   async function fetchJobs() {
-    // Preferred: GET /v1/jobs. Fallback: latest job of each task (when the task exposes it).
+    // Preferred: GET /v1/jobs, one call per status (a page of the newest jobs would drop older failures),
+    // with the API's totals for the counts. Fallback: latest job of each task (when the task exposes it).
     try {
-      const res = await api(`/jobs${qs({ limit: 100 })}`);
-      const items = Array.isArray(res) ? res : (res && (res.items || res.jobs)) || [];
-      return { jobs: items, source: "jobs" };
+      const pages = await Promise.all([["running", 100], ["queued", 100], ["failed", 100], ["succeeded", 30], ["cancelled", 30]]
+        .map(([status, limit]) => api(`/jobs${qs({ status, limit })}`)));
+      const items = pages.flatMap((res) => (Array.isArray(res) ? res : (res && (res.items || res.jobs)) || []));
+      const total = (i) => Number(pages[i] && pages[i].total);
+      const totals = { running: total(0) + total(1), failed: total(2) };
+      return { jobs: items, source: "jobs", totals };
     } catch (err) {
       if (!(err instanceof ApiError) || (err.status !== 404 && err.status !== 405)) throw err;
     }
@@ -1482,7 +1492,7 @@
     const refresh = async () => {
       let active = false;
       try {
-        const { jobs, source, tasks } = await fetchJobs();
+        const { jobs, source, tasks, totals = {} } = await fetchJobs();
         if (!ctx.alive()) return;
         const taskById = new Map((tasks || []).map((t) => [String(t.id), t]));
         if (source === "jobs" && first) {
@@ -1490,19 +1500,26 @@
           try { for (const t of await listAllTasks({}, 500)) taskById.set(String(t.id), t); } catch (_) { /* names optional */ }
           body.taskNames = taskById;
         } else if (body.taskNames) for (const [k2, v] of body.taskNames) if (!taskById.has(k2)) taskById.set(k2, v);
+        if (source === "jobs") {  // tasks created since: their names, one call each (a few at a time)
+          const unknown = [...new Set(jobs.map((j) => j.task_id).filter((id) => id !== null && id !== undefined && !taskById.has(String(id))))];
+          for (const t of await Promise.all(unknown.slice(0, 20).map((id) => api(`/tasks/${encodeURIComponent(id)}`).catch(() => null)))) {
+            if (t) { taskById.set(String(t.id), t); if (body.taskNames) body.taskNames.set(String(t.id), t); }
+          }
+          if (!ctx.alive()) return;
+        }
         first = false;
         const byNewest = (a, b) => String(pick(b, "created_at") || "").localeCompare(String(pick(a, "created_at") || "")) || Number(b.id) - Number(a.id);
         const running = jobs.filter((j) => j.status === "running" || j.status === "queued").sort(byNewest);
         const failed = jobs.filter((j) => j.status === "failed").sort(byNewest);
         const finished = jobs.filter((j) => j.status === "succeeded" || j.status === "cancelled").sort(byNewest).slice(0, 30);
         active = running.length > 0;
-        const section = (title, list, emptyText, testid, render) => h("div", { class: "card", "data-testid": testid },
-          h("h2", {}, title, h("span", { class: "count" }, String(list.length))),
+        const section = (title, list, emptyText, testid, render, total) => h("div", { class: "card", "data-testid": testid },
+          h("h2", {}, title, h("span", { class: "count" }, String(Number.isFinite(total) ? total : list.length))),
           list.length ? render(list) : h("p", { class: "muted" }, emptyText));
         const rowsOf = (list) => list.map((j) => jobRow(j, taskById));
         body.replaceChildren(
-          section("Running and queued", running, "Nothing running.", "jobs-running", rowsOf),
-          section("Failed", failed, "No failed jobs.", "jobs-failed", rowsOf),
+          section("Running and queued", running, "Nothing running.", "jobs-running", rowsOf, totals.running),
+          section("Failed", failed, "No failed jobs.", "jobs-failed", rowsOf, totals.failed),
           section("Recently finished", finished, "No finished jobs yet.", "jobs-finished", (list) => finishedTable(list, taskById)));
         stamp.textContent = `updated ${new Date().toLocaleTimeString()}${active ? " · live" : ""}`;
       } catch (err) {
