@@ -67,6 +67,20 @@ def instance_id(session: Session) -> str:
     return str(session.execute(select(AtlasState.instance_id).where(AtlasState.id == 1)).scalar_one())
 
 
+def mark(session: Session, seq: int) -> str | None:
+    """What identifies the change ``seq`` in this history (its space, task, op and time): a persisted index
+    records it for its watermark, so that a database restored from a backup and written again (the same
+    sequence numbers for other changes) is told apart. ``""`` for 0; ``None`` when the row is gone (pruned)."""
+    if seq <= 0:
+        return ""
+    row = session.execute(select(Change.space_id, Change.task_id, Change.op, Change.at)
+                          .where(Change.seq == int(seq))).one_or_none()
+    if row is None:
+        return None
+    at = row.at.replace(tzinfo=None).isoformat(timespec="microseconds") if row.at is not None else ""
+    return f"{int(seq)}:{int(row.space_id)}:{int(row.task_id)}:{row.op}:{at}"
+
+
 def pruned_seq(session: Session) -> int:
     """Changes with ``seq <= pruned_seq`` have been deleted from the log."""
     return int(session.execute(select(AtlasState.pruned_seq).where(AtlasState.id == 1)).scalar_one())

@@ -215,6 +215,9 @@ class IndexManager:
             return None, f"index watermark {meta.watermark} is ahead of SQL ({sql_seq})"
         if meta.watermark < pruned:
             return None, f"changes after watermark {meta.watermark} were pruned"
+        now = changes.mark(session, meta.watermark) if meta.watermark_mark else None
+        if now is not None and now != meta.watermark_mark:
+            return None, "the change at the index's watermark differs in SQL (a database restored from a backup?)"
         pending = changes.count_since(session, meta.watermark, space_id=space.id)
         if pending > self.rebuild_ratio * meta.count + 1000:
             return None, f"{pending} pending changes: rebuilding is cheaper"
@@ -448,11 +451,13 @@ class IndexManager:
                 continue
             with self._apply_lock(sid):  # no apply between writing the file and reading its watermark
                 si = self._spaces[sid]
+                with self.factory() as session:
+                    mark = changes.mark(session, si.watermark) or ""
                 meta = IndexMeta(
                     format=FORMAT_VERSION, instance_id=self._instance_id or "", space_id=sid,
                     model_fingerprint=si.model_fingerprint, spec_fingerprint=si.spec_fingerprint, m=si.m,
                     kind=si.kind, watermark=si.watermark, count=si.count, checksum="", nlist=si.nlist,
-                    trained_n=si.trained_n, written_at=time.time(),
+                    trained_n=si.trained_n, written_at=time.time(), watermark_mark=mark,
                 )
                 with si.lock.read():
                     self.files.write(si.index, meta)

@@ -86,6 +86,8 @@ class IndexMeta:
     nlist: int = 0
     trained_n: int = 0
     written_at: float = 0.0
+    watermark_mark: str = ""
+    """``atlas.changes.mark`` of the change at ``watermark`` ("" in files of before: not checked)."""
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,3 +262,49 @@ def test_compaction_and_a_replica_behind_the_prune_point(factory, ro_factory, tm
     again = IndexManager(ro_factory, tmp_path / "a")  # A's own file is at the floor: it just loads
     assert [r.action for r in again.open()] == ["loaded"]
     _assert_matches(again, factory, space.id, k=100)
+
+
+def test_an_index_of_a_history_the_database_no_longer_has_is_rebuilt(
+        sqlite_template: Path, tmp_path: Path) -> None:
+    """A database restored from a backup and written again reuses sequence numbers for other changes: an index
+    file persisted before the restore has a watermark SQL passes, yet describes the lost history. It was loaded
+    and caught up (searches returned lost tasks' vectors under reused ids); the mark of the change at the
+    watermark tells the histories apart, and the index is rebuilt."""
+    import shutil
+
+    from atlas import db
+
+    path, backup = tmp_path / "atlas.sqlite", tmp_path / "backup.sqlite"
+    shutil.copyfile(sqlite_template, path)
+    url = f"sqlite:///{path}"
+    v = unit_vectors(40, 48)
+
+    def connect() -> tuple[Any, sessionmaker[Session], sessionmaker[Session]]:
+        eng = db.make_engine(url)
+        return eng, db.session_factory(eng), db.session_factory(eng, readonly=True)
+
+    eng, f, _ = connect()
+    space = make_space(f, m=48)
+    for i in range(3):
+        add_ready_task(f, space.id, f"base{i}", v[i])
+    eng.dispose()
+    shutil.copyfile(path, backup)
+    eng, f, ro = connect()
+    for i in range(3, 8):  # the history the restore will lose
+        add_ready_task(f, space.id, f"lost{i}", v[i])
+    first = IndexManager(ro, tmp_path / "idx")
+    first.open()
+    first.persist()
+    eng.dispose()
+    shutil.copyfile(backup, path)  # restored, then written again past the file's watermark
+    eng, f, ro = connect()
+    new = [add_ready_task(f, space.id, f"new{i}", v[i]) for i in range(20, 26)]
+    again = IndexManager(ro, tmp_path / "idx")
+    (report,) = again.open()
+    assert report.action == "rebuilt" and "restored" in report.reason, report
+    scores, ids = again.search(space.id, v[20][None], 1)
+    assert ids[0][0] == new[0] and scores[0][0] > 0.999
+    with ro() as s:
+        sql_ids, _ = repository.get_signatures(s, space_id=space.id)
+    assert sorted(again.ids(space.id).tolist()) == sorted(sql_ids.tolist())
+    eng.dispose()
