@@ -363,6 +363,9 @@ def delete_task(session: Session, task_id: int) -> None:
     cancel (its final transaction finds the task gone and records ``cancelled``). Samples no job
     references any more are deleted.
     """
+    # Lock order: its running job rows, then the task row — as a job's final transaction takes them (its job,
+    # then its task); the other order deadlocks with a job ending at the same moment (PostgreSQL).
+    session.execute(select(Job.id).where(Job.task_id == task_id, Job.status == JOB_RUNNING).with_for_update())
     task = lock_task(session, task_id)
     if task is None:
         raise NotFound(f"task {task_id} does not exist", {"task_id": task_id})

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -102,3 +103,59 @@ def test_appenders_and_searchers(factory: sessionmaker[Session], ro_factory: ses
     _, got = index.search(space.id, queries, 5)
     expected = sql_ids[np.argsort(-(queries @ sql_vecs.T), axis=1)[:, :5]]
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.postgres
+def test_deleting_a_task_while_its_job_ends_does_not_deadlock(pg_database: str) -> None:
+    """A job's final transaction locks its job row, then its task; a delete took the task first and then the
+    running job rows, so the two could deadlock (PostgreSQL aborts one). Now the delete takes them in the job's
+    order and waits for the job to end."""
+    import time
+
+    from atlas import db, job_store
+    from tests.atlas.fixtures import reset_pg
+
+    reset_pg(pg_database)
+    engine = db.make_engine(pg_database)
+    factory = db.session_factory(engine)
+    try:
+        space = make_space(factory)
+        with factory.begin() as s:
+            task, job = repository.create_task_with_job(s, space.id, "t", "text", {}, [Sample(text="hello there")])
+            task_id, job_id = task.id, job.id
+        with factory.begin() as s:
+            claim = job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
+        assert claim is not None
+        errors: list[BaseException] = []
+        job_locked, deleted = threading.Event(), threading.Event()
+
+        def final_transaction() -> None:
+            try:
+                with factory.begin() as s:
+                    assert job_store.lock_held_job(s, job_id, claim.lease) is not None
+                    job_locked.set()
+                    time.sleep(1.5)  # the delete starts meanwhile
+                    repository.lock_task(s, task_id)
+            except BaseException as exc:
+                errors.append(exc)
+
+        def delete() -> None:
+            try:
+                job_locked.wait(10)
+                with factory.begin() as s:
+                    repository.delete_task(s, task_id)
+                deleted.set()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=final_transaction), threading.Thread(target=delete)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        assert deleted.is_set()
+        with factory() as s:
+            assert s.get(Task, task_id) is None
+    finally:
+        engine.dispose()
