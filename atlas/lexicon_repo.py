@@ -79,22 +79,23 @@ def get_task_lexicon(session: Session, task_ids: Sequence[int]) -> dict[int, Tas
     if not ids:
         return {}
     out: dict[int, TaskLexical] = {}
-    missing: dict[bytes, list[int]] = {}  # digest -> every task with that record (equal records share one)
+    missing: list[int] = []
     for tid, digest in session.execute(select(TaskLexicon.task_id, TaskLexicon.digest)
                                        .where(TaskLexicon.task_id.in_(ids))).all():
         hit = _LEXICAL.get(bytes(digest))
         if hit is None:
-            missing.setdefault(bytes(digest), []).append(int(tid))
+            missing.append(int(tid))
         else:
             out[int(tid)] = hit
-    if missing:
-        rows = session.execute(select(TaskLexicon.digest, TaskLexicon.terms)
-                               .where(TaskLexicon.task_id.in_([t[0] for t in missing.values()]))).all()
-        for digest, blob in rows:
-            lexical = _decode(blob)
-            _LEXICAL.put(bytes(digest), lexical)
-            for tid in missing[bytes(digest)]:
-                out[tid] = lexical
+    if missing:  # every missing task read (tasks of equal records share one digest: each gets it), decoded once
+        decoded: dict[bytes, TaskLexical] = {}
+        for tid, digest, blob in session.execute(select(TaskLexicon.task_id, TaskLexicon.digest, TaskLexicon.terms)
+                                                 .where(TaskLexicon.task_id.in_(missing))).all():
+            key = bytes(digest)
+            if key not in decoded:
+                decoded[key] = _decode(blob)
+                _LEXICAL.put(key, decoded[key])
+            out[int(tid)] = decoded[key]
     return out
 
 
