@@ -81,6 +81,13 @@ def mark(session: Session, seq: int) -> str | None:
     return f"{int(seq)}:{int(row.space_id)}:{int(row.task_id)}:{row.op}:{at}"
 
 
+def same_history(session: Session, seq: int, recorded: str) -> bool:
+    """Whether change ``seq`` is still the one whose :func:`mark` was ``recorded`` (true when nothing was
+    recorded or the row was pruned: then it cannot be told)."""
+    now = mark(session, seq) if recorded else None
+    return now is None or now == recorded
+
+
 def pruned_seq(session: Session) -> int:
     """Changes with ``seq <= pruned_seq`` have been deleted from the log."""
     return int(session.execute(select(AtlasState.pruned_seq).where(AtlasState.id == 1)).scalar_one())

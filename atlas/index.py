@@ -4,17 +4,16 @@ The ``signatures`` table is the truth; each space's FAISS index is a cache of it
 number, its *watermark* (see :mod:`atlas.changes`). An :class:`IndexManager` — one per API replica or
 embedded process — keeps one :class:`SpaceIndex` per space and:
 
-* on :meth:`~IndexManager.open`, loads each persisted index whose metadata (database identity, space
-  fingerprints, kind, checksum) is valid, then catches up from the change sequence; a missing,
-  corrupt, foreign or hopelessly stale file (watermark ahead of SQL, or behind pruned changes, or
-  more pending changes than a rebuild costs) is rebuilt from SQL;
+* on :meth:`~IndexManager.open`, loads each persisted index whose metadata (database identity, the change at
+  its watermark, space fingerprints, kind, checksum) is valid, then catches up from the change sequence; a
+  missing, corrupt, foreign or stale file (watermark ahead of SQL or behind pruned changes, too many pending
+  changes, another history) is rebuilt from SQL;
 * :meth:`~IndexManager.catch_up` applies ``changes`` with ``seq > watermark`` (last op per task wins;
   an upsert re-reads the signature, so applying twice is harmless);
 * :meth:`~IndexManager.persist` writes ``<space>.faiss`` and ``<space>.meta.json`` atomically
   (temporary file, fsync, rename; the checksum in the metadata binds the two files);
-* :meth:`~IndexManager.search` runs under the space's read lock; updates take the write lock only
-  for the in-memory apply, and a rebuild builds the new index aside and swaps it in, so searches
-  always see a whole index at one watermark.
+* :meth:`~IndexManager.search` runs under the space's read lock; updates take the write lock only for the
+  in-memory apply, and a rebuild builds the new index aside and swaps it in (a whole index at one watermark).
 
 Index kinds, chosen by size: ``flat`` (``IndexIDMap2(IndexFlatIP(m))``, exact cosine, ~1.4 µs per task
 per query at m = 4096) below ``ivf_min_size`` (4,096) signatures, else ``ivf`` — the two-stage
@@ -23,10 +22,9 @@ recall@10 ≥ 0.99 at 10k–100k, ``bench/results/index.md``), trained on ≤ 16
 retrained by a rebuild when the space outgrows that 4x. ``kind="flat"`` keeps every space flat;
 ``use_gpu`` mirrors flat indexes to a GPU when faiss-gpu is installed.
 
-The change log may be pruned (:meth:`IndexManager.compact`): an index whose watermark is below the
-pruned point — another replica that was down, a stale file — rebuilds from SQL instead of catching
-up, and a catch-up that raced with a prune notices it (the pruned point is read after the changes)
-and rebuilds too.
+The change log may be pruned (:meth:`IndexManager.compact`): an index whose watermark is below the pruned
+point rebuilds from SQL instead of catching up, and a catch-up that raced with a prune notices it (the
+pruned point is read after the changes) and rebuilds too.
 """
 
 from __future__ import annotations
@@ -215,8 +213,7 @@ class IndexManager:
             return None, f"index watermark {meta.watermark} is ahead of SQL ({sql_seq})"
         if meta.watermark < pruned:
             return None, f"changes after watermark {meta.watermark} were pruned"
-        now = changes.mark(session, meta.watermark) if meta.watermark_mark else None
-        if now is not None and now != meta.watermark_mark:
+        if not changes.same_history(session, meta.watermark, meta.watermark_mark):
             return None, "the change at the index's watermark differs in SQL (a database restored from a backup?)"
         pending = changes.count_since(session, meta.watermark, space_id=space.id)
         if pending > self.rebuild_ratio * meta.count + 1000:
@@ -444,8 +441,7 @@ class IndexManager:
         if self.files is None:
             return []
         written = []
-        targets = [space_id] if space_id is not None else list(self._spaces)
-        for sid in targets:
+        for sid in [space_id] if space_id is not None else list(self._spaces):
             si = self._spaces.get(sid)
             if si is None or not (si.dirty or force):
                 continue
