@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from atlas.lexical import TaskTerms, TermCounts
@@ -153,12 +153,14 @@ def backfill(session: Session, task_ids: Sequence[int], *, complete_only: bool =
         uploads = session.execute(select(Job.upload_id).where(Job.task_id == int(tid),
                                                               Job.status == JOB_SUCCEEDED)
                                   .order_by(Job.id)).scalars().all()
-        contents = [session.execute(select(Upload.content).where(Upload.id == upload_id)).scalar_one_or_none()
-                    for upload_id in dict.fromkeys(uploads)]
-        if complete_only and (not contents or any(c is None for c in contents)):
+        upload_ids = list(dict.fromkeys(uploads))
+        if complete_only and (not upload_ids or None in upload_ids or len(upload_ids) != session.execute(
+                select(func.count()).select_from(Upload).where(Upload.id.in_(upload_ids),
+                                                               Upload.content.is_not(None))).scalar_one()):
             continue
         record = LexicalRecord(TermCounts.empty(), TaskTemplate.empty())
-        for content in contents:
+        for upload_id in upload_ids:  # one upload in memory at a time
+            content = session.execute(select(Upload.content).where(Upload.id == upload_id)).scalar_one_or_none()
             if content is not None:
                 record = record.add(LexicalDelta.of_samples(decode_samples(content), str(mode)))
         put_record(session, int(tid), record)

@@ -92,12 +92,25 @@ def store_routing(session: Session, task_id: int, *, prompt_state: bytes | None,
     session.flush()
 
 
+def route_threshold(value: object) -> float:
+    """``value`` as a route threshold: a number (not a bool) in [−1, 1], the route score's range.
+
+    Raises
+    ------
+    InvalidInput
+        Anything else (NaN included).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not -1.0 <= float(value) <= 1.0:
+        raise InvalidInput("a route threshold is a cosine in [-1, 1]", {"threshold": str(value)})
+    return float(value)
+
+
 def set_threshold_override(session: Session, task_id: int, threshold: float | None) -> TaskRouting:
-    """Set (or clear, with ``None``) a task's threshold override; creates its row when missing."""
-    if threshold is not None and not -1.0 <= float(threshold) <= 1.0:
-        raise InvalidInput("a route threshold is a cosine in [-1, 1]", {"threshold": threshold})
+    """Set (or clear, with ``None``) a task's threshold override (:func:`route_threshold`); creates its row
+    when missing."""
+    value = None if threshold is None else route_threshold(threshold)
     row = _routing_row(session, task_id)
-    row.threshold_override = None if threshold is None else float(threshold)
+    row.threshold_override = value
     session.flush()
     return row
 
@@ -181,9 +194,8 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
             SketchState.from_bytes(blob, spec=spec)  # type: ignore[arg-type]  # a SketchSpec
         scores = [float(x) for x in record.get("cal_scores") or []]
         override = record.get("threshold_override")
-        if override is not None and (isinstance(override, bool) or not isinstance(override, int | float)
-                                     or not -1.0 <= float(override) <= 1.0):
-            raise ValueError(f"threshold_override {override!r} is not a number in [-1, 1]")
+        if override is not None:
+            route_threshold(override)
         frr = record.get("false_reject_rate")
         frr = FALSE_REJECT_RATE if frr is None else frr
         if not is_false_reject_rate(frr):

@@ -89,6 +89,10 @@ class QueryService:
             self.index.catch_up(space_id)
         self.states.catch_up(head)
 
+    def _fresh_states(self, session: Session) -> None:
+        """Read-your-writes for queries that read states without the index (matrix, atlas)."""
+        self.states.catch_up(changes.last_seq(session))
+
     def _ready_task(self, session: Session, task_id: int) -> Task:
         task = repo.get_task(session, task_id)
         if task.status != TASK_READY:
@@ -249,7 +253,7 @@ class QueryService:
             raise PayloadTooLarge(f"{len(ids)} tasks exceed the matrix limit of {cap}", {"max_matrix_tasks": cap})
         t0 = time.perf_counter()
         with self.store.read() as session:
-            self.states.catch_up(changes.last_seq(session))  # read-your-writes, as the other queries
+            self._fresh_states(session)
             tasks = repo.get_tasks(session, ids)
             spaces = {t.space_id for t in tasks}
             if len(spaces) > 1:
@@ -268,7 +272,7 @@ class QueryService:
         t0 = time.perf_counter()
         with self.store.read() as session:
             space = self.store.resolve_space(session, space_ref)
-            self.states.catch_up(changes.last_seq(session))  # read-your-writes, as the other queries
+            self._fresh_states(session)
             ids = sql.ready_task_ids(session, space.id)
             chosen = analysis.even_sample(ids, self.settings.max_matrix_tasks)
             loaded = self.states.load(session, space, chosen)

@@ -77,11 +77,9 @@ class ThresholdService:
         Raises
         ------
         InvalidInput
-            A threshold outside [−1, 1] (the route score's range) or not a number; a false-reject rate outside
-            ``(0, 0.5]``.
+            A threshold outside [−1, 1] (``routing_repo.route_threshold``); a false-reject rate outside
+            ``(0, MAX_FALSE_REJECT_RATE]``.
         """
-        if isinstance(threshold, int | float) and not -1.0 <= float(threshold) <= 1.0:
-            raise InvalidInput("threshold must be in [-1, 1]", {"threshold": str(threshold)})
         with self.store.session() as session:
             # the task's row lock, as a job's final transaction takes it: a job ending meanwhile neither overwrites
             # this change with a calibration read before it, nor is it re-calibrated without the job's scores
