@@ -8,7 +8,8 @@ tokens each), runs one forward per bucket and one batched sketch over all their 
 (:func:`fishersketch.groups.sketch_groups`) that gives every prompt its own state, and resolves the
 futures. The sketch chunk follows the batch size (32 to 256 rows), so a small batch does not pay for
 padding to 256 rows. The queue is bounded: past ``max_pending`` prompts a request is refused with
-``QueueFull`` whose ``retry_after_s`` is the time the queue ahead takes at the measured rate.
+``QueueFull`` whose ``retry_after_s`` is the time the queue ahead takes at the measured rate; a request
+that alone holds more than ``max_pending`` prompts is refused with ``PayloadTooLarge`` (413: no retry helps).
 
 :class:`InProcessPromptSketcher` is the embedded implementation of :class:`atlas.ports.PromptSketcher`.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from atlas.errors import InvalidInput, ModelUnavailable, QueueFull
+from atlas.errors import InvalidInput, ModelUnavailable, PayloadTooLarge, QueueFull
 from atlas.ports import SpaceKey, serving_key
 from atlas.samples import Sample
 from fishersketch import Sketcher, SketchState
@@ -119,7 +120,15 @@ class PromptBatcher:
         ------
         QueueFull
             ``max_pending`` prompts are already waiting (``retry_after_s``: the queue's drain time).
+        PayloadTooLarge
+            The request alone holds more than ``max_pending`` prompts: no retry can admit it.
         """
+        if len(prepared) > self.max_pending:
+            raise PayloadTooLarge(
+                f"{len(prepared)} prompts in one request; at most {self.max_pending} can wait for the model "
+                f"(prompt_max_pending): send fewer per request",
+                {"prompts": len(prepared), "max_pending": self.max_pending},
+            )
         req = _Request(prepared)
         with self._cond:
             if self._stopping:

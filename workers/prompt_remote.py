@@ -393,10 +393,7 @@ class PromptServer:
         try:
             prepared = self.batcher.prepare(msg["prompts"])
             fut: Future[list[SketchState]] = self.batcher.submit(prepared)
-        except QueueFull as exc:
-            if len(prepared) > self.batcher.max_pending:  # it can never fit: answer as embedded mode does (429)
-                self._reply(raw, msg, encode_reply(msg["id"], error=exc))  # instead of blocking the list head
-                return
+        except QueueFull:  # a request that can never fit is PayloadTooLarge (413), answered below
             self.redis.lmove(self.inflight, _queue_key(self.key), "RIGHT", "LEFT")  # leave it for later
             time.sleep(0.01)
             return

