@@ -27,6 +27,7 @@ U+FEFF (read as a byte-order mark) or only whitespace cannot be written as plain
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -217,18 +218,26 @@ def _lines(stream: IO[bytes], filename: str, max_line: int) -> Iterator[tuple[in
                                {"line": lineno}) from None
 
 
-def loads_json(text: str | bytes, where: str) -> Any:
-    """``json.loads`` whose every failure, deep nesting included, is an :class:`InvalidInput` naming ``where``."""
+@contextlib.contextmanager
+def _json_errors(where: str) -> Iterator[None]:
+    """Every failure of the JSON decoder inside the block, deep nesting included, as an :class:`InvalidInput`
+    naming ``where``."""
     try:
-        return json.loads(text)
+        yield
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"{where} is not valid JSON: {exc.msg} (column {exc.colno})") from None
     except RecursionError:
         raise InvalidInput(f"{where}: JSON nested too deeply") from None
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{where} is not UTF-8 (byte {exc.start})") from None
-    except ValueError:  # Python's limit on integer digits (4300): the only other failure of json.loads
+    except ValueError:  # Python's limit on integer digits (4300): the only other failure of the decoder
         raise InvalidInput(f"{where}: a number in it has too many digits") from None
+
+
+def loads_json(text: str | bytes, where: str) -> Any:
+    """``json.loads`` whose every failure is an :class:`InvalidInput` naming ``where``."""
+    with _json_errors(where):
+        return json.loads(text)
 
 
 def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
@@ -259,14 +268,8 @@ def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) 
             return out
         while True:
             where = f"{filename}: item {len(out)}"
-            try:
+            with _json_errors(where):
                 record, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"{where} is not valid JSON: {exc.msg}") from None
-            except RecursionError:
-                raise InvalidInput(f"{where}: JSON nested too deeply") from None
-            except ValueError:  # Python's limit on integer digits
-                raise InvalidInput(f"{where}: a number in it has too many digits") from None
             out.append(counter.add(record_values(record, mode, where), where))
             pos = _skip_ws(text, pos)
             if pos < len(text) and text[pos] == ",":
