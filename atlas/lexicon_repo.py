@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from atlas.lexical import TaskTerms, TermCounts
@@ -57,11 +59,9 @@ def put_record(session: Session, task_id: int, record: LexicalRecord) -> None:
     """
     blob = record.to_bytes()
     values = {"digest": _digest(blob), "n_terms": len(record.counts), "terms": blob, "updated_at": utcnow()}
-    where = TaskLexicon.task_id == int(task_id)
-    if session.execute(select(TaskLexicon.task_id).where(where)).first() is None:
+    updated = session.execute(update(TaskLexicon).where(TaskLexicon.task_id == int(task_id)).values(**values))
+    if not cast(CursorResult[Any], updated).rowcount:  # no record yet (the task row's lock orders writers)
         session.execute(insert(TaskLexicon).values(task_id=int(task_id), **values))
-    else:
-        session.execute(update(TaskLexicon).where(where).values(**values))
 
 
 def _decode(blob: bytes) -> TaskLexical:
