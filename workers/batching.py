@@ -8,15 +8,16 @@ Policy (documented here once, reported in every :class:`workers.extraction.Extra
 * **text mode.** Tokens ``x_0..x_{T-1}`` of ``sample.text``; the ``T − 1`` positions ``t = 0..T−2``
   predicting ``x_{t+1}`` all count.
 * **completion mode.** Prompt and completion are tokenised separately (the completion without special
-  tokens) and their ids concatenated, so the boundary is exact. Only positions predicting completion
-  tokens count. With an empty prompt (and no BOS) the first completion token has no predecessor and is
-  not counted.
+  tokens) and their ids concatenated, so the boundary is exact. Special tokens the tokenizer appends
+  *after* a text (an EOS of ``add_eos_token=True`` tokenizers) are dropped from the prompt, so the
+  completion follows the prompt directly. Only positions predicting completion tokens count. With an
+  empty prompt (and no BOS) the first completion token has no predecessor and is not counted.
 * **Truncation** to ``max_tokens_per_sample`` tokens: text mode keeps the *first* tokens; completion
   mode first drops prompt tokens from the *left* (keeping at least one prompt token when there was
   one, so the first completion token stays predictable), then completion tokens from the *right*.
-  Truncated samples are counted. Very long strings are cut to a generous character prefix before
-  tokenising (and re-tokenised whole if that prefix yields too few tokens), so an absurdly long sample
-  costs no more than a normal one.
+  Truncated samples are counted. Very long strings are cut to a generous character prefix (a suffix
+  for completion-mode prompts, whose *last* tokens are kept) before tokenising, and re-tokenised whole
+  if that cut yields too few tokens, so an absurdly long sample costs no more than a normal one.
 * **Skips** (counted by reason, never an exception): ``empty`` (empty or whitespace-only text or
   completion), ``missing_field`` (no ``text`` in text mode / no ``completion`` in completion mode),
   ``invalid_text`` (a ``str`` that is not valid Unicode, i.e. holds lone surrogates — invalid UTF-8
@@ -161,12 +162,13 @@ class SampleTokenizer:
         self.max_tokens = max_tokens
         self.vocab_rows = vocab_rows
         self.max_chars = CHARS_PER_TOKEN_CAP * max_tokens + 1024
+        self._appended: tuple[int, ...] | None = None
 
-    def _encode(self, texts: list[str], special: bool) -> list[list[int]]:
-        """Token ids of ``texts``; over-long texts are cut to a character prefix first."""
+    def _encode(self, texts: list[str], special: bool, keep_tail: bool = False) -> list[list[int]]:
+        """Token ids of ``texts``; over-long texts are cut to a character prefix (suffix if ``keep_tail``) first."""
         if not texts:
             return []
-        cut = [t[: self.max_chars] for t in texts]
+        cut = [t[-self.max_chars:] if keep_tail else t[: self.max_chars] for t in texts]
         with _TOKENIZER_LOCK:
             ids: list[list[int]] = list(self.tokenizer(cut, add_special_tokens=special, verbose=False)["input_ids"])
             for i, text in enumerate(texts):
@@ -174,6 +176,17 @@ class SampleTokenizer:
                 if len(text) > self.max_chars and len(ids[i]) < self.max_tokens + 16:
                     ids[i] = list(self.tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"])
         return ids
+
+    def appended_special_ids(self) -> tuple[int, ...]:
+        """Ids the tokenizer appends after a text with ``add_special_tokens=True`` (e.g. an EOS); usually ()."""
+        if self._appended is None:
+            with _TOKENIZER_LOCK:
+                full = list(self.tokenizer("a", add_special_tokens=True, verbose=False)["input_ids"])
+                plain = list(self.tokenizer("a", add_special_tokens=False, verbose=False)["input_ids"])
+            n = len(plain)
+            starts = [i for i in range(len(full) - n + 1) if n and full[i:i + n] == plain]
+            self._appended = tuple(full[starts[0] + n:]) if starts else ()
+        return self._appended
 
     def prepare(self, samples: Sequence[Sample], mode: ExtractMode, offset: int = 0
                 ) -> tuple[list[PreparedSample], list[Skipped]]:
@@ -216,9 +229,12 @@ class SampleTokenizer:
                 ids = ids[: self.max_tokens]
                 prepared.append(PreparedSample(idx, sample_id(s), tuple(ids), 0, truncated))
         else:
-            prompt_ids = self._encode([s.prompt or "" for _, s in todo], special=True)
+            prompt_ids = self._encode([s.prompt or "" for _, s in todo], special=True, keep_tail=True)
             compl_ids = self._encode([s.completion or "" for _, s in todo], special=False)
+            tail = self.appended_special_ids() if todo else ()
             for (idx, s), p, c in zip(todo, prompt_ids, compl_ids, strict=True):
+                if tail and tuple(p[len(p) - len(tail):]) == tail:
+                    p = p[: len(p) - len(tail)]  # no EOS between prompt and completion
                 truncated = len(p) + len(c) > self.max_tokens
                 if truncated:
                     keep_p = max(self.max_tokens - len(c), min(len(p), 1))

@@ -113,8 +113,7 @@ class Extractor:
         self.padding_side: PaddingSide = padding_side
         self.prefetch = prefetch
         self.sample_tokenizer = SampleTokenizer(lm.tokenizer, max_tokens_per_sample, lm.K)
-        pad = lm.tokenizer.pad_token_id
-        self.pad_id = int(pad) if pad is not None else 0
+        self.pad_id = _pad_id(lm)
 
     # -- extraction layer ------------------------------------------------------------------------
 
@@ -361,6 +360,21 @@ class Extractor:
         if self._prompt_sk is None:
             self._prompt_sk = self.sketcher.with_chunk_rows(min(PROMPT_CHUNK_ROWS, self.sketcher.chunk_rows))
         return self._prompt_sk
+
+
+def _pad_id(lm: LoadedModel) -> int:
+    """Id written into padding: the tokenizer's pad (else EOS) token when the model can embed it, else 0.
+
+    Padding is masked, so any id the embedding accepts will do; a pad token added to the tokenizer without
+    resizing the model (id ≥ the embedding rows) would make every padded batch fail with an IndexError.
+    """
+    rows = lm.K
+    with contextlib.suppress(AttributeError, NotImplementedError, TypeError, IndexError):
+        rows = min(rows, int(lm.model.get_input_embeddings().weight.shape[0]))  # else: the head's rows bound it
+    for cand in (lm.tokenizer.pad_token_id, getattr(lm.tokenizer, "eos_token_id", None)):
+        if isinstance(cand, int) and 0 <= cand < rows:
+            return cand
+    return 0
 
 
 def _check_mode(mode: str) -> None:

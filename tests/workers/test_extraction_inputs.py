@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import processors
+from transformers import AutoTokenizer
 
 from atlas.errors import InvalidInput
 from atlas.samples import Sample, sample_id
+from tests.tiny_models import build_tokenizer
 from workers.batching import Prefetcher, PreparedSample, SampleTokenizer, make_batches
 from workers.extraction import Extractor
-from workers.model_loading import LoadedModel
+from workers.model_loading import LoadedModel, load_causal_lm
 
 
 def _st(lm: LoadedModel, max_tokens: int = 64) -> SampleTokenizer:
@@ -65,6 +73,43 @@ def test_completion_truncation_cuts_prompt_from_the_left_then_completion(gpt2_lm
     # completion longer than the budget: one prompt token survives, the completion is cut on the right
     (q,), _ = _st(gpt2_lm, max_tokens=5).prepare([Sample(prompt=prompt, completion=completion)], "completion")
     assert list(q.input_ids) == p_ids[-1:] + c_ids[:4] and q.n_counted == 4
+
+
+_WORDS = st.lists(st.sampled_from(["Question:", "sky", "blue?", "Answer:", "fox", "def", "(a, b)", "x\ny"]),
+                  min_size=1, max_size=400).map(" ".join)
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompt=_WORDS, completion=_WORDS, max_tokens=st.integers(2, 24), max_chars=st.integers(8, 200))
+def test_completion_keeps_the_prompt_tail_whatever_the_character_cut(prompt: str, completion: str, max_tokens: int,
+                                                                      max_chars: int) -> None:
+    # Very long strings are cut by characters before tokenising; a prompt must keep its *last* tokens
+    # (those next to the completion), never the tail of a character prefix. Old code: prefix cut.
+    tok = build_tokenizer()
+    st_ = SampleTokenizer(tok, max_tokens, len(tok))
+    st_.max_chars = max_chars  # force the cut path on short strings
+    p_ids, c_ids = list(tok(prompt)["input_ids"]), list(tok(completion, add_special_tokens=False)["input_ids"])
+    (got,), _ = st_.prepare([Sample(prompt=prompt, completion=completion)], "completion")
+    n_p = got.first_target + 1
+    assert list(got.input_ids[:n_p]) == p_ids[len(p_ids) - n_p:]
+    assert list(got.input_ids[n_p:]) == c_ids[: got.length - n_p]
+
+
+def test_completion_prompt_drops_an_appended_eos() -> None:
+    # A tokenizer that appends EOS to every text (add_eos_token=True) must not put it between prompt and
+    # completion: the first completion token is predicted from the prompt's last token.
+    tok = build_tokenizer()
+    eos = tok.eos_token_id
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", eos)])
+    prompt, completion = "Question: is the sky blue? Answer:", " yes."
+    p_ids = list(tok(prompt, add_special_tokens=False)["input_ids"])
+    c_ids = list(tok(completion, add_special_tokens=False)["input_ids"])
+    assert list(tok(prompt)["input_ids"]) == [*p_ids, eos]
+    (got,), _ = SampleTokenizer(tok, 64, len(tok)).prepare([Sample(prompt=prompt, completion=completion)], "completion")
+    assert list(got.input_ids) == p_ids + c_ids and got.first_target == len(p_ids) - 1
+    (empty,), _ = SampleTokenizer(tok, 64, len(tok)).prepare([Sample(prompt="", completion=completion)], "completion")
+    assert list(empty.input_ids) == c_ids and empty.first_target == 0
 
 
 def test_absurdly_long_sample_is_cheap_and_truncated(gpt2_lm: LoadedModel) -> None:
@@ -135,3 +180,22 @@ def test_prefetcher_is_bounded_and_stops_on_close() -> None:
     assert len(produced) <= 4  # item in hand + 2 queued + 1 waiting to be put
     pf.close()
     assert not pf.alive
+
+
+def test_pad_token_outside_the_model_vocabulary_is_not_fed_to_the_model(gpt2_dir: Path, tmp_path: Path) -> None:
+    # A pad token added to the tokenizer without resizing the model has id K: padding with it made every
+    # batch of two lengths fail with "IndexError: index out of range in self" in the embedding.
+    target = tmp_path / "added-pad"
+    shutil.copytree(gpt2_dir, target)
+    tok = AutoTokenizer.from_pretrained(target)
+    tok.add_special_tokens({"pad_token": "[PAD]"})
+    tok.save_pretrained(target)
+    lm = load_causal_lm(str(target), device="cpu")
+    assert lm.tokenizer.pad_token_id >= lm.K
+    ex = Extractor(lm, lm.make_sketcher(lm.make_spec(m=64)))
+    assert 0 <= ex.pad_id < lm.K
+    samples = [Sample(text="The quick brown fox jumps over the lazy dog."), Sample(text="Hi there")]
+    together = ex.extract(samples).state
+    alone = ex.extract(samples[:1]).state.merge(ex.extract(samples[1:]).state)
+    assert together.n_tokens == alone.n_tokens
+    np.testing.assert_allclose(together.sums, alone.sums, rtol=1e-4, atol=1e-6)
