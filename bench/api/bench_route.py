@@ -4,8 +4,8 @@ Usage::
 
     python -m bench.api.bench_route --out bench/results/api.md
 
-Setup: one task per text group of ``shared/data`` (news, science, Shakespeare, ... plus SMILES and BoolQ
-questions; 24 texts each, none of the bundled model's training rows) is added through library mode
+Setup: one task per text group of ``shared/data`` (news, science, Shakespeare, ... plus SMILES; 24 texts
+each, none of the bundled model's training rows) is added through library mode
 (``fisher_atlas.Atlas``: the product path, bundled model, m = 4096) into a temporary data directory.
 Prompts are held-out texts (bucket 9, never stored).
 

@@ -507,7 +507,7 @@ def render(res: dict[str, Any], facts: str) -> str:
         f"{res.get('lexical_cost', {}).get('counts_us', float('nan')):.2f} µs, counts + template (the job's "
         f"lexical delta) {res.get('lexical_cost', {}).get('delta_us', float('nan')):.2f} µs.\n\n"
         f"**Open set** ({int(UNSEEN_SHARE * 100)} % of tasks unseen, {res['repeats']} draws × 2 cross-fitted halves; "
-        "medians):\n\n" + t1 + "\n\n"
+        "each column its own median over the runs):\n\n" + t1 + "\n\n"
         f"**Small tasks** (a task replaced by one of k of its samples; {res['n_sources']} random source tasks per k; "
         "prompts of all other tasks):\n\n" + t2 + "\n\n"
         f"**Completion-mode tasks** (SuperGLUE as prompt → \" yes\"/\" no\", {c['n_signature']} pairs each, "

@@ -96,7 +96,8 @@ def landing_tasks(records: list[dict[str, Any]], unseen: list[str], rate: float 
     Parameters
     ----------
     records : list of dict
-        :func:`_tally`'s per-prompt records (``task``, ``top``, ``score``, ``threshold``).
+        :func:`_tally`'s per-prompt records (``task``, ``top``, ``score``, ``own_score`` — the route score on its
+        own task when that was among the matches —, ``threshold``).
     unseen : list of str
     rate : float
         The quantile of the own prompts' scores reported beside the threshold (the documented false-reject rate).
@@ -104,21 +105,22 @@ def landing_tasks(records: list[dict[str, Any]], unseen: list[str], rate: float 
     Returns
     -------
     list of dict
-        ``task``, ``threshold`` (the calibrated one the answers used), ``own`` / ``foreign`` (prompts, top match
-        this task), ``own_quantile`` (the ``rate`` quantile of the own prompts' route scores), ``auroc`` (own vs
-        foreign route scores), ``foreign_pass_quantile`` (share of the foreign prompts at or above
-        ``own_quantile``); most foreign prompts first.
+        ``task``, ``threshold`` (the calibrated one the answers used), ``own`` (the task's own prompts, wherever
+        they were routed) / ``foreign`` (unseen tasks' prompts whose top match is this task), ``own_quantile``
+        (the ``rate`` quantile of the own prompts' route scores), ``auroc`` (own vs foreign route scores),
+        ``foreign_pass_quantile`` (share of the foreign prompts at or above ``own_quantile``); most foreign
+        prompts first.
     """
     by_task: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"own": [], "foreign": [], "thr": []})
     for r in records:
+        if r.get("own_score") is not None:  # every own prompt, wherever it was routed (not only those it topped)
+            by_task[r["task"]]["own"].append(r["own_score"])
         if r["top"] is None or r["score"] is None:
             continue
         entry = by_task[r["top"]]
         if r["threshold"] is not None:
             entry["thr"].append(r["threshold"])
-        if r["task"] == r["top"]:
-            entry["own"].append(r["score"])
-        elif r["task"] in unseen:
+        if r["task"] != r["top"] and r["task"] in unseen:
             entry["foreign"].append(r["score"])
     rows = []
     for task, e in by_task.items():
@@ -217,7 +219,9 @@ def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]
     taken: dict[str, int] = defaultdict(int)
     for (t, _), a in zip(prompts, answers, strict=True):
         top = a.matches[0].name if a.matches else None
-        records.append({"task": t, "top": top, "none": a.none, "score": a.best_score, "threshold": a.threshold,
+        own = next((m.score for m in a.matches if m.name == t), None)  # this prompt's route score on its own task
+        records.append({"task": t, "top": top, "none": a.none, "score": a.best_score, "own_score": own,
+                        "threshold": a.threshold,
                         "rank": a.matches[0].rank_score if a.matches else None,
                         "nearest": a.nearest_rejects, "template": a.template_rejects})
         if t in unseen:
@@ -297,7 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encoder = MiniLMEncoder()
     draws: list[dict[str, Any]] = []
     for d in range(args.draws):
-        rng = np.random.default_rng(1000 + d)
+        rng = np.random.default_rng(1000 * (1 + args.seeds[0]) + d)  # seed 0: draws 1000, 1001, ...
         sig, held = {}, {}
         for t in names:
             sig[t], held[t] = _split(tasks[t], args.signature, args.heldout, rng)
@@ -311,7 +315,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 atlas.add(t, sig[t], progress=False)
             add_s = time.perf_counter() - t0
             prompts = [(t, p) for t in indexed + unseen for p in held[t]]
-            answers = atlas.route([p for _, p in prompts], k=3)
+            # k = every indexed task (top and "none" do not depend on k: every task is a candidate in these
+            # spaces), so each own prompt's score on its own task is at hand for the landing table.
+            answers = atlas.route([p for _, p in prompts], k=len(indexed))
             looser = _at_rate(atlas, prompts, indexed, unseen, args.alt_rate)
             fitted = _with_fit(atlas, prompts, indexed, unseen, rng)
         draw = _tally(prompts, answers, unseen)
@@ -402,7 +408,8 @@ def render(res: dict[str, Any], facts: str) -> str:
     n_indexed = len(res["tasks"]) - res["n_unseen"]
     return (f"{len(res['tasks'])} tasks, one per data family: {tasks}. {n_indexed} indexed and {res['n_unseen']} "
             f"unseen per draw; "
-            f"{len(draws)} draws; medians.\n\n{table}\n{per_draw}\n\n{facts}")
+            f"{len(draws)} draws; each column is its own median over the draws (a row's pair of rates need not come "
+            f"from one draw; the per-draw lines below give each draw's).\n\n{table}\n{per_draw}\n\n{facts}")
 
 
 def main() -> None:

@@ -69,6 +69,8 @@ MINILM_MAX_SEQ_LENGTH = 256
 """Word pieces MiniLM reads of each text: its configured length (``modules.json``), whatever ``--max-tokens``."""
 PRODUCT_ROW = "FisherSketch (product route: FAISS candidates + whitened rank, fused with lexical)"
 FISHER_RANK_ROW = "FisherSketch (FAISS candidates + whitened rank, no lexical)"
+UNWHITENED_ROW = "FisherSketch (FAISS candidates + route score × evidence prior, no whitening)"
+"""What a space under 16 tasks ranks by (``routing.unwhitened_rank``); not the raw route score over all tasks."""
 LEXICAL_ROW = "Lexical score alone (all tasks; atlas.lexical)"
 MINILM_HYBRID_ROW = "all-MiniLM-L6-v2 centroid, fused with lexical (same fusion, top-32 candidates)"
 
@@ -304,7 +306,7 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndar
     mhc, lhc = _unit(index.mean_hidden - mh_c), _unit(index.last_hidden - lh_c)
     out: dict[str, list[list[int]]] = {k: [] for k in (
         "FisherSketch (signature cosine, paper rule)", PRODUCT_ROW, FISHER_RANK_ROW,
-        "FisherSketch (route score, no whitening)", LEXICAL_ROW, "Mean hidden state", "Mean hidden state (centred)",
+        UNWHITENED_ROW, LEXICAL_ROW, "Mean hidden state", "Mean hidden state (centred)",
         "Last-token hidden state", "Last-token hidden state (centred)")}
     has_minilm = bool(index.minilm) and feats and feats[0].minilm is not None
     if has_minilm:
@@ -329,7 +331,7 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndar
         if index.terms and f.terms is not None:
             out[LEXICAL_ROW].append(np.argsort(-lexical_scores(f.terms, index.terms), kind="stable")[:3].tolist())
         ans = rerank_route(f.state, cands, k=3, threshold=-1.0)
-        out["FisherSketch (route score, no whitening)"].append([m.task_id for m in ans.matches])
+        out[UNWHITENED_ROW].append([m.task_id for m in ans.matches])
         out["Mean hidden state"].append(np.argsort(-(mh @ _unit(f.mean_hidden)), kind="stable")[:3].tolist())
         out["Last-token hidden state"].append(np.argsort(-(lh @ _unit(f.last_hidden)), kind="stable")[:3].tolist())
         out["Mean hidden state (centred)"].append(

@@ -90,12 +90,15 @@ def test_a_draw_is_named_by_its_shorter_task_list() -> None:
 
 
 def test_landing_tasks_compare_a_threshold_with_the_own_prompts_and_the_foreign_ones() -> None:
-    def rec(task: str, top: str | None, score: float | None, thr: float | None = 0.1) -> dict[str, object]:
-        return {"task": task, "top": top, "score": score, "threshold": thr}
+    def rec(task: str, top: str | None, score: float | None, thr: float | None = 0.1,
+            own: float | None = None) -> dict[str, object]:
+        own = score if own is None and top == task else own
+        return {"task": task, "top": top, "score": score, "threshold": thr, "own_score": own}
 
     records = [rec("a", "a", s) for s in (0.2, 0.3, 0.4, 0.5)]  # a's own prompts
     records += [rec("u", "a", s) for s in (0.1, 0.25, 0.6)]  # unseen prompts topped by a
-    records += [rec("b", "b", 0.9), rec("v", "b", 0.05), rec("v", None, None), rec("b", "a", 0.35)]  # b's own, wrong
+    records += [rec("b", "b", 0.9), rec("v", "b", 0.05), rec("v", None, None), rec("b", "a", 0.35, own=0.3)]  # b's own
+
     rows = landing_tasks(records, unseen=["u", "v"], rate=0.0)  # the 0 quantile: the lowest own score
     assert [r["task"] for r in rows] == ["a", "b"]  # most foreign prompts first; b's misrouted prompt is not foreign
     a = rows[0]
@@ -104,6 +107,7 @@ def test_landing_tasks_compare_a_threshold_with_the_own_prompts_and_the_foreign_
     assert a["foreign_pass_quantile"] == 2 / 3  # 0.25 and 0.6 reach the lowest own score
     assert a["auroc"] == 7 / 12  # own above foreign: all four above 0.1, three above 0.25, none above 0.6
     b = rows[1]
+    assert b["own"] == 2 and b["own_quantile"] == 0.3  # its misrouted own prompt counts (at its score on b)
     assert b["auroc"] == 1.0 and b["foreign_pass_quantile"] == 0.0
 
 
