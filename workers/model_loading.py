@@ -161,16 +161,10 @@ class LoadedModel:
                           granularity=granularity)
 
     def make_sketcher(self, spec: SketchSpec) -> Sketcher:
-        """A sketcher of ``spec`` on this model's device.
-
-        The activation GEMM runs in the model's dtype when that is bf16/fp16 on a GPU: head inputs are
-        already in that dtype and the ±1 signs are exact in it, so nothing is rounded (accumulation stays
-        float32) and the GEMM uses the tensor cores.
-        """
+        """A sketcher of ``spec`` on this model's device, its activation GEMM in :func:`sketch_dtype`."""
         from fishersketch import Sketcher
 
-        low = self.dtype in (torch.bfloat16, torch.float16) and self.device.type == "cuda"
-        return Sketcher(spec, device=self.device, dtype=self.dtype if low else torch.float32)
+        return Sketcher(spec, device=self.device, dtype=sketch_dtype(self.dtype, self.device))
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, name: str, revision: str | None = None,
@@ -296,6 +290,13 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
     if fp_revision is None and not is_local:
         fp_revision = getattr(model.config, "_commit_hash", None)
     return LoadedModel.from_model(model, tokenizer, name=fp_name, revision=fp_revision, verify=verify)
+
+
+def sketch_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The sketch's activation GEMM dtype: bf16 (tensor cores, float32 accumulation, output rounded to bf16)
+    for a bf16 model on a GPU, else float32 — a float16 GEMM of ``d`` activations overflows (65504) once their
+    RMS passes about 65504/√d."""
+    return torch.bfloat16 if model_dtype == torch.bfloat16 and device.type == "cuda" else torch.float32
 
 
 def resolve_device(device: str) -> torch.device:

@@ -129,3 +129,24 @@ def test_bundled_model_loads_and_extracts() -> None:
     batches = list(Extractor(lm, None, logits_chunk=8).iter_head_batches([Sample(text="Hello there, world.")]))
     e = torch.cat([b.e for b in batches])
     torch.testing.assert_close(e.sum(dim=1), torch.zeros(e.shape[0]), atol=1e-5, rtol=0)
+
+
+def test_sketch_gemm_dtype_is_bf16_only_for_a_bf16_model_on_a_gpu() -> None:
+    """A float16 GEMM of the head inputs overflows (65504) where float32 and bf16 do not: float16 models are
+    sketched in float32 (they were sketched in float16 on a GPU, and large activations gave a SketchError)."""
+    import numpy as np
+
+    from fishersketch import Sketcher, SketchError, SketchSpec
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert ml.sketch_dtype(torch.bfloat16, cuda) == torch.bfloat16
+    assert ml.sketch_dtype(torch.float16, cuda) == torch.float32
+    assert ml.sketch_dtype(torch.bfloat16, cpu) == ml.sketch_dtype(torch.float32, cuda) == torch.float32
+    spec = SketchSpec(d=1024, K=300, m=256, seed=1)
+    a = (torch.randn(4, 1024, generator=torch.Generator().manual_seed(0)) * 2500).to(torch.float16)  # fits fp16
+    e = torch.softmax(torch.randn(4, 300, generator=torch.Generator().manual_seed(1)), -1)
+    e[torch.arange(4), 0] -= 1
+    with pytest.raises(SketchError):
+        Sketcher(spec, dtype=torch.float16).sketch(a, e, np.arange(4))
+    for dtype in (torch.float32, torch.bfloat16):
+        assert np.isfinite(Sketcher(spec, dtype=dtype).sketch(a.to(dtype), e, np.arange(4)).signature()).all()
