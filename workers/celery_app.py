@@ -1,7 +1,8 @@
 """Celery over Redis: workers on other machines run the same ``run_job``.
 
-Start a worker with ``fisher-atlas worker`` (:func:`run_worker`) or
-``celery -A workers.celery_app worker --pool=solo -c 1`` (one process per GPU). Configuration comes
+Start a worker with ``fisher-atlas worker`` (:func:`run_worker`: it consumes the queue of the model it
+loads, where the API sends that model's jobs) or ``celery -A workers.celery_app worker --pool=solo -c 1
+-Q <celery_queue>.<serving key>`` (one process per GPU; the queue ``fisher-atlas worker`` logs). Configuration comes
 from the ``FISHER_ATLAS_*`` environment (:func:`atlas.settings.get_settings`): ``redis_url`` is the
 broker, ``database_url`` the store the jobs live in, ``model`` the model this worker serves.
 

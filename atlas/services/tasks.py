@@ -14,6 +14,7 @@ from atlas import space_repository as sql
 from atlas.errors import AtlasError, IncompatibleSpace, InvalidInput, PayloadTooLarge, QueueFull
 from atlas.index import IndexManager
 from atlas.models import JOB_QUEUED, Job, Space, Task
+from atlas.ports import serving_key
 from atlas.queue import JobQueue
 from atlas.samples import Sample
 from atlas.services.states import StateLoader
@@ -76,9 +77,12 @@ class TaskService:
                 retry_after_s=5.0,
             )
 
-    def _enqueue(self, job_id: int, task_id: int | None, *, created: bool) -> None:
+    def _enqueue(self, job_id: int, task_id: int | None, key: str, *, created: bool) -> None:
+        """Wake a runner for the job on the queue of its space's model (``key``: its serving key) — a scale-out
+        worker consumes only that one (a job sent to the base queue waited for a worker's sweep, and its
+        message was never consumed); take back what the request wrote if that fails."""
         try:
-            self.queue.enqueue(job_id)
+            self.queue.enqueue(job_id, key)
         except Exception as exc:
             # Nothing half-stored: take back what this request wrote.
             with self.store.session() as session:
@@ -104,8 +108,9 @@ class TaskService:
             task, job = repo.create_task_with_job(session, space.id, name, mode, metadata, samples,
                                                   idempotency_key=idempotency_key)
             fresh = job.status == JOB_QUEUED and job.attempts == 0
+            key = serving_key(space.model_fingerprint, space.spec_fingerprint)
         if fresh:
-            self._enqueue(job.id, task.id, created=True)
+            self._enqueue(job.id, task.id, key, created=True)
         return task, job
 
     def append(self, task_id: int, samples: Sequence[Sample], idempotency_key: str | None = None) -> Job:
@@ -117,8 +122,9 @@ class TaskService:
             self._check_queue(session, idempotency_key)
             job = repo.append_samples(session, task_id, samples, idempotency_key=idempotency_key)
             fresh = job.status == JOB_QUEUED and job.attempts == 0
+            key = serving_key(task.space.model_fingerprint, task.space.spec_fingerprint)
         if fresh:
-            self._enqueue(job.id, task_id, created=False)
+            self._enqueue(job.id, task_id, key, created=False)
         return job
 
     def patch(self, task_id: int, metadata: dict[str, Any]) -> Task:

@@ -241,6 +241,9 @@ def test_two_models_reach_their_workers(deployment: dict[str, Any], tiny_model_d
         jobs_a, jobs_b = _add_tasks(http, 2, space=sa, seed=10), _add_tasks(http, 2, space=sb, seed=20)
         for job in jobs_a + jobs_b:  # a job sent to the wrong model's worker would fail (incompatible space)
             _wait_job(http, job)
+        # Each job went to its model's queue: nothing waits in the base queue, which no worker consumes (the API
+        # sent every job there; they ran only when a worker's sweep found them, after job_stale_after_s).
+        assert redis.Redis.from_url(deployment["env"]["FISHER_ATLAS_REDIS_URL"]).llen(deployment["prefix"]) == 0
         tasks = http.get("/v1/tasks").json()["items"]
         assert {t["space_id"] for t in tasks if t["name"].startswith("task-10")} == {int(sa)}
         assert {t["space_id"] for t in tasks if t["name"].startswith("task-20")} == {int(sb)}

@@ -156,3 +156,4 @@ def test_worker_killed_mid_job_is_recovered(settings: Settings, factory, queue_n
         _, vecs = repository.get_signatures(s, task_ids=[task.id, twin.id])
         assert (vecs[0] == vecs[1]).all()
         assert repository.get_task(s, task.id).n_samples == repository.get_task(s, twin.id).n_samples
+
