@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import delete, func, literal, or_, select, update
+from sqlalchemy import case, delete, func, literal, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -34,7 +34,6 @@ from atlas.models import (
     JOB_SUCCEEDED,
     Job,
     JobCheckpoint,
-    Task,
     UTCDateTime,
     utcnow,
 )
@@ -285,9 +284,14 @@ def finish_locked(session: Session, job: Job, status: str, error: str | None = N
     session.flush()
 
 
-def release_job(session: Session, job_id: int, lease: str, error: str | None = None) -> bool:
-    """Give a held job back to the queue (``running -> queued``) after a transient failure."""
+def release_job(session: Session, job_id: int, lease: str, error: str | None = None, *,
+                count_attempt: bool = True) -> bool:
+    """Give a held job back to the queue (``running -> queued``) after a transient failure, or — with
+    ``count_attempt=False`` — a graceful shutdown, whose claim does not count towards ``job_max_attempts``
+    (restarts during one long job would fail it as if its worker had died each time)."""
     values: dict[str, Any] = {"status": JOB_QUEUED, "lease": None, "heartbeat_at": None}
+    if not count_attempt:
+        values["attempts"] = case((Job.attempts > 0, Job.attempts - 1), else_=0)
     if error is not None:
         values["error"] = error[:MAX_ERROR_CHARS]
     rows = session.execute(
@@ -317,8 +321,9 @@ def recoverable_jobs(
 
     Running jobs whose heartbeat is older than ``stale_after_s`` (their worker died) and, unless
     ``queued_older_than_s`` is ``None``, queued jobs created more than that many seconds ago (their
-    wake-up may have been lost). ``space_id``: only jobs of that space's tasks (a worker sweeps the
-    jobs of the model it serves).
+    wake-up may have been lost). ``space_id``: only jobs of that space (a worker sweeps the jobs of the
+    model it serves) — the job's own ``space_id``, so a job whose task was deleted while its worker
+    was dead is still recovered (and ends ``cancelled``) instead of staying ``running`` for good.
     """
     conds = [
         (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_cutoff(stale_after_s))
@@ -328,7 +333,7 @@ def recoverable_jobs(
         conds.append((Job.status == JOB_QUEUED) & (Job.created_at <= queued_cutoff))
     stmt = select(Job.id).where(or_(*conds))
     if space_id is not None:
-        stmt = stmt.join(Task, Task.id == Job.task_id).where(Task.space_id == space_id)
+        stmt = stmt.where(Job.space_id == space_id)
     stmt = stmt.order_by(Job.id).limit(limit)
     return [int(i) for i in session.execute(stmt).scalars()]
 

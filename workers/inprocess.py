@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 
 from atlas import job_store
 from workers.jobs import TransientJobError, WorkerContext, run_job
@@ -21,6 +22,7 @@ from workers.jobs import TransientJobError, WorkerContext, run_job
 log = logging.getLogger(__name__)
 
 _STOP = -1
+OUTCOMES_KEPT = 1024
 
 
 class InProcessRunner:
@@ -47,7 +49,7 @@ class InProcessRunner:
         self._idle = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self.outcomes: dict[int, str] = {}
+        self.outcomes: OrderedDict[int, str] = OrderedDict()  # the last OUTCOMES_KEPT jobs' (for tests and logs)
 
     # -- JobQueue ----------------------------------------------------------------------------
 
@@ -145,7 +147,10 @@ class InProcessRunner:
                 if self._stopping.is_set():
                     continue
                 outcome = self._run(job_id)
-                self.outcomes[job_id] = outcome
+                with self._lock:  # bounded: a long-lived process runs jobs without end
+                    self.outcomes[job_id] = outcome
+                    while len(self.outcomes) > OUTCOMES_KEPT:
+                        self.outcomes.popitem(last=False)
             finally:
                 with self._idle:
                     self._running.discard(job_id)

@@ -9,7 +9,7 @@ Steps
 3. **Extract** with ``Extractor.extract``: every ``checkpoint_every`` samples the mergeable state and
    baseline sums are saved (conditional on the lease); a heartbeat thread refreshes ``heartbeat_at``,
    writes progress at most once a second and polls the cancel flag.
-4. **Finish** in one transaction: lock the job (still ours and running?) and the task, merge the
+4. **Finish** in one transaction: lock the job (still ours, running, not asked to cancel?) and the task, merge the
    job's state into the task's stored state (states are sums, so an append is exact and order does
    not matter), store state, signature and baselines, mark the task ready and the job succeeded, and
    log the change for the index. A duplicate or superseded run finds the job finished or re-leased
@@ -336,10 +336,10 @@ def _finish(ctx: WorkerContext, claim: job_store.Claim, status: str, error: str)
     return status
 
 
-def _try_release(ctx: WorkerContext, claim: job_store.Claim, error: str) -> None:
+def _try_release(ctx: WorkerContext, claim: job_store.Claim, error: str, *, count_attempt: bool = True) -> None:
     try:
         with ctx.factory.begin() as s:
-            job_store.release_job(s, claim.job_id, claim.lease, error)
+            job_store.release_job(s, claim.job_id, claim.lease, error, count_attempt=count_attempt)
     except _TRANSIENT:
         pass  # still down: the heartbeat goes stale and a sweep re-queues the job
 
@@ -391,7 +391,7 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
     if res.cancelled:
         if beat.cancel.is_set():
             return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
-        _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint")
+        _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint", count_attempt=False)
         return "released"
     side = calibration.prompt_side_or_none(extractor, samples, mode) if res.state.n_tokens else None
     lexical = lexicon_repo.LexicalDelta.of_samples(samples, mode) if res.state.n_tokens else None
@@ -413,6 +413,8 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
         task = repository.lock_task(s, claim.task_id) if claim.task_id is not None else None
         if task is None:
             outcome, error = JOB_CANCELLED, "the task was deleted"
+        elif job.cancel_requested:  # asked after the last batch (or during the calibration pass): honoured here
+            outcome, error = JOB_CANCELLED, "cancelled by request"
         elif res.state.n_tokens == 0:
             outcome = JOB_FAILED if claim.kind != JOB_APPEND else JOB_SUCCEEDED
             error = _nothing_usable(res)

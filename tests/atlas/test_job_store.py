@@ -120,3 +120,20 @@ def test_release_and_poison(factory: sessionmaker[Session]) -> None:
         assert job_store.fail_exhausted(s, job_id, max_attempts=2)
     with factory() as s:
         assert job_store.get_job(s, job_id).status == "failed"
+
+
+def test_space_sweep_recovers_a_dead_job_whose_task_was_deleted(factory: sessionmaker[Session]) -> None:
+    """A worker died mid-job, then the task was deleted: the job (task_id now NULL) is still found by the
+    per-space sweep a Celery worker runs, so it is re-claimed and ends ``cancelled`` instead of staying
+    ``running`` for good."""
+    task_id, job_id = _job(factory, "gone")
+    space_id = make_space(factory).id
+    with factory.begin() as s:
+        assert job_store.claim_job(s, job_id, worker="dead", stale_after_s=60) is not None
+    with factory.begin() as s:
+        repository.delete_task(s, task_id)
+    _age_heartbeat(factory, job_id, 120)
+    with factory.begin() as s:
+        assert job_store.get_job(s, job_id).task_id is None
+        assert job_store.recoverable_jobs(s, stale_after_s=60, space_id=space_id) == [job_id]
+        assert job_store.recoverable_jobs(s, stale_after_s=60, space_id=space_id + 1) == []

@@ -279,12 +279,30 @@ def test_inprocess_runner_recovers_and_resumes(ctx: WorkerContext, space_id: int
     with ctx.factory() as s:
         job = job_store.get_job(s, job_id)
         assert job.status == "queued" and job_store.get_checkpoint(s, job_id) is not None
+        assert job.attempts == 0  # a graceful stop is not an attempt (restarts would exhaust job_max_attempts)
     fresh = InProcessRunner(ctx, threads=1)
     assert fresh.start() == 1
     assert fresh.join(timeout=60)
     fresh.stop()
     assert fresh.outcomes[job_id] == "succeeded"
     assert stored_state(ctx, task_id) == reference(ctx, space_id, samples).state.to_bytes()
+
+
+def test_inprocess_runner_keeps_a_bounded_record_of_outcomes(ctx: WorkerContext, space_id: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived process runs jobs without end: the runner keeps only the last ``OUTCOMES_KEPT`` outcomes."""
+    import workers.inprocess as inprocess
+
+    monkeypatch.setattr(inprocess, "OUTCOMES_KEPT", 2)
+    jobs = [create(ctx, space_id, f"bounded-{i}", make_samples(2, seed=40 + i)) for i in range(3)]
+    runner = InProcessRunner(ctx, threads=1)
+    try:
+        assert runner.start() == 3
+        assert runner.join(timeout=60)
+    finally:
+        runner.stop()
+    assert len(runner.outcomes) == 2 and set(runner.outcomes.values()) == {"succeeded"}
+    assert set(runner.outcomes) < {j for _, j in jobs}
 
 
 def test_queue_capacity(ctx: WorkerContext, space_id: int) -> None:
@@ -296,3 +314,32 @@ def test_queue_capacity(ctx: WorkerContext, space_id: int) -> None:
     ensure_capacity(runner, 4)
     with pytest.raises(QueueFull):
         ensure_capacity(runner, 3)
+
+
+def test_cancel_after_the_last_batch_writes_nothing(ctx: WorkerContext, space_id: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel answered while the job is past its last batch (calibration pass) is honoured by the final
+    transaction: the append is not merged and the job ends ``cancelled``."""
+    from workers import calibration
+
+    base = make_samples(5, seed=30)
+    task_id, job_id = create(ctx, space_id, "late-cancel", base)
+    assert run_job(job_id, ctx) == "succeeded"
+    before = stored_state(ctx, task_id)
+    with ctx.factory.begin() as s:
+        append_id = repository.append_samples(s, task_id, make_samples(6, seed=31)).id
+    real = calibration.prompt_side_or_none
+
+    def cancel_then_calibrate(*args, **kwargs):
+        with ctx.factory.begin() as s:
+            asked = job_store.request_cancel(s, append_id)
+            assert (asked.status, asked.cancel_requested) == ("running", True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(calibration, "prompt_side_or_none", cancel_then_calibrate)
+    assert run_job(append_id, ctx) == "cancelled"
+    assert stored_state(ctx, task_id) == before
+    with ctx.factory() as s:
+        job = job_store.get_job(s, append_id)
+        assert (job.status, job.error) == ("cancelled", "cancelled by request")
+        assert repository.get_task(s, task_id).n_samples == 5
