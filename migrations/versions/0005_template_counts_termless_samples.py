@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alembic import op
+from alembic import context, op
 
 revision: str = "0005"
 down_revision: str | None = "0004"
@@ -28,6 +28,9 @@ def upgrade() -> None:
 
     from atlas import lexicon_repo
 
+    if context.is_offline_mode():  # `alembic upgrade --sql`: no rows to read
+        op.execute("-- 0005: no templates re-derived here: on a database that holds tasks, migrate online instead")
+        return
     with Session(bind=op.get_bind()) as session:
         lexicon_repo.backfill(session, lexicon_repo.tasks_with_template_terms(session), complete_only=True)
         session.flush()
