@@ -11,6 +11,7 @@ COPY fishersketch ./fishersketch
 COPY atlas ./atlas
 COPY workers ./workers
 COPY service ./service
+COPY fisher_atlas ./fisher_atlas
 COPY migrations ./migrations
 RUN pip install ".[scale,gpu]"
 CMD ["fisher-atlas", "worker"]

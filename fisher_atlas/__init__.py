@@ -9,6 +9,6 @@ directory and calls the same services the HTTP routes call, so a server started 
 directory gives the same answers.
 """
 
-from fisher_atlas.library import Atlas
+from fisher_atlas.library import Atlas, AtlasClosed
 
-__all__ = ["Atlas"]
+__all__ = ["Atlas", "AtlasClosed"]

@@ -8,35 +8,55 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from atlas import analysis
 from atlas.errors import AtlasError, InvalidInput
 from atlas.models import Job, Task
 from atlas.sample_io import parse_upload
-from atlas.samples import Sample
+from atlas.samples import Sample, record_to_sample
 from atlas.services.jobs import is_final
 from atlas.services.thresholds import FitResult
 from atlas.settings import Settings
-from atlas.vocabulary import JobStatus, TaskStatus
+from atlas.vocabulary import JobStatus, Mode, TaskStatus
 from service.container import Container
 
 SampleLike = str | dict[str, Any] | Sample
 
 
+class AtlasClosed(AtlasError):
+    """The :class:`Atlas` was closed (503 in HTTP terms: the store is not open)."""
+
+    status_code = 503
+    code = "closed"
+
+
+def _is_file(path: str | Path) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name too long for the OS, a NUL: not a file
+        return False
+
+
 def _samples(samples: str | Path | Iterable[SampleLike], mode: str) -> list[Sample]:
-    """Samples from a file path (JSONL, CSV, Parquet, text) or from texts / dicts / ``Sample``s."""
-    if isinstance(samples, str | Path) and Path(samples).is_file():
+    """Samples from a file path (JSONL, CSV, Parquet, text) or from texts / dicts / ``Sample``s, validated for
+    ``mode`` as an upload is (:class:`InvalidInput` naming the sample, as REST answers 422)."""
+    if mode not in tuple(Mode):
+        raise InvalidInput(f"mode must be one of {tuple(str(m) for m in Mode)}", {"mode": mode})
+    if isinstance(samples, str | Path):
+        if not _is_file(samples):
+            raise InvalidInput(f"no such file: {str(samples)[:200]!r} (give a file path, or a list of samples)")
         path = Path(samples)
         return parse_upload(path.read_bytes(), path.name, mode)  # type: ignore[arg-type]
-    if isinstance(samples, str | Path):
-        raise InvalidInput(f"no such file: {samples}")
     out = []
-    for s in samples:
+    for i, s in enumerate(samples):
         if isinstance(s, Sample):
-            out.append(s)
+            record: object = s.model_dump(exclude_none=True)
         elif isinstance(s, str):
-            out.append(Sample(text=s))
+            record = {"text": s}
         else:
-            out.append(Sample(**s))
+            record = s
+        out.append(record_to_sample(record, mode, f"sample {i}"))  # type: ignore[arg-type]
     return out
 
 
@@ -56,8 +76,23 @@ class Atlas:
     """
 
     def __init__(self, path: str | Path = "./fisher-atlas-data", **settings: Any) -> None:
-        self.settings = Settings(data_dir=Path(path), **settings)
-        self._c = Container(self.settings).start()
+        unknown = sorted(set(settings) - set(Settings.model_fields) - {"data_dir"})
+        if unknown:  # Settings ignores extra fields: a misspelt one would silently keep its default
+            raise InvalidInput(f"unknown setting(s) {unknown}; see atlas.settings.Settings", {"unknown": unknown})
+        try:
+            self.settings = Settings(data_dir=Path(path), **settings)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first.get("loc", ()))
+            raise InvalidInput(f"invalid setting {where}: {first.get('msg', '')}", {"setting": where}) from None
+        self._closed = False
+        self._container = Container(self.settings).start()
+
+    @property
+    def _c(self) -> Container:
+        if self._closed:  # its runner is stopped: a job queued now would never run (add() waited forever)
+            raise AtlasClosed("this Atlas is closed; open a new Atlas(path)")
+        return self._container
 
     def __enter__(self) -> Atlas:
         return self
@@ -66,8 +101,11 @@ class Atlas:
         self.close()
 
     def close(self) -> None:
-        """Finish running jobs' current batch, persist the index and close the store."""
-        self._c.stop()
+        """Finish running jobs' current batch, persist the index and close the store (once; later calls of
+        any method raise :class:`AtlasClosed`)."""
+        if not self._closed:
+            self._closed = True
+            self._container.stop()
 
     # -- tasks -----------------------------------------------------------------------------------
 
