@@ -38,6 +38,7 @@ from atlas.models import (
     utcnow,
 )
 from atlas.repository import Page, mark_task_failed_if_empty
+from atlas.upload_repository import purge_orphan_uploads_now
 
 MAX_ERROR_CHARS = 4000
 
@@ -275,9 +276,15 @@ def finish_job(session: Session, job_id: int, lease: str, status: str, error: st
 
 
 def finish_locked(session: Session, job: Job, status: str, error: str | None = None) -> None:
-    """Finish a job locked with :func:`lock_held_job` as ``failed`` or ``cancelled``."""
+    """Finish a job locked with :func:`lock_held_job` as ``failed`` or ``cancelled``; a job whose task was deleted
+    is removed instead, with the uploads no job references any more (a deleted task keeps no samples)."""
     if status not in (JOB_FAILED, JOB_CANCELLED):
         raise ValueError(f"finish_locked cannot set status {status!r}")
+    if job.task_id is None:  # its task was deleted while it ran: it goes as the task's other jobs went, and with
+        session.execute(delete(Job).where(Job.id == job.id))  # it the samples no job references (they stayed)
+        session.flush()
+        purge_orphan_uploads_now(session)
+        return
     _finish(job, status, error=error or status)
     if job.kind == "create" and job.task_id is not None:
         mark_task_failed_if_empty(session, job.task_id)
@@ -323,7 +330,7 @@ def recoverable_jobs(
     ``queued_older_than_s`` is ``None``, queued jobs created more than that many seconds ago (their
     wake-up may have been lost). ``space_id``: only jobs of that space (a worker sweeps the jobs of the
     model it serves) — the job's own ``space_id``, so a job whose task was deleted while its worker
-    was dead is still recovered (and ends ``cancelled``) instead of staying ``running`` for good.
+    was dead is still recovered (and removed when it ends) instead of staying ``running`` for good.
     """
     conds = [
         (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_cutoff(stale_after_s))

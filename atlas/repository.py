@@ -61,6 +61,7 @@ from atlas.upload_repository import encode_samples as encode_samples
 from atlas.upload_repository import get_or_create_upload as get_or_create_upload
 from atlas.upload_repository import load_upload_samples as load_upload_samples
 from atlas.upload_repository import purge_orphan_uploads as purge_orphan_uploads
+from atlas.upload_repository import purge_orphan_uploads_now
 from atlas.upload_repository import samples_digest as samples_digest
 from atlas.vocabulary import Mode
 
@@ -360,8 +361,8 @@ def delete_task(session: Session, task_id: int) -> None:
     """Delete a task with its state, signature and baselines, and log a delete change.
 
     Its queued jobs are cancelled and removed with their finished jobs; a running job is asked to
-    cancel (its final transaction finds the task gone and records ``cancelled``). Samples no job
-    references any more are deleted.
+    cancel and removed when it stops (its final transaction finds the task gone), with its samples.
+    Samples no job references any more are deleted.
     """
     # Lock order: its running job rows, then the task row — as a job's final transaction takes them (its job,
     # then its task); the other order deadlocks with a job ending at the same moment (PostgreSQL).
@@ -377,11 +378,7 @@ def delete_task(session: Session, task_id: int) -> None:
     session.execute(delete(Job).where(Job.task_id == task_id, Job.status != JOB_RUNNING))
     session.execute(delete(Task).where(Task.id == task_id))
     session.expunge(task)
-    try:  # an upload a concurrent request just reused stays (and is purged by a later delete)
-        with session.begin_nested():
-            purge_orphan_uploads(session)
-    except IntegrityError:
-        pass
+    purge_orphan_uploads_now(session)  # a running job's samples go when it stops (job_store.finish_locked)
     if had_signature:  # last: the change-sequence row lock is held only until commit
         record_change(session, task.space_id, task_id, CHANGE_DELETE)
 

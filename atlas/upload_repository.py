@@ -76,3 +76,13 @@ def purge_orphan_uploads(session: Session) -> int:
     referenced = exists().where(Job.upload_id == Upload.id)
     result = session.execute(delete(Upload).where(~referenced))
     return int(cast(CursorResult[Any], result).rowcount or 0)
+
+
+def purge_orphan_uploads_now(session: Session) -> int:
+    """:func:`purge_orphan_uploads` in a savepoint: an upload a concurrent request just reused stays (a later
+    purge takes it) instead of failing the caller's transaction."""
+    try:
+        with session.begin_nested():
+            return purge_orphan_uploads(session)
+    except IntegrityError:
+        return 0

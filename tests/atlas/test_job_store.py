@@ -124,8 +124,8 @@ def test_release_and_poison(factory: sessionmaker[Session]) -> None:
 
 def test_space_sweep_recovers_a_dead_job_whose_task_was_deleted(factory: sessionmaker[Session]) -> None:
     """A worker died mid-job, then the task was deleted: the job (task_id now NULL) is still found by the
-    per-space sweep a Celery worker runs, so it is re-claimed and ends ``cancelled`` instead of staying
-    ``running`` for good."""
+    per-space sweep a Celery worker runs, so it is re-claimed and ends (removed with its samples) instead of
+    staying ``running`` for good."""
     task_id, job_id = _job(factory, "gone")
     space_id = make_space(factory).id
     with factory.begin() as s:

@@ -235,6 +235,36 @@ def test_failures_are_recorded(ctx: WorkerContext, space_id: int, gpt2_lm: Loade
         assert job_store.get_job(s, job_c).status == "cancelled"
 
 
+def test_task_deleted_while_its_job_runs_leaves_no_job_and_no_samples(ctx: WorkerContext, space_id: int) -> None:
+    """The delete asks the running job to cancel; when it stops, its row goes with the task's other jobs and its
+    samples with it (the cancelled row kept the upload referenced, so a deleted task's samples stayed)."""
+    from sqlalchemy import func, select
+
+    from atlas.models import Job, Upload
+
+    samples = make_samples(400, seed=16)
+    task_id, job_id = create(ctx, space_id, "deleted-while-running", samples)
+    with ctx.factory() as s:
+        upload_id = job_store.get_job(s, job_id).upload_id
+    result: list[str] = []
+    t = threading.Thread(target=lambda: result.append(run_job(job_id, ctx)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with ctx.factory() as s:
+            if job_store.get_job(s, job_id).status == "running":
+                break
+        time.sleep(0.05)
+    with ctx.factory.begin() as s:
+        repository.delete_task(s, task_id)
+    t.join(timeout=60)
+    assert result == ["cancelled"]
+    with ctx.factory() as s:
+        assert s.get(Job, job_id) is None
+        assert s.get(Upload, upload_id) is None
+        assert s.execute(select(func.count()).select_from(Job).where(Job.upload_id == upload_id)).scalar_one() == 0
+
+
 def test_cancel_while_running(ctx: WorkerContext, space_id: int) -> None:
     samples = make_samples(400, seed=6)
     task_id, job_id = create(ctx, space_id, "long", samples)
