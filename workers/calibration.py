@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas import routing, routing_repo
-from atlas.errors import InvalidInput
 from atlas.lexicon_repo import routing_text
 from atlas.samples import Sample
 
@@ -37,26 +36,37 @@ class PromptSide:
     cal_states: list[Any] = field(default_factory=list)
 
 
+PROMPT_WINDOW = 256
+"""Prompts tokenised and sketched per batched call of :func:`prompt_side` (bounds its memory)."""
+
+
 def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptSide:
-    """Prompt-mode states of the job's samples (all of them in completion mode, the calibration pick else)."""
+    """Prompt-mode states of the job's samples (all of them in completion mode, the calibration pick else).
+
+    The prompts are sketched in batches as routing prompts are (:meth:`PromptBatcher.sketch_prepared`: length
+    buckets, one forward each, every prompt its own state, equal to sketching it alone up to float32 rounding);
+    one forward per prompt made this pass of a completion-mode job several times longer than its extraction.
+    A prompt that cannot be sketched (empty, under 2 tokens) is left out.
+    """
+    from workers.prompt_batcher import PromptBatcher
+
     pick = set(routing.calibration_pick(len(samples)))
+    wanted = [(i, routing_text(s, mode)) for i, s in enumerate(samples) if mode == "completion" or i in pick]
+    texts = [(i, t) for i, t in wanted if t]
+    batcher = PromptBatcher(extractor)
     out = PromptSide()
-    for i, sample in enumerate(samples):
-        if mode != "completion" and i not in pick:
+    for lo in range(0, len(texts), PROMPT_WINDOW):
+        window = texts[lo: lo + PROMPT_WINDOW]
+        prepared, _skipped = extractor.sample_tokenizer.prepare([Sample(text=t) for _, t in window], "text")
+        if not prepared:
             continue
-        text = routing_text(sample, mode)
-        if not text:
-            continue
-        try:
-            st = extractor.prompt(text).state
-        except InvalidInput:
-            continue
-        if st.n_draws == 0:
-            continue
-        if mode == "completion":
-            out.prompt_sum = st.copy() if out.prompt_sum is None else out.prompt_sum.merge(st)
-        if i in pick:
-            out.cal_states.append(st)
+        for ps, st in zip(prepared, batcher.sketch_prepared(prepared), strict=True):
+            if st.n_draws == 0:
+                continue
+            if mode == "completion":
+                out.prompt_sum = st.copy() if out.prompt_sum is None else out.prompt_sum.merge(st)
+            if window[ps.index][0] in pick:
+                out.cal_states.append(st)
     return out
 
 

@@ -65,6 +65,39 @@ def test_batched_equals_sequential(extractor: Extractor) -> None:
         np.testing.assert_allclose([m.score for m in rb.matches], [m.score for m in ra.matches], atol=1e-5)
 
 
+def test_job_prompt_side_equals_one_prompt_at_a_time(extractor: Extractor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completion job's prompt-side pass sketches its prompts in batches (windows of ``PROMPT_WINDOW``): its sum
+    and held-out states equal sketching every prompt alone (what it did, one forward each); unusable prompts are
+    left out."""
+    from workers import calibration
+
+    monkeypatch.setattr(calibration, "PROMPT_WINDOW", 7)  # several windows
+    texts = _prompts(40, seed=11)
+    samples = [Sample(prompt=t, completion=" yes") for t in texts]
+    samples[3] = Sample(prompt="   ", completion=" no")  # nothing to sketch
+    samples[5] = Sample(prompt="a", completion=" no")  # under 2 tokens
+    side = calibration.prompt_side(extractor, samples, "completion")
+    alone = []
+    for s in samples:
+        try:
+            alone.append(extractor.prompt(s.prompt or "").state)
+        except InvalidInput:
+            alone.append(None)
+    usable = [st for st in alone if st is not None]
+    assert len(usable) == 38
+    total = usable[0].copy()
+    for st in usable[1:]:
+        total = total.merge(st)
+    assert side.prompt_sum.n_samples == total.n_samples == 38
+    np.testing.assert_allclose(side.prompt_sum.signature(), total.signature(), atol=1e-5)
+    from atlas import routing
+
+    pick = [i for i in sorted(routing.calibration_pick(len(samples))) if alone[i] is not None]
+    assert len(side.cal_states) == len(pick)
+    for got, i in zip(side.cal_states, pick, strict=True):
+        np.testing.assert_allclose(got.signature(), alone[i].signature(), atol=1e-5)
+
+
 def test_prepare_refuses_bad_prompts_with_their_index(extractor: Extractor) -> None:
     batcher = PromptBatcher(extractor)
     with pytest.raises(InvalidInput) as info:
