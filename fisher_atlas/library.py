@@ -162,6 +162,9 @@ class Atlas:
                 p = job.progress or {}
                 if callable(progress):
                     progress(job)
+                elif bar is not None and p.get("phase") == "routing":  # after the samples: the routed prompts
+                    bar.update(tid, description=f"{label}: routing prompts", completed=int(p.get("routing_done", 0)),
+                               total=int(p.get("routing_total", 0) or 0) or None)
                 elif bar is not None:
                     bar.update(tid, completed=int(p.get("samples_done", 0) or 0),
                                total=int(p.get("samples_total", 0) or 0) or None)

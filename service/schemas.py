@@ -158,7 +158,14 @@ class JobProgress(_Out):
     tokens_streamed: int = Field(default=0, description="Every token forwarded through the model, prompts included.")
     tokens_streamed_per_s: float = Field(default=0.0, description="Tokens forwarded through the model per second.")
     samples_per_s: float = 0.0
-    eta_s: float | None = Field(default=None, description="Estimated seconds left; null before a rate is known.")
+    eta_s: float | None = Field(default=None, description="Estimated seconds left (of the current phase); null "
+                                "before a rate is known.")
+    phase: Literal["sketch", "routing"] = Field(
+        default="sketch", description="`sketch`: streaming the samples through the model; `routing`: after them, "
+        "sketching the prompts that route to the task (its calibration prompts; every prompt of a completion-mode "
+        "task).")
+    routing_done: int = Field(default=0, description="Prompts of the routing phase sketched.")
+    routing_total: int = Field(default=0, description="Prompts of the routing phase.")
 
 
 class JobOut(_Out):

@@ -17,7 +17,7 @@ Semantics (docs/SCORES.md):
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +40,13 @@ PROMPT_WINDOW = 256
 """Prompts tokenised and sketched per batched call of :func:`prompt_side` (bounds its memory)."""
 
 
-def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptSide:
+def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
+                progress: Callable[[int, int], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> PromptSide | None:
     """Prompt-mode states of the job's samples (all of them in completion mode, the calibration pick else).
+
+    ``progress(done, total)`` is called before the first window and after each (prompts sketched); ``None`` is
+    returned when ``should_stop()`` turns true between windows (the job was cancelled or its runner stops).
 
     The prompts are sketched in batches as routing prompts are (:meth:`PromptBatcher.sketch_prepared`: length
     buckets, one forward each, every prompt its own state, equal to sketching it alone up to float32 rounding);
@@ -56,6 +61,10 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptS
     batcher = PromptBatcher(extractor)
     out = PromptSide()
     for lo in range(0, len(texts), PROMPT_WINDOW):
+        if progress is not None:
+            progress(lo, len(texts))
+        if should_stop is not None and should_stop():
+            return None
         window = texts[lo: lo + PROMPT_WINDOW]
         prepared, _skipped = extractor.sample_tokenizer.prepare([Sample(text=t) for _, t in window], "text")
         if not prepared:
@@ -67,13 +76,16 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptS
                 out.prompt_sum = st.copy() if out.prompt_sum is None else out.prompt_sum.merge(st)
             if window[ps.index][0] in pick:
                 out.cal_states.append(st)
+    if progress is not None:
+        progress(len(texts), len(texts))
     return out
 
 
-def prompt_side_or_none(extractor: Any, samples: Sequence[Sample], mode: str) -> PromptSide | None:
-    """:func:`prompt_side`, or ``None`` (logged) when it fails: routing data is derived, never fatal."""
+def prompt_side_or_none(extractor: Any, samples: Sequence[Sample], mode: str, **hooks: Any) -> PromptSide | None:
+    """:func:`prompt_side` (``hooks``: its ``progress`` and ``should_stop``), or ``None`` (logged) when it fails:
+    routing data is derived, never fatal."""
     try:
-        return prompt_side(extractor, samples, mode)
+        return prompt_side(extractor, samples, mode, **hooks)
     except Exception:
         log.exception("prompt-side routing data could not be computed; the task keeps its previous calibration")
         return None

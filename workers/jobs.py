@@ -48,6 +48,7 @@ from workers import calibration
 
 if TYPE_CHECKING:
     from atlas.index import IndexManager
+    from atlas.samples import Sample
     from workers.extraction import ExtractionResult, Extractor, Progress
     from workers.model_loading import LoadedModel
 
@@ -272,14 +273,17 @@ def progress_view(progress: dict[str, Any] | None) -> dict[str, Any]:
     -------
     dict
         ``samples_done``, ``samples_total``, ``tokens`` (counted), ``tokens_per_s``, ``tokens_streamed``
-        (every token forwarded through the model), ``tokens_streamed_per_s``, ``samples_per_s``, ``eta_s``.
+        (every token forwarded through the model), ``tokens_streamed_per_s``, ``samples_per_s``, ``eta_s``,
+        ``phase`` (``sketch``: the samples; ``routing``: the prompts routed to the task, after them) and
+        ``routing_done`` / ``routing_total`` (prompts of that pass).
     """
     p = dict(progress or {})
-    ints = ("samples_done", "samples_total", "tokens", "tokens_streamed")
+    ints = ("samples_done", "samples_total", "tokens", "tokens_streamed", "routing_done", "routing_total")
     floats = ("tokens_per_s", "tokens_streamed_per_s", "samples_per_s")
     out: dict[str, Any] = {k: int(p.get(k, 0) or 0) for k in ints} | {k: float(p.get(k, 0.0) or 0.0) for k in floats}
     eta = p.get("eta_s")
     out["eta_s"] = None if eta is None else float(eta)
+    out["phase"] = "routing" if p.get("phase") == "routing" else "sketch"
     return out
 
 
@@ -393,14 +397,41 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
             return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
         _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint", count_attempt=False)
         return "released"
-    side = calibration.prompt_side_or_none(extractor, samples, mode) if res.state.n_tokens else None
+    side: calibration.PromptSide | None = None
+    phase: dict[str, Any] = {}
+    if res.state.n_tokens:
+        side, phase = _routing_pass(beat, extractor, samples, mode, res)
+        if beat.lost.is_set():
+            raise LeaseLost(claim.job_id)
+        if side is None and beat.should_stop():  # stopped between windows of the pass
+            if beat.cancel.is_set():
+                return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
+            _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint", count_attempt=False)
+            return "released"
     lexical = lexicon_repo.LexicalDelta.of_samples(samples, mode) if res.state.n_tokens else None
-    return _store(ctx, claim, res, None if side is None else (mode, side), lexical)
+    return _store(ctx, claim, res, None if side is None else (mode, side), lexical, phase)
+
+
+def _routing_pass(beat: _Heartbeat, extractor: Extractor, samples: list[Sample], mode: str, res: ExtractionResult
+                  ) -> tuple[calibration.PromptSide | None, dict[str, Any]]:
+    """The prompt-side pass after the samples (:func:`calibration.prompt_side`), reported as the job's
+    ``routing`` phase (prompts sketched of the pass's total, its own ETA) and stopped by cancel or shutdown;
+    returns the pass's result and the phase fields of the job's final progress."""
+    base, phase = _progress_of(res, final=True), {"phase": "routing", "routing_done": 0, "routing_total": 0}
+    t0 = time.monotonic()
+
+    def report(done: int, total: int) -> None:
+        rate = done / max(time.monotonic() - t0, 1e-9)
+        phase.update(routing_done=done, routing_total=total)
+        beat.set_progress(base | phase | {"eta_s": round((total - done) / rate, 3) if done else None})
+
+    side = calibration.prompt_side_or_none(extractor, samples, mode, progress=report, should_stop=beat.should_stop)
+    return side, phase
 
 
 def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
            routing_side: tuple[str, calibration.PromptSide] | None = None,
-           lexical: lexicon_repo.LexicalDelta | None = None) -> str:
+           lexical: lexicon_repo.LexicalDelta | None = None, phase: dict[str, Any] | None = None) -> str:
     """The final transaction: merge into the task (state, routing side, lexical record), store, mark done, log
     the change."""
     from fishersketch import SketchState
@@ -437,7 +468,8 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
                 calibration.store_routing_side(s, task.id, routing_side[0], merged, routing_side[1])
             if lexical is not None:
                 lexicon_repo.add_delta(s, task.id, lexical)
-            job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, _progress_of(res, final=True))
+            final = _progress_of(res, final=True) | (phase or {})
+            job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, final)
         elif outcome == JOB_SUCCEEDED:  # an append with nothing usable: nothing to merge
             job_store.mark_succeeded(s, job, summary | {"note": error}, _progress_of(res, final=True))
         else:

@@ -78,8 +78,9 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
         def update(job: JobOut) -> None:
             p = job.progress  # tokens streamed through the model (prompts included), as the job reports
             eta = f" · ETA {p.eta_s:,.0f} s" if p.eta_s is not None and not job.done else ""
+            routing = f" · routing prompts {p.routing_done:,}/{p.routing_total:,}" if p.phase == "routing" else ""
             bar.update(tid, completed=p.samples_done, total=p.samples_total or None, tokens=p.tokens_streamed,
-                       rate=f"{p.tokens_streamed_per_s:,.0f} tok/s · {p.samples_per_s:,.1f} samples/s{eta}")
+                       rate=f"{p.tokens_streamed_per_s:,.0f} tok/s · {p.samples_per_s:,.1f} samples/s{routing}{eta}")
 
         job = cl.wait_job(job_id, on_progress=update)
         update(job)

@@ -6,6 +6,7 @@ import datetime as dt
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -263,6 +264,43 @@ def test_task_deleted_while_its_job_runs_leaves_no_job_and_no_samples(ctx: Worke
         assert s.get(Job, job_id) is None
         assert s.get(Upload, upload_id) is None
         assert s.execute(select(func.count()).select_from(Job).where(Job.upload_id == upload_id)).scalar_one() == 0
+
+
+def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, space_id: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completion job's prompt-side pass is its ``routing`` phase: the final progress counts its prompts; a cancel
+    asked during it stops the pass at the next window (it ran to the end, then wrote nothing)."""
+    from workers import calibration
+    from workers.jobs import progress_view
+    from workers.prompt_batcher import PromptBatcher
+
+    monkeypatch.setattr(calibration, "PROMPT_WINDOW", 4)
+    pairs = [Sample(prompt=s.text, completion=" yes") for s in make_samples(20, seed=30)]
+    task_id, job_id = create(ctx, space_id, "pairs", pairs, mode="completion")
+    assert run_job(job_id, ctx) == "succeeded"
+    with ctx.factory() as s:
+        view = progress_view(job_store.get_job(s, job_id).progress)
+    assert (view["phase"], view["routing_done"], view["routing_total"]) == ("routing", 20, 20)
+    assert view["samples_done"] == view["samples_total"] == 20
+
+    windows: list[int] = []
+    real = PromptBatcher.sketch_prepared
+
+    def slow(self: PromptBatcher, prepared: Any) -> Any:
+        windows.append(len(prepared))
+        if len(windows) == 1:  # cancel during the first window; the heartbeat sees it within a second
+            with ctx.factory.begin() as s:
+                job_store.request_cancel(s, job_id2)
+            time.sleep(2.0)
+        return real(self, prepared)
+
+    monkeypatch.setattr(PromptBatcher, "sketch_prepared", slow)
+    _, job_id2 = create(ctx, space_id, "pairs-cancelled", pairs, mode="completion")
+    assert run_job(job_id2, ctx) == "cancelled"
+    assert windows == [4]  # stopped before the second of five windows
+    with ctx.factory() as s:
+        assert job_store.get_job(s, job_id2).status == "cancelled"
+        assert repository.get_state_blob(s, task_id) is not None  # the first task is untouched
 
 
 def test_cancel_while_running(ctx: WorkerContext, space_id: int) -> None:

@@ -1261,6 +1261,8 @@
       ` · ${fmtInt(Number.isFinite(streamed) ? streamed : Number(p.tokens) || 0)} tokens through the model`,
       Number.isFinite(tps) && tps > 0 ? ` · ${fmtInt(Math.round(tps))} tokens/s` : "",
       Number.isFinite(sps) && sps > 0 ? ` · ${fmt(sps, 1)} samples/s` : "",
+      p.phase === "routing" && status === "running"  // after the samples: the prompts that route to the task
+        ? ` · routing prompts ${fmtInt(Number(p.routing_done) || 0)} / ${fmtInt(Number(p.routing_total) || 0)}` : "",
       status === "running" && Number.isFinite(eta) ? ` · about ${fmtDuration(eta)} left` : "",
     ].join("");
   }
