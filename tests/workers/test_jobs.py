@@ -236,6 +236,23 @@ def test_failures_are_recorded(ctx: WorkerContext, space_id: int, gpt2_lm: Loade
         assert job_store.get_job(s, job_c).status == "cancelled"
 
 
+def _while_running(ctx: WorkerContext, job_id: int, action: Any) -> str:
+    """Run the job in a thread, commit ``action(session)`` once it is running, and return the job's outcome."""
+    result: list[str] = []
+    t = threading.Thread(target=lambda: result.append(run_job(job_id, ctx)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with ctx.factory() as s:
+            if job_store.get_job(s, job_id).status == "running":
+                break
+        time.sleep(0.05)
+    with ctx.factory.begin() as s:
+        action(s)
+    t.join(timeout=60)
+    return result[0] if result else "still running"
+
+
 def test_task_deleted_while_its_job_runs_leaves_no_job_and_no_samples(ctx: WorkerContext, space_id: int) -> None:
     """The delete asks the running job to cancel; when it stops, its row goes with the task's other jobs and its
     samples with it (the cancelled row kept the upload referenced, so a deleted task's samples stayed)."""
@@ -247,19 +264,7 @@ def test_task_deleted_while_its_job_runs_leaves_no_job_and_no_samples(ctx: Worke
     task_id, job_id = create(ctx, space_id, "deleted-while-running", samples)
     with ctx.factory() as s:
         upload_id = job_store.get_job(s, job_id).upload_id
-    result: list[str] = []
-    t = threading.Thread(target=lambda: result.append(run_job(job_id, ctx)))
-    t.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with ctx.factory() as s:
-            if job_store.get_job(s, job_id).status == "running":
-                break
-        time.sleep(0.05)
-    with ctx.factory.begin() as s:
-        repository.delete_task(s, task_id)
-    t.join(timeout=60)
-    assert result == ["cancelled"]
+    assert _while_running(ctx, job_id, lambda s: repository.delete_task(s, task_id)) == "cancelled"
     with ctx.factory() as s:
         assert s.get(Job, job_id) is None
         assert s.get(Upload, upload_id) is None
@@ -306,19 +311,7 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
 def test_cancel_while_running(ctx: WorkerContext, space_id: int) -> None:
     samples = make_samples(400, seed=6)
     task_id, job_id = create(ctx, space_id, "long", samples)
-    result: list[str] = []
-    t = threading.Thread(target=lambda: result.append(run_job(job_id, ctx)))
-    t.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with ctx.factory() as s:
-            if job_store.get_job(s, job_id).status == "running":
-                break
-        time.sleep(0.05)
-    with ctx.factory.begin() as s:
-        job_store.request_cancel(s, job_id)
-    t.join(timeout=60)
-    assert result == ["cancelled"]
+    assert _while_running(ctx, job_id, lambda s: job_store.request_cancel(s, job_id)) == "cancelled"
     with ctx.factory() as s:
         assert repository.get_task(s, task_id).status == "failed"
         assert repository.get_state_blob(s, task_id) is None
