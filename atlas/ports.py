@@ -63,8 +63,8 @@ class PromptSketcher(Protocol):
     Implementations batch concurrent calls. Errors are domain errors: ``ModelUnavailable`` (503, no
     model or worker serves the space — raised at once, never after a hang), ``QueueFull`` (429, with
     ``retry_after_s`` computed from the queue), ``PayloadTooLarge`` (413, more prompts in one request than
-the queue ever admits), ``InvalidInput`` (422, a prompt that cannot be sketched,
-    e.g. under 2 tokens, its index in ``detail``).
+    the queue ever admits), ``InvalidInput`` (422, a prompt that cannot be sketched, e.g. under 2 tokens, its
+    index in ``detail``).
     """
 
     def check_served(self, space: SpaceKey) -> None:

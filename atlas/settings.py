@@ -87,7 +87,8 @@ class Settings(BaseSettings):
     )
     prompt_max_batch: int = Field(default=64, ge=1, le=4096, description="Prompts per micro-batch.")
     prompt_max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="Wait for more prompts per batch.")
-    prompt_max_pending: int = Field(default=1024, ge=1, description="Waiting prompts beyond which /v1/route is 429.")
+    prompt_max_pending: int = Field(default=1024, ge=1, description="Waiting prompts beyond which /v1/route is 429 "
+                                    "(a request of more prompts than this on its own: 413).")
     prompt_timeout_s: float = Field(default=10.0, gt=0, le=600, description="Longest wait for a remote worker.")
 
     allowed_hosts: list[str] = Field(

@@ -46,11 +46,16 @@ def decode_samples(blob: bytes) -> list[Sample]:
 
 
 def get_or_create_upload(session: Session, samples: Sequence[Sample]) -> Upload:
-    """Store the samples once (content-addressed by sha256) and return the upload row."""
+    """Store the samples once (content-addressed by sha256) and return the upload row.
+
+    A row found is key-share locked (PostgreSQL; SQLite writers are serialised): a concurrent purge of orphan
+    uploads (a deleted task's samples, :func:`purge_orphan_uploads_now`) then waits for this transaction and
+    keeps the upload its new job references, instead of deleting it between this read and the job's insert.
+    """
     if not samples:
         raise InvalidInput("an upload needs at least one sample")
     blob, digest = encode_samples(samples)
-    stmt = select(Upload).where(Upload.sha256 == digest)
+    stmt = select(Upload).where(Upload.sha256 == digest).with_for_update(key_share=True)
     found = session.execute(stmt).scalar_one_or_none()
     if found is not None:
         return found

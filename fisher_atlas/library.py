@@ -76,7 +76,9 @@ class Atlas:
     """
 
     def __init__(self, path: str | Path = "./fisher-atlas-data", **settings: Any) -> None:
-        unknown = sorted(set(settings) - set(Settings.model_fields) - {"data_dir"})
+        if "data_dir" in settings:
+            raise InvalidInput("pass the data directory as the first argument, Atlas(path), not data_dir=")
+        unknown = sorted(set(settings) - set(Settings.model_fields))
         if unknown:  # Settings ignores extra fields: a misspelt one would silently keep its default
             raise InvalidInput(f"unknown setting(s) {unknown}; see atlas.settings.Settings", {"unknown": unknown})
         try:

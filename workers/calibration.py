@@ -59,7 +59,10 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
     pick = set(routing.calibration_pick(len(samples)))
     wanted = [(i, routing_text(s, mode)) for i, s in enumerate(samples) if mode == "completion" or i in pick]
     texts = [(i, t) for i, t in wanted if t]
-    batcher = PromptBatcher(extractor)
+    # Logits of a whole length bucket are held at once: bound them to ~512 MiB of float32 (1,024 positions at a
+    # 128k vocabulary), never below one prompt of the longest kind.
+    budget = max(extractor.sample_tokenizer.max_tokens, min(8192, (1 << 27) // max(int(extractor.lm.K), 1)))
+    batcher = PromptBatcher(extractor, token_budget=budget)
     out = PromptSide()
     for lo in range(0, len(texts), PROMPT_WINDOW):
         if progress is not None:

@@ -374,9 +374,9 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
         baselines = BaselineSums.from_bytes(resume[2]) if resume[2] is not None else None
         log.info("job %s: resuming after %s of %s samples", claim.job_id, start, len(samples))
 
-    def on_checkpoint(res: ExtractionResult) -> None:
-        if res.samples_done >= res.samples_total:
-            return  # the final transaction follows at once
+    def on_checkpoint(res: ExtractionResult, *, last: bool = False) -> None:
+        if res.samples_done >= res.samples_total and not last:
+            return  # the final transaction follows at once (or the routing pass's checkpoint, below)
         with ctx.factory.begin() as s:
             ok = job_store.save_checkpoint(
                 s, claim.job_id, claim.lease, samples_done=res.samples_done, tokens=res.tokens,
@@ -400,6 +400,8 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
     side: calibration.PromptSide | None = None
     phase: dict[str, Any] = {}
     if res.state.n_tokens:
+        if mode == "completion" and start < len(samples):  # a long pass: a stop during it keeps the extraction
+            on_checkpoint(res, last=True)
         side, phase = _routing_pass(beat, extractor, samples, mode, res)
         if beat.lost.is_set():
             raise LeaseLost(claim.job_id)

@@ -159,3 +159,44 @@ def test_deleting_a_task_while_its_job_ends_does_not_deadlock(pg_database: str) 
             assert s.get(Task, task_id) is None
     finally:
         engine.dispose()
+
+
+def test_a_purge_never_deletes_an_upload_a_request_is_about_to_use(factory: sessionmaker[Session],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request re-adding a deleted task's samples finds their (orphan) upload; a purge of orphan uploads (the
+    end of the deleted task's job) runs before the request inserts its job: the upload stays and the request
+    succeeds (it deleted the upload, and the job's insert failed as a false 409 on PostgreSQL)."""
+    import time
+
+    from atlas import upload_repository
+
+    space = make_space(factory, m=M)
+    samples = [Sample(text="the same samples once more")]
+    with factory.begin() as s:  # an upload no job references
+        upload_repository.get_or_create_upload(s, samples)
+    found = threading.Event()
+    real = repository._add_job
+
+    def slow_add_job(*args: object, **kwargs: object) -> object:
+        found.set()  # the upload was read; the purge runs now
+        time.sleep(1.0)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(repository, "_add_job", slow_add_job)
+    purged: list[int] = []
+
+    def purge() -> None:
+        assert found.wait(30)
+        with factory.begin() as s:
+            purged.append(upload_repository.purge_orphan_uploads_now(s))
+
+    t = threading.Thread(target=purge)
+    t.start()
+    with factory.begin() as s:
+        _task, job = repository.create_task_with_job(s, space.id, "re-added", "text", {}, samples)
+        upload_id = job.upload_id
+    t.join(timeout=60)
+    assert purged == [0]
+    with factory() as s:
+        assert upload_repository.load_upload_samples(s, upload_id) == samples
+

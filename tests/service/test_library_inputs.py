@@ -16,7 +16,8 @@ from fisher_atlas import Atlas, AtlasClosed
 def test_bad_samples_and_settings_are_invalid_input(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Each of these raised a non-domain error (pydantic ValidationError, OSError, UnicodeEncodeError) or, for
     samples of the other mode, created a task whose job then failed; REST refuses them all with 422."""
-    for bad in ({"sketch_dimm": 256}, {"sketch_dim": 3}):  # a misspelt setting was silently ignored
+    # a misspelt setting was silently ignored; data_dir= beside the path raised a TypeError
+    for bad in ({"sketch_dimm": 256}, {"sketch_dim": 3}, {"data_dir": tmp_path}):
         with pytest.raises(InvalidInput):
             Atlas(tmp_path / "unused", model=str(tiny_model_dir), device="cpu", **bad)
     with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:

@@ -276,6 +276,7 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
     """A completion job's prompt-side pass is its ``routing`` phase: the final progress counts its prompts; a cancel
     asked during it stops the pass at the next window (it ran to the end, then wrote nothing)."""
     from workers import calibration
+    from workers import jobs as jobs_module
     from workers.jobs import progress_view
     from workers.prompt_batcher import PromptBatcher
 
@@ -289,14 +290,16 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
     assert view["samples_done"] == view["samples_total"] == 20
 
     windows: list[int] = []
-    real = PromptBatcher.sketch_prepared
+    real, beats = PromptBatcher.sketch_prepared, []
+    enter = jobs_module._Heartbeat.__enter__
+    monkeypatch.setattr(jobs_module._Heartbeat, "__enter__", lambda self: beats.append(self) or enter(self))
 
     def slow(self: PromptBatcher, prepared: Any) -> Any:
         windows.append(len(prepared))
-        if len(windows) == 1:  # cancel during the first window; the heartbeat sees it within a second
+        if len(windows) == 1:  # cancel during the first window; wait until the job's heartbeat has seen it
             with ctx.factory.begin() as s:
                 job_store.request_cancel(s, job_id2)
-            time.sleep(2.0)
+            assert beats[-1].cancel.wait(30)
         return real(self, prepared)
 
     monkeypatch.setattr(PromptBatcher, "sketch_prepared", slow)
@@ -306,6 +309,39 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
     with ctx.factory() as s:
         assert job_store.get_job(s, job_id2).status == "cancelled"
         assert repository.get_state_blob(s, task_id) is not None  # the first task is untouched
+
+
+def test_a_stop_during_the_routing_phase_keeps_the_extraction(ctx: WorkerContext, space_id: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner stops during a completion job's routing phase: the job is released with a checkpoint of its
+    finished extraction (it kept the last periodic one, or none: a restart re-ran the samples) and the next run
+    goes straight to the routing phase, storing what an uninterrupted run stores."""
+    from workers import calibration
+    from workers.prompt_batcher import PromptBatcher
+
+    monkeypatch.setattr(calibration, "PROMPT_WINDOW", 4)
+    pairs = [Sample(prompt=s.text, completion=" yes") for s in make_samples(20, seed=31)]
+    task_id, job_id = create(ctx, space_id, "stopped-while-routing", pairs, mode="completion")
+    real = PromptBatcher.sketch_prepared
+
+    def stop(self: PromptBatcher, prepared: Any) -> Any:
+        ctx.shutdown.set()  # the runner is asked to stop during the first window
+        return real(self, prepared)
+
+    monkeypatch.setattr(PromptBatcher, "sketch_prepared", stop)
+    assert run_job(job_id, ctx) == "released"
+    with ctx.factory() as s:
+        assert job_store.get_checkpoint(s, job_id).samples_done == 20
+    monkeypatch.setattr(PromptBatcher, "sketch_prepared", real)
+    ctx.shutdown.clear()
+    starts: list[int] = []
+    extract = Extractor.extract
+    monkeypatch.setattr(Extractor, "extract", lambda self, *a, **kw: starts.append(kw.get("start", 0))
+                        or extract(self, *a, **kw))
+    assert run_job(job_id, ctx) == "succeeded"
+    assert starts == [20]  # no sample streamed again
+    monkeypatch.setattr(Extractor, "extract", extract)
+    assert stored_state(ctx, task_id) == reference(ctx, space_id, pairs, mode="completion").state.to_bytes()
 
 
 def test_cancel_while_running(ctx: WorkerContext, space_id: int) -> None:
