@@ -19,8 +19,8 @@ Index kinds, chosen by size: ``flat`` (``IndexIDMap2(IndexFlatIP(m))``, exact co
 per query at m = 4096) below ``ivf_min_size`` (4,096) signatures, else ``ivf`` — the two-stage
 :class:`atlas.index_ann.TwoStageIndex` (IVF over 256-d projections, exact re-rank: exact scores,
 recall@10 ≥ 0.99 at 10k–100k, ``bench/results/index.md``), trained on ≤ 16,384 sampled signatures and
-retrained by a rebuild when the space outgrows that 4x. ``kind="flat"`` keeps every space flat;
-``use_gpu`` mirrors flat indexes to a GPU when faiss-gpu is installed.
+retrained by a rebuild when it grows 4x past its size at training (``nlist ~ sqrt(n)``); ``kind="flat"``
+keeps every space flat; ``use_gpu`` mirrors flat indexes to a GPU when faiss-gpu is installed.
 
 The change log may be pruned (:meth:`IndexManager.compact`): an index whose watermark is below the pruned
 point rebuilds from SQL instead of catching up, and a catch-up that raced with a prune notices it (the
@@ -356,7 +356,7 @@ class IndexManager:
                 si.watermark = max(si.watermark, head)
                 si.dirty = True
             grown_past_flat = si.kind == "flat" and self._kind_for(si.count) == "ivf"
-            outgrew_training = si.kind == "ivf" and si.count > 4 * max(si.trained_n, 1)
+            outgrew_training = si.kind == "ivf" and si.count > 4 * max(si.trained_n, si.nlist ** 2, 1)
             if grown_past_flat or outgrew_training:
                 self._install(self._build(si.space_id))
         return applied

@@ -4,7 +4,9 @@ Format (version 2)::
 
     {"format": "fisher-atlas-space", "version": 2, "space": {...spec and fingerprints...}, "n_tasks": N}
     {"name": ..., "mode": ..., "metadata": {...}, "version": v, "n_samples": ..., "n_tokens": ...,
-     "state": base64, "signature": base64, "baselines": base64 | null}      (one line per ready task)
+     "state": base64, "signature": base64, "baselines": base64 | null,
+     "routing": {...} | null, "terms": base64}       (one line per ready task; "terms", the lexical record,
+                                                      only when there is no routing record to carry it)
     {"trailer": true, "n_tasks": n, "sha256": hex of every byte before this line}
 
 Lines end at ``"\\n"`` only (JSON escapes every control character, so no record spans lines).
@@ -14,8 +16,9 @@ every line is validated by a pydantic model; the spec must be within bounds (``m
 ``d`` and ``K`` up to 2**21) and match its fingerprint; every state is deserialised against the spec
 (a state of another space is refused, naming both specs), must be finite, and its counts must match
 the line's; the signature is **recomputed from the state** and a stored signature that differs from
-it (e.g. scaled) is refused; baselines must deserialise; names are normalised (stripped) like every
-other task name and must be unique. **Completeness**: a version-2 file must end with the trailer,
+it (e.g. scaled) is refused; baselines must deserialise and have the space's width, a lexical record
+(``terms``) must deserialise; names are normalised (stripped) like every other task name and must be
+unique. **Completeness**: a version-2 file must end with the trailer,
 whose count and SHA-256 must match (a truncated or edited export is refused). A version-1 file (no
 trailer) is accepted only when its number of task lines equals the header's ``n_tasks``. Task
 versions are preserved.
@@ -39,8 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from atlas import lexicon_repo, routing_repo
 from atlas import repository as repo
-from atlas import routing_repo
 from atlas.errors import Conflict, InvalidInput
 from atlas.models import TASK_READY, Space, Task
 from atlas.samples import Metadata
@@ -99,6 +102,7 @@ class ExportTask(BaseModel):
     signature: str
     baselines: str | None = None
     routing: dict[str, Any] | None = None
+    terms: str | None = None
 
 
 class ExportTrailer(BaseModel):
@@ -116,6 +120,14 @@ def ready_task_ids(session: Session, space_id: int) -> list[int]:
     return [int(i) for i in session.execute(
         select(Task.id).where(Task.space_id == space_id, Task.status == TASK_READY).order_by(Task.id)
     ).scalars()]
+
+
+def _snapshot(session: Session) -> None:
+    """Make the session's reads one snapshot: on PostgreSQL (READ COMMITTED, a snapshot per statement) a
+    job's append committing between the reads of a task's state and of its signature would export a line
+    that import refuses as tampered. SQLite read sessions are snapshots already."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
 
 def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> Iterator[bytes]:
@@ -140,11 +152,15 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
     for start in range(0, len(ids), EXPORT_CHUNK):
         part = ids[start : start + EXPORT_CHUNK]
         with read() as session:
+            _snapshot(session)
             tasks = {t.id: t for t in session.execute(select(Task).where(Task.id.in_(part))).scalars()}
             states = repo.get_states(session, part)
             baselines = repo.get_baselines(session, part)
             sig_ids, vectors = repo.get_signatures(session, task_ids=part)
             routes = routing_repo.export_records(session, part)
+            # the lexical record of a task without a routing record (stored before routing existed, or whose
+            # prompt-side pass failed) is not in ``routes``: carried on its own, else the import loses it
+            orphan_terms = lexicon_repo.get_blobs(session, [t for t in part if t not in routes])
         sigs = {int(i): v for i, v in zip(sig_ids, vectors, strict=True)}
         for tid in part:
             t = tasks.get(tid)
@@ -159,6 +175,8 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
                 "baselines": base64.b64encode(baselines[tid]).decode() if tid in baselines else None,
                 "routing": routes.get(tid),
             }
+            if tid in orphan_terms:
+                line["terms"] = base64.b64encode(orphan_terms[tid]).decode()
             out = (json.dumps(line) + "\n").encode()
             digest.update(out)
             written += 1
@@ -238,10 +256,16 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
             state_blob = _b64(rec.state, "state")
             sig = np.frombuffer(_b64(rec.signature, "signature"), dtype="<f4")
             base_blob = _b64(rec.baselines, "baselines") if rec.baselines else None
-            if base_blob is not None:
-                BaselineSums.from_bytes(base_blob)
+            base_d = BaselineSums.from_bytes(base_blob).d if base_blob is not None else spec.d
+            if base_d not in (spec.d, spec.d - 1):  # the head input's width H (d = H + 1 with a head bias)
+                raise ValueError(f"baselines of width {base_d} do not belong to a space of d = {spec.d}")
+            terms_blob = _b64(rec.terms, "terms") if rec.terms else None
         except ValueError as exc:
             raise InvalidInput(f"line {lineno}: {exc}") from None
+        try:
+            terms = lexicon_repo.LexicalRecord.from_bytes(terms_blob) if terms_blob is not None else None
+        except Exception as exc:
+            raise InvalidInput(f"line {lineno}: unreadable lexical record ({exc})") from None
         try:
             state = SketchState.from_bytes(state_blob, spec=spec)
         except SpecMismatch as exc:
@@ -267,7 +291,7 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         tasks.append({"name": name, "mode": rec.mode, "metadata": rec.metadata, "version": rec.version,
                       "n_samples": state.n_samples, "n_tokens": state.n_tokens, "state": state_blob,
                       "signature": recomputed.astype(np.float32), "baselines": base_blob,
-                      "routing": rec.routing})
+                      "routing": rec.routing, "terms": terms})
     return spec, sp.model_fingerprint, sp.model_name, tasks
 
 
@@ -310,5 +334,7 @@ def import_space(write: sessionmaker[Session], data: bytes, *,
                 routing_repo.import_record(session, task.id, t["routing"], spec)
             except InvalidInput as exc:  # name the task of the file: its new id is rolled back with the import
                 raise InvalidInput(f"task {t['name']!r}: {exc.message}", exc.detail) from None
+            if t["terms"] is not None and not (isinstance(t["routing"], dict) and t["routing"].get("terms")):
+                lexicon_repo.put_record(session, task.id, t["terms"])
         space_id = int(space.id)
     return space_id, len(tasks) - len(skipped), skipped

@@ -1,0 +1,171 @@
+"""IVF retraining past the training cap, and space export/import edges: an export racing a job, lexical records
+without a routing record, corrupt records, baselines of another width (each failed before its fix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+import atlas.index as index_module
+from atlas import lexicon_repo, repository, routing_repo, space_io
+from atlas.index import IndexManager
+from atlas.models import Space, Task
+from atlas.samples import Sample
+from fishersketch import SketchSpec, SketchState
+from tests.atlas.fixtures import add_ready_task, bulk_ready_tasks, make_space, unit_vectors
+
+M = 64
+
+
+def test_a_space_past_the_training_cap_is_not_rebuilt_on_every_catch_up(
+    factory, ro_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training sample is capped (16,384 signatures); a space over 4x the cap used to count as having
+    "outgrown its training" for good, so every catch-up (any change, in any space) rebuilt it from SQL."""
+    monkeypatch.setattr(index_module, "_TRAIN_SAMPLE", 20)  # the cap, scaled down
+    space = make_space(factory, m=32)
+    bulk_ready_tasks(factory, space.id, unit_vectors(100, 32), prefix="a")  # > 4 x the cap
+    index = IndexManager(ro_factory, tmp_path / "idx", ivf_min_size=10, coarse_dim=8)
+    index.open()
+    assert index.stats(space.id)["kind"] == "ivf"
+    builds: list[int] = []
+    build = index._build
+    monkeypatch.setattr(index, "_build", lambda sid: (builds.append(sid), build(sid))[1])
+    other = make_space(factory, m=32, key="model-b")
+    for i in range(3):
+        add_ready_task(factory, space.id, f"n{i}", unit_vectors(1, 32, seed=50 + i)[0])
+        add_ready_task(factory, other.id, f"o{i}", unit_vectors(1, 32, seed=80 + i)[0])
+        index.catch_up()
+    assert builds == [other.id]  # the new space once; the large one is caught up, not rebuilt
+    assert index.ids(space.id).size == 103
+    # it is still retrained once it has grown 4x past its size at training
+    bulk_ready_tasks(factory, space.id, unit_vectors(300, 32, seed=3), prefix="b")
+    index.catch_up()
+    assert builds == [other.id, space.id]
+
+
+# -- export / import -------------------------------------------------------------------------------
+
+
+def _spec_space(factory: sessionmaker[Session]) -> Space:
+    spec = SketchSpec(d=8, K=16, m=M, seed=0)
+    with factory.begin() as s:
+        return repository.get_or_create_space(
+            s, model_fingerprint="model-x", spec_fingerprint=spec.fingerprint(), model_name="tiny", d=8, K=16, m=M,
+            seed=0, spec=spec.to_dict(),
+        )
+
+
+def _state(space: Space, seed: int) -> SketchState:
+    rng = np.random.default_rng(seed)
+    return SketchState(SketchSpec.from_dict(space.spec), rng.standard_normal((2, 3, M)), rng.random((2, 3)) + 1,
+                       np.array([3, 4]), np.array([1, 2]))
+
+
+def _store(session: Session, task: Task, state: SketchState) -> None:
+    repository.store_task_result(session, task, state=state.to_bytes(), signature=state.signature(), baselines=None,
+                                 n_samples=state.n_samples, n_tokens=state.n_tokens)
+
+
+def _ready(factory: sessionmaker[Session], space: Space, name: str, seed: int) -> int:
+    with factory.begin() as s:
+        task, _ = repository.create_task_with_job(s, space.id, name, "text", {}, [Sample(text=f"{name} is a task")])
+        _store(s, task, _state(space, seed))
+        return int(task.id)
+
+
+def _detached(ro_factory: sessionmaker[Session], space_id: int) -> Space:
+    with ro_factory() as s:
+        space = s.get(Space, space_id)
+        assert space is not None
+        s.expunge(space)
+        return space
+
+
+def test_an_export_taken_while_a_job_appends_imports(factory, ro_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL reads at READ COMMITTED: an append committing between the reads of a task's state and of its
+    signature exported a line whose signature did not match its state, and the import refused the file."""
+    space = _spec_space(factory)
+    tid = _ready(factory, space, "a", 1)
+    read_states = space_io.repo.get_states
+
+    def states_then_append(session: Session, ids: list[int]) -> dict[int, bytes]:
+        out = read_states(session, ids)
+        with factory.begin() as w:  # a job's final transaction commits meanwhile
+            task = repository.lock_task(w, tid)
+            assert task is not None
+            _store(w, task, _state(space, 2).merge(_state(space, 3)))
+        return out
+
+    monkeypatch.setattr(space_io.repo, "get_states", states_then_append)
+    data = b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), [tid]))
+    monkeypatch.undo()
+    _, _, _, tasks = space_io.parse_export(data)  # raised InvalidInput ("tampered or corrupt")
+    assert [t["name"] for t in tasks] == ["a"]
+
+
+def test_the_lexical_record_of_a_task_without_routing_record_is_exported(factory, ro_factory, tmp_path: Path) -> None:
+    """Terms were exported only inside a task's routing record: a task that has terms but no routing record
+    (stored before routing records existed, or whose prompt-side pass failed) lost them on export/import,
+    and every prompt with it among its candidates lost its lexical ranking."""
+    space = _spec_space(factory)
+    plain = _ready(factory, space, "plain", 1)
+    with factory.begin() as s:
+        lexicon_repo.add_delta(s, plain, lexicon_repo.LexicalDelta.of_samples([Sample(text="capital of france")],
+                                                                              "text"))
+    with ro_factory() as s:
+        assert routing_repo.get_routing(s, plain) is None
+        before = lexicon_repo.get_blobs(s, [plain])[plain]
+    data = b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), [plain]))
+    with factory.begin() as s:
+        repository.delete_task(s, plain)
+    space_id, imported, _ = space_io.import_space(factory, data)
+    assert (space_id, imported) == (space.id, 1)
+    with ro_factory() as s:
+        new_id = s.execute(select(Task.id).where(Task.space_id == space.id, Task.name == "plain")).scalar_one()
+        assert lexicon_repo.get_blobs(s, [new_id]) == {new_id: before}
+        assert routing_repo.get_routing(s, new_id) is None
+
+
+def test_a_corrupt_lexical_record_in_an_import_is_refused(factory, ro_factory) -> None:
+    space = _spec_space(factory)
+    tid = _ready(factory, space, "a", 1)
+    data = b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), [tid]))
+    with pytest.raises(space_io.InvalidInput, match="lexical record"):
+        space_io.parse_export(_resealed(data, lambda line: {**line, "terms": "AAAA"}))
+
+
+def _resealed(data: bytes, edit) -> bytes:
+    """``data`` with its task lines edited by ``edit(dict) -> dict`` and its trailer recomputed."""
+    import hashlib
+    import json
+
+    lines = data.split(b"\n")[:-2]
+    lines[1:] = [(json.dumps(edit(json.loads(ln)))).encode() for ln in lines[1:]]
+    body = b"".join(ln + b"\n" for ln in lines)
+    trailer = {"trailer": True, "n_tasks": len(lines) - 1, "sha256": hashlib.sha256(body).hexdigest()}
+    return body + (json.dumps(trailer) + "\n").encode()
+
+
+def test_baselines_of_another_width_are_refused_on_import(factory, ro_factory) -> None:
+    """Baselines were only checked to deserialise: a task imported with a foreign width failed every later
+    append (its job's merge raised)."""
+    import base64
+
+    from atlas.baselines import BaselineSums
+
+    space = _spec_space(factory)
+    tid = _ready(factory, space, "a", 1)
+    data = b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), [tid]))
+    for width, ok in ((8, True), (7, True), (5, False)):
+        blob = base64.b64encode(BaselineSums(d=width).to_bytes()).decode()
+        edited = _resealed(data, lambda line, blob=blob: {**line, "baselines": blob})
+        if ok:
+            assert len(space_io.parse_export(edited)[3]) == 1
+        else:
+            with pytest.raises(space_io.InvalidInput, match="width 5"):
+                space_io.parse_export(edited)
