@@ -8,6 +8,9 @@ from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from atlas.routing import MAX_ROUTE_K
 from service.schemas import _Out
 
+SPACE_REF_MAX = 300
+"""Longest space reference in a body, as in the ``space`` query and path parameters."""
+
 
 class RouteRequest(BaseModel):
     """Route one prompt (``prompt``) or a batch (``prompts``) to the nearest stored tasks."""
@@ -32,7 +35,8 @@ class RouteRequest(BaseModel):
     candidates: int | None = Field(
         default=None, ge=1, le=4096, description="FAISS candidates re-ranked exactly; default max(4k, 32)."
     )
-    space: str | None = Field(default=None, description="Space id or name; default: the loaded model's space.")
+    space: str | None = Field(default=None, max_length=SPACE_REF_MAX,
+                              description="Space id or name; default: the loaded model's space.")
 
     @model_validator(mode="after")
     def _one_of(self) -> RouteRequest:
@@ -134,7 +138,8 @@ class FitRequest(BaseModel):
     )
 
     examples: list[FitExample] = Field(min_length=1, max_length=2000)
-    space: str | None = None
+    space: str | None = Field(default=None, max_length=SPACE_REF_MAX,
+                              description="Space id or name; default: the loaded model's space.")
     dry_run: bool = Field(default=False, description="Compute the thresholds without storing them.")
 
 

@@ -71,7 +71,7 @@ class QueryService:
 
     def space_key(self, space_ref: str | None) -> SpaceKey:
         """The :class:`SpaceKey` of a space reference (cached for a few seconds: spaces never change)."""
-        ref = "default" if space_ref is None else str(space_ref)
+        ref = _cache_ref(space_ref)
         hit = self._space_keys.get(ref)
         now = time.monotonic()
         if hit is not None and now - hit[0] < 5.0:
@@ -102,6 +102,8 @@ class QueryService:
 
     def _neighbours(self, session: Session, space: Space, task_id: int, n: int) -> list[int]:
         """Up to ``n`` other ready tasks near ``task_id``: all of them when the space is small."""
+        if n <= 0:  # a matrix cap of 1 or 2 tasks leaves no room for context
+            return []
         if repo.count_signatures(session, space.id) <= n + 1:
             return sql.ready_task_ids(session, space.id, exclude=task_id, limit=n)
         sig_ids, vectors = repo.get_signatures(session, task_ids=[task_id])
@@ -280,3 +282,14 @@ class QueryService:
         amap = analysis.atlas_layout([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded])
         self.observe("atlas", time.perf_counter() - t0)
         return space, amap, len(ids), len(chosen) < len(ids)
+
+
+def _cache_ref(space_ref: str | int | None) -> str:
+    """The cache key of a space reference: one per space however it is spelled (``" Default"``, ``"007"``), so
+    the cache holds at most one entry per space id, per model name and for the default (``Store.resolve_space``)."""
+    ref = "default" if space_ref is None else str(space_ref)
+    if ref.strip().lower() in ("", "default"):
+        return "default"
+    if ref.isascii() and ref.isdigit():
+        return ref.lstrip("0") or "0"
+    return ref

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
 
 from atlas import lexicon_repo, repository, routing, routing_repo
-from atlas.errors import InvalidInput, NotFound
+from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady
+from atlas.models import TASK_READY
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.services.queries import QueryService
 from atlas.store import Store
@@ -68,6 +70,23 @@ class ThresholdService:
                     "prompt_side": row.prompt_state is not None,
                     "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
 
+    def _labels(self, space_ref: str | None, labels: Sequence[str | int]) -> list[int | None]:
+        """Task ids of ``fit`` labels (``None`` for ``"none"``): each names a ready task of the space.
+
+        Raises
+        ------
+        NotFound
+            No task of that name in the space, or of that id.
+        IncompatibleSpace
+            A task id of another space.
+        NotReady
+            A task that is not ready (pending or failed): its prompts cannot be answered by it.
+        """
+        with self.store.read() as session:
+            space_id = int(self.store.resolve_space(session, space_ref).id)
+            ids: dict[str | int, int | None] = {}
+            return [ids[lb] if lb in ids else ids.setdefault(lb, _label(session, space_id, lb)) for lb in labels]
+
     def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None,
               false_reject_rate: float | None = None) -> dict[str, Any]:
         """Set (or clear with ``None``) the threshold override unless ``threshold`` is ``...``; turn the template
@@ -98,23 +117,15 @@ class ThresholdService:
         accepts, never past the documented false-reject rate of its own held-out scores."""
         if not examples:
             raise InvalidInput("no examples")
+        # labels first: a bad one fails before any prompt is sketched
+        labels = await asyncio.to_thread(self._labels, space_ref, [lb for _, lb in examples])
         prompts = [p for p, _ in examples]
         answers = []
         for start in range(0, len(prompts), 64):
             part, _ = await self.queries.route(prompts[start: start + 64], k=100, threshold=None, space_ref=space_ref)
             answers += part
-        with self.store.session() as session:
-            space = self.store.resolve_space(session, space_ref)
-            labels: list[int | None] = []
-            for _, label in examples:
-                if isinstance(label, str) and label.strip().lower() == "none":
-                    labels.append(None)
-                    continue
-                if isinstance(label, int) and not 1 <= label <= MAX_TASK_ID:
-                    raise NotFound(f"task {label} does not exist", {"task_id": label})
-                task = (repository.get_task(session, int(label)) if isinstance(label, int)
-                        else repository.get_task_by_name(session, space.id, label))
-                labels.append(int(task.id))
+        # a dry run stores nothing: it reads, and never waits for (or holds) the database's write lock
+        with self.store.read() if dry_run else self.store.session() as session:
             off = _templates_to_turn_off(labels, answers)
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
                              forced_none=a.nearest_rejects or (a.template_rejects and a.matches[0].task_id not in off))
@@ -145,3 +156,21 @@ def _templates_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any])
     lacking = Counter(lab for lab, a in zip(labels, answers, strict=True)
                       if lab is not None and a.template_rejects and a.matches and a.matches[0].task_id == lab)
     return {t for t, n in lacking.items() if n / positives[t] > TEMPLATE_FALSE_REJECT}
+
+
+def _label(session: Any, space_id: int, label: str | int) -> int | None:
+    """The task id of one ``fit`` label (see :meth:`ThresholdService._labels`)."""
+    if isinstance(label, str) and label.strip().lower() == "none":
+        return None
+    if isinstance(label, int) and not 1 <= label <= MAX_TASK_ID:
+        raise NotFound(f"task {label} does not exist", {"task_id": label})
+    task = (repository.get_task(session, int(label)) if isinstance(label, int)
+            else repository.get_task_by_name(session, space_id, label))
+    if task.space_id != space_id:
+        raise IncompatibleSpace(f"label {label!r}: task {task.id} ({task.name}) belongs to space {task.space_id}, "
+                                f"the prompts are routed in space {space_id}",
+                                {"task_id": int(task.id), "space_ids": [int(task.space_id), space_id]})
+    if task.status != TASK_READY:
+        raise NotReady(f"label {label!r}: task {task.id} ({task.name}) is not ready (status {task.status})",
+                       {"task_id": int(task.id), "status": task.status})
+    return int(task.id)

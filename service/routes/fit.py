@@ -34,11 +34,12 @@ async def patch_routing(task_id: TaskId, body: ThresholdPatch, c: ContainerDep, 
 
 
 @router.post("/route/fit", response_model=FitResponse, summary="Tune route thresholds from labelled prompts",
-             responses=error_responses(401, 403, 404, 413, 422, 429, 503))
+             responses=error_responses(401, 403, 404, 409, 413, 422, 429, 503))
 async def fit(body: FitRequest, c: ContainerDep, _: WritePrincipal) -> FitResponse:
     """Route the labelled prompts, then raise each task's threshold just above the prompts it wrongly
     accepts (labelled another task or "none"), never past the documented false-reject rate of its
-    own held-out scores and labelled prompts (semantic-router's ``fit``; docs/SCORES.md)."""
+    own held-out scores and labelled prompts (semantic-router's ``fit``; docs/SCORES.md). Each label names a ready
+    task of the space (404 unknown; 409 another space's, or not ready) or is ``"none"``; ``dry_run`` stores nothing."""
     res = await c.thresholds.fit([(e.prompt, e.label) for e in body.examples], space_ref=body.space,
                                  dry_run=body.dry_run)
     return FitResponse(thresholds=res.thresholds, accuracy_before=res.accuracy_before,

@@ -1,0 +1,128 @@
+"""Edges of the query layer: space references in request bodies (bounded, one cache entry per space), `fit` labels
+(ready tasks of the space), dry runs (no write lock), align under a tight matrix cap. Each failed before its fix."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from typing import Any
+
+import httpx
+from hypothesis import given
+from hypothesis import strategies as st
+
+from atlas.services.queries import _cache_ref
+from tests.service.conftest import wait_job
+
+PROSE = [f"The {a} fox jumps over the {b} dog near the {c}." for a, b, c in
+         [("quick", "lazy", "barn"), ("brown", "old", "road"), ("red", "small", "river"), ("grey", "big", "farm"),
+          ("young", "tired", "hill"), ("wild", "sleepy", "fence")]]
+PROMPT = "The calm fox jumps over the lazy cat."
+
+
+def _add(http: httpx.Client, name: str, texts: list[str]) -> dict[str, Any]:
+    body = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    r = http.post("/v1/tasks", data={"name": name, "mode": "text"}, files={"file": ("x.jsonl", body)})
+    assert r.status_code == 202, r.text
+    job = wait_job(http, r.json()["job"]["id"], timeout=120)
+    return {"id": r.json()["task"]["id"], "status": job["status"]}
+
+
+def _import_as_other_model(http: httpx.Client) -> list[int]:
+    """Import the default space's export under another model fingerprint: a second space; its task ids."""
+    lines = http.get("/v1/spaces/default/export").text.splitlines()
+    header = json.loads(lines[0])
+    header["space"].update(model_fingerprint="0123456789abcdef", model_name="other-model")
+    raw = "".join(ln + "\n" for ln in [json.dumps(header), *lines[1:-1]]).encode()
+    trailer = json.loads(lines[-1]) | {"sha256": hashlib.sha256(raw).hexdigest()}
+    r = http.post("/v1/spaces/import", files={"file": ("x.jsonl", raw + (json.dumps(trailer) + "\n").encode())})
+    assert r.status_code == 200, r.text
+    items = http.get("/v1/tasks", params={"space": str(r.json()["space_id"])}).json()["items"]
+    return [int(t["id"]) for t in items]
+
+
+def test_space_reference_in_a_body_is_bounded_and_cached_once_per_space(serve, tiny_lm) -> None:
+    """A 5,000-digit ``space`` was a 500 (int() digit limit in resolve_space); every spelling of a space that
+    resolves ("01", "001", " Default", ...) added a cache entry for the process's lifetime."""
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        _add(http, "prose", PROSE)
+        long_ref = "0" * 5000 + "1"
+        for path, body in (("/v1/route", {"prompt": PROMPT, "space": long_ref}),
+                           ("/v1/route/fit", {"examples": [{"prompt": PROMPT, "label": "none"}], "space": long_ref})):
+            r = http.post(path, json=body)
+            assert r.status_code == 422 and r.json()["code"] == "invalid_input", r.text
+        spellings = ["1", "01", "0001", "0" * 250 + "1", None, "default", " Default ", "DEFAULT", ""]
+        for ref in spellings:
+            r = http.post("/v1/route", json={"prompt": PROMPT, "space": ref})
+            assert r.status_code == 200, (ref, r.text)
+    assert set(svc.container.queries._space_keys) <= {"1", "default"}
+
+
+@given(st.text(alphabet="0", max_size=40).map(lambda z: z + "7") | st.sampled_from(["7", "007"]),
+       st.text(alphabet=" \t", max_size=3), st.sampled_from(["default", "DEFAULT", "Default", "dEfAuLt", ""]))
+def test_cache_ref_is_one_key_per_space(digits: str, pad: str, default: str) -> None:
+    assert _cache_ref(digits) == "7"
+    assert _cache_ref(pad + default + pad) == _cache_ref(None) == "default"
+    assert _cache_ref("my-model") == "my-model"
+
+
+def test_fit_labels_must_name_ready_tasks_of_the_space(serve, tiny_lm) -> None:
+    """A label naming (by id) a task of another space, or a failed task, was accepted: its prompts counted as
+    wrongly answered and raised the answering task's threshold. Now 409 before any prompt is sketched."""
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        prose = _add(http, "prose", PROSE)
+        failed = _add(http, "short", ["a"])
+        assert prose["status"] == "succeeded" and failed["status"] == "failed"
+        other = _import_as_other_model(http)
+        assert other and prose["id"] not in other
+        for label in (other[0], failed["id"], "short"):
+            r = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": label}] * 5,
+                                                 "dry_run": True})
+            assert r.status_code == 409, (label, r.text)
+            assert r.json()["code"] in ("incompatible_space", "not_ready")
+        r = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": "nope"}]})
+        assert r.status_code == 404, r.text
+        ok = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": "prose"},
+                                                           {"prompt": PROMPT, "label": prose["id"]}], "dry_run": True})
+        assert ok.status_code == 200 and ok.json()["stored"] is False, ok.text
+
+
+def test_dry_run_fit_does_not_take_the_write_lock(serve, tiny_lm) -> None:
+    """A dry run stores nothing, yet it opened a write transaction: under another writer it waited for the busy
+    timeout and answered 503."""
+    svc = serve(lm=tiny_lm, db_busy_timeout_s=2.0)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        _add(http, "prose", PROSE)
+        before = http.get("/v1/tasks/1/routing").json()
+        db = svc.container.settings.resolved_database_url().split("///", 1)[1]
+        con = sqlite3.connect(db, isolation_level=None, timeout=5)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            t0 = time.monotonic()
+            r = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": "none"}] * 3,
+                                                 "dry_run": True})
+            took = time.monotonic() - t0
+        finally:
+            con.execute("ROLLBACK")
+            con.close()
+        assert r.status_code == 200 and r.json()["stored"] is False, r.text
+        assert took < 2.0
+        assert http.get("/v1/tasks/1/routing").json() == before
+
+
+def test_align_under_a_tight_matrix_cap(serve, tiny_lm) -> None:
+    """With ``max_matrix_tasks`` 1 the shrinkage context of ``/v1/align`` was asked for −1 neighbours: a 422
+    "k must be at least 1" for a valid pair. The pair is now aligned without context."""
+    svc = serve(lm=tiny_lm, max_matrix_tasks=1)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        a = _add(http, "prose", PROSE)["id"]
+        b = _add(http, "code", [f"def f{i}(a, b):\n    return a {op} b\n" for i, op in enumerate("+-*/%&")])["id"]
+        _add(http, "more", [t.replace("fox", "cat") for t in PROSE])
+        for x, y in ((a, b), (a, a)):
+            r = http.get("/v1/align", params={"a": x, "b": y})
+            assert r.status_code == 200, r.text
+            assert 0.0 <= r.json()["fisher"] <= 1.0
