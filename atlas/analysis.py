@@ -164,18 +164,24 @@ def _entry(mat: Any, i: int, j: int) -> Any:
     return None
 
 
+def _se(se: Any, flags: Sequence[str]) -> float | None:
+    """The split-half standard error, ``None`` where it is not estimable (documented "null", not 0)."""
+    return None if "split_half_unavailable" in flags else _opt_f(se)
+
+
 def _factors_from_matrix(mr: MatrixResult, i: int, j: int) -> Factors:
     fisher = _f(_entry(mr.fisher, i, j))
     activation = _f(_entry(mr.activation, i, j))
+    flags = tuple(mr.pair_flags.get((min(i, j), max(i, j)), ()))
     return Factors(
         fisher=fisher,
         fisher_shrunk=_f(_entry(mr.fisher_eb, i, j)),
         activation=activation,
         error=_f(_entry(mr.error, i, j)),
         rho=_f(_entry(mr.rho, i, j)),
-        se=_opt_f(_entry(mr.se, i, j)),
+        se=_se(_entry(mr.se, i, j), flags),
         activation_dark=is_activation_dark(activation, fisher),
-        flags=tuple(mr.pair_flags.get((min(i, j), max(i, j)), ())),
+        flags=flags,
     )
 
 
@@ -239,7 +245,7 @@ def pair_factors(a: TaskState, b: TaskState, context: Sequence[TaskState] = ()) 
         activation=activation,
         error=_f(pair.error),
         rho=_f(pair.rho),
-        se=_opt_f(pair.se),
+        se=_se(pair.se, pair.flags),
         activation_dark=is_activation_dark(activation, fisher),
         chi=_opt_f(pair.chi),
         flags=tuple(pair.flags),

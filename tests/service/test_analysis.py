@@ -104,6 +104,18 @@ def test_pair_flags_reach_the_factors(tasks) -> None:
     plain = analysis.pair_factors(tasks[0], tasks[1], tasks[2:])
     assert plain.flags == align(tasks[0].state, tasks[1].state).flags
     assert "rho_bounded" not in plain.flags
+    assert plain.se is not None and plain.se >= 0
+
+
+def test_se_is_null_where_the_split_half_is_unavailable(tasks) -> None:
+    """A task too small for two split halves has no standard error: ``se`` is null (the schema's "null if not
+    estimable"), not 0, on the pair factors and on its recommendation rows."""
+    small = analysis.TaskState(99, "small", _sub(tasks[0].state, 3, 0))
+    f = analysis.pair_factors(tasks[1], small, tasks[2:])
+    assert "split_half_unavailable" in f.flags and f.se is None
+    rows = analysis.recommend_sources(tasks[1], [small, *tasks[2:]], k=6)
+    for r in rows:
+        assert (r.factors.se is None) == ("split_half_unavailable" in r.factors.flags), r
 
 
 def test_activation_dark_rule() -> None:
