@@ -216,3 +216,16 @@ def probe_write_lock(url: str | URL, timeout_s: float = 0.25) -> str | None:
             else type(exc).__name__
     finally:
         con.close()
+
+
+def read_snapshot(session: Session) -> None:
+    """Make every statement of a fresh read session see one snapshot (call it before the first statement).
+
+    PostgreSQL's default (READ COMMITTED) takes a snapshot per statement, so a page's ``total`` could disagree
+    with its items while rows are added, and an export could read a task's state before a job's append and its
+    signature after it; REPEATABLE READ (reset when the connection returns to the pool) gives one. SQLite's read
+    sessions are one snapshot already.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+

@@ -307,6 +307,8 @@ def list_tasks(
     if name_prefix:
         escaped = name_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         conds.append(Task.name.like(escaped + "%", escape="\\"))
+        # SQLite's LIKE ignores ASCII case ("AB" matched "abc"): the prefix is also compared exactly
+        conds.append(func.substr(Task.name, 1, len(name_prefix)) == name_prefix)
     if status is not None:
         conds.append(Task.status == status)
     total = session.execute(select(func.count()).select_from(Task).where(*conds)).scalar_one()

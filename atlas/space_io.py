@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import lexicon_repo, routing_repo
 from atlas import repository as repo
+from atlas.db import read_snapshot
 from atlas.errors import Conflict, InvalidInput
 from atlas.models import TASK_READY, Space, Task
 from atlas.samples import Metadata
@@ -122,14 +123,6 @@ def ready_task_ids(session: Session, space_id: int) -> list[int]:
     ).scalars()]
 
 
-def _snapshot(session: Session) -> None:
-    """Make the session's reads one snapshot: on PostgreSQL (READ COMMITTED, a snapshot per statement) a
-    job's append committing between the reads of a task's state and of its signature would export a line
-    that import refuses as tampered. SQLite read sessions are snapshots already."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-
-
 def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> Iterator[bytes]:
     """The export of ``space`` restricted to ``ids`` (see the module docstring), lazily.
 
@@ -152,7 +145,7 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
     for start in range(0, len(ids), EXPORT_CHUNK):
         part = ids[start : start + EXPORT_CHUNK]
         with read() as session:
-            _snapshot(session)
+            read_snapshot(session)  # a job's append between its reads of a state and a signature
             tasks = {t.id: t for t in session.execute(select(Task).where(Task.id.in_(part))).scalars()}
             states = repo.get_states(session, part)
             baselines = repo.get_baselines(session, part)

@@ -113,7 +113,8 @@ class TaskPatch(BaseModel):
         extra="forbid", json_schema_extra={"examples": [{"metadata": {"owner": "chem-team", "old": None}}]}
     )
 
-    metadata: Metadata = Field(description=f"JSON merge patch applied to the task's metadata ({_META_DOC}).")
+    metadata: Metadata = Field(description="Top-level merge into the task's metadata: each key replaces the stored "
+                               f"one, a null value removes it; nested objects are replaced whole ({_META_DOC}).")
 
 
 class TaskOut(_Out):

@@ -7,6 +7,7 @@ from typing import Any
 from atlas import job_store
 from atlas import repository as repo
 from atlas import space_repository as sql
+from atlas.db import read_snapshot
 from atlas.models import JOB_FINAL_STATUSES, JOB_QUEUED, JOB_RUNNING, Job
 from atlas.store import Store
 
@@ -26,6 +27,7 @@ class JobService:
              ) -> repo.Page[Job]:
         """Jobs, newest first."""
         with self.store.read() as session:
+            read_snapshot(session)
             return job_store.list_jobs(session, task_id=task_id, status=status, offset=offset, limit=limit)
 
     def cancel(self, job_id: int) -> Job:
@@ -45,3 +47,4 @@ class JobService:
 def is_final(status: str) -> bool:
     """Whether a job status is terminal."""
     return status in JOB_FINAL_STATUSES
+

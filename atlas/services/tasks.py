@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from atlas import job_store
 from atlas import repository as repo
 from atlas import space_repository as sql
+from atlas.db import read_snapshot
 from atlas.errors import AtlasError, IncompatibleSpace, InvalidInput, PayloadTooLarge, QueueFull
 from atlas.index import IndexManager
 from atlas.models import JOB_QUEUED, Job, Space, Task
@@ -66,9 +67,10 @@ class TaskService:
                     {"sample": i, "chars": n, "max_sample_chars": s.max_sample_chars},
                 )
 
-    def _check_queue(self, session: Session, idempotency_key: str | None) -> None:
+    def _check_queue(self, session: Session, idempotency_key: str | None) -> bool:
+        """Refuse a new job when the queue is full (429); ``True`` for a repeated request (its key is stored)."""
         if idempotency_key is not None and job_store.job_by_idempotency_key(session, idempotency_key) is not None:
-            return  # a repeated request: answered from the store, it queues nothing new
+            return True  # a repeated request: answered from the store, it queues nothing new
         depth = job_store.count_jobs(session, (JOB_QUEUED,))
         if depth >= self.settings.max_queued_jobs:
             raise QueueFull(
@@ -76,6 +78,7 @@ class TaskService:
                 {"queued": depth, "max_queued_jobs": self.settings.max_queued_jobs},
                 retry_after_s=5.0,
             )
+        return False
 
     def _enqueue(self, job_id: int, task_id: int | None, key: str, *, created: bool) -> None:
         """Wake a runner for the job on the queue of its space's model (``key``: its serving key) — a scale-out
@@ -104,10 +107,12 @@ class TaskService:
         with self.store.session() as session:
             space = self.store.resolve_space(session, space_ref)
             self.computable(space)
-            self._check_queue(session, idempotency_key)
+            replay = self._check_queue(session, idempotency_key)
             task, job = repo.create_task_with_job(session, space.id, name, mode, metadata, samples,
                                                   idempotency_key=idempotency_key)
-            fresh = job.status == JOB_QUEUED and job.attempts == 0
+            # a replay is not woken again: a failed wake-up would take back the first request's task (its lost
+            # wake-up, if any, is recovered by the sweep)
+            fresh = not replay and job.status == JOB_QUEUED and job.attempts == 0
             key = serving_key(space.model_fingerprint, space.spec_fingerprint)
         if fresh:
             self._enqueue(job.id, task.id, key, created=True)
@@ -119,9 +124,9 @@ class TaskService:
         with self.store.session() as session:
             task = repo.get_task(session, task_id)
             self.computable(task.space)
-            self._check_queue(session, idempotency_key)
+            replay = self._check_queue(session, idempotency_key)
             job = repo.append_samples(session, task_id, samples, idempotency_key=idempotency_key)
-            fresh = job.status == JOB_QUEUED and job.attempts == 0
+            fresh = not replay and job.status == JOB_QUEUED and job.attempts == 0  # see create
             key = serving_key(task.space.model_fingerprint, task.space.spec_fingerprint)
         if fresh:
             self._enqueue(job.id, task_id, key, created=False)
@@ -163,7 +168,10 @@ class TaskService:
              status: str | None = None, offset: int = 0, limit: int = 50) -> repo.Page[Task]:
         """List tasks with filters (``name``: exact, ``name_prefix``: prefix)."""
         with self.store.read() as session:
+            read_snapshot(session)
             space_id = self.store.resolve_space(session, space_ref).id if space_ref is not None else None
+            if name is not None and name_prefix and not name.startswith(name_prefix):  # no task can match
+                return repo.Page(items=[], total=0, offset=offset, limit=limit)
             if name is None:
                 return repo.list_tasks(session, space_id=space_id, name_prefix=name_prefix, status=status,
                                        offset=offset, limit=limit)

@@ -31,8 +31,9 @@ router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 TaskId = Annotated[int, Path(ge=1, le=MAX_ID, description="Task id.")]
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", max_length=200,
-           description="Optional client key: repeating a request with the same key returns the first answer."),
+    Header(alias="Idempotency-Key", min_length=1, max_length=200,
+           description="Optional client key (1-200 characters; an empty one would be one key shared by every "
+                       "request): repeating a request with the same key returns the first answer."),
 ]
 
 

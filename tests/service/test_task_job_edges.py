@@ -1,0 +1,114 @@
+"""Edges of the task and job endpoints: name-prefix listing, idempotency keys, consistent pages."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from atlas.samples import Sample
+
+ALPHABET = "aAbB_%\\üÜ"
+NAMES = ["ab", "AB", "aB", "Ab", "a_b", "a%b", "a\\b", "axb", "üa", "Üa", "b", "B_", "%", "_"]
+
+
+def _create(http: httpx.Client, name: str, key: str | None = None) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    return http.post("/v1/tasks", json={"name": name, "samples": [{"text": "a b c"}]}, headers=headers)
+
+
+def test_name_prefix_is_case_sensitive_and_literal(serve, tiny_lm) -> None:
+    # SQLite's LIKE ignores ASCII case: ?name_prefix=AB listed "ab" and "aB" (PostgreSQL did not)
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        for name in NAMES:
+            assert _create(http, name).status_code == 202
+
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(prefix=st.text(alphabet=ALPHABET, min_size=1, max_size=3), exact=st.sampled_from([None, *NAMES]))
+        def check(prefix: str, exact: str | None) -> None:
+            params: dict[str, Any] = {"name_prefix": prefix, "limit": 1000}
+            if exact is not None:
+                params["name"] = exact
+            r = http.get("/v1/tasks", params=params)
+            assert r.status_code == 200, r.text
+            got = [t["name"] for t in r.json()["items"]]
+            want = [n for n in NAMES if n.startswith(prefix) and (exact is None or n == exact)]
+            assert got == want and r.json()["total"] == len(want), (prefix, exact, got)
+
+        check()
+
+
+def test_replayed_request_whose_wakeup_fails_keeps_the_first_task(serve, tiny_lm) -> None:
+    # a retried request (same key) whose wake-up failed took back what the FIRST request stored
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        created = _create(http, "kept", key="create-key")
+        assert created.status_code == 202, created.text
+        task_id = created.json()["task"]["id"]
+        append = {"samples": [{"text": "more"}]}
+        appended = http.post(f"/v1/tasks/{task_id}/samples", json=append, headers={"Idempotency-Key": "append-key"})
+        assert appended.status_code == 202, appended.text
+
+        class Down:
+            def enqueue(self, job_id: int, serving_key: str | None = None) -> None:
+                raise ConnectionError("broker down")
+
+            def depth(self) -> int:
+                return 0
+
+        tasks = svc.container.tasks
+        real, tasks.queue = tasks.queue, Down()
+        try:
+            again = http.post(f"/v1/tasks/{task_id}/samples", json=append, headers={"Idempotency-Key": "append-key"})
+            assert again.status_code == 202 and again.json()["job"]["id"] == appended.json()["job"]["id"]
+            again = _create(http, "kept", key="create-key")
+            assert again.status_code == 202 and again.json()["task"]["id"] == task_id
+            # a new request still takes back what it wrote when its wake-up fails
+            assert _create(http, "new").status_code == 429
+        finally:
+            tasks.queue = real
+        assert http.get(f"/v1/tasks/{task_id}").status_code == 200
+        assert http.get(f"/v1/jobs/{appended.json()['job']['id']}").status_code == 200
+        assert http.get("/v1/tasks", params={"name": "new"}).json()["total"] == 0
+
+
+def test_empty_idempotency_key_is_refused(serve, tiny_lm) -> None:
+    # an empty key was one key shared by every request: the second task got 409 "key already used"
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        assert _create(http, "one", key="").status_code == 422
+        assert _create(http, "two", key="").status_code == 422
+        assert _create(http, "three", key="k").status_code == 202
+        assert http.get("/v1/tasks").json()["total"] == 1
+
+
+def test_list_pages_are_one_snapshot_on_postgresql(serve, tiny_lm, pg_database) -> None:
+    # READ COMMITTED counted `total` and read the items in two snapshots: len(items) > total under inserts
+    svc = serve(lm=tiny_lm, database_url=pg_database(), max_queued_jobs=100_000, overrides={"start_runner": False})
+    c = svc.container
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            c.tasks.create(f"w{i}", "text", None, [Sample(text="a b")])
+            i += 1
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        deadline, checks = time.monotonic() + 8.0, 0
+        while time.monotonic() < deadline and checks < 300:
+            tasks = c.tasks.page(limit=1000)
+            jobs = c.jobs.page(limit=1000)
+            assert len(tasks.items) == min(tasks.total, 1000), (len(tasks.items), tasks.total)
+            assert len(jobs.items) == min(jobs.total, 1000), (len(jobs.items), jobs.total)
+            checks += 1
+    finally:
+        stop.set()
+        thread.join(timeout=30)
