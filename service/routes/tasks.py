@@ -31,10 +31,16 @@ router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 TaskId = Annotated[int, Path(ge=1, le=MAX_ID, description="Task id.")]
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", min_length=1, max_length=200,
-           description="Optional client key (1-200 characters; an empty one would be one key shared by every "
-                       "request): repeating a request with the same key returns the first answer."),
+    Header(alias="Idempotency-Key", max_length=200,
+           description="Optional client key: repeating a request with the same key returns the first answer "
+                       "(an empty or blank key is no key)."),
 ]
+
+
+def _key(idempotency_key: str | None) -> str | None:
+    """The request's idempotency key; an empty or blank header is no key (it was one key shared by every
+    request: the second task sent with it got 409 "key already used")."""
+    return idempotency_key.strip() or None if idempotency_key is not None else None
 
 
 def _request_body(form_schema: dict, json_ref: str) -> dict:
@@ -71,7 +77,7 @@ async def create_task(
     def run() -> TaskCreated:
         samples = up.samples()
         task, job = c.tasks.create(up.name or "", up.mode, up.metadata, samples, up.space,
-                                   idempotency_key=idempotency_key)
+                                   idempotency_key=_key(idempotency_key))
         return TaskCreated(task=task_out(task), job=job_out(job))
 
     return await run_in_threadpool(run)
@@ -92,7 +98,7 @@ async def append_samples(
 
     def run() -> JobAccepted:
         task = c.tasks.get(task_id)
-        job = c.tasks.append(task_id, up.samples(task.mode), idempotency_key=idempotency_key)
+        job = c.tasks.append(task_id, up.samples(task.mode), idempotency_key=_key(idempotency_key))
         return JobAccepted(job=job_out(job))
 
     return await run_in_threadpool(run)
