@@ -166,7 +166,9 @@ class TaskService:
 
     def page(self, *, space_ref: str | None = None, name: str | None = None, name_prefix: str | None = None,
              status: str | None = None, offset: int = 0, limit: int = 50) -> repo.Page[Task]:
-        """List tasks with filters (``name``: exact, ``name_prefix``: prefix)."""
+        """List tasks with filters (``name``: exact, normalised like a stored name — stripped; ``name_prefix``:
+        prefix)."""
+        name = name.strip() if name is not None else None
         with self.store.read() as session:
             read_snapshot(session)
             space_id = self.store.resolve_space(session, space_ref).id if space_ref is not None else None

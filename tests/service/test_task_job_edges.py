@@ -77,6 +77,16 @@ def test_replayed_request_whose_wakeup_fails_keeps_the_first_task(serve, tiny_lm
         assert http.get("/v1/tasks", params={"name": "new"}).json()["total"] == 0
 
 
+def test_exact_name_filter_is_normalised_like_a_stored_name(serve, tiny_lm) -> None:
+    # stored names are stripped; ?name=%20abc%20 found nothing
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        assert _create(http, " abc ").status_code == 202
+        for query in ("abc", " abc ", "abc "):
+            items = http.get("/v1/tasks", params={"name": query}).json()["items"]
+            assert [t["name"] for t in items] == ["abc"], query
+
+
 def test_empty_idempotency_key_is_no_key(serve, tiny_lm) -> None:
     # an empty key was one key shared by every request: the second task got 409 "key already used"
     svc = serve(lm=tiny_lm, overrides={"start_runner": False})
