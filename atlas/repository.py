@@ -56,6 +56,7 @@ from atlas.signature_repository import vector_to_bytes as vector_to_bytes
 from atlas.space_repository import get_or_create_space as get_or_create_space
 from atlas.space_repository import get_space as get_space
 from atlas.space_repository import list_spaces as list_spaces
+from atlas.space_repository import name_starts_with
 from atlas.upload_repository import decode_samples as decode_samples
 from atlas.upload_repository import encode_samples as encode_samples
 from atlas.upload_repository import get_or_create_upload as get_or_create_upload
@@ -305,10 +306,7 @@ def list_tasks(
     if space_id is not None:
         conds.append(Task.space_id == space_id)
     if name_prefix:
-        escaped = name_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        conds.append(Task.name.like(escaped + "%", escape="\\"))
-        # SQLite's LIKE ignores ASCII case ("AB" matched "abc"): the prefix is also compared exactly
-        conds.append(func.substr(Task.name, 1, len(name_prefix)) == name_prefix)
+        conds.append(name_starts_with(name_prefix))
     if status is not None:
         conds.append(Task.status == status)
     total = session.execute(select(func.count()).select_from(Task).where(*conds)).scalar_one()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -86,6 +86,13 @@ def state_blobs(session: Session, task_ids: Sequence[int]) -> list[tuple[int, in
     return [(int(t), int(v), bytes(b)) for t, v, b in rows]
 
 
+def name_starts_with(prefix: str) -> Any:
+    """``Task.name`` starts with ``prefix``, case-sensitive on every database (``%`` and ``_`` literal): SQLite's
+    LIKE ignores ASCII case ("AB" matched "abc"), so the prefix is also compared exactly (the LIKE stays for the
+    index)."""
+    return and_(Task.name.startswith(prefix, autoescape=True), func.substr(Task.name, 1, len(prefix)) == prefix)
+
+
 def tasks_by_exact_name(session: Session, name: str, *, space_id: int | None, status: str | None,
                         name_prefix: str | None, default_space_id: int | None, offset: int, limit: int
                         ) -> Page[Task]:
@@ -96,7 +103,7 @@ def tasks_by_exact_name(session: Session, name: str, *, space_id: int | None, st
     if status is not None:
         conds.append(Task.status == status)
     if name_prefix:
-        conds.append(Task.name.startswith(name_prefix, autoescape=True))
+        conds.append(name_starts_with(name_prefix))
     total = int(session.execute(select(func.count()).select_from(Task).where(*conds)).scalar_one())
     order = (Task.space_id != (default_space_id or -1), Task.id)
     items = list(session.execute(select(Task).where(*conds).order_by(*order).offset(offset).limit(limit)).scalars())

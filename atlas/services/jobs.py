@@ -47,4 +47,3 @@ class JobService:
 def is_final(status: str) -> bool:
     """Whether a job status is terminal."""
     return status in JOB_FINAL_STATUSES
-

@@ -67,10 +67,13 @@ class TaskService:
                     {"sample": i, "chars": n, "max_sample_chars": s.max_sample_chars},
                 )
 
-    def _check_queue(self, session: Session, idempotency_key: str | None) -> bool:
-        """Refuse a new job when the queue is full (429); ``True`` for a repeated request (its key is stored)."""
-        if idempotency_key is not None and job_store.job_by_idempotency_key(session, idempotency_key) is not None:
-            return True  # a repeated request: answered from the store, it queues nothing new
+    @staticmethod
+    def _is_replay(session: Session, idempotency_key: str | None) -> bool:
+        """A repeated request (its key is stored): answered from the store, it queues nothing new."""
+        return idempotency_key is not None and job_store.job_by_idempotency_key(session, idempotency_key) is not None
+
+    def _check_queue(self, session: Session) -> None:
+        """Refuse a new job when the queue is full (429)."""
         depth = job_store.count_jobs(session, (JOB_QUEUED,))
         if depth >= self.settings.max_queued_jobs:
             raise QueueFull(
@@ -78,7 +81,6 @@ class TaskService:
                 {"queued": depth, "max_queued_jobs": self.settings.max_queued_jobs},
                 retry_after_s=5.0,
             )
-        return False
 
     def _enqueue(self, job_id: int, task_id: int | None, key: str, *, created: bool) -> None:
         """Wake a runner for the job on the queue of its space's model (``key``: its serving key) — a scale-out
@@ -107,7 +109,9 @@ class TaskService:
         with self.store.session() as session:
             space = self.store.resolve_space(session, space_ref)
             self.computable(space)
-            replay = self._check_queue(session, idempotency_key)
+            replay = self._is_replay(session, idempotency_key)
+            if not replay:
+                self._check_queue(session)
             task, job = repo.create_task_with_job(session, space.id, name, mode, metadata, samples,
                                                   idempotency_key=idempotency_key)
             # a replay is not woken again: a failed wake-up would take back the first request's task (its lost
@@ -124,7 +128,9 @@ class TaskService:
         with self.store.session() as session:
             task = repo.get_task(session, task_id)
             self.computable(task.space)
-            replay = self._check_queue(session, idempotency_key)
+            replay = self._is_replay(session, idempotency_key)
+            if not replay:
+                self._check_queue(session)
             job = repo.append_samples(session, task_id, samples, idempotency_key=idempotency_key)
             fresh = not replay and job.status == JOB_QUEUED and job.attempts == 0  # see create
             key = serving_key(task.space.model_fingerprint, task.space.spec_fingerprint)
@@ -172,8 +178,6 @@ class TaskService:
         with self.store.read() as session:
             read_snapshot(session)
             space_id = self.store.resolve_space(session, space_ref).id if space_ref is not None else None
-            if name is not None and name_prefix and not name.startswith(name_prefix):  # no task can match
-                return repo.Page(items=[], total=0, offset=offset, limit=limit)
             if name is None:
                 return repo.list_tasks(session, space_id=space_id, name_prefix=name_prefix, status=status,
                                        offset=offset, limit=limit)
