@@ -393,33 +393,36 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
     if beat.lost.is_set():
         raise LeaseLost(claim.job_id)
     if res.cancelled:
-        if beat.cancel.is_set():
-            return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
-        _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint", count_attempt=False)
-        return "released"
+        return _stopped(ctx, claim, beat)
     side: calibration.PromptSide | None = None
-    phase: dict[str, Any] = {}
+    final = _progress_of(res, final=True)
     if res.state.n_tokens:
         if mode == "completion" and start < len(samples):  # a long pass: a stop during it keeps the extraction
             on_checkpoint(res, last=True)
-        side, phase = _routing_pass(beat, extractor, samples, mode, res)
+        side, final = _routing_pass(beat, extractor, samples, mode, final)
         if beat.lost.is_set():
             raise LeaseLost(claim.job_id)
         if side is None and beat.should_stop():  # stopped between windows of the pass
-            if beat.cancel.is_set():
-                return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
-            _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint", count_attempt=False)
-            return "released"
+            return _stopped(ctx, claim, beat)
     lexical = lexicon_repo.LexicalDelta.of_samples(samples, mode) if res.state.n_tokens else None
-    return _store(ctx, claim, res, None if side is None else (mode, side), lexical, phase)
+    return _store(ctx, claim, res, None if side is None else (mode, side), lexical, final)
 
 
-def _routing_pass(beat: _Heartbeat, extractor: Extractor, samples: list[Sample], mode: str, res: ExtractionResult
+def _stopped(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> str:
+    """A job its extractor or routing pass stopped: cancelled by request, or released by a shutting-down
+    runner (not an attempt; it resumes from its last checkpoint)."""
+    if beat.cancel.is_set():
+        return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
+    _try_release(ctx, claim, "worker shut down; the job resumes from its last checkpoint", count_attempt=False)
+    return "released"
+
+
+def _routing_pass(beat: _Heartbeat, extractor: Extractor, samples: list[Sample], mode: str, base: dict[str, Any]
                   ) -> tuple[calibration.PromptSide | None, dict[str, Any]]:
     """The prompt-side pass after the samples (:func:`calibration.prompt_side`), reported as the job's
     ``routing`` phase (prompts sketched of the pass's total, its own ETA) and stopped by cancel or shutdown;
-    returns the pass's result and the phase fields of the job's final progress."""
-    base, phase = _progress_of(res, final=True), {"phase": "routing", "routing_done": 0, "routing_total": 0}
+    returns the pass's result and the job's final progress (``base``, the extraction's, with the phase)."""
+    phase: dict[str, Any] = {"phase": "routing", "routing_done": 0, "routing_total": 0}
     t0 = time.monotonic()
 
     def report(done: int, total: int) -> None:
@@ -428,12 +431,12 @@ def _routing_pass(beat: _Heartbeat, extractor: Extractor, samples: list[Sample],
         beat.set_progress(base | phase | {"eta_s": round((total - done) / rate, 3) if done else None})
 
     side = calibration.prompt_side_or_none(extractor, samples, mode, progress=report, should_stop=beat.should_stop)
-    return side, phase
+    return side, base | phase
 
 
 def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
            routing_side: tuple[str, calibration.PromptSide] | None = None,
-           lexical: lexicon_repo.LexicalDelta | None = None, phase: dict[str, Any] | None = None) -> str:
+           lexical: lexicon_repo.LexicalDelta | None = None, final: dict[str, Any] | None = None) -> str:
     """The final transaction: merge into the task (state, routing side, lexical record), store, mark done, log
     the change."""
     from fishersketch import SketchState
@@ -470,8 +473,7 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
                 calibration.store_routing_side(s, task.id, routing_side[0], merged, routing_side[1])
             if lexical is not None:
                 lexicon_repo.add_delta(s, task.id, lexical)
-            final = _progress_of(res, final=True) | (phase or {})
-            job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, final)
+            job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, final or _progress_of(res, final=True))
         elif outcome == JOB_SUCCEEDED:  # an append with nothing usable: nothing to merge
             job_store.mark_succeeded(s, job, summary | {"note": error}, _progress_of(res, final=True))
         else:
