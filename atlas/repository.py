@@ -71,6 +71,12 @@ T = TypeVar("T")
 MODES = tuple(Mode)
 
 
+def check_mode(mode: object) -> None:
+    """Raise :class:`InvalidInput` unless ``mode`` is ``text`` or ``completion``."""
+    if mode not in MODES:
+        raise InvalidInput(f"mode must be one of {MODES}", {"mode": mode})
+
+
 # --------------------------------------------------------------------------------------------------
 # Spaces
 # --------------------------------------------------------------------------------------------------
@@ -207,8 +213,7 @@ def create_task_with_job(
         Bad name, mode, metadata or no samples.
     """
     name = _check_name(name)
-    if mode not in MODES:
-        raise InvalidInput(f"mode must be one of {MODES}", {"mode": mode})
+    check_mode(mode)
     meta = _check_metadata(metadata)
     if idempotency_key is not None:
         job = _job_by_key(session, idempotency_key)
@@ -450,8 +455,7 @@ def create_ready_task(
     Raises :class:`Conflict` when the name exists in the space; logs the ``upsert`` change.
     """
     name = _check_name(name)
-    if mode not in MODES:
-        raise InvalidInput(f"mode must be one of {MODES}", {"mode": mode})
+    check_mode(mode)
     get_space(session, space_id)
     task = Task(space_id=space_id, name=name, mode=mode, meta=_check_metadata(metadata), status=TASK_PENDING,
                 n_samples=0, n_tokens=0, version=0)

@@ -13,12 +13,13 @@ from pydantic import ValidationError
 from atlas import analysis
 from atlas.errors import AtlasError, InvalidInput
 from atlas.models import Job, Task
+from atlas.repository import check_mode
 from atlas.sample_io import parse_upload
 from atlas.samples import Sample, record_to_sample
 from atlas.services.jobs import is_final
 from atlas.services.thresholds import FitResult
 from atlas.settings import Settings
-from atlas.vocabulary import JobStatus, Mode, TaskStatus
+from atlas.vocabulary import JobStatus, TaskStatus
 from service.container import Container
 
 SampleLike = str | dict[str, Any] | Sample
@@ -41,8 +42,7 @@ def _is_file(path: str | Path) -> bool:
 def _samples(samples: str | Path | Iterable[SampleLike], mode: str) -> list[Sample]:
     """Samples from a file path (JSONL, CSV, Parquet, text) or from texts / dicts / ``Sample``s, validated for
     ``mode`` as an upload is (:class:`InvalidInput` naming the sample, as REST answers 422)."""
-    if mode not in tuple(Mode):
-        raise InvalidInput(f"mode must be one of {tuple(str(m) for m in Mode)}", {"mode": mode})
+    check_mode(mode)
     if isinstance(samples, str | Path):
         if not _is_file(samples):
             raise InvalidInput(f"no such file: {str(samples)[:200]!r} (give a file path, or a list of samples)")
