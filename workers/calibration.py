@@ -51,8 +51,8 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
     The prompts are sketched in batches as routing prompts are (:meth:`PromptBatcher.sketch_prepared`: length
     buckets, one forward each, every prompt its own state, equal to sketching it alone up to float32 rounding),
     not one forward per prompt. In completion mode every prompt token is sketched, so this pass costs more than
-    the job's extraction, which sketches only the completion tokens (128 BoolQ pairs on 2 CPU cores: 6.7 s against
-    2.2 s; 7.3 s one prompt at a time). A prompt that cannot be sketched (empty, under 2 tokens) is left out.
+    the job's extraction, which sketches only the completion tokens (bench/results/extraction.md, 2b: ~3x on 2 CPU
+    cores; batching gains ~10 % there). A prompt that cannot be sketched (empty, under 2 tokens) is left out.
     """
     from workers.prompt_batcher import PromptBatcher
 
