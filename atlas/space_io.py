@@ -98,7 +98,8 @@ class ExportTask(BaseModel):
     version: int = Field(default=1, ge=1, lt=2**31)
     n_samples: int = Field(ge=0, lt=2**63)
     n_tokens: int = Field(ge=0, lt=2**63)
-    created_at: str | None = None
+    created_at: dt.datetime | None = None
+    """When the task was created where it was exported (kept on import; a naive time is read as UTC)."""
     state: str
     signature: str
     baselines: str | None = None
@@ -114,6 +115,13 @@ class ExportTrailer(BaseModel):
     trailer: Literal[True]
     n_tasks: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def _aware(when: dt.datetime | None) -> dt.datetime | None:
+    """``when`` as an aware UTC time (an export written without a zone wrote UTC)."""
+    if when is None:
+        return None
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
 
 
 def ready_task_ids(session: Session, space_id: int) -> list[int]:
@@ -284,7 +292,7 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         tasks.append({"name": name, "mode": rec.mode, "metadata": rec.metadata, "version": rec.version,
                       "n_samples": state.n_samples, "n_tokens": state.n_tokens, "state": state_blob,
                       "signature": recomputed.astype(np.float32), "baselines": base_blob,
-                      "routing": rec.routing, "terms": terms})
+                      "routing": rec.routing, "terms": terms, "created_at": _aware(rec.created_at)})
     return spec, sp.model_fingerprint, sp.model_name, tasks
 
 
@@ -323,6 +331,8 @@ def import_space(write: sessionmaker[Session], data: bytes, *,
                 n_tokens=t["n_tokens"],
             )
             task.version = t["version"]  # preserved, not reset
+            if t["created_at"] is not None:
+                task.created_at = t["created_at"]  # the task's age travels with it
             try:
                 routing_repo.import_record(session, task.id, t["routing"], spec)
             except InvalidInput as exc:  # name the task of the file: its new id is rolled back with the import

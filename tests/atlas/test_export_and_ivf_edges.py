@@ -169,3 +169,28 @@ def test_baselines_of_another_width_are_refused_on_import(factory, ro_factory) -
         else:
             with pytest.raises(space_io.InvalidInput, match="width 5"):
                 space_io.parse_export(edited)
+
+
+def test_an_imported_task_keeps_its_creation_time(factory, ro_factory) -> None:
+    """The export wrote each task's ``created_at`` and the import dropped it: every restored task looked
+    created at the moment of the restore (listings sorted by age, dashboards, retention scripts)."""
+    import datetime as dt
+
+    space = _spec_space(factory)
+    tid = _ready(factory, space, "a", 1)
+    long_ago = dt.datetime(2024, 2, 29, 12, 30, tzinfo=dt.UTC)
+    with factory.begin() as s:
+        task = s.get(Task, tid)
+        assert task is not None
+        task.created_at = long_ago
+    data = b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), [tid]))
+    with factory.begin() as s:
+        repository.delete_task(s, tid)
+    space_io.import_space(factory, data)
+    with ro_factory() as s:
+        created = s.execute(select(Task.created_at).where(Task.space_id == space.id, Task.name == "a")).scalar_one()
+    assert created == long_ago
+    naive = _resealed(data, lambda line: {**line, "created_at": "2024-02-29T12:30:00"})  # read as UTC
+    assert space_io.parse_export(naive)[3][0]["created_at"] == long_ago
+    with pytest.raises(space_io.InvalidInput, match="line 2"):
+        space_io.parse_export(_resealed(data, lambda line: {**line, "created_at": "last leap day"}))
