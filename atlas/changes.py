@@ -140,9 +140,11 @@ def compact(session: Session, *, retain: int, floors: list[int] | None = None) -
         up; one further behind (watermark below ``pruned_seq``) rebuilds its index and clears its
         state cache from SQL — correct, only slower.
     floors
-        Watermarks the caller still needs (e.g. of its persisted index files).
+        Watermarks the caller still needs (e.g. of its persisted index files). The change *at* each floor
+        is kept too: its :func:`mark` is what tells a restored database's history from the one an index
+        file was written against.
     """
-    through = min([last_seq(session) - retain, *(floors or [])])
+    through = min([last_seq(session) - retain, *(f - 1 for f in floors or [])])
     if through <= pruned_seq(session):
         return 0
     return prune(session, through)

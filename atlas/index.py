@@ -228,8 +228,8 @@ class IndexManager:
         si = SpaceIndex(
             space_id=space.id, model_fingerprint=space.model_fingerprint, spec_fingerprint=space.spec_fingerprint,
             m=space.m, kind=meta.kind, index=index, watermark=meta.watermark, content_seq=meta.watermark, ids=ids,
-            nlist=meta.nlist,
-            trained_n=meta.trained_n, dirty=False, persisted_watermark=meta.watermark,
+            nlist=meta.nlist, trained_n=meta.trained_n, dirty=False, persisted_watermark=meta.watermark,
+            watermark_mark=meta.watermark_mark,
         )
         self._configure(si)
         return si, "watermark matches SQL" if meta.watermark == sql_seq else f"{pending} changes to apply"
@@ -278,7 +278,7 @@ class IndexManager:
             si = SpaceIndex(
                 space_id=space_id, model_fingerprint=space.model_fingerprint, spec_fingerprint=space.spec_fingerprint,
                 m=space.m, kind=kind, index=index, watermark=watermark, content_seq=watermark, ids=ids, nlist=nlist,
-                trained_n=trained_n,
+                trained_n=trained_n, watermark_mark=changes.mark(session, watermark) or "",
             )
         self._configure(si)
         return si
@@ -342,6 +342,8 @@ class IndexManager:
                     return 0
                 if head < si.watermark or si.watermark < changes.pruned_seq(session):
                     return self._rebuild_now(si, "SQL is behind" if head < si.watermark else "changes were pruned")
+                if not changes.same_history(session, si.watermark, si.watermark_mark):
+                    return self._rebuild_now(si, "the change at the watermark differs (a database restored?)")
                 start = si.watermark
                 while True:
                     batch = changes.changes_since(session, si.watermark, space_id=si.space_id, limit=10_000)
@@ -354,7 +356,7 @@ class IndexManager:
                     return self._rebuild_now(si, "changes were pruned during catch-up")
                 # Every change <= head is visible now, including those of other spaces.
                 si.watermark = max(si.watermark, head)
-                si.dirty = True
+                si.watermark_mark, si.dirty = changes.mark(session, si.watermark) or "", True
             grown_past_flat = si.kind == "flat" and self._kind_for(si.count) == "ivf"
             outgrew_training = si.kind == "ivf" and si.count > 4 * max(si.trained_n, si.nlist ** 2, 1)
             if grown_past_flat or outgrew_training:
@@ -446,14 +448,12 @@ class IndexManager:
             if si is None or not (si.dirty or force):
                 continue
             with self._apply_lock(sid):  # no apply between writing the file and reading its watermark
-                si = self._spaces[sid]
-                with self.factory() as session:
-                    mark = changes.mark(session, si.watermark) or ""
+                si = self._spaces[sid]  # its mark, not SQL's now: the file must say which history it holds
                 meta = IndexMeta(
                     format=FORMAT_VERSION, instance_id=self._instance_id or "", space_id=sid,
                     model_fingerprint=si.model_fingerprint, spec_fingerprint=si.spec_fingerprint, m=si.m,
                     kind=si.kind, watermark=si.watermark, count=si.count, checksum="", nlist=si.nlist,
-                    trained_n=si.trained_n, written_at=time.time(), watermark_mark=mark,
+                    trained_n=si.trained_n, written_at=time.time(), watermark_mark=si.watermark_mark,
                 )
                 with si.lock.read():
                     self.files.write(si.index, meta)

@@ -121,6 +121,9 @@ class SpaceIndex:
     trained_n: int = 0
     dirty: bool = True
     persisted_watermark: int = -1
+    watermark_mark: str = ""
+    """:func:`atlas.changes.mark` of the change at ``watermark`` ("" when unknown): a catch-up that finds
+    another change there (a database restored under a running replica) rebuilds instead of catching up."""
     lock: RWLock = field(default_factory=RWLock)
     gpu_index: Any = None
 

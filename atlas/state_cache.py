@@ -14,7 +14,8 @@ so a :class:`StateCache` keeps them in memory:
 * **correct under races** — an entry is tagged with the sequence number read *before* its blob, so
   a change committed after that read always drops it; an entry loaded while a concurrent sync moved
   the watermark past its tag is returned but not cached; when the changes after the watermark were
-  pruned (:func:`atlas.changes.prune`), the whole cache is cleared instead.
+  pruned (:func:`atlas.changes.prune`), or another change sits at the watermark (a database restored
+  from a backup and written again), the whole cache is cleared instead.
 
 Only ``ready`` tasks have states; tasks without one are left out of :meth:`StateCache.get_many`.
 """
@@ -120,6 +121,7 @@ class StateCache:
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._watermark = -1  # unknown until the first sync: nothing is cached before it
+        self._mark = ""  # changes.mark of the change at the watermark (another one there: a restored database)
         self._last_sync = -float("inf")
         self._specs: dict[int, SketchSpec] = {}
         self._hits = self._misses = self._evictions = self._invalidations = self._clears = 0
@@ -245,7 +247,10 @@ class StateCache:
                 since = self._watermark
                 if head == since:
                     return 0
-                if since < 0 or head < since:  # first sync, or a database reset behind our back
+                # First sync, or a database reset or restored from a backup behind our back.
+                restored = since >= 0 and not changes.same_history(session, since, self._mark)
+                self._mark = changes.mark(session, head) or ""
+                if since < 0 or head < since or restored:
                     return self._reset(head)
                 records = changes.changes_since(session, since)
                 # Read after the changes: a prune that raced with the read above shows here.
