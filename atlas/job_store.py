@@ -37,6 +37,7 @@ from atlas.models import (
     UTCDateTime,
     utcnow,
 )
+from atlas.redaction import redact_secrets
 from atlas.repository import Page, mark_task_failed_if_empty
 from atlas.upload_repository import purge_orphan_uploads_now
 
@@ -241,13 +242,21 @@ def lock_held_job(session: Session, job_id: int, lease: str) -> Job | None:
     return session.execute(stmt).scalar_one_or_none()
 
 
+def stored_error(error: str) -> str:
+    """A job's error as stored and shown (``GET /v1/jobs/{id}``): secrets masked, at most ``MAX_ERROR_CHARS``.
+
+    A worker stores an unexpected exception's text, which can carry a database URL or a key; the job answer
+    is a plain body, not an error the renderer redacts."""
+    return redact_secrets(error)[:MAX_ERROR_CHARS]
+
+
 def _finish(job: Job, status: str, *, error: str | None = None, result: dict[str, Any] | None = None) -> None:
     job.status = status
     job.finished_at = utcnow()
     job.heartbeat_at = job.finished_at
     job.lease = None
     if error is not None:
-        job.error = error[:MAX_ERROR_CHARS]
+        job.error = stored_error(error)
     if result is not None:
         job.result = result
 
@@ -300,7 +309,7 @@ def release_job(session: Session, job_id: int, lease: str, error: str | None = N
     if not count_attempt:
         values["attempts"] = case((Job.attempts > 0, Job.attempts - 1), else_=0)
     if error is not None:
-        values["error"] = error[:MAX_ERROR_CHARS]
+        values["error"] = stored_error(error)
     rows = session.execute(
         update(Job).where(Job.id == job_id, Job.lease == lease, Job.status == JOB_RUNNING).values(**values)
         .execution_options(synchronize_session=False)

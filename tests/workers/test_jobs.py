@@ -236,6 +236,23 @@ def test_failures_are_recorded(ctx: WorkerContext, space_id: int, gpt2_lm: Loade
         assert job_store.get_job(s, job_c).status == "cancelled"
 
 
+def test_an_unexpected_errors_secrets_are_not_stored(ctx: WorkerContext, space_id: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job stored an unexpected exception's text as is, and ``GET /v1/jobs/{id}`` (a plain body, not an error
+    the renderer redacts) showed whatever it carried: a database URL's password, a key."""
+
+    def leak(self: Extractor, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("could not reach postgresql://atlas:hunter2@db:5432/atlas with api_key=fa_live_0123456789")
+
+    monkeypatch.setattr(Extractor, "extract", leak)
+    _task, job_id = create(ctx, space_id, "leaky", make_samples(2))
+    assert run_job(job_id, ctx) == "failed"
+    with ctx.factory() as s:
+        error = job_store.get_job(s, job_id).error
+    assert error.startswith("RuntimeError: could not reach postgresql://atlas:***@db:5432/atlas"), error
+    assert "hunter2" not in error and "0123456789" not in error
+
+
 def _while_running(ctx: WorkerContext, job_id: int, action: Any) -> str:
     """Run the job in a thread, commit ``action(session)`` once it is running, and return the job's outcome."""
     result: list[str] = []
