@@ -326,12 +326,26 @@ def authenticate(
         return Principal(key_id=key.id, name=key.name, scopes=tuple(key.scopes))
 
 
+def key_gate(container: Any) -> KeyGate | None:
+    """The container's :class:`KeyGate`, made on first use (``None`` before its store exists).
+
+    One gate per container, shared by :class:`service.security.SecurityMiddleware` and :func:`authorize`, so
+    that a key created or revoked here invalidates the one cached answer.
+    """
+    gate: KeyGate | None = getattr(container, "key_gate", None)
+    store = getattr(container, "store", None)
+    if gate is None and store is not None:
+        gate = KeyGate(container.settings, store.read, store.write)
+        container.key_gate = gate
+    return gate
+
+
 def authorize(request: Request, container: Any, scope: str) -> Principal:
     """The route dependency's check: the principal the middleware authenticated, holding ``scope``.
 
     The middleware leaves ``ANONYMOUS`` when it asked for no key. Where it did not run for the request, the key
-    is checked here: by its gate's rule (keys required once any exists; fail closed) when the middleware is
-    installed, else (an app assembled by hand) by the static rule of :func:`keys_required`.
+    is checked here by the gate's rule (:func:`key_gate`: keys required on a public socket or once any exists;
+    fail closed), or, without a store (an app assembled by hand), by the static rule of :func:`keys_required`.
 
     Raises
     ------
@@ -340,7 +354,7 @@ def authorize(request: Request, container: Any, scope: str) -> Principal:
     state = request.scope.get("state") or {}
     principal = state.get(PRINCIPAL_STATE) if isinstance(state, dict) else None
     if principal is None:
-        gate = getattr(container, "key_gate", None)
+        gate = key_gate(container)
         required = gate.required(request.scope.get("server")) if gate is not None else container.keys_required
         if not required:
             return ANONYMOUS

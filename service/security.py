@@ -36,7 +36,15 @@ from atlas.db import is_busy_error
 from atlas.errors import AtlasError, DatabaseBusy
 from atlas.redaction import truncate
 from atlas.settings import Settings
-from service.auth import ANONYMOUS, PRINCIPAL_STATE, KeyGate, is_loopback, listening_publicly, presented_key
+from service.auth import (
+    ANONYMOUS,
+    PRINCIPAL_STATE,
+    KeyGate,
+    is_loopback,
+    key_gate,
+    listening_publicly,
+    presented_key,
+)
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "::1"})
@@ -118,11 +126,10 @@ class SecurityMiddleware:
 
     @property
     def gate(self) -> KeyGate:
-        """The key gate over the started container's store."""
+        """The key gate over the started container's store (the container's one: :func:`service.auth.key_gate`)."""
         if self._gate is None:
-            store = self.container.store
-            self._gate = KeyGate(self.settings, store.read, store.write)
-            self.container.key_gate = self._gate
+            self._gate = key_gate(self.container)
+            assert self._gate is not None, "the container is not started"
         return self._gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -206,12 +213,19 @@ class SecurityMiddleware:
 
 def route_path(scope: Scope) -> str:
     """The path the app routes on: ``scope["path"]`` without the ``root_path`` an ASGI server put in front of it
-    (``uvicorn --root-path /api`` sends ``/api/v1/tasks``, which Starlette routes as ``/v1/tasks``)."""
+    (``uvicorn --root-path /api`` sends ``/api/v1/tasks``, which Starlette routes as ``/v1/tasks``).
+
+    The same rule as Starlette's router, character for character: the root is cut only where a ``/`` follows
+    it, and a root's trailing ``/`` is kept as written (``--root-path /api/`` sends ``/api//v1/keys``, routed as
+    ``/v1/keys``). Any other rule lets a path reach a route unchecked.
+    """
     path: str = scope.get("path", "")
     root: str = scope.get("root_path", "") or ""
-    if root and (path == root or path.startswith(root.rstrip("/") + "/")):
-        return path[len(root.rstrip("/")):] or "/"
-    return path
+    if not root or not path.startswith(root):
+        return path
+    if path == root:
+        return "/"
+    return path[len(root):] if path[len(root)] == "/" else path
 
 
 class _Refused(AtlasError):

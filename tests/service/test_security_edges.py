@@ -1,0 +1,64 @@
+"""Security edges at the HTTP boundary: paths the key check must see as the router sees them.
+
+Real uvicorn servers on real sockets (the ``bind`` fixture of :mod:`tests.service.test_security`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette._utils import get_route_path
+
+from atlas import apikeys
+from service.security import route_path
+from tests.service.test_security import bind  # noqa: F401  (fixture)
+
+
+@pytest.mark.parametrize("root, path", [
+    ("", "/v1/tasks"), ("/api", "/api/v1/tasks"), ("/api/", "/api//v1/tasks"), ("/api/", "/api/v1/tasks"),
+    ("/api", "/api"), ("/api", "/apiv1/tasks"), ("/api", "/v1/tasks"), ("/api//", "/api///v1/keys"),
+])
+def test_route_path_is_the_routers_path(root: str, path: str) -> None:
+    """The middleware decides on the path Starlette routes on (else a route is reached unchecked)."""
+    scope = {"type": "http", "path": path, "root_path": root}
+    assert route_path(scope) == (get_route_path(scope) or "/")
+
+
+def test_root_path_with_a_trailing_slash_keeps_keys_and_the_rate_limit(bind: Any) -> None:  # noqa: F811
+    """``--root-path /api/`` makes uvicorn send ``/api//v1/keys``, which Starlette routes as ``/v1/keys``;
+    the middleware saw ``//v1/keys``, skipped the key check and the rate limit, and the route fell back
+    to the static rule (loopback ``settings.host`` → no key): an anonymous caller on a wildcard bind
+    created an admin key."""
+    url, app = bind("0.0.0.0", connect="127.0.0.1", root_path="/api/", rate_limit_per_s=0.01,
+                    rate_limit_burst=3)
+    with app.state.container.store.session() as s:
+        _, admin = apikeys.create_api_key(s, "root", ["admin"])
+    r = httpx.post(f"{url}/v1/keys", json={"name": "evil", "scopes": ["admin"]})
+    assert r.status_code == 401, r.text
+    assert httpx.get(f"{url}/v1/tasks").status_code == 401
+    codes = [httpx.get(f"{url}/v1/tasks", headers={"X-API-Key": admin}).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    with app.state.container.store.read() as s:
+        assert [k.name for k in apikeys.list_api_keys(s)] == ["root"]
+
+
+def test_route_check_fails_closed_before_the_middleware_made_its_gate(bind: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Without the middleware's principal, ``authorize`` applies the gate's rule (a key once any exists),
+    not the static rule of ``settings.host``."""
+    from types import SimpleNamespace
+
+    from atlas.errors import Unauthorized
+    from service.auth import authorize
+
+    _url, app = bind()
+    container = app.state.container
+    with container.store.session() as s:
+        apikeys.create_api_key(s, "root", ["admin"])
+    assert getattr(container, "key_gate", None) is None  # no /v1 request went through the middleware yet
+    request = SimpleNamespace(scope={"type": "http", "server": ("127.0.0.1", 1), "headers": []}, headers={},
+                              state=SimpleNamespace())
+    with pytest.raises(Unauthorized):
+        authorize(request, container, "read")  # type: ignore[arg-type]
