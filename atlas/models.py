@@ -296,6 +296,9 @@ class TaskRouting(Base):
     task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, default=1)
     prompt_state: Mapped[bytes | None] = mapped_column(LargeBinary)
+    prompt_digest: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The last 32 bytes of ``prompt_state`` (a state blob ends with its BLAKE2b digest): what the route path
+    reads to find the state's cached view without reading the blob."""
     cal_scores: Mapped[list[float]] = mapped_column(JSON, default=list)
     threshold_auto: Mapped[float | None] = mapped_column(Float)
     score_scale: Mapped[float | None] = mapped_column(Float)

@@ -136,7 +136,7 @@ def typical_score(cal_scores: Iterable[float]) -> float:
     """A task's typical held-out route score: the mean of its leave-one-out scores shrunk towards
     ``TYPICAL_PRIOR`` by ``PRIOR_SAMPLES`` pseudo-scores, in [−1, 1] (``TYPICAL_PRIOR`` with none)."""
     xs = [float(x) for x in cal_scores if math.isfinite(float(x))][-MAX_CAL_SCORES:]
-    return float(np.clip((sum(xs) + PRIOR_SAMPLES * TYPICAL_PRIOR) / (len(xs) + PRIOR_SAMPLES), -1.0, 1.0))
+    return max(-1.0, min(1.0, (sum(xs) + PRIOR_SAMPLES * TYPICAL_PRIOR) / (len(xs) + PRIOR_SAMPLES)))
 
 
 def confidence(score_: float, threshold: float, scale: float | None) -> float:
@@ -151,18 +151,22 @@ class TaskRoute:
 
     threshold: float | None = None
     scale: float | None = None
-    prompt_state: bytes | None = None
+    prompt_digest: bytes | None = None
+    """The last 32 bytes of the task's prompt-side state blob (its BLAKE2b digest: a state blob ends with it),
+    ``None`` when the task routes on its own state. The blob is read only where its view is not cached."""
     version: int = 0
     typical: float | None = None
     template_test: bool = True
 
 
 def resolve(row: Any) -> TaskRoute:
-    """A :class:`TaskRoute` from a ``TaskRouting`` row (override wins over the calibrated threshold)."""
+    """A :class:`TaskRoute` from a ``TaskRouting`` row read with its ``prompt_digest`` (override wins over the
+    calibrated threshold)."""
     thr = row.threshold_override if row.threshold_override is not None else row.threshold_auto
     return TaskRoute(threshold=None if thr is None else float(thr),
                      scale=None if row.score_scale is None else float(row.score_scale),
-                     prompt_state=row.prompt_state, version=int(row.version or 0),
+                     prompt_digest=None if row.prompt_digest is None else bytes(row.prompt_digest),
+                     version=int(row.version or 0),
                      typical=typical_score(row.cal_scores) if row.cal_scores else None,
                      template_test=row.template_test is not False)
 

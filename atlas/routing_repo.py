@@ -37,12 +37,36 @@ def get_routing(session: Session, task_id: int) -> TaskRouting | None:
     return session.get(TaskRouting, int(task_id), populate_existing=True)
 
 
+_DIGEST_BYTES = 32
+"""A state blob ends with its BLAKE2b-256 digest (``SketchState.to_bytes``)."""
+
+
 def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, TaskRoute]:
-    """Resolved :class:`TaskRoute` (threshold, scale, prompt-side state) of the tasks that have a row."""
+    """Resolved :class:`TaskRoute` (threshold, scale, prompt-side state's digest) of the tasks that have a row.
+
+    The prompt-side state blobs (~200 KiB each at m = 4096) are not read, their stored digests are: every route
+    batch re-ranks every completion task of the space, and their views are cached by digest
+    (:func:`route_candidates`)."""
     if not task_ids:
         return {}
-    rows = session.execute(select(TaskRouting).where(TaskRouting.task_id.in_([int(i) for i in task_ids]))).scalars()
+    cols = [c for c in TaskRouting.__table__.columns if c.name != "prompt_state"]
+    rows = session.execute(select(*cols).where(TaskRouting.task_id.in_([int(i) for i in task_ids])))
     return {int(r.task_id): resolve(r) for r in rows}
+
+
+def prompt_digest(blob: bytes) -> bytes:
+    """What ``task_routing.prompt_digest`` holds for a prompt-side state ``blob``: its trailing digest."""
+    return bytes(blob[-_DIGEST_BYTES:])
+
+
+def _prompt_blobs(session: Session, task_ids: Sequence[int]) -> dict[int, bytes]:
+    """The prompt-side state blobs of ``task_ids`` (those that have one)."""
+    if not task_ids:
+        return {}
+    rows = session.execute(select(TaskRouting.task_id, TaskRouting.prompt_state)
+                           .where(TaskRouting.task_id.in_([int(i) for i in task_ids]),
+                                  TaskRouting.prompt_state.is_not(None)))
+    return {int(t): bytes(b) for t, b in rows if b is not None}
 
 
 def get_held_out_scores(session: Session, task_ids: Sequence[int]) -> dict[int, list[float]]:
@@ -79,7 +103,8 @@ def store_routing(session: Session, task_id: int, *, prompt_state: bytes | None,
     """Write a task's prompt-side state (``None`` keeps none) and calibration; the override is kept."""
     row = get_routing(session, task_id)
     now = utcnow()
-    values = {"prompt_state": prompt_state, "cal_scores": list(calibration.scores),
+    digest = None if prompt_state is None else prompt_digest(prompt_state)
+    values = {"prompt_state": prompt_state, "prompt_digest": digest, "cal_scores": list(calibration.scores),
               "threshold_auto": calibration.threshold, "score_scale": calibration.scale,
               "false_reject_rate": calibration.false_reject_rate}
     if row is None:
@@ -239,16 +264,19 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
 
     routes = get_task_routes(session, [x.task_id for x in loaded])
     lexicon = lexicon_repo.get_task_lexicon(session, [x.task_id for x in loaded])
+    # Content-addressed: a state blob ends with its own BLAKE2b digest, so two stores in one process (a server
+    # and a library, or tests) never share an entry by task id. Blobs are read only for views not cached.
+    fp = spec.fingerprint()
+    views = {t: _PROMPT_VIEWS.get((fp, r.prompt_digest)) for t, r in routes.items() if r.prompt_digest is not None}
+    for t, blob in _prompt_blobs(session, [t for t, v in views.items() if v is None]).items():
+        views[t] = _PROMPT_VIEWS.get_or_make((fp, prompt_digest(blob)), functools.partial(_prompt_view, blob, spec))
     out = []
     for x in loaded:
         r = routes.get(x.task_id, TaskRoute())
         state, view = x.state, x.view
-        if r.prompt_state is not None:
-            blob = r.prompt_state
-            # Content-addressed: a state blob ends with its own BLAKE2b digest, so two stores in one
-            # process (a server and a library, or tests) never share an entry by task id.
-            state, view = _PROMPT_VIEWS.get_or_make((spec.fingerprint(), bytes(blob[-32:])),
-                                                    functools.partial(_prompt_view, blob, spec))
+        cached = views.get(x.task_id)
+        if cached is not None:
+            state, view = cached
         lex = lexicon.get(x.task_id)
         out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
                              threshold=r.threshold, scale=r.scale, typical=r.typical,

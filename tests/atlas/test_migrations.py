@@ -192,6 +192,51 @@ def test_0005_re_derives_templates_so_samples_without_terms_count(empty_url: str
     migrations.downgrade(empty_url, "0004")  # nothing to undo; the records stay readable
 
 
+def test_0006_backfills_each_prompt_side_states_digest(empty_url: str) -> None:
+    """The route path reads a completion task's prompt-side digest, not its blob: 0006 stores the digest of the
+    blobs already there (a state blob ends with its BLAKE2b digest), and a later write keeps it current."""
+    import numpy as np
+    from sqlalchemy import text
+
+    from atlas import repository, routing_repo
+    from atlas.models import TaskRouting
+    from atlas.routing import Calibration
+    from atlas.samples import Sample
+    from fishersketch import SketchSpec, SketchState
+    from tests.atlas.fixtures import make_space
+
+    spec = SketchSpec(d=8, K=16, m=32, seed=0)
+    rng = np.random.default_rng(0)
+    blob = SketchState(spec, rng.standard_normal((2, 3, 32)), rng.random((2, 3)) + 1, np.array([3, 4]),
+                       np.array([1, 2])).to_bytes()
+    migrations.upgrade(empty_url, "0005")
+    engine = db.make_engine(empty_url, pool_size=1)
+    factory = db.session_factory(engine)
+    space = make_space(factory)
+    with factory.begin() as s:
+        pair = [Sample(prompt="p", completion="c")]
+        ids = [repository.create_task_with_job(s, space.id, n, "completion", {}, pair)[0].id for n in ("a", "b")]
+        for tid, state in zip(ids, (blob, None), strict=True):  # as 0005's code stored them
+            s.execute(text("INSERT INTO task_routing (task_id, version, prompt_state, cal_scores, template_test, "
+                           "updated_at) VALUES (:t, 1, :b, '[]', :tt, CURRENT_TIMESTAMP)"),
+                      {"t": tid, "b": state, "tt": True})
+    engine.dispose()
+
+    migrations.upgrade(empty_url)
+    eng = db.make_engine(empty_url, pool_size=1)
+    f = db.session_factory(eng)
+    with f() as s:
+        routes = routing_repo.get_task_routes(s, ids)
+    assert routes[ids[0]].prompt_digest == blob[-32:] and routes[ids[1]].prompt_digest is None
+    with f.begin() as s:
+        routing_repo.store_routing(s, ids[1], prompt_state=blob[::-1], calibration=Calibration([], None, None, 0.05))
+    with f() as s:
+        row = s.get(TaskRouting, ids[1])
+        assert row is not None and row.prompt_digest == blob[::-1][-32:]
+    eng.dispose()
+    migrations.downgrade(empty_url, "0005")
+
+
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
 def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path: Path, capsys) -> None:
     """``alembic upgrade head --sql`` / ``downgrade head:base --sql`` (env.py's offline mode) render on both
