@@ -13,6 +13,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -137,3 +138,14 @@ def bulk_ready_tasks(factory: sessionmaker[Session], space_id: int, vectors, pre
     """Ready tasks ``<prefix><i>`` with signatures, in bulk (:func:`tests.store_helpers.insert_ready_tasks`)."""
     with factory.begin() as s:
         return insert_ready_tasks(s, space_id, [f"{prefix}{i}" for i in range(len(vectors))], vectors)
+
+
+def random_state(spec: Any, seed: int) -> Any:
+    """A small valid :class:`fishersketch.SketchState` of ``spec`` (3 + 4 draws, 3 tokens) with random sums."""
+    import numpy as np
+
+    from fishersketch import SketchState
+
+    rng = np.random.default_rng(seed)
+    return SketchState(spec, rng.standard_normal((2, 3, spec.m)), rng.random((2, 3)) + 1, np.array([3, 4]),
+                       np.array([1, 2]))

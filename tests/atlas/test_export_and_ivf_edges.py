@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -16,7 +15,7 @@ from atlas.index import IndexManager
 from atlas.models import Space, Task
 from atlas.samples import Sample
 from fishersketch import SketchSpec, SketchState
-from tests.atlas.fixtures import add_ready_task, bulk_ready_tasks, make_space, unit_vectors
+from tests.atlas.fixtures import add_ready_task, bulk_ready_tasks, make_space, random_state, unit_vectors
 
 M = 64
 
@@ -61,9 +60,7 @@ def _spec_space(factory: sessionmaker[Session]) -> Space:
 
 
 def _state(space: Space, seed: int) -> SketchState:
-    rng = np.random.default_rng(seed)
-    return SketchState(SketchSpec.from_dict(space.spec), rng.standard_normal((2, 3, M)), rng.random((2, 3)) + 1,
-                       np.array([3, 4]), np.array([1, 2]))
+    return random_state(SketchSpec.from_dict(space.spec), seed)
 
 
 def _store(session: Session, task: Task, state: SketchState) -> None:

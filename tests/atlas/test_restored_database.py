@@ -21,6 +21,7 @@ from atlas.models import Space
 from atlas.samples import Sample
 from atlas.state_cache import StateCache
 from fishersketch import SketchSpec, SketchState
+from tests.atlas.fixtures import random_state
 
 M = 32
 
@@ -38,9 +39,7 @@ def _space(factory: sessionmaker[Session]) -> Space:
 
 
 def _state(seed: int) -> SketchState:
-    rng = np.random.default_rng(seed)
-    return SketchState(SketchSpec(d=8, K=16, m=M, seed=0), rng.standard_normal((2, 3, M)), rng.random((2, 3)) + 1,
-                       np.array([3, 4]), np.array([1, 2]))
+    return random_state(SketchSpec(d=8, K=16, m=M, seed=0), seed)
 
 
 def _add(factory: sessionmaker[Session], space: Space, name: str, seed: int) -> int:

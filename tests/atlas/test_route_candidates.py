@@ -19,6 +19,7 @@ from atlas import repository, routing_repo
 from atlas.route_calibration import Calibration
 from atlas.samples import Sample
 from fishersketch import SketchSpec, SketchState
+from tests.atlas.fixtures import random_state
 
 M = 32
 SPEC = SketchSpec(d=8, K=16, m=M, seed=0)
@@ -33,9 +34,7 @@ class _Loaded:
 
 
 def _state(seed: int) -> SketchState:
-    rng = np.random.default_rng(seed)
-    return SketchState(SPEC, rng.standard_normal((2, 3, M)), rng.random((2, 3)) + 1, np.array([3, 4]),
-                       np.array([1, 2]))
+    return random_state(SPEC, seed)
 
 
 def test_prompt_side_blobs_are_read_once_then_found_by_digest(factory: sessionmaker[Session]) -> None:

@@ -17,6 +17,7 @@ from atlas.models import Space
 from atlas.samples import Sample
 from atlas.state_cache import StateCache
 from fishersketch import SketchSpec, SketchState
+from tests.atlas.fixtures import random_state
 
 M = 32
 
@@ -31,10 +32,7 @@ def _space(factory: sessionmaker[Session], key: str = "model-sc") -> Space:
 
 
 def _state(space: Space, seed: int) -> SketchState:
-    rng = np.random.default_rng(seed)
-    spec = SketchSpec.from_dict(space.spec)
-    return SketchState(spec, rng.standard_normal((2, 3, M)), rng.random((2, 3)) + 1, np.array([3, 4]),
-                       np.array([1, 2]))
+    return random_state(SketchSpec.from_dict(space.spec), seed)
 
 
 def _vec(seed: int) -> np.ndarray:
