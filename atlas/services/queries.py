@@ -65,6 +65,7 @@ class QueryService:
         self.prompts = prompts
         self.observe = observe or (lambda kind, seconds: None)
         self._space_keys: dict[str, tuple[float, SpaceKey]] = {}
+        self._prompt_side: dict[int, tuple[int, frozenset[int]]] = {}
         self.whitenings = WhiteningCache()
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class QueryService:
             # One read of the states and routing rows for the whole batch: the union of every query's
             # hits plus the tasks that always route on a prompt-side state.
             union = list(dict.fromkeys(t for h in hits for t in h))
-            prompt_side = set(routing_repo.with_prompt_side(session, space_id, []))
+            prompt_side = self._prompt_side_ids(session, space_id)
             loaded = self.states.load(session, space, [*union, *sorted(prompt_side - set(union))])
             keep = self.settings.route_template  # else no candidate carries its template: the test is off
             base = {c.task_id: c if keep else replace(c, template=None)
@@ -185,6 +186,18 @@ class QueryService:
             answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task,
                                                  whitening=whitening, prompt_terms=pt))
         return answers
+
+    def _prompt_side_ids(self, session: Session, space_id: int) -> frozenset[int]:
+        """The space's tasks that route on a prompt-side state (re-ranked on every route), read again only
+        when the space's content mark moves (a task of the space added, appended or deleted: the job that
+        stores a prompt-side state logs its change in the same transaction)."""
+        mark = self.index.content_mark(space_id)
+        hit = self._prompt_side.get(space_id)
+        if hit is not None and hit[0] == mark:
+            return hit[1]
+        ids = frozenset(routing_repo.with_prompt_side(session, space_id, []))
+        self._prompt_side[space_id] = (mark, ids)
+        return ids
 
     def _routing_means(self, session: Session, space: Space, task_ids: list[int]
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

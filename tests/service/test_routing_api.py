@@ -141,3 +141,19 @@ def test_a_patch_waits_for_a_jobs_final_transaction_and_is_not_lost(serve, tiny_
     info = thresholds.info(tid)
     assert info["false_reject_rate"] == 0.2  # the PATCH is kept ...
     assert info["threshold_auto"] == calibrate(job_scores, 0.2).threshold  # ... re-calibrated on the job's scores
+
+
+def test_a_completion_task_added_after_a_route_is_re_ranked_at_once(serve, tiny_lm, tmp_path: Path) -> None:
+    """Completion tasks are re-ranked on every route whatever FAISS finds (their signature covers answers, not
+    prompts); the set of them is cached per space and must follow a task added after it was read."""
+    svc = serve(lm=tiny_lm)
+    files = _write(tmp_path)
+    body = {"prompts": ["Question: is salt sweet? Answer:"], "k": 3, "candidates": 1}
+    with AtlasClient(svc.url) as c:
+        for name in ("prose", "code"):
+            assert c.add_task(name, files[name][0], mode="text", wait=True).job.status == "succeeded"
+        before = httpx.post(f"{svc.url}/v1/route", json=body).json()["results"][0]["matches"]
+        assert [m["name"] for m in before] != [] and "qa" not in [m["name"] for m in before]
+        assert c.add_task("qa", files["qa"][0], mode="completion", wait=True).job.status == "succeeded"
+        after = httpx.post(f"{svc.url}/v1/route", json=body).json()["results"][0]["matches"]
+        assert "qa" in [m["name"] for m in after], after  # one FAISS candidate + every completion task
