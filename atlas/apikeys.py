@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from atlas.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from atlas.models import SCOPES, ApiKey, utcnow
+from atlas.samples import is_storable_text
 
 KEY_PREFIX = "fa_"
 _RANK: dict[str, int] = {str(scope): i for i, scope in enumerate(SCOPES)}
@@ -45,6 +46,8 @@ def create_api_key(session: Session, name: str, scopes: Sequence[str]) -> tuple[
     bad = [s for s in scopes if s not in SCOPES]
     if not scopes or bad:
         raise InvalidInput(f"scopes must be a non-empty subset of {SCOPES}", {"invalid": bad})
+    if not is_storable_text(name):
+        raise InvalidInput("a key name cannot hold NUL characters or lone surrogates")
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(name=name[:200], prefix=plaintext[:10], key_hash=hash_key(plaintext),
                  scopes=sorted(set(scopes), key=_RANK.__getitem__))

@@ -43,7 +43,7 @@ from atlas.models import (
     utcnow,
 )
 from atlas.paging import Page as Page
-from atlas.samples import Sample, check_metadata
+from atlas.samples import Sample, check_metadata, is_storable_text
 from atlas.signature_repository import bytes_to_vectors as bytes_to_vectors
 from atlas.signature_repository import count_signatures as count_signatures
 from atlas.signature_repository import get_baseline_blob as get_baseline_blob
@@ -260,7 +260,8 @@ def get_task(session: Session, task_id: int) -> Task:
 
 def get_task_by_name(session: Session, space_id: int, name: str) -> Task:
     """Return the task called ``name`` in a space or raise :class:`NotFound`."""
-    task = session.execute(select(Task).where(Task.space_id == space_id, Task.name == name)).scalar_one_or_none()
+    task = session.execute(select(Task).where(Task.space_id == space_id, Task.name == name)).scalar_one_or_none() \
+        if is_storable_text(name) else None
     if task is None:
         raise NotFound(f"no task named {name!r}", {"space_id": space_id, "name": name})
     return task

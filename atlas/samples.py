@@ -89,6 +89,16 @@ def is_valid_unicode(text: str) -> bool:
     return True
 
 
+def is_storable_text(text: str) -> bool:
+    """Whether ``text`` can be stored in, or compared with, a text column on every database: no NUL (PostgreSQL
+    refuses it in any text parameter) and valid Unicode (:func:`is_valid_unicode`).
+
+    A name, space reference or filter that fails this cannot match anything stored: lookups answer "not
+    found", filters an empty list, and new names are refused (422).
+    """
+    return "\x00" not in text and is_valid_unicode(text)
+
+
 def _keys_for(mode: Mode) -> str:
     return "'text'" if mode == "text" else "'prompt' and 'completion'"
 

@@ -18,6 +18,7 @@ from atlas import space_repository as spaces_sql
 from atlas.db import make_engine, session_factory
 from atlas.errors import Conflict, ModelUnavailable, NotFound
 from atlas.models import Space
+from atlas.samples import is_storable_text
 from atlas.settings import Settings
 from fishersketch import SketchSpec
 
@@ -104,7 +105,7 @@ class Store:
             if space_id > 2**62:
                 raise NotFound(f"space {ref} does not exist", {"space": str(ref)})
             return spaces_sql.get_space(session, space_id)
-        rows = spaces_sql.spaces_of_model(session, ref)
+        rows = spaces_sql.spaces_of_model(session, ref) if is_storable_text(ref) else []
         if not rows:
             raise NotFound(f"no space named {ref!r}", {"space": ref})
         if len(rows) > 1:

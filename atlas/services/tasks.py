@@ -17,7 +17,7 @@ from atlas.index import IndexManager
 from atlas.models import JOB_QUEUED, Job, Space, Task
 from atlas.ports import serving_key
 from atlas.queue import JobQueue
-from atlas.samples import Sample
+from atlas.samples import Sample, is_storable_text
 from atlas.services.states import StateLoader
 from atlas.store import Store
 
@@ -178,6 +178,8 @@ class TaskService:
         with self.store.read() as session:
             read_snapshot(session)
             space_id = self.store.resolve_space(session, space_ref).id if space_ref is not None else None
+            if not all(is_storable_text(t) for t in (name, name_prefix) if t is not None):
+                return repo.Page(items=[], total=0, offset=offset, limit=limit)  # no stored name holds a NUL
             if name is None:
                 return repo.list_tasks(session, space_id=space_id, name_prefix=name_prefix, status=status,
                                        offset=offset, limit=limit)

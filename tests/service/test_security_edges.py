@@ -62,3 +62,36 @@ def test_route_check_fails_closed_before_the_middleware_made_its_gate(bind: Any,
                               state=SimpleNamespace())
     with pytest.raises(Unauthorized):
         authorize(request, container, "read")  # type: ignore[arg-type]
+
+
+# -- NUL in text that reaches SQL --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_nul_in_names_and_space_refs_is_answered_alike_on_both_databases(bind: Any, db: str,  # noqa: F811
+                                                                         request: pytest.FixtureRequest) -> None:
+    """PostgreSQL refuses NUL in text parameters (``DataError``); every lookup, filter and key name holding one
+    answered 500 there, while SQLite answered 200/404 or stored a key named with a NUL."""
+    values: dict[str, Any] = {}
+    if db == "postgresql":
+        values["database_url"] = request.getfixturevalue("pg_database")()
+    url, _app = bind(**values)
+    c = httpx.Client(base_url=url, timeout=30)
+    expect = [
+        (c.get("/v1/tasks", params={"name": "a\x00"}), 200),
+        (c.get("/v1/tasks", params={"name_prefix": "a\x00"}), 200),
+        (c.get("/v1/tasks", params={"space": "a\x00"}), 404),
+        (c.get("/v1/spaces/a%00"), 404),
+        (c.get("/v1/spaces/a%00/export"), 404),
+        (c.get("/v1/atlas", params={"space": "a\x00"}), 404),
+        (c.post("/v1/tasks", json={"name": "t", "space": "a\x00", "samples": [{"text": "hello world"}]}), 404),
+        (c.post("/v1/route", json={"prompt": "hello world", "space": "a\x00"}), 404),
+        (c.post("/v1/route/fit", json={"examples": [{"prompt": "hello world there", "label": "a\x00"}]}), 404),
+        (c.post("/v1/keys", json={"name": "k\x00", "scopes": ["read"]}), 422),
+    ]
+    for i, (r, status) in enumerate(expect):
+        assert r.status_code == status, (i, r.status_code, r.text)
+    for r, _status in expect[:2]:
+        assert r.json()["items"] == [] and r.json()["total"] == 0
+    assert c.get("/v1/keys").json()["items"] == []  # no key named with a NUL was stored
+
