@@ -98,8 +98,14 @@ def _origin_of(scheme: str, host_header: str) -> str:
 
 
 def _normal_origin(origin: str) -> str:
-    parts = urlsplit(origin.strip().lower())
-    return _origin_of(parts.scheme, parts.netloc) if parts.scheme and parts.netloc else origin.strip().lower()
+    """An origin as compared: lower-case, default port dropped; an unparsable one (``http://[::1``) as written,
+    so that it matches nothing but itself (a refusal, never a server error)."""
+    text = origin.strip().lower()
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return text
+    return _origin_of(parts.scheme, parts.netloc) if parts.scheme and parts.netloc else text
 
 
 class SecurityMiddleware:

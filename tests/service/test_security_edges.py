@@ -95,3 +95,17 @@ def test_nul_in_names_and_space_refs_is_answered_alike_on_both_databases(bind: A
         assert r.json()["items"] == [] and r.json()["total"] == 0
     assert c.get("/v1/keys").json()["items"] == []  # no key named with a NUL was stored
 
+
+
+# -- Origin ----------------------------------------------------------------------------------------------
+
+
+def test_an_unparsable_origin_is_refused_not_a_server_error(bind: Any) -> None:  # noqa: F811
+    """``Origin: http://[::1`` made ``urlsplit`` raise ``ValueError`` in the middleware: 500 instead of 403."""
+    url, app = bind()
+    for origin in ("http://[::1", "http://[zz]:80", "https://[::1]x"):
+        r = httpx.post(f"{url}/v1/tasks", json={"name": "t", "samples": [{"text": "hello world"}]},
+                       headers={"Origin": origin})
+        assert r.status_code == 403, (origin, r.text)
+        assert r.json()["code"] == "forbidden_origin"
+    assert app.state.container.tasks.page().total == 0
