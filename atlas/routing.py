@@ -151,20 +151,23 @@ class TaskRoute:
 
     threshold: float | None = None
     scale: float | None = None
+    prompt_side: bool = False
+    """Whether the task routes on a prompt-side state (a completion-mode task) rather than on its own."""
     prompt_digest: bytes | None = None
     """The last 32 bytes of the task's prompt-side state blob (its BLAKE2b digest: a state blob ends with it),
-    ``None`` when the task routes on its own state. The blob is read only where its view is not cached."""
+    as stored; ``None`` when not stored. The blob is read only where its view is not cached."""
     version: int = 0
     typical: float | None = None
     template_test: bool = True
 
 
 def resolve(row: Any) -> TaskRoute:
-    """A :class:`TaskRoute` from a ``TaskRouting`` row read with its ``prompt_digest`` (override wins over the
-    calibrated threshold)."""
+    """A :class:`TaskRoute` from a ``TaskRouting`` row read by :func:`atlas.routing_repo.get_task_routes` (its
+    columns but the blob, and ``prompt_side``); the override wins over the calibrated threshold."""
     thr = row.threshold_override if row.threshold_override is not None else row.threshold_auto
     return TaskRoute(threshold=None if thr is None else float(thr),
                      scale=None if row.score_scale is None else float(row.score_scale),
+                     prompt_side=bool(row.prompt_side),
                      prompt_digest=None if row.prompt_digest is None else bytes(row.prompt_digest),
                      version=int(row.version or 0),
                      typical=typical_score(row.cal_scores) if row.cal_scores else None,

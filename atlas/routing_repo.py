@@ -50,7 +50,8 @@ def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, Task
     if not task_ids:
         return {}
     cols = [c for c in TaskRouting.__table__.columns if c.name != "prompt_state"]
-    rows = session.execute(select(*cols).where(TaskRouting.task_id.in_([int(i) for i in task_ids])))
+    has_blob = TaskRouting.prompt_state.is_not(None).label("prompt_side")  # not detoasted / read
+    rows = session.execute(select(*cols, has_blob).where(TaskRouting.task_id.in_([int(i) for i in task_ids])))
     return {int(r.task_id): resolve(r) for r in rows}
 
 
@@ -267,7 +268,9 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
     # Content-addressed: a state blob ends with its own BLAKE2b digest, so two stores in one process (a server
     # and a library, or tests) never share an entry by task id. Blobs are read only for views not cached.
     fp = spec.fingerprint()
-    views = {t: _PROMPT_VIEWS.get((fp, r.prompt_digest)) for t, r in routes.items() if r.prompt_digest is not None}
+    # A row without a digest (written by a replica older than migration 0006 during a rolling upgrade) is a miss.
+    views = {t: None if r.prompt_digest is None else _PROMPT_VIEWS.get((fp, r.prompt_digest))
+             for t, r in routes.items() if r.prompt_side}
     for t, blob in _prompt_blobs(session, [t for t, v in views.items() if v is None]).items():
         views[t] = _PROMPT_VIEWS.get_or_make((fp, prompt_digest(blob)), functools.partial(_prompt_view, blob, spec))
     out = []

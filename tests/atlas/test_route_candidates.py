@@ -8,14 +8,16 @@ when its decoded view is not cached.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import event
+from sqlalchemy import event, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import repository, routing_repo
+from atlas.models import TaskRouting
 from atlas.route_calibration import Calibration
 from atlas.samples import Sample
 from fishersketch import SketchSpec, SketchState
@@ -56,7 +58,8 @@ def test_prompt_side_blobs_are_read_once_then_found_by_digest(factory: sessionma
     blob_reads: list[str] = []
 
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "prompt_state" in statement.split("FROM")[0]:
+        head = statement.split("FROM")[0]  # the select list: the blob itself, not `prompt_state IS NOT NULL`
+        if statement.lstrip().upper().startswith("SELECT") and re.search(r"prompt_state(?!\s+IS)", head):
             blob_reads.append(statement)
 
     event.listen(factory.kw["bind"], "before_cursor_execute", count)
@@ -80,5 +83,11 @@ def test_prompt_side_blobs_are_read_once_then_found_by_digest(factory: sessionma
         assert len(blob_reads) == before + 1  # the new blob only
         np.testing.assert_array_equal(np.asarray(fresh[0].state.sums), np.asarray(_state(base + 200).sums))
         assert fresh[0].threshold == 0.1 and fresh[0].scale == 0.05
+        with factory.begin() as s:  # written by a replica older than 0006 during a rolling upgrade: no digest
+            s.execute(update(TaskRouting).where(TaskRouting.task_id == ids[1]).values(
+                prompt_state=_state(base + 300).to_bytes(), prompt_digest=None))
+        with factory() as s:
+            rolling = routing_repo.route_candidates(s, SPEC, loaded, {})
+        np.testing.assert_array_equal(np.asarray(rolling[1].state.sums), np.asarray(_state(base + 300).sums))
     finally:
         event.remove(factory.kw["bind"], "before_cursor_execute", count)
