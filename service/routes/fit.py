@@ -10,8 +10,9 @@ from starlette.concurrency import run_in_threadpool
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, error_responses
 from service.schemas_routing import FitRequest, FitResponse, RoutingInfo, ThresholdPatch
+from service.uploads import BoundedJSONRoute
 
-router = APIRouter(prefix="/v1", tags=["queries"])
+router = APIRouter(prefix="/v1", tags=["queries"], route_class=BoundedJSONRoute)
 TaskId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 

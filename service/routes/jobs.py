@@ -17,9 +17,10 @@ from atlas.vocabulary import JobStatus
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import JobList, JobOut
+from service.uploads import BoundedJSONRoute
 from service.views import job_out
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=BoundedJSONRoute)
 
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="Job id.")]
 

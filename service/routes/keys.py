@@ -14,8 +14,9 @@ from atlas.store import Store
 from atlas.vocabulary import Scope
 from service.deps import AdminPrincipal, ContainerDep
 from service.routes import MAX_ID, error_responses
+from service.uploads import BoundedJSONRoute
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=BoundedJSONRoute)
 
 
 class KeyCreate(BaseModel):

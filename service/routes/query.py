@@ -19,9 +19,10 @@ from service.schemas import (
     TaskRef,
 )
 from service.schemas_routing import RouteMatch, RouteRequest, RouteResponse, RouteResult
+from service.uploads import BoundedJSONRoute
 from service.views import factor_fields
 
-router = APIRouter(prefix="/v1", tags=["queries"])
+router = APIRouter(prefix="/v1", tags=["queries"], route_class=BoundedJSONRoute)
 
 
 @router.post(

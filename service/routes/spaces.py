@@ -12,9 +12,9 @@ from atlas.errors import InvalidInput
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import error_responses
 from service.schemas import ImportResult, SpaceList, SpaceOut
-from service.uploads import IMPORT_FORM_SCHEMA, _content_type
+from service.uploads import IMPORT_FORM_SCHEMA, BoundedJSONRoute, _content_type
 
-router = APIRouter(prefix="/v1/spaces", tags=["spaces"])
+router = APIRouter(prefix="/v1/spaces", tags=["spaces"], route_class=BoundedJSONRoute)
 
 SpaceRef = Annotated[str, Path(min_length=1, max_length=300, description="Space id, model name or `default`.")]
 

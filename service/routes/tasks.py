@@ -23,10 +23,10 @@ from service.schemas import (
     TaskPatch,
     TaskRef,
 )
-from service.uploads import APPEND_FORM_SCHEMA, TASK_FORM_SCHEMA, read_upload
+from service.uploads import APPEND_FORM_SCHEMA, TASK_FORM_SCHEMA, BoundedJSONRoute, read_upload
 from service.views import factor_fields, job_out, task_out
 
-router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=BoundedJSONRoute)
 
 TaskId = Annotated[int, Path(ge=1, le=MAX_ID, description="Task id.")]
 IdempotencyKey = Annotated[
