@@ -12,8 +12,8 @@
    that are not browsers send no ``Origin`` and pass.
 3. **API key** on ``/v1/...`` when :meth:`service.auth.KeyGate.required` says so: checked before the body
    is read (401 ``unauthorized``); the route checks its scope.
-4. **Rate limit** on ``/v1/...``: a token bucket per key, or per client address when anonymous
-   (``rate_limit_per_s``, ``rate_limit_burst``); empty → 429 ``rate_limited`` with ``Retry-After``.
+4. **Rate limit** on ``/v1/...``: a token bucket per key, or per client address when anonymous or when the key
+   check failed (``rate_limit_per_s``, ``rate_limit_burst``); empty → 429 ``rate_limited`` with ``Retry-After``.
 
 Every refusal is the usual ``{"code", "message", "detail"}`` body and stores nothing.
 """
@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from atlas.db import is_busy_error
-from atlas.errors import AtlasError, DatabaseBusy
+from atlas.errors import AtlasError, DatabaseBusy, Unauthorized
 from atlas.redaction import truncate
 from atlas.settings import Settings
 from service.auth import (
@@ -150,7 +150,11 @@ class SecurityMiddleware:
             self._check_origin(scope, headers)
             path = route_path(scope)
             if path.startswith("/v1/") or path == "/v1":
-                principal = await self._authenticate(headers, server)
+                try:
+                    principal = await self._authenticate(headers, server)
+                except Unauthorized:
+                    self._rate_limit(None, scope)  # a failed try spends the address's tokens (429 once gone)
+                    raise
                 # ANONYMOUS: the gate ran and asked for no key (authorize() must not decide again)
                 scope.setdefault("state", {})[PRINCIPAL_STATE] = principal if principal is not None else ANONYMOUS
                 self._rate_limit(principal, scope)

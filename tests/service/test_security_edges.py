@@ -138,3 +138,19 @@ def test_json_bodies_holding_millions_of_values_are_refused_before_they_are_buil
     assert r.status_code != 413, r.text[:300]
     r = c.post("/v1/align/matrix", json={"task_ids": list(range(1, 257))})
     assert r.status_code == 404, r.text[:300]  # unknown tasks, not a refused body
+
+
+# -- rate limit of failed authentication ---------------------------------------------------------------
+
+
+def test_wrong_keys_take_from_the_address_bucket(bind: Any) -> None:  # noqa: F811
+    """A 401 was answered before the rate limit: an address could try keys without end (each try one database
+    read), however low ``rate_limit_per_s``; failed tries now spend the address's tokens, then answer 429."""
+    url, app = bind(require_keys=True, rate_limit_per_s=0.01, rate_limit_burst=3)
+    with app.state.container.store.session() as s:
+        _, good = apikeys.create_api_key(s, "r", ["read"])
+    codes = [httpx.get(f"{url}/v1/tasks", headers={"X-API-Key": f"fa_guess{i}"}).status_code for i in range(5)]
+    assert codes == [401, 401, 401, 429, 429], codes
+    r = httpx.get(f"{url}/v1/tasks")
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+    assert httpx.get(f"{url}/v1/tasks", headers={"X-API-Key": good}).status_code == 200  # a valid key: its bucket
