@@ -15,10 +15,11 @@ Example
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 """File suffixes a figure can be written as (the format follows the suffix)."""
@@ -53,6 +54,28 @@ def _pyplot() -> Any:
     return plt
 
 
+_Draw = TypeVar("_Draw", bound=Callable[..., Path])
+
+
+def _literal_text(draw: _Draw) -> _Draw:
+    """Run ``draw`` with matplotlib's mathtext off, so task names and titles are drawn as written.
+
+    With it on, a label holding an even number of ``$`` was read as math: ``cost $x$`` was drawn as an
+    italic formula, and ``a$^$b`` made the figure raise the mathtext parser's ``ValueError``.
+    """
+
+    @functools.wraps(draw)
+    def wrapper(*args: Any, **kwargs: Any) -> Path:
+        try:
+            import matplotlib
+        except ImportError:  # draw raises PlotsUnavailable (or PlotError for a wrong suffix) itself
+            return draw(*args, **kwargs)
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return cast(_Draw, wrapper)
+
+
 def check_suffix(path: str | Path) -> Path:
     """Return ``path`` as a :class:`~pathlib.Path` if its suffix is one of :data:`PLOT_SUFFIXES`.
 
@@ -85,6 +108,7 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+@_literal_text
 def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -> Path:
     """Draw the 2-D atlas of a space (body of ``GET /v1/atlas``): labelled points coloured by cluster.
 
@@ -136,6 +160,7 @@ def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -
     return _save(fig, p)
 
 
+@_literal_text
 def save_matrix(matrix_body: Mapping[str, Any], path: str | Path, *, title: str, kind: str = "fisher") -> Path:
     """Draw the Fisher alignment heatmap of a set of tasks (body of ``POST /v1/align/matrix``).
 
@@ -217,6 +242,7 @@ def save_factors(sources_body: Mapping[str, Any], path: str | Path, *, title: st
     return save_grouped_bars(groups, series, p, title=f"{title}\n{sub}", ylabel="similarity", colours=colours)
 
 
+@_literal_text
 def save_grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], path: str | Path, *,
                       title: str, ylabel: str, colours: Sequence[str] | None = None,
                       ylim: tuple[float, float] | None = None, value_labels: bool = True,
@@ -274,6 +300,7 @@ def save_grouped_bars(groups: Sequence[str], series: Mapping[str, Sequence[float
     return _save(fig, p)
 
 
+@_literal_text
 def save_lines(x: Sequence[float], series: Mapping[str, Sequence[float]], path: str | Path, *, title: str,
                xlabel: str, ylabel: str, logx: bool = False, logy: bool = False) -> Path:
     """Line chart with markers: one line per series over the same ``x`` (used by the bench figures).

@@ -178,3 +178,29 @@ def test_any_task_names_drawn_into_the_svg(names: list[str], tmp_path_factory: p
     texts = _svg_texts(plots.save_atlas(body, tmp_path_factory.mktemp("h") / "a.svg", title="t"))
     for n in names:
         assert n in texts
+
+
+DOLLAR_NAMES = ["cost $x$ and $y$", "a$^$b", "$\\frac$ budget"]
+"""Task names with dollar signs: matplotlib read an even number of them as mathtext (the first was drawn as
+math, the others raised ``ValueError`` from the mathtext parser)."""
+
+
+@pytest.mark.parametrize("kind", ["atlas", "matrix", "factors"])
+def test_names_with_dollar_signs_drawn_as_written(bodies: dict[str, Any], kind: str, tmp_path: Path) -> None:
+    if kind == "atlas":
+        points = bodies["atlas"]["points"]
+        body = dict(bodies["atlas"], points=[dict(p, name=n) for p, n in zip(points, DOLLAR_NAMES, strict=False)])
+        fn, title, shown = plots.save_atlas, "Atlas of $pace", DOLLAR_NAMES[: len(points)]
+    elif kind == "matrix":
+        shown = DOLLAR_NAMES[: len(bodies["matrix"]["names"])]
+        body = dict(bodies["matrix"], names=shown)
+        fn, title = plots.save_matrix, "Fisher alignment of $3$ tasks"
+    else:
+        found = bodies["sources"]["sources"]
+        body = dict(bodies["sources"], target={**bodies["sources"]["target"], "name": "t$rg$t"},
+                    sources=[dict(s, name=n) for s, n in zip(found, DOLLAR_NAMES, strict=False)])
+        fn, title, shown = plots.save_factors, "Sources for $t$", [*DOLLAR_NAMES[: len(found)], "t$rg$t"]
+    assert fn(body, tmp_path / f"{kind}.png", title=title).read_bytes().startswith(b"\x89PNG")
+    texts = _svg_texts(fn(body, tmp_path / f"{kind}.svg", title=title)).replace("&amp;", "&")
+    for name in [*shown, title]:
+        assert name in texts, (name, texts[:400])
