@@ -223,9 +223,14 @@ class Atlas:
         return self._c.queries.align(self.task(a).id, self.task(b).id)[2]
 
     def matrix(self, names: Sequence[str] | None = None) -> analysis.Matrices:
-        """Alignment matrices of the named tasks (default: every ready task, up to the matrix bound)."""
-        ids = ([self.task(n).id for n in names] if names is not None
-               else [t.id for t in self.tasks() if t.status == TaskStatus.READY][: self.settings.max_matrix_tasks])
+        """Alignment matrices of the named tasks (default: the default space's ready tasks, up to the matrix
+        bound; tasks of other spaces cannot be compared with them)."""
+        if names is not None:
+            ids = [self.task(n).id for n in names]
+        else:
+            page = self._c.tasks.page(space_ref="default", status=TaskStatus.READY,
+                                      limit=self.settings.max_matrix_tasks)
+            ids = [t.id for t in page.items]
         return self._c.queries.matrix(ids)
 
     def atlas(self) -> analysis.AtlasMap:

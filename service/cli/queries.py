@@ -154,12 +154,14 @@ def matrix(names: Annotated[list[str] | None, typer.Argument(help="Tasks (defaul
            = Path("matrix.png"),
            url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
            json: Json = False) -> None:
-    """Fisher alignment heatmap of the named tasks (all ready tasks up to 40 when none are named)."""
+    """Fisher alignment heatmap of the named tasks (the space's ready tasks up to 40 when none are named)."""
     with client(url, api_key, timeout) as cl:
         if names:
             ids = [cl.find_task(n, space=space).id for n in names]
         else:
-            ids = [t.id for t in cl.list_tasks(space=space, status="ready", limit=MATRIX_DEFAULT_MAX).items]
+            # The space's own tasks: GET /v1/tasks without a space lists every space's (mixing them is a 409).
+            ids = [t.id for t in cl.list_tasks(space=space if space is not None else "default", status="ready",
+                                               limit=MATRIX_DEFAULT_MAX).items]
         if len(ids) < 2:
             raise fail("a matrix needs at least two ready tasks")
         res = cl.align_matrix(ids)

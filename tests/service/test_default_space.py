@@ -1,0 +1,58 @@
+"""``matrix`` without task names draws the default space's ready tasks (CLI and library), as documented: a
+store that also holds another space (another model's tasks, e.g. imported) must not mix them in.
+
+Real parts: a uvicorn server over SQLite with the tiny GPT-2, the ``fisher-atlas`` entry point, ``Atlas(path)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atlas import repository
+from atlas.samples import Sample
+from fisher_atlas import Atlas
+from service.cli import main
+from service.client import AtlasClient
+from tests.atlas.fixtures import unit_vectors
+
+TEXTS = {"fox": ["the quick brown fox jumps over the lazy dog", "a brown fox runs past the dog"],
+         "sums": ["one plus one is two", "two times three is six"]}
+
+
+def _other_space_task(store: Any) -> int:
+    """A ready task in a space of another model (older than the default space's tasks: listed first)."""
+    with store.session() as s:
+        other = repository.get_or_create_space(
+            s, model_fingerprint="another-model@1", spec_fingerprint="spec", model_name="another/model", d=8,
+            K=16, m=256, seed=0, spec={"d": 8, "K": 16, "m": 256, "seed": 0})
+        task, _ = repository.create_task_with_job(s, other.id, "elsewhere", "text", {}, [Sample(text="hi there")])
+        repository.store_task_result(s, task, state=b"x", signature=unit_vectors(1, 256)[0], baselines=None,
+                                     n_samples=1, n_tokens=2)
+        return int(task.id)
+
+
+def test_cli_matrix_without_names_keeps_to_the_default_space(serve: Any, tiny_lm: Any, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """It listed the ready tasks of every space and sent them to ``/v1/align/matrix``: 409
+    ``incompatible_space``, exit 1."""
+    svc = serve(lm=tiny_lm)
+    elsewhere = _other_space_task(svc.container.store)
+    with AtlasClient(svc.url) as cl:
+        ids = [cl.add_task(name, samples=[{"text": t} for t in texts], wait=True).task.id
+               for name, texts in TEXTS.items()]
+    out = tmp_path / "matrix.json"
+    assert main(["matrix", "--out", str(out), "--url", svc.url, "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["ids"] == ids
+    assert elsewhere not in ids
+
+
+def test_library_matrix_without_names_keeps_to_the_default_space(tmp_path: Path, tiny_model_dir: Path) -> None:
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        _other_space_task(atlas._c.store)
+        for name, texts in TEXTS.items():
+            atlas.add(name, texts, progress=False)
+        assert atlas.matrix().fisher.shape == (2, 2)
