@@ -383,15 +383,33 @@ class PromptServer:
                 continue
             if raw is None:
                 continue
-            self._handle(raw if isinstance(raw, bytes) else str(raw).encode())
+            data = raw if isinstance(raw, bytes) else str(raw).encode()
+            try:
+                self._handle(data)
+            except Exception:  # this thread outlives any one request: the worker announces itself as serving
+                log.exception("handling a prompt request failed; it stays in flight (re-queued if this worker dies)")
+                time.sleep(0.1)
+
+    def _drop(self, raw: bytes) -> None:
+        """Remove a request from this worker's in-flight list without a reply."""
+        self.redis.lrem(self.inflight, 1, raw)  # type: ignore[arg-type]  # redis accepts bytes
 
     def _handle(self, raw: bytes) -> None:
-        msg = json.loads(raw)
-        if float(msg.get("deadline", 0)) < time.time():
-            self.redis.lrem(self.inflight, 1, raw)  # type: ignore[arg-type]  # the caller gave up already
+        """Serve one request taken from the list: reply with its states or its error, or leave it for later
+        (the model's queue is full); a request that is not a readable request object is dropped."""
+        try:
+            msg = json.loads(raw)
+            prompts, deadline = msg["prompts"], float(msg.get("deadline", 0))
+            str(msg["id"]), str(msg["reply"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            log.warning("dropped a malformed prompt request (%d bytes)", len(raw))
+            self._drop(raw)
+            return
+        if deadline < time.time():
+            self._drop(raw)  # the caller gave up already
             return
         try:
-            prepared = self.batcher.prepare(msg["prompts"])
+            prepared = self.batcher.prepare(prompts)
             fut: Future[list[SketchState]] = self.batcher.submit(prepared)
         except QueueFull:  # a request that can never fit is PayloadTooLarge (413), answered below
             self.redis.lmove(self.inflight, _queue_key(self.key), "RIGHT", "LEFT")  # leave it for later
@@ -399,6 +417,10 @@ class PromptServer:
             return
         except AtlasError as exc:
             self._reply(raw, msg, encode_reply(msg["id"], error=exc))
+            return
+        except Exception as exc:  # the caller gets an error now, not a timeout
+            log.exception("preparing prompts failed")
+            self._reply(raw, msg, encode_reply(msg["id"], error=AtlasError(f"the worker failed: {type(exc).__name__}")))
             return
         fut.add_done_callback(lambda f: self._reply_done(raw, msg, f))
 
