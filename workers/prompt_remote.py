@@ -53,6 +53,8 @@ WORKER_TTL_S = 3.0
 """Expiry of a worker's announcement: a worker silent this long is dead."""
 REPLY_TTL_S = 60
 """Expiry of an unread reply list."""
+WORKERS_MAX_AGE_S = 0.5
+"""How long an API process reuses the list of live workers it read."""
 
 
 def _worker_key(serving_key: str, worker_id: str) -> str:
@@ -165,7 +167,7 @@ class RedisPromptSketcher:
 
     # -- workers -----------------------------------------------------------------------------------
 
-    def workers(self, serving_key: str, *, max_age_s: float = 0.5) -> list[dict[str, Any]]:
+    def workers(self, serving_key: str, *, max_age_s: float = WORKERS_MAX_AGE_S) -> list[dict[str, Any]]:
         """Live workers announcing ``serving_key`` (cached for ``max_age_s``)."""
         now = time.monotonic()
         hit = self._served.get(serving_key)
@@ -180,9 +182,10 @@ class RedisPromptSketcher:
         self._served[serving_key] = (now, found)
         return found
 
-    def check_served(self, space: SpaceKey) -> None:
-        """Raise ``ModelUnavailable`` (503) at once unless a live worker serves the space's model."""
-        if not self.workers(space.serving_key):
+    def check_served(self, space: SpaceKey, found: list[dict[str, Any]] | None = None) -> None:
+        """Raise ``ModelUnavailable`` (503) at once unless a live worker serves the space's model (``found``: the
+        workers just read, else :meth:`workers`)."""
+        if not (self.workers(space.serving_key) if found is None else found):
             raise ModelUnavailable(
                 f"no worker serves model {space.model_name!r} for space {space.space_id}; start one with "
                 f"FISHER_ATLAS_MODEL={space.model_name} fisher-atlas worker",
@@ -206,9 +209,14 @@ class RedisPromptSketcher:
             self._listener = asyncio.get_running_loop().create_task(self._listen())
 
     async def _listen(self) -> None:
-        """Pop this process's replies and resolve the waiting futures; fail waiters of dead models."""
+        """Pop this process's replies and resolve the waiting futures; fail waiters of dead models.
+
+        Ends once cancelled, also when the Redis client absorbed the cancellation mid-command (it was then
+        re-entered for good, and an event loop closing waited on it forever).
+        """
         last_check = time.monotonic()
-        while True:
+        me = asyncio.current_task()
+        while me is None or not me.cancelling():
             try:
                 item = await self._aredis.blpop([self.reply_key], timeout=1)
             except asyncio.CancelledError:
@@ -249,8 +257,39 @@ class RedisPromptSketcher:
                     {"space_id": space.space_id, "model": space.model_name}))
 
     async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
-        """Send the prompts to the model's workers and await their states (see the module docstring)."""
-        self.check_served(space)
+        """Send the prompts to the model's workers and await their states (see the module docstring).
+
+        Every step (the worker registry, the queue, the reply) counts against one ``timeout_s``; Redis is read
+        off the event loop or with asyncio calls, so a silent Redis stalls neither this caller past
+        ``timeout_s`` nor the other requests of the process.
+
+        Raises
+        ------
+        ModelUnavailable
+            No live worker serves the space's model, Redis fails, or no answer came within ``timeout_s``.
+        QueueFull
+            ``max_pending`` requests already wait for the model.
+        """
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._sketch(space, prompts, time.monotonic() + self.timeout_s)
+        except TimeoutError:
+            raise ModelUnavailable(
+                f"no answer from the workers of model {space.model_name!r} within {self.timeout_s:.0f} s",
+                {"space_id": space.space_id, "model": space.model_name}, retry_after_s=1.0,
+            ) from None
+
+    async def _live_workers(self, space: SpaceKey) -> list[dict[str, Any]]:
+        """The space's live workers: the cached list, else read in a thread (the sync client blocks)."""
+        hit = self._served.get(space.serving_key)
+        if hit is not None and time.monotonic() - hit[0] < WORKERS_MAX_AGE_S:
+            return hit[1]
+        return await asyncio.to_thread(self.workers, space.serving_key)
+
+    async def _sketch(self, space: SpaceKey, prompts: Sequence[str], ends_at: float) -> list[SketchState]:
+        """:meth:`sketch` without its time bound (``ends_at``: its end on the monotonic clock)."""
+        found = await self._live_workers(space)
+        self.check_served(space, found)
         queue = _queue_key(space.serving_key)
         try:
             await self._ensure_listener()
@@ -258,26 +297,22 @@ class RedisPromptSketcher:
         except Exception as exc:  # the workers were seen < 0.5 s ago, but Redis fails now: 503, re-checked next time
             raise self._unreachable(space, exc) from exc
         if depth >= self.max_pending:
-            rate = sum(float(w.get("prompts_per_s", 0.0)) for w in self.workers(space.serving_key))
+            rate = sum(float(w.get("prompts_per_s", 0.0)) for w in found)
             wait = depth / rate if rate > 0 else 1.0
             raise QueueFull(f"{depth} requests wait for model {space.model_name!r}; retry in {wait:.1f} s",
                             {"pending": depth}, retry_after_s=wait)
         rid = uuid.uuid4().hex
         fut: asyncio.Future[list[SketchState]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = (fut, space)
-        msg = {"id": rid, "reply": self.reply_key, "prompts": list(prompts), "deadline": time.time() + self.timeout_s}
+        deadline = time.time() + max(0.0, ends_at - time.monotonic())  # the worker skips it past this
+        msg = {"id": rid, "reply": self.reply_key, "prompts": list(prompts), "deadline": deadline}
         try:
             try:
                 await self._aredis.rpush(queue, json.dumps(msg))
             except Exception as exc:
                 raise self._unreachable(space, exc) from exc
             self.sent += 1
-            return await asyncio.wait_for(fut, self.timeout_s)
-        except TimeoutError:
-            raise ModelUnavailable(
-                f"no answer from the workers of model {space.model_name!r} within {self.timeout_s:.0f} s",
-                {"space_id": space.space_id, "model": space.model_name}, retry_after_s=1.0,
-            ) from None
+            return await fut
         finally:
             self._waiting.pop(rid, None)
 

@@ -1,13 +1,17 @@
-"""The remote prompt path under faults: a worker's serving thread survives a bad request.
+"""The remote prompt path under faults: a worker's serving thread survives a bad request, and an API caller's
+wait stays bounded by ``timeout_s`` (with its event loop free) when Redis stops answering.
 
 Real parts: a tiny GPT-2 (saved and loaded with transformers), a real ``PromptBatcher``, a real
-``PromptServer`` and ``RedisPromptSketcher`` on the Redis of 127.0.0.1:6379.
+``PromptServer`` and ``RedisPromptSketcher`` on the Redis of 127.0.0.1:6379; a TCP proxy in front of Redis
+stands in for a network partition (it stops relaying bytes, the connections stay open).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from atlas.errors import ModelUnavailable
 from atlas.ports import SpaceKey
 from workers.extraction import Extractor
 from workers.prompt_batcher import PromptBatcher
@@ -50,6 +55,70 @@ def worker(gpt2_lm: Any, redis_client: redis.Redis) -> Iterator[tuple[PromptServ
         redis_client.delete(key)
 
 
+class FreezableProxy:
+    """A TCP proxy to Redis on a loopback port; :meth:`freeze` stops relaying (a silent network partition)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 6379) -> None:
+        self.target = (host, port)
+        self.relaying = threading.Event()
+        self.relaying.set()
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        ready = threading.Event()
+
+        async def start() -> None:
+            self.server = await asyncio.start_server(self._connect, "127.0.0.1", 0)
+            self.port = int(self.server.sockets[0].getsockname()[1])
+            ready.set()
+
+        def run() -> None:
+            self.loop.run_until_complete(start())
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, name="redis-proxy", daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def freeze(self) -> None:
+        self.relaying.clear()
+
+    def stop(self) -> None:
+        self.relaying.set()
+
+        async def close() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                while not self.relaying.is_set():
+                    await asyncio.sleep(0.05)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self.loop.create_task(self._pipe(reader, up_writer))
+        self.loop.create_task(self._pipe(up_reader, writer))
+
+
 def test_a_malformed_request_does_not_stop_the_worker_serving(worker: tuple[PromptServer, SpaceKey],
                                                               redis_client: redis.Redis) -> None:
     """A request the worker cannot read (not JSON, or JSON without its fields) is dropped with a log line; the
@@ -70,3 +139,46 @@ def test_a_malformed_request_does_not_stop_the_worker_serving(worker: tuple[Prom
         api.close()
     assert all(t.is_alive() for t in server._threads)
     assert redis_client.llen(_inflight_key(space.serving_key, server.worker_id)) == 0
+
+
+def test_the_wait_is_bounded_by_timeout_s_when_redis_stops_answering(worker: tuple[PromptServer, SpaceKey]) -> None:
+    """Redis silent (a partition: connections open, no bytes back): a route's prompts fail with 503 within the
+    caller's ``timeout_s``, and the API's event loop keeps running meanwhile (the worker registry was read
+    with a blocking call on the loop: every request of the process stalled for the socket timeout, 5 s, and
+    the caller waited that long whatever ``timeout_s`` said)."""
+    _, space = worker
+    proxy = FreezableProxy()
+    api = RedisPromptSketcher(proxy.url, timeout_s=1.5)
+
+    async def scenario() -> tuple[float, float, float]:
+        assert len(await api.sketch(space, ["a prompt while Redis answers"])) == 1
+        proxy.freeze()
+        gaps: list[float] = []
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.02)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        results = []
+        tick = asyncio.ensure_future(ticker())
+        for pause in (0.0, 0.6):  # the worker list still cached, then expired (read from Redis again)
+            await asyncio.sleep(pause)
+            t0 = time.monotonic()
+            with pytest.raises(ModelUnavailable):
+                await asyncio.wait_for(api.sketch(space, ["a prompt while Redis is silent"]), 30)
+            results.append(time.monotonic() - t0)
+        await asyncio.sleep(0.1)
+        tick.cancel()
+        return results[0], results[1], max(gaps)
+
+    try:
+        cached, expired, gap = asyncio.run(scenario())
+    finally:
+        api.close()
+        proxy.stop()
+    assert cached < 1.5 + 0.5 and expired < 1.5 + 0.5, (cached, expired)
+    assert gap < 1.0, gap
