@@ -171,18 +171,30 @@ PRECOUNT_ABOVE_BYTES = 64 * 1024
 _JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
 
 
-def json_array_length(body: bytes, key: str, stop_after: int | None = None) -> int:
+def json_array_length(body: bytes, key: str, stop_after: int | None = None, *, max_tokens: int | None = None) -> int:
     """A lower bound on the number of elements of the top-level object's array ``key`` (-1 if absent).
 
     Scans tokens with one regular expression (strings skipped whole, so brackets inside them do not
     count) without building any Python object per element: a request holding millions of samples is
     refused (413) before pydantic would materialise them.
+
+    With ``max_tokens``, the same pass counts the structural tokens of the whole body (it goes on past the
+    array) and raises :class:`PayloadTooLarge` as soon as they pass ``max_tokens``: millions of values in other
+    fields, or inside the elements, are refused as well, after at most ``max_tokens`` steps.
     """
     key_tok = json.dumps(key).encode()
-    depth, target, count, seen_key = 0, -1, 0, 0
+    depth, target, count, seen_key, tokens = 0, -1, 0, 0, 0
+    done: int | None = None
     prev = b""
     for match in _JSON_TOKENS.finditer(body):
         tok = match.group()
+        if max_tokens is not None and tok[0] != 0x22:  # not a string
+            tokens += 1
+            if tokens > max_tokens:
+                raise PayloadTooLarge(f"the request body holds more than {max_tokens} JSON values",
+                                      {"max_json_values": max_tokens})
+        if done is not None:
+            continue
         if depth == target and prev in (b"[", b",") and tok not in (b"]", b","):
             count += 1
             if stop_after is not None and count > stop_after:
@@ -199,9 +211,13 @@ def json_array_length(body: bytes, key: str, stop_after: int | None = None) -> i
             depth += 1
         elif tok in (b"]", b"}"):
             if depth == target:
-                return count
+                if max_tokens is None:
+                    return count
+                done = count
             depth -= 1
         prev = tok
+    if done is not None:
+        return done
     return count if target > 0 else -1
 
 
@@ -209,6 +225,10 @@ MAX_JSON_TOKENS = 100_000
 """Most structural tokens (``{``, ``[``, ``,``, ``:`` outside strings) in the JSON body of a route that is not an
 upload. The largest legitimate bodies hold far fewer (``/v1/route/fit``: 2000 examples, about 10,000; task metadata
 ≤ 16 KiB); matrix requests are allowed twice ``max_matrix_tasks`` more."""
+
+
+TOKENS_PER_SAMPLE = 8
+"""Most structural tokens one sample of a JSON upload holds (``{"text":…,"prompt":…,"completion":…},``)."""
 
 
 class _TooManyJSONValues(HTTPException):
@@ -268,8 +288,9 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
         body = await request.body()
         if not body:
             raise InvalidInput("the request body is empty: send multipart/form-data with a file, or JSON")
+        bound = MAX_JSON_TOKENS + TOKENS_PER_SAMPLE * limits.max_samples  # samples and their task's fields
         too_many = len(body) > PRECOUNT_ABOVE_BYTES and json_array_length(
-            body, "samples", limits.max_samples) > limits.max_samples
+            body, "samples", limits.max_samples, max_tokens=bound) > limits.max_samples
         if too_many:
             raise PayloadTooLarge(f"the request body holds more than {limits.max_samples} samples",
                                   {"max_samples": limits.max_samples})
