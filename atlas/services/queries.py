@@ -135,7 +135,8 @@ class QueryService:
             raise InvalidInput(f"k must be in 1..{MAX_ROUTE_K}", {"k": k})
         check_prompt_lengths(prompts, self.settings.max_prompt_chars)
         key = await asyncio.to_thread(self.space_key, space_ref)
-        self.prompts.check_served(key)
+        # sketch() checks that the space is served first (503 at once); a check here ran on the event loop,
+        # and the remote sketcher's check reads Redis (a silent Redis stalled every request of the process).
         timings = Timings()
         t0 = time.perf_counter()
         states = await self.prompts.sketch(key, prompts)
