@@ -279,7 +279,8 @@
     }
     const ctx = currentCtx();
     view().replaceChildren(h("p", { class: "muted loading" }, "Loading…"));
-    Promise.resolve(route[1](ctx, path.match(route[0]), query)).catch((err) => {
+    // a view that throws before its first await (a malformed escape in #/task/%E0) is shown like a failed one
+    Promise.resolve().then(() => route[1](ctx, path.match(route[0]), query)).catch((err) => {
       if (!ctx.alive()) return;
       view().replaceChildren(errorBox(err));
     });

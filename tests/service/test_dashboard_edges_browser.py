@@ -1,0 +1,69 @@
+"""The dashboard on edge inputs, in Debian's headless Chromium against a real service.
+
+Each test starts its own service (``serve`` with the session's tiny model) and drives ``/dashboard`` through
+Playwright, like ``test_dashboard_browser``: a task link with a malformed escape, colouring by a metadata key
+named like a member of ``Object.prototype``, the routing playground's per-task thresholds, and the upload's
+progress bar during a job's routing phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.conftest import wait_job
+from tests.service.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+]
+
+PROSE = [f"The quick brown fox number {i} jumps over the lazy dog near the river bank." for i in range(12)]
+CODE = [f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page; a page error or console error fails the test (a 404 answer the browser logs is allowed)."""
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(20_000)
+    problems: list[str] = []
+    pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    pg.on("console", lambda m: problems.append(f"console: {m.text}")
+          if m.type == "error" and "Failed to load resource" not in m.text else None)
+    yield pg
+    context.close()
+    assert not problems, problems
+
+
+def _add(http: httpx.Client, name: str, texts: list[str], **fields: Any) -> int:
+    r = http.post("/v1/tasks", json={"name": name, "samples": [{"text": t} for t in texts], **fields})
+    assert r.status_code == 202, r.text
+    assert wait_job(http, r.json()["job"]["id"])["status"] == "succeeded"
+    return int(r.json()["task"]["id"])
+
+
+def test_task_link_with_a_malformed_escape_shows_an_error(serve: Any, tiny_lm: Any, page: Any) -> None:
+    svc = serve(lm=tiny_lm)
+    page.goto(f"{svc.url}/dashboard/#/task/%E0%A4%A")  # decodeURIComponent throws URIError on this
+    error = page.locator("#view [data-testid=error]")
+    error.wait_for()
+    assert page.locator("#view .loading").count() == 0
+    page.locator("a[data-nav=atlas]").click()  # the page still works
+    page.locator("[data-testid=atlas-view]").wait_for()
