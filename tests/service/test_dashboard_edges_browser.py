@@ -67,3 +67,15 @@ def test_task_link_with_a_malformed_escape_shows_an_error(serve: Any, tiny_lm: A
     assert page.locator("#view .loading").count() == 0
     page.locator("a[data-nav=atlas]").click()  # the page still works
     page.locator("[data-testid=atlas-view]").wait_for()
+
+
+def test_colour_by_a_metadata_key_named_like_an_object_member(serve: Any, tiny_lm: Any, page: Any) -> None:
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        _add(http, "prose", PROSE, metadata={"constructor": "lab"})
+        _add(http, "code", CODE)  # no such key: its group is "none"
+    page.goto(f"{svc.url}/dashboard/#/atlas")
+    page.locator("[data-testid=atlas-point]").nth(1).wait_for()
+    page.select_option("#atlas-colour", "meta:constructor")
+    legend = page.locator("[data-testid=atlas-legend]").inner_text()
+    assert "lab (1)" in legend and "none (1)" in legend and "function" not in legend, legend

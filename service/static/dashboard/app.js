@@ -365,8 +365,8 @@
       if (atlasState.colourBy === "status") return t.status ?? null;
       if (atlasState.colourBy === "mode") return t.mode ?? null;
       const key = atlasState.colourBy.slice(5);
-      const v = taskMeta(t)[key];
-      return v === undefined ? null : v;
+      const meta = taskMeta(t);  // own keys only: "constructor" of a task without it is no group, not Object
+      return Object.hasOwn(meta, key) ? meta[key] : null;
     }
 
     function draw() {
