@@ -79,3 +79,33 @@ def test_colour_by_a_metadata_key_named_like_an_object_member(serve: Any, tiny_l
     page.select_option("#atlas-colour", "meta:constructor")
     legend = page.locator("[data-testid=atlas-legend]").inner_text()
     assert "lab (1)" in legend and "none (1)" in legend and "function" not in legend, legend
+
+
+def test_route_rows_dimmed_by_their_own_threshold(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """A match is under the threshold when its score is below *its* threshold (each task has its own), not
+    below the answered task's."""
+    svc = serve(lm=tiny_lm)
+    prompt = "The quick brown fox number 3 jumps over the lazy dog"
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        ids = {"prose": _add(http, "prose", PROSE), "prose-twin": _add(http, "prose-twin", PROSE),
+               "code": _add(http, "code", CODE)}
+        first = http.post("/v1/route", json={"prompt": prompt, "k": 3}).json()["matches"]
+        # the second match gets a threshold above its score; the best one keeps its own
+        second = first[1]
+        r = http.patch(f"/v1/tasks/{second['task_id']}/routing", json={"threshold": 0.999})
+        assert r.status_code == 200, r.text
+        answer = http.post("/v1/route", json={"prompt": prompt, "k": 3}).json()
+    assert len(ids) == 3 and len(answer["matches"]) == 3
+    mixed = {m["task_id"]: m["score"] < m["threshold"] for m in answer["matches"]}
+    other = [m for m in answer["matches"] if (m["score"] < m["threshold"]) != (m["score"] < answer["threshold"])]
+    assert other, answer  # a row whose own threshold decides otherwise than the answer's
+
+    page.goto(f"{svc.url}/dashboard/#/route")
+    page.fill("[data-testid=route-prompt]", prompt)
+    page.fill("#route-k", "3")
+    page.click("[data-testid=route-submit]")
+    rows = page.locator("[data-testid=route-match]")
+    rows.nth(2).wait_for()
+    shown = {int(rows.nth(i).get_attribute("data-task-id")): "below" in rows.nth(i).get_attribute("class").split()
+             for i in range(rows.count())}
+    assert shown == mixed, (shown, answer)

@@ -1176,11 +1176,13 @@
         matches.length ? h("ol", { class: "matches" }, matches.map((m, i) => {
           const fill = h("span", { class: "score-fill" });
           fill.style.width = `${(clamp01(Number(m.score) / maxScore) * 100).toFixed(1)}%`;
-          const below = thrUsed !== undefined && Number(m.score) < Number(thrUsed);
+          // each task has its own threshold (the answer's is the best match's): the row is judged by its own
+          const thr = pick(m, "threshold") ?? thrUsed;
+          const below = thr !== undefined && Number(m.score) < Number(thr);
           const bar = h("span", { class: "score-bar" }, fill);
-          if (thrUsed !== undefined && Number.isFinite(Number(thrUsed))) {
-            const tick = h("span", { class: "thr-tick", title: `threshold ${fmt(thrUsed)}` });
-            tick.style.left = `${(clamp01(Number(thrUsed) / maxScore) * 100).toFixed(1)}%`;
+          if (thr !== undefined && Number.isFinite(Number(thr))) {
+            const tick = h("span", { class: "thr-tick", title: `threshold ${fmt(thr)}` });
+            tick.style.left = `${(clamp01(Number(thr) / maxScore) * 100).toFixed(1)}%`;
             bar.append(tick);
           }
           return h("li", { class: `match-row ${below ? "below" : ""}`, "data-testid": "route-match", "data-task-id": m.task_id },
