@@ -250,6 +250,25 @@ def json_token_count(body: bytes, stop_after: int) -> int:
     return n
 
 
+_JSON_LINE_TOKENS = re.compile(rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|[\[\]{},:\n]')
+
+
+def first_line_over(data: bytes, limit: int) -> int | None:
+    """The number (1-based) of the first line of JSON Lines ``data`` holding more than ``limit`` structural tokens,
+    or ``None``; one bounded pass (strings skipped whole), so an import line holding millions of values is refused
+    before a parser builds them."""
+    line, n = 1, 0
+    for match in _JSON_LINE_TOKENS.finditer(data):
+        tok = match.group()
+        if tok == b"\n":
+            line, n = line + 1, 0
+        elif tok[0] != 0x22:  # not a string
+            n += 1
+            if n > limit:
+                return line
+    return None
+
+
 class BoundedJSONRequest(Request):
     """A request whose :meth:`json` refuses (413) a body holding more values than :data:`MAX_JSON_TOKENS`
     before ``json.loads`` builds them (a 63 MB body of ``{}`` items took 1.6 GB of memory)."""
