@@ -8,7 +8,9 @@ progress bar during a job's routing phase.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -109,3 +111,33 @@ def test_route_rows_dimmed_by_their_own_threshold(serve: Any, tiny_lm: Any, page
     shown = {int(rows.nth(i).get_attribute("data-task-id")): "below" in rows.nth(i).get_attribute("class").split()
              for i in range(rows.count())}
     assert shown == mixed, (shown, answer)
+
+
+def test_upload_progress_bar_follows_the_routing_phase(serve: Any, tiny_lm: Any, page: Any, tmp_path: Path) -> None:
+    """After the samples a completion-mode job sketches every prompt (``phase: routing``): the bar shows that
+    pass's share (it stood at 100 % the whole pass, which is often as long as the samples' one)."""
+    svc = serve(lm=tiny_lm)
+    upload = tmp_path / "qa.jsonl"
+    upload.write_text("".join(json.dumps({
+        "prompt": f"Question {i}: a farmer has {i} sheep and buys {i % 7} more at the market. How many now?",
+        "completion": f" {i + i % 7}."}) + "\n" for i in range(2000)))
+    page.goto(f"{svc.url}/dashboard/#/atlas")
+    page.set_input_files("[data-testid=add-file]", str(upload))
+    page.fill("[data-testid=add-name]", "farm-qa")
+    page.select_option("[data-testid=add-mode]", "completion")
+    page.click("[data-testid=add-submit]")
+    box = page.locator("[data-testid=add-progress]")
+    box.wait_for()
+    # a moment of the routing pass, part-way: the bar's value is that pass's share of its prompts
+    page.wait_for_function("""() => {
+        const box = document.querySelector("[data-testid=add-progress]");  // detached while the atlas redraws
+        const m = box && /routing prompts ([\\d,]+) \\/ ([\\d,]+)/.exec(box.textContent);
+        if (!m || box.dataset.status !== "running") return false;
+        const [done, total] = [Number(m[1].replaceAll(",", "")), Number(m[2].replaceAll(",", ""))];
+        const now = Number(box.querySelector("[role=progressbar]").getAttribute("aria-valuenow"));
+        return total > 0 && done < total && now === Math.round(100 * done / total);
+    }""", timeout=120_000)
+    assert box.get_attribute("data-phase") == "routing"
+    with httpx.Client(base_url=svc.url, timeout=60) as http:  # no need to finish the pass
+        assert http.post(f"/v1/jobs/{box.get_attribute('data-job-id')}/cancel").status_code == 200
+    page.locator("[data-testid=add-progress][data-status=cancelled]").wait_for(timeout=60_000)

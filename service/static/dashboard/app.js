@@ -1255,6 +1255,15 @@
     }
     return { job: last, end: null };
   }
+  // The bar's share of a job: its samples, then (phase "routing", while running) the prompts of the routing
+  // pass, like the figures and the API's ETA (it stood at 100 % through the pass, often as long as the samples).
+  function jobFraction(job) {
+    const p = job.progress || {};
+    const routing = p.phase === "routing" && job.status === "running";
+    const done = Number(routing ? p.routing_done : p.samples_done) || 0;
+    const total = Number(routing ? p.routing_total : p.samples_total) || 0;
+    return total > 0 ? clamp01(done / total) : job.status === "succeeded" ? 1 : 0;
+  }
   function progressFigures(p, status) {
     // tokens streamed through the model (prompts included), their rate, samples/s and the ETA, from the job
     const streamed = Number(p.tokens_streamed); const tps = Number(p.tokens_streamed_per_s ?? p.tokens_per_s);
@@ -1319,12 +1328,12 @@
       err instanceof ApiError && err.code && err.status ? new Error(`${err.message} (${err.code})`) : err, what));
     const showJob = (job) => {
       const p = job.progress || {};
-      const done = Number(p.samples_done) || 0; const total = Number(p.samples_total) || 0;
-      const frac = total > 0 ? clamp01(done / total) : job.status === "succeeded" ? 1 : 0;
+      const frac = jobFraction(job);
       fill.className = `progress-fill st-${job.status}`;
       fill.style.width = `${(Math.max(frac, job.status === "running" ? 0.015 : 0) * 100).toFixed(1)}%`;
       bar.setAttribute("aria-valuenow", String(Math.round(frac * 100)));
       progressBox.dataset.status = job.status;
+      progressBox.dataset.phase = p.phase || "sketch";
       progressBox.dataset.jobId = String(job.id);
       progressBox.querySelector(".add-status").replaceChildren(statusBadge(job.status));
       progressBox.querySelector(".add-job").textContent = ` job ${job.id} · ${job.kind || ""}`;
@@ -1439,7 +1448,7 @@
   function jobRow(job, taskById) {
     const p = job.progress || {};
     const done = Number(p.samples_done) || 0; const total = Number(p.samples_total) || 0;
-    const frac = total > 0 ? clamp01(done / total) : job.status === "succeeded" ? 1 : 0;
+    const frac = jobFraction(job);
     const tps = Number(p.tokens_per_s);
     const active = job.status === "running" || job.status === "queued";
     const task = taskById && taskById.get(String(job.task_id));
@@ -1450,7 +1459,8 @@
       const elapsed = (Date.now() - new Date(job.started_at).getTime()) / 1000;
       if (elapsed > 0) eta = (elapsed / done) * (total - done);
     }
-    return h("div", { class: `job-row ${active ? "active" : ""}`, "data-testid": "job-row", "data-job-id": job.id, "data-status": job.status },
+    return h("div", { class: `job-row ${active ? "active" : ""}`, "data-testid": "job-row", "data-job-id": job.id, "data-status": job.status,
+      "data-phase": p.phase || "sketch" },
       h("div", { class: "job-head" },
         statusBadge(job.status),
         h("span", { class: "job-title" }, job.task_id !== undefined && job.task_id !== null
