@@ -2,8 +2,9 @@
 these same coroutines on a private event loop).
 
 Reads (GETs and the read-only POSTs) are retried with tenacity on connection errors, 429 and 503,
-honouring ``Retry-After``; writes are never retried here (send an ``Idempotency-Key`` and retry
-yourself). Job progress is followed over server-sent events (httpx-sse), with polling as the fallback.
+honouring ``Retry-After``; writes are never retried here (pass ``idempotency_key`` to ``add_task`` /
+``append`` and retry yourself). Job progress is followed over server-sent events (httpx-sse), with polling
+as the fallback.
 """
 
 from __future__ import annotations
@@ -131,10 +132,13 @@ class AsyncAtlasClient:
     async def add_task(self, name: str, file: FileArg = None, *, samples: Sequence[dict[str, str]] | None = None,
                        mode: str = "text", metadata: dict[str, Any] | None = None, space: str | int | None = None,
                        filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
-                       wait_timeout: float | None = None) -> TaskCreated:
+                       wait_timeout: float | None = None, idempotency_key: str | None = None) -> TaskCreated:
         """``POST /v1/tasks`` from a file path / bytes (``file``) or records (``samples``); with ``wait``
-        the job is followed until it ends (``on_progress`` sees every update)."""
-        created: TaskCreated = await self._send(calls.add_task(name, file, samples, mode, metadata, space, filename))
+        the job is followed until it ends (``on_progress`` sees every update). With ``idempotency_key`` the
+        same call can be sent again safely (after :class:`Unreachable`): the service answers the first one's
+        task and job."""
+        created: TaskCreated = await self._send(calls.add_task(name, file, samples, mode, metadata, space, filename,
+                                                               idempotency_key))
         if not wait:
             return created
         job = await self.wait_job(created.job.id, on_progress=on_progress, timeout=wait_timeout)
@@ -142,9 +146,10 @@ class AsyncAtlasClient:
 
     async def append(self, task_id: int, file: FileArg = None, *, samples: Sequence[dict[str, str]] | None = None,
                      filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
-                     wait_timeout: float | None = None) -> JobOut:
-        """``POST /v1/tasks/{id}/samples``; the job (final with ``wait``)."""
-        accepted = await self._send(calls.append(task_id, file, samples, filename))
+                     wait_timeout: float | None = None, idempotency_key: str | None = None) -> JobOut:
+        """``POST /v1/tasks/{id}/samples``; the job (final with ``wait``). With ``idempotency_key`` the same call
+        can be sent again safely: the samples are appended once."""
+        accepted = await self._send(calls.append(task_id, file, samples, filename, idempotency_key))
         if not wait:
             return accepted.job  # type: ignore[no-any-return]
         return await self.wait_job(accepted.job.id, on_progress=on_progress, timeout=wait_timeout)

@@ -38,6 +38,7 @@ class Call(Generic[T]):
     files: dict[str, tuple[str, bytes, str]] | None = None
     as_json: bool = False
     """Without a model: return the decoded JSON instead of the raw bytes."""
+    headers: dict[str, str] | None = None
 
     @property
     def idempotent(self) -> bool:
@@ -47,7 +48,7 @@ class Call(Generic[T]):
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``httpx.AsyncClient.request``."""
         out: dict[str, Any] = {"params": {k: v for k, v in self.params.items() if v is not None}}
-        for key in ("json", "data", "files"):
+        for key in ("json", "data", "files", "headers"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -92,27 +93,36 @@ def upload(file: FileArg, samples: Sequence[dict[str, str]] | None, filename: st
     return {"file": (filename or path.name, path.read_bytes(), "application/octet-stream")}, None
 
 
+def idempotency(key: str | None) -> dict[str, str] | None:
+    """The ``Idempotency-Key`` header of a write (``None``: no header)."""
+    return {"Idempotency-Key": key} if key is not None else None
+
+
 def add_task(name: str, file: FileArg, samples: Sequence[dict[str, str]] | None, mode: str,
-             metadata: dict[str, Any] | None, space: str | int | None, filename: str | None) -> Call[Any]:
+             metadata: dict[str, Any] | None, space: str | int | None, filename: str | None,
+             idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks`` as JSON records or a multipart upload."""
     files, records = upload(file, samples, filename)
+    headers = idempotency(idempotency_key)
     if records is not None:
         body: dict[str, Any] = {"name": name, "mode": mode, "metadata": metadata or {}, "samples": records}
         if space is not None:
             body["space"] = str(space)
-        return Call("POST", "/v1/tasks", TaskCreated, json=body)
+        return Call("POST", "/v1/tasks", TaskCreated, json=body, headers=headers)
     data = {"name": name, "mode": mode, "metadata": json.dumps(metadata or {})}
     if space is not None:
         data["space"] = str(space)
-    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files)
+    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers)
 
 
-def append(task_id: int, file: FileArg, samples: Sequence[dict[str, str]] | None, filename: str | None) -> Call[Any]:
+def append(task_id: int, file: FileArg, samples: Sequence[dict[str, str]] | None, filename: str | None,
+           idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks/{id}/samples``."""
     files, records = upload(file, samples, filename)
+    headers = idempotency(idempotency_key)
     if records is not None:
-        return Call("POST", f"/v1/tasks/{task_id}/samples", JobAccepted, json={"samples": records})
-    return Call("POST", f"/v1/tasks/{task_id}/samples", JobAccepted, files=files)
+        return Call("POST", f"/v1/tasks/{task_id}/samples", JobAccepted, json={"samples": records}, headers=headers)
+    return Call("POST", f"/v1/tasks/{task_id}/samples", JobAccepted, files=files, headers=headers)
 
 
 def route(prompt: str | Sequence[str], k: int, threshold: float | None, candidates: int | None,
