@@ -83,6 +83,22 @@ def test_colour_by_a_metadata_key_named_like_an_object_member(serve: Any, tiny_l
     assert "lab (1)" in legend and "none (1)" in legend and "function" not in legend, legend
 
 
+def test_long_names_outside_the_bmp_truncated_whole(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """Names are shortened by characters: a cut in UTF-16 units split an emoji's surrogate pair (drawn as �)."""
+    svc = serve(lm=tiny_lm)
+    name = "\U0001F98A" * 50  # 🦊: one character, two UTF-16 units
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        task_id = _add(http, name, PROSE)
+    page.goto(f"{svc.url}/dashboard/#/atlas")
+    link = page.locator(f"[data-testid=atlas-list] tr[data-task-id='{task_id}'] a")
+    link.wait_for()
+    assert link.inner_text() == "\U0001F98A" * 39 + "…"  # 40 characters with the ellipsis
+    page.goto(f"{svc.url}/dashboard/#/matrix")
+    check = page.locator(f"label.check:has(input[data-task-id='{task_id}']) span")
+    check.wait_for()
+    assert check.inner_text() == "\U0001F98A" * 33 + "…"
+
+
 def test_route_rows_dimmed_by_their_own_threshold(serve: Any, tiny_lm: Any, page: Any) -> None:
     """A match is under the threshold when its score is below *its* threshold (each task has its own), not
     below the answered task's."""

@@ -75,9 +75,9 @@
     if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
     return `${Math.floor(seconds / 3600)} h ${Math.round((seconds % 3600) / 60)} min`;
   }
-  function truncate(text, n) {
-    const t = String(text ?? "");
-    return t.length > n ? t.slice(0, n - 1) + "…" : t;
+  function truncate(text, n) {  // by characters (code points): a cut in UTF-16 units split surrogate pairs
+    const chars = Array.from(String(text ?? ""));
+    return chars.length > n ? chars.slice(0, n - 1).join("") + "…" : chars.join("");
   }
   function pick(obj, ...names) {
     if (!obj) return undefined;
