@@ -435,7 +435,8 @@ class PromptServer:
         try:
             msg = json.loads(raw)
             prompts, deadline = msg["prompts"], float(msg.get("deadline", 0))
-            str(msg["id"]), str(msg["reply"])
+            if not isinstance(msg["id"], str) or not isinstance(msg["reply"], str):
+                raise TypeError("a request's id and reply list are strings")
         except (ValueError, TypeError, KeyError, AttributeError):
             log.warning("dropped a malformed prompt request (%d bytes)", len(raw))
             self._drop(raw)
