@@ -157,3 +157,26 @@ def test_upload_progress_bar_follows_the_routing_phase(serve: Any, tiny_lm: Any,
     with httpx.Client(base_url=svc.url, timeout=60) as http:  # no need to finish the pass
         assert http.post(f"/v1/jobs/{box.get_attribute('data-job-id')}/cancel").status_code == 200
     page.locator("[data-testid=add-progress][data-status=cancelled]").wait_for(timeout=60_000)
+
+
+def test_task_page_redrawn_when_its_append_job_ends(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """The task page follows a running append job; when it ends the page shows the task's new counts (it kept
+    the counts read before the job while saying the job succeeded)."""
+    svc = serve(lm=tiny_lm, worker_threads=1)
+    more = [f"The slow brown fox number {i} naps under the old oak tree." for i in range(30)]
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        task_id = _add(http, "prose", PROSE)
+        # one job runs at a time: a long blocker keeps the append queued while the page loads
+        filler = [f"Filler {i}: pour {i % 9 + 1} cups of water into the pot and stir." for i in range(20000)]
+        blocker = http.post("/v1/tasks", json={"name": "blocker", "samples": [{"text": t} for t in filler]})
+        assert blocker.status_code == 202, blocker.text
+        r = http.post(f"/v1/tasks/{task_id}/samples", json={"samples": [{"text": t} for t in more]})
+        assert r.status_code == 202, r.text
+        append_id = r.json()["job"]["id"]
+        page.goto(f"{svc.url}/dashboard/#/task/{task_id}")
+        page.locator(f"[data-testid=latest-job] [data-testid=job-row][data-job-id='{append_id}']").wait_for()
+        assert page.locator("[data-testid=task-samples]").inner_text().startswith(str(len(PROSE)))
+        assert http.post(f"/v1/jobs/{blocker.json()['job']['id']}/cancel").status_code == 200
+        assert wait_job(http, append_id, timeout=120)["status"] == "succeeded"
+    page.locator("p[data-testid=latest-job]", has_text="succeeded").wait_for(timeout=30_000)
+    page.locator("[data-testid=task-samples]", has_text=str(len(PROSE) + len(more))).wait_for(timeout=30_000)

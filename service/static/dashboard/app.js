@@ -901,6 +901,7 @@
     // latest job, when the task says which
     let jobId = pick(task, "latest_job_id", "job_id", "last_job_id") ?? (task.latest_job && task.latest_job.id);
     {
+      let sawActive = false;  // a job this page saw queued or running changes the task when it ends
       const jobRefresh = async () => {
         if (jobId === undefined) {
           try {
@@ -926,9 +927,10 @@
               jobRow(job, new Map([[String(task.id), task]]))));
           }
           if (job.status === "queued" || job.status === "running") {
+            sawActive = true;
             const t = setTimeout(jobRefresh, POLL_MS); ctx.onCleanup(() => clearTimeout(t));
-          } else if (task.status === "pending" && ["succeeded", "failed", "cancelled"].includes(job.status)) {
-            navigate();  // the task's status changed with its job: draw the page again
+          } else if ((task.status === "pending" || sawActive) && ["succeeded", "failed", "cancelled"].includes(job.status)) {
+            navigate();  // the task's status or counts changed with its job: draw the page again
           }
         } catch (_) { /* the job list is optional */ }
       };
