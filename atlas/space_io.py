@@ -45,7 +45,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from atlas import lexicon_repo, routing_repo
 from atlas import repository as repo
 from atlas.db import read_snapshot
-from atlas.errors import Conflict, InvalidInput
+from atlas.errors import Conflict, InvalidInput, PayloadTooLarge
+from atlas.json_bounds import MAX_JSON_VALUES, first_line_over
 from atlas.models import TASK_READY, Space, Task
 from atlas.samples import Metadata
 
@@ -197,6 +198,17 @@ def _b64(text: str, what: str) -> bytes:
         raise ValueError(f"{what} is not valid base64") from None
 
 
+def _lines(data: bytes, start: int, stop: int) -> Iterator[bytes]:
+    """The lines of ``data[start:stop]`` (split on ``"\\n"`` only), one at a time; at least one."""
+    while True:
+        nl = data.find(b"\n", start, stop)
+        if nl < 0:
+            yield data[start:stop]
+            return
+        yield data[start:nl]
+        start = nl + 1
+
+
 def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
     """Validate an export (see the module docstring): ``(spec, model_fingerprint, model_name, tasks)``.
 
@@ -208,13 +220,18 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
     from atlas.baselines import BaselineSums
     from fishersketch import SketchSpec, SketchState, SpecMismatch
 
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    if not lines or not lines[0].strip():
+    # Lines are found by offset and read one at a time: a list of every line (data.split) of a file of millions of
+    # short lines cost hundreds of megabytes before the first one was checked.
+    if (over := first_line_over(data, MAX_JSON_VALUES)) is not None:
+        raise PayloadTooLarge(f"line {over} of the import holds more than {MAX_JSON_VALUES} JSON values; no exported "
+                              "task does", {"line": over, "max_json_values": MAX_JSON_VALUES})
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)  # the content, without a final newline
+    first_nl = data.find(b"\n", 0, end)
+    head_end = end if first_nl < 0 else first_nl
+    if not data[:head_end].strip():
         raise InvalidInput("the import file is empty")
     try:
-        header = ExportHeader.model_validate_json(lines[0])
+        header = ExportHeader.model_validate_json(data[:head_end])
     except ValidationError as exc:
         raise InvalidInput(f"line 1 is not a FisherAtlas space export header ({_errors(exc)})") from None
     if header.version not in READABLE_VERSIONS:
@@ -228,22 +245,27 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         raise InvalidInput("the export's spec disagrees with its space's d, K, m or seed")
     if spec.fingerprint() != sp.spec_fingerprint:
         raise InvalidInput("the export's spec does not match its spec fingerprint")
-    body = lines[1:]
+    body_start, body_end = (end, end) if first_nl < 0 else (first_nl + 1, end)  # the lines after the header
+    n_body = 0 if first_nl < 0 else data.count(b"\n", body_start, end) + 1
     if header.version >= 2:
-        trailer_line = body.pop() if body else b""
+        last_nl = data.rfind(b"\n", 0, end)
+        trailer_line = data[last_nl + 1:end] if first_nl >= 0 else b""
         try:
             trailer = ExportTrailer.model_validate_json(trailer_line)
         except ValidationError:
             raise InvalidInput("the export is incomplete: its last line is not the trailer (the file was cut "
                                "short or edited); export the space again") from None
-        actual = hashlib.sha256(b"".join(ln + b"\n" for ln in lines[: len(lines) - 1])).hexdigest()
-        if trailer.sha256 != actual:
+        if trailer.sha256 != hashlib.sha256(memoryview(data)[:last_nl + 1]).hexdigest():
             raise InvalidInput("the export's checksum does not match its content (the file was edited or damaged)")
-        if trailer.n_tasks != len(body):
-            raise InvalidInput(f"the export's trailer counts {trailer.n_tasks} tasks but the file holds {len(body)}")
-    elif len([ln for ln in body if ln.strip()]) != header.n_tasks:
-        raise InvalidInput(f"the version-1 export holds {len(body)} task lines but its header announces "
-                           f"{header.n_tasks}: the file is incomplete")
+        body_end, n_body = last_nl, n_body - 1
+        if trailer.n_tasks != n_body:
+            raise InvalidInput(f"the export's trailer counts {trailer.n_tasks} tasks but the file holds {n_body}")
+    body = _lines(data, body_start, body_end) if n_body else iter(())
+    if header.version < 2:
+        non_blank = sum(1 for ln in _lines(data, body_start, body_end) if ln.strip()) if n_body else 0
+        if non_blank != header.n_tasks:
+            raise InvalidInput(f"the version-1 export holds {n_body} task lines but its header announces "
+                               f"{header.n_tasks}: the file is incomplete")
     tasks: list[dict[str, Any]] = []
     seen: set[str] = set()
     for lineno, line in enumerate(body, start=2):

@@ -12,7 +12,6 @@ upload is parsed and validated.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
+from atlas.json_bounds import MAX_JSON_VALUES, STRUCTURAL_TOKENS, json_token_count, upload_value_limit
 from atlas.sample_io import SampleLimits, loads_json, read_samples
 from atlas.samples import Sample, check_metadata, samples_from_records
 
@@ -168,7 +168,6 @@ async def read_upload(request: Request, *, max_upload_bytes: int, json_model: An
 
 PRECOUNT_ABOVE_BYTES = 64 * 1024
 """JSON bodies larger than this have their samples counted (cheaply) before they are validated."""
-_JSON_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')
 
 
 def json_array_length(body: bytes, key: str, stop_after: int | None = None, *, max_tokens: int | None = None) -> int:
@@ -186,7 +185,7 @@ def json_array_length(body: bytes, key: str, stop_after: int | None = None, *, m
     depth, target, count, seen_key, tokens = 0, -1, 0, 0, 0
     done: int | None = None
     prev = b""
-    for match in _JSON_TOKENS.finditer(body):
+    for match in STRUCTURAL_TOKENS.finditer(body):
         tok = match.group()
         if max_tokens is not None and tok[0] != 0x22:  # not a string
             tokens += 1
@@ -221,64 +220,22 @@ def json_array_length(body: bytes, key: str, stop_after: int | None = None, *, m
     return count if target > 0 else -1
 
 
-MAX_JSON_TOKENS = 100_000
-"""Most structural tokens (``{``, ``[``, ``,``, ``:`` outside strings) in the JSON body of a route that is not an
-upload. The largest legitimate bodies hold far fewer (``/v1/route/fit``: 2000 examples, about 10,000; task metadata
-≤ 16 KiB); matrix requests are allowed twice ``max_matrix_tasks`` more."""
-
-
-TOKENS_PER_SAMPLE = 8
-"""Most structural tokens one sample of a JSON upload holds (``{"text":…,"prompt":…,"completion":…},``)."""
-
-
 class _TooManyJSONValues(HTTPException):
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"the JSON body holds more than {limit} values; no request of this route needs as many")
 
 
-def json_token_count(body: bytes, stop_after: int) -> int:
-    """The number of structural tokens of a JSON ``body`` (strings skipped whole), counting stops past ``stop_after``.
-
-    Linear in the body and bounded in work by ``stop_after`` tokens: no Python object is built per value.
-    """
-    n = 0
-    for match in _JSON_TOKENS.finditer(body):
-        if match.group()[0] != 0x22:  # not a string
-            n += 1
-            if n > stop_after:
-                break
-    return n
-
-
-_JSON_LINE_TOKENS = re.compile(rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|[\[\]{},:\n]')
-
-
-def first_line_over(data: bytes, limit: int) -> int | None:
-    """The number (1-based) of the first line of JSON Lines ``data`` holding more than ``limit`` structural tokens,
-    or ``None``; one bounded pass (strings skipped whole), so an import line holding millions of values is refused
-    before a parser builds them."""
-    line, n = 1, 0
-    for match in _JSON_LINE_TOKENS.finditer(data):
-        tok = match.group()
-        if tok == b"\n":
-            line, n = line + 1, 0
-        elif tok[0] != 0x22:  # not a string
-            n += 1
-            if n > limit:
-                return line
-    return None
-
-
 class BoundedJSONRequest(Request):
-    """A request whose :meth:`json` refuses (413) a body holding more values than :data:`MAX_JSON_TOKENS`
-    before ``json.loads`` builds them (a 63 MB body of ``{}`` items took 1.6 GB of memory)."""
+    """A request whose :meth:`json` refuses (413) a body holding more values than
+    :data:`atlas.json_bounds.MAX_JSON_VALUES` before ``json.loads`` builds them (a 63 MB body of ``{}`` items took
+    1.6 GB of memory)."""
 
     async def json(self) -> Any:
         """The parsed JSON body, after the bounded count of its values."""
         if not hasattr(self, "_json"):
             body = await self.body()
             settings = getattr(getattr(self.scope.get("app"), "state", None), "settings", None)
-            limit = MAX_JSON_TOKENS + 2 * int(getattr(settings, "max_matrix_tasks", 0))
+            limit = MAX_JSON_VALUES + 2 * int(getattr(settings, "max_matrix_tasks", 0))
             if len(body) > limit and json_token_count(body, limit) > limit:
                 raise _TooManyJSONValues(limit)
             self._json = json.loads(body)
@@ -307,7 +264,7 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
         body = await request.body()
         if not body:
             raise InvalidInput("the request body is empty: send multipart/form-data with a file, or JSON")
-        bound = MAX_JSON_TOKENS + TOKENS_PER_SAMPLE * limits.max_samples  # samples and their task's fields
+        bound = upload_value_limit(limits.max_samples)  # samples and their task's fields
         too_many = len(body) > PRECOUNT_ABOVE_BYTES and json_array_length(
             body, "samples", limits.max_samples, max_tokens=bound) > limits.max_samples
         if too_many:

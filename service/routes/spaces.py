@@ -8,11 +8,11 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from atlas.errors import InvalidInput, PayloadTooLarge
+from atlas.errors import InvalidInput
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import error_responses
 from service.schemas import ImportResult, SpaceList, SpaceOut
-from service.uploads import IMPORT_FORM_SCHEMA, MAX_JSON_TOKENS, BoundedJSONRoute, _content_type, first_line_over
+from service.uploads import IMPORT_FORM_SCHEMA, BoundedJSONRoute, _content_type
 
 router = APIRouter(prefix="/v1/spaces", tags=["spaces"], route_class=BoundedJSONRoute)
 
@@ -84,8 +84,5 @@ async def import_space(
         data = await file.read()
     finally:
         await form.close()
-    if (line := first_line_over(data, MAX_JSON_TOKENS)) is not None:
-        raise PayloadTooLarge(f"line {line} of the import holds more than {MAX_JSON_TOKENS} JSON values; "
-                              "no exported task does", {"line": line, "max_json_values": MAX_JSON_TOKENS})
     space_id, imported, skipped = await run_in_threadpool(c.spaces.import_space, data, on_conflict=on_conflict)
     return ImportResult(space_id=space_id, imported=imported, skipped=skipped)

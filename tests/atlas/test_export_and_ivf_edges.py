@@ -191,3 +191,31 @@ def test_an_imported_task_keeps_its_creation_time(factory, ro_factory) -> None:
     assert space_io.parse_export(naive)[3][0]["created_at"] == long_ago
     with pytest.raises(space_io.InvalidInput, match="line 2"):
         space_io.parse_export(_resealed(data, lambda line: {**line, "created_at": "last leap day"}))
+
+
+def test_an_import_of_millions_of_lines_or_values_is_refused_in_bounded_memory(factory, ro_factory) -> None:
+    """``parse_export`` split the whole file into a list of lines first (a file of millions of short lines: hundreds
+    of megabytes before the first check), and pydantic built a line of millions of values before its 422 (8.4 GB for
+    a 63 MB line). The library imports through it too, so the bounds live here, not only at the HTTP edge."""
+    import tracemalloc
+
+    from atlas.errors import PayloadTooLarge
+
+    space = _spec_space(factory)
+    tid = _ready(factory, space, "a", 1)
+    data = b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), [tid]))
+    header = data.split(b"\n", 1)[0] + b"\n"
+    tracemalloc.start()
+    try:
+        with pytest.raises(space_io.InvalidInput, match="trailer"):
+            space_io.parse_export(header + b"ab\n" * 500_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak  # the list of lines alone: ~21 MB
+    with pytest.raises(PayloadTooLarge, match="line 2"):
+        space_io.parse_export(header + b'{"name":"x","x":[' + b"{}," * 200_000 + b"{}]}\n")
+    assert len(space_io.parse_export(data)[3]) == 1  # a real export still reads
+    body, trailer = data[:-1].rsplit(b"\n", 1)
+    with pytest.raises(space_io.InvalidInput, match="counts 2 tasks but the file holds 1"):
+        space_io.parse_export(body + b"\n" + trailer.replace(b'"n_tasks": 1', b'"n_tasks": 2') + b"\n")

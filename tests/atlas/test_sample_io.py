@@ -190,6 +190,10 @@ MEMORY_SCRIPT = textwrap.dedent("""
         data, name = b"a\\n" * 5_000_000, "lines.txt"
     elif kind == "jsonl":
         data, name = b'{"text":"a"}\\n' * 800_000, "lines.jsonl"
+    elif kind == "json_element":  # one sample whose ignored field holds 5 M values (was built whole, then accepted)
+        data, name = b'[{"text":"a","x":[' + b"{}," * 5_000_000 + b'{}]}]', "one.json"
+    elif kind == "json_object":
+        data, name = b'{"samples":[{"text":"a"}],"x":[' + b"{}," * 5_000_000 + b'{}]}', "object.json"
     elif kind == "zstd_dict":
         one = pa.DictionaryArray.from_arrays(pa.array([0] * 150_000, pa.int32()), pa.array(["a" * 90_000]))
         buf = io.BytesIO(); pq.write_table(pa.table({"text": one}), buf, compression="zstd")
@@ -211,7 +215,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("kind", ["text", "jsonl", "zstd_dict", "zstd_plain", "gzip"])
+@pytest.mark.parametrize("kind", ["text", "jsonl", "json_element", "json_object", "zstd_dict", "zstd_plain", "gzip"])
 def test_bomb_uploads_keep_memory_bounded(kind: str) -> None:
     out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, kind], capture_output=True, text=True, cwd=ROOT,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120, check=True)
