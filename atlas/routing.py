@@ -453,7 +453,8 @@ def rerank_route(
     conf = 1.0 - best.confidence if none else best.confidence
     rejects = False
     if near is not None:
-        j = int(np.argmax(np.round(near, 9)))
+        rounded = np.round(near, 9)  # a tie with the answered task is the answered task (identical twins)
+        j = order[0] if rounded[order[0]] >= rounded.max() else int(np.argmax(rounded))
         own = candidates[j].threshold
         thr_j = float(own) if per_task and own is not None else threshold
         rejects = candidates[j].task_id != best.task_id and _f(score[j]) < thr_j

@@ -127,8 +127,9 @@ def test_the_nearest_task_also_holds_the_prompt_to_its_threshold(seed: int, typi
     ans = routing.rerank_route(prompt, cands, k=len(cands), threshold=threshold, per_task=True, whitening=space)
     near, rank = routing.rank_parts(np.stack(routing.state_view(prompt)[0]), cands,
                                     [routing.state_view(s) for s in tasks], space)
-    j = int(np.argmax(np.round(near, 9)))
     best = ans.matches[0]
+    rounded = np.round(near, 9)
+    j = best.task_id if rounded[best.task_id] >= rounded.max() else int(np.argmax(rounded))
     assert best.task_id == int(np.argmax(np.round(rank, 9)))
     score_j = next(m.score for m in ans.matches if m.task_id == j)
     rejects = j != best.task_id and score_j < cands[j].threshold
@@ -185,3 +186,23 @@ def test_fit_caps_each_task_at_its_own_false_reject_rate() -> None:
     res = fit_thresholds(live, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1, false_reject_rate={1: 0.5})
     assert res.thresholds[0] == 0.5  # the default 5 %: the lowest held-out score
     assert res.thresholds[1] == 0.7  # its own 50 %: the median
+
+
+def test_identical_twins_do_not_reject_each_others_prompts() -> None:
+    """Two tasks with one state tie on every score; the nearest task was picked by an argmax that breaks the tie
+    another way than the answer's order, so a prompt answered by one twin was held to the other twin's threshold
+    (raised by an override) and answered ``none``."""
+    from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
+
+    tasks = [_state(i, 6, 4, 0.3 * (i % 5)) for i in range(WHITEN_MIN_TASKS + 2)]
+    tasks.append(tasks[3].copy())  # a twin of task 3
+    means = np.stack([routing.unit_means(s) for s in tasks])
+    space = fit_space_whitening(means[:, 0], means[:, 1])
+    twin = len(tasks) - 1
+    cands = [routing.Candidate(i, f"t{i:03d}", s, typical=0.3, threshold=0.9 if i == 3 else -1.0)
+             for i, s in enumerate(tasks)]
+    cands[twin] = routing.Candidate(twin, "t000-twin", tasks[twin], typical=0.3, threshold=-1.0)  # sorts first
+    prompt = tasks[3].copy()  # the twins' own prompt: both nearest, tied
+    ans = routing.rerank_route(prompt, cands, k=3, threshold=0.0, per_task=True, whitening=space)
+    assert ans.matches[0].task_id == twin  # the tie goes to the name sorting first
+    assert not ans.nearest_rejects and not ans.none, ans
