@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from atlas import db, job_store, lexicon_repo, repository
 from atlas.baselines import BaselineSums
 from atlas.errors import AtlasError, IncompatibleSpace
-from atlas.models import JOB_APPEND, JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
+from atlas.models import JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
 from atlas.settings import Settings
 from atlas.vocabulary import ModeName
 from workers import calibration
@@ -451,12 +451,11 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
             outcome, error = JOB_CANCELLED, "the task was deleted"
         elif job.cancel_requested:  # asked after the last batch (or during the calibration pass): honoured here
             outcome, error = JOB_CANCELLED, "cancelled by request"
-        elif res.state.n_tokens == 0:
-            outcome = JOB_FAILED if claim.kind != JOB_APPEND else JOB_SUCCEEDED
-            error = _nothing_usable(res)
+        elif res.state.n_tokens == 0:  # an append too: the task keeps its state, the caller learns why (not 'done')
+            outcome, error = JOB_FAILED, _nothing_usable(res)
         else:
             outcome, error = JOB_SUCCEEDED, None
-        if outcome == JOB_SUCCEEDED and error is None:
+        if outcome == JOB_SUCCEEDED:
             assert task is not None
             stored = repository.get_state_blob(s, task.id)
             stored_base = repository.get_baseline_blob(s, task.id)
@@ -474,8 +473,6 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
             if lexical is not None:
                 lexicon_repo.add_delta(s, task.id, lexical)
             job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, final or _progress_of(res, final=True))
-        elif outcome == JOB_SUCCEEDED:  # an append with nothing usable: nothing to merge
-            job_store.mark_succeeded(s, job, summary | {"note": error}, _progress_of(res, final=True))
         else:
             job_store.finish_locked(s, job, outcome, error)
     if outcome != JOB_SUCCEEDED:

@@ -123,6 +123,23 @@ def test_append_merges_and_updates_index(ctx: WorkerContext, space_id: int, ro_f
     assert index.watermark(space_id) == 2
 
 
+def test_an_append_with_nothing_usable_fails_and_leaves_the_task_as_it_was(ctx: WorkerContext, space_id: int) -> None:
+    """An append whose samples were all skipped ended 'succeeded' (a note in its result), so the CLI and the
+    dashboard reported data added where none was; ``add`` of the same file fails. It fails alike now, with the
+    reasons, and the task keeps its state and version."""
+    task_id, job_id = create(ctx, space_id, "kept", make_samples(4, seed=3))
+    assert run_job(job_id, ctx) == "succeeded"
+    before = stored_state(ctx, task_id)
+    with ctx.factory.begin() as s:
+        append = repository.append_samples(s, task_id, [Sample(text="a"), Sample(text="")])
+    assert run_job(append.id, ctx) == "failed"
+    with ctx.factory() as s:
+        job = job_store.get_job(s, append.id)
+        task = repository.get_task(s, task_id)
+        assert "no usable tokens" in job.error and (task.status, task.version) == ("ready", 1)
+    assert stored_state(ctx, task_id) == before
+
+
 def test_jobs_store_and_merge_the_tasks_term_counts_and_template(ctx: WorkerContext, space_id: int) -> None:
     from atlas import lexicon_repo
     from atlas.lexical import TermCounts, term_hashes
