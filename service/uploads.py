@@ -64,6 +64,8 @@ class BodyLimitMiddleware:
                 except ValueError:
                     declared = None
         if declared is not None and declared > self.max_bytes:
+            if declared <= self.max_bytes + DRAIN_BYTES:
+                await _drain(receive, DRAIN_BYTES + self.max_bytes)
             await _send_413(send, self.max_bytes, declared)
             return
         received = 0
@@ -89,7 +91,25 @@ class BodyLimitMiddleware:
             await self.app(scope, counting_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
+                await _drain(receive, DRAIN_BYTES)
                 await _send_413(send, limit, None)
+
+
+DRAIN_BYTES = 256 * 1024 * 1024
+"""Most bytes of a refused body read (and dropped) before the 413 is sent. An HTTP/1.1 client sends its whole body
+before it reads the answer: refused unread, its upload met a closed connection and the client reported the
+service unreachable instead of the 413. Bodies further past the limit are refused unread."""
+
+
+async def _drain(receive: Receive, budget: int) -> None:
+    """Read and drop the rest of a request body, at most ``budget`` bytes (one chunk at a time)."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 async def _send_413(send: Send, limit: int, declared: int | None) -> None:

@@ -169,3 +169,29 @@ def test_non_loopback_bind_needs_keys(tmp_path: Path) -> None:
     check_bind_allowed(Settings(data_dir=tmp_path, host="127.0.0.1"), 0)
     # the CLI refuses before loading anything
     assert main(["serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path / "d")]) == 1
+
+
+def test_a_large_upload_past_the_limit_is_answered_413_not_a_dropped_connection(serve, tiny_lm, tmp_path: Path) -> None:
+    """An HTTP/1.1 client sends its whole body before it reads the answer. The 413 was sent with the body unread
+    and the connection closed, so a body larger than the socket buffers met a reset: the client and the CLI said
+    the service was unreachable. The refused body is now read and dropped first (up to a bound)."""
+    from service.client import PayloadTooLarge
+
+    svc = serve(lm=tiny_lm, max_upload_bytes=100_000, overrides={"start_runner": False})
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a line of text\n" * 1_400_000)  # 21 MB
+    with AtlasClient(svc.url) as c, pytest.raises(PayloadTooLarge):
+        c.add_task("big", big)
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: cut off while it streams
+        boundary = b"--b0undary\r\n"
+        yield boundary + b'Content-Disposition: form-data; name="name"\r\n\r\nchunked\r\n'
+        yield boundary + b'Content-Disposition: form-data; name="file"; filename="t.txt"\r\n\r\n'
+        for _ in range(20_000):
+            yield b"z" * 1000 + b"\n"
+        yield b"\r\n--b0undary--\r\n"
+
+    resp = httpx.post(f"{svc.url}/v1/tasks", content=chunks(),
+                      headers={"content-type": "multipart/form-data; boundary=b0undary"})
+    assert resp.status_code == 413 and resp.json()["code"] == "payload_too_large"
+    assert _counts(svc.container) == (0, 0, 0)
