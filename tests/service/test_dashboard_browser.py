@@ -402,6 +402,8 @@ def test_add_append_and_delete_a_task_through_the_form(
     before = points.count()
     assert "null" not in page.locator(".list-card").inner_text()  # the stray "null" under the task list
     texts = [f"Sonnet {i}: shall I compare thee to a summer's day, {i % 9} times more lovely?" for i in range(60)]
+    # the file picker offers every format the API reads, gzip-compressed ones included
+    assert ".gz" in (page.get_attribute("[data-testid=add-file]", "accept") or "").split(",")
     page.set_input_files("[data-testid=add-file]", str(_write_jsonl(tmp_path / "poems.jsonl", texts)))
     page.fill("[data-testid=add-name]", "form-poems")
     page.select_option("[data-testid=add-mode]", "text")

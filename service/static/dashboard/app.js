@@ -1292,7 +1292,7 @@
   function buildAddPanel() {
     const target = h("select", { id: "add-target", "data-testid": "add-target" });
     const file = h("input", { id: "add-file", type: "file", required: true, "data-testid": "add-file",
-      accept: ".jsonl,.json,.csv,.parquet,.txt,.ndjson,text/plain,application/json,text/csv" });
+      accept: ".jsonl,.json,.csv,.parquet,.txt,.ndjson,.gz,text/plain,application/json,text/csv,application/gzip" });
     const name = h("input", { id: "add-name", type: "text", maxlength: 300, autocomplete: "off", spellcheck: "false",
       placeholder: "e.g. legal-contracts", "data-testid": "add-name" });
     const mode = h("select", { id: "add-mode", "data-testid": "add-mode" },
