@@ -180,3 +180,38 @@ def test_task_page_redrawn_when_its_append_job_ends(serve: Any, tiny_lm: Any, pa
         assert wait_job(http, append_id, timeout=120)["status"] == "succeeded"
     page.locator("p[data-testid=latest-job]", has_text="succeeded").wait_for(timeout=30_000)
     page.locator("[data-testid=task-samples]", has_text=str(len(PROSE) + len(more))).wait_for(timeout=30_000)
+
+
+FAKE_EVENTS = """
+(() => {
+  const real = window.fetch.bind(window);
+  window.fetch = (input, init) => {
+    const url = typeof input === "string" ? input : input.url;
+    if (!/\\/v1\\/jobs\\/\\d+\\/events$/.test(url)) return real(input, init);
+    const id = Number(url.match(/jobs\\/(\\d+)\\/events/)[1]);
+    const job = { id, task_id: 1, kind: "create", status: "running", attempts: 1, error: null,
+                  progress: { samples_done: 7777, samples_total: 9999, tokens: 1 } };
+    const enc = new TextEncoder();
+    // a "\\r\\n" split between two chunks, the way a network may cut it; the stream then stays open
+    const parts = ["event: progress\\r", "\\ndata: " + JSON.stringify(job) + "\\r\\n\\r\\n"];
+    const body = new ReadableStream({ start(c) { parts.forEach((p) => c.enqueue(enc.encode(p))); } });
+    return Promise.resolve(new Response(body, { status: 200, headers: { "content-type": "text/event-stream" } }));
+  };
+})();
+"""
+
+
+def test_a_progress_event_split_inside_a_line_end_is_read_whole(serve: Any, tiny_lm: Any, page: Any,
+                                                                 tmp_path: Path) -> None:
+    """The event stream's "\\r\\n" line ends were normalised chunk by chunk: a chunk ending in "\\r" and the next
+    starting with "\\n" made a blank line, which cut the event in two (an event name without data, then data
+    without a name) and the progress update was dropped."""
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})  # the job stays queued: only the fake stream speaks
+    page.add_init_script(FAKE_EVENTS)
+    upload = tmp_path / "prose.jsonl"
+    upload.write_text("".join(json.dumps({"text": t}) + "\n" for t in PROSE))
+    page.goto(f"{svc.url}/dashboard/#/atlas")
+    page.set_input_files("[data-testid=add-file]", str(upload))
+    page.fill("[data-testid=add-name]", "split-events")
+    page.click("[data-testid=add-submit]")
+    page.locator("[data-testid=add-progress]", has_text="7,777 / 9,999 samples").wait_for(timeout=20_000)

@@ -1238,7 +1238,11 @@
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
-      buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
+      // Line ends normalised on the whole buffer, a trailing "\r" kept as is: it may be the first half of a "\r\n"
+      // split between two chunks (normalised alone it made a blank line and cut the event in two).
+      buffer += decoder.decode(value, { stream: true });
+      const pending = buffer.endsWith("\r") ? "\r" : "";
+      buffer = buffer.slice(0, buffer.length - pending.length).replace(/\r\n?/g, "\n") + pending;
       let cut;
       while ((cut = buffer.indexOf("\n\n")) >= 0) {
         const block = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
