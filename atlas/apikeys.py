@@ -122,6 +122,12 @@ def revoke_api_key(session: Session, key_id: int) -> ApiKey:
     return key
 
 
+def is_active(session: Session, key_id: int) -> bool:
+    """Whether key ``key_id`` exists and is not revoked (a long-lived request re-checks its key with this)."""
+    return session.execute(select(ApiKey.id).where(ApiKey.id == int(key_id), ApiKey.revoked_at.is_(None))
+                           ).scalar_one_or_none() is not None
+
+
 def count_active_keys(session: Session) -> int:
     """How many keys are not revoked (one ``COUNT``)."""
     return int(session.execute(select(func.count(ApiKey.id)).where(ApiKey.revoked_at.is_(None))).scalar_one())

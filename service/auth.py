@@ -287,6 +287,13 @@ class KeyGate:
             return cached[1]
         return None
 
+    def still_active(self, principal: Principal) -> bool:
+        """Whether ``principal``'s key is still active (anonymous: true); long-lived requests re-check with it."""
+        if principal.key_id is None:
+            return True
+        with self.read_factory() as session:
+            return apikeys.is_active(session, principal.key_id)
+
     def authenticate(self, plaintext: str | None) -> Principal:
         """The principal of a presented key (any scope; routes check theirs with :func:`authorize`).
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from atlas.errors import NotFound
 from atlas.services.jobs import is_final
 from atlas.vocabulary import JobStatus
+from service.auth import key_gate
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import JobList, JobOut
@@ -26,6 +28,8 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="Job id.")]
 
 POLL_S = 0.5
 """How often the progress stream reads the job row."""
+KEY_RECHECK_S = 5.0
+"""How often the progress stream checks that the caller's key is still active."""
 KEEPALIVE_S = 15.0
 """A comment line is sent after this long without an event (keeps proxies from closing the stream)."""
 
@@ -72,18 +76,30 @@ def cancel_job(job_id: JobId, c: ContainerDep, _: WritePrincipal) -> JobOut:
         **error_responses(401, 403, 404, 422),
     },
 )
-async def job_events(job_id: JobId, request: Request, c: ContainerDep, _: ReadPrincipal) -> EventSourceResponse:
+async def job_events(job_id: JobId, request: Request, c: ContainerDep,
+                     principal: ReadPrincipal) -> EventSourceResponse:
     """Stream the job's progress as server-sent events until it ends (the row is read every 0.5 s);
-    sse-starlette frames the events and sends a keep-alive comment every 15 s."""
+    sse-starlette frames the events and sends a keep-alive comment every 15 s. The caller's key is checked
+    again every ``KEY_RECHECK_S``: a key revoked meanwhile ends the stream (an ``end`` event saying so)."""
     first = job_out(await run_in_threadpool(c.jobs.get, job_id))
+
+    gate = key_gate(c)
+
+    def key_revoked() -> bool:
+        return gate is not None and not gate.still_active(principal)
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         job = first
         last = job.model_dump_json()
         yield ServerSentEvent(data=last, event="progress", id="0")
-        n = 0
+        n, checked = 0, time.monotonic()
         while not is_final(job.status):
             await asyncio.sleep(POLL_S)
+            if time.monotonic() - checked >= KEY_RECHECK_S:
+                checked = time.monotonic()
+                if await run_in_threadpool(key_revoked):
+                    yield ServerSentEvent(data=json.dumps({"id": job_id, "key_revoked": True}), event="end")
+                    return
             try:
                 job = job_out(await run_in_threadpool(c.jobs.get, job_id))
             except NotFound:  # deleted with its task: report and stop

@@ -195,3 +195,31 @@ def test_a_large_upload_past_the_limit_is_answered_413_not_a_dropped_connection(
                       headers={"content-type": "multipart/form-data; boundary=b0undary"})
     assert resp.status_code == 413 and resp.json()["code"] == "payload_too_large"
     assert _counts(svc.container) == (0, 0, 0)
+
+
+def test_a_progress_stream_ends_when_its_key_is_revoked(serve, tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/v1/jobs/{id}/events`` checked the key once: a key revoked while it streamed kept receiving the job's
+    progress until the job ended (hours for a large upload)."""
+    import service.routes.jobs as jobs_route
+
+    monkeypatch.setattr(jobs_route, "KEY_RECHECK_S", 0.3)
+    svc = serve(lm=tiny_lm, require_keys=True, overrides={"start_runner": False})  # the job stays queued
+    with svc.container.store.session() as s:
+        reader, read = apikeys.create_api_key(s, "r", ["read"])
+        _, write = apikeys.create_api_key(s, "w", ["write"])
+    r = httpx.post(f"{svc.url}/v1/tasks", json={"name": "t", "samples": [{"text": "hello world"}]},
+                   headers={"X-API-Key": write})
+    assert r.status_code == 202, r.text
+    events: list[str] = []
+    with httpx.stream("GET", f"{svc.url}/v1/jobs/{r.json()['job']['id']}/events", headers={"X-API-Key": read},
+                      timeout=30) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event:"):
+                events.append(line.split(":", 1)[1].strip())
+                if events == ["progress"]:  # streaming: revoke the key now
+                    with svc.container.store.session() as s:
+                        apikeys.revoke_api_key(s, reader.id)
+            if line.startswith("data:") and events[-1] == "end":
+                assert json.loads(line.split(":", 1)[1])["key_revoked"] is True
+                break
+    assert events == ["progress", "end"]
