@@ -61,7 +61,7 @@ def create(name: Annotated[str, typer.Option(help="A name for the key.")],
 
 
 @app.command("list")
-def list_keys(all_keys: Annotated[bool, typer.Option("--all", help="Include revoked keys (--local).")] = False,
+def list_keys(all_keys: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
               local: Local = False, data_dir: DataDir = None, database_url: DatabaseUrl = None,
               url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
     """List keys (never their secrets)."""
@@ -72,7 +72,7 @@ def list_keys(all_keys: Annotated[bool, typer.Option("--all", help="Include revo
             data = [_row(k) for k in apikeys.list_api_keys(session, include_revoked=all_keys)]
     else:
         with client(url, api_key, timeout) as cl:
-            data = list(cl.list_keys().get("items", []))
+            data = list(cl.list_keys(include_revoked=all_keys).get("items", []))
     lines = [f"{d['id']:>4}  {d['prefix']}…  {','.join(str(x) for x in d['scopes']):<18} {d['name']}"
              + ("  (revoked)" if d.get("revoked") else "") for d in data]
     emit(json, data, "\n".join(lines) if lines else "no API keys")

@@ -321,9 +321,11 @@ class AsyncAtlasClient:
         return await self._send(Call("POST", "/v1/keys", None, json={"name": name, "scopes": list(scopes)},
                                      as_json=True))
 
-    async def list_keys(self) -> dict[str, Any]:
-        """``GET /v1/keys`` (admin): the keys, never their plaintext."""
-        return await self._send(Call("GET", "/v1/keys", None, as_json=True))
+    async def list_keys(self, *, include_revoked: bool = False) -> dict[str, Any]:
+        """``GET /v1/keys`` (admin): the active keys (and revoked ones with ``include_revoked``), never their
+        plaintext."""
+        params = {"include_revoked": "true"} if include_revoked else {}
+        return await self._send(Call("GET", "/v1/keys", None, params=params, as_json=True))
 
     async def revoke_key(self, key_id: int) -> None:
         """``DELETE /v1/keys/{id}`` (admin)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -59,10 +59,12 @@ def _out(k: object) -> dict:
 
 
 @router.get("", response_model=KeyList, summary="List API keys", responses=error_responses(401, 403))
-def list_keys(c: ContainerDep, _: AdminPrincipal) -> KeyList:
-    """Active keys (no secrets)."""
+def list_keys(c: ContainerDep, _: AdminPrincipal,
+              include_revoked: Annotated[bool, Query(description="Also list revoked keys.")] = False) -> KeyList:
+    """Active keys, and revoked ones with ``include_revoked`` (no secrets)."""
     with _store(c).read() as session:
-        return KeyList(items=[KeyOut(**_out(k)) for k in apikeys.list_api_keys(session)])
+        return KeyList(items=[KeyOut(**_out(k)) for k in apikeys.list_api_keys(session,
+                                                                               include_revoked=include_revoked)])
 
 
 @router.post("", status_code=201, response_model=KeyCreated, summary="Create an API key",

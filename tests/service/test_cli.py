@@ -121,6 +121,11 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     assert main(["keys", "revoke", str(ops["id"]), *url]) == 0
     assert main(["tasks", "list", *write]) == 1
     assert "401" in capsys.readouterr().err
+    # --all lists the revoked key over the API too (it was honoured with --local only, silently ignored here)
+    for flags, listed in (([], False), (["--all"], True)):
+        assert main(["keys", "list", "--json", *flags, *url]) == 0
+        rows = {k["id"]: k for k in json.loads(capsys.readouterr().out)}
+        assert (ops["id"] in rows) is listed and (not listed or rows[ops["id"]]["revoked"] is True)
     assert main(["route", "x", "--url", "http://127.0.0.1:9"]) == 1
     assert main(["add"]) == 2  # usage error
 
