@@ -197,7 +197,10 @@ class QueryService:
         if hit is not None and hit[0] == mark:
             return hit[1]
         ids = frozenset(routing_repo.with_prompt_side(session, space_id, []))
-        self._prompt_side[space_id] = (mark, ids)
+        # The session's snapshot may predate the index's catch-up (a change committed in between moved the mark):
+        # a set read there is cached only if the snapshot holds every change the mark stands for.
+        if changes.last_seq(session) >= mark:
+            self._prompt_side[space_id] = (mark, ids)
         return ids
 
     def _routing_means(self, session: Session, space: Space, task_ids: list[int]

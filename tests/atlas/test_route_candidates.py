@@ -91,3 +91,46 @@ def test_prompt_side_blobs_are_read_once_then_found_by_digest(factory: sessionma
         np.testing.assert_array_equal(np.asarray(rolling[1].state.sums), np.asarray(_state(base + 300).sums))
     finally:
         event.remove(factory.kw["bind"], "before_cursor_execute", count)
+
+
+def test_the_prompt_side_set_is_not_cached_from_a_snapshot_older_than_the_index(
+        factory: sessionmaker[Session], ro_factory: sessionmaker[Session]) -> None:
+    """A route's read snapshot is taken before its index catch-up: a completion task committed in between moved
+    the space's content mark, and the set read in the older snapshot (without it) was cached under the new mark,
+    so the task was left out of every later route until the space changed again."""
+    from types import SimpleNamespace
+
+    from atlas import db
+    from atlas.index import IndexManager
+    from atlas.services.queries import QueryService
+
+    with factory.begin() as s:
+        space = repository.get_or_create_space(
+            s, model_fingerprint="model-ps", spec_fingerprint=SPEC.fingerprint(), model_name="tiny", d=8, K=16, m=M,
+            seed=0, spec=SPEC.to_dict())
+        space_id = int(space.id)
+
+    def add(name: str, mode: str, seed: int) -> int:
+        state = _state(seed)
+        with factory.begin() as s:
+            sample = Sample(prompt="p", completion="c") if mode == "completion" else Sample(text="t")
+            task, _ = repository.create_task_with_job(s, space_id, name, mode, {}, [sample])
+            repository.store_task_result(s, task, state=state.to_bytes(), signature=state.signature(),
+                                         baselines=None, n_samples=state.n_samples, n_tokens=state.n_tokens)
+            if mode == "completion":
+                routing_repo.store_routing(s, task.id, prompt_state=_state(seed + 1).to_bytes(),
+                                           calibration=Calibration([0.2, 0.3], 0.1, 0.05, 0.05))
+            return int(task.id)
+
+    add("prose", "text", 1)
+    index = IndexManager(ro_factory, None)
+    index.open()
+    svc = SimpleNamespace(index=index, _prompt_side={})
+    with ro_factory() as s:
+        db.read_snapshot(s)
+        repository.get_space(s, space_id)  # the route's snapshot starts here ...
+        qa = add("qa", "completion", 10)  # ... a completion task commits ...
+        index.catch_up(space_id)  # ... and the route's index catch-up sees it (the content mark moves)
+        assert qa not in QueryService._prompt_side_ids(svc, s, space_id)  # type: ignore[arg-type]
+    with ro_factory() as s:
+        assert qa in QueryService._prompt_side_ids(svc, s, space_id)  # type: ignore[arg-type]
