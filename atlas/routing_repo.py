@@ -10,7 +10,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from atlas import lexicon_repo
@@ -42,16 +42,23 @@ _DIGEST_BYTES = 32
 
 
 def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, TaskRoute]:
-    """Resolved :class:`TaskRoute` (threshold, scale, prompt-side state's digest) of the tasks that have a row.
+    """Resolved :class:`TaskRoute` (threshold, scale, prompt-side state's digest where it is still the blob's own)
+    of the tasks that have a row.
 
     The prompt-side state blobs (~200 KiB each at m = 4096) are not read, their stored digests are: every route
     batch re-ranks every completion task of the space, and their views are cached by digest
     (:func:`route_candidates`)."""
     if not task_ids:
         return {}
-    cols = [c for c in TaskRouting.__table__.columns if c.name != "prompt_state"]
+    cols = [c for c in TaskRouting.__table__.columns if c.name not in ("prompt_state", "prompt_digest")]
     has_blob = TaskRouting.prompt_state.is_not(None).label("prompt_side")  # not detoasted / read
-    rows = session.execute(select(*cols, has_blob).where(TaskRouting.task_id.in_([int(i) for i in task_ids])))
+    # The digest only while it is the blob's own tail: a replica older than 0006 (rolling upgrade) rewrites the
+    # blob and leaves the digest of the one before, whose cached view would be served for good. The tail is
+    # compared in SQL (PostgreSQL fetches only its last TOAST chunk); a mismatch is a miss and reads the blob.
+    blob = TaskRouting.prompt_state
+    tail = func.substr(blob, func.length(blob) - (_DIGEST_BYTES - 1), _DIGEST_BYTES)
+    digest = case((TaskRouting.prompt_digest == tail, TaskRouting.prompt_digest), else_=None).label("prompt_digest")
+    rows = session.execute(select(*cols, has_blob, digest).where(TaskRouting.task_id.in_([int(i) for i in task_ids])))
     return {int(r.task_id): resolve(r) for r in rows}
 
 
