@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -101,6 +101,14 @@ class ExportTask(BaseModel):
     n_tokens: int = Field(ge=0, lt=2**63)
     created_at: dt.datetime | None = None
     """When the task was created where it was exported (kept on import; a naive time is read as UTC)."""
+
+    @field_validator("created_at")
+    @classmethod
+    def _in_utc(cls, when: dt.datetime | None) -> dt.datetime | None:
+        try:
+            return _aware(when)
+        except OverflowError:  # year 1 at +01:00, 9999 at -02:00: not a date once read as UTC
+            raise ValueError("out of the range of dates once read as UTC") from None
     state: str
     signature: str
     baselines: str | None = None
@@ -314,7 +322,7 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         tasks.append({"name": name, "mode": rec.mode, "metadata": rec.metadata, "version": rec.version,
                       "n_samples": state.n_samples, "n_tokens": state.n_tokens, "state": state_blob,
                       "signature": recomputed.astype(np.float32), "baselines": base_blob,
-                      "routing": rec.routing, "terms": terms, "created_at": _aware(rec.created_at)})
+                      "routing": rec.routing, "terms": terms, "created_at": rec.created_at})
     return spec, sp.model_fingerprint, sp.model_name, tasks
 
 

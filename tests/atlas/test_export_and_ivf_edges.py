@@ -219,3 +219,14 @@ def test_an_import_of_millions_of_lines_or_values_is_refused_in_bounded_memory(f
     body, trailer = data[:-1].rsplit(b"\n", 1)
     with pytest.raises(space_io.InvalidInput, match="counts 2 tasks but the file holds 1"):
         space_io.parse_export(body + b"\n" + trailer.replace(b'"n_tasks": 1', b'"n_tasks": 2') + b"\n")
+
+
+def test_a_creation_time_out_of_range_in_utc_is_refused_with_its_line(factory, ro_factory) -> None:
+    """``created_at`` of year 1 with a positive offset (or 9999 with a negative one) parses, but is out of range
+    once read as UTC: ``astimezone`` raised OverflowError after validation and the import answered 500."""
+    space = _spec_space(factory)
+    tid = _ready(factory, space, "a", 1)
+    data = b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), [tid]))
+    for when in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:30:00-02:00"):
+        with pytest.raises(space_io.InvalidInput, match="line 2"):
+            space_io.parse_export(_resealed(data, lambda line, w=when: {**line, "created_at": w}))
