@@ -115,7 +115,7 @@ class IndexManager:
         self._spaces_lock = threading.Lock()
         self._apply_locks: dict[int, threading.RLock] = {}
         self._catch_up_lock = threading.Lock()
-        self._seen_seq = -1
+        self._seen_seq, self._seen_mark = -1, ""  # the head seen and its changes.mark (restores reuse numbers)
         self._last_check = 0.0
         self.reports: dict[int, OpenReport] = {}
         self._instance_id: str | None = None
@@ -314,12 +314,10 @@ class IndexManager:
             self._last_check = time.monotonic()
             with self.factory() as session:
                 seq = changes.last_seq(session)
-                if space_id is None and seq == self._seen_seq:
-                    return 0
-                if space_id is None:
-                    targets = [int(i) for i in session.execute(select(Space.id)).scalars()]
-                else:
-                    targets = [space_id]
+                if space_id is None and seq == self._seen_seq and changes.same_history(session, seq, self._seen_mark):
+                    return 0  # nothing new (a database restored under us and written up to seq again is new)
+                seen_mark = (changes.mark(session, seq) or "") if space_id is None else ""
+                targets = list(session.execute(select(Space.id)).scalars()) if space_id is None else [space_id]
             applied = 0
             for sid in targets:
                 if sid not in self._spaces:
@@ -327,7 +325,7 @@ class IndexManager:
                 else:
                     applied += self._catch_up_space(self._spaces[sid])
             if space_id is None:
-                self._seen_seq = seq
+                self._seen_seq, self._seen_mark = seq, seen_mark
             return applied
         finally:
             self._catch_up_lock.release()
@@ -338,7 +336,7 @@ class IndexManager:
             applied = 0
             with self.factory() as session:
                 head = changes.last_seq(session)
-                if head == si.watermark:
+                if head == si.watermark and changes.same_history(session, head, si.watermark_mark):
                     return 0
                 if head < si.watermark or si.watermark < changes.pruned_seq(session):
                     return self._rebuild_now(si, "SQL is behind" if head < si.watermark else "changes were pruned")

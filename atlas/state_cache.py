@@ -245,10 +245,10 @@ class StateCache:
             with factory() as session:
                 head = changes.last_seq(session)
                 since = self._watermark
-                if head == since:
-                    return 0
-                # First sync, or a database reset or restored from a backup behind our back.
+                # A database reset or restored from a backup behind our back (written up to the same head, too).
                 restored = since >= 0 and not changes.same_history(session, since, self._mark)
+                if head == since and not restored:
+                    return 0
                 self._mark = changes.mark(session, head) or ""
                 if since < 0 or head < since or restored:
                     return self._reset(head)

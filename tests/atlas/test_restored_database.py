@@ -92,6 +92,46 @@ def test_a_running_replica_notices_a_database_restored_under_it(sqlite_template:
     replica.dispose()
 
 
+def test_a_restored_database_written_up_to_the_same_head_is_noticed(sqlite_template: Path, tmp_path: Path) -> None:
+    """Restored and written again exactly as many times as it lost: the head equals the replica's watermark,
+    and the background catch-up and cache sync ("nothing new") kept the lost tasks' vectors and states under
+    the reused ids until some later write."""
+    path, backup = tmp_path / "atlas.sqlite", tmp_path / "backup.sqlite"
+    shutil.copyfile(sqlite_template, path)
+    url = f"sqlite:///{path}"
+    writer = db.make_engine(url)
+    write = db.session_factory(writer)
+    replica = db.make_engine(url)
+    read = db.session_factory(replica, readonly=True)
+
+    space = _space(write)
+    _add(write, space, "base", 0)
+    writer.dispose()
+    shutil.copyfile(path, backup)
+
+    index, cache = IndexManager(read, None), StateCache(1 << 24, sync_interval_s=0.0)
+    index.open()
+    lost = [_add(write, space, f"lost{i}", i) for i in range(3, 6)]
+    index.catch_up()  # the background loop's form: every space
+    cache.sync(read)
+    assert cache.get_many(read, space, lost)[0].state.n_samples == 3
+
+    writer.dispose()
+    replica.dispose()
+    shutil.copyfile(backup, path)
+    new = [_add(write, space, f"new{i}", i) for i in range(20, 23)]  # as many changes as were lost
+    assert new == lost
+
+    index.catch_up()
+    cache.sync(read)
+    scores, ids = index.search(space.id, _state(20).signature()[None], 1)
+    assert ids[0][0] == new[0] and scores[0][0] > 0.999
+    (loaded,) = cache.get_many(read, space, [new[0]])
+    np.testing.assert_array_equal(np.asarray(loaded.state.sums), np.asarray(_state(20).sums))
+    writer.dispose()
+    replica.dispose()
+
+
 def test_compaction_keeps_the_change_at_each_floor(factory) -> None:
     """The change at a persisted index's watermark was pruned with the rest, and its file's history could no
     longer be checked (a restored database then passed for the file's own)."""
