@@ -16,7 +16,8 @@ Checked after every step (``@invariant``):
   job left queued or running.
 
 Checked by the rules: a create job succeeds iff a sample is usable, and a failed create frees its
-name; an append always succeeds and bumps the version iff a sample is usable; a name taken by a ready
+name; an append succeeds and bumps the version iff a sample is usable (else it fails, the task unchanged); a
+name taken by a ready
 task (also padded with whitespace such as ``\\u2028``) is refused with 409 and a blank or NUL name
 with 422, storing nothing; a delete or append of a missing or deleted id is 404, storing nothing;
 routing answers 200 for any sketchable prompt (422 otherwise) with matches naming exactly the
@@ -265,10 +266,13 @@ class ApiAgainstOracle(RuleBasedStateMachine):
         r = self.http.post(f"/v1/tasks/{task.id}/samples", json={"samples": samples})
         assert r.status_code == 202, r.text
         job = wait_job(self.http, r.json()["job"]["id"])
-        assert job["status"] == "succeeded", job  # an append with nothing usable succeeds, merging nothing
+        usable = self._usable(samples, task.mode)
+        # an append with nothing usable fails with the reasons and merges nothing (its upload stays with its job)
+        assert job["status"] == ("succeeded" if usable else "failed"), job
+        assert usable or "no usable tokens" in job["error"], job
         task.samples.extend(samples)
         self.dirty = {"export", "restart"}
-        task.version += self._usable(samples, task.mode)
+        task.version += usable
 
     @precondition(lambda self: self.ready or self.failed)
     @rule(pick=st.integers(0, 1_000))
