@@ -10,7 +10,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from atlas import lexicon_repo
@@ -42,23 +42,17 @@ _DIGEST_BYTES = 32
 
 
 def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, TaskRoute]:
-    """Resolved :class:`TaskRoute` (threshold, scale, prompt-side state's digest where it is still the blob's own)
-    of the tasks that have a row.
+    """Resolved :class:`TaskRoute` (threshold, scale, prompt-side state's stored digest, version) of the tasks that
+    have a row.
 
     The prompt-side state blobs (~200 KiB each at m = 4096) are not read, their stored digests are: every route
-    batch re-ranks every completion task of the space, and their views are cached by digest
+    batch re-ranks every completion task of the space, and their views are cached by digest and row version
     (:func:`route_candidates`)."""
     if not task_ids:
         return {}
-    cols = [c for c in TaskRouting.__table__.columns if c.name not in ("prompt_state", "prompt_digest")]
+    cols = [c for c in TaskRouting.__table__.columns if c.name != "prompt_state"]
     has_blob = TaskRouting.prompt_state.is_not(None).label("prompt_side")  # not detoasted / read
-    # The digest only while it is the blob's own tail: a replica older than 0006 (rolling upgrade) rewrites the
-    # blob and leaves the digest of the one before, whose cached view would be served for good. The tail is
-    # compared in SQL (PostgreSQL fetches only its last TOAST chunk); a mismatch is a miss and reads the blob.
-    blob = TaskRouting.prompt_state
-    tail = func.substr(blob, func.length(blob) - (_DIGEST_BYTES - 1), _DIGEST_BYTES)
-    digest = case((TaskRouting.prompt_digest == tail, TaskRouting.prompt_digest), else_=None).label("prompt_digest")
-    rows = session.execute(select(*cols, has_blob, digest).where(TaskRouting.task_id.in_([int(i) for i in task_ids])))
+    rows = session.execute(select(*cols, has_blob).where(TaskRouting.task_id.in_([int(i) for i in task_ids])))
     return {int(r.task_id): resolve(r) for r in rows}
 
 
@@ -275,11 +269,15 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
     # Content-addressed: a state blob ends with its own BLAKE2b digest, so two stores in one process (a server
     # and a library, or tests) never share an entry by task id. Blobs are read only for views not cached.
     fp = spec.fingerprint()
-    # A row without a digest (written by a replica older than migration 0006 during a rolling upgrade) is a miss.
-    views = {t: None if r.prompt_digest is None else _PROMPT_VIEWS.get((fp, r.prompt_digest))
+    # Keyed by the stored digest *and* the row's version. A replica older than migration 0006 (rolling upgrade)
+    # writes a blob without a digest (a miss, always) or rewrites one and leaves the old digest; every writer bumps
+    # the version, so that rewrite is a miss too, not the previous blob's view.
+    views = {t: None if r.prompt_digest is None else _PROMPT_VIEWS.get((fp, r.prompt_digest, r.version))
              for t, r in routes.items() if r.prompt_side}
     for t, blob in _prompt_blobs(session, [t for t, v in views.items() if v is None]).items():
-        views[t] = _PROMPT_VIEWS.get_or_make((fp, prompt_digest(blob)), functools.partial(_prompt_view, blob, spec))
+        r = routes[t]
+        key = (fp, prompt_digest(blob) if r.prompt_digest is None else r.prompt_digest, r.version)
+        views[t] = _PROMPT_VIEWS.get_or_make(key, functools.partial(_prompt_view, blob, spec))
     out = []
     for x in loaded:
         r = routes.get(x.task_id, TaskRoute())
