@@ -129,7 +129,8 @@ def prune(session: Session, through: int) -> int:
 
 
 def compact(session: Session, *, retain: int, floors: list[int] | None = None) -> int:
-    """Prune the log through the compaction point ``min(last_seq - retain, *floors)``; return rows deleted.
+    """Prune the log through the compaction point ``min(last_seq - retain, *(f - 1 for f in floors))``; return the
+    rows deleted.
 
     Parameters
     ----------

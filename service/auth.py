@@ -333,6 +333,9 @@ def authenticate(
         return Principal(key_id=key.id, name=key.name, scopes=tuple(key.scopes))
 
 
+_GATE_LOCK = threading.Lock()
+
+
 def key_gate(container: Any) -> KeyGate | None:
     """The container's :class:`KeyGate`, made on first use (``None`` before its store exists).
 
@@ -340,10 +343,13 @@ def key_gate(container: Any) -> KeyGate | None:
     that a key created or revoked here invalidates the one cached answer.
     """
     gate: KeyGate | None = getattr(container, "key_gate", None)
-    store = getattr(container, "store", None)
-    if gate is None and store is not None:
-        gate = KeyGate(container.settings, store.read, store.write)
-        container.key_gate = gate
+    if gate is not None or getattr(container, "store", None) is None:
+        return gate
+    with _GATE_LOCK:  # two first uses at once must not make two gates (a key change would refresh only one)
+        gate = getattr(container, "key_gate", None)
+        if gate is None:
+            gate = KeyGate(container.settings, container.store.read, container.store.write)
+            container.key_gate = gate
     return gate
 
 

@@ -56,15 +56,18 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = None
+        declared, expects_continue = None, False
         for key, value in scope.get("headers", []):
             if key == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = None
+            elif key == b"expect" and value.lower() == b"100-continue":
+                expects_continue = True
         if declared is not None and declared > self.max_bytes:
-            if declared <= self.max_bytes + DRAIN_BYTES:
+            # A client waiting for "100 Continue" has not sent its body: refuse it unread (reading would invite it).
+            if declared <= self.max_bytes + DRAIN_BYTES and not expects_continue:
                 await _drain(receive, DRAIN_BYTES + self.max_bytes)
             await _send_413(send, self.max_bytes, declared)
             return
@@ -90,7 +93,7 @@ class BodyLimitMiddleware:
         try:
             await self.app(scope, counting_receive, tracking_send)
         except _BodyTooLarge:
-            if not started:
+            if not started:  # the body is flowing (a "100 Continue" was sent, if asked): read it off first
                 await _drain(receive, DRAIN_BYTES)
                 await _send_413(send, limit, None)
 

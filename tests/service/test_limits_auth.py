@@ -196,6 +196,17 @@ def test_a_large_upload_past_the_limit_is_answered_413_not_a_dropped_connection(
     assert resp.status_code == 413 and resp.json()["code"] == "payload_too_large"
     assert _counts(svc.container) == (0, 0, 0)
 
+    # A client that asks first (Expect: 100-continue, as curl does past 1 MiB) is refused before it sends its
+    # body: reading the body to drain it would answer "100 Continue" and invite the whole upload.
+    import socket
+    from urllib.parse import urlsplit
+
+    host = urlsplit(svc.url)
+    with socket.create_connection((host.hostname, host.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+                     b"Content-Length: 21000000\r\nExpect: 100-continue\r\n\r\n")
+        assert sock.recv(64).startswith(b"HTTP/1.1 413")
+
 
 def test_a_progress_stream_ends_when_its_key_is_revoked(serve, tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
     """``/v1/jobs/{id}/events`` checked the key once: a key revoked while it streamed kept receiving the job's

@@ -199,3 +199,39 @@ def test_an_import_line_holding_millions_of_values_is_refused_before_it_is_built
     assert export.status_code == 200
     r = c.post("/v1/spaces/import", params={"on_conflict": "skip"}, files={"file": ("x.jsonl", export.content)})
     assert r.status_code == 200, r.text[:300]
+
+
+def test_concurrent_first_uses_share_one_key_gate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``key_gate`` made the container's gate on first use without a lock: two requests at once could each make
+    one, and a key created or revoked through one left the other's cached "some key exists" answer stale."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from atlas.settings import Settings
+    from service import auth
+
+    made: list[object] = []
+    real_init = auth.KeyGate.__init__
+
+    def slow_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.05)  # widen the window two first uses race in
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(auth.KeyGate, "__init__", slow_init)
+    store = SimpleNamespace(read=None, write=None)
+    container = SimpleNamespace(settings=Settings(data_dir=tmp_path), store=store, key_gate=None)
+    start = threading.Barrier(8)
+    got: list[object] = []
+
+    def first_use() -> None:
+        start.wait()
+        got.append(auth.key_gate(container))
+
+    threads = [threading.Thread(target=first_use) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and all(g is made[0] for g in got)
