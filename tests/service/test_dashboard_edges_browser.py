@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.service.conftest import wait_job
-from tests.service.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.service.test_dashboard_browser import CHROMIUM, browser  # noqa: F401  (fixture)
 
 pytestmark = [
     pytest.mark.browser,
@@ -28,19 +28,8 @@ PROSE = [f"The quick brown fox number {i} jumps over the lazy dog near the river
 CODE = [f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(12)]
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
+def page(browser: Any) -> Iterator[Any]:  # noqa: F811  (the imported fixture)
     """A fresh page; a page error or console error fails the test (a 404 answer the browser logs is allowed)."""
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     pg = context.new_page()

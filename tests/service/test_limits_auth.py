@@ -25,6 +25,16 @@ def _upload(url: str, name: str, content: bytes, filename: str = "t.jsonl", **fo
     return httpx.post(f"{url}/v1/tasks", data={"name": name, **form}, files={"file": (filename, content)})
 
 
+def _chunked_upload(lines: int) -> Iterator[bytes]:
+    """A multipart task upload sent in chunks (no Content-Length): a name, then a file of ``lines`` 1 kB lines."""
+    boundary = b"--b0undary\r\n"
+    yield boundary + b'Content-Disposition: form-data; name="name"\r\n\r\nchunked\r\n'
+    yield boundary + b'Content-Disposition: form-data; name="file"; filename="t.txt"\r\n\r\n'
+    for _ in range(lines):
+        yield b"z" * 1000 + b"\n"
+    yield b"\r\n--b0undary--\r\n"
+
+
 def test_limits_use_documented_codes_and_store_nothing(serve, tiny_lm) -> None:
     svc = serve(lm=tiny_lm, max_upload_bytes=4000, max_samples=5, max_sample_chars=60, max_prompt_chars=40,
                 max_queued_jobs=2, overrides={"start_runner": False})
@@ -57,15 +67,7 @@ def test_limits_use_documented_codes_and_store_nothing(serve, tiny_lm) -> None:
     ]
 
     # A chunked body (no Content-Length) is cut off while it streams.
-    def chunks() -> Iterator[bytes]:
-        boundary = b"--b0undary\r\n"
-        yield boundary + b'Content-Disposition: form-data; name="name"\r\n\r\nchunked\r\n'
-        yield boundary + b'Content-Disposition: form-data; name="file"; filename="t.txt"\r\n\r\n'
-        for _ in range(100):
-            yield b"z" * 1000 + b"\n"
-        yield b"\r\n--b0undary--\r\n"
-
-    rejected.append((httpx.post(f"{url}/v1/tasks", content=chunks(),
+    rejected.append((httpx.post(f"{url}/v1/tasks", content=_chunked_upload(100),
                                 headers={"content-type": "multipart/form-data; boundary=b0undary"}),
                      413, "payload_too_large"))
     for resp, status, code in rejected:
@@ -183,15 +185,7 @@ def test_a_large_upload_past_the_limit_is_answered_413_not_a_dropped_connection(
     with AtlasClient(svc.url) as c, pytest.raises(PayloadTooLarge):
         c.add_task("big", big)
 
-    def chunks() -> Iterator[bytes]:  # no Content-Length: cut off while it streams
-        boundary = b"--b0undary\r\n"
-        yield boundary + b'Content-Disposition: form-data; name="name"\r\n\r\nchunked\r\n'
-        yield boundary + b'Content-Disposition: form-data; name="file"; filename="t.txt"\r\n\r\n'
-        for _ in range(20_000):
-            yield b"z" * 1000 + b"\n"
-        yield b"\r\n--b0undary--\r\n"
-
-    resp = httpx.post(f"{svc.url}/v1/tasks", content=chunks(),
+    resp = httpx.post(f"{svc.url}/v1/tasks", content=_chunked_upload(20_000),  # no Content-Length
                       headers={"content-type": "multipart/form-data; boundary=b0undary"})
     assert resp.status_code == 413 and resp.json()["code"] == "payload_too_large"
     assert _counts(svc.container) == (0, 0, 0)
