@@ -244,13 +244,17 @@ class RedisPromptSketcher:
             fut.set_result(result)
 
     def _fail_orphans(self) -> None:
-        """Fail waiting requests whose model lost its last worker (503 instead of the full timeout)."""
+        """Fail waiting requests whose model lost its last worker (503 instead of the full timeout); the registry is
+        read once per model and pass, not once per waiting request."""
+        alive_by_key: dict[str, bool] = {}
         for rid, (fut, space) in list(self._waiting.items()):
-            try:
-                alive = bool(self.workers(space.serving_key, max_age_s=0.0))
-            except ModelUnavailable:
-                alive = False
-            if not alive and not fut.done():
+            key = space.serving_key
+            if key not in alive_by_key:
+                try:
+                    alive_by_key[key] = bool(self.workers(key, max_age_s=0.0))
+                except ModelUnavailable:
+                    alive_by_key[key] = False
+            if not alive_by_key[key] and not fut.done():
                 self._waiting.pop(rid, None)
                 fut.get_loop().call_soon_threadsafe(_set_exception, fut, ModelUnavailable(
                     f"the last worker of model {space.model_name!r} stopped while the request waited",

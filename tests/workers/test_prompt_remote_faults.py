@@ -182,3 +182,34 @@ def test_the_wait_is_bounded_by_timeout_s_when_redis_stops_answering(worker: tup
         proxy.stop()
     assert cached < 1.5 + 0.5 and expired < 1.5 + 0.5, (cached, expired)
     assert gap < 1.0, gap
+
+
+def test_orphaned_requests_are_failed_with_one_registry_read_per_model(worker: tuple[PromptServer, SpaceKey],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The once-a-second orphan check read the worker registry from Redis once per *waiting request*; with a full
+    queue (say 64 waiting prompts of one model) that was 64 reads a second where one answers for all."""
+    _, space = worker
+    api = RedisPromptSketcher(REDIS_URL, timeout_s=5.0)
+    reads: list[str] = []
+
+    def no_workers(serving_key: str, *, max_age_s: float = 0.0) -> list[dict[str, Any]]:
+        reads.append(serving_key)
+        return []  # the model's last worker stopped
+
+    monkeypatch.setattr(api, "workers", no_workers)
+
+    async def scenario() -> list[BaseException | None]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(16)]
+        for i, fut in enumerate(futures):
+            api._waiting[f"r{i}"] = (fut, space)
+        await asyncio.to_thread(api._fail_orphans)
+        await asyncio.sleep(0)  # the failures are set on the loop's thread
+        return [f.exception() if f.done() else None for f in futures]
+
+    try:
+        errors = asyncio.run(scenario())
+    finally:
+        api.close()
+    assert reads == [space.serving_key]
+    assert all(isinstance(e, ModelUnavailable) for e in errors), errors
