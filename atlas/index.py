@@ -313,10 +313,11 @@ class IndexManager:
         try:
             self._last_check = time.monotonic()
             with self.factory() as session:
-                seq = changes.last_seq(session)
-                if space_id is None and seq == self._seen_seq and changes.same_history(session, seq, self._seen_mark):
+                now = changes.head(session, self._seen_seq)
+                seq = now.seq
+                if space_id is None and seq == self._seen_seq and changes.is_same(now.at_mark, self._seen_mark):
                     return 0  # nothing new (a database restored under us and written up to seq again is new)
-                seen_mark = (changes.mark(session, seq) or "") if space_id is None else ""
+                seen_mark = now.mark if space_id is None else ""
                 targets = list(session.execute(select(Space.id)).scalars()) if space_id is None else [space_id]
             applied = 0
             for sid in targets:
@@ -335,12 +336,13 @@ class IndexManager:
             si = self._spaces.get(si.space_id, si)
             applied = 0
             with self.factory() as session:
-                head = changes.last_seq(session)
-                if head == si.watermark and changes.same_history(session, head, si.watermark_mark):
+                now = changes.head(session, si.watermark)
+                head, same = now.seq, changes.is_same(now.at_mark, si.watermark_mark)
+                if head == si.watermark and same:
                     return 0
                 if head < si.watermark or si.watermark < changes.pruned_seq(session):
                     return self._rebuild_now(si, "SQL is behind" if head < si.watermark else "changes were pruned")
-                if not changes.same_history(session, si.watermark, si.watermark_mark):
+                if not same:
                     return self._rebuild_now(si, "the change at the watermark differs (a database restored?)")
                 start = si.watermark
                 while True:

@@ -4,13 +4,16 @@ A JSON document of a few megabytes can hold millions of values (``[{},{},…]``)
 build millions of Python objects (a 63 MB body of ``{}`` items: 1.6 GB of memory) before any validation can refuse
 it. These functions count *structural tokens* (``{ [ ] } , :`` outside strings; strings are skipped whole by one
 regular expression, so brackets inside them do not count) without building anything per value, and stop as soon
-as a limit is passed. Used by the HTTP edge (:mod:`service.uploads`), the sample readers
-(:mod:`atlas.sample_io`) and the space import (:mod:`atlas.space_io`).
+as a limit is passed. Used by the HTTP edge (:mod:`service.uploads`; :func:`json_array_length` counts an upload's
+samples there), the sample readers (:mod:`atlas.sample_io`) and the space import (:mod:`atlas.space_io`).
 """
 
 from __future__ import annotations
 
+import json
 import re
+
+from atlas.errors import PayloadTooLarge
 
 MAX_JSON_VALUES = 100_000
 """Most structural tokens a JSON document (or one line of JSON Lines) may hold where no legitimate one comes near:
@@ -58,3 +61,53 @@ def first_line_over(data: bytes, limit: int) -> int | None:
             if n > limit:
                 return line
     return None
+
+
+def json_array_length(body: bytes, key: str, stop_after: int | None = None, *, max_tokens: int | None = None) -> int:
+    """A lower bound on the number of elements of the top-level object's array ``key`` (-1 if absent).
+
+    Scans tokens with one regular expression (strings skipped whole, so brackets inside them do not
+    count) without building any Python object per element: a request holding millions of samples is
+    refused (413) before pydantic would materialise them.
+
+    With ``max_tokens``, the same pass counts the structural tokens of the whole body (it goes on past the
+    array) and raises :class:`PayloadTooLarge` as soon as they pass ``max_tokens``: millions of values in other
+    fields, or inside the elements, are refused as well, after at most ``max_tokens`` steps.
+    """
+    key_tok = json.dumps(key).encode()
+    depth, target, count, seen_key, tokens = 0, -1, 0, 0, 0
+    done: int | None = None
+    prev = b""
+    for match in STRUCTURAL_TOKENS.finditer(body):
+        tok = match.group()
+        if max_tokens is not None and tok[0] != 0x22:  # not a string
+            tokens += 1
+            if tokens > max_tokens:
+                raise PayloadTooLarge(f"the request body holds more than {max_tokens} JSON values",
+                                      {"max_json_values": max_tokens})
+        if done is not None:
+            continue
+        if depth == target and prev in (b"[", b",") and tok not in (b"]", b","):
+            count += 1
+            if stop_after is not None and count > stop_after:
+                return count
+        if depth == 1 and tok == key_tok and prev in (b"{", b","):
+            seen_key = 1
+        elif seen_key == 1 and tok == b":":
+            seen_key = 2
+        else:
+            if seen_key == 2 and tok == b"[" and target < 0:
+                target = 2
+            seen_key = 0
+        if tok in (b"[", b"{"):
+            depth += 1
+        elif tok in (b"]", b"}"):
+            if depth == target:
+                if max_tokens is None:
+                    return count
+                done = count
+            depth -= 1
+        prev = tok
+    if done is not None:
+        return done
+    return count if target > 0 else -1

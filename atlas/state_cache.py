@@ -243,13 +243,14 @@ class StateCache:
         try:
             self._last_sync = time.monotonic()
             with factory() as session:
-                head = changes.last_seq(session)
                 since = self._watermark
+                now = changes.head(session, since)
+                head = now.seq
                 # A database reset or restored from a backup behind our back (written up to the same head, too).
-                restored = since >= 0 and not changes.same_history(session, since, self._mark)
+                restored = since >= 0 and not changes.is_same(now.at_mark, self._mark)
                 if head == since and not restored:
                     return 0
-                self._mark = changes.mark(session, head) or ""
+                self._mark = now.mark
                 if since < 0 or head < since or restored:
                     return self._reset(head)
                 records = changes.changes_since(session, since)

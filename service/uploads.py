@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
-from atlas.json_bounds import MAX_JSON_VALUES, STRUCTURAL_TOKENS, json_token_count, upload_value_limit
+from atlas.json_bounds import MAX_JSON_VALUES, json_array_length, json_token_count, upload_value_limit
 from atlas.sample_io import SampleLimits, loads_json, read_samples
 from atlas.samples import Sample, check_metadata, samples_from_records
 
@@ -191,56 +191,6 @@ async def read_upload(request: Request, *, max_upload_bytes: int, json_model: An
 
 PRECOUNT_ABOVE_BYTES = 64 * 1024
 """JSON bodies larger than this have their samples counted (cheaply) before they are validated."""
-
-
-def json_array_length(body: bytes, key: str, stop_after: int | None = None, *, max_tokens: int | None = None) -> int:
-    """A lower bound on the number of elements of the top-level object's array ``key`` (-1 if absent).
-
-    Scans tokens with one regular expression (strings skipped whole, so brackets inside them do not
-    count) without building any Python object per element: a request holding millions of samples is
-    refused (413) before pydantic would materialise them.
-
-    With ``max_tokens``, the same pass counts the structural tokens of the whole body (it goes on past the
-    array) and raises :class:`PayloadTooLarge` as soon as they pass ``max_tokens``: millions of values in other
-    fields, or inside the elements, are refused as well, after at most ``max_tokens`` steps.
-    """
-    key_tok = json.dumps(key).encode()
-    depth, target, count, seen_key, tokens = 0, -1, 0, 0, 0
-    done: int | None = None
-    prev = b""
-    for match in STRUCTURAL_TOKENS.finditer(body):
-        tok = match.group()
-        if max_tokens is not None and tok[0] != 0x22:  # not a string
-            tokens += 1
-            if tokens > max_tokens:
-                raise PayloadTooLarge(f"the request body holds more than {max_tokens} JSON values",
-                                      {"max_json_values": max_tokens})
-        if done is not None:
-            continue
-        if depth == target and prev in (b"[", b",") and tok not in (b"]", b","):
-            count += 1
-            if stop_after is not None and count > stop_after:
-                return count
-        if depth == 1 and tok == key_tok and prev in (b"{", b","):
-            seen_key = 1
-        elif seen_key == 1 and tok == b":":
-            seen_key = 2
-        else:
-            if seen_key == 2 and tok == b"[" and target < 0:
-                target = 2
-            seen_key = 0
-        if tok in (b"[", b"{"):
-            depth += 1
-        elif tok in (b"]", b"}"):
-            if depth == target:
-                if max_tokens is None:
-                    return count
-                done = count
-            depth -= 1
-        prev = tok
-    if done is not None:
-        return done
-    return count if target > 0 else -1
 
 
 class _TooManyJSONValues(HTTPException):

@@ -148,3 +148,29 @@ def test_compaction_keeps_the_change_at_each_floor(factory) -> None:
     with factory() as s:
         assert changes.pruned_seq(s) == head - 2
         assert changes.mark(s, head - 1) == before is not None
+
+
+def test_the_head_read_agrees_with_its_three_lookups(factory: sessionmaker[Session]) -> None:
+    """``changes.head`` (one statement, polled by the state cache and the index catch-up) answers what
+    ``last_seq``, ``mark(last_seq)`` and ``mark(at)`` answer, for every ``at``: before, inside and past the log,
+    and at pruned rows."""
+    from atlas import changes
+
+    def agrees() -> None:
+        with factory() as s:
+            last = changes.last_seq(s)
+            for at in range(-1, last + 3):
+                assert changes.head(s, at) == changes.Head(seq=last, mark=changes.mark(s, last) or "",
+                                                           at_mark=changes.mark(s, at))
+
+    agrees()  # an empty log
+    space = _space(factory)
+    for i in range(4):
+        _add(factory, space, f"t{i}", i)
+    agrees()
+    with factory.begin() as s:
+        assert changes.prune(s, 2) == 2
+    agrees()  # pruned rows: at_mark None
+    with factory.begin() as s:
+        changes.prune(s, changes.last_seq(s))
+    agrees()  # the head itself pruned: mark ""

@@ -230,7 +230,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(a
 @given(items=st.lists(json_values, max_size=6), ascii_only=st.booleans(),
        before=st.dictionaries(st.text(alphabet=chars), json_values, max_size=3))
 def test_json_sample_count_matches_the_parser(items: list[Any], before: dict[str, Any], ascii_only: bool) -> None:
-    from service.uploads import json_array_length
+    from atlas.json_bounds import json_array_length
 
     body = {k: v for k, v in before.items() if k != "samples"} | {"samples": items, "after": before}
     raw = json.dumps(body, ensure_ascii=ascii_only).encode()
