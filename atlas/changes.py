@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, aliased
 
@@ -106,20 +106,24 @@ class Head:
     """:func:`mark` of the change asked about (``None`` when pruned)."""
 
 
+_AT_HEAD, _AT_SEQ = aliased(Change), aliased(Change)
+_HEAD_STATEMENT = (
+    select(AtlasState.last_seq, _AT_HEAD.space_id, _AT_HEAD.task_id, _AT_HEAD.op, _AT_HEAD.at,
+           _AT_SEQ.space_id, _AT_SEQ.task_id, _AT_SEQ.op, _AT_SEQ.at)
+    .select_from(AtlasState)
+    .outerjoin(_AT_HEAD, _AT_HEAD.seq == AtlasState.last_seq)
+    .outerjoin(_AT_SEQ, _AT_SEQ.seq == bindparam("at"))
+    .where(AtlasState.id == 1)
+)
+"""Built once: building it per call (two aliases, two joins) cost more than the round trips it saves."""
+
+
 def head(session: Session, at: int) -> Head:
     """:func:`last_seq`, its :func:`mark` and the mark of change ``at``, in one round trip.
 
     The readers that keep current (the state cache, the index catch-up) poll this several times a second: one
-    statement instead of three when nothing changed."""
-    at_head, at_seq = aliased(Change), aliased(Change)
-    row = session.execute(
-        select(AtlasState.last_seq, at_head.space_id, at_head.task_id, at_head.op, at_head.at,
-               at_seq.space_id, at_seq.task_id, at_seq.op, at_seq.at)
-        .select_from(AtlasState)
-        .outerjoin(at_head, at_head.seq == AtlasState.last_seq)
-        .outerjoin(at_seq, at_seq.seq == int(at))
-        .where(AtlasState.id == 1)
-    ).one()
+    statement instead of two or three (``python -m bench.store.bench_head``: bench/results/store.md)."""
+    row = session.execute(_HEAD_STATEMENT, {"at": int(at)}).one()
     seq = int(row[0])
     head_mark = _format_mark(seq, *row[1:5]) if row[1] is not None and seq > 0 else ""
     if at <= 0:

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
@@ -33,6 +32,7 @@ from atlas.models import TaskRouting
 from atlas.route_calibration import calibrate
 from atlas.routing import typical_score
 from atlas.samples import Sample
+from bench.store.common import create_pg_database, drop_pg_database
 from fishersketch import SketchSpec, SketchState
 
 M = 4096
@@ -104,19 +104,12 @@ def main() -> None:
             w, d = measure(f"sqlite:///{Path(tmp) / 'bench.sqlite'}", args.candidates, c, args.repeats)
         print(f"| SQLite | {args.candidates} | {c} | {w:.2f} | {d:.2f} | {w / d:.1f}x |")
         if args.pg:
-            name = f"bench_route_rows_{uuid.uuid4().hex[:8]}"
-            admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
-            with admin.connect() as conn:
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
+            url = create_pg_database(args.pg)
             try:
-                w, d = measure(make_url(args.pg).set(database=name).render_as_string(hide_password=False),
-                               args.candidates, c, args.repeats)
+                w, d = measure(url, args.candidates, c, args.repeats)
                 print(f"| PostgreSQL | {args.candidates} | {c} | {w:.2f} | {d:.2f} | {w / d:.1f}x |")
             finally:
-                with admin.connect() as conn:
-                    conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-                admin.dispose()
-
+                drop_pg_database(args.pg, url)
 
 if __name__ == "__main__":
     main()
