@@ -204,3 +204,29 @@ def test_a_progress_event_split_inside_a_line_end_is_read_whole(serve: Any, tiny
     page.fill("[data-testid=add-name]", "split-events")
     page.click("[data-testid=add-submit]")
     page.locator("[data-testid=add-progress]", has_text="7,777 / 9,999 samples").wait_for(timeout=20_000)
+
+
+def test_forty_tasks_heatmaps_keep_a_label_per_row(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """At the default 40 tasks the three heatmaps side by side had 5 px rows, and every row label was hidden; the
+    panels now stack, each full width with a readable label per row."""
+    svc = serve(lm=tiny_lm)
+    n = 40
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        jobs = []
+        for i in range(n):
+            r = http.post("/v1/tasks", json={"name": f"family-{i:02d}",
+                                             "samples": [{"text": f"{PROSE[i % 12]} Item {i}."}]})
+            assert r.status_code == 202, r.text
+            jobs.append(r.json()["job"]["id"])
+        assert all(wait_job(http, j, timeout=120)["status"] == "succeeded" for j in jobs)
+    page.goto(f"{svc.url}/dashboard/#/matrix")
+    page.locator("[data-testid=heatmap-cell]").first.wait_for()
+    assert page.locator("[data-testid=heatmaps]").get_attribute("data-layout") == "stacked"
+    for kind in ("fisher", "activation", "error"):
+        panel = page.locator(f"[data-testid=heatmap][data-kind={kind}]")
+        labels = panel.locator("text.row-label").evaluate_all("els => els.map((e) => e.textContent)")
+        assert sorted(labels) == [f"family-{i:02d}" for i in range(n)], kind
+        height = panel.locator("[data-testid=heatmap-cell]").first.bounding_box()["height"]
+        assert height >= 11, (kind, height)
+    boxes = [page.locator(f"[data-testid=heatmap][data-kind={k}]").bounding_box() for k in ("fisher", "error")]
+    assert boxes[1]["y"] >= boxes[0]["y"] + boxes[0]["height"]  # one under the other

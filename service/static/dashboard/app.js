@@ -623,7 +623,7 @@
 
     // --- controls
     const showSeg = h("div", { class: "segmented", role: "radiogroup", "aria-label": "Heatmaps shown" });
-    for (const [v, label] of [["all", "Side by side"], ["fisher", "Fisher"], ["activation", "Activation"], ["error", "Error"]]) {
+    for (const [v, label] of [["all", "All three"], ["fisher", "Fisher"], ["activation", "Activation"], ["error", "Error"]]) {
       showSeg.append(h("button", { type: "button", role: "radio", "aria-checked": matrixState.show === v ? "true" : "false",
         "data-show": v, onclick: () => { matrixState.show = v; for (const b of showSeg.children) b.setAttribute("aria-checked", b.dataset.show === v ? "true" : "false"); paint(); } }, label));
     }
@@ -675,13 +675,17 @@
       const single = shown.length === 1;
       const labelW = 150;
       const avail = Math.max(480, (out.clientWidth || 900) - 30);
-      const perPanel = single ? Math.min(620, avail - labelW - 20) : (avail - labelW - shown.length * 22) / shown.length;
-      const cell = Math.max(3, Math.min(single ? 56 : 44, Math.floor(perPanel / n)));
+      // Side by side while a row keeps room for its label (11 px); past that, one panel per row, each labelled.
+      const sideBySide = (avail - labelW - shown.length * 22) / shown.length;
+      const stacked = !single && Math.floor(sideBySide / n) < 11;
+      const wide = Math.min(Math.max(620, n * 11), avail - labelW - 20);
+      const perPanel = single || stacked ? wide : sideBySide;
+      const cell = Math.max(3, Math.min(single || stacked ? 56 : 44, Math.floor(perPanel / n)));
       let darkCount = 0;
       for (let i = 0; i < n; i++) for (let j = i + 1; j < n; j++) if (isDark(F[i][j], A[i][j])) darkCount++;
 
       const panels = shown.map(([kind, title, M, symbol], pi) => {
-        const withLabels = pi === 0;
+        const withLabels = pi === 0 || stacked;
         const grid = n * cell;
         const pad = Math.max(0, Math.ceil((150 - grid) / 2)); // keep room for the title over small grids
         const ox = (withLabels ? labelW : 4) + pad; const oy = 24;
@@ -749,7 +753,8 @@
           `activation-dark pair (activation ≥ ${matrixState.darkAct} and Fisher ≤ ${matrixState.darkFisher}): ${darkCount} pair${darkCount === 1 ? "" : "s"}`),
         h("span", { class: "muted small" }, "Values below 0 (estimator noise) are drawn as 0. Hover a cell to compare the three factors."));
       out.replaceChildren(h("div", { class: "card heatmap-card" },
-        h("div", { class: `heatmaps ${single ? "single" : ""}`, "data-testid": "heatmaps" }, panels), legend));
+        h("div", { class: `heatmaps ${single ? "single" : ""} ${stacked ? "stacked" : ""}`, "data-testid": "heatmaps",
+          "data-layout": stacked ? "stacked" : "side-by-side" }, panels), legend));
     }
 
     async function showPair(a, b) {
