@@ -19,14 +19,12 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
 from atlas import routing
 from atlas.errors import InvalidInput
 from atlas.samples import Sample
+from bench.extraction.common import service_extractor
 from workers import calibration
 from workers.extraction import Extractor
-from workers.model_loading import load_causal_lm
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "superglue" / "BoolQ_val.jsonl"
 
@@ -52,9 +50,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    lm = load_causal_lm(str(Path(__file__).resolve().parents[2] / "workers" / "bundled_model"), device="cpu")
-    ex = Extractor(lm, lm.make_sketcher(lm.make_spec(m=4096)), max_tokens_per_sample=512)
+    ex = service_extractor(args.threads)
     rows = [json.loads(line) for line in DATA.open()][: args.pairs]
     samples = [Sample(prompt=f"{r['passage']}\nQuestion: {r['question']}?\nAnswer:",
                       completion=" yes" if r["label"] else " no") for r in rows]

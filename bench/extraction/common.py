@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 
 from atlas.samples import Sample
+from atlas.settings import Settings
+from workers.extraction import Extractor
 from workers.model_loading import BUNDLED_MODEL_DIR, LoadedModel, load_causal_lm
 
 DATA = Path("/work/shared/data/multidomain_text/multidomain_text.jsonl")
@@ -56,6 +58,15 @@ def bench_model(which: str) -> tuple[LoadedModel, str]:
     if which == "bundled" and (BUNDLED_MODEL_DIR / "config.json").is_file():
         return load_causal_lm("bundled", device="cpu"), "bundled"
     return random_gpt2_like_bundled(), "random GPT-2 (n_embd=256, n_layer=4, vocab 8192)"
+
+
+def service_extractor(threads: int) -> Extractor:
+    """The bundled model's extractor as the service builds it on its defaults (:class:`atlas.settings.Settings`:
+    sketch dimension, seed, error projection, token cap), on CPU with ``threads`` torch threads."""
+    torch.set_num_threads(threads)
+    s, lm = Settings(), load_causal_lm("bundled", device="cpu")
+    spec = lm.make_spec(m=s.sketch_dim, seed=s.sketch_seed, error_projection=s.error_projection)
+    return Extractor(lm, lm.make_sketcher(spec), max_tokens_per_sample=s.max_tokens_per_sample)
 
 
 def _status_kib(key: str) -> float | None:

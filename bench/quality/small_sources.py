@@ -27,14 +27,11 @@ import random
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from atlas.samples import Sample
-from atlas.settings import Settings
+from bench.extraction.common import service_extractor
 from bench.quality.data import bucket
 from fishersketch import SketchState, align_matrix
-from workers.extraction import Extractor
-from workers.model_loading import load_causal_lm
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multidomain_text" / "multidomain_text.jsonl"
 TARGETS = ("wikipedia", "literature_shakespeare", "questions_trec")
@@ -65,11 +62,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    texts, s = _texts(), Settings()
-    lm = load_causal_lm("bundled", device="cpu")
-    ex = Extractor(lm, lm.make_sketcher(lm.make_spec(m=4096, seed=s.sketch_seed, error_projection=s.error_projection)),
-                   max_tokens_per_sample=s.max_tokens_per_sample)
+    texts, ex = _texts(), service_extractor(args.threads)
 
     def task(rows: list[str]) -> SketchState:
         return ex.extract([Sample(text=t) for t in rows], mode="text").state
