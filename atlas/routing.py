@@ -161,16 +161,17 @@ class TaskRoute:
     template_test: bool = True
 
 
-def resolve(row: Any) -> TaskRoute:
+def resolve(row: Any, typical: float | None) -> TaskRoute:
     """A :class:`TaskRoute` from a ``TaskRouting`` row read by :func:`atlas.routing_repo.get_task_routes` (its
-    columns but the blob, and ``prompt_side``); the override wins over the calibrated threshold."""
+    columns but the blob and the held-out scores, and ``prompt_side``) and the :func:`typical_score` of its
+    held-out scores (``None``: none); the override wins over the calibrated threshold."""
     thr = row.threshold_override if row.threshold_override is not None else row.threshold_auto
     return TaskRoute(threshold=None if thr is None else float(thr),
                      scale=None if row.score_scale is None else float(row.score_scale),
                      prompt_side=bool(row.prompt_side),
                      prompt_digest=None if row.prompt_digest is None else bytes(row.prompt_digest),
                      version=int(row.version or 0),
-                     typical=typical_score(row.cal_scores) if row.cal_scores else None,
+                     typical=typical,
                      template_test=row.template_test is not False)
 
 

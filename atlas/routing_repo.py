@@ -26,6 +26,7 @@ from atlas.routing import (
     calibrate,
     resolve,
     state_view,
+    typical_score,
 )
 
 _PROMPT_VIEWS: ContentLru[tuple[Any, Any]] = ContentLru(2048)
@@ -41,19 +42,36 @@ _DIGEST_BYTES = 32
 """A state blob ends with its BLAKE2b-256 digest (``SketchState.to_bytes``)."""
 
 
+_TYPICAL: ContentLru[tuple[float | None]] = ContentLru(65536)
+"""Each row's :func:`~atlas.routing.typical_score`, by (database, task, row version, write time): the held-out
+scores it summarises (up to 256 floats of JSON per task) are read only when a row was written since."""
+
+
 def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, TaskRoute]:
     """Resolved :class:`TaskRoute` (threshold, scale, prompt-side state's stored digest, version) of the tasks that
     have a row.
 
-    The prompt-side state blobs (~200 KiB each at m = 4096) are not read, their stored digests are: every route
-    batch re-ranks every completion task of the space, and their views are cached by digest and row version
-    (:func:`route_candidates`)."""
+    Neither the prompt-side state blobs (~200 KiB each at m = 4096) nor the held-out scores are read per call:
+    every route batch re-ranks every completion task of the space, whose views are cached by stored digest and
+    row version (:func:`route_candidates`), and each row's typical score is cached by its version and write time
+    (every writer bumps the version, older replicas' too, and stamps the time)."""
     if not task_ids:
         return {}
-    cols = [c for c in TaskRouting.__table__.columns if c.name != "prompt_state"]
+    ids = [int(i) for i in task_ids]
+    cols = [c for c in TaskRouting.__table__.columns if c.name not in ("prompt_state", "cal_scores")]
     has_blob = TaskRouting.prompt_state.is_not(None).label("prompt_side")  # not detoasted / read
-    rows = session.execute(select(*cols, has_blob).where(TaskRouting.task_id.in_([int(i) for i in task_ids])))
-    return {int(r.task_id): resolve(r) for r in rows}
+    rows = session.execute(select(*cols, has_blob).where(TaskRouting.task_id.in_(ids))).all()
+    where = str(session.get_bind().engine.url)
+    typical = {int(r.task_id): _TYPICAL.get((where, int(r.task_id), int(r.version or 0), r.updated_at)) for r in rows}
+    missing = [t for t, v in typical.items() if v is None]
+    if missing:  # keyed by the version read with the scores (a write may land between the two reads)
+        for t, version, at, scores in session.execute(
+                select(TaskRouting.task_id, TaskRouting.version, TaskRouting.updated_at, TaskRouting.cal_scores)
+                .where(TaskRouting.task_id.in_(missing))).all():
+            value = (typical_score(scores) if scores else None,)
+            _TYPICAL.put((where, int(t), int(version or 0), at), value)
+            typical[int(t)] = value
+    return {int(r.task_id): resolve(r, (typical.get(int(r.task_id)) or (None,))[0]) for r in rows}
 
 
 def prompt_digest(blob: bytes) -> bytes:

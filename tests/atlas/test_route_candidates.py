@@ -159,3 +159,86 @@ def test_a_blob_rewritten_by_a_replica_without_the_digest_column_is_not_served_f
     with factory() as s:
         (cand,) = routing_repo.route_candidates(s, SPEC, loaded, {})
     np.testing.assert_array_equal(np.asarray(cand.state.sums), np.asarray(_state(base + 1).sums))
+
+
+def _held_out_reads(factory: sessionmaker[Session]) -> tuple[list[str], Any]:
+    reads: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "cal_scores" in statement.split("FROM")[0]:
+            reads.append(statement)
+
+    event.listen(factory.kw["bind"], "before_cursor_execute", count)
+    return reads, count
+
+
+def _one_task(factory: sessionmaker[Session], key: str, scores: list[float]) -> int:
+    with factory.begin() as s:
+        space = repository.get_or_create_space(
+            s, model_fingerprint=key, spec_fingerprint=SPEC.fingerprint(), model_name="tiny", d=8, K=16, m=M,
+            seed=0, spec=SPEC.to_dict())
+        task, _ = repository.create_task_with_job(s, space.id, "t", "text", {}, [Sample(text="t")])
+        routing_repo.store_routing(s, task.id, prompt_state=None, calibration=Calibration(scores, 0.1, 0.05, 0.05))
+        return int(task.id)
+
+
+def test_held_out_scores_are_read_once_per_write_of_the_row(factory: sessionmaker[Session]) -> None:
+    """Each route batch read every candidate's held-out scores (up to 256 floats of JSON each: more than half of
+    the batch's routing-row read); their typical score is now cached by the row's version and write time, and
+    follows every write — the product's, and an older replica's that bumps the version but knows no cache."""
+    from atlas.routing import typical_score
+
+    tid = _one_task(factory, "model-typ", [0.2, 0.3])
+    reads, count = _held_out_reads(factory)
+
+    def typical() -> tuple[float | None, int]:
+        """The routed typical score, and how many statements read held-out scores for it."""
+        before = len(reads)
+        with factory() as s:
+            value = routing_repo.get_task_routes(s, [tid])[tid].typical
+        return value, len(reads) - before
+
+    try:
+        assert typical() == (typical_score([0.2, 0.3]), 1)
+        assert typical() == (typical_score([0.2, 0.3]), 0)  # cached
+        with factory.begin() as s:  # a job's new calibration
+            routing_repo.store_routing(s, tid, prompt_state=None,
+                                       calibration=Calibration([0.6, 0.7, 0.8], 0.5, 0.05, 0.05))
+        assert typical() == (typical_score([0.6, 0.7, 0.8]), 1)
+        with factory.begin() as s:  # an older replica's write: scores and version (its ORM stamps the time)
+            s.execute(update(TaskRouting).where(TaskRouting.task_id == tid).values(
+                cal_scores=[-0.4], version=TaskRouting.version + 1))
+        assert typical() == (typical_score([-0.4]), 1)
+        with factory.begin() as s:  # no scores: no typical
+            routing_repo.store_routing(s, tid, prompt_state=None, calibration=Calibration([], None, None, 0.05))
+        assert typical() == (None, 1)
+        assert typical() == (None, 0)
+    finally:
+        event.remove(factory.kw["bind"], "before_cursor_execute", count)
+
+
+def test_two_databases_with_the_same_row_identity_keep_their_own_typical(
+        factory: sessionmaker[Session], sqlite_template: Any, tmp_path: Any) -> None:
+    """The cache is process-wide: two stores whose rows share task id, version and write time (a copied database
+    written apart) must not share an entry."""
+    import datetime as dt
+    import shutil
+
+    from atlas import db
+    from atlas.routing import typical_score
+
+    path = tmp_path / "other.sqlite"
+    shutil.copyfile(sqlite_template, path)
+    other = db.session_factory(db.make_engine(f"sqlite:///{path}"))
+    stamp = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
+    ids = []
+    for fac, scores in ((factory, [0.9, 0.8]), (other, [-0.5, -0.6])):
+        tid = _one_task(fac, "model-two", scores)
+        with fac.begin() as s:
+            s.execute(update(TaskRouting).where(TaskRouting.task_id == tid).values(version=7, updated_at=stamp))
+        ids.append(tid)
+    if ids[0] != ids[1]:
+        return  # PostgreSQL's sequence started elsewhere: the identity is not shared (SQLite always shares it)
+    for fac, scores in ((factory, [0.9, 0.8]), (other, [-0.5, -0.6])):
+        with fac() as s:
+            assert routing_repo.get_task_routes(s, ids[:1])[ids[0]].typical == typical_score(scores)
