@@ -45,7 +45,7 @@ from workers.batching import (
     WindowStart,
     iter_windows,
 )
-from workers.extraction_results import ExtractionResult, Progress
+from workers.extraction_results import Counts, ExtractionResult, Progress
 from workers.head import HeadBatch, iter_head_batches
 from workers.model_loading import LoadedModel
 
@@ -165,7 +165,7 @@ class Extractor:
                 baselines: BaselineSums | None = None, start: int = 0, checkpoint_every: int | None = None,
                 on_checkpoint: Callable[[ExtractionResult], None] | None = None,
                 progress: Callable[[Progress], None] | None = None,
-                should_cancel: Callable[[], bool] | None = None) -> ExtractionResult:
+                should_cancel: Callable[[], bool] | None = None, counts: Counts | None = None) -> ExtractionResult:
         """Sketch ``samples[start:]`` window by window.
 
         Parameters
@@ -188,6 +188,8 @@ class Extractor:
         should_cancel : callable, optional
             Checked before every batch; when it returns True the current window is discarded and the
             result (``cancelled=True``) holds the whole windows done so far.
+        counts : Counts, optional
+            The counters of ``samples[:start]`` (a checkpoint's): the result's counts go on from them.
 
         Returns
         -------
@@ -201,13 +203,14 @@ class Extractor:
             ``state`` or ``baselines`` of another space.
         """
         return self._extract(samples, mode, state, baselines, start, checkpoint_every, on_checkpoint, progress,
-                             should_cancel, prefetch=self.prefetch)
+                             should_cancel, prefetch=self.prefetch, counts=counts)
 
     def _extract(self, samples: Sequence[Sample], mode: ExtractMode, state: SketchState | None,
                  baselines: BaselineSums | None, start: int, checkpoint_every: int | None,
                  on_checkpoint: Callable[[ExtractionResult], None] | None,
                  progress: Callable[[Progress], None] | None, should_cancel: Callable[[], bool] | None,
-                 *, prefetch: int, sketcher: Sketcher | None = None) -> ExtractionResult:
+                 *, prefetch: int, sketcher: Sketcher | None = None,
+                 counts: Counts | None = None) -> ExtractionResult:
         _check_mode(mode)
         sketcher = sketcher or self.sketcher
         if sketcher is None:
@@ -234,14 +237,19 @@ class Extractor:
         elif baselines.d != H:
             raise IncompatibleSpace(f"baselines have width {baselines.d}, the model's hidden size is {H}")
 
+        c = counts or Counts()
         res = ExtractionResult(state=state, baselines=baselines, samples_total=n_total, samples_done=start,
                                mode=mode, max_tokens_per_sample=self.max_tokens_per_sample,
-                               model_key=self.lm.fingerprint.key(), samples_start=start)
+                               model_key=self.lm.fingerprint.key(), samples_start=start,
+                               samples_used=c.samples_used, samples_skipped=c.samples_skipped,
+                               skipped_reasons=dict(c.skipped_reasons), tokens=c.tokens, tokens_start=c.tokens,
+                               tokens_streamed=c.tokens_streamed, tokens_streamed_start=c.tokens_streamed,
+                               truncated=c.truncated)
         timings: dict[str, float] = {"tokenize_wait_s": 0.0, "forward_s": 0.0, "head_s": 0.0, "sketch_s": 0.0,
                                      "baselines_s": 0.0}
         res.timings = timings
         t_start = time.perf_counter()
-        reasons: Counter[str] = Counter()
+        reasons: Counter[str] = Counter(c.skipped_reasons)
         w_state: Any = None
         w_base = _BaselineAccumulator(H, self.lm.device)
         w_tokens = w_used = w_done = w_streamed = 0
@@ -259,7 +267,8 @@ class Extractor:
             rate = (done - start) / elapsed if elapsed > 0 else 0.0
             eta = (n_total - done) / rate if rate > 0 else None
             per_s = (lambda x: x / elapsed) if elapsed > 0 else (lambda x: 0.0)
-            progress(Progress(done, n_total, tokens, per_s(tokens), eta, streamed, per_s(streamed), rate))
+            progress(Progress(done, n_total, tokens, per_s(tokens - c.tokens), eta, streamed,
+                              per_s(streamed - c.tokens_streamed), rate))
 
         with self._items(samples, mode, start, window, prefetch) as items:
             it = iter(items)

@@ -22,13 +22,14 @@ class Progress:
         Samples handled so far (absolute index into the input, skipped ones included).
     samples_total : int
     tokens : int
-        Counted tokens sketched in this call (in completion mode: completion tokens only).
+        Counted tokens sketched so far (in completion mode: completion tokens only; a resumed call goes on from
+        its checkpoint's count).
     tokens_per_s : float
-        Counted tokens per second.
+        Counted tokens per second of this call.
     eta_s : float or None
         Estimated seconds left (from the sample rate), None before any rate is known.
     tokens_streamed : int
-        Every real (unpadded) token forwarded through the model in this call, prompts included.
+        Every real (unpadded) token forwarded through the model so far, prompts included.
     tokens_streamed_per_s : float
         ``tokens_streamed`` per second of wall time.
     samples_per_s : float
@@ -43,6 +44,47 @@ class Progress:
     tokens_streamed: int = 0
     tokens_streamed_per_s: float = 0.0
     samples_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The counters of an extraction so far, as a checkpoint keeps them and a resumed call starts from.
+
+    Attributes
+    ----------
+    samples_used, samples_skipped : int
+    skipped_reasons : dict of str to int
+    tokens, tokens_streamed, truncated : int
+    """
+
+    samples_used: int = 0
+    samples_skipped: int = 0
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    tokens_streamed: int = 0
+    truncated: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (a checkpoint's ``extra["counts"]``)."""
+        return {"samples_used": self.samples_used, "samples_skipped": self.samples_skipped,
+                "skipped_reasons": dict(self.skipped_reasons), "tokens": self.tokens,
+                "tokens_streamed": self.tokens_streamed, "truncated": self.truncated}
+
+    @classmethod
+    def from_dict(cls, data: Any, *, tokens: int = 0) -> Counts:
+        """Read back :meth:`to_dict`; a checkpoint written before counts were kept gives its ``tokens`` alone."""
+        if not isinstance(data, dict):
+            return cls(tokens=int(tokens))
+
+        def count(key: str) -> int:
+            value = data.get(key, 0)
+            return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+        reasons = data.get("skipped_reasons")
+        return cls(samples_used=count("samples_used"), samples_skipped=count("samples_skipped"),
+                   skipped_reasons={str(k): int(v) for k, v in reasons.items() if isinstance(v, int)}
+                   if isinstance(reasons, dict) else {},
+                   tokens=count("tokens"), tokens_streamed=count("tokens_streamed"), truncated=count("truncated"))
 
 
 @dataclass
@@ -69,6 +111,9 @@ class ExtractionResult:
         Real (unpadded) tokens forwarded through the model, prompts included.
     samples_start : int
         ``samples_done`` when this call began (rates count from there).
+    tokens_start, tokens_streamed_start : int
+        ``tokens`` and ``tokens_streamed`` when this call began (a resumed job's counts go on from its
+        checkpoint's; rates count from there).
     truncated : int
         Samples cut to ``max_tokens_per_sample``.
     cancelled : bool
@@ -95,6 +140,8 @@ class ExtractionResult:
     tokens: int = 0
     tokens_streamed: int = 0
     samples_start: int = 0
+    tokens_start: int = 0
+    tokens_streamed_start: int = 0
     truncated: int = 0
     cancelled: bool = False
     truncation_policy: str = TRUNCATION_POLICY
@@ -103,18 +150,24 @@ class ExtractionResult:
 
     @property
     def tokens_per_s(self) -> float:
-        """Counted tokens per second of wall time."""
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Counted tokens per second of wall time (of this call)."""
+        return (self.tokens - self.tokens_start) / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def tokens_streamed_per_s(self) -> float:
-        """Tokens forwarded through the model per second of wall time."""
-        return self.tokens_streamed / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Tokens forwarded through the model per second of wall time (of this call)."""
+        return (self.tokens_streamed - self.tokens_streamed_start) / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def samples_per_s(self) -> float:
         """Samples handled per second of wall time (from ``samples_start``)."""
         return (self.samples_done - self.samples_start) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def counts(self) -> Counts:
+        """The counters so far (what a checkpoint keeps)."""
+        return Counts(samples_used=self.samples_used, samples_skipped=self.samples_skipped,
+                      skipped_reasons=dict(self.skipped_reasons), tokens=self.tokens,
+                      tokens_streamed=self.tokens_streamed, truncated=self.truncated)
 
     def summary(self) -> dict[str, Any]:
         """JSON-serialisable summary (everything but the state and baselines), for job results."""

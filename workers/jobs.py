@@ -45,6 +45,7 @@ from atlas.models import JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
 from atlas.settings import Settings
 from atlas.vocabulary import ModeName
 from workers import calibration
+from workers.extraction_results import Counts
 
 if TYPE_CHECKING:
     from atlas.index import IndexManager
@@ -361,17 +362,20 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
         s.expunge(space)
         samples = repository.load_upload_samples(s, claim.upload_id)
         checkpoint = job_store.get_checkpoint(s, claim.job_id)
-        resume = None if checkpoint is None else (checkpoint.samples_done, checkpoint.state, checkpoint.baselines)
+        resume = None if checkpoint is None else (checkpoint.samples_done, checkpoint.state, checkpoint.baselines,
+                                                  Counts.from_dict((checkpoint.extra or {}).get("counts"),
+                                                                   tokens=checkpoint.tokens))
 
     extractor = ctx.extractor_for(space)
     assert extractor.sketcher is not None
     spec = extractor.sketcher.spec
-    state = baselines = None
+    state = baselines = counts = None
     start = 0
     if resume is not None:
         start = resume[0]
         state = SketchState.from_bytes(resume[1], spec=spec)
         baselines = BaselineSums.from_bytes(resume[2]) if resume[2] is not None else None
+        counts = resume[3]
         log.info("job %s: resuming after %s of %s samples", claim.job_id, start, len(samples))
 
     def on_checkpoint(res: ExtractionResult, *, last: bool = False) -> None:
@@ -381,6 +385,7 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
             ok = job_store.save_checkpoint(
                 s, claim.job_id, claim.lease, samples_done=res.samples_done, tokens=res.tokens,
                 state=res.state.to_bytes(), baselines=res.baselines.to_bytes(), progress=_progress_of(res),
+                extra={"counts": res.counts().to_dict()},
             )
         if not ok:
             raise LeaseLost(claim.job_id)
@@ -388,7 +393,7 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
     res = extractor.extract(
         samples, mode=cast(ModeName, mode), state=state, baselines=baselines, start=start,
         checkpoint_every=settings.checkpoint_every, on_checkpoint=on_checkpoint,
-        progress=lambda p: beat.set_progress(_progress_dict(p)), should_cancel=beat.should_stop,
+        progress=lambda p: beat.set_progress(_progress_dict(p)), should_cancel=beat.should_stop, counts=counts,
     )
     if beat.lost.is_set():
         raise LeaseLost(claim.job_id)

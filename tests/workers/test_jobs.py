@@ -191,15 +191,20 @@ def test_resume_after_worker_death_equals_uninterrupted(ctx: WorkerContext, spac
     with ctx.factory.begin() as s:
         assert job_store.save_checkpoint(s, job_id, dead.lease, samples_done=partial.samples_done,
                                          tokens=partial.tokens, state=partial.state.to_bytes(),
-                                         baselines=partial.baselines.to_bytes())
+                                         baselines=partial.baselines.to_bytes(),
+                                         extra={"counts": partial.counts().to_dict()})
     assert run_job(job_id, ctx) == "skipped"  # its heartbeat is still fresh
     with ctx.factory.begin() as s:
         s.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - dt.timedelta(seconds=5)))
     assert run_job(job_id, ctx) == "succeeded"
     assert stored_state(ctx, task_id) == reference(ctx, space_id, samples).state.to_bytes()
+    whole = reference(ctx, space_id, samples)
     with ctx.factory() as s:
         job = job_store.get_job(s, job_id)
-        assert job.attempts == 2 and job.result["samples_used"] == len(samples) - EVERY * 2
+        # the counts go on from the checkpoint's (they restarted at 0: progress went back, the result undercounted)
+        assert job.attempts == 2 and job.result["samples_used"] == whole.samples_used == len(samples)
+        assert job.result["tokens"] == job.progress["tokens"] == whole.tokens == repository.get_task(s, task_id).n_tokens
+        assert job.result["tokens_streamed"] == whole.tokens_streamed
     with ctx.factory.begin() as s:  # the dead worker's lease can no longer write anything
         assert not job_store.save_checkpoint(s, job_id, dead.lease, samples_done=1, tokens=1, state=b"",
                                              baselines=None)
@@ -375,7 +380,12 @@ def test_a_stop_during_the_routing_phase_keeps_the_extraction(ctx: WorkerContext
     assert run_job(job_id, ctx) == "succeeded"
     assert starts == [20]  # no sample streamed again
     monkeypatch.setattr(Extractor, "extract", extract)
-    assert stored_state(ctx, task_id) == reference(ctx, space_id, pairs, mode="completion").state.to_bytes()
+    whole = reference(ctx, space_id, pairs, mode="completion")
+    assert stored_state(ctx, task_id) == whole.state.to_bytes()
+    with ctx.factory() as s:  # the counts of the samples streamed before the stop are kept (they were 0)
+        job = job_store.get_job(s, job_id)
+        assert job.result["tokens"] == job.progress["tokens"] == whole.tokens > 0
+        assert job.result["samples_used"] == whole.samples_used == len(pairs)
 
 
 def test_cancel_while_running(ctx: WorkerContext, space_id: int) -> None:
