@@ -123,9 +123,13 @@ def request_cancel(session: Session, job_id: int) -> Job:
     """Cancel a job: a queued job is cancelled at once, a running one is asked to stop.
 
     A finished job is returned unchanged. A cancelled ``create`` job leaves its task ``failed`` if the
-    task has no signature.
+    task has no signature. The job row is read locked: a worker's claim committed between an unlocked read
+    ("queued") and the update ("where queued") made the update match nothing, and the cancel was lost.
     """
-    job = get_job(session, job_id)
+    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()
+                          .execution_options(populate_existing=True)).scalar_one_or_none()
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist", {"job_id": job_id})
     if job.status == JOB_QUEUED:
         done = session.execute(
             update(Job).where(Job.id == job_id, Job.status == JOB_QUEUED)

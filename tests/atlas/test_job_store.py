@@ -137,3 +137,38 @@ def test_space_sweep_recovers_a_dead_job_whose_task_was_deleted(factory: session
         assert job_store.get_job(s, job_id).task_id is None
         assert job_store.recoverable_jobs(s, stale_after_s=60, space_id=space_id) == [job_id]
         assert job_store.recoverable_jobs(s, stale_after_s=60, space_id=space_id + 1) == []
+
+
+def test_a_claim_right_after_the_cancels_read_does_not_lose_the_cancel(factory: sessionmaker[Session]) -> None:
+    """A worker claims the job just after ``request_cancel`` read it as queued. The read was unlocked: on PostgreSQL
+    the claim committed, the cancel's ``UPDATE … WHERE status = 'queued'`` matched nothing, and the job ran to the
+    end with its task searchable. The read now locks the row: the claim waits and finds the job cancelled."""
+    from sqlalchemy import event
+
+    _, job_id = _job(factory, "raced")
+    engine = factory.kw["bind"]
+    claims: list[object] = []
+    worker = threading.Thread(target=lambda: claims.append(_claim(factory, job_id)))
+
+    def after(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "FROM jobs" in statement and not worker.is_alive() \
+                and not claims:
+            worker.start()  # the claim, between the cancel's read and its update
+            worker.join(timeout=1.5)  # done at once when the read held no lock
+
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        with factory.begin() as s:
+            answered = job_store.request_cancel(s, job_id)
+    finally:
+        event.remove(engine, "after_cursor_execute", after)
+    worker.join(timeout=30)
+    assert claims == [None]  # the job was cancelled before the claim could take it
+    assert answered.status == "cancelled"
+    with factory() as s:
+        assert job_store.get_job(s, job_id).status == "cancelled"
+
+
+def _claim(factory: sessionmaker[Session], job_id: int) -> object:
+    with factory.begin() as s:
+        return job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
