@@ -34,6 +34,7 @@ from atlas.models import (
     JOB_SUCCEEDED,
     Job,
     JobCheckpoint,
+    Space,
     UTCDateTime,
     utcnow,
 )
@@ -88,6 +89,12 @@ def get_job(session: Session, job_id: int) -> Job:
     if job is None:
         raise NotFound(f"job {job_id} does not exist", {"job_id": job_id})
     return job
+
+
+def model_fingerprint_of(session: Session, job_id: int) -> str | None:
+    """The model fingerprint of the job's space (``None``: no such job)."""
+    return session.execute(select(Space.model_fingerprint).join(Job, Job.space_id == Space.id)
+                           .where(Job.id == job_id)).scalar_one_or_none()
 
 
 def list_jobs(
@@ -335,7 +342,7 @@ def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:
 
 def recoverable_jobs(
     session: Session, *, stale_after_s: float, queued_older_than_s: float | None = 0.0, limit: int = 1000,
-    space_id: int | None = None,
+    space_id: int | None = None, model_fingerprint: str | None = None,
 ) -> list[int]:
     """Ids of jobs a sweep should (re-)enqueue, oldest first.
 
@@ -344,6 +351,8 @@ def recoverable_jobs(
     wake-up may have been lost). ``space_id``: only jobs of that space (a worker sweeps the jobs of the
     model it serves) — the job's own ``space_id``, so a job whose task was deleted while its worker
     was dead is still recovered (and removed when it ends) instead of staying ``running`` for good.
+    ``model_fingerprint``: only jobs of that model's spaces (an embedded runner serves its model's spaces; it
+    failed another model's queued jobs, "run a worker with that model", when restarted on another model).
     """
     conds = [
         (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_cutoff(stale_after_s))
@@ -354,6 +363,8 @@ def recoverable_jobs(
     stmt = select(Job.id).where(or_(*conds))
     if space_id is not None:
         stmt = stmt.where(Job.space_id == space_id)
+    if model_fingerprint is not None:
+        stmt = stmt.where(Job.space_id.in_(select(Space.id).where(Space.model_fingerprint == model_fingerprint)))
     stmt = stmt.order_by(Job.id).limit(limit)
     return [int(i) for i in session.execute(stmt).scalars()]
 

@@ -9,7 +9,7 @@ from atlas.analysis import Factors
 from atlas.models import Job, Task
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 from service.schemas import JobOut, JobProgress, TaskOut
-from workers.jobs import progress_view
+from workers.job_progress import progress_view
 
 
 def job_out(job: Job) -> JobOut:

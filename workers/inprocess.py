@@ -117,7 +117,8 @@ class InProcessRunner:
         try:
             with self.ctx.ro_factory() as s:
                 ids = job_store.recoverable_jobs(
-                    s, stale_after_s=stale, queued_older_than_s=0.0 if include_recent else stale
+                    s, stale_after_s=stale, queued_older_than_s=0.0 if include_recent else stale,
+                    model_fingerprint=None if self.ctx.lm is None else self.ctx.lm.fingerprint.key(),
                 )
         except Exception:
             log.exception("job sweep failed")

@@ -44,13 +44,13 @@ from atlas.errors import AtlasError, IncompatibleSpace
 from atlas.models import JOB_CANCELLED, JOB_FAILED, JOB_SUCCEEDED, Space, Task
 from atlas.settings import Settings
 from atlas.vocabulary import ModeName
-from workers import calibration
+from workers import calibration, job_progress
 from workers.extraction_results import Counts
 
 if TYPE_CHECKING:
     from atlas.index import IndexManager
     from atlas.samples import Sample
-    from workers.extraction import ExtractionResult, Extractor, Progress
+    from workers.extraction import ExtractionResult, Extractor
     from workers.model_loading import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -242,52 +242,6 @@ class _Heartbeat:
 # --------------------------------------------------------------------------------------------------
 
 
-def _progress_dict(p: Progress) -> dict[str, Any]:
-    return {
-        "samples_done": p.samples_done, "samples_total": p.samples_total, "tokens": p.tokens,
-        "tokens_per_s": round(p.tokens_per_s, 3), "eta_s": None if p.eta_s is None else round(p.eta_s, 3),
-        "tokens_streamed": p.tokens_streamed, "tokens_streamed_per_s": round(p.tokens_streamed_per_s, 3),
-        "samples_per_s": round(p.samples_per_s, 3),
-    }
-
-
-def _progress_of(res: ExtractionResult, *, final: bool = False) -> dict[str, Any]:
-    rate = res.samples_per_s
-    eta = 0.0 if final else ((res.samples_total - res.samples_done) / rate if rate > 0 else None)
-    return {
-        "samples_done": res.samples_done, "samples_total": res.samples_total, "tokens": res.tokens,
-        "tokens_per_s": round(res.tokens_per_s, 3), "eta_s": None if eta is None else round(eta, 3),
-        "tokens_streamed": res.tokens_streamed, "tokens_streamed_per_s": round(res.tokens_streamed_per_s, 3),
-        "samples_per_s": round(rate, 3),
-    }
-
-
-def progress_view(progress: dict[str, Any] | None) -> dict[str, Any]:
-    """A job row's stored progress as the API's ``JobProgress`` fields (missing ones zero, ETA null).
-
-    Parameters
-    ----------
-    progress : dict or None
-        ``Job.progress`` as written by the heartbeat, a checkpoint or the final update.
-
-    Returns
-    -------
-    dict
-        ``samples_done``, ``samples_total``, ``tokens`` (counted), ``tokens_per_s``, ``tokens_streamed``
-        (every token forwarded through the model), ``tokens_streamed_per_s``, ``samples_per_s``, ``eta_s``,
-        ``phase`` (``sketch``: the samples; ``routing``: the prompts routed to the task, after them) and
-        ``routing_done`` / ``routing_total`` (prompts of that pass).
-    """
-    p = dict(progress or {})
-    ints = ("samples_done", "samples_total", "tokens", "tokens_streamed", "routing_done", "routing_total")
-    floats = ("tokens_per_s", "tokens_streamed_per_s", "samples_per_s")
-    out: dict[str, Any] = {k: int(p.get(k, 0) or 0) for k in ints} | {k: float(p.get(k, 0.0) or 0.0) for k in floats}
-    eta = p.get("eta_s")
-    out["eta_s"] = None if eta is None else float(eta)
-    out["phase"] = "routing" if p.get("phase") == "routing" else "sketch"
-    return out
-
-
 def run_job(job_id: int, ctx: WorkerContext) -> str:
     """Run job ``job_id`` to completion if it is claimable; return the outcome.
 
@@ -304,6 +258,8 @@ def run_job(job_id: int, ctx: WorkerContext) -> str:
         The store could not be reached; retry later.
     """
     try:
+        if not _serves(ctx, job_id):
+            return "skipped"  # another model's job: left queued for a worker with that model, not failed
         with ctx.factory.begin() as s:
             claim = job_store.claim_job(s, job_id, worker=ctx.worker_id, stale_after_s=ctx.settings.job_stale_after_s)
     except _TRANSIENT as exc:
@@ -330,6 +286,15 @@ def run_job(job_id: int, ctx: WorkerContext) -> str:
     except Exception as exc:
         log.error("job %s failed:\n%s", job_id, traceback.format_exc())
         return _finish(ctx, claim, JOB_FAILED, f"{type(exc).__name__}: {exc}")
+
+
+def _serves(ctx: WorkerContext, job_id: int) -> bool:
+    """Whether this worker's model (when loaded) is the one of the job's space."""
+    if ctx.lm is None:
+        return True
+    with ctx.ro_factory() as s:
+        fingerprint = job_store.model_fingerprint_of(s, job_id)
+    return fingerprint is None or fingerprint == ctx.lm.fingerprint.key()
 
 
 def _finish(ctx: WorkerContext, claim: job_store.Claim, status: str, error: str) -> str:
@@ -384,7 +349,7 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
         with ctx.factory.begin() as s:
             ok = job_store.save_checkpoint(
                 s, claim.job_id, claim.lease, samples_done=res.samples_done, tokens=res.tokens,
-                state=res.state.to_bytes(), baselines=res.baselines.to_bytes(), progress=_progress_of(res),
+                state=res.state.to_bytes(), baselines=res.baselines.to_bytes(), progress=job_progress.of_result(res),
                 extra={"counts": res.counts().to_dict()},
             )
         if not ok:
@@ -393,14 +358,15 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
     res = extractor.extract(
         samples, mode=cast(ModeName, mode), state=state, baselines=baselines, start=start,
         checkpoint_every=settings.checkpoint_every, on_checkpoint=on_checkpoint,
-        progress=lambda p: beat.set_progress(_progress_dict(p)), should_cancel=beat.should_stop, counts=counts,
+        progress=lambda p: beat.set_progress(job_progress.of_progress(p)), should_cancel=beat.should_stop,
+        counts=counts,
     )
     if beat.lost.is_set():
         raise LeaseLost(claim.job_id)
     if res.cancelled:
         return _stopped(ctx, claim, beat)
     side: calibration.PromptSide | None = None
-    final = _progress_of(res, final=True)
+    final = job_progress.of_result(res, final=True)
     if res.state.n_tokens:
         if mode == "completion" and start < len(samples):  # a long pass: a stop during it keeps the extraction
             on_checkpoint(res, last=True)
@@ -477,7 +443,8 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
                 calibration.store_routing_side(s, task.id, routing_side[0], merged, routing_side[1])
             if lexical is not None:
                 lexicon_repo.add_delta(s, task.id, lexical)
-            job_store.mark_succeeded(s, job, summary | {"change_seq": seq}, final or _progress_of(res, final=True))
+            job_store.mark_succeeded(s, job, summary | {"change_seq": seq},
+                                     final or job_progress.of_result(res, final=True))
         else:
             job_store.finish_locked(s, job, outcome, error)
     if outcome != JOB_SUCCEEDED:

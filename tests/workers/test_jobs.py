@@ -203,7 +203,8 @@ def test_resume_after_worker_death_equals_uninterrupted(ctx: WorkerContext, spac
         job = job_store.get_job(s, job_id)
         # the counts go on from the checkpoint's (they restarted at 0: progress went back, the result undercounted)
         assert job.attempts == 2 and job.result["samples_used"] == whole.samples_used == len(samples)
-        assert job.result["tokens"] == job.progress["tokens"] == whole.tokens == repository.get_task(s, task_id).n_tokens
+        assert job.result["tokens"] == job.progress["tokens"] == whole.tokens
+        assert repository.get_task(s, task_id).n_tokens == whole.tokens
         assert job.result["tokens_streamed"] == whole.tokens_streamed
     with ctx.factory.begin() as s:  # the dead worker's lease can no longer write anything
         assert not job_store.save_checkpoint(s, job_id, dead.lease, samples_done=1, tokens=1, state=b"",
@@ -238,16 +239,21 @@ def test_failures_are_recorded(ctx: WorkerContext, space_id: int, gpt2_lm: Loade
     with ctx.factory.begin() as s:  # a failed task without samples can be deleted
         repository.delete_task(s, task_id)
 
-    # A job whose space needs another model fails with a clear message.
+    # A job whose space needs another model is not this worker's: left queued for a worker with that model, and
+    # not swept here (an embedded service restarted on another model failed the first model's queued jobs).
     with ctx.factory.begin() as s:
         other = repository.get_or_create_space(
             s, model_fingerprint="0" * 20, spec_fingerprint="x", model_name="other-model", d=1, K=1, m=M, seed=0,
             spec={},
         )
         _task, job = repository.create_task_with_job(s, other.id, "foreign", "text", {}, make_samples(2))
-    assert run_job(job.id, ctx) == "failed"
+    assert ctx.lm is not None
+    assert run_job(job.id, ctx) == "skipped"
+    runner = InProcessRunner(ctx, threads=1)
+    assert runner.sweep(include_recent=True) == 0
     with ctx.factory() as s:
-        assert "other-model" in job_store.get_job(s, job.id).error
+        assert job_store.get_job(s, job.id).status == "queued"
+        assert job_store.recoverable_jobs(s, stale_after_s=60, model_fingerprint="0" * 20) == [job.id]
 
     # Cancelled before it ran; a task deleted while queued.
     _, job_c = create(ctx, space_id, "cancel-me", make_samples(3))
@@ -316,7 +322,7 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
     asked during it stops the pass at the next window (it ran to the end, then wrote nothing)."""
     from workers import calibration
     from workers import jobs as jobs_module
-    from workers.jobs import progress_view
+    from workers.job_progress import progress_view
     from workers.prompt_batcher import PromptBatcher
 
     monkeypatch.setattr(calibration, "PROMPT_WINDOW", 4)
