@@ -97,6 +97,15 @@ def model_fingerprint_of(session: Session, job_id: int) -> str | None:
                            .where(Job.id == job_id)).scalar_one_or_none()
 
 
+def space_fingerprints_of(session: Session, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+    """(model fingerprint, spec fingerprint) of each job's space."""
+    if not job_ids:
+        return {}
+    rows = session.execute(select(Job.id, Space.model_fingerprint, Space.spec_fingerprint)
+                           .join(Space, Job.space_id == Space.id).where(Job.id.in_([int(i) for i in job_ids])))
+    return {int(i): (str(m), str(sp)) for i, m, sp in rows}
+
+
 def list_jobs(
     session: Session,
     *,

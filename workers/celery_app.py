@@ -17,6 +17,8 @@ Delivery guarantees
   ``run_job`` claims with a lease, so a job runs once at a time and finishes once.
 * Store outages raise :class:`~workers.jobs.TransientJobError` and are retried with exponential
   backoff and jitter.
+* A warm shutdown (SIGTERM) releases the running job at its next batch — not counted as an attempt — and
+  re-sends it to its model's queue; it resumes from its last checkpoint on the next worker.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from celery import Celery, signals
 
 from atlas import job_store
-from atlas.ports import SpaceKey
+from atlas.ports import SpaceKey, serving_key
 from atlas.settings import Settings, get_settings
 from atlas.space_repository import get_space
 from workers.jobs import TransientJobError, WorkerContext, ensure_space, run_job
@@ -111,6 +113,14 @@ def run_job_task(self: Any, job_id: int) -> str:
     """Celery task: ``run_job(job_id)`` in this worker's context."""
     outcome = run_job(int(job_id), get_context())
     log.info("job %s: %s", job_id, outcome)
+    if outcome == "released":  # this worker is stopping: the job waits in its queue for the next one
+        try:
+            ctx = get_context()
+            with ctx.ro_factory() as s:
+                keys = _serving_keys(s, [int(job_id)])
+            CeleryJobQueue().enqueue(int(job_id), keys.get(int(job_id)))
+        except Exception:
+            log.warning("job %s: released, but not re-sent (the next sweep queues it)", job_id, exc_info=True)
     return outcome
 
 
@@ -141,19 +151,30 @@ _served: SpaceKey | None = None
 """The space this worker process serves (set by :func:`run_worker`)."""
 
 
+def _serving_keys(session: Any, job_ids: list[int]) -> dict[int, str]:
+    """The serving key of each job's queue: this worker's (:func:`run_worker`), else that of the job's own space
+    (a worker started with plain ``celery … worker`` does not know its space; the base queue is consumed by none)."""
+    if _served is not None:
+        return dict.fromkeys(job_ids, _served.serving_key)
+    return {job_id: serving_key(*fps) for job_id, fps in job_store.space_fingerprints_of(session, job_ids).items()}
+
+
 def sweep(ctx: WorkerContext, jobs: CeleryJobQueue) -> list[int]:
     """Re-enqueue stale running jobs, and queued jobs if the broker queue is empty; return their ids.
 
     A worker that serves one space (:func:`run_worker`) sweeps only the jobs of that space and sends
-    them to the queue of its model.
+    them to the queue of its model. A worker started with plain ``celery … worker`` serves no space it
+    knows of: it sends each job to the queue of the job's own model (the base queue, which no worker
+    consumes, kept a killed worker's job waiting for Redis's six-hour redelivery).
     """
     stale = ctx.settings.job_stale_after_s
     include_queued = jobs.depth() == 0
     with ctx.ro_factory() as s:
         ids = job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=stale if include_queued else None,
                                          space_id=_served.space_id if _served is not None else None)
+        keys = _serving_keys(s, ids)
     for job_id in ids:
-        jobs.enqueue(job_id, _served.serving_key if _served is not None else None)
+        jobs.enqueue(job_id, keys.get(job_id))
     if ids:
         log.info("sweep re-enqueued jobs %s", ids)
     return ids
@@ -191,6 +212,14 @@ _sweeper_stop = threading.Event()
 @signals.worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     threading.Thread(target=_sweep_loop, args=(_sweeper_stop,), name="fisher-atlas-sweeper", daemon=True).start()
+
+
+@signals.worker_shutting_down.connect
+def _release_running_job(**_: Any) -> None:
+    """A warm shutdown (SIGTERM) began: the running job is released at its next batch, not an attempt, and
+    re-sent to its queue (a solo worker kept sketching to the job's end, and the redeploy's SIGKILL then cost
+    an attempt: five redeploys during one long job failed it)."""
+    get_context().shutdown.set()
 
 
 @signals.worker_shutdown.connect

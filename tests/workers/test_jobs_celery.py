@@ -1,10 +1,14 @@
-"""Celery workers against the real Redis: a job completes; a worker killed with SIGKILL mid-job is recovered.
+"""Celery workers against the real Redis: a worker killed with SIGKILL mid-job is recovered; a worker asked to
+stop (SIGTERM) releases its job without counting an attempt.
 
-Each test uses its own broker queue name, so it can share the Redis server with anything else.
+Workers are started the plain-Celery way the module documents (``celery -A workers.celery_app worker -Q
+<queue>.<serving key>``), consuming the queue of their model where the API sends its jobs. Each test uses its own
+broker queue names, so it can share the Redis server with anything else.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -18,6 +22,7 @@ import pytest
 import redis
 
 from atlas import job_store, repository
+from atlas.ports import SpaceKey
 from atlas.settings import Settings
 from tests.workers.test_jobs import make_samples
 from workers.jobs import WorkerContext, ensure_space, run_job
@@ -44,7 +49,8 @@ def queue_name(redis_ok: str) -> Iterator[str]:
     name = f"fa_test_{uuid.uuid4().hex[:10]}"
     yield name
     client = redis.Redis.from_url(redis_ok)
-    client.delete(name, f"{name}:sweep-lock")
+    for key in client.scan_iter(f"{name}*"):
+        client.delete(key)
 
 
 @pytest.fixture
@@ -58,7 +64,9 @@ def settings(db_url: str, gpt2_dir: Path, tmp_path: Path) -> Settings:
 class Worker:
     """A ``celery worker`` subprocess with the test's settings in its environment."""
 
-    def __init__(self, settings: Settings, queue: str, log_path: Path) -> None:
+    def __init__(self, settings: Settings, queue: str, log_path: Path, consume: str | None = None) -> None:
+        """``queue``: the base queue name (``FISHER_ATLAS_CELERY_QUEUE``); ``consume``: the queue it consumes (``-Q``,
+        default ``queue``)."""
         env = dict(os.environ)
         env.update({
             "FISHER_ATLAS_DATABASE_URL": settings.resolved_database_url(),
@@ -79,7 +87,7 @@ class Worker:
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--pool=solo", "-c", "1",
-             "-Q", queue, "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel=INFO"],
+             "-Q", consume or queue, "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel=INFO"],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -104,25 +112,38 @@ def _wait(predicate, timeout: float, what: str, worker: Worker | None = None) ->
     raise AssertionError(f"timed out waiting for {what}" + (f":\n{worker.log()}" if worker else ""))
 
 
+def _claimed_by(factory, job_id: int, pid: int) -> bool:
+    job = _job(factory, job_id)
+    return bool(job.status == "running" and str(pid) in (job.worker or ""))
+
+
 def _job(ctx_factory, job_id: int):
     with ctx_factory() as s:
         return job_store.get_job(s, job_id)
 
 
-def test_worker_killed_mid_job_is_recovered(settings: Settings, factory, queue_name: str,
-                                            gpt2_lm: LoadedModel, tmp_path: Path) -> None:
+def _model_queue(settings: Settings, factory, queue_name: str, gpt2_lm: LoadedModel, name: str, samples) -> tuple:
+    """A job queued as the API queues it: on its model's queue. (job queue, model queue name, space, task, job)"""
     from workers.celery_app import CeleryJobQueue, create_app
 
-    jobs = CeleryJobQueue(create_app(settings, queue=queue_name))
-    samples = make_samples(800, seed=42)
-    ctx = WorkerContext(settings=settings, factory=factory, lm=gpt2_lm)
     with factory.begin() as s:
         space = ensure_space(s, gpt2_lm, settings)
-        task, job = repository.create_task_with_job(s, space.id, "killed", "text", {}, samples)
-    jobs.enqueue(job.id)
+        task, job = repository.create_task_with_job(s, space.id, name, "text", {}, samples)
+        key = SpaceKey.of(space).serving_key
+    model_queue = f"{queue_name}.{key}"
+    jobs = CeleryJobQueue(create_app(settings.model_copy(update={"celery_queue": queue_name}), queue=model_queue))
+    jobs.enqueue(job.id, key)
     assert jobs.depth() == 1
+    return jobs, model_queue, space, task, job
 
-    first = Worker(settings, queue_name, tmp_path / "worker1.log")
+
+def test_worker_killed_mid_job_is_recovered(settings: Settings, factory, queue_name: str,
+                                            gpt2_lm: LoadedModel, tmp_path: Path) -> None:
+    samples = make_samples(800, seed=42)
+    ctx = WorkerContext(settings=settings, factory=factory, lm=gpt2_lm)
+    _, model_queue, space, task, job = _model_queue(settings, factory, queue_name, gpt2_lm, "killed", samples)
+
+    first = Worker(settings, queue_name, tmp_path / "worker1.log", model_queue)
     try:
         def has_checkpoint() -> bool:
             with factory() as s:
@@ -137,7 +158,9 @@ def test_worker_killed_mid_job_is_recovered(settings: Settings, factory, queue_n
         done_before = job_store.get_checkpoint(s, job.id).samples_done
     assert 0 < done_before < len(samples)
 
-    second = Worker(settings, queue_name, tmp_path / "worker2.log")
+    # Its message is unacknowledged until Redis's redelivery (hours): the new worker's sweep sends the stale job to
+    # its model's queue (it sent it to the base queue, which no worker consumes).
+    second = Worker(settings, queue_name, tmp_path / "worker2.log", model_queue)
     try:
         _wait(lambda: _job(factory, job.id).status in ("succeeded", "failed"), 90, "the job to finish", second)
     finally:
@@ -145,7 +168,8 @@ def test_worker_killed_mid_job_is_recovered(settings: Settings, factory, queue_n
     final = _job(factory, job.id)
     assert final.status == "succeeded", final.error
     assert final.attempts == 2
-    assert final.result["samples_used"] < len(samples)  # resumed from the checkpoint, not restarted
+    assert f"resuming after {done_before} of {len(samples)} samples" in second.log_path.read_text(errors="replace")
+    assert final.result["samples_used"] == len(samples)  # the counts go on from the checkpoint's
 
     # The same samples, uninterrupted, in this process: bit-identical state.
     with factory.begin() as s:
@@ -157,3 +181,25 @@ def test_worker_killed_mid_job_is_recovered(settings: Settings, factory, queue_n
         assert (vecs[0] == vecs[1]).all()
         assert repository.get_task(s, task.id).n_samples == repository.get_task(s, twin.id).n_samples
 
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the store's part is covered in test_jobs
+def test_a_worker_asked_to_stop_releases_its_job_without_an_attempt(settings: Settings, factory, queue_name: str,
+                                                                    gpt2_lm: LoadedModel, tmp_path: Path) -> None:
+    """SIGTERM (a redeploy's stop) began a warm shutdown in which a solo worker sketched on to the job's end; the
+    orchestrator's SIGKILL then cost an attempt, and five redeploys during one long job failed it. The worker now
+    releases the job at its next batch (not an attempt) and re-sends it to its model's queue."""
+    samples = make_samples(3000, seed=43)
+    jobs, model_queue, _, _, job = _model_queue(settings, factory, queue_name, gpt2_lm, "stopped", samples)
+    for round_ in range(2):
+        worker = Worker(settings, queue_name, tmp_path / f"worker{round_}.log", model_queue)
+        try:
+            _wait(functools.partial(_claimed_by, factory, job.id, worker.proc.pid), 60, "the claim", worker)
+            worker.proc.send_signal(signal.SIGTERM)  # the main process: Celery's warm shutdown
+            worker.proc.wait(timeout=30)
+        finally:
+            worker.kill(signal.SIGKILL)
+        stopped = _job(factory, job.id)
+        assert stopped.status == "queued" and stopped.attempts == 0, (stopped.status, stopped.attempts, worker.log())
+        assert jobs.depth() >= 1  # re-sent: the next worker of the model takes it at once (a start-up sweep's
+        # duplicate may wait beside it: harmless, a job is claimed under a lease)
