@@ -88,6 +88,14 @@ class QueueFull(AtlasError):
     code = "queue_full"
 
 
+class QueueUnavailable(AtlasError):
+    """The job queue's broker cannot be reached: nothing was stored; retry later (503)."""
+
+    status_code = 503
+    code = "queue_unavailable"
+    retry_after_s = 5.0
+
+
 class ModelUnavailable(AtlasError):
     """The language model is not loaded or cannot be loaded (503)."""
 

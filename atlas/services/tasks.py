@@ -12,7 +12,7 @@ from atlas import job_store
 from atlas import repository as repo
 from atlas import space_repository as sql
 from atlas.db import read_snapshot
-from atlas.errors import AtlasError, IncompatibleSpace, InvalidInput, PayloadTooLarge, QueueFull
+from atlas.errors import AtlasError, IncompatibleSpace, InvalidInput, PayloadTooLarge, QueueFull, QueueUnavailable
 from atlas.index import IndexManager
 from atlas.models import JOB_QUEUED, Job, Space, Task
 from atlas.ports import serving_key
@@ -98,7 +98,7 @@ class TaskService:
                     repo.purge_orphan_uploads(session)
             if isinstance(exc, AtlasError):
                 raise
-            raise QueueFull(f"the job could not be queued: {exc}") from exc
+            raise QueueUnavailable(f"the job queue is unreachable, nothing was stored; retry later ({exc})") from exc
 
     # -- writes ----------------------------------------------------------------------------------
 

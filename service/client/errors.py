@@ -85,7 +85,7 @@ ERRORS_BY_CODE: dict[str, type[AtlasClientError]] = {
     "not_ready": NotReady, "incompatible_space": IncompatibleSpace, "payload_too_large": PayloadTooLarge,
     "unsupported_media_type": UnsupportedMediaType, "unauthorized": Unauthorized, "forbidden": Forbidden,
     "queue_full": RateLimited, "rate_limited": RateLimited, "model_unavailable": Unavailable,
-    "unavailable": Unavailable, "database_busy": Unavailable,
+    "unavailable": Unavailable, "database_busy": Unavailable, "queue_unavailable": Unavailable,
 }
 """The error class of each documented code."""
 

@@ -68,8 +68,11 @@ def test_replayed_request_whose_wakeup_fails_keeps_the_first_task(serve, tiny_lm
             assert again.status_code == 202 and again.json()["job"]["id"] == appended.json()["job"]["id"]
             again = _create(http, "kept", key="create-key")
             assert again.status_code == 202 and again.json()["task"]["id"] == task_id
-            # a new request still takes back what it wrote when its wake-up fails
-            assert _create(http, "new").status_code == 429
+            # a new request still takes back what it wrote when its wake-up fails: 503 (the broker, not a full queue:
+            # a 429 queue_full made clients back off as if the service were overloaded)
+            down = _create(http, "new")
+            assert down.status_code == 503 and down.json()["code"] == "queue_unavailable", down.text
+            assert "nothing was stored" in down.json()["message"] and down.headers["retry-after"] == "5"
         finally:
             tasks.queue = real
         assert http.get(f"/v1/tasks/{task_id}").status_code == 200
