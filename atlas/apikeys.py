@@ -45,7 +45,7 @@ def create_api_key(session: Session, name: str, scopes: Sequence[str]) -> tuple[
     """
     bad = [s for s in scopes if s not in SCOPES]
     if not scopes or bad:
-        raise InvalidInput(f"scopes must be a non-empty subset of {SCOPES}", {"invalid": bad})
+        raise InvalidInput(f"scopes must be a non-empty subset of {', '.join(SCOPES)}", {"invalid": bad})
     if not is_storable_text(name):
         raise InvalidInput("a key name cannot hold NUL characters or lone surrogates")
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)

@@ -117,6 +117,14 @@ class NotReady(AtlasError):
     code = "not_ready"
 
 
+class DatabaseUnavailable(AtlasError):
+    """The database cannot be reached or used: a wrong URL, a server down, a file that is no database, or a
+    schema written by a newer version (503)."""
+
+    status_code = 503
+    code = "database_unavailable"
+
+
 class DatabaseBusy(AtlasError):
     """The database is locked by another writer or out of connections; retry shortly (503)."""
 

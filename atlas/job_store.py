@@ -118,7 +118,7 @@ def list_jobs(
     if not 1 <= limit <= 1000 or offset < 0:
         raise InvalidInput("limit must be in 1..1000 and offset >= 0")
     if status is not None and status not in JOB_STATUSES:
-        raise InvalidInput(f"status must be one of {JOB_STATUSES}", {"status": status})
+        raise InvalidInput(f"status must be one of {', '.join(JOB_STATUSES)}", {"status": status})
     conds = []
     if task_id is not None:
         conds.append(Job.task_id == task_id)

@@ -74,7 +74,7 @@ MODES = tuple(Mode)
 def check_mode(mode: object) -> None:
     """Raise :class:`InvalidInput` unless ``mode`` is ``text`` or ``completion``."""
     if mode not in MODES:
-        raise InvalidInput(f"mode must be one of {MODES}", {"mode": mode})
+        raise InvalidInput(f"mode must be one of {', '.join(MODES)}", {"mode": mode})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def list_tasks(
     if not 1 <= limit <= 1000 or offset < 0:
         raise InvalidInput("limit must be in 1..1000 and offset >= 0", {"offset": offset, "limit": limit})
     if status is not None and status not in TASK_STATUSES:
-        raise InvalidInput(f"status must be one of {TASK_STATUSES}", {"status": status})
+        raise InvalidInput(f"status must be one of {', '.join(TASK_STATUSES)}", {"status": status})
     conds = []
     if space_id is not None:
         conds.append(Task.space_id == space_id)

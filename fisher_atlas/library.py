@@ -43,6 +43,9 @@ def _samples(samples: str | Path | Iterable[SampleLike], mode: str) -> list[Samp
     """Samples from a file path (JSONL, CSV, Parquet, text) or from texts / dicts / ``Sample``s, validated for
     ``mode`` as an upload is (:class:`InvalidInput` naming the sample, as REST answers 422)."""
     check_mode(mode)
+    if isinstance(samples, bytes | bytearray) or not isinstance(samples, str | Path | Iterable):
+        raise InvalidInput(f"samples are a file path or an iterable of texts, dicts or Samples, not "
+                           f"{type(samples).__name__}")
     if isinstance(samples, str | Path):
         if not _is_file(samples):
             raise InvalidInput(f"no such file: {str(samples)[:200]!r} (give a file path, or a list of samples)")
@@ -192,7 +195,11 @@ class Atlas:
     def fit(self, examples: Sequence[tuple[str, str]], *, dry_run: bool = False) -> FitResult:
         """Tune the route thresholds from labelled prompts, ``(prompt, task name or "none")`` pairs (the
         ``POST /v1/route/fit`` semantics, docs/SCORES.md "fit"); ``dry_run`` only reports them."""
-        result: FitResult = _run(self._c.thresholds.fit(list(examples), dry_run=dry_run))
+        pairs = list(examples)
+        bad = next((i for i, e in enumerate(pairs) if not isinstance(e, tuple | list) or len(e) != 2), None)
+        if bad is not None:
+            raise InvalidInput(f"example {bad} is not a (prompt, label) pair", {"example": bad})
+        result: FitResult = _run(self._c.thresholds.fit([(str(p), lb) for p, lb in pairs], dry_run=dry_run))
         return result
 
     def routing(self, name: str) -> dict[str, Any]:
@@ -207,6 +214,8 @@ class Atlas:
     def set_false_reject_rate(self, name: str, rate: float) -> dict[str, Any]:
         """Re-calibrate a task's route threshold so that at most ``rate`` of its own prompts are answered "none"
         (default 0.05; from its stored held-out scores; later appends keep it); returns :meth:`routing`."""
+        if isinstance(rate, bool) or not isinstance(rate, int | float):
+            raise InvalidInput("a false-reject rate is a number", {"false_reject_rate": str(rate)[:40]})
         return self._c.thresholds.patch(self.task(name).id, false_reject_rate=float(rate))
 
     def set_template_test(self, name: str, enabled: bool) -> dict[str, Any]:
@@ -240,6 +249,8 @@ class Atlas:
     def export(self, path: str | Path) -> Path:
         """Write the default space as JSON lines (the format of ``GET /v1/spaces/{id}/export``)."""
         path = Path(path)
+        if path.is_dir() or not path.parent.is_dir():
+            raise InvalidInput(f"cannot write {str(path)[:200]!r}: give a file path in an existing directory")
         _, lines = self._c.spaces.export_lines(None)
         with path.open("wb") as f:
             for line in lines:
@@ -248,6 +259,8 @@ class Atlas:
 
     def import_(self, path: str | Path, *, on_conflict: str = "fail") -> int:
         """Restore an export (all or nothing); returns the number of tasks imported."""
+        if not _is_file(path):
+            raise InvalidInput(f"no such file: {str(path)[:200]!r}")
         return self._c.spaces.import_space(Path(path).read_bytes(), on_conflict=on_conflict)[1]
 
 

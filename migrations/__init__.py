@@ -13,7 +13,8 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from atlas.db import make_engine, normalize_url
+from atlas.db import make_engine, normalize_url, redact_url
+from atlas.errors import DatabaseUnavailable
 
 __all__ = ["alembic_config", "current_revision", "downgrade", "head_revision", "migrations_dir", "upgrade"]
 
@@ -37,11 +38,40 @@ def alembic_config(url: str | URL) -> Any:
 
 
 def upgrade(url: str | URL, revision: str = "head") -> None:
-    """Upgrade the schema of the database at ``url`` to ``revision`` (default: latest)."""
-    from alembic import command
+    """Upgrade the schema of the database at ``url`` to ``revision`` (default: latest).
 
-    with _migrate_lock:
-        command.upgrade(alembic_config(url), revision)
+    Several processes may upgrade one PostgreSQL database at once (a service and a worker started together):
+    the migration takes an advisory lock, so the later ones wait and find the schema current.
+
+    Raises
+    ------
+    DatabaseUnavailable
+        The database cannot be reached or used (one line naming it, its password masked), or its schema is
+        at a revision this version does not know (written by a newer FisherAtlas).
+    """
+    from alembic import command
+    from alembic.util import CommandError
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    where = redact_url(url)
+    try:
+        with _migrate_lock:
+            command.upgrade(alembic_config(url), revision)
+    except CommandError as exc:
+        raise DatabaseUnavailable(
+            f"the database at {where} has a schema this FisherAtlas does not know ({_line(exc)}); it was written "
+            f"by a newer version: upgrade FisherAtlas (its latest schema revision is {head_revision()})") from None
+    except (DBAPIError, ArgumentError, NoSuchModuleError) as exc:
+        reason = _line(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
+        raise DatabaseUnavailable(f"the database at {where} cannot be used: {reason}") from None
+
+
+def _line(exc: BaseException) -> str:
+    """An exception's first line, secrets masked, at most 300 characters."""
+    from atlas.redaction import redact_secrets
+
+    text = str(exc).strip().splitlines()
+    return redact_secrets(text[0] if text else type(exc).__name__)[:300]
 
 
 def downgrade(url: str | URL, revision: str = "base") -> None:

@@ -8,9 +8,14 @@ run in batch mode (copy-and-move), so the same scripts work on both databases.
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import text
 
 from atlas.db import make_engine, normalize_url
 from atlas.models import Base
+
+MIGRATION_LOCK_KEY = 0x46495348_41544C53  # "FISHATLS": the advisory lock the migrations hold on PostgreSQL
+"""Held for the migration's transaction: a second process migrating at once waits, then finds the schema current
+(it failed with a duplicate ``alembic_version`` table)."""
 
 config = context.config
 target_metadata = Base.metadata
@@ -51,6 +56,8 @@ def run_migrations_online() -> None:
                 compare_type=True,
             )
             with context.begin_transaction():
+                if connection.dialect.name == "postgresql":  # one migrating process at a time (SQLite: its lock)
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
                 context.run_migrations()
     finally:
         engine.dispose()

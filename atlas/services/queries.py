@@ -133,6 +133,8 @@ class QueryService:
             raise InvalidInput("give at least one prompt")
         if not 1 <= int(k) <= MAX_ROUTE_K:
             raise InvalidInput(f"k must be in 1..{MAX_ROUTE_K}", {"k": k})
+        # a cosine in [-1, 1] (a NaN threshold answered every prompt, with a NaN confidence)
+        thr = float(self.settings.route_threshold) if threshold is None else routing_repo.route_threshold(threshold)
         check_prompt_lengths(prompts, self.settings.max_prompt_chars)
         key = await asyncio.to_thread(self.space_key, space_ref)
         # sketch() checks that the space is served first (503 at once); a check here ran on the event loop,
@@ -142,7 +144,6 @@ class QueryService:
         states = await self.prompts.sketch(key, prompts)
         timings.forward_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        thr = float(threshold) if threshold is not None else float(self.settings.route_threshold)
         answers = await asyncio.to_thread(self.search_states, key.space_id, states, k=k, threshold=thr,
                                           candidates=candidates or analysis.default_candidates(k),
                                           per_task=threshold is None, texts=prompts)
@@ -221,8 +222,8 @@ class QueryService:
                 ) -> tuple[Loaded, list[analysis.Source], int]:
         """Recommended fine-tuning sources for a target task: ``(target, sources, compared)``."""
         cap = max(1, self.settings.max_matrix_tasks - 1)
-        if k > self.settings.max_matrix_tasks:
-            raise InvalidInput(f"k must be at most {self.settings.max_matrix_tasks}")
+        if not 1 <= k <= self.settings.max_matrix_tasks:
+            raise InvalidInput(f"k must be in 1..{self.settings.max_matrix_tasks}", {"k": k})
         n = min(candidates or analysis.default_candidates(k), cap)
         t0 = time.perf_counter()
         with self.store.read() as session:
@@ -265,6 +266,8 @@ class QueryService:
     def matrix(self, task_ids: Sequence[int]) -> analysis.Matrices:
         """Alignment matrices of the given tasks (one space, all ready)."""
         ids = [int(i) for i in task_ids]
+        if not ids:
+            raise InvalidInput("give at least one ready task")
         if len(set(ids)) != len(ids):
             raise InvalidInput("task_ids must be distinct", {"task_ids": ids})
         cap = self.settings.max_matrix_tasks

@@ -28,6 +28,7 @@ app.add_typer(keys.app, name="keys")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fisher-atlas`` console script; returns the exit status."""
+    from atlas.errors import AtlasError
     from service.client import AtlasClientError
 
     try:
@@ -35,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AtlasClientError as exc:
         print(f"fisher-atlas: {exc.status} {exc.code}: {exc.message}" if exc.status else f"fisher-atlas: {exc.message}",
               file=sys.stderr)
+        return 1
+    except AtlasError as exc:  # a server-side command (migrate, serve, keys --local): the database, a setting
+        print(f"fisher-atlas: {exc.code}: {exc.message}", file=sys.stderr)
         return 1
     except typer.Exit as exc:
         return int(exc.exit_code)

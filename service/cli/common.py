@@ -16,7 +16,8 @@ Url = Annotated[str | None, typer.Option("--url", envvar="FISHER_ATLAS_URL",
 ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="FISHER_ATLAS_API_KEY", help="API key.")]
 Space = Annotated[str | None, typer.Option("--space", envvar="FISHER_ATLAS_SPACE",
                                            help="Space id or model name (default: the service's).")]
-Timeout = Annotated[float, typer.Option("--timeout", envvar="FISHER_ATLAS_TIMEOUT", help="Request timeout, s.")]
+Timeout = Annotated[float, typer.Option("--timeout", envvar="FISHER_ATLAS_TIMEOUT", min=0.1,
+                                                  help="Request timeout, s.")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 DataDir = Annotated[str | None, typer.Option("--data-dir", envvar="FISHER_ATLAS_DATA_DIR",
                                              help="SQLite, FAISS and upload files.")]

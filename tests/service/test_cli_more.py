@@ -161,6 +161,53 @@ def test_migrate_hides_the_database_password(pg_database: Any, capsys: pytest.Ca
     assert "latest schema revision" in out and "s3cret-pw" not in out and "***" in out
 
 
+def test_server_commands_answer_database_problems_in_one_line(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``migrate`` and ``serve`` on a database they cannot use printed a traceback of 270–540 lines (the CLI's
+    promise is one line on stderr); library mode raised alembic's bare CommandError for a newer schema."""
+    import sqlite3
+
+    from atlas.errors import DatabaseUnavailable
+    from fisher_atlas import Atlas
+
+    down = "postgresql+psycopg://postgres:s3cret-pw@127.0.0.1:9/x"  # nothing listens on port 9
+    notdb = tmp_path / "not-a-db" / "atlas.sqlite"
+    notdb.parent.mkdir()
+    notdb.write_bytes(b"this is not an SQLite file" * 100)
+    for args in (["migrate", "--database-url", down], ["serve", "--database-url", down, "--port", "9"],
+                 ["migrate", "--database-url", "nonsense://x"], ["migrate", "--data-dir", str(notdb.parent)]):
+        assert main([*args, *([] if "--data-dir" in args else ["--data-dir", str(tmp_path / "d")])]) == 1, args
+        captured = capsys.readouterr()
+        err = captured.err.strip()
+        assert err.startswith("fisher-atlas: database_unavailable: the database at ") and "\n" not in err, err
+        assert "s3cret-pw" not in captured.err + captured.out and "Traceback" not in err, err
+    newer = tmp_path / "newer"
+    assert main(["migrate", "--data-dir", str(newer)]) == 0
+    capsys.readouterr()
+    with sqlite3.connect(newer / "atlas.sqlite") as conn:  # a schema written by a later version
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    assert main(["migrate", "--data-dir", str(newer)]) == 1
+    err = capsys.readouterr().err
+    assert "written by a newer version: upgrade FisherAtlas" in err and "\n" not in err.strip(), err
+    with pytest.raises(DatabaseUnavailable, match="newer version"):
+        Atlas(newer, device="cpu")
+    assert main(["tasks", "list", "--timeout", "0"]) == 2  # a usage error (it read as an unreachable server)
+
+
+def test_two_processes_migrating_one_postgresql_database_at_once(pg_database: Any, tmp_path: Path) -> None:
+    """A service and a worker started together migrate the same fresh database: the second failed with a
+    duplicate ``alembic_version`` table (a threading lock serialised only one process's migrations)."""
+    import subprocess
+
+    url = pg_database()
+    exe = Path(sys.executable).parent / "fisher-atlas"
+    procs = [subprocess.Popen([str(exe), "migrate", "--database-url", url, "--data-dir", str(tmp_path / f"d{i}")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert all("latest schema revision" in out for out in outs), outs
+
+
 def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:

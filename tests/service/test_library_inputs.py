@@ -58,3 +58,39 @@ def test_use_after_close_raises_instead_of_hanging(tmp_path: Path, tiny_model_di
     assert len(raised) == 1 and isinstance(raised[0], AtlasClosed) and isinstance(raised[0], AtlasError)
     with pytest.raises(AtlasClosed):
         atlas.tasks()
+
+
+def test_query_arguments_and_files_are_checked_as_rest_checks_them(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Each of these passed unchecked in library mode (REST's schemas refuse them): a NaN threshold answered every
+    prompt with a NaN confidence, k = -1 returned all sources but the last, an empty store's matrix raised
+    IndexError; files, samples and fit examples of the wrong shape raised bare Python errors."""
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        with pytest.raises(InvalidInput):
+            atlas.matrix()  # no ready task
+        texts = ["rain and clouds over the hills today", "a storm with wind and heavy rain tonight",
+                 "sunny skies and a warm breeze by noon", "fog in the valley until the morning"]
+        atlas.add("weather", texts, progress=False)
+        atlas.add("cooking", ["bake the bread in a hot oven", "stir the soup and add some salt",
+                              "chop the onions finely", "roast the vegetables for an hour"], progress=False)
+        for threshold in (float("nan"), 5.0, -1.5, float("inf")):
+            with pytest.raises(InvalidInput):
+                atlas.route("rain over the hills", threshold=threshold)
+        assert atlas.route("rain over the hills", threshold=1.0).none  # the range's ends are allowed
+        for k in (0, -1):
+            with pytest.raises(InvalidInput):
+                atlas.recommend("weather", k=k)
+        bad_calls: list[Any] = [
+            lambda: atlas.add("x", None, progress=False),  # type: ignore[arg-type]
+            lambda: atlas.add("x", 5, progress=False),  # type: ignore[arg-type]
+            lambda: atlas.add("x", b"rain cloud", progress=False),  # type: ignore[arg-type]
+            lambda: atlas.import_(tmp_path / "missing.jsonl"),
+            lambda: atlas.export(tmp_path),  # a directory
+            lambda: atlas.fit([("rain cloud",)]),  # type: ignore[list-item]
+            lambda: atlas.set_false_reject_rate("weather", "x"),  # type: ignore[arg-type]
+        ]
+        for call in bad_calls:
+            with pytest.raises(InvalidInput):
+                call()
+        with pytest.raises(InvalidInput, match=r"one of text, completion$"):
+            atlas.add("x", ["words"], mode="chat", progress=False)
+        assert [t.name for t in atlas.tasks()] == ["weather", "cooking"]
