@@ -45,6 +45,8 @@ class Store:
         self.write: sessionmaker[Session] = session_factory(self.engine)
         self.read: sessionmaker[Session] = session_factory(self.read_engine, readonly=True)
         self.default_space_id: int | None = None
+        self.model_error: str | None = None
+        """Why the embedded model did not load (set by the composition root): no space can exist before it."""
         self._specs: dict[int, SketchSpec] = {}
 
     @contextmanager
@@ -87,6 +89,9 @@ class Store:
         rows = spaces_sql.spaces_of_model(session, self.settings.model)
         if not rows:
             rows = spaces_sql.list_spaces(session)
+        if not rows and self.model_error is not None:
+            raise ModelUnavailable(f"no space exists yet, and the model {self.settings.model!r} is not loaded: "
+                                   f"{self.model_error}", {"model": self.settings.model})
         if not rows:
             raise ModelUnavailable(
                 f"no space exists yet: start a worker for model {self.settings.model!r} (or the embedded service)",

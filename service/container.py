@@ -138,6 +138,7 @@ class Container:
         s = self.settings
         assert self.store is not None
         self._load_model()
+        self.store.model_error = self.model_error
         extractor = None
         if self.lm is not None:
             with self.store.session() as session:

@@ -94,3 +94,15 @@ def test_query_arguments_and_files_are_checked_as_rest_checks_them(tmp_path: Pat
         with pytest.raises(InvalidInput, match=r"one of text, completion$"):
             atlas.add("x", ["words"], mode="chat", progress=False)
         assert [t.name for t in atlas.tasks()] == ["weather", "cooking"]
+
+
+def test_a_model_that_does_not_load_is_named_as_the_cause(tmp_path: Path) -> None:
+    """On a fresh directory, a model that fails to load made ``add`` say "start a worker for model … (or the
+    embedded service)" — in library mode the caller is the embedded service; the reason was only logged."""
+    from atlas.errors import ModelUnavailable
+
+    missing = tmp_path / "no-such-model"
+    with Atlas(tmp_path / "atlas", model=str(missing), sketch_dim=256, device="cpu") as atlas:
+        with pytest.raises(ModelUnavailable, match=r"is not loaded: model directory .* does not exist") as raised:
+            atlas.add("t", ["rain and clouds over the hills"], progress=False)
+        assert "start a worker" not in str(raised.value)
