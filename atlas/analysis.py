@@ -77,9 +77,18 @@ def is_activation_dark(
     *,
     min_activation: float = ACTIVATION_DARK_MIN_ACTIVATION,
     max_fisher: float = ACTIVATION_DARK_MAX_FISHER,
+    flags: Sequence[str] = (),
 ) -> bool:
-    """Whether a pair is activation-dark (activations alike, updates not); see the module notes."""
+    """Whether a pair is activation-dark (activations alike, updates not); see the module notes. Never for a pair
+    whose Fisher alignment could not be estimated (``UNESTIMATED_FLAGS``: its 0 is a placeholder, not a measured
+    low alignment)."""
+    if any(f in UNESTIMATED_FLAGS for f in flags):
+        return False
     return bool(activation >= min_activation and fisher <= max_fisher)
+
+
+UNESTIMATED_FLAGS = frozenset({"zero_norm_ae", "zero_norm_a", "empty"})
+"""Flags of a pair whose Fisher alignment is a placeholder (a task without usable activation–error draws)."""
 
 
 def _f(x: Any) -> float:
@@ -180,7 +189,7 @@ def _factors_from_matrix(mr: MatrixResult, i: int, j: int) -> Factors:
         error=_f(_entry(mr.error, i, j)),
         rho=_f(_entry(mr.rho, i, j)),
         se=_se(_entry(mr.se, i, j), flags),
-        activation_dark=is_activation_dark(activation, fisher),
+        activation_dark=is_activation_dark(activation, fisher, flags=flags),
         flags=flags,
     )
 
@@ -246,7 +255,7 @@ def pair_factors(a: TaskState, b: TaskState, context: Sequence[TaskState] = ()) 
         error=_f(pair.error),
         rho=_f(pair.rho),
         se=_se(pair.se, pair.flags),
-        activation_dark=is_activation_dark(activation, fisher),
+        activation_dark=is_activation_dark(activation, fisher, flags=pair.flags),
         chi=_opt_f(pair.chi),
         flags=tuple(pair.flags),
     )

@@ -59,7 +59,7 @@ def calibrate(scores: Iterable[float], false_reject_rate: float = FALSE_REJECT_R
     between the default and it, and a rate below the default the lowest — each is a valid bound at the
     requested rate (a bound at a lower rate is one at a higher), and the default's threshold is unchanged.
     """
-    xs = [float(x) for x in scores if math.isfinite(float(x))][-MAX_CAL_SCORES:]
+    xs = [float(x) for x in scores if -1.0 <= float(x) <= 1.0][-MAX_CAL_SCORES:]  # route scores: cosines
     if len(xs) < MIN_CALIBRATION:
         return Calibration(xs, None, None, false_reject_rate)
     arr = np.sort(np.asarray(xs))

@@ -135,7 +135,7 @@ def leave_one_out_scores(task_state: Any, sample_states: Sequence[Any]) -> list[
 def typical_score(cal_scores: Iterable[float]) -> float:
     """A task's typical held-out route score: the mean of its leave-one-out scores shrunk towards
     ``TYPICAL_PRIOR`` by ``PRIOR_SAMPLES`` pseudo-scores, in [−1, 1] (``TYPICAL_PRIOR`` with none)."""
-    xs = [float(x) for x in cal_scores if math.isfinite(float(x))][-MAX_CAL_SCORES:]
+    xs = [float(x) for x in cal_scores if -1.0 <= float(x) <= 1.0][-MAX_CAL_SCORES:]  # cosines; NaN fails too
     return max(-1.0, min(1.0, (sum(xs) + PRIOR_SAMPLES * TYPICAL_PRIOR) / (len(xs) + PRIOR_SAMPLES)))
 
 

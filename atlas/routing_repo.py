@@ -238,6 +238,8 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         if blob is not None:
             SketchState.from_bytes(blob, spec=spec)  # type: ignore[arg-type]  # a SketchSpec
         scores = [float(x) for x in record.get("cal_scores") or []]
+        if not all(-1.0 <= x <= 1.0 for x in scores):  # route scores are cosines (1e308 overflowed calibrate)
+            raise ValueError("cal_scores must be route scores in [-1, 1]")
         override = record.get("threshold_override")
         if override is not None:
             route_threshold(override)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytest
 from sqlalchemy import event, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -242,3 +243,19 @@ def test_two_databases_with_the_same_row_identity_keep_their_own_typical(
     for fac, scores in ((factory, [0.9, 0.8]), (other, [-0.5, -0.6])):
         with fac() as s:
             assert routing_repo.get_task_routes(s, ids[:1])[ids[0]].typical == typical_score(scores)
+
+
+def test_an_imported_routing_record_with_scores_outside_the_route_range_is_refused(
+        factory: sessionmaker[Session]) -> None:
+    """An export's held-out scores are cosines; [1e308] * 6 (a crafted file whose checksum was recomputed) was
+    imported: the task lost its calibration on SQLite (a NaN threshold stored as NULL)."""
+    from atlas.errors import InvalidInput
+
+    tid = _one_task(factory, "model-imp", [0.2, 0.3])
+    for scores in ([1e308] * 6, [0.1, -1.5, 0.2], [0.1, float("nan")]):
+        with factory.begin() as s, pytest.raises(InvalidInput, match=r"\[-1, 1\]"):
+            routing_repo.import_record(s, tid, {"cal_scores": scores}, SPEC)
+    with factory.begin() as s:
+        routing_repo.import_record(s, tid, {"cal_scores": [0.4 + 0.01 * i for i in range(20)]}, SPEC)
+    with factory() as s:
+        assert routing_repo.get_task_routes(s, [tid])[tid].threshold is not None

@@ -82,6 +82,21 @@ def test_calibrated_threshold_rejects_at_most_the_stated_rate_of_its_own_scores(
     assert np.mean(np.asarray(xs) < cal.threshold) <= frr + 1e-12
 
 
+@given(st.lists(st.floats(-1, 1), max_size=40),
+       st.lists(st.floats(allow_nan=True, allow_infinity=True).filter(lambda x: not -1 <= x <= 1), max_size=8),
+       st.randoms())
+def test_scores_outside_the_route_range_are_ignored(xs: list[float], bad: list[float], rnd: object) -> None:
+    """Held-out scores are cosines: 1e308 made calibrate's mean and spread overflow (a NaN threshold, an infinite
+    scale) and pinned the typical score at 1; any value outside [-1, 1] is dropped like a NaN."""
+    mixed = xs + bad
+    rnd.shuffle(mixed)  # type: ignore[attr-defined]
+    kept = [x for x in mixed if -1 <= x <= 1]
+    cal, clean = routing.calibrate(mixed, 0.05), routing.calibrate(kept, 0.05)
+    assert (cal.threshold, cal.scale) == (clean.threshold, clean.scale)
+    assert cal.scale is None or np.isfinite(cal.scale)
+    assert routing.typical_score(mixed) == routing.typical_score(kept)
+
+
 def test_leave_one_out_removes_the_sample_exactly() -> None:
     parts = [_state(s, 1, 4, 0.5) for s in range(6)]
     whole = parts[0].copy()

@@ -168,3 +168,22 @@ def test_route_diagnostics_equal_align(tasks) -> None:
         assert m.score == pytest.approx(analysis.route_score(
             prompt.signature().astype(np.float64) / np.linalg.norm(prompt.signature()),
             tasks[m.task_id - 1].state), rel=1e-5)
+
+
+def test_a_pair_whose_fisher_alignment_is_a_placeholder_is_not_activation_dark() -> None:
+    """A task without usable error draws (its joint self term is 0: ``zero_norm_ae``) has ``fisher`` = 0 as a
+    placeholder, not as a measured low alignment; with alike activations the pair was reported activation-dark."""
+    rng = np.random.default_rng(1)
+    n = 40
+    spec = SketchSpec(d=6, K=9, m=512, seed=5, error_projection="dense")
+    acts = rng.standard_normal((n, 6)) + 3.0
+    states = []
+    for task_id, err in ((1, rng.standard_normal((n, 9))), (2, np.zeros((n, 9)))):
+        st = SketchState.empty(spec)
+        Sketcher(spec).update(st, acts + 0.01 * rng.standard_normal((n, 6)), err, np.arange(n) + task_id * n)
+        states.append(analysis.TaskState(task_id, f"t{task_id}", st))
+    f = analysis.pair_factors(states[0], states[1])
+    assert "zero_norm_ae" in f.flags and f.fisher == 0.0 and f.activation >= analysis.ACTIVATION_DARK_MIN_ACTIVATION
+    assert not f.activation_dark
+    (src,) = analysis.recommend_sources(states[0], states[1:], k=1)
+    assert "zero_norm_ae" in src.factors.flags and not src.factors.activation_dark
