@@ -373,20 +373,23 @@ def cluster_count(n: int) -> int:
 
 
 def agglomerative_clusters(dissimilarity: np.ndarray, n_clusters: int) -> list[int]:
-    """Average-linkage clusters, labels ``0..n_clusters-1`` numbered by first appearance."""
+    """Average-linkage clusters, labels ``0..n_clusters-1`` numbered by first appearance: exactly
+    ``min(n_clusters, n)`` of them. The tree is cut at the merge that leaves that many (``fcluster``'s
+    ``maxclust`` cuts by height and gave fewer when the top heights tie, as unrelated tasks' clamped
+    alignments of 0 make them); ties are broken by the linkage's merge order, so the answer is deterministic."""
     n = dissimilarity.shape[0]
     if n == 0:
         return []
     if n == 1 or n_clusters <= 1:
         return [0] * n
-    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.cluster.hierarchy import cut_tree, linkage
     from scipy.spatial.distance import squareform
 
     d = np.array(dissimilarity, dtype=np.float64)
     d = (d + d.T) / 2
     np.fill_diagonal(d, 0.0)
     z = linkage(squareform(np.clip(d, 0.0, None), checks=False), method="average")
-    raw = fcluster(z, t=n_clusters, criterion="maxclust")
+    raw = cut_tree(z, n_clusters=min(n_clusters, n)).ravel()
     relabel: dict[int, int] = {}
     return [relabel.setdefault(int(c), len(relabel)) for c in raw]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from atlas import analysis
 from fishersketch import Sketcher, SketchSpec, SketchState, align, align_matrix
@@ -187,3 +189,20 @@ def test_a_pair_whose_fisher_alignment_is_a_placeholder_is_not_activation_dark()
     assert not f.activation_dark
     (src,) = analysis.recommend_sources(states[0], states[1:], k=1)
     assert "zero_norm_ae" in src.factors.flags and not src.factors.activation_dark
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(
+    st.lists(st.sampled_from([0.0, 0.3, 0.6, 1.0]), min_size=n * (n - 1) // 2, max_size=n * (n - 1) // 2),
+    st.integers(1, 12), st.just(n))))
+def test_clusters_are_exactly_as_many_as_asked(case: tuple[list[float], int, int]) -> None:
+    """Cut by height, ties of the top merges (unrelated tasks' clamped alignments of 0 all give dissimilarity 1)
+    gave fewer clusters than the documented k."""
+    upper, k, n = case
+    d = np.zeros((n, n))
+    d[np.triu_indices(n, 1)] = upper
+    d = d + d.T
+    labels = analysis.agglomerative_clusters(d, k)
+    assert sorted(set(labels)) == list(range(min(k, n)))
+    assert labels == analysis.agglomerative_clusters(d, k)  # deterministic
+    assert [labels.index(c) for c in range(min(k, n))] == sorted(labels.index(c) for c in range(min(k, n)))
