@@ -218,8 +218,11 @@ def _start_sweeper(**_: Any) -> None:
 def _release_running_job(**_: Any) -> None:
     """A warm shutdown (SIGTERM) began: the running job is released at its next batch, not an attempt, and
     re-sent to its queue (a solo worker kept sketching to the job's end, and the redeploy's SIGKILL then cost
-    an attempt: five redeploys during one long job failed it)."""
-    get_context().shutdown.set()
+    an attempt: five redeploys during one long job failed it). Called in the signal handler: no lock taken (a
+    process without a context runs no job)."""
+    ctx = _ctx
+    if ctx is not None and _ctx_pid == os.getpid():
+        ctx.shutdown.set()
 
 
 @signals.worker_shutdown.connect
