@@ -313,11 +313,11 @@ class IndexManager:
         try:
             self._last_check = time.monotonic()
             with self.factory() as session:
-                now = changes.head(session, self._seen_seq)
-                seq = now.seq
-                if space_id is None and seq == self._seen_seq and changes.is_same(now.at_mark, self._seen_mark):
+                log_head = changes.head(session, self._seen_seq)
+                seq = log_head.seq
+                if space_id is None and seq == self._seen_seq and changes.is_same(log_head.at_mark, self._seen_mark):
                     return 0  # nothing new (a database restored under us and written up to seq again is new)
-                seen_mark = now.mark if space_id is None else ""
+                seen_mark = log_head.mark if space_id is None else ""
                 targets = list(session.execute(select(Space.id)).scalars()) if space_id is None else [space_id]
             applied = 0
             for sid in targets:
@@ -336,8 +336,8 @@ class IndexManager:
             si = self._spaces.get(si.space_id, si)
             applied = 0
             with self.factory() as session:
-                now = changes.head(session, si.watermark)
-                head, same = now.seq, changes.is_same(now.at_mark, si.watermark_mark)
+                log_head = changes.head(session, si.watermark)
+                head, same = log_head.seq, changes.is_same(log_head.at_mark, si.watermark_mark)
                 if head == si.watermark and same:
                     return 0
                 if head < si.watermark or si.watermark < changes.pruned_seq(session):

@@ -349,6 +349,21 @@ def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:
     return True
 
 
+def requeue_dead_jobs_of_other_models(session: Session, *, stale_after_s: float, model_fingerprint: str) -> int:
+    """Put back to ``queued`` the running jobs of other models whose worker died (heartbeat older than
+    ``stale_after_s``; its death stays counted as an attempt): a runner that leaves other models' jobs to their
+    own workers left them ``running`` for good, and a cancel of a running job waits for its worker. Returns how
+    many."""
+    foreign = select(Space.id).where(Space.model_fingerprint != model_fingerprint)
+    dead = (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None),
+                                             Job.heartbeat_at < _stale_cutoff(stale_after_s))
+    result = session.execute(
+        update(Job).where(dead, Job.space_id.in_(foreign))
+        .values(status=JOB_QUEUED, lease=None, heartbeat_at=None)
+        .execution_options(synchronize_session=False))
+    return int(cast(CursorResult[Any], result).rowcount or 0)
+
+
 def recoverable_jobs(
     session: Session, *, stale_after_s: float, queued_older_than_s: float | None = 0.0, limit: int = 1000,
     space_id: int | None = None, model_fingerprint: str | None = None,

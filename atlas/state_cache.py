@@ -244,13 +244,13 @@ class StateCache:
             self._last_sync = time.monotonic()
             with factory() as session:
                 since = self._watermark
-                now = changes.head(session, since)
-                head = now.seq
+                log_head = changes.head(session, since)
+                head = log_head.seq
                 # A database reset or restored from a backup behind our back (written up to the same head, too).
-                restored = since >= 0 and not changes.is_same(now.at_mark, self._mark)
+                restored = since >= 0 and not changes.is_same(log_head.at_mark, self._mark)
                 if head == since and not restored:
                     return 0
-                self._mark = now.mark
+                self._mark = log_head.mark
                 if since < 0 or head < since or restored:
                     return self._reset(head)
                 records = changes.changes_since(session, since)

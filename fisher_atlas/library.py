@@ -196,10 +196,11 @@ class Atlas:
         """Tune the route thresholds from labelled prompts, ``(prompt, task name or "none")`` pairs (the
         ``POST /v1/route/fit`` semantics, docs/SCORES.md "fit"); ``dry_run`` only reports them."""
         pairs = list(examples)
-        bad = next((i for i, e in enumerate(pairs) if not isinstance(e, tuple | list) or len(e) != 2), None)
+        bad = next((i for i, e in enumerate(pairs)
+                    if not isinstance(e, tuple | list) or len(e) != 2 or not isinstance(e[0], str)), None)
         if bad is not None:
-            raise InvalidInput(f"example {bad} is not a (prompt, label) pair", {"example": bad})
-        result: FitResult = _run(self._c.thresholds.fit([(str(p), lb) for p, lb in pairs], dry_run=dry_run))
+            raise InvalidInput(f"example {bad} is not a (prompt text, label) pair", {"example": bad})
+        result: FitResult = _run(self._c.thresholds.fit([(p, lb) for p, lb in pairs], dry_run=dry_run))
         return result
 
     def routing(self, name: str) -> dict[str, Any]:

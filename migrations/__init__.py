@@ -61,7 +61,7 @@ def upgrade(url: str | URL, revision: str = "head") -> None:
         raise DatabaseUnavailable(
             f"the database at {where} has a schema this FisherAtlas does not know ({_line(exc)}); it was written "
             f"by a newer version: upgrade FisherAtlas (its latest schema revision is {head_revision()})") from None
-    except (DBAPIError, ArgumentError, NoSuchModuleError) as exc:
+    except (DBAPIError, ArgumentError, NoSuchModuleError, ValueError) as exc:  # ValueError: a URL's bad port
         reason = _line(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
         raise DatabaseUnavailable(f"the database at {where} cannot be used: {reason}") from None
 

@@ -18,7 +18,9 @@ Delivery guarantees
 * Store outages raise :class:`~workers.jobs.TransientJobError` and are retried with exponential
   backoff and jitter.
 * A warm shutdown (SIGTERM) releases the running job at its next batch — not counted as an attempt — and
-  re-sends it to its model's queue; it resumes from its last checkpoint on the next worker.
+  re-sends it to its model's queue; it resumes from its last checkpoint on the next worker. This needs the
+  job to run in the worker's main process: the ``solo`` pool (the default, one job per process); a ``prefork``
+  child finishes its job first (Celery signals only the main process).
 """
 
 from __future__ import annotations
@@ -136,11 +138,14 @@ class CeleryJobQueue:
         queue = queue_name(settings, serving_key) if serving_key else self.app.conf.task_default_queue
         self.app.send_task(TASK_NAME, args=[int(job_id)], queue=queue)
 
-    def depth(self) -> int:
-        """Messages waiting in this app's default queue (a worker's: the queue of its model)."""
+    def depth(self, serving_key: str | None = None) -> int:
+        """Messages waiting in the queue of the model of ``serving_key`` (default: this app's default queue, a
+        worker's: the queue of its model)."""
+        settings = self.app.fisher_atlas_settings  # type: ignore[attr-defined]
+        queue = queue_name(settings, serving_key) if serving_key else self.app.conf.task_default_queue
         with self.app.connection_for_write() as conn:
             client = conn.default_channel.client
-            return int(client.llen(self.app.conf.task_default_queue))
+            return int(client.llen(queue))
 
     def close(self) -> None:
         """Close the app's broker connection pool (reopened on the next use)."""
@@ -160,7 +165,7 @@ def _serving_keys(session: Any, job_ids: list[int]) -> dict[int, str]:
 
 
 def sweep(ctx: WorkerContext, jobs: CeleryJobQueue) -> list[int]:
-    """Re-enqueue stale running jobs, and queued jobs if the broker queue is empty; return their ids.
+    """Re-enqueue stale running jobs, and queued jobs whose model's broker queue is empty; return their ids.
 
     A worker that serves one space (:func:`run_worker`) sweeps only the jobs of that space and sends
     them to the queue of its model. A worker started with plain ``celery … worker`` serves no space it
@@ -168,11 +173,15 @@ def sweep(ctx: WorkerContext, jobs: CeleryJobQueue) -> list[int]:
     consumes, kept a killed worker's job waiting for Redis's six-hour redelivery).
     """
     stale = ctx.settings.job_stale_after_s
-    include_queued = jobs.depth() == 0
+    space_id = _served.space_id if _served is not None else None
     with ctx.ro_factory() as s:
-        ids = job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=stale if include_queued else None,
-                                         space_id=_served.space_id if _served is not None else None)
-        keys = _serving_keys(s, ids)
+        running = set(job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=None, space_id=space_id))
+        every = job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=stale, space_id=space_id)
+        keys = _serving_keys(s, every)
+    # A queued job's wake-up may have been lost only when its model's queue is empty (each queue measured: the
+    # base queue a plain worker reports is always empty, and re-sent every queued job at every sweep).
+    idle = {key: jobs.depth(key) == 0 for key in set(keys.values())}
+    ids = [job_id for job_id in every if job_id in running or idle.get(keys.get(job_id, ""), False)]
     for job_id in ids:
         jobs.enqueue(job_id, keys.get(job_id))
     if ids:

@@ -237,19 +237,22 @@ class Extractor:
         elif baselines.d != H:
             raise IncompatibleSpace(f"baselines have width {baselines.d}, the model's hidden size is {H}")
 
-        c = counts or Counts()
+        start_counts = counts or Counts()
         res = ExtractionResult(state=state, baselines=baselines, samples_total=n_total, samples_done=start,
                                mode=mode, max_tokens_per_sample=self.max_tokens_per_sample,
                                model_key=self.lm.fingerprint.key(), samples_start=start,
-                               samples_used=c.samples_used, samples_skipped=c.samples_skipped,
-                               skipped_reasons=dict(c.skipped_reasons), tokens=c.tokens, tokens_start=c.tokens,
-                               tokens_streamed=c.tokens_streamed, tokens_streamed_start=c.tokens_streamed,
-                               truncated=c.truncated)
+                               samples_used=start_counts.samples_used,
+                               samples_skipped=start_counts.samples_skipped,
+                               skipped_reasons=dict(start_counts.skipped_reasons),
+                               tokens=start_counts.tokens, tokens_start=start_counts.tokens,
+                               tokens_streamed=start_counts.tokens_streamed,
+                               tokens_streamed_start=start_counts.tokens_streamed,
+                               truncated=start_counts.truncated)
         timings: dict[str, float] = {"tokenize_wait_s": 0.0, "forward_s": 0.0, "head_s": 0.0, "sketch_s": 0.0,
                                      "baselines_s": 0.0}
         res.timings = timings
         t_start = time.perf_counter()
-        reasons: Counter[str] = Counter(c.skipped_reasons)
+        reasons: Counter[str] = Counter(start_counts.skipped_reasons)
         w_state: Any = None
         w_base = _BaselineAccumulator(H, self.lm.device)
         w_tokens = w_used = w_done = w_streamed = 0
@@ -267,8 +270,8 @@ class Extractor:
             rate = (done - start) / elapsed if elapsed > 0 else 0.0
             eta = (n_total - done) / rate if rate > 0 else None
             per_s = (lambda x: x / elapsed) if elapsed > 0 else (lambda x: 0.0)
-            progress(Progress(done, n_total, tokens, per_s(tokens - c.tokens), eta, streamed,
-                              per_s(streamed - c.tokens_streamed), rate))
+            progress(Progress(done, n_total, tokens, per_s(tokens - start_counts.tokens), eta, streamed,
+                              per_s(streamed - start_counts.tokens_streamed), rate))
 
         with self._items(samples, mode, start, window, prefetch) as items:
             it = iter(items)

@@ -59,7 +59,7 @@ class Counts:
 
     samples_used: int = 0
     samples_skipped: int = 0
-    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    skipped_reasons: dict[str, int] = field(default_factory=dict, hash=False)
     tokens: int = 0
     tokens_streamed: int = 0
     truncated: int = 0
@@ -82,7 +82,8 @@ class Counts:
 
         reasons = data.get("skipped_reasons")
         return cls(samples_used=count("samples_used"), samples_skipped=count("samples_skipped"),
-                   skipped_reasons={str(k): int(v) for k, v in reasons.items() if isinstance(v, int)}
+                   skipped_reasons={str(k): v for k, v in reasons.items()
+                                    if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
                    if isinstance(reasons, dict) else {},
                    tokens=count("tokens"), tokens_streamed=count("tokens_streamed"), truncated=count("truncated"))
 

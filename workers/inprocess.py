@@ -114,12 +114,15 @@ class InProcessRunner:
     def sweep(self, *, include_recent: bool = False) -> int:
         """Enqueue queued jobs (older than the staleness threshold unless ``include_recent``) and stale ones."""
         stale = self.ctx.settings.job_stale_after_s
+        model = None if self.ctx.lm is None else self.ctx.lm.fingerprint.key()
         try:
+            if model is not None:  # other models' jobs are left queued for their workers, not run nor failed here
+                with self.ctx.factory.begin() as s:
+                    job_store.requeue_dead_jobs_of_other_models(s, stale_after_s=stale, model_fingerprint=model)
             with self.ctx.ro_factory() as s:
                 ids = job_store.recoverable_jobs(
                     s, stale_after_s=stale, queued_older_than_s=0.0 if include_recent else stale,
-                    model_fingerprint=None if self.ctx.lm is None else self.ctx.lm.fingerprint.key(),
-                )
+                    model_fingerprint=model)
         except Exception:
             log.exception("job sweep failed")
             return 0

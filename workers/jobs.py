@@ -289,12 +289,15 @@ def run_job(job_id: int, ctx: WorkerContext) -> str:
 
 
 def _serves(ctx: WorkerContext, job_id: int) -> bool:
-    """Whether this worker's model (when loaded) is the one of the job's space."""
-    if ctx.lm is None:
+    """Whether this worker's model is the one of the job's space (the model is loaded first if it is not yet:
+    a plain Celery worker loads it lazily; one that cannot load it claims the job, which then fails saying why)."""
+    try:
+        lm = ctx.model()
+    except Exception:
         return True
     with ctx.ro_factory() as s:
         fingerprint = job_store.model_fingerprint_of(s, job_id)
-    return fingerprint is None or fingerprint == ctx.lm.fingerprint.key()
+    return fingerprint is None or fingerprint == lm.fingerprint.key()
 
 
 def _finish(ctx: WorkerContext, claim: job_store.Claim, status: str, error: str) -> str:

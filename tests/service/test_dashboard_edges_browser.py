@@ -230,3 +230,29 @@ def test_forty_tasks_heatmaps_keep_a_label_per_row(serve: Any, tiny_lm: Any, pag
         assert height >= 11, (kind, height)
     boxes = [page.locator(f"[data-testid=heatmap][data-kind={k}]").bounding_box() for k in ("fisher", "error")]
     assert boxes[1]["y"] >= boxes[0]["y"] + boxes[0]["height"]  # one under the other
+
+
+def test_a_pair_without_an_estimated_fisher_alignment_is_not_outlined(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """A one-sample task of two tokens has no usable joint self term (``zero_norm_ae``): its Fisher alignment is a
+    placeholder 0 and the API no longer calls the pair activation-dark; the dashboard's own rule still outlined it."""
+    import random
+
+    rng = random.Random(1)
+    words = ["rain", "cloud", "storm", "wind", "sunny", "cold", "forecast", "snow"]
+    weather = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) for _ in range(12)]
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        ids = [_add(http, "weather", weather), _add(http, "one-sample", ["rain cloud"])]
+        matrix = http.post("/v1/align/matrix", json={"task_ids": ids}).json()
+        pair = http.get("/v1/align", params={"a": ids[0], "b": ids[1]}).json()
+    flags = {f for p in matrix["pair_flags"] for f in p["flags"]}
+    assert "zero_norm_ae" in flags and matrix["activation"][0][1] >= 0.8 and matrix["fisher"][0][1] <= 0.3, matrix
+    assert pair["activation_dark"] is False
+    page.goto(f"{svc.url}/dashboard/#/matrix")
+    page.locator("[data-testid=heatmap-cell]").first.wait_for()
+    assert page.locator("[data-testid=heatmap-cell][data-dark=true]").count() == 0
+    assert "0 pairs" in page.locator(".matrix-legend").inner_text()
+    page.goto(f"{svc.url}/dashboard/#/task/{ids[0]}")
+    page.locator("[data-testid=dark-neighbours]", has_text="Activation ≥").wait_for()
+    assert page.locator("[data-testid=dark-neighbours] [data-testid=dark-row]").count() == 0
+    assert "None" in page.locator("[data-testid=dark-neighbours]").inner_text()

@@ -86,6 +86,7 @@ def test_query_arguments_and_files_are_checked_as_rest_checks_them(tmp_path: Pat
             lambda: atlas.import_(tmp_path / "missing.jsonl"),
             lambda: atlas.export(tmp_path),  # a directory
             lambda: atlas.fit([("rain cloud",)]),  # type: ignore[list-item]
+            lambda: atlas.fit([(None, "weather")]),  # type: ignore[list-item]  # was routed as the text "None"
             lambda: atlas.set_false_reject_rate("weather", "x"),  # type: ignore[arg-type]
         ]
         for call in bad_calls:

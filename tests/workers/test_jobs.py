@@ -254,6 +254,14 @@ def test_failures_are_recorded(ctx: WorkerContext, space_id: int, gpt2_lm: Loade
     with ctx.factory() as s:
         assert job_store.get_job(s, job.id).status == "queued"
         assert job_store.recoverable_jobs(s, stale_after_s=60, model_fingerprint="0" * 20) == [job.id]
+    # its worker claimed it and died: the sweep puts it back to queued (it stayed running for good, uncancellable)
+    with ctx.factory.begin() as s:
+        dead = job_store.claim_job(s, job.id, worker="other-model-worker", stale_after_s=60)
+        s.execute(update(Job).where(Job.id == job.id).values(heartbeat_at=utcnow() - dt.timedelta(hours=1)))
+    assert dead is not None and runner.sweep() == 0
+    with ctx.factory.begin() as s:
+        assert job_store.get_job(s, job.id).status == "queued"
+        assert job_store.request_cancel(s, job.id).status == "cancelled"
 
     # Cancelled before it ran; a task deleted while queued.
     _, job_c = create(ctx, space_id, "cancel-me", make_samples(3))

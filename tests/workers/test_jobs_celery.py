@@ -190,16 +190,49 @@ def test_a_worker_asked_to_stop_releases_its_job_without_an_attempt(settings: Se
     orchestrator's SIGKILL then cost an attempt, and five redeploys during one long job failed it. The worker now
     releases the job at its next batch (not an attempt) and re-sends it to its model's queue."""
     samples = make_samples(3000, seed=43)
+    settings = settings.model_copy(update={"job_stale_after_s": 600.0})  # no sweep re-sends the job meanwhile
     jobs, model_queue, _, _, job = _model_queue(settings, factory, queue_name, gpt2_lm, "stopped", samples)
     for round_ in range(2):
         worker = Worker(settings, queue_name, tmp_path / f"worker{round_}.log", model_queue)
         try:
             _wait(functools.partial(_claimed_by, factory, job.id, worker.proc.pid), 60, "the claim", worker)
             worker.proc.send_signal(signal.SIGTERM)  # the main process: Celery's warm shutdown
-            worker.proc.wait(timeout=30)
+            worker.proc.wait(timeout=90)
         finally:
             worker.kill(signal.SIGKILL)
         stopped = _job(factory, job.id)
         assert stopped.status == "queued" and stopped.attempts == 0, (stopped.status, stopped.attempts, worker.log())
-        assert jobs.depth() >= 1  # re-sent: the next worker of the model takes it at once (a start-up sweep's
-        # duplicate may wait beside it: harmless, a job is claimed under a lease)
+        assert jobs.depth() == 1  # re-sent by the stopping worker: the next worker of the model takes it at once
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_plain_workers_sweep_resends_a_queued_job_only_to_an_empty_model_queue(
+        settings: Settings, factory, queue_name: str) -> None:
+    """A worker started with plain ``celery … worker`` measured the base queue (always empty) to decide whether a
+    queued job's wake-up was lost, and re-sent every old queued job to its model's queue at every sweep: the queue
+    grew by the backlog every few seconds."""
+    import datetime as dt
+
+    from sqlalchemy import update
+
+    from atlas.models import Job
+    from atlas.ports import serving_key
+    from atlas.samples import Sample
+    from workers import celery_app
+
+    base = settings.model_copy(update={"celery_queue": queue_name})
+    with factory.begin() as s:
+        space = repository.get_or_create_space(s, model_fingerprint="m" * 20, spec_fingerprint="x", model_name="m",
+                                               d=1, K=1, m=8, seed=0, spec={})
+        key = serving_key(space.model_fingerprint, space.spec_fingerprint)
+        for i in range(5):
+            repository.create_task_with_job(s, space.id, f"t{i}", "text", {}, [Sample(text="a b c")])
+        s.execute(update(Job).values(created_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)))  # lost wake-ups
+    ctx = WorkerContext(settings=base, factory=factory)
+    jobs = celery_app.CeleryJobQueue(celery_app.create_app(base))
+    assert celery_app._served is None
+    lengths = []
+    for _ in range(3):
+        celery_app.sweep(ctx, jobs)
+        lengths.append(jobs.depth(key))
+    assert lengths == [5, 5, 5]

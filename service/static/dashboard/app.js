@@ -556,9 +556,18 @@
   // ------------------------------------------------------------------ Matrix view
   // Same rule as the API's `activation_dark` flag (activation >= 0.8 and fisher <= 0.3); adjustable on the page.
   const matrixState = { selected: null, edited: false, order: "cluster", show: "all", darkAct: 0.8, darkFisher: 0.3 };
-  function isDark(fisher, activation) {
-    return Number.isFinite(activation) && Number.isFinite(fisher)
+  function isDark(fisher, activation, unestimated = false) {
+    return !unestimated && Number.isFinite(activation) && Number.isFinite(fisher)
       && activation >= matrixState.darkAct && fisher <= matrixState.darkFisher;
+  }
+  // Pairs of a matrix answer whose Fisher alignment is a placeholder (never activation-dark, as in the API).
+  const UNESTIMATED = new Set(["zero_norm_ae", "zero_norm_a", "empty"]);
+  function unestimatedPairs(body) {
+    const out = new Set();
+    for (const p of (body && body.pair_flags) || []) {
+      if ((p.flags || []).some((f) => UNESTIMATED.has(f))) { out.add(`${p.i},${p.j}`); out.add(`${p.j},${p.i}`); }
+    }
+    return out;
   }
 
   async function viewMatrix(ctx, query) {
@@ -682,7 +691,9 @@
       const perPanel = single || stacked ? wide : sideBySide;
       const cell = Math.max(3, Math.min(single || stacked ? 56 : 44, Math.floor(perPanel / n)));
       let darkCount = 0;
-      for (let i = 0; i < n; i++) for (let j = i + 1; j < n; j++) if (isDark(F[i][j], A[i][j])) darkCount++;
+      const unestimated = unestimatedPairs(result);
+      const darkAt = (i, j) => i !== j && isDark(F[i][j], A[i][j], unestimated.has(`${i},${j}`));
+      for (let i = 0; i < n; i++) for (let j = i + 1; j < n; j++) if (darkAt(i, j)) darkCount++;
 
       const panels = shown.map(([kind, title, M, symbol], pi) => {
         const withLabels = pi === 0 || stacked;
@@ -705,7 +716,7 @@
           }
           order.forEach((j, c) => {
             const v = Number(M[i][j]);
-            const dark = i !== j && isDark(F[i][j], A[i][j]);
+            const dark = darkAt(i, j);
             const rect = s("rect", { x: ox + c * cell, y: oy + r * cell, width: cell, height: cell,
               fill: seqColour(v), class: "heatmap-cell", "data-testid": "heatmap-cell", "data-kind": kind,
               "data-row": ids[i], "data-col": ids[j], "data-value": Number.isFinite(v) ? v.toFixed(4) : "",
@@ -735,7 +746,7 @@
       });
 
       function cellTooltip(i, j) {
-        const dark = i !== j && isDark(F[i][j], A[i][j]);
+        const dark = darkAt(i, j);
         return [
           h("div", { class: "tip-title" }, i === j ? names[i] : `${names[i]} ↔ ${names[j]}`),
           kv([["Fisher", fmt(F[i][j])], ["activation", fmt(A[i][j])], ["error", fmt(E[i][j])]]),
@@ -993,10 +1004,12 @@
         const mids = (m.ids || ids).map(String);
         const me = mids.indexOf(String(task.id));
         const names = new Map(others.map((p) => [String(p.task_id), p.name]));
+        const unestimated = unestimatedPairs(m);
         const rows = mids.map((tid, j) => ({ id: tid, name: names.get(tid) ?? `task ${tid}`,
-          fisher: m.fisher[me][j], activation: m.activation[me][j], error: m.error[me][j] })).filter((r) => r.id !== String(task.id));
+          fisher: m.fisher[me][j], activation: m.activation[me][j], error: m.error[me][j],
+          unestimated: unestimated.has(`${me},${j}`) })).filter((r) => r.id !== String(task.id));
         const nearest = [...rows].sort((a, b) => b.fisher - a.fisher).slice(0, 8);
-        const dark = rows.filter((r) => isDark(r.fisher, r.activation)).sort((a, b) => (b.activation - b.fisher) - (a.activation - a.fisher)).slice(0, 8);
+        const dark = rows.filter((r) => isDark(r.fisher, r.activation, r.unestimated)).sort((a, b) => (b.activation - b.fisher) - (a.activation - a.fisher)).slice(0, 8);
         nearestCard.replaceChildren(h("h2", {}, "Nearest tasks"), h("p", { class: "muted small" }, "By Fisher alignment."), neighbourTable(nearest, "nearest-row"));
         darkCard.replaceChildren(h("h2", {}, "Activation-dark neighbours"),
           h("p", { class: "muted small" }, `Activation ≥ ${matrixState.darkAct} but Fisher ≤ ${matrixState.darkFisher}: they look alike to the model's activations, yet fine-tuning on them moves the head differently.`),
