@@ -8,8 +8,10 @@ Usage::
 Every route batch reads the routing rows of its candidates — the FAISS hits plus every completion-mode task of
 the space, re-ranked on its prompt-side state (~200 KiB at m = 4096). Before migration 0006 the batch read whole
 rows, blobs included; the product now reads the rows without the blob (``task_routing.prompt_digest`` finds the
-cached view). Both reads are timed in one process, alternating, on a fresh migrated SQLite file and, with
-``--pg``, a fresh PostgreSQL database on that server; medians in ms per batch, printed as one Markdown table.
+cached view), and since 2026-11-25 not the held-out scores either (32 per task here, a job's calibration: up to
+256 after appends), whose typical score is cached by row version. The three reads (whole rows; digests with the
+scores read each batch; the product) are timed in one process, alternating, on a fresh migrated SQLite file and,
+with ``--pg``, a fresh PostgreSQL database on that server; medians in ms per batch, printed as one Markdown table.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import migrations
 from atlas import db, repository, routing_repo
 from atlas.models import TaskRouting
 from atlas.route_calibration import calibrate
-from atlas.routing import typical_score
+from atlas.routing import resolve, typical_score
 from atlas.samples import Sample
 from bench.store.common import create_pg_database, drop_pg_database
 from fishersketch import SketchSpec, SketchState
@@ -69,6 +71,15 @@ def _whole_rows(session: Session, ids: list[int]) -> object:
              r.prompt_state, typical_score(r.cal_scores) if r.cal_scores else None) for r in rows]
 
 
+def _scores_each_batch(session: Session, ids: list[int]) -> object:
+    """The read before the typical-score cache: every column but the blob, the held-out scores included (JSON),
+    their typical score computed per batch."""
+    cols = [c for c in TaskRouting.__table__.columns if c.name != "prompt_state"]
+    rows = session.execute(select(*cols, TaskRouting.prompt_state.is_not(None).label("prompt_side"))
+                           .where(TaskRouting.task_id.in_(ids)))
+    return {r.task_id: (resolve(r, typical_score(r.cal_scores) if r.cal_scores else None)) for r in rows}
+
+
 def _time(factory: sessionmaker[Session], fn: Callable[[Session, list[int]], object], ids: list[int]) -> float:
     with factory() as s:
         t0 = time.perf_counter()
@@ -76,18 +87,19 @@ def _time(factory: sessionmaker[Session], fn: Callable[[Session, list[int]], obj
         return time.perf_counter() - t0
 
 
-def measure(url: str, n: int, n_completion: int, repeats: int) -> tuple[float, float]:
-    """Median ms per batch: (whole rows, digests)."""
+def measure(url: str, n: int, n_completion: int, repeats: int) -> tuple[float, float, float]:
+    """Median ms per batch: (whole rows, digests with the scores read, digests with cached typical scores)."""
     migrations.upgrade(url)
     engine = db.make_engine(url)
     factory = db.session_factory(engine)
     ids = _populate(factory, n, n_completion)
-    whole, digest = [], []
+    whole, scores, digest = [], [], []
     for _ in range(repeats):
         whole.append(_time(factory, _whole_rows, ids))
+        scores.append(_time(factory, _scores_each_batch, ids))
         digest.append(_time(factory, routing_repo.get_task_routes, ids))
     engine.dispose()
-    return statistics.median(whole) * 1e3, statistics.median(digest) * 1e3
+    return tuple(statistics.median(x) * 1e3 for x in (whole, scores, digest))  # type: ignore[return-value]
 
 
 def main() -> None:
@@ -97,17 +109,20 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--pg", default=None, help="PostgreSQL server URL (a database is created and dropped)")
     args = p.parse_args()
-    print("| store | candidates | of them completion tasks | whole rows ms | digests (product) ms | ratio |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| store | candidates | of them completion tasks | whole rows ms | digests, scores read ms "
+          "| digests, typical cached (product) ms | product vs whole rows | product vs scores read |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+
+    def row(store: str, c: int, w: float, sc: float, d: float) -> None:
+        print(f"| {store} | {args.candidates} | {c} | {w:.2f} | {sc:.2f} | {d:.2f} | {w / d:.1f}x | {sc / d:.1f}x |")
+
     for c in args.completion:
         with tempfile.TemporaryDirectory() as tmp:
-            w, d = measure(f"sqlite:///{Path(tmp) / 'bench.sqlite'}", args.candidates, c, args.repeats)
-        print(f"| SQLite | {args.candidates} | {c} | {w:.2f} | {d:.2f} | {w / d:.1f}x |")
+            row("SQLite", c, *measure(f"sqlite:///{Path(tmp) / 'bench.sqlite'}", args.candidates, c, args.repeats))
         if args.pg:
             url = create_pg_database(args.pg)
             try:
-                w, d = measure(url, args.candidates, c, args.repeats)
-                print(f"| PostgreSQL | {args.candidates} | {c} | {w:.2f} | {d:.2f} | {w / d:.1f}x |")
+                row("PostgreSQL", c, *measure(url, args.candidates, c, args.repeats))
             finally:
                 drop_pg_database(args.pg, url)
 
