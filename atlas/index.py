@@ -127,11 +127,6 @@ class IndexManager:
         assert self.files is not None
         return self.files.index_path(space_id)
 
-    def coarse_path(self, space_id: int) -> Path:
-        """Path of the persisted coarse stage of a two-stage index."""
-        assert self.files is not None
-        return self.files.coarse_path(space_id)
-
     def meta_path(self, space_id: int) -> Path:
         """Path of the persisted metadata of a space."""
         assert self.files is not None
@@ -489,6 +484,11 @@ class IndexManager:
     def watermark(self, space_id: int) -> int:
         """Watermark of a space's index."""
         return self._space(space_id).watermark
+
+    def history(self, space_id: int) -> tuple[int, str]:
+        """(watermark, :func:`atlas.changes.mark` of the change at it) of a space's index."""
+        si = self._space(space_id)
+        return si.watermark, si.watermark_mark
 
     def content_mark(self, space_id: int) -> int:
         """:attr:`SpaceIndex.content_seq`: moves when the space's own tasks change, not when another space's do."""

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -167,6 +168,35 @@ def write_atomic(path: Path, writer: Any) -> None:
             tmp.unlink()
 
 
+def remove_stale_temp_files(directory: Path, *, dead_after_s: float = 60.0, any_after_s: float = 3600.0) -> int:
+    """Delete the temporary files of :func:`write_atomic` that a killed process left (its ``finally`` never ran: one
+    index-sized file per crash, never removed); return how many. A file is stale when its writer's pid is gone and it
+    is older than ``dead_after_s``, or older than ``any_after_s`` whatever the pid (another container's process):
+    another live process writing into the same directory (a library beside a server) keeps its file."""
+    removed, now = 0, time.time()
+    for tmp in directory.glob(".space-*.tmp"):
+        try:
+            age = now - tmp.stat().st_mtime
+            pid = int(tmp.name.rsplit(".", 3)[-3])
+        except (OSError, ValueError, IndexError):
+            continue
+        if age > any_after_s or (age > dead_after_s and not _alive(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, not ours
+        return True
+    return True
+
+
 class IndexFiles:
     """The persisted files of the spaces' indexes in one directory.
 
@@ -177,6 +207,7 @@ class IndexFiles:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self.removed_temp_files = remove_stale_temp_files(directory)
 
     def index_path(self, space_id: int) -> Path:
         """Flat index or full-vector stage."""

@@ -85,10 +85,13 @@ class QueryService:
     def _fresh_index(self, session: Session, space_id: int) -> None:
         """Apply committed changes the index and the state cache have not seen (read-your-writes for
         queries: the exact re-rank never reads a state older than the FAISS entry that found it)."""
-        head = changes.last_seq(session)
-        if head > self.index.watermark(space_id):
+        watermark, mark = self.index.history(space_id)
+        log_head = changes.head(session, watermark)
+        # behind, ahead (a database restored under this replica) or at the same number in another history
+        stale = log_head.seq != watermark or not changes.is_same(log_head.at_mark, mark)
+        if stale:
             self.index.catch_up(space_id)
-        self.states.catch_up(head)
+        self.states.catch_up(log_head.seq, check=stale)
 
     def _fresh_states(self, session: Session) -> None:
         """Read-your-writes for queries that read states without the index (matrix, atlas)."""

@@ -51,11 +51,12 @@ class StateLoader:
         """Apply new change-log rows to the cache (the background loop calls this)."""
         return self.cache.sync(self.store.read, wait=False)
 
-    def catch_up(self, head: int) -> None:
+    def catch_up(self, head: int, *, check: bool = False) -> None:
         """Apply the change log now if the cache has not seen change ``head`` (read-your-writes: a
         change the caller's snapshot shows is never answered from a stale entry, whatever the cache's
-        sync interval); no SQL when the cache is current."""
-        if head > self.cache.watermark:
+        sync interval), or is ahead of it (a database restored under this replica), or when ``check``
+        (the index found another history at the same number); no SQL when the cache is current."""
+        if check or head != self.cache.watermark:
             self.cache.sync(self.store.read)
 
     def drop(self, task_id: int) -> None:

@@ -308,3 +308,32 @@ def test_an_index_of_a_history_the_database_no_longer_has_is_rebuilt(
         sql_ids, _ = repository.get_signatures(s, space_id=space.id)
     assert sorted(again.ids(space.id).tolist()) == sorted(sql_ids.tolist())
     eng.dispose()
+
+
+def test_a_crashed_persists_temporary_file_is_removed_at_the_next_open(tmp_path: Path) -> None:
+    """A process killed between writing an index's temporary file and renaming it (its ``finally`` never runs) left
+    a file the index's size, one per crash, never removed. The next open removes those of dead processes; a live
+    process's file (a library writing into the same directory) and a fresh one are kept."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from atlas.index_files import IndexFiles
+
+    directory = tmp_path / "index"
+    directory.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead_pid = int(dead.stdout)
+    old = time.time() - 120
+    crashed = directory / f".space-1.faiss.{dead_pid}.{'a' * 32}.tmp"
+    live = directory / f".space-1.faiss.{os.getpid()}.{'b' * 32}.tmp"
+    fresh = directory / f".space-2.faiss.{dead_pid}.{'c' * 32}.tmp"
+    ancient = directory / f".space-3.faiss.{os.getpid()}.{'d' * 32}.tmp"
+    for path, mtime in ((crashed, old), (live, old), (fresh, time.time()), (ancient, time.time() - 7200)):
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (mtime, mtime))
+    files = IndexFiles(directory)
+    assert files.removed_temp_files == 2
+    assert sorted(p.name for p in directory.iterdir()) == sorted([live.name, fresh.name])

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import db, repository
@@ -174,3 +175,53 @@ def test_the_head_read_agrees_with_its_three_lookups(factory: sessionmaker[Sessi
     with factory.begin() as s:
         changes.prune(s, changes.last_seq(s))
     agrees()  # the head itself pruned: mark ""
+
+
+@pytest.mark.parametrize("rewritten", [1, 3])  # fewer writes than were lost (head behind), as many (same head)
+def test_a_request_right_after_a_restore_reads_the_new_history(sqlite_template: Path, tmp_path: Path,
+                                                                rewritten: int) -> None:
+    """A request's read-your-writes step caught up only when the head had moved past the index's watermark: right
+    after a restore (written fewer or as many times as it lost) a request searched the lost tasks' vectors, found
+    under the reused ids, until the background loop's next pass."""
+    import types
+
+    from atlas.services.queries import QueryService
+    from atlas.services.states import StateLoader
+    from atlas.settings import Settings
+
+    path, backup = tmp_path / "atlas.sqlite", tmp_path / "backup.sqlite"
+    shutil.copyfile(sqlite_template, path)
+    url = f"sqlite:///{path}"
+    writer, replica = db.make_engine(url), db.make_engine(url)
+    write, read = db.session_factory(writer), db.session_factory(replica, readonly=True)
+    space = _space(write)
+    _add(write, space, "base", 0)
+    writer.dispose()
+    shutil.copyfile(path, backup)
+
+    index, cache = IndexManager(read, None), StateCache(1 << 24, sync_interval_s=3600.0)  # no periodic sync
+    index.open()
+    store = types.SimpleNamespace(read=read, settings=Settings())
+    states = StateLoader(store, cache)  # type: ignore[arg-type]
+    queries = QueryService(store, index, states, prompts=None)  # type: ignore[arg-type]
+    lost = [_add(write, space, f"lost{i}", i) for i in range(3, 6)]
+    with read() as s:
+        queries._fresh_index(s, space.id)  # a request: current
+        assert states.load(s, space, lost)[0].state.n_samples == 3
+
+    writer.dispose()
+    replica.dispose()
+    shutil.copyfile(backup, path)
+    new = [_add(write, space, f"new{i}", i) for i in range(20, 20 + rewritten)]
+    assert new[0] == lost[0]
+    with read() as s:
+        queries._fresh_index(s, space.id)  # the next request
+        sql_ids, _ = repository.get_signatures(s, space_id=space.id)
+    assert sorted(index.ids(space.id).tolist()) == sorted(sql_ids.tolist())
+    scores, ids = index.search(space.id, _state(20).signature()[None], 1)
+    assert ids[0][0] == new[0] and scores[0][0] > 0.999
+    with read() as s:
+        (loaded,) = states.load(s, space, [new[0]])
+    np.testing.assert_array_equal(np.asarray(loaded.state.sums), np.asarray(_state(20).sums))
+    writer.dispose()
+    replica.dispose()
