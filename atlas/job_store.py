@@ -91,14 +91,8 @@ def get_job(session: Session, job_id: int) -> Job:
     return job
 
 
-def model_fingerprint_of(session: Session, job_id: int) -> str | None:
-    """The model fingerprint of the job's space (``None``: no such job)."""
-    return session.execute(select(Space.model_fingerprint).join(Job, Job.space_id == Space.id)
-                           .where(Job.id == job_id)).scalar_one_or_none()
-
-
 def space_fingerprints_of(session: Session, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-    """(model fingerprint, spec fingerprint) of each job's space."""
+    """(model fingerprint, spec fingerprint) of each job's space (jobs that do not exist are left out)."""
     if not job_ids:
         return {}
     rows = session.execute(select(Job.id, Space.model_fingerprint, Space.spec_fingerprint)

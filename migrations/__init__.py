@@ -68,10 +68,10 @@ def upgrade(url: str | URL, revision: str = "head") -> None:
 
 def _line(exc: BaseException) -> str:
     """An exception's first line, secrets masked, at most 300 characters."""
-    from atlas.redaction import redact_secrets
+    from atlas.redaction import redact_secrets, truncate
 
     text = str(exc).strip().splitlines()
-    return redact_secrets(text[0] if text else type(exc).__name__)[:300]
+    return truncate(redact_secrets(text[0] if text else type(exc).__name__))
 
 
 def downgrade(url: str | URL, revision: str = "base") -> None:

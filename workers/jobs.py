@@ -296,8 +296,8 @@ def _serves(ctx: WorkerContext, job_id: int) -> bool:
     except Exception:
         return True
     with ctx.ro_factory() as s:
-        fingerprint = job_store.model_fingerprint_of(s, job_id)
-    return fingerprint is None or fingerprint == lm.fingerprint.key()
+        fingerprints = job_store.space_fingerprints_of(s, [job_id]).get(job_id)
+    return fingerprints is None or fingerprints[0] == lm.fingerprint.key()
 
 
 def _finish(ctx: WorkerContext, claim: job_store.Claim, status: str, error: str) -> str:

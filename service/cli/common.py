@@ -17,7 +17,7 @@ ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="FISHER_ATLAS_AP
 Space = Annotated[str | None, typer.Option("--space", envvar="FISHER_ATLAS_SPACE",
                                            help="Space id or model name (default: the service's).")]
 Timeout = Annotated[float, typer.Option("--timeout", envvar="FISHER_ATLAS_TIMEOUT", min=0.1,
-                                                  help="Request timeout, s.")]
+                                         help="Request timeout, s.")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 DataDir = Annotated[str | None, typer.Option("--data-dir", envvar="FISHER_ATLAS_DATA_DIR",
                                              help="SQLite, FAISS and upload files.")]
