@@ -102,8 +102,19 @@ class Head:
     """Highest committed sequence number."""
     mark: str
     """:func:`mark` of the change at ``seq`` (``""`` for 0 or a pruned row)."""
+    at: int
+    """The change asked about (a reader's watermark)."""
     at_mark: str | None
-    """:func:`mark` of the change asked about (``None`` when pruned)."""
+    """:func:`mark` of the change ``at`` (``None`` when pruned)."""
+
+    def same_history(self, recorded: str) -> bool:
+        """Whether the change ``at`` is still the one recorded as ``recorded`` (:func:`is_same`)."""
+        return is_same(self.at_mark, recorded)
+
+    def unchanged(self, recorded: str) -> bool:
+        """Nothing new for a reader at ``at`` that recorded ``recorded`` there: the head is still ``at``, in the
+        same history (a database restored and written up to the same number again is new)."""
+        return self.seq == self.at and self.same_history(recorded)
 
 
 _AT_HEAD, _AT_SEQ = aliased(Change), aliased(Change)
@@ -130,7 +141,7 @@ def head(session: Session, at: int) -> Head:
         at_mark: str | None = ""
     else:
         at_mark = _format_mark(at, *row[5:9]) if row[5] is not None else None
-    return Head(seq=seq, mark=head_mark, at_mark=at_mark)
+    return Head(seq=seq, mark=head_mark, at=int(at), at_mark=at_mark)
 
 
 def pruned_seq(session: Session) -> int:

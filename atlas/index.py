@@ -309,10 +309,9 @@ class IndexManager:
             self._last_check = time.monotonic()
             with self.factory() as session:
                 log_head = changes.head(session, self._seen_seq)
-                seq = log_head.seq
-                if space_id is None and seq == self._seen_seq and changes.is_same(log_head.at_mark, self._seen_mark):
-                    return 0  # nothing new (a database restored under us and written up to seq again is new)
-                seen_mark = log_head.mark if space_id is None else ""
+                if space_id is None and log_head.unchanged(self._seen_mark):
+                    return 0
+                seq, seen_mark = log_head.seq, log_head.mark if space_id is None else ""
                 targets = list(session.execute(select(Space.id)).scalars()) if space_id is None else [space_id]
             applied = 0
             for sid in targets:
@@ -332,12 +331,12 @@ class IndexManager:
             applied = 0
             with self.factory() as session:
                 log_head = changes.head(session, si.watermark)
-                head, same = log_head.seq, changes.is_same(log_head.at_mark, si.watermark_mark)
-                if head == si.watermark and same:
+                head = log_head.seq
+                if log_head.unchanged(si.watermark_mark):
                     return 0
                 if head < si.watermark or si.watermark < changes.pruned_seq(session):
                     return self._rebuild_now(si, "SQL is behind" if head < si.watermark else "changes were pruned")
-                if not same:
+                if not log_head.same_history(si.watermark_mark):
                     return self._rebuild_now(si, "the change at the watermark differs (a database restored?)")
                 start = si.watermark
                 while True:

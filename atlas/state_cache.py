@@ -245,11 +245,11 @@ class StateCache:
             with factory() as session:
                 since = self._watermark
                 log_head = changes.head(session, since)
+                if log_head.unchanged(self._mark):
+                    return 0
                 head = log_head.seq
                 # A database reset or restored from a backup behind our back (written up to the same head, too).
-                restored = since >= 0 and not changes.is_same(log_head.at_mark, self._mark)
-                if head == since and not restored:
-                    return 0
+                restored = since >= 0 and not log_head.same_history(self._mark)
                 self._mark = log_head.mark
                 if since < 0 or head < since or restored:
                     return self._reset(head)

@@ -88,7 +88,7 @@ class QueryService:
         watermark, mark = self.index.history(space_id)
         log_head = changes.head(session, watermark)
         # behind, ahead (a database restored under this replica) or at the same number in another history
-        stale = log_head.seq != watermark or not changes.is_same(log_head.at_mark, mark)
+        stale = not log_head.unchanged(mark)
         if stale:
             self.index.catch_up(space_id)
         self.states.catch_up(log_head.seq, check=stale)

@@ -161,7 +161,7 @@ def test_the_head_read_agrees_with_its_three_lookups(factory: sessionmaker[Sessi
         with factory() as s:
             last = changes.last_seq(s)
             for at in range(-1, last + 3):
-                assert changes.head(s, at) == changes.Head(seq=last, mark=changes.mark(s, last) or "",
+                assert changes.head(s, at) == changes.Head(seq=last, mark=changes.mark(s, last) or "", at=at,
                                                            at_mark=changes.mark(s, at))
 
     agrees()  # an empty log
