@@ -241,13 +241,8 @@ class Extractor:
         res = ExtractionResult(state=state, baselines=baselines, samples_total=n_total, samples_done=start,
                                mode=mode, max_tokens_per_sample=self.max_tokens_per_sample,
                                model_key=self.lm.fingerprint.key(), samples_start=start,
-                               samples_used=start_counts.samples_used,
-                               samples_skipped=start_counts.samples_skipped,
-                               skipped_reasons=dict(start_counts.skipped_reasons),
-                               tokens=start_counts.tokens, tokens_start=start_counts.tokens,
-                               tokens_streamed=start_counts.tokens_streamed,
-                               tokens_streamed_start=start_counts.tokens_streamed,
-                               truncated=start_counts.truncated)
+                               tokens_start=start_counts.tokens, tokens_streamed_start=start_counts.tokens_streamed,
+                               **start_counts.to_dict())
         timings: dict[str, float] = {"tokenize_wait_s": 0.0, "forward_s": 0.0, "head_s": 0.0, "sketch_s": 0.0,
                                      "baselines_s": 0.0}
         res.timings = timings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from atlas.baselines import BaselineSums
@@ -66,26 +66,29 @@ class Counts:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (a checkpoint's ``extra["counts"]``)."""
-        return {"samples_used": self.samples_used, "samples_skipped": self.samples_skipped,
-                "skipped_reasons": dict(self.skipped_reasons), "tokens": self.tokens,
-                "tokens_streamed": self.tokens_streamed, "truncated": self.truncated}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Any, *, tokens: int = 0) -> Counts:
-        """Read back :meth:`to_dict`; a checkpoint written before counts were kept gives its ``tokens`` alone."""
+        """Read back :meth:`to_dict` (anything but a count ≥ 0 read as 0); a checkpoint written before counts
+        were kept gives its ``tokens`` alone."""
         if not isinstance(data, dict):
             return cls(tokens=int(tokens))
-
-        def count(key: str) -> int:
-            value = data.get(key, 0)
-            return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
         reasons = data.get("skipped_reasons")
-        return cls(samples_used=count("samples_used"), samples_skipped=count("samples_skipped"),
-                   skipped_reasons={str(k): v for k, v in reasons.items()
-                                    if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
-                   if isinstance(reasons, dict) else {},
-                   tokens=count("tokens"), tokens_streamed=count("tokens_streamed"), truncated=count("truncated"))
+        counts: dict[str, int] = {f.name: data[f.name] if _is_count(data.get(f.name)) else 0
+                                  for f in fields(cls) if f.name != "skipped_reasons"}
+        return cls(skipped_reasons={str(k): v for k, v in reasons.items() if _is_count(v)}
+                   if isinstance(reasons, dict) else {}, **counts)
+
+    @classmethod
+    def of(cls, result: Any) -> Counts:
+        """The counters of an :class:`ExtractionResult` (which holds them under the same names)."""
+        return cls(**{f.name: getattr(result, f.name) for f in fields(cls)} | {
+            "skipped_reasons": dict(result.skipped_reasons)})
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass
@@ -166,9 +169,7 @@ class ExtractionResult:
 
     def counts(self) -> Counts:
         """The counters so far (what a checkpoint keeps)."""
-        return Counts(samples_used=self.samples_used, samples_skipped=self.samples_skipped,
-                      skipped_reasons=dict(self.skipped_reasons), tokens=self.tokens,
-                      tokens_streamed=self.tokens_streamed, truncated=self.truncated)
+        return Counts.of(self)
 
     def summary(self) -> dict[str, Any]:
         """JSON-serialisable summary (everything but the state and baselines), for job results."""
