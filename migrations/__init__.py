@@ -7,6 +7,7 @@ This package sits above ``atlas`` (it reads :mod:`atlas.models`); ``atlas`` neve
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from atlas.errors import DatabaseUnavailable
 __all__ = ["alembic_config", "current_revision", "downgrade", "head_revision", "migrations_dir", "upgrade"]
 
 _migrate_lock = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def migrations_dir() -> Path:
@@ -62,6 +64,9 @@ def upgrade(url: str | URL, revision: str = "head") -> None:
             f"the database at {where} has a schema this FisherAtlas does not know ({_line(exc)}); it was written "
             f"by a newer version: upgrade FisherAtlas (its latest schema revision is {head_revision()})") from None
     except (DBAPIError, ArgumentError, NoSuchModuleError, ValueError) as exc:  # ValueError: a URL's bad port
+        # The one line below is what users read; the traceback (an error in a migration's own SQL, say) is kept
+        # for whoever turns debug logging on.
+        log.debug("schema upgrade of %s failed", where, exc_info=True)
         reason = _line(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
         raise DatabaseUnavailable(f"the database at {where} cannot be used: {reason}") from None
 

@@ -264,3 +264,19 @@ def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path:
             diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
         engine.dispose()
         assert diff == [], f"the offline script and the models disagree: {diff}"
+
+
+def test_a_failed_upgrade_is_one_line_and_keeps_its_traceback_at_debug(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Users read one line; the original error (an error in a migration's own SQL, say) stays in the debug log."""
+    import logging
+
+    from atlas.errors import DatabaseUnavailable
+
+    notdb = tmp_path / "atlas.sqlite"
+    notdb.write_bytes(b"this is not an SQLite file" * 100)
+    with caplog.at_level(logging.DEBUG, logger="migrations"), pytest.raises(DatabaseUnavailable) as info:
+        migrations.upgrade(f"sqlite:///{notdb}")
+    assert "\n" not in str(info.value) and info.value.__cause__ is None
+    kept = [r for r in caplog.records if r.name == "migrations" and r.exc_info is not None]
+    assert kept and "not a database" in str(kept[0].exc_info[1]), caplog.records
