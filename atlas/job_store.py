@@ -362,7 +362,18 @@ def recoverable_jobs(
     session: Session, *, stale_after_s: float, queued_older_than_s: float | None = 0.0, limit: int = 1000,
     space_id: int | None = None, model_fingerprint: str | None = None,
 ) -> list[int]:
-    """Ids of jobs a sweep should (re-)enqueue, oldest first.
+    """Ids of jobs a sweep should (re-)enqueue, oldest first: :func:`recoverable_job_statuses` without the
+    statuses."""
+    return [job_id for job_id, _ in recoverable_job_statuses(
+        session, stale_after_s=stale_after_s, queued_older_than_s=queued_older_than_s, limit=limit,
+        space_id=space_id, model_fingerprint=model_fingerprint)]
+
+
+def recoverable_job_statuses(
+    session: Session, *, stale_after_s: float, queued_older_than_s: float | None = 0.0, limit: int = 1000,
+    space_id: int | None = None, model_fingerprint: str | None = None,
+) -> list[tuple[int, str]]:
+    """(id, status) of the jobs a sweep should (re-)enqueue, oldest first.
 
     Running jobs whose heartbeat is older than ``stale_after_s`` (their worker died) and, unless
     ``queued_older_than_s`` is ``None``, queued jobs created more than that many seconds ago (their
@@ -378,13 +389,13 @@ def recoverable_jobs(
     if queued_older_than_s is not None:
         queued_cutoff = utcnow() - dt.timedelta(seconds=queued_older_than_s)
         conds.append((Job.status == JOB_QUEUED) & (Job.created_at <= queued_cutoff))
-    stmt = select(Job.id).where(or_(*conds))
+    stmt = select(Job.id, Job.status).where(or_(*conds))
     if space_id is not None:
         stmt = stmt.where(Job.space_id == space_id)
     if model_fingerprint is not None:
         stmt = stmt.where(Job.space_id.in_(select(Space.id).where(Space.model_fingerprint == model_fingerprint)))
     stmt = stmt.order_by(Job.id).limit(limit)
-    return [int(i) for i in session.execute(stmt).scalars()]
+    return [(int(i), str(status)) for i, status in session.execute(stmt).all()]
 
 
 def job_by_idempotency_key(session: Session, key: str) -> Job | None:

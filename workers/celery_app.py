@@ -33,6 +33,7 @@ from typing import Any
 from celery import Celery, signals
 
 from atlas import job_store
+from atlas.models import JOB_RUNNING
 from atlas.ports import SpaceKey, serving_key
 from atlas.settings import Settings, get_settings
 from atlas.space_repository import get_space
@@ -175,8 +176,10 @@ def sweep(ctx: WorkerContext, jobs: CeleryJobQueue) -> list[int]:
     stale = ctx.settings.job_stale_after_s
     space_id = _served.space_id if _served is not None else None
     with ctx.ro_factory() as s:
-        running = set(job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=None, space_id=space_id))
-        every = job_store.recoverable_jobs(s, stale_after_s=stale, queued_older_than_s=stale, space_id=space_id)
+        found = job_store.recoverable_job_statuses(s, stale_after_s=stale, queued_older_than_s=stale,
+                                                   space_id=space_id)
+        every = [job_id for job_id, _ in found]
+        running = {job_id for job_id, status in found if status == JOB_RUNNING}
         keys = _serving_keys(s, every)
     # A queued job's wake-up may have been lost only when its model's queue is empty (each queue measured: the
     # base queue a plain worker reports is always empty, and re-sent every queued job at every sweep).

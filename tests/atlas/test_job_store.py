@@ -60,6 +60,7 @@ def test_stale_job_is_reclaimed_and_old_lease_is_dead(factory: sessionmaker[Sess
     _age_heartbeat(factory, job_id, 120)
     with factory.begin() as s:
         assert job_store.recoverable_jobs(s, stale_after_s=60) == [job_id]
+        assert job_store.recoverable_job_statuses(s, stale_after_s=60) == [(job_id, "running")]
         second = job_store.claim_job(s, job_id, worker="b", stale_after_s=60)
     assert second is not None and second.attempts == 2 and second.lease != first.lease
     with factory.begin() as s:
@@ -114,6 +115,7 @@ def test_release_and_poison(factory: sessionmaker[Session]) -> None:
     with factory.begin() as s:
         assert job_store.get_job(s, job_id).status == "queued"
         assert job_store.recoverable_jobs(s, stale_after_s=60) == [job_id]
+        assert job_store.recoverable_job_statuses(s, stale_after_s=60) == [(job_id, "queued")]
         assert job_store.recoverable_jobs(s, stale_after_s=60, queued_older_than_s=3600) == []
         job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
         assert not job_store.fail_exhausted(s, job_id, max_attempts=3)
