@@ -450,7 +450,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             small_top[(int(src), k)] = hybrid_best(small_rank[(int(src), k)], sig_k, p_terms, terms_k, n_k,
                                                    np.arange(len(names)))
     small = small_tasks(S, S_old, truth, small_new, small_old, R, small_rank, small_top)
-    comp = completion_tasks(args, lm, encoder, index, S, typical, 12 if args.quick else 64,
+    comp = completion_tasks(args, lm, encoder, index, S, typical, 12 if args.quick else args.completion_signature,
                             5 if args.quick else args.completion_heldout)
     thr = np.array([c.threshold for c in cal if c.threshold is not None])
     return {"names": names, "n_prompts": len(feats), "open_set": opens, "small": small, "completion": comp,
@@ -524,12 +524,14 @@ def main() -> None:
     extra.add_argument("--repeats", type=int, default=5)
     extra.add_argument("--small-sources", type=int, default=30)
     extra.add_argument("--completion-heldout", type=int, default=100,
-                       help="held-out prompts per completion task (CB has 250 rows: at most 186)")
+                       help="held-out prompts per completion task (CB has 250 rows: at most 250 minus the pairs)")
+    extra.add_argument("--completion-signature", type=int, default=64,
+                       help="prompt/completion pairs per completion task (CB has 250 rows)")
     known, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = parse_routing_args(__doc__.split("\n")[0])
     args.repeats, args.small_sources = known.repeats, known.small_sources
-    args.completion_heldout = known.completion_heldout
+    args.completion_heldout, args.completion_signature = known.completion_heldout, known.completion_signature
     run_and_report("openset", "4b. Open set, small tasks and completion-mode routing (issue 13)", args, run, render,
                    lambda res: routing_settings(args))
 
