@@ -105,10 +105,11 @@ def list_jobs(
     *,
     task_id: int | None = None,
     status: str | None = None,
+    space_id: int | None = None,
     offset: int = 0,
     limit: int = 50,
 ) -> Page[Job]:
-    """List jobs, newest first, optionally of one task and/or one status."""
+    """List jobs, newest first, optionally of one task, one status and/or one space."""
     if not 1 <= limit <= 1000 or offset < 0:
         raise InvalidInput("limit must be in 1..1000 and offset >= 0")
     if status is not None and status not in JOB_STATUSES:
@@ -118,6 +119,8 @@ def list_jobs(
         conds.append(Job.task_id == task_id)
     if status is not None:
         conds.append(Job.status == status)
+    if space_id is not None:
+        conds.append(Job.space_id == space_id)
     total = session.execute(select(func.count()).select_from(Job).where(*conds)).scalar_one()
     items = session.execute(select(Job).where(*conds).order_by(Job.id.desc()).offset(offset).limit(limit)).scalars()
     return Page(items=list(items), total=int(total), offset=offset, limit=limit)

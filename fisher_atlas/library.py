@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -21,6 +22,9 @@ from atlas.services.thresholds import FitResult
 from atlas.settings import Settings
 from atlas.vocabulary import JobStatus, TaskStatus
 from service.container import Container
+from workers.extraction_results import sample_notes
+
+log = logging.getLogger(__name__)
 
 SampleLike = str | dict[str, Any] | Sample
 
@@ -181,6 +185,9 @@ class Atlas:
                 bar.stop()
         if job.status != JobStatus.SUCCEEDED:
             raise AtlasError(f"job {job.id} ended {job.status}: {job.error or ''}".strip(), {"job_id": job.id})
+        notes = sample_notes(job.result)
+        if notes:  # samples left out or cut are no error, but must not pass unseen
+            log.warning("%s: %s", label, "; ".join(notes))
         return job
 
     # -- queries ---------------------------------------------------------------------------------

@@ -169,6 +169,19 @@ class JobProgress(_Out):
     routing_total: int = Field(default=0, description="Prompts of the routing phase.")
 
 
+class JobResult(_Out):
+    """What a succeeded job made of its samples: the ones it used, skipped (by reason) and cut."""
+
+    samples_used: int = Field(default=0, description="Samples whose tokens were sketched.")
+    samples_skipped: int = Field(default=0, description="Samples left out: see `skipped_reasons`.")
+    skipped_reasons: dict[str, int] = Field(
+        default_factory=dict, description="Skipped samples by reason: `too_short` (under 2 tokens), `empty`, "
+        "`missing_field`, `invalid_text`, `no_completion_tokens`, `token_out_of_range`.")
+    truncated: int = Field(default=0, description="Samples cut to `max_tokens_per_sample` tokens.")
+    max_tokens_per_sample: int | None = Field(default=None, description="The worker's cap on a sample's tokens.")
+    truncation_policy: str | None = Field(default=None, description="Which tokens a cut sample keeps.")
+
+
 class JobOut(_Out):
     """A job (``create`` or ``append``) and its progress."""
 
@@ -179,6 +192,8 @@ class JobOut(_Out):
     task_id: int | None = None
     status: JobStatus
     progress: JobProgress = Field(default_factory=JobProgress)
+    result: JobResult | None = Field(default=None, description="Set when the job succeeded: samples used, skipped "
+                                     "(by reason) and cut to the worker's token cap.")
     error: str | None = None
     created_at: dt.datetime | None = None
     started_at: dt.datetime | None = None

@@ -8,7 +8,7 @@ from typing import Any
 from atlas.analysis import Factors
 from atlas.models import Job, Task
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
-from service.schemas import JobOut, JobProgress, TaskOut
+from service.schemas import JobOut, JobProgress, JobResult, TaskOut
 from workers.job_progress import progress_view
 
 
@@ -17,9 +17,23 @@ def job_out(job: Job) -> JobOut:
     progress = JobProgress(**progress_view(job.progress))
     return JobOut.model_validate({
         "id": job.id, "kind": JobKind(job.kind), "task_id": job.task_id, "status": JobStatus(job.status),
-        "progress": progress, "error": job.error, "created_at": job.created_at, "started_at": job.started_at,
-        "finished_at": job.finished_at, "attempts": job.attempts, "cancel_requested": job.cancel_requested,
+        "progress": progress, "result": job_result(job.result), "error": job.error, "created_at": job.created_at,
+        "started_at": job.started_at, "finished_at": job.finished_at, "attempts": job.attempts,
+        "cancel_requested": job.cancel_requested,
     })
+
+
+def job_result(result: dict[str, Any] | None) -> JobResult | None:
+    """A succeeded job's stored summary (``Job.result``) as ``JobResult``: its sample counts only; ``None`` for
+    a job without one."""
+    if not isinstance(result, dict):
+        return None
+    from pydantic import ValidationError
+
+    try:
+        return JobResult.model_validate({k: result[k] for k in JobResult.model_fields if k in result})
+    except ValidationError:  # a summary this version cannot read: the job is shown without it
+        return None
 
 
 def task_out(task: Task) -> TaskOut:

@@ -87,6 +87,23 @@ class Counts:
             "skipped_reasons": dict(result.skipped_reasons)})
 
 
+def sample_notes(summary: dict[str, Any] | None) -> list[str]:
+    """What a user should be told of a job's samples, from its :meth:`ExtractionResult.summary` (a succeeded
+    job's ``Job.result``): ``["2 of 40 samples skipped (too_short: 2)", "1 cut to 512 tokens"]``, or ``[]``."""
+    if not isinstance(summary, dict):
+        return []
+    skipped, truncated = summary.get("samples_skipped") or 0, summary.get("truncated") or 0
+    notes = []
+    if skipped:
+        used = summary.get("samples_used") or 0
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted((summary.get("skipped_reasons") or {}).items()))
+        notes.append(f"{skipped} of {used + skipped} samples skipped ({reasons})")
+    if truncated:
+        cap = summary.get("max_tokens_per_sample")
+        notes.append(f"{truncated} cut to {f'{cap} tokens' if cap else 'the token cap'}")
+    return notes
+
+
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

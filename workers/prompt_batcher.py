@@ -322,8 +322,13 @@ class InProcessPromptSketcher:
         self.model_name = model_name
         self.model_error = model_error
         self.batcher = PromptBatcher(extractor, **batching) if extractor is not None else None
-        self.key = (serving_key(extractor.lm.fingerprint.key(), extractor.sketcher.spec.fingerprint())
-                    if extractor is not None and extractor.sketcher is not None else None)
+        self.key: str | None = None
+        self.model_fingerprint: str | None = None
+        self.spec: dict[str, Any] = {}
+        if extractor is not None and extractor.sketcher is not None:
+            self.model_fingerprint = extractor.lm.fingerprint.key()
+            self.key = serving_key(self.model_fingerprint, extractor.sketcher.spec.fingerprint())
+            self.spec = extractor.sketcher.spec.to_dict()
 
     def check_served(self, space: SpaceKey) -> None:
         """Raise ``ModelUnavailable`` unless the loaded model and spec are the space's."""
@@ -333,11 +338,16 @@ class InProcessPromptSketcher:
                 {"model": self.model_name},
             )
         if space.serving_key != self.key:
-            raise ModelUnavailable(
-                f"no model of this service serves space {space.space_id} (model {space.model_name!r}); "
-                f"this process serves {self.model_name!r}",
-                {"space_id": space.space_id, "model": space.model_name},
-            )
+            if space.model_fingerprint == self.model_fingerprint:  # the same model, another sketch spec
+                differ = [k for k in sorted(set(space.spec) | set(self.spec)) if space.spec.get(k) != self.spec.get(k)]
+                theirs, ours = (", ".join(f"{k}={spec.get(k)}" for k in differ) for spec in (space.spec, self.spec))
+                why = (f"space {space.space_id} was sketched with {theirs}, this process sketches with {ours} "
+                       "(the same model; start the service with the space's sketch settings to query it)")
+            else:
+                why = (f"space {space.space_id} was sketched with the model {space.model_name!r}; this process "
+                       f"serves {self.model_name!r}")
+            raise ModelUnavailable(f"no model of this service serves space {space.space_id}: {why}",
+                                   {"space_id": space.space_id, "model": space.model_name})
 
     async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
         """Tokenise (in a thread), queue, and await the batched states."""

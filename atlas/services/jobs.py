@@ -23,12 +23,14 @@ class JobService:
         with self.store.read() as session:
             return job_store.get_job(session, job_id)
 
-    def page(self, *, task_id: int | None = None, status: str | None = None, offset: int = 0, limit: int = 50
-             ) -> repo.Page[Job]:
-        """Jobs, newest first."""
+    def page(self, *, task_id: int | None = None, status: str | None = None, space_ref: str | None = None,
+             offset: int = 0, limit: int = 50) -> repo.Page[Job]:
+        """Jobs, newest first (``space_ref``: a space's id or name; ``None``: every space)."""
         with self.store.read() as session:
             read_snapshot(session)
-            return job_store.list_jobs(session, task_id=task_id, status=status, offset=offset, limit=limit)
+            space_id = self.store.resolve_space(session, space_ref).id if space_ref is not None else None
+            return job_store.list_jobs(session, task_id=task_id, status=status, space_id=space_id, offset=offset,
+                                       limit=limit)
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a queued job or ask a running one to stop."""

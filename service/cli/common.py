@@ -16,6 +16,8 @@ Url = Annotated[str | None, typer.Option("--url", envvar="FISHER_ATLAS_URL",
 ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="FISHER_ATLAS_API_KEY", help="API key.")]
 Space = Annotated[str | None, typer.Option("--space", envvar="FISHER_ATLAS_SPACE",
                                            help="Space id or model name (default: the service's).")]
+ListSpace = Annotated[str | None, typer.Option("--space", envvar="FISHER_ATLAS_SPACE",
+                                               help="Only this space, by id or model name (default: every space).")]
 Timeout = Annotated[float, typer.Option("--timeout", envvar="FISHER_ATLAS_TIMEOUT", min=0.1,
                                          help="Request timeout, s.")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -60,6 +62,14 @@ def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise fail(f"{flag} must be a JSON object", 2)
     return value
+
+
+def sample_notes(job: JobOut) -> str:
+    """``"; 2 of 40 samples skipped (too_short: 2); 1 cut to 512 tokens"`` for a succeeded job that left samples
+    out or cut them, else ``""``."""
+    from workers.extraction_results import sample_notes as notes
+
+    return "".join(f"; {n}" for n in notes(job.result.model_dump() if job.result is not None else None))
 
 
 def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:

@@ -15,6 +15,17 @@ MATRIX_DEFAULT_MAX = 40
 """``matrix`` without names draws the first this-many ready tasks."""
 
 
+def _check_out(out: Path, *, numbers: bool) -> None:
+    """Refuse a file name the command cannot write, before any request (exit 2): a figure's suffix, or ``.json``
+    where the command writes its numbers (``numbers``)."""
+    from service.plots import PLOT_SUFFIXES
+
+    allowed = (*PLOT_SUFFIXES, ".json") if numbers else PLOT_SUFFIXES
+    if out.suffix.lower() not in allowed:
+        raise fail(f"unknown output format {out.suffix or '(none)'!r} for {out.name!r}: use one of "
+                   f"{', '.join(allowed)}", 2)
+
+
 def _plot(kind: str, body: Any, out: Path, title: str) -> Path:
     from service import plots
 
@@ -42,7 +53,9 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
         lex = f"{m.lexical:7.4f}  " if lexical and m.lexical is not None else ""
         lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  {rank}{lex}"
                      f"{m.name} (id {m.task_id})")
-    if res.none and res.template_rejects:
+    if not res.matches:
+        lines = ["none: the space has no ready task to route to (add one first)"]
+    elif res.none and res.template_rejects:
         lines.append("none: the prompt lacks a term every sample of the best task has (its template; docs/SCORES.md)")
     elif res.none and res.nearest_rejects:
         lines.append("none: the task nearest to the prompt rejects it (below its threshold; docs/SCORES.md)")
@@ -118,6 +131,8 @@ def recommend(name: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] =
               url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
               json: Json = False) -> None:
     """Recommend fine-tuning sources for a target task, with their factors."""
+    if plot is not None:
+        _check_out(plot, numbers=False)
     with client(url, api_key, timeout) as cl:
         target = cl.find_task(name, space=space)
         res = cl.sources(target.id, k=k, candidates=candidates)
@@ -155,6 +170,7 @@ def matrix(names: Annotated[list[str] | None, typer.Argument(help="Tasks (defaul
            url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
            json: Json = False) -> None:
     """Fisher alignment heatmap of the named tasks (the space's ready tasks up to 40 when none are named)."""
+    _check_out(out, numbers=True)
     with client(url, api_key, timeout) as cl:
         if names:
             ids = [cl.find_task(n, space=space).id for n in names]
@@ -178,6 +194,7 @@ def atlas(out: Annotated[Path, typer.Option(help="Map file: .png, .svg or .pdf (
           url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
           json: Json = False) -> None:
     """Draw the 2-D map of a space's tasks, coloured by cluster."""
+    _check_out(out, numbers=True)
     with client(url, api_key, timeout) as cl:
         res = cl.atlas(space=space)
         sp = cl.get_space(res.space_id)

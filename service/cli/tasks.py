@@ -8,7 +8,20 @@ from typing import Annotated
 import typer
 
 from atlas.vocabulary import JobStatus, Mode, TaskStatus
-from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail, follow, json_object
+from service.cli.common import (
+    ApiKey,
+    Json,
+    ListSpace,
+    Space,
+    Timeout,
+    Url,
+    client,
+    emit,
+    fail,
+    follow,
+    json_object,
+    sample_notes,
+)
 
 app = typer.Typer()
 tasks_app = typer.Typer(help="List, show and delete tasks.", no_args_is_help=True)
@@ -36,7 +49,7 @@ def add(name: str, file: FileArg,
         task = cl.get_task(created.task.id)
     emit(json, {"task": task.model_dump(mode="json"), "job": job.model_dump(mode="json")},
          f"task {task.id} ({task.name}): {task.status}, {task.n_samples} samples, {task.n_tokens} tokens; "
-         f"job {job.id} {job.status}" + (f": {job.error}" if job.error else ""))
+         f"job {job.id} {job.status}" + (f": {job.error}" if job.error else "") + sample_notes(job))
     if job.status != JobStatus.SUCCEEDED:
         raise typer.Exit(1)
 
@@ -53,7 +66,7 @@ def append(name: str, file: FileArg,
         if wait:
             job = follow(cl, job.id, name, quiet=json)
     emit(json, job, f"job {job.id} ({job.kind} to task {task.id}, {task.name}): {job.status}"
-         + (f": {job.error}" if job.error else ""))
+         + (f": {job.error}" if job.error else "") + sample_notes(job))
     if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise typer.Exit(1)
 
@@ -63,9 +76,9 @@ def tasks_list(name_prefix: Annotated[str | None, typer.Option(help="Names start
                status: Annotated[TaskStatus | None, typer.Option(help="Only this status.")] = None,
                limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
                offset: Annotated[int, typer.Option(min=0)] = 0,
-               url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+               url: Url = None, api_key: ApiKey = None, space: ListSpace = None, timeout: Timeout = 120.0,
                json: Json = False) -> None:
-    """List tasks, oldest first."""
+    """List tasks, oldest first (of every space unless --space)."""
     with client(url, api_key, timeout) as cl:
         page = cl.list_tasks(space=space, name_prefix=name_prefix, status=status.value if status else None,
                              offset=offset, limit=limit)
@@ -103,11 +116,12 @@ def tasks_delete(name: str, yes: Annotated[bool, typer.Option("--yes", "-y", hel
 def jobs_list(task: Annotated[str | None, typer.Option(help="Only jobs of this task (name or id).")] = None,
               status: Annotated[JobStatus | None, typer.Option(help="Only this status.")] = None,
               limit: Annotated[int, typer.Option(min=1, max=1000)] = 50, url: Url = None, api_key: ApiKey = None,
-              space: Space = None, timeout: Timeout = 120.0, json: Json = False) -> None:
-    """List jobs, newest first."""
+              space: ListSpace = None, timeout: Timeout = 120.0, json: Json = False) -> None:
+    """List jobs, newest first (of every space unless --space; --task names a task of that space, default the
+    service's)."""
     with client(url, api_key, timeout) as cl:
         task_id = cl.find_task(task, space=space).id if task is not None else None
-        page = cl.list_jobs(task_id=task_id, status=status.value if status else None, limit=limit)
+        page = cl.list_jobs(task_id=task_id, status=status.value if status else None, space=space, limit=limit)
     lines = [f"{'id':>6}  {'kind':<7}  {'status':<10}  {'task':>6}  progress"]
     lines += [f"{j.id:>6}  {j.kind:<7}  {j.status:<10}  {j.task_id or '-':>6}  "
               f"{j.progress.samples_done}/{j.progress.samples_total} samples, {j.progress.tokens:,} tokens"
@@ -125,7 +139,7 @@ def jobs_show(job_id: int, url: Url = None, api_key: ApiKey = None, timeout: Tim
     p = j.progress
     emit(json, j, f"job {j.id} ({j.kind}, task {j.task_id}): {j.status}; {p.samples_done}/{p.samples_total} "
          f"samples, {p.tokens:,} tokens, {p.tokens_per_s:,.0f} tok/s; attempts {j.attempts}"
-         + (f"; error: {j.error}" if j.error else ""))
+         + (f"; error: {j.error}" if j.error else "") + sample_notes(j))
 
 
 @jobs_app.command("cancel")

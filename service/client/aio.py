@@ -193,10 +193,10 @@ class AsyncAtlasClient:
         """``GET /v1/jobs/{id}``."""
         return await self._send(Call("GET", f"/v1/jobs/{job_id}", JobOut))
 
-    async def list_jobs(self, *, task_id: int | None = None, status: str | None = None, offset: int = 0,
-                        limit: int = 50) -> JobList:
-        """``GET /v1/jobs``, newest first."""
-        params = {"task_id": task_id, "status": status, "offset": offset, "limit": limit}
+    async def list_jobs(self, *, task_id: int | None = None, status: str | None = None,
+                        space: str | int | None = None, offset: int = 0, limit: int = 50) -> JobList:
+        """``GET /v1/jobs``, newest first (``space``: id or name; default every space)."""
+        params = {"task_id": task_id, "status": status, "space": space, "offset": offset, "limit": limit}
         return await self._send(Call("GET", "/v1/jobs", JobList, params=params))
 
     async def cancel_job(self, job_id: int) -> JobOut:

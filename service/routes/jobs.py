@@ -34,17 +34,18 @@ KEEPALIVE_S = 15.0
 """A comment line is sent after this long without an event (keeps proxies from closing the stream)."""
 
 
-@router.get("", response_model=JobList, summary="List jobs", responses=error_responses(401, 403, 422))
+@router.get("", response_model=JobList, summary="List jobs", responses=error_responses(401, 403, 404, 422))
 def list_jobs(
     c: ContainerDep,
     _: ReadPrincipal,
     task_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     status: Annotated[JobStatus | None, Query()] = None,
+    space: Annotated[str | None, Query(max_length=300, description="Space id or name; default: all spaces.")] = None,
     offset: Offset = 0,
     limit: Limit = 50,
 ) -> JobList:
-    """Jobs, newest first, optionally of one task and/or status."""
-    page = c.jobs.page(task_id=task_id, status=status, offset=offset, limit=limit)
+    """Jobs, newest first, optionally of one task, status and/or space."""
+    page = c.jobs.page(task_id=task_id, status=status, space_ref=space, offset=offset, limit=limit)
     return JobList(items=[job_out(j) for j in page.items], total=page.total, offset=page.offset,
                    limit=page.limit)
 

@@ -140,11 +140,15 @@ def test_plot_commands(keyed: dict[str, Any], plots: Any, tmp_path: Path, capsys
     assert "<svg" in bars.read_text()
 
     # an unknown suffix is refused before any request, exit 2, one clear line
-    for argv in (["atlas", "--out", str(tmp_path / "a.gif")], ["matrix", "--out", str(tmp_path / "m.bmp")],
-                 ["recommend", "fox", "--plot", str(tmp_path / "r")]):
-        assert main(argv) == 2
+    # (a server that is not there: a request would fail with exit 1); .json is named where it is written
+    nowhere = ["--url", "http://127.0.0.1:9"]
+    for argv, numbers in ((["atlas", "--out", str(tmp_path / "a.gif")], True),
+                          (["matrix", "--out", str(tmp_path / "m.bmp")], True),
+                          (["recommend", "fox", "--plot", str(tmp_path / "r")], False)):
+        assert main([*argv, *nowhere]) == 2, argv
         err = capsys.readouterr().err
         assert "use one of" in err and ".png" in err and "Traceback" not in err
+        assert (".json" in err) == numbers, err
     assert not list(tmp_path.glob("a.gif"))
     # matplotlib not installed: exit 2 with the install hint, no traceback
     monkeypatch.setitem(sys.modules, "matplotlib", None)

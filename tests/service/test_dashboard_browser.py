@@ -430,12 +430,17 @@ def test_add_append_and_delete_a_task_through_the_form(
     first_job = progress.get_attribute("data-job-id")
     page.select_option("[data-testid=add-target]", str(task["id"]))
     assert page.locator("[data-testid=add-name]").is_hidden()
+    assert page.locator("[data-testid=add-notes]").count() == 0  # nothing was left out of the first file
     more = [f"Sonnet {i}: rough winds do shake the darling buds of May." for i in range(60, 75)]
-    page.set_input_files("[data-testid=add-file]", str(_write_jsonl(tmp_path / "more.jsonl", more)))
+    # one sample of a single token cannot be sketched: the form says so (it passed unseen before 2026-11-25)
+    page.set_input_files("[data-testid=add-file]", str(_write_jsonl(tmp_path / "more.jsonl", [*more, "x"])))
     page.click("[data-testid=add-submit]")
     page.locator(
         f"[data-testid=add-progress][data-status=succeeded]:not([data-job-id='{first_job}'])"
     ).wait_for(timeout=JOB_TIMEOUT_S * 1000)
+    notes = page.locator("[data-testid=add-notes]")
+    notes.wait_for()
+    assert f"1 of {len(more) + 1} samples skipped (too_short: 1)" in notes.inner_text()
     with httpx.Client(base_url=service.base, timeout=10) as http:
         assert http.get(f"/v1/tasks/{task['id']}").json()["n_samples"] == len(texts) + len(more)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -52,3 +54,29 @@ def test_reply_of_another_spec_or_length_or_an_error_is_refused() -> None:
     assert isinstance(got, AtlasError) and "malformed" in got.message
     _, got = decode_reply(encode_reply("z", error=NotFound("gone", {"task": 1})), SPEC)
     assert isinstance(got, NotFound) and got.detail == {"task": 1}
+
+
+def test_a_space_of_another_spec_or_model_is_refused_naming_what_differs(gpt2_lm: Any) -> None:
+    """A space sketched with the same model but another sketch spec was refused as "no model … serves it;
+    this process serves 'the same model'" (a store reopened with another --sketch-dim)."""
+    import pytest
+
+    from atlas.errors import ModelUnavailable
+    from atlas.ports import SpaceKey
+    from workers.extraction import Extractor
+    from workers.prompt_batcher import InProcessPromptSketcher
+
+    served = gpt2_lm.make_spec(m=256, seed=0)
+    sketcher = InProcessPromptSketcher(Extractor(gpt2_lm, gpt2_lm.make_sketcher(served)), model_name="tiny")
+    try:
+        fp = gpt2_lm.fingerprint.key()
+        sketcher.check_served(SpaceKey(1, "tiny", fp, served.fingerprint(), served.to_dict()))  # its own: served
+        other = gpt2_lm.make_spec(m=1024, seed=0)
+        with pytest.raises(ModelUnavailable) as info:
+            sketcher.check_served(SpaceKey(2, "tiny", fp, other.fingerprint(), other.to_dict()))
+        assert "space 2 was sketched with m=1024, this process sketches with m=256" in str(info.value)
+        with pytest.raises(ModelUnavailable) as info:
+            sketcher.check_served(SpaceKey(3, "other/model", "0" * 20, served.fingerprint(), served.to_dict()))
+        assert "space 3 was sketched with the model 'other/model'; this process serves 'tiny'" in str(info.value)
+    finally:
+        sketcher.close()

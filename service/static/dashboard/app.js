@@ -936,8 +936,10 @@
           if (!ctx.alive()) return;
           if (job.status === "succeeded") {
             const p = job.progress || {};
+            const notes = sampleNotes(job);
             jobBox.replaceChildren(h("p", { class: "muted small", "data-testid": "latest-job" },
-              `Latest job ${job.id} (${job.kind || "job"}) succeeded ${fmtDate(job.finished_at)}: ${progressFigures(p, job.status)}.`));
+              `Latest job ${job.id} (${job.kind || "job"}) succeeded ${fmtDate(job.finished_at)}: ${progressFigures(p, job.status)}.`
+              + (notes ? ` ${notes}` : "")));
           } else {
             jobBox.replaceChildren(h("div", { class: "card", "data-testid": "latest-job" }, h("h2", {}, "Latest job"),
               jobRow(job, new Map([[String(task.id), task]]))));
@@ -1288,6 +1290,20 @@
     const total = Number(routing ? p.routing_total : p.samples_total) || 0;
     return total > 0 ? clamp01(done / total) : job.status === "succeeded" ? 1 : 0;
   }
+  // What a succeeded job left out of its samples or cut (its `result`), as one sentence, or "".
+  function sampleNotes(job) {
+    const r = (job && job.result) || null;
+    if (!r) return "";
+    const notes = [];
+    if (Number(r.samples_skipped) > 0) {
+      const reasons = Object.entries(r.skipped_reasons || {}).sort().map(([k, v]) => `${k}: ${v}`).join(", ");
+      notes.push(`${fmtInt(r.samples_skipped)} of ${fmtInt(Number(r.samples_used) + Number(r.samples_skipped))} samples skipped (${reasons})`);
+    }
+    if (Number(r.truncated) > 0) {
+      notes.push(`${fmtInt(r.truncated)} cut to ${r.max_tokens_per_sample ? `${fmtInt(r.max_tokens_per_sample)} tokens` : "the token cap"}`);
+    }
+    return notes.length ? `${notes.join("; ")}.` : "";
+  }
   function progressFigures(p, status) {
     // tokens streamed through the model (prompts included), their rate, samples/s and the ETA, from the job
     const streamed = Number(p.tokens_streamed); const tps = Number(p.tokens_streamed_per_s ?? p.tokens_per_s);
@@ -1412,9 +1428,11 @@
         }
         showJob(final);
         if (final.status === "succeeded") {
+          const notes = sampleNotes(final);
           message.replaceChildren(h("p", { class: "muted small", "data-testid": "add-done" },
             `${accepted.task ? `Task ${taskName(accepted.task)} added` : "Samples appended"}: `,
-            taskLink(final.task_id, "open the task")));
+            taskLink(final.task_id, "open the task")),
+          ...(notes ? [h("p", { class: "note small", "data-testid": "add-notes" }, notes)] : []));
           if (target.value === "") { name.value = ""; meta.value = ""; }
           file.value = "";
           if (parseHash().path === "/atlas") navigate();  // the atlas redraws with the new point

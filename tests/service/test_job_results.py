@@ -1,0 +1,82 @@
+"""A job's samples that were skipped or cut are reported (REST ``result``, CLI, library log), and job lists
+filter by space.
+
+Before 2026-11-25 a task added from 5 samples of which 2 were too short to sketch (one token) reported
+5/5 samples done and said nothing (the README's own library example lost one this way), and a sample cut to
+the worker's token cap was not reported either; ``jobs list --space`` was accepted and ignored.
+
+Real parts: a uvicorn server over SQLite with the tiny GPT-2, the ``fisher-atlas`` entry point, the client,
+``Atlas(path)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fisher_atlas import Atlas
+from service.cli import main
+from service.client import AtlasClient
+from tests.service.test_default_space import _other_space_task
+
+CAP = 48
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)  # well over CAP tokens
+SAMPLES = ["the quick brown fox jumps over the lazy dog", "x", LONG, "y", "a vector database stores signatures"]
+
+
+def test_skipped_and_cut_samples_are_reported_and_jobs_filter_by_space(serve: Any, tiny_lm: Any, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    svc = serve(lm=tiny_lm, max_tokens_per_sample=CAP)
+    assert main(["route", "the quick brown fox", "--url", svc.url]) == 0  # the default space is empty yet
+    out = capsys.readouterr().out
+    assert out.strip() == "none: the space has no ready task to route to (add one first)", out
+    elsewhere = _other_space_task(svc.container.store)  # another model's task, its job left queued
+    data = tmp_path / "mixed.txt"
+    data.write_text("\n".join(SAMPLES) + "\n")
+    assert main(["add", "mixed", str(data), "--wait", "--url", svc.url]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 5 samples skipped (too_short: 2)" in out and f"1 cut to {CAP} tokens" in out, out
+
+    with AtlasClient(svc.url) as cl:
+        task = cl.find_task("mixed")
+        assert task.n_samples == 3
+        job = cl.list_jobs(task_id=task.id).items[0]
+        assert job.result is not None
+        assert (job.result.samples_used, job.result.samples_skipped, job.result.truncated) == (3, 2, 1)
+        assert job.result.skipped_reasons == {"too_short": 2}
+        assert job.result.max_tokens_per_sample == CAP and job.result.truncation_policy
+        assert cl.get_job(job.id).result == job.result
+        clean = cl.add_task("clean", samples=[{"text": SAMPLES[0]}], wait=True).job
+        assert clean.result is not None and (clean.result.samples_skipped, clean.result.truncated) == (0, 0)
+        assert main(["jobs", "show", str(clean.id), "--url", svc.url]) == 0
+        assert "skipped" not in capsys.readouterr().out
+
+        served = task.space_id
+        other_space = cl.get_task(elsewhere).space_id
+        assert {j.task_id for j in cl.list_jobs().items} == {task.id, clean.task_id, elsewhere}
+        assert {j.task_id for j in cl.list_jobs(space=served).items} == {task.id, clean.task_id}
+        assert [j.task_id for j in cl.list_jobs(space=other_space).items] == [elsewhere]
+        queued = cl.list_jobs(space=other_space).items[0]
+        assert queued.status == "queued" and queued.result is None
+    for space, expected in ((None, 3), (str(served), 2), (str(other_space), 1)):
+        args = ["jobs", "list", "--url", svc.url] + ([] if space is None else ["--space", space])
+        assert main(args) == 0
+        assert f"{expected} of {expected} jobs" in capsys.readouterr().out, (space, expected)
+    assert main(["jobs", "list", "--url", svc.url, "--space", "no-such-space"]) == 1
+    assert "not_found" in capsys.readouterr().err
+
+
+def test_the_library_logs_skipped_and_cut_samples(tmp_path: Path, tiny_model_dir: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu",
+               max_tokens_per_sample=CAP) as atlas, caplog.at_level(logging.WARNING, logger="fisher_atlas"):
+        task = atlas.add("mixed", SAMPLES, progress=False)
+        assert task.n_samples == 3
+        warned = [r.getMessage() for r in caplog.records if r.name.startswith("fisher_atlas")]
+        assert warned == [f"add mixed: 2 of 5 samples skipped (too_short: 2); 1 cut to {CAP} tokens"], warned
+        caplog.clear()
+        atlas.append("mixed", [SAMPLES[0]], progress=False)
+        assert not [r for r in caplog.records if r.name.startswith("fisher_atlas")]
