@@ -144,6 +144,7 @@ class Container:
             with self.store.session() as session:
                 space = ensure_space(session, self.lm, s)
                 self.store.default_space_id = int(space.id)
+                _warn_if_elsewhere(session, space)
                 sketcher = self.lm.make_sketcher(SketchSpec.from_dict(space.spec))
             extractor = Extractor(self.lm, sketcher, max_tokens_per_sample=s.max_tokens_per_sample)
         self.prompts = InProcessPromptSketcher(
@@ -261,3 +262,18 @@ class Container:
         if sid is not None and self.index is not None:
             out["index_size"] = int(self.index.stats(sid)["count"])
         return out
+
+
+def _warn_if_elsewhere(session: Any, space: Any) -> None:
+    """Log a warning when the space this process serves is empty but the store holds other spaces' tasks (a
+    restart with another model or ``--sketch-dim``: routes would answer none, ``tasks list`` shows them all)."""
+    from atlas.space_repository import task_counts
+
+    counts = task_counts(session)
+    others = {sid: n for sid, n in sorted(counts.items()) if sid != space.id and n}
+    if counts.get(int(space.id)) or not others:
+        return
+    log.warning("this process serves space %s (model %r, m=%s), which holds no task; the store's other tasks are "
+                "in space(s) %s (by id: tasks), of another model or sketch spec: queries here do not see them. "
+                "Start with that space's model and sketch settings to serve it.", space.id, space.model_name,
+                space.m, others)

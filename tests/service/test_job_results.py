@@ -80,3 +80,20 @@ def test_the_library_logs_skipped_and_cut_samples(tmp_path: Path, tiny_model_dir
         caplog.clear()
         atlas.append("mixed", [SAMPLES[0]], progress=False)
         assert not [r for r in caplog.records if r.name.startswith("fisher_atlas")]
+
+
+def test_a_restart_on_another_sketch_spec_warns_that_the_tasks_are_elsewhere(
+        tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Reopened with another ``sketch_dim`` the store's tasks sit in the old space: every route answered none
+    and nothing said why."""
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        atlas.add("fox", [SAMPLES[0], SAMPLES[4]], progress=False)
+    with caplog.at_level(logging.WARNING, logger="fisher_atlas"), \
+            Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu"):
+        pass
+    assert not [r for r in caplog.records if "holds no task" in r.getMessage()]  # the same space: no warning
+    with caplog.at_level(logging.WARNING, logger="fisher_atlas"), \
+            Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=512, device="cpu") as atlas:
+        assert atlas.route("the quick brown fox").none
+    warned = [r.getMessage() for r in caplog.records if "holds no task" in r.getMessage()]
+    assert len(warned) == 1 and "m=512" in warned[0] and "{1: 1}" in warned[0], warned
