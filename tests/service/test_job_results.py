@@ -20,6 +20,7 @@ import pytest
 from fisher_atlas import Atlas
 from service.cli import main
 from service.client import AtlasClient
+from service.client.errors import InvalidInput
 from tests.service.test_default_space import _other_space_task
 
 CAP = 48
@@ -54,6 +55,8 @@ def test_skipped_and_cut_samples_are_reported_and_jobs_filter_by_space(serve: An
         assert main(["jobs", "show", str(clean.id), "--url", svc.url]) == 0
         assert "skipped" not in capsys.readouterr().out
 
+        with pytest.raises(InvalidInput, match="a task's numeric id; find one by name"):
+            cl.sources("mixed")  # type: ignore[arg-type]  # a name where the id goes (the README once invited it)
         served = task.space_id
         other_space = cl.get_task(elsewhere).space_id
         assert {j.task_id for j in cl.list_jobs().items} == {task.id, clean.task_id, elsewhere}
