@@ -281,6 +281,7 @@ def _finish(job: Job, status: str, *, error: str | None = None, result: dict[str
 def mark_succeeded(session: Session, job: Job, result: dict[str, Any], progress: dict[str, Any] | None = None) -> None:
     """Finish a locked job as succeeded and drop its checkpoint."""
     _finish(job, JOB_SUCCEEDED, result=result)
+    job.error = None  # a release on the way ("worker shut down; …") is no error of a job that succeeded
     if progress is not None:
         job.progress = progress
     session.execute(delete(JobCheckpoint).where(JobCheckpoint.job_id == job.id))

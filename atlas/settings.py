@@ -96,7 +96,8 @@ class Settings(BaseSettings):
         "('*': any). Checked on loopback binds (DNS rebinding) and wherever this list is set.")
     allowed_origins: list[str] = Field(
         default_factory=list, description="Origins (scheme://host[:port]) allowed to send state-changing requests "
-        "besides the service's own origin ('*': any).")
+        "besides the service's own origin ('*': any); browsers on them also get CORS answers (preflights included), "
+        "so a web UI there can call the API with its key.")
     rate_limit_per_s: float = Field(
         default=100.0, ge=0, description="Requests per second per API key (per client address when anonymous); 0: off.")
     rate_limit_burst: int = Field(default=200, ge=1, description="Token-bucket size of the per-client rate limit.")

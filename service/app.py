@@ -159,6 +159,14 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + ENVELOPE_BYTES)
     app.add_middleware(SecurityMiddleware, settings=settings, container=container)
+    if settings.allowed_origins:  # outside the key check: a browser's preflight carries no key
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                           allow_headers=["content-type", "x-api-key", "authorization", "idempotency-key",
+                                          "last-event-id"],
+                           expose_headers=["retry-after", "server-timing"], max_age=600)
     app.add_middleware(MetricsMiddleware, metrics=container.metrics)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

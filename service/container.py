@@ -247,8 +247,15 @@ class Container:
             checks["database"] = True
         except Exception as exc:
             detail["database"] = type(exc).__name__
-        if remote:
-            detail["model"] = "served by workers over Redis"
+        if remote:  # workers announce in Redis: ready when one serves the default space (and Redis answers)
+            try:
+                assert self.queries is not None and self.prompts is not None
+                self.prompts.check_served(self.queries.space_key(None))
+                detail["model"] = "served by workers over Redis"
+            except Exception as exc:  # no model names or paths in the answer (it is public)
+                checks["model"] = False
+                detail["model"] = ("the worker registry (Redis) is unreachable" if exc.__cause__ is not None
+                                   else "no live worker serves the default space (start `fisher-atlas worker`)")
         elif self.lm is None:
             detail["model"] = self.model_error or "not loaded"
         else:

@@ -1,8 +1,11 @@
 """Celery over Redis: workers on other machines run the same ``run_job``.
 
 Start a worker with ``fisher-atlas worker`` (:func:`run_worker`: it consumes the queue of the model it
-loads, where the API sends that model's jobs) or ``celery -A workers.celery_app worker --pool=solo -c 1
--Q <celery_queue>.<serving key>`` (one process per GPU; the queue ``fisher-atlas worker`` logs). Configuration comes
+loads, where the API sends that model's jobs, and serves routing prompts; it announces itself in Redis, and
+an API without a model accepts uploads and prompts only for models a worker announces). A plain ``celery -A
+workers.celery_app worker --pool=solo -c 1 -Q <celery_queue>.<serving key>`` runs jobs only: it announces
+nothing, so it is an extra job consumer beside at least one ``fisher-atlas worker`` of the same model, not a
+replacement for it (one process per GPU; the queue ``fisher-atlas worker`` logs). Configuration comes
 from the ``FISHER_ATLAS_*`` environment (:func:`atlas.settings.get_settings`): ``redis_url`` is the
 broker, ``database_url`` the store the jobs live in, ``model`` the model this worker serves.
 

@@ -44,6 +44,7 @@ from atlas import errors as domain_errors
 from atlas.errors import AtlasError, ModelUnavailable, QueueFull
 from atlas.ports import SpaceKey
 from fishersketch import SketchSpec, SketchState
+from workers.redis_options import OutageLog, redis_retry
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,8 @@ def decode_reply(data: bytes, spec: SketchSpec) -> tuple[str, list[SketchState] 
     return header["id"], states
 
 
+
+
 class RedisPromptSketcher:
     """:class:`atlas.ports.PromptSketcher` of an API process without a model (see the module docstring).
 
@@ -154,7 +157,7 @@ class RedisPromptSketcher:
         import redis
 
         self.redis_url = redis_url
-        self.sync = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self.sync = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2, **redis_retry())
         self.timeout_s = timeout_s
         self.max_pending = max_pending
         self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -177,7 +180,8 @@ class RedisPromptSketcher:
             keys = list(self.sync.scan_iter(match=_worker_key(serving_key, "*"), count=100))
             values = self.sync.mget(keys) if keys else []
         except Exception as exc:
-            raise ModelUnavailable(f"the worker registry (Redis) is unreachable: {type(exc).__name__}") from exc
+            raise ModelUnavailable(f"the worker registry (Redis) is unreachable: {type(exc).__name__}",
+                                   retry_after_s=1.0) from exc
         found = [json.loads(v) for v in values if v]
         self._served[serving_key] = (now, found)
         return found
@@ -205,7 +209,7 @@ class RedisPromptSketcher:
         if self._listener is None or self._listener.done():
             import redis.asyncio as aredis
 
-            self._aredis = aredis.Redis.from_url(self.redis_url, socket_connect_timeout=2)
+            self._aredis = aredis.Redis.from_url(self.redis_url, socket_connect_timeout=2, **redis_retry(aio=True))
             self._listener = asyncio.get_running_loop().create_task(self._listen())
 
     async def _listen(self) -> None:
@@ -215,16 +219,18 @@ class RedisPromptSketcher:
         re-entered for good, and an event loop closing waited on it forever).
         """
         last_check = time.monotonic()
+        outage = OutageLog(log, "reading prompt replies")
         me = asyncio.current_task()
         while me is None or not me.cancelling():
             try:
                 item = await self._aredis.blpop([self.reply_key], timeout=1)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("reading prompt replies failed", exc_info=True)
+            except Exception as exc:
+                outage.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
+            outage.ok()
             if item is not None:
                 self._resolve(item[1])
             if time.monotonic() - last_check >= 1.0:
@@ -352,7 +358,7 @@ class PromptServer:
     def __init__(self, redis_url: str, batcher: Any, space: SpaceKey, worker_id: str | None = None) -> None:
         import redis
 
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=2)
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=2, **redis_retry())
         self.batcher = batcher
         self.space = space
         self.key = space.serving_key
@@ -362,8 +368,13 @@ class PromptServer:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> PromptServer:
-        """Announce now, then serve and heartbeat on two daemon threads."""
-        self._announce()
+        """Announce now (or, Redis not up yet, at the first heartbeat that reaches it), then serve and heartbeat
+        on two daemon threads."""
+        try:
+            self._announce()
+        except Exception as exc:  # a worker started before Redis waits for it, as Celery waits for its broker
+            log.warning("announcing the prompt worker failed (%s); retrying every %.0f s", type(exc).__name__,
+                        HEARTBEAT_S)
         for target, name in ((self._serve, "prompt-server"), (self._heartbeat, "prompt-heartbeat")):
             t = threading.Thread(target=target, name=f"fisher-atlas-{name}", daemon=True)
             t.start()
@@ -389,12 +400,14 @@ class PromptServer:
         self.redis.set(_worker_key(self.key, self.worker_id), json.dumps(body), px=int(WORKER_TTL_S * 1000))
 
     def _heartbeat(self) -> None:
+        outage = OutageLog(log, "the prompt worker's heartbeat")
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 self._announce()
                 self.requeue_dead()
-            except Exception:
-                log.warning("prompt worker heartbeat failed", exc_info=True)
+                outage.ok()
+            except Exception as exc:
+                outage.failed(exc)
 
     def requeue_dead(self) -> int:
         """Move the in-flight requests of dead workers of this key back to the head of the list."""
@@ -413,13 +426,15 @@ class PromptServer:
 
     def _serve(self) -> None:
         queue = _queue_key(self.key)
+        outage = OutageLog(log, "taking prompt requests")
         while not self._stop.is_set():
             try:
                 raw = self.redis.blmove(queue, self.inflight, 1, "LEFT", "RIGHT")
-            except Exception:
-                log.warning("taking prompt requests failed", exc_info=True)
+            except Exception as exc:
+                outage.failed(exc)
                 time.sleep(0.5)
                 continue
+            outage.ok()
             if raw is None:
                 continue
             data = raw if isinstance(raw, bytes) else str(raw).encode()

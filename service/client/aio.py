@@ -230,7 +230,15 @@ class AsyncAtlasClient:
             pass  # the poll below reports the job, and raises TimeoutError unless it has ended
         except AtlasClientError as exc:
             watch.stream_failed(exc)
-        while not watch.finished and not watch.polled(await self.get_job(job_id)):
+        while not watch.finished:
+            try:
+                job = await self.get_job(job_id)
+            except (Unreachable, Unavailable) as exc:  # a restarting replica: the job goes on meanwhile
+                watch.lost(exc, job_id)
+                await asyncio.sleep(poll_interval)
+                continue
+            if watch.polled(job):
+                break
             await asyncio.sleep(poll_interval)
         return watch.result()
 

@@ -141,6 +141,10 @@ def route(prompt: str | Sequence[str], k: int, threshold: float | None, candidat
     return Call("POST", "/v1/route", RouteResponse, json=body)
 
 
+WAIT_OUTAGE_S = 120.0
+"""How long ``wait_job`` keeps polling a service it cannot reach (a replica restarting, a rolling deploy)."""
+
+
 class JobWatch:
     """State of ``wait_job``: progress stream first, polling as the fallback, an optional deadline."""
 
@@ -149,6 +153,16 @@ class JobWatch:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.last: JobOut | None = None
+        self.lost_since: float | None = None
+
+    def lost(self, exc: AtlasClientError, job_id: int) -> None:
+        """A poll found the service unreachable or unavailable: return to poll again, or re-raise ``exc`` naming
+        the job once ``WAIT_OUTAGE_S`` or the deadline has passed (the job may well be running still)."""
+        now = time.monotonic()
+        self.lost_since = self.lost_since or now
+        if now - self.lost_since > WAIT_OUTAGE_S or self.expired():
+            raise type(exc)(exc.status, exc.code, f"{exc.message} (gave up waiting for job {job_id}, which may "
+                            f"still run: GET /v1/jobs/{job_id})", exc.detail, exc.retry_after) from exc
 
     @property
     def finished(self) -> bool:
@@ -177,6 +191,7 @@ class JobWatch:
 
     def polled(self, job: JobOut) -> bool:
         """Report a polled ``job``; whether it has ended (:class:`TimeoutError` past the deadline)."""
+        self.lost_since = None
         if self.done(job):
             return True
         if self.expired():

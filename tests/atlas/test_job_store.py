@@ -174,3 +174,19 @@ def test_a_claim_right_after_the_cancels_read_does_not_lose_the_cancel(factory: 
 def _claim(factory: sessionmaker[Session], job_id: int) -> object:
     with factory.begin() as s:
         return job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
+
+
+def test_a_job_that_succeeds_after_a_release_keeps_no_error(factory: sessionmaker[Session]) -> None:
+    """A job released by a worker's graceful shutdown and finished by the next one showed ``succeeded`` with the
+    error "worker shut down; the job resumes from its last checkpoint"."""
+    _, job_id = _job(factory)
+    with factory.begin() as s:
+        claim = job_store.claim_job(s, job_id, worker="a", stale_after_s=60)
+        assert job_store.release_job(s, job_id, claim.lease, "worker shut down; the job resumes")
+    with factory.begin() as s:
+        assert job_store.get_job(s, job_id).error == "worker shut down; the job resumes"
+        claim = job_store.claim_job(s, job_id, worker="b", stale_after_s=60)
+        job_store.mark_succeeded(s, job_store.lock_held_job(s, job_id, claim.lease), {"samples_used": 1})
+    with factory.begin() as s:
+        job = job_store.get_job(s, job_id)
+        assert (job.status, job.error) == ("succeeded", None)

@@ -53,12 +53,12 @@ class LiveServer:
     process can take the port between picking and serving (``free_port`` races on a busy machine).
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", root_path: str = "") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", root_path: str = "", port: int = 0) -> None:
         self.app = app
         self.host = host
         self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((host, 0))
+        self.socket.bind((host, port))  # port: 0 picks a free one; a given one restarts a service in its place
         self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=5, root_path=root_path)

@@ -100,3 +100,39 @@ def test_a_restart_on_another_sketch_spec_warns_that_the_tasks_are_elsewhere(
         assert atlas.route("the quick brown fox").none
     warned = [r.getMessage() for r in caplog.records if "holds no task" in r.getMessage()]
     assert len(warned) == 1 and "m=512" in warned[0] and "{1: 1}" in warned[0], warned
+
+
+def test_waiting_for_a_job_outlasts_a_restart_of_the_service(tiny_lm: Any, tmp_path: Path) -> None:
+    """``add --wait`` (the client's ``wait_job``) gave up after three quick retries when its API replica
+    restarted ("All connection attempts failed", exit 1) while the job went on and succeeded."""
+    import threading
+    import time
+
+    from atlas.settings import Settings
+    from service.app import create_app
+    from tests.service.conftest import LiveServer
+
+    settings = Settings(data_dir=tmp_path / "data", sketch_dim=256, device="cpu")
+    first = LiveServer(create_app(settings, overrides={"lm": tiny_lm, "start_runner": False})).start()
+    port, results = first.port, {}
+    with AtlasClient(first.url) as cl:
+        job_id = cl.add_task("later", samples=[{"text": SAMPLES[0]}, {"text": SAMPLES[4]}]).job.id
+
+        def wait() -> None:
+            try:
+                results["job"] = cl.wait_job(job_id, timeout=90)
+            except Exception as exc:  # the assertion below shows it
+                results["error"] = exc
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(1.0)  # following the progress stream; no runner here: the job stays queued
+        first.stop()
+        time.sleep(3.0)  # the service is down: the waiter polls a closed port
+        second = LiveServer(create_app(settings, overrides={"lm": tiny_lm}), port=port).start()
+        try:
+            waiter.join(60)
+        finally:
+            second.stop()
+    assert "error" not in results, results
+    assert results["job"].status == "succeeded" and results["job"].id == job_id

@@ -277,3 +277,107 @@ def test_remote_prompts_refuse_at_once_and_survive_a_redis_failure(serve: Any, t
         queries.prompts = embedded
         server.stop()
         batcher.close()
+
+
+def test_remote_prompts_are_served_at_once_after_a_redis_restart(serve: Any, tiny_lm: Any,
+                                                                 private_redis: Any) -> None:
+    """Redis restarted under a running deployment: the first route on each replica failed with 503 "the prompt
+    queue (Redis) is unreachable" although Redis was back (a pooled connection was stale); the clients retry a
+    dropped connection now."""
+    import subprocess
+    import time
+
+    import redis
+
+    from workers.prompt_remote import PromptServer, RedisPromptSketcher
+
+    url, proc = private_redis
+    svc = serve(lm=tiny_lm, sketch_dim=256)
+    queries = svc.container.queries
+    embedded, key = queries.prompts, queries.space_key(None)
+    batcher = PromptBatcher(embedded.batcher.extractor)
+    server = PromptServer(url, batcher, key).start()
+    queries.prompts = RedisPromptSketcher(url, timeout_s=20)
+    restarted = None
+    try:
+        with httpx.Client(base_url=svc.url, timeout=60) as http:
+            assert http.post("/v1/route", json={"prompt": "alpha beta river"}).status_code == 200
+            proc.kill()
+            proc.wait(10)
+            port = url.rsplit(":", 1)[1].split("/")[0]
+            restarted = subprocess.Popen(["redis-server", "--port", port, "--save", "", "--appendonly", "no"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 20
+            while True:  # up, and the worker has announced itself again
+                try:
+                    if redis.Redis.from_url(url).keys("*"):
+                        break
+                except redis.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "the worker did not re-announce"
+                time.sleep(0.1)
+            time.sleep(0.6)  # past the replica's cached worker list: it reads the registry again
+            r = http.post("/v1/route", json={"prompt": "stone light ember"})
+            assert r.status_code == 200, r.text
+    finally:
+        queries.prompts = embedded
+        server.stop()
+        batcher.close()
+        if restarted is not None:
+            restarted.kill()
+            restarted.wait(10)
+
+
+def test_a_prompt_worker_started_before_redis_waits_for_it(tiny_lm: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """``fisher-atlas worker`` with Redis not up yet died with a 215-line traceback (its first announcement
+    raised), although Celery itself waits for its broker; it now announces at the first heartbeat that reaches
+    Redis, and an outage is logged once when it starts and once when it ends, not every second."""
+    import logging
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    import redis
+
+    from atlas.ports import SpaceKey
+    from workers.extraction import Extractor
+    from workers.prompt_remote import PromptServer
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"redis://127.0.0.1:{port}/0"
+    spec = tiny_lm.make_spec(m=256)
+    key = SpaceKey(1, "tiny", tiny_lm.fingerprint.key(), spec.fingerprint(), spec.to_dict())
+    batcher = PromptBatcher(Extractor(tiny_lm, tiny_lm.make_sketcher(spec)))
+    proc = None
+    with caplog.at_level(logging.WARNING, logger="workers.prompt_remote"):
+        server = PromptServer(url, batcher, key).start()  # nothing listens on the port yet: no exception
+        try:
+            time.sleep(3.5)  # three heartbeats and several serve-loop retries fail meanwhile
+            proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    if redis.Redis.from_url(url).keys("fa:worker:*"):
+                        break
+                except redis.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "the worker never announced itself"
+                time.sleep(0.1)
+        finally:
+            server.stop()
+            batcher.close()
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("announcing the prompt worker failed" in m for m in messages) == 1, messages
+    for what in ("the prompt worker's heartbeat", "taking prompt requests"):
+        assert sum(m.startswith(f"{what} failed") for m in messages) == 1, messages
+        assert sum(m.startswith(f"{what} works again") for m in messages) == 1, messages

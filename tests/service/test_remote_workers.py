@@ -153,8 +153,11 @@ def _add_tasks(http: httpx.Client, n: int, space: str | None = None, seed: int =
 
 def test_remote_mode_equals_embedded(deployment: dict[str, Any], tiny_model_dir: Path, tiny_lm: Any,
                                      serve: Any, tmp_path: Path) -> None:
-    w = deployment["worker"](tiny_model_dir, "worker")
     _api, url = deployment["api"]("api")
+    # no worker yet: not ready (it answered ready while every route and upload was a 503)
+    ready = httpx.get(url + "/readyz", timeout=10)
+    assert ready.status_code == 503 and ready.json()["checks"]["model"] is False, ready.text
+    w = deployment["worker"](tiny_model_dir, "worker")
     _until(lambda: _served(url), 90, "the worker to serve prompts", w)
     prompts = _prompts(20, seed=900)
     with httpx.Client(base_url=url, timeout=60) as http:

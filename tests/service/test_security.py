@@ -149,6 +149,30 @@ def test_allowed_origin_setting(bind) -> None:
     assert r.status_code == 202, r.text
 
 
+def test_an_allowed_origin_gets_cors_answers_with_keys_required(bind, tmp_path: Path) -> None:
+    """A web UI on an allowed origin could not call the API from a browser: its preflight (no key) got 401
+    and no answer carried ``Access-Control-Allow-Origin``."""
+    import secrets
+
+    key = "fa_" + secrets.token_urlsafe(32)
+    url, _app = bind(require_keys=True, bootstrap_admin_key=key, allowed_origins=["https://ui.example"],
+                     data_dir=tmp_path / "cors")
+    preflight = {"Origin": "https://ui.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type,x-api-key"}
+    r = httpx.options(f"{url}/v1/tasks", headers=preflight)
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == "https://ui.example"
+    assert "x-api-key" in r.headers["access-control-allow-headers"].lower()
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Origin": "https://ui.example", "X-API-Key": key})
+    assert r.status_code == 202 and r.headers["access-control-allow-origin"] == "https://ui.example", r.text
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Origin": "https://ui.example"})  # no key: still 401
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://ui.example"
+    # another origin gets neither a preflight nor a write
+    assert httpx.options(f"{url}/v1/tasks", headers={**preflight, "Origin": "http://evil.example"}).status_code == 400
+    r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"Origin": "http://evil.example", "X-API-Key": key})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+
+
 def test_foreign_host_is_refused_on_loopback(bind) -> None:
     url, app = bind()
     for host in ("evil.example", "evil.example:80", "192.0.2.99"):
