@@ -211,21 +211,12 @@ def _wait_job(http: httpx.Client, job_id: int, timeout: float = 120.0) -> dict[s
 @pytest.fixture
 def private_redis() -> Any:
     """A redis-server of this test alone (on a free port), so that it can be killed."""
-    import shutil
-    import socket
-    import subprocess
     import time
 
     import redis
 
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = _free_redis_port()
+    proc = _redis_server(port)
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 10
     while True:
@@ -284,10 +275,7 @@ def test_remote_prompts_are_served_at_once_after_a_redis_restart(serve: Any, tin
     """Redis restarted under a running deployment: the first route on each replica failed with 503 "the prompt
     queue (Redis) is unreachable" although Redis was back (a pooled connection was stale); the clients retry a
     dropped connection now."""
-    import subprocess
     import time
-
-    import redis
 
     from workers.prompt_remote import PromptServer, RedisPromptSketcher
 
@@ -304,18 +292,8 @@ def test_remote_prompts_are_served_at_once_after_a_redis_restart(serve: Any, tin
             assert http.post("/v1/route", json={"prompt": "alpha beta river"}).status_code == 200
             proc.kill()
             proc.wait(10)
-            port = url.rsplit(":", 1)[1].split("/")[0]
-            restarted = subprocess.Popen(["redis-server", "--port", port, "--save", "", "--appendonly", "no"],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 20
-            while True:  # up, and the worker has announced itself again
-                try:
-                    if redis.Redis.from_url(url).keys("*"):
-                        break
-                except redis.ConnectionError:
-                    pass
-                assert time.monotonic() < deadline, "the worker did not re-announce"
-                time.sleep(0.1)
+            restarted = _redis_server(int(url.rsplit(":", 1)[1].split("/")[0]))
+            _until_announced(url)  # Redis is up again, and the worker has announced itself again
             time.sleep(0.6)  # past the replica's cached worker list: it reads the registry again
             r = http.post("/v1/route", json={"prompt": "stone light ember"})
             assert r.status_code == 200, r.text
@@ -333,23 +311,13 @@ def test_a_prompt_worker_started_before_redis_waits_for_it(tiny_lm: Any, caplog:
     raised), although Celery itself waits for its broker; it now announces at the first heartbeat that reaches
     Redis, and an outage is logged once when it starts and once when it ends, not every second."""
     import logging
-    import shutil
-    import socket
-    import subprocess
     import time
-
-    import redis
 
     from atlas.ports import SpaceKey
     from workers.extraction import Extractor
     from workers.prompt_remote import PromptServer
 
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_redis_port()
     url = f"redis://127.0.0.1:{port}/0"
     spec = tiny_lm.make_spec(m=256)
     key = SpaceKey(1, "tiny", tiny_lm.fingerprint.key(), spec.fingerprint(), spec.to_dict())
@@ -359,17 +327,8 @@ def test_a_prompt_worker_started_before_redis_waits_for_it(tiny_lm: Any, caplog:
         server = PromptServer(url, batcher, key).start()  # nothing listens on the port yet: no exception
         try:
             time.sleep(3.5)  # three heartbeats and several serve-loop retries fail meanwhile
-            proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    if redis.Redis.from_url(url).keys("fa:worker:*"):
-                        break
-                except redis.ConnectionError:
-                    pass
-                assert time.monotonic() < deadline, "the worker never announced itself"
-                time.sleep(0.1)
+            proc = _redis_server(port)
+            _until_announced(url)
         finally:
             server.stop()
             batcher.close()
@@ -381,3 +340,43 @@ def test_a_prompt_worker_started_before_redis_waits_for_it(tiny_lm: Any, caplog:
     for what in ("the prompt worker's heartbeat", "taking prompt requests"):
         assert sum(m.startswith(f"{what} failed") for m in messages) == 1, messages
         assert sum(m.startswith(f"{what} works again") for m in messages) == 1, messages
+
+
+def _free_redis_port() -> int:
+    """A free local port for a redis-server of a test's own (the test is skipped without redis-server)."""
+    import shutil
+    import socket
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _redis_server(port: int) -> Any:
+    """A redis-server process on ``port`` (no persistence)."""
+    import shutil
+    import subprocess
+
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    return subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _until_announced(url: str, timeout: float = 20.0) -> None:
+    """Wait until Redis at ``url`` answers and holds a prompt worker's announcement."""
+    import time
+
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if redis.Redis.from_url(url).keys("fa:worker:*"):
+                return
+        except redis.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "no prompt worker announced itself"
+        time.sleep(0.1)
