@@ -10,8 +10,12 @@ for attempt in range(60):
         with create_engine(url).connect() as conn:
             conn.execute(text("SELECT 1"))
         break
-    except Exception as exc:  # noqa: BLE001 - any connection error means "not yet"
-        print(f"waiting for the database ({attempt + 1}/60): {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a connection error means "not yet" ...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        permanent = ("does not exist", "password authentication failed", "no pg_hba.conf entry")
+        if "FATAL" in first and any(p in first for p in permanent):  # ... but a wrong role or database never heals
+            sys.exit(f"the database refuses this URL: {first}")
+        print(f"waiting for the database ({attempt + 1}/60): {first}", file=sys.stderr)
         time.sleep(2)
 else:
     sys.exit("database never became reachable")

@@ -64,3 +64,4 @@ def test_cli_help_lists_every_subcommand() -> None:
     for command in ("serve", "worker", "add", "append", "route", "recommend", "align", "atlas", "matrix", "export",
                     "import", "tasks", "jobs", "keys", "migrate"):
         assert re.search(rf"^[\s│]+{command}\b", out, flags=re.M), command
+

@@ -237,3 +237,20 @@ def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_
     assert main(["routing", "foxes", "--threshold", "0.5", "--clear"]) == 2  # one or the other
     assert main(["routing", "foxes", "--false-reject-rate", "0.9"]) == 1  # the service's 422, said plainly
     assert "false_reject_rate" in capsys.readouterr().err
+
+
+def test_prestart_gives_up_at_once_on_a_role_or_database_that_does_not_exist(pg_database: Any) -> None:
+    """docker/prestart.sh waits for the database; it waited 60 × 2 s on a wrong role too, which never heals."""
+    import os
+    import subprocess
+    import time
+
+    base = pg_database()  # a reachable server (and a throw-away database on it)
+    for url in (base.replace("postgres@", "fa_no_such_role@"), base.rsplit("/", 1)[0] + "/fa_no_such_db"):
+        t0 = time.monotonic()
+        script = Path(__file__).resolve().parents[2] / "docker" / "prestart.sh"
+        out = subprocess.run(["bash", str(script)], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "FISHER_ATLAS_DATABASE_URL": url,
+                                               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+        assert out.returncode == 1 and "the database refuses this URL" in out.stderr, out.stderr[-2000:]
+        assert "waiting for the database" not in out.stderr and time.monotonic() - t0 < 30
