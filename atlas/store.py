@@ -75,7 +75,8 @@ class Store:
         return spec
 
     def default_space(self, session: Session) -> Space:
-        """The default space: the embedded model's, else the served model's, else the only one.
+        """The default space: the embedded model's, else the served model's (of this process's ``sketch_dim`` and
+        ``sketch_seed`` when that model has several specs, else its newest), else the only one.
 
         Raises
         ------
@@ -99,7 +100,9 @@ class Store:
             )
         if len(rows) > 1 and len({r.model_name for r in rows}) > 1:
             raise Conflict("several spaces exist; pass the space id", {"ids": [r.id for r in rows]})
-        return rows[-1]
+        # one model in several sketch specs: the one this process is configured for, if it exists
+        same_spec = [r for r in rows if r.m == self.settings.sketch_dim and r.seed == self.settings.sketch_seed]
+        return (same_spec or rows)[-1]
 
     def resolve_space(self, session: Session, ref: str | int | None) -> Space:
         """A space by id, ``"default"``/``None`` (see :meth:`default_space`) or model name (if unique)."""

@@ -56,3 +56,30 @@ def test_library_matrix_without_names_keeps_to_the_default_space(tmp_path: Path,
         for name, texts in TEXTS.items():
             atlas.add(name, texts, progress=False)
         assert atlas.matrix().fisher.shape == (2, 2)
+
+
+def test_an_api_without_a_model_defaults_to_the_space_of_its_sketch_settings(tmp_path: Path) -> None:
+    """One model sketched in two specs (workers restarted with another ``FISHER_ATLAS_SKETCH_DIM``): an API
+    without a model took the newest space whatever its own ``sketch_dim`` said."""
+    import migrations
+    from atlas.settings import Settings
+    from atlas.store import Store
+
+    settings = Settings(data_dir=tmp_path / "d", model="some/model", sketch_dim=256)
+    migrations.upgrade(settings.resolved_database_url())
+    store = Store(settings)
+    try:
+        with store.session() as s:
+            ids = [repository.get_or_create_space(
+                s, model_fingerprint="some-model@1", spec_fingerprint=f"spec-{m}", model_name="some/model", d=8,
+                K=16, m=m, seed=0, spec={"d": 8, "K": 16, "m": m, "seed": 0}).id for m in (256, 512)]
+        with store.read() as s:
+            assert store.default_space(s).id == ids[0]  # its own m, though the m = 512 space is newer
+        other = Store(settings.model_copy(update={"sketch_dim": 1024}))
+        try:
+            with other.read() as s:
+                assert other.default_space(s).id == ids[1]  # no space of its m: the newest, as before
+        finally:
+            other.close()
+    finally:
+        store.close()
