@@ -139,8 +139,6 @@ def decode_reply(data: bytes, spec: SketchSpec) -> tuple[str, list[SketchState] 
     return header["id"], states
 
 
-
-
 class RedisPromptSketcher:
     """:class:`atlas.ports.PromptSketcher` of an API process without a model (see the module docstring).
 
