@@ -76,13 +76,15 @@ def _literal_text(draw: _Draw) -> _Draw:
     return cast(_Draw, wrapper)
 
 
-def check_suffix(path: str | Path) -> Path:
+def check_suffix(path: str | Path, also: Sequence[str] = ()) -> Path:
     """Return ``path`` as a :class:`~pathlib.Path` if its suffix is one of :data:`PLOT_SUFFIXES`.
 
     Parameters
     ----------
     path : str or Path
         Where the figure goes.
+    also : sequence of str
+        Suffixes the caller writes itself besides the figures (the CLI's ``.json``), accepted and listed too.
 
     Raises
     ------
@@ -90,9 +92,10 @@ def check_suffix(path: str | Path) -> Path:
         The suffix is not ``.png``, ``.svg`` or ``.pdf`` (the message lists the allowed ones).
     """
     p = Path(path)
-    if p.suffix.lower() not in PLOT_SUFFIXES:
+    allowed = (*PLOT_SUFFIXES, *also)
+    if p.suffix.lower() not in allowed:
         shown = p.suffix or "(none)"
-        raise PlotError(f"unknown figure format {shown!r} for {p.name!r}: use one of {', '.join(PLOT_SUFFIXES)}")
+        raise PlotError(f"unknown figure format {shown!r} for {p.name!r}: use one of {', '.join(allowed)}")
     return p
 
 

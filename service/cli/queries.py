@@ -18,12 +18,12 @@ MATRIX_DEFAULT_MAX = 40
 def _check_out(out: Path, *, numbers: bool) -> None:
     """Refuse a file name the command cannot write, before any request (exit 2): a figure's suffix, or ``.json``
     where the command writes its numbers (``numbers``)."""
-    from service.plots import PLOT_SUFFIXES
+    from service import plots
 
-    allowed = (*PLOT_SUFFIXES, ".json") if numbers else PLOT_SUFFIXES
-    if out.suffix.lower() not in allowed:
-        raise fail(f"unknown output format {out.suffix or '(none)'!r} for {out.name!r}: use one of "
-                   f"{', '.join(allowed)}", 2)
+    try:
+        plots.check_suffix(out, (".json",) if numbers else ())
+    except plots.PlotError as exc:
+        raise fail(str(exc), 2) from None
 
 
 def _plot(kind: str, body: Any, out: Path, title: str) -> Path:
