@@ -180,6 +180,8 @@ class JobResult(_Out):
     truncated: int = Field(default=0, description="Samples cut to `max_tokens_per_sample` tokens.")
     max_tokens_per_sample: int | None = Field(default=None, description="The worker's cap on a sample's tokens.")
     truncation_policy: str | None = Field(default=None, description="Which tokens a cut sample keeps.")
+    notes: list[str] = Field(default_factory=list, description="The above in words, for people: e.g. `2 of 40 "
+                             "samples skipped (too_short: 2)`, `1 cut to 512 tokens`; empty when nothing was.")
 
 
 class JobOut(_Out):

@@ -9,6 +9,7 @@ from atlas.analysis import Factors
 from atlas.models import Job, Task
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 from service.schemas import JobOut, JobProgress, JobResult, TaskOut
+from workers.extraction_results import sample_notes
 from workers.job_progress import progress_view
 
 
@@ -31,7 +32,8 @@ def job_result(result: dict[str, Any] | None) -> JobResult | None:
     from pydantic import ValidationError
 
     try:
-        return JobResult.model_validate({k: result[k] for k in JobResult.model_fields if k in result})
+        fields = {k: result[k] for k in JobResult.model_fields if k in result and k != "notes"}
+        return JobResult.model_validate(fields | {"notes": sample_notes(result)})
     except ValidationError:  # a summary this version cannot read: the job is shown without it
         return None
 

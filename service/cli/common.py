@@ -67,9 +67,7 @@ def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
 def sample_notes(job: JobOut) -> str:
     """``"; 2 of 40 samples skipped (too_short: 2); 1 cut to 512 tokens"`` for a succeeded job that left samples
     out or cut them, else ``""``."""
-    from workers.extraction_results import sample_notes as notes
-
-    return "".join(f"; {n}" for n in notes(job.result.model_dump() if job.result is not None else None))
+    return "".join(f"; {n}" for n in (job.result.notes if job.result is not None else []))
 
 
 def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:

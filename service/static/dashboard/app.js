@@ -1290,18 +1290,9 @@
     const total = Number(routing ? p.routing_total : p.samples_total) || 0;
     return total > 0 ? clamp01(done / total) : job.status === "succeeded" ? 1 : 0;
   }
-  // What a succeeded job left out of its samples or cut (its `result`), as one sentence, or "".
+  // What a succeeded job left out of its samples or cut (the API's `result.notes`), as one sentence, or "".
   function sampleNotes(job) {
-    const r = (job && job.result) || null;
-    if (!r) return "";
-    const notes = [];
-    if (Number(r.samples_skipped) > 0) {
-      const reasons = Object.entries(r.skipped_reasons || {}).sort().map(([k, v]) => `${k}: ${v}`).join(", ");
-      notes.push(`${fmtInt(r.samples_skipped)} of ${fmtInt(Number(r.samples_used) + Number(r.samples_skipped))} samples skipped (${reasons})`);
-    }
-    if (Number(r.truncated) > 0) {
-      notes.push(`${fmtInt(r.truncated)} cut to ${r.max_tokens_per_sample ? `${fmtInt(r.max_tokens_per_sample)} tokens` : "the token cap"}`);
-    }
+    const notes = (job && job.result && job.result.notes) || [];
     return notes.length ? `${notes.join("; ")}.` : "";
   }
   function progressFigures(p, status) {
