@@ -16,7 +16,8 @@ Quick start::
 
 Modules: :mod:`~fishersketch.spec` (spec, fingerprint), :mod:`~fishersketch.rng` (SplitMix64 streams,
 A/B split), :mod:`~fishersketch.projections` (int8 signs, SRHT), :mod:`~fishersketch.fwht`
-(butterfly and Kronecker-GEMM Walsh–Hadamard), :mod:`~fishersketch.sketcher` (features, update),
+(butterfly and Kronecker-GEMM Walsh–Hadamard), :mod:`~fishersketch.projector` (token projections, fixed-shape
+chunks), :mod:`~fishersketch.inputs` (input checks), :mod:`~fishersketch.sketcher` (features, update),
 :mod:`~fishersketch.state` (mergeable sums, serialisation), :mod:`~fishersketch.estimators`
 (align, align_matrix, EB shrinkage), :mod:`~fishersketch.exact` (exact kernel reference),
 :mod:`~fishersketch.synthetic` (tasks with controlled coupling), :mod:`~fishersketch.errors`.

@@ -20,7 +20,7 @@ import torch
 
 from bench.sketch._common import table, timeit, write_section
 from fishersketch.fwht import GatheredHadamard, KronPlan, choose_plan, fwht_butterfly, kron_factors
-from fishersketch.sketcher import _ERR_BLOCK_ELEMS
+from fishersketch.projector import _ERR_BLOCK_ELEMS
 
 
 def _time_plan(plan: KronPlan, rows: int, N: int, m: int, repeats: int, clock: str, blocks: int) -> float:
