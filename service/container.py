@@ -201,11 +201,14 @@ class Container:
     def _background(self) -> None:
         """Keep the index caught up with SQL (other replicas, workers) and persisted."""
         assert self.index is not None
-        last_persist = time.monotonic()
+        last_persist = last_requeue = time.monotonic()
         while not self._stop.wait(1.0):
             try:
                 self.index.catch_up(wait=False)
                 self.state_loader.sync()
+                if self.runner is None and time.monotonic() - last_requeue > self.settings.job_stale_after_s / 2:
+                    self._requeue_dead_jobs()
+                    last_requeue = time.monotonic()
                 if time.monotonic() - last_persist > 30:
                     self.index.persist()
                     assert self.store is not None
@@ -213,6 +216,16 @@ class Container:
                     last_persist = time.monotonic()
             except Exception:
                 log.warning("index sync failed", exc_info=True)
+
+    def _requeue_dead_jobs(self) -> None:
+        """Jobs run on workers elsewhere: put a dead worker's jobs back to ``queued`` (workers re-run their own
+        model's; this covers a model none of whose workers is left, where the job stayed ``running``)."""
+        from atlas import job_store
+
+        with self.require_store().write.begin() as session:
+            n = job_store.requeue_dead_jobs(session, stale_after_s=self.settings.job_stale_after_s)
+        if n:
+            log.warning("%d job(s) of a worker that stopped heartbeating are queued again", n)
 
     # -- policies shared by the services ---------------------------------------------------------
 
@@ -237,30 +250,28 @@ class Container:
 
     # -- health ----------------------------------------------------------------------------------
 
-    def readiness(self) -> tuple[bool, dict[str, bool], dict[str, Any]]:
-        """Whether the service can answer every request: database, model (or workers), index."""
-        remote = self.settings.resolved_prompt_service() == "redis"
-        checks = {"database": False, "model": remote or self.lm is not None, "index": self.index is not None}
-        detail: dict[str, Any] = {}
+    def database_ready(self) -> tuple[bool, str | None]:
+        """Whether the database answers (``(False, exception name)`` when not)."""
         try:
             self.require_store().ping()
-            checks["database"] = True
         except Exception as exc:
-            detail["database"] = type(exc).__name__
-        if remote:  # workers announce in Redis: ready when one serves the default space (and Redis answers)
-            try:
+            return False, type(exc).__name__
+        return True, None
+
+    def model_ready(self) -> tuple[bool, str]:
+        """Whether prompts can be sketched (a loaded model, or a live worker over Redis), with a public reason
+        (no model paths)."""
+        if self.settings.resolved_prompt_service() == "redis":
+            try:  # workers announce in Redis: ready when one serves the default space (and Redis answers)
                 assert self.queries is not None and self.prompts is not None
                 self.prompts.check_served(self.queries.space_key(None))
-                detail["model"] = "served by workers over Redis"
-            except Exception as exc:  # no model names or paths in the answer (it is public)
-                checks["model"] = False
-                detail["model"] = ("the worker registry (Redis) is unreachable" if exc.__cause__ is not None
-                                   else "no live worker serves the default space (start `fisher-atlas worker`)")
-        elif self.lm is None:
-            detail["model"] = self.model_error or "not loaded"
-        else:
-            detail["model"] = self.lm.name
-        return all(checks.values()), checks, detail
+            except Exception as exc:
+                return False, ("the worker registry (Redis) is unreachable" if exc.__cause__ is not None
+                               else "no live worker serves the default space (start `fisher-atlas worker`)")
+            return True, "served by workers over Redis"
+        if self.lm is None:
+            return False, self.model_error or "not loaded"
+        return True, self.lm.name
 
     def store_stats(self) -> dict[str, Any]:
         """Job and queue figures for ``/metrics`` (aggregated in SQL at scrape time)."""

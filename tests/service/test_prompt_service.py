@@ -380,3 +380,44 @@ def _until_announced(url: str, timeout: float = 20.0) -> None:
             pass
         assert time.monotonic() < deadline, "no prompt worker announced itself"
         time.sleep(0.1)
+
+
+
+def test_readyz_names_redis_not_the_database_when_redis_stalls_or_dies(serve: Any, tiny_lm: Any,
+                                                                       private_redis: Any, tmp_path: Path) -> None:
+    """An API without a model whose Redis stalls (accepts connections, answers nothing: each registry read waits
+    for its socket timeout, retried) and then dies: ``/readyz`` answers 503 within about a second each time,
+    blames the worker registry and keeps the database's probe apart. With Redis stalled it said
+    ``database: timed out`` and ``model: true`` (the stalled reads held every probe thread)."""
+    import signal
+    import time
+
+    url, proc = private_redis
+    data = tmp_path / "shared-store"
+    serve(lm=tiny_lm, data_dir=data, overrides={"start_runner": False})  # a model's space exists in the store
+    svc = serve(lm=None, data_dir=data, queue="celery", prompt_service="redis", redis_url=url,
+                overrides={"start_runner": False})
+
+    def not_ready_for_redis() -> None:
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = http.get("/readyz")
+            assert time.monotonic() - t0 < 4
+            body = r.json()
+            assert r.status_code == 503 and body["checks"] == {"database": True, "model": False, "index": True}, body
+            assert "database" not in body["detail"] and "registry" in body["detail"]["model"], body
+
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        up = http.get("/readyz")
+        assert up.status_code == 503 and up.json()["checks"] == {"database": True, "model": False, "index": True}
+        assert "no live worker" in up.json()["detail"]["model"]
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(0.6)  # past the cached worker list (0.5 s)
+            not_ready_for_redis()
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
+        time.sleep(0.6)
+        not_ready_for_redis()
