@@ -126,9 +126,13 @@ def list_jobs(
     return Page(items=list(items), total=int(total), offset=offset, limit=limit)
 
 
-def count_jobs(session: Session, statuses: Sequence[str] = (JOB_QUEUED,)) -> int:
-    """Number of jobs in the given statuses (the cluster-wide queue depth for ``queued``)."""
+def count_jobs(session: Session, statuses: Sequence[str] = (JOB_QUEUED,), *,
+               model_fingerprint: str | None = None) -> int:
+    """Number of jobs in the given statuses (the cluster-wide queue depth for ``queued``); ``model_fingerprint``:
+    only the jobs of that model's spaces (those its workers run)."""
     stmt = select(func.count()).select_from(Job).where(Job.status.in_(list(statuses)))
+    if model_fingerprint is not None:
+        stmt = stmt.where(Job.space_id.in_(select(Space.id).where(Space.model_fingerprint == model_fingerprint)))
     return int(session.execute(stmt).scalar_one())
 
 
@@ -347,18 +351,22 @@ def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:
     return True
 
 
-def requeue_dead_jobs_of_other_models(session: Session, *, stale_after_s: float, model_fingerprint: str) -> int:
-    """Put back to ``queued`` the running jobs of other models whose worker died (heartbeat older than
-    ``stale_after_s``; its death stays counted as an attempt): a runner that leaves other models' jobs to their
-    own workers left them ``running`` for good, and a cancel of a running job waits for its worker. Returns how
-    many."""
-    foreign = select(Space.id).where(Space.model_fingerprint != model_fingerprint)
+DEAD_WORKER_NOTE = "its worker stopped (no heartbeat); queued again for a worker of its model"
+
+
+def requeue_dead_jobs(session: Session, *, stale_after_s: float, except_model: str | None = None) -> int:
+    """Put back to ``queued`` the running jobs whose worker died (heartbeat older than ``stale_after_s``; the
+    death stays counted as an attempt, and the job's ``error`` says why it waits), except those of the model
+    with fingerprint ``except_model`` (the caller's own, which it re-runs itself). Without this, a dead worker's
+    job stayed ``running`` until a worker of its model came back, and a cancel waited for that worker. Returns
+    how many."""
     dead = (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None),
                                              Job.heartbeat_at < _stale_cutoff(stale_after_s))
-    result = session.execute(
-        update(Job).where(dead, Job.space_id.in_(foreign))
-        .values(status=JOB_QUEUED, lease=None, heartbeat_at=None)
-        .execution_options(synchronize_session=False))
+    stmt = update(Job).where(dead)
+    if except_model is not None:
+        stmt = stmt.where(Job.space_id.in_(select(Space.id).where(Space.model_fingerprint != except_model)))
+    result = session.execute(stmt.values(status=JOB_QUEUED, lease=None, heartbeat_at=None, error=DEAD_WORKER_NOTE)
+                             .execution_options(synchronize_session=False))
     return int(cast(CursorResult[Any], result).rowcount or 0)
 
 

@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     queue: Literal["inprocess", "celery"] = "inprocess"
     redis_url: str = "redis://127.0.0.1:6379/0"
     worker_threads: int = Field(default=1, ge=1, le=64)
-    max_queued_jobs: int = Field(default=64, ge=1)
+    max_queued_jobs: int = Field(default=64, ge=1, description="Queued jobs per model (the jobs waiting for "
+                                 "the same workers); one more answers 429 queue_full.")
     checkpoint_every: int = Field(default=256, ge=1, description="Samples between job checkpoints.")
     job_stale_after_s: float = Field(
         default=15.0, gt=0, description="A running job whose heartbeat is older than this is dead (its worker died); "

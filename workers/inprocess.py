@@ -118,7 +118,7 @@ class InProcessRunner:
         try:
             if model is not None:  # other models' jobs are left queued for their workers, not run nor failed here
                 with self.ctx.factory.begin() as s:
-                    job_store.requeue_dead_jobs_of_other_models(s, stale_after_s=stale, model_fingerprint=model)
+                    job_store.requeue_dead_jobs(s, stale_after_s=stale, except_model=model)
             with self.ctx.ro_factory() as s:
                 ids = job_store.recoverable_jobs(
                     s, stale_after_s=stale, queued_older_than_s=0.0 if include_recent else stale,

@@ -72,13 +72,15 @@ class TaskService:
         """A repeated request (its key is stored): answered from the store, it queues nothing new."""
         return idempotency_key is not None and job_store.job_by_idempotency_key(session, idempotency_key) is not None
 
-    def _check_queue(self, session: Session) -> None:
-        """Refuse a new job when the queue is full (429)."""
-        depth = job_store.count_jobs(session, (JOB_QUEUED,))
+    def _check_queue(self, session: Session, space: Space) -> None:
+        """Refuse a new job when the queue of the space's model is full (429): jobs waiting for the same workers.
+        Another model's leftover jobs (no worker of it running) filled the one cluster-wide count and refused
+        every upload."""
+        depth = job_store.count_jobs(session, (JOB_QUEUED,), model_fingerprint=space.model_fingerprint)
         if depth >= self.settings.max_queued_jobs:
             raise QueueFull(
-                f"the job queue is full ({depth} queued jobs); retry later",
-                {"queued": depth, "max_queued_jobs": self.settings.max_queued_jobs},
+                f"the job queue of model {space.model_name!r} is full ({depth} queued jobs); retry later",
+                {"queued": depth, "max_queued_jobs": self.settings.max_queued_jobs, "model": space.model_name},
                 retry_after_s=5.0,
             )
 
@@ -111,7 +113,7 @@ class TaskService:
             self.computable(space)
             replay = self._is_replay(session, idempotency_key)
             if not replay:
-                self._check_queue(session)
+                self._check_queue(session, space)
             task, job = repo.create_task_with_job(session, space.id, name, mode, metadata, samples,
                                                   idempotency_key=idempotency_key)
             # a replay is not woken again: a failed wake-up would take back the first request's task (its lost
@@ -130,7 +132,7 @@ class TaskService:
             self.computable(task.space)
             replay = self._is_replay(session, idempotency_key)
             if not replay:
-                self._check_queue(session)
+                self._check_queue(session, task.space)
             job = repo.append_samples(session, task_id, samples, idempotency_key=idempotency_key)
             fresh = not replay and job.status == JOB_QUEUED and job.attempts == 0  # see create
             key = serving_key(task.space.model_fingerprint, task.space.spec_fingerprint)

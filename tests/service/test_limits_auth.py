@@ -83,12 +83,41 @@ def test_limits_use_documented_codes_and_store_nothing(serve, tiny_lm) -> None:
     assert full.status_code == 429 and full.json()["code"] == "queue_full"
     assert "retry-after" in full.headers
     assert _counts(svc.container) == (2, 2, 1)  # identical samples share one content-addressed upload
-    # a duplicate name is a conflict, also storing nothing
+    # Another model's leftover queued jobs (no worker of it runs) count toward that model's queue only: they
+    # filled the one cluster-wide count and refused every upload.
+    other = _other_models_queued_jobs(svc.container, 3)
     with AtlasClient(url) as c:
         c.cancel_job(c.list_tasks(name="q1").items[0].id)
+    assert _upload(url, "q4", lines(2)).status_code == 202
+    assert _upload(url, "q5", lines(2)).status_code == 429
+    _delete_tasks(svc.container, other)
+    # a duplicate name is a conflict, also storing nothing
+    with AtlasClient(url) as c:
+        c.cancel_job(c.list_tasks(name="q4").items[0].id)
         dup = _upload(url, "q2", lines(3))
         assert dup.status_code == 409 and dup.json()["code"] == "conflict"
-    assert _counts(svc.container)[0] == 2
+    assert _counts(svc.container)[0] == 3
+
+
+def _other_models_queued_jobs(container, n: int) -> list[int]:
+    """``n`` queued create jobs in a space of another model (its tasks' ids)."""
+    from atlas import repository
+    from atlas.samples import Sample
+
+    with container.store.write.begin() as s:
+        space = repository.get_or_create_space(
+            s, model_fingerprint="another-model", spec_fingerprint="spec-m64", model_name="another", d=8, K=16,
+            m=64, seed=0, spec={"d": 8, "K": 16, "m": 64, "seed": 0})
+        return [int(repository.create_task_with_job(s, space.id, f"other-{i}", "text", {}, [Sample(text="a b")])[0].id)
+                for i in range(n)]
+
+
+def _delete_tasks(container, task_ids: list[int]) -> None:
+    from atlas import repository
+
+    with container.store.write.begin() as s:
+        for t in task_ids:
+            repository.delete_task(s, t)
 
 
 def test_model_not_loaded_answers_503(serve) -> None:

@@ -31,19 +31,9 @@ from tests.service.test_prompt_service import _prompts, _wait_job
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
 
-REDIS_URL = os.environ.get("FISHER_ATLAS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REPO = Path(__file__).resolve().parents[2]
 M = 256
 TIMEOUT_S = 8.0  # prompt_timeout_s of the API processes: the documented bound of a waiting request
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> str:
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except Exception as exc:
-        pytest.skip(f"Redis at {REDIS_URL} is unreachable: {exc}")
-    return REDIS_URL
 
 
 class Proc:
