@@ -32,9 +32,9 @@ import httpx
 import yaml
 from sqlalchemy import func, select
 
-from tests.service.conftest import free_port
+from tests.service.conftest import REDIS_URL, free_port
 from tests.service.test_prompt_service import _prompts
-from tests.service.test_remote_workers import REDIS_URL, Proc, _until
+from tests.service.test_remote_workers import Proc, _until
 
 ROOT = Path(__file__).resolve().parents[2]
 APIS = ("api-1", "api-2")

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.service.chaos_cluster import ALLOWED_STATUSES, ChaosCluster, check_store, run_chaos
-from tests.service.test_remote_workers import REDIS_URL
+from tests.service.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
 
