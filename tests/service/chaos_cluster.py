@@ -32,7 +32,8 @@ import httpx
 import yaml
 from sqlalchemy import func, select
 
-from tests.service.conftest import REDIS_URL, free_port
+from tests.conftest import REDIS_URL
+from tests.service.conftest import free_port
 from tests.service.test_prompt_service import _prompts
 from tests.service.test_remote_workers import Proc, _until
 

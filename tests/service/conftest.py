@@ -26,19 +26,6 @@ from service.app import create_app
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PG_ADMIN_URL = os.environ.get("FISHER_ATLAS_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("FISHER_ATLAS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> str:
-    """The local Redis (``FISHER_ATLAS_TEST_REDIS_URL``); the test is skipped when it does not answer."""
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except Exception as exc:
-        pytest.skip(f"Redis at {REDIS_URL} is unreachable: {exc}")
-    return REDIS_URL
 
 
 def wait_job(http: Any, job_id: int, timeout: float = 60.0) -> dict[str, Any]:

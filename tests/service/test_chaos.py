@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import REDIS_URL
 from tests.service.chaos_cluster import ALLOWED_STATUSES, ChaosCluster, check_store, run_chaos
-from tests.service.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
 

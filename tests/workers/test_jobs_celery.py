@@ -24,31 +24,22 @@ import redis
 from atlas import job_store, repository
 from atlas.ports import SpaceKey
 from atlas.settings import Settings
+from tests.conftest import REDIS_URL
 from tests.workers.test_jobs import make_samples
 from workers.jobs import WorkerContext, ensure_space, run_job
 from workers.model_loading import LoadedModel
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-REDIS_URL = os.environ.get("FISHER_ATLAS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REPO = Path(__file__).resolve().parents[2]
 M, EVERY, STALE = 256, 40, 2.0
 
 
-@pytest.fixture(scope="module")
-def redis_ok() -> str:
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except Exception as exc:
-        pytest.skip(f"Redis at {REDIS_URL} is unreachable: {exc}")
-    return REDIS_URL
-
-
 @pytest.fixture
-def queue_name(redis_ok: str) -> Iterator[str]:
+def queue_name(redis_url: str) -> Iterator[str]:
     name = f"fa_test_{uuid.uuid4().hex[:10]}"
     yield name
-    client = redis.Redis.from_url(redis_ok)
+    client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(f"{name}*"):
         client.delete(key)
 

@@ -9,7 +9,6 @@ stands in for a network partition (it stops relaying bytes, the connections stay
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 import uuid
@@ -21,23 +20,18 @@ import redis
 
 from atlas.errors import ModelUnavailable
 from atlas.ports import SpaceKey
+from tests.conftest import REDIS_URL
 from workers.extraction import Extractor
 from workers.prompt_batcher import PromptBatcher
 from workers.prompt_remote import PromptServer, RedisPromptSketcher, _inflight_key, _queue_key
 
 pytestmark = [pytest.mark.redis]
 
-REDIS_URL = os.environ.get("FISHER_ATLAS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @pytest.fixture(scope="module")
-def redis_client() -> redis.Redis:
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except Exception as exc:
-        pytest.skip(f"Redis at {REDIS_URL} is unreachable: {exc}")
-    return client
+def redis_client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, socket_connect_timeout=2)
 
 
 @pytest.fixture
