@@ -35,6 +35,7 @@ import json
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import IO, Any, cast
 
 from atlas.errors import InvalidInput, PayloadTooLarge
@@ -42,8 +43,10 @@ from atlas.json_bounds import json_token_count, upload_value_limit
 from atlas.samples import Mode, Sample, record_values, sample_of
 
 __all__ = [
+    "FILE_FORMATS",
     "SampleLimits",
     "decode_jsonl",
+    "file_format",
     "loads_json",
     "parse_upload",
     "read_samples",
@@ -127,15 +130,17 @@ def read_samples(source: bytes | IO[bytes], filename: str, mode: Mode,
                  limits: SampleLimits | None = None) -> list[Sample]:
     """Read an uploaded file into samples, by extension.
 
-    ``.jsonl``/``.ndjson``: one object per line; ``.json``: an array of objects (or ``{"samples": [...]}``);
-    ``.csv``: a header row and one row per sample; ``.parquet``: columns; anything else: plain text,
-    one sample per non-blank line (text mode only). A further ``.gz`` suffix means gzip.
+    ``.jsonl``/``.ndjson``/``.jsonlines``: one object per line; ``.json``: an array of objects (or
+    ``{"samples": [...]}``); ``.csv``/``.tsv``: a header row and one row per sample (comma- or tab-separated);
+    ``.parquet``: columns; ``.txt``/``.text`` or a name without a suffix: plain text, one sample per non-blank
+    line (text mode only). A further ``.gz`` suffix means gzip. Any other suffix is refused: read as plain
+    text, a ``.tsv`` kept its header and tabs and a ``.jsonlines`` its JSON syntax in every sample.
     Text mode reads ``text``; completion mode reads ``prompt`` and ``completion``.
 
     Raises
     ------
     InvalidInput
-        Malformed input (422), naming the line or row.
+        Malformed input (422), naming the line or row; a file type that is not one of these.
     PayloadTooLarge
         A limit passed (413).
     """
@@ -146,24 +151,23 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
                  limits: SampleLimits | None = None) -> list[tuple[str, ...]]:
     lim = limits or SampleLimits()
     raw: IO[bytes] = io.BytesIO(source) if isinstance(source, bytes | bytearray | memoryview) else source
-    name = filename.lower()
+    fmt = file_format(filename)
     counter = _Counter(lim, filename)
     try:
-        if name.endswith(".gz"):
+        if filename.lower().endswith(".gz"):
             gz = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
             stream: IO[bytes] = io.BufferedReader(_BoundedReader(gz, lim.max_bytes, filename), 1 << 16)
-            name = name[:-3]
         else:
             stream = io.BufferedReader(_BoundedReader(raw, lim.max_bytes, filename), 1 << 16)
-        if name.endswith(".parquet"):  # needs a seekable file: the compressed bytes are bounded by the upload
+        if fmt == "parquet":  # needs a seekable file: the compressed bytes are bounded by the upload
             return list(_read_parquet(io.BytesIO(stream.read()) if filename.lower().endswith(".gz") else raw,
                                       filename, mode, counter))
-        if name.endswith((".jsonl", ".ndjson")):
+        if fmt == "jsonl":
             return list(_read_jsonl(stream, filename, mode, counter))
-        if name.endswith(".json"):
+        if fmt == "json":
             return _read_json(stream, filename, mode, counter)
-        if name.endswith(".csv"):
-            return list(_read_csv(stream, filename, mode, counter))
+        if fmt in ("csv", "tsv"):
+            return list(_read_csv(stream, filename, mode, counter, delimiter="\t" if fmt == "tsv" else ","))
         if mode != "text":
             raise InvalidInput(
                 f"{filename}: plain text uploads hold one text per line and need mode 'text'; "
@@ -172,6 +176,34 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
         return list(_read_text(stream, filename, counter))
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise InvalidInput(f"{filename}: not a readable gzip file: {exc}") from None
+
+
+FILE_FORMATS: dict[str, str] = {
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
+    ".parquet": "parquet", ".txt": "text", ".text": "text", "": "text",
+}
+"""Upload file suffix (lower case, after an optional ``.gz`` is removed) → format; ``""``: no suffix."""
+
+
+def file_format(filename: str) -> str:
+    """The format of an upload named ``filename`` (a key of :data:`FILE_FORMATS`' values).
+
+    Raises
+    ------
+    InvalidInput
+        A suffix that is not a known format (422), naming the ones that are.
+    """
+    name = PurePosixPath(filename.replace("\\", "/")).name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    suffix = PurePosixPath(name).suffix
+    fmt = FILE_FORMATS.get(suffix)
+    if fmt is None:
+        known = ", ".join(k for k in FILE_FORMATS if k)
+        raise InvalidInput(f"{filename}: unknown file type {suffix!r}; FisherAtlas reads {known} (each optionally "
+                           "gzipped, .gz); rename a plain-text file (one sample per line) to .txt",
+                           {"filename": filename, "suffix": suffix, "supported": [k for k in FILE_FORMATS if k]})
+    return fmt
 
 
 class _BoundedReader(io.RawIOBase):
@@ -311,12 +343,13 @@ def _read_text(stream: IO[bytes], filename: str, counter: _Counter) -> Iterator[
         yield counter.add(record_values({"text": line}, "text", where), where)
 
 
-def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
+def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
+              delimiter: str = ",") -> Iterator[tuple[str, ...]]:
     limit = counter.limits.max_sample_chars + 1
     if csv.field_size_limit() < limit:
         csv.field_size_limit(limit)
     text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")  # type: ignore[type-var]
-    reader = csv.reader(text)
+    reader = csv.reader(text, delimiter=delimiter)
     row_no = 1
     try:
         header = next(reader, None)
@@ -332,8 +365,9 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -
                 continue
             where = f"{filename}: row {reader.line_num}"
             if len(row) > len(header) and any(f.strip() for f in row[len(header):]):  # an unquoted comma
+                what = "a tab" if delimiter == "\t" else "a comma"
                 raise InvalidInput(f"{where}: {len(row)} fields but the header has {len(header)} (quote a field "
-                                   "that contains a comma)", {"row": reader.line_num})
+                                   f"that contains {what})", {"row": reader.line_num})
             record = dict(zip(header, row, strict=False))
             yield counter.add(record_values(record, mode, where), where)
     except csv.Error as exc:

@@ -25,7 +25,16 @@ from hypothesis import strategies as st
 
 from atlas import repository
 from atlas.errors import InvalidInput, PayloadTooLarge
-from atlas.sample_io import SampleLimits, read_samples, text_representable, write_csv, write_parquet, write_text
+from atlas.sample_io import (
+    FILE_FORMATS,
+    SampleLimits,
+    file_format,
+    read_samples,
+    text_representable,
+    write_csv,
+    write_parquet,
+    write_text,
+)
 from atlas.samples import Sample, check_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,9 +50,9 @@ def std_jsonl(samples: list[Sample], ascii_only: bool) -> bytes:
                    for s in samples).encode("utf-8")
 
 
-def std_csv(samples: list[Sample], keys: list[str]) -> bytes:
+def std_csv(samples: list[Sample], keys: list[str], delimiter: str = ",") -> bytes:
     buf = io.StringIO(newline="")
-    w = csv.writer(buf)
+    w = csv.writer(buf, delimiter=delimiter)
     w.writerow(keys)
     for s in samples:
         w.writerow([getattr(s, k) for k in keys])
@@ -84,6 +93,33 @@ def test_completion_round_trip(samples: list[Sample], fmt: str) -> None:
     data = {"jsonl": lambda: std_jsonl(samples, False), "csv": lambda: std_csv(samples, keys),
             "parquet": lambda: std_parquet(samples, keys, compression="snappy")}[fmt]()
     assert read_samples(data, f"up.{fmt}", "completion") == samples
+
+
+@settings(max_examples=40, deadline=None)
+@given(samples=pair_samples, suffix=st.sampled_from([".tsv", ".tsv.gz", ".TSV"]))
+def test_tsv_round_trip(samples: list[Sample], suffix: str) -> None:
+    data = std_csv(samples, ["prompt", "completion"], delimiter="\t")
+    assert read_samples(gzip.compress(data) if suffix.endswith(".gz") else data, f"up{suffix}",
+                        "completion") == samples
+
+
+@settings(max_examples=60, deadline=None)
+@given(stem=st.text(alphabet="abcxyz_-0123456789", min_size=1, max_size=8),
+       suffix=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=9),
+       gz=st.booleans())
+def test_an_unknown_file_type_is_refused_not_read_as_text(stem: str, suffix: str, gz: bool) -> None:
+    """A ``.tsv`` read as plain text kept its header and tabs in every sample, a ``.jsonlines`` its JSON syntax,
+    a ``.jsonl`` named ``.xlsx`` likewise: only the documented suffixes (and none) are read."""
+    name = f"{stem}.{suffix}" + (".gz" if gz else "")
+    data = b'{"text": "hello world"}\n'
+    if f".{suffix}" in FILE_FORMATS:
+        assert file_format(name) == FILE_FORMATS[f".{suffix}"]
+        return
+    with pytest.raises(InvalidInput) as info:
+        read_samples(gzip.compress(data) if gz else data, name, "text")
+    assert info.value.detail["suffix"] == f".{suffix}" and ".txt" in info.value.message
+    assert read_samples(data, stem, "text") == [Sample(text='{"text": "hello world"}')]  # no suffix: plain text
+    assert read_samples(data, f"{stem}.jsonlines", "text") == [Sample(text="hello world")]
 
 
 @settings(max_examples=60, deadline=None)
