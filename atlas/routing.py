@@ -230,6 +230,19 @@ class RouteMatch:
 
 
 @dataclass(frozen=True)
+class Rejection:
+    """Which task answered ``none`` and why: ``reason`` is ``"threshold"`` (the answered task's score is below
+    its threshold), ``"nearest"`` (the task nearest to the prompt, not the answered one, holds it below its
+    threshold) or ``"template"`` (the prompt lacks a term every sample of the answered task has)."""
+
+    task_id: int
+    name: str
+    score: float
+    threshold: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class RouteAnswer:
     """The answer for one prompt: top-``k`` matches, best first, the open-set flag and its confidence.
 
@@ -237,7 +250,10 @@ class RouteAnswer:
     (the best task when ``none`` is false, "no task" when it is true); ``nearest_rejects``: in a whitened
     space, the task nearest to the prompt before the typical-score term (not the answered one) holds the
     prompt below its threshold — then ``none`` too (see :func:`rerank_route`); ``template_rejects``: the
-    prompt lacks a term every sample of the answered task has (:mod:`atlas.template`) — then ``none`` too.
+    prompt lacks a term every sample of the answered task has (:mod:`atlas.template`) — then ``none`` too;
+    ``rejected_by``: the task that decided a ``none`` and by which rule (``None`` when ``none`` is false or no
+    task exists). ``best_score`` is the answered task's (the first match's) score: matches are ordered by the
+    ranking, so it need not be the highest.
     """
 
     matches: list[RouteMatch]
@@ -247,6 +263,7 @@ class RouteAnswer:
     confidence: float = 1.0
     nearest_rejects: bool = False
     template_rejects: bool = False
+    rejected_by: Rejection | None = None
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -452,6 +469,7 @@ def rerank_route(
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence
+    by = Rejection(best.task_id, best.name, best.score, best.threshold, "threshold") if none else None
     rejects = False
     if near is not None:
         rounded = np.round(near, 9)  # a tie with the answered task is the answered task (identical twins)
@@ -462,11 +480,13 @@ def rerank_route(
         if rejects:
             conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
             none = True
+            by = by or Rejection(candidates[j].task_id, candidates[j].name, _f(score[j]), thr_j, "nearest")
     tpl = candidates[order[0]].template
     lacks = prompt_terms is not None and tpl is not None and tpl.missing(prompt_terms) > 0
     if lacks:
         conf, none = max(conf if none else 0.0, 1.0 - tpl.false_reject), True
+        by = by or Rejection(best.task_id, best.name, best.score, best.threshold, "template")
     return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf,
-                       nearest_rejects=rejects, template_rejects=lacks)
+                       nearest_rejects=rejects, template_rejects=lacks, rejected_by=by)
 
 

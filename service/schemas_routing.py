@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from atlas.route_calibration import MAX_FALSE_REJECT_RATE
@@ -70,19 +72,37 @@ class RouteMatch(_Out):
                                   "rank_score to order the matches (docs/SCORES.md, 'Lexical evidence').")
 
 
+class RouteRejection(_Out):
+    """The task that decided a ``none`` answer, and by which rule."""
+
+    task_id: int
+    name: str
+    score: float = Field(description="Its route score for the prompt.")
+    threshold: float = Field(description="The threshold it holds the prompt to.")
+    reason: Literal["threshold", "nearest", "template"] = Field(
+        description="`threshold`: the answered (first) task's score is below its threshold; `nearest`: the task "
+                    "nearest to the prompt, not the answered one, holds it below its threshold; `template`: the "
+                    "prompt lacks a term every sample of the answered task has (docs/SCORES.md).")
+
+
 class RouteResult(_Out):
     """The answer for one prompt."""
 
     matches: list[RouteMatch]
-    none: bool = Field(description="True when no stored task fits: the best match's score is under its threshold, "
-                                   "the nearest task rejects the prompt, or it lacks the answered task's template.")
-    best_score: float | None = None
-    threshold: float
+    none: bool = Field(description="True when no stored task fits: the answered task's score is under its "
+                                   "threshold, the nearest task rejects the prompt, or it lacks the answered task's "
+                                   "template (`rejected_by` says which).")
+    best_score: float | None = Field(default=None, description="The answered task's (the first match's) route "
+                                     "score. Matches are ordered by the ranking (Fisher, fused with the lexical "
+                                     "score), so it need not be the highest score listed.")
+    threshold: float = Field(description="The threshold the answered task is held to.")
     confidence: float | None = Field(default=None, description="Confidence in [0, 1] of the answer given: the best "
                                      "task, or no task when `none` is true.")
     nearest_rejects: bool = Field(default=False, description="`none` because the nearest task rejects the prompt.")
     template_rejects: bool = Field(default=False, description="`none` because the prompt lacks a term every sample "
                                    "of the answered task has (docs/SCORES.md, 'Open set: template test').")
+    rejected_by: RouteRejection | None = Field(default=None, description="When `none` is true and a task exists: "
+                                               "the task that decided it, its score, threshold and rule.")
 
 
 class RouteResponse(_Out):
@@ -116,6 +136,7 @@ class RouteResponse(_Out):
     confidence: float | None = None
     nearest_rejects: bool = False
     template_rejects: bool = False
+    rejected_by: RouteRejection | None = None
     results: list[RouteResult]
 
 

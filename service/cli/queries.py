@@ -55,13 +55,23 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
                      f"{m.name} (id {m.task_id})")
     if not res.matches:
         lines = ["none: the space has no ready task to route to (add one first)"]
-    elif res.none and res.template_rejects:
-        lines.append("none: the prompt lacks a term every sample of the best task has (its template; docs/SCORES.md)")
-    elif res.none and res.nearest_rejects:
-        lines.append("none: the task nearest to the prompt rejects it (below its threshold; docs/SCORES.md)")
     elif res.none:
-        lines.append(f"none: the best score is below the threshold {res.threshold:g} (no stored task fits)")
+        lines.append(f"none: {none_reason(res)}")
     emit(json, res, "\n".join(lines))
+
+
+def none_reason(res: Any) -> str:
+    """Why a route answer is ``none``, naming the deciding task (``res.rejected_by``; docs/SCORES.md)."""
+    by = res.rejected_by
+    if by is None:  # an older server: the flags only
+        return ("the prompt lacks the answered task's template" if res.template_rejects else
+                "the task nearest to the prompt rejects it" if res.nearest_rejects else
+                f"the answered task's score is below its threshold {res.threshold:g}")
+    task = f"{by.name!r} (id {by.task_id})"
+    if by.reason == "template":
+        return f"the prompt lacks a term every sample of {task}, the answered task, has (its template)"
+    which = "the task nearest to the prompt" if by.reason == "nearest" else "the answered (first-ranked) task"
+    return f"{task}, {which}, scores {by.score:.4f}, below its threshold {by.threshold:.4f}"
 
 
 @app.command()

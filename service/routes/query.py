@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -18,7 +19,7 @@ from service.schemas import (
     PairFlags,
     TaskRef,
 )
-from service.schemas_routing import RouteMatch, RouteRequest, RouteResponse, RouteResult
+from service.schemas_routing import RouteMatch, RouteRejection, RouteRequest, RouteResponse, RouteResult
 from service.uploads import BoundedJSONRoute
 from service.views import factor_fields
 
@@ -49,6 +50,7 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
                                 lexical=m.lexical) for m in a.matches],
             none=a.none, best_score=a.best_score, threshold=a.threshold, confidence=a.confidence,
             nearest_rejects=a.nearest_rejects, template_rejects=a.template_rejects,
+            rejected_by=None if a.rejected_by is None else RouteRejection(**dataclasses.asdict(a.rejected_by)),
         )
         for a in answers
     ]
@@ -56,7 +58,7 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
     return RouteResponse(matches=first.matches, none=first.none, best_score=first.best_score,
                          threshold=first.threshold, confidence=first.confidence,
                          nearest_rejects=first.nearest_rejects, template_rejects=first.template_rejects,
-                         results=results)
+                         rejected_by=first.rejected_by, results=results)
 
 
 @router.get(

@@ -151,6 +151,14 @@ def test_the_nearest_task_also_holds_the_prompt_to_its_threshold(seed: int, typi
     rejects = j != best.task_id and score_j < cands[j].threshold
     assert ans.nearest_rejects == rejects
     assert ans.none == (best.score < best.threshold or rejects)
+    by = ans.rejected_by  # the deciding task: the answered one first, else the nearest
+    if not ans.none:
+        assert by is None
+    elif best.score < best.threshold:
+        assert (by.task_id, by.reason, by.score, by.threshold) == (best.task_id, "threshold", best.score,
+                                                                   best.threshold)
+    else:
+        assert (by.task_id, by.reason, by.score) == (j, "nearest", score_j) and by.score < by.threshold
     assert 0.0 <= ans.confidence <= 1.0
     if rejects:
         assert ans.confidence >= 0.5  # confident there is no task, as the nearest task says

@@ -129,6 +129,9 @@ def test_the_rerank_answers_none_when_the_prompt_lacks_the_answered_tasks_templa
     assert not inside.none and not inside.template_rejects
     outside = routing.rerank_route(prompt, [cand], prompt_terms=TermCounts.from_texts(["Ivo was born in ___ ."]), **kw)
     assert outside.none and outside.template_rejects and outside.matches[0].task_id == 1
+    assert outside.rejected_by is not None and (outside.rejected_by.task_id, outside.rejected_by.reason) == (
+        1, "template")
+    assert inside.rejected_by is None
     assert outside.confidence == pytest.approx(1.0 - tpl.false_reject)
     assert not routing.rerank_route(prompt, [cand], **kw).none  # no prompt terms (lexical evidence off): no test
 

@@ -40,6 +40,11 @@ def test_skipped_and_cut_samples_are_reported_and_jobs_filter_by_space(serve: An
     assert main(["add", "mixed", str(data), "--wait", "--url", svc.url]) == 0
     out = capsys.readouterr().out
     assert "2 of 5 samples skipped (too_short: 2)" in out and f"1 cut to {CAP} tokens" in out, out
+    # a "none" names the task that decided it (it said "the best score is below the threshold" above a listed
+    # task that passed its own, when the ranking had put a lower score first)
+    assert main(["route", "the quick brown fox", "--threshold", "0.999", "--url", svc.url]) == 0
+    out = capsys.readouterr().out
+    assert "none: 'mixed' (id " in out and "the answered (first-ranked) task" in out and "threshold 0.9990" in out, out
 
     with AtlasClient(svc.url) as cl:
         task = cl.find_task("mixed")

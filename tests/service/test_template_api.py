@@ -48,6 +48,8 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
         res = client.route([OWN, OTHER], k=2, threshold=-1.0)
         assert [r.template_rejects for r in res.results] == [False, True] and res.results[1].none
         assert res.template_rejects is False  # the top level answers the first prompt
+        by = res.results[1].rejected_by
+        assert by is not None and (by.name, by.reason) == ("native", "template") and res.rejected_by is None
         tasks = {t.name: t.id for t in client.list_tasks().items}
         info = {n: httpx.get(f"{svc.url}/v1/tasks/{i}/routing").json() for n, i in tasks.items()}
         assert info["native"]["template_active"] is True and info["native"]["template_terms"] >= 5
