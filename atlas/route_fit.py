@@ -52,6 +52,13 @@ def _predict(item: FitItem, thr: Mapping[int, float], default: float) -> int | N
     return best if item.scores[best] >= thr.get(best, default) else None
 
 
+def _right_answers(answered: Sequence[FitItem], task: int, threshold: float) -> int:
+    """How many of the prompts ``task`` answers (before its threshold) are right at ``threshold``: its own
+    accepted, or those labelled "none" rejected (a prompt of another task is wrong either way)."""
+    return sum((it.scores[task] >= threshold) == (it.label == task) if it.label in (task, None) else 0
+               for it in answered)
+
+
 def accuracy(items: Sequence[FitItem], thr: Mapping[int, float], default: float) -> float:
     """Share of labelled prompts answered right (the best task, or none) under thresholds ``thr``."""
     if not items:
@@ -65,12 +72,16 @@ def fit_thresholds(
 ) -> FitResult:
     """Tune per-task thresholds from labelled prompts (semantic-router's ``fit``, made monotone and safe).
 
-    For each task that is the best match of some prompt labelled otherwise (another task or "none"),
-    the threshold is raised to just above the highest such score, but never above the cap: the
-    ``false_reject_rate`` quantile of the task's positives (its labelled prompts' scores and its own
-    held-out calibration scores; one rate, or each task's own by id, the default for tasks not named), so false
-    rejects stay within the task's stated rate; a threshold
-    above the cap is lowered to it. Tasks with fewer than ``MIN_CALIBRATION`` positives, or not
+    For each task that is the best match of some prompt labelled otherwise (another task or "none"), the
+    threshold is searched, as semantic-router does, for the highest accuracy on the prompts that task
+    answers — among its current threshold and the values just above each such wrong prompt's score (ties: the
+    highest, towards the wrong prompts' region) — but never above the cap: the ``false_reject_rate``
+    quantile of the task's positives (its labelled prompts' scores and its own held-out calibration scores;
+    one rate, or each task's own by id, the default for tasks not named), so false rejects stay within the
+    task's stated rate. A threshold above the cap is lowered to it (the only step that can lower the
+    accuracy on the labelled prompts; the current threshold is always a candidate, so a raise never does:
+    raising to just above the highest wrong prompt's score lost more right answers than wrong ones when those
+    were few). Tasks with fewer than ``MIN_CALIBRATION`` positives, or not
     touched by the labelled prompts, keep theirs. Returns only the thresholds that changed.
     """
     thr = {int(k): float(v) for k, v in current.items()}
@@ -84,17 +95,13 @@ def fit_thresholds(
         rate = (false_reject_rate.get(t, FALSE_REJECT_RATE) if isinstance(false_reject_rate, Mapping)
                 else false_reject_rate)
         cap = float(np.quantile(np.asarray(pos), rate, method="lower"))
-        negs = []
-        for it in items:
-            if it.label == t or t not in it.scores:
-                continue
-            if it.top() == t and not it.forced_none:  # answered "none" already
-                negs.append(float(it.scores[t]))
+        answered = [it for it in items if it.scores and not it.forced_none and it.top() == t]  # "none" already
+        negs = [float(it.scores[t]) for it in answered if it.label != t]
         old = thr.get(t, default)
-        new = old
-        if negs:
-            new = max(new, min(cap, float(np.nextafter(max(negs), np.inf))))
-        new = min(new, cap)
+        new = min(old, cap)
+        if negs and old < cap:
+            choices = sorted({old, *(min(cap, float(np.nextafter(x, np.inf))) for x in negs if x >= old)})
+            new = max(choices, key=lambda c: (_right_answers(answered, t, c), c))
         if new != old:
             thr[t] = new
     after = accuracy(items, thr, default)

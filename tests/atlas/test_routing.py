@@ -115,6 +115,19 @@ def test_leave_one_out_removes_the_sample_exactly() -> None:
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([None, 0, 1]), st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=40),
        st.lists(st.floats(0, 1), min_size=5, max_size=20))
+def test_fit_never_lowers_the_accuracy_on_its_labelled_prompts(rows: list, held: list[float]) -> None:
+    """Thresholds at or below their caps: every step of ``fit`` keeps or raises the labelled accuracy (raising to
+    just above the highest wrong prompt's score lowered it when that rejected more right answers, 0.900 -> 0.887
+    in a walkthrough)."""
+    items = [FitItem(lab, {0: a, 1: b}) for lab, a, b in rows]
+    for current in ({0: -1.0, 1: -1.0}, {0: 0.0}, {}):
+        res = fit_thresholds(items, current, {0: held, 1: held}, default=-1.0)
+        assert res.accuracy_after >= res.accuracy_before, (current, res)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, 0, 1]), st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=40),
+       st.lists(st.floats(0, 1), min_size=5, max_size=20))
 def test_fit_never_raises_a_threshold_past_the_false_reject_cap(rows: list, held: list[float]) -> None:
     items = [FitItem(lab, {0: a, 1: b}) for lab, a, b in rows]
     current = {0: 0.1, 1: 0.1}
