@@ -26,6 +26,26 @@ def _check_out(out: Path, *, numbers: bool) -> None:
         raise fail(str(exc), 2) from None
 
 
+def _default_out(out: Path | None, default: str, json: bool) -> Path | None:
+    """The figure file of ``matrix``/``atlas``: ``out``, checked; else ``default``, or none with ``--json`` (it wrote
+    ``matrix.png`` into the working directory beside the JSON on stdout, over any file of that name)."""
+    if out is None and json:
+        return None
+    out = out if out is not None else Path(default)
+    _check_out(out, numbers=True)
+    return out
+
+
+def _write_out(out: Path | None, res: Any, kind: str, title: str) -> None:
+    """Write ``res`` to ``out``: its numbers for ``.json``, else the figure; nothing when ``out`` is ``None``."""
+    if out is None:
+        return
+    if out.suffix.lower() == ".json":
+        out.write_text(res.model_dump_json(indent=2))
+    else:
+        _plot(kind, res, out, title)
+
+
 def _plot(kind: str, body: Any, out: Path, title: str) -> Path:
     from service import plots
 
@@ -175,12 +195,13 @@ def align(a: str, b: str, url: Url = None, api_key: ApiKey = None, space: Space 
 
 @app.command()
 def matrix(names: Annotated[list[str] | None, typer.Argument(help="Tasks (default: the first ready ones).")] = None,
-           out: Annotated[Path, typer.Option(help="Heatmap file: .png, .svg or .pdf (.json: the numbers).")]
-           = Path("matrix.png"),
+           out: Annotated[Path | None, typer.Option(
+               help="Heatmap file: .png, .svg or .pdf (.json: the numbers). Default: matrix.png, or none with "
+                    "--json (the numbers go to stdout).")] = None,
            url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
            json: Json = False) -> None:
     """Fisher alignment heatmap of the named tasks (the space's ready tasks up to 40 when none are named)."""
-    _check_out(out, numbers=True)
+    out = _default_out(out, "matrix.png", json)
     with client(url, api_key, timeout) as cl:
         if names:
             ids = [cl.find_task(n, space=space).id for n in names]
@@ -191,27 +212,22 @@ def matrix(names: Annotated[list[str] | None, typer.Argument(help="Tasks (defaul
         if len(ids) < 2:
             raise fail("a matrix needs at least two ready tasks")
         res = cl.align_matrix(ids)
-    if out.suffix.lower() == ".json":
-        out.write_text(res.model_dump_json(indent=2))
-    else:
-        _plot("matrix", res, out, f"Fisher alignment of {len(ids)} tasks")
+    _write_out(out, res, "matrix", f"Fisher alignment of {len(ids)} tasks")
     emit(json, res, f"wrote {out} ({len(ids)} tasks)")
 
 
 @app.command()
-def atlas(out: Annotated[Path, typer.Option(help="Map file: .png, .svg or .pdf (.json: the coordinates).")]
-          = Path("atlas.png"),
+def atlas(out: Annotated[Path | None, typer.Option(
+              help="Map file: .png, .svg or .pdf (.json: the coordinates). Default: atlas.png, or none with "
+                   "--json (the coordinates go to stdout).")] = None,
           url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
           json: Json = False) -> None:
     """Draw the 2-D map of a space's tasks, coloured by cluster."""
-    _check_out(out, numbers=True)
+    out = _default_out(out, "atlas.png", json)
     with client(url, api_key, timeout) as cl:
         res = cl.atlas(space=space)
         sp = cl.get_space(res.space_id)
-    if out.suffix.lower() == ".json":
-        out.write_text(res.model_dump_json(indent=2))
-    else:
-        _plot("atlas", res, out, f"FisherAtlas space {res.space_id} ({sp.model_name}): {len(res.points)} tasks")
+    _write_out(out, res, "atlas", f"FisherAtlas space {res.space_id} ({sp.model_name}): {len(res.points)} tasks")
     emit(json, res, f"wrote {out} ({len(res.points)} tasks, {res.n_clusters} clusters)")
 
 

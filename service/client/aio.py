@@ -20,7 +20,7 @@ from httpx_sse import aconnect_sse
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from service.client import calls
-from service.client.calls import Call, FileArg, JobWatch, ProgressCallback
+from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg
 from service.client.errors import AtlasClientError, RateLimited, Unavailable, Unreachable
 from service.schemas import (
     AlignMatrixResponse,
@@ -129,7 +129,7 @@ class AsyncAtlasClient:
 
     # -- tasks -------------------------------------------------------------------------------------
 
-    async def add_task(self, name: str, file: FileArg = None, *, samples: Sequence[dict[str, str]] | None = None,
+    async def add_task(self, name: str, file: FileArg = None, *, samples: Sequence[SampleArg] | None = None,
                        mode: str = "text", metadata: dict[str, Any] | None = None, space: str | int | None = None,
                        filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                        wait_timeout: float | None = None, idempotency_key: str | None = None) -> TaskCreated:
@@ -144,7 +144,7 @@ class AsyncAtlasClient:
         job = await self.wait_job(created.job.id, on_progress=on_progress, timeout=wait_timeout)
         return TaskCreated(task=await self.get_task(created.task.id), job=job)
 
-    async def append(self, task_id: int, file: FileArg = None, *, samples: Sequence[dict[str, str]] | None = None,
+    async def append(self, task_id: int, file: FileArg = None, *, samples: Sequence[SampleArg] | None = None,
                      filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                      wait_timeout: float | None = None, idempotency_key: str | None = None) -> JobOut:
         """``POST /v1/tasks/{id}/samples``; the job (final with ``wait``). With ``idempotency_key`` the same call
@@ -310,6 +310,10 @@ class AsyncAtlasClient:
 
     async def export_space(self, space: str | int | None = None, out: str | os.PathLike[str] | None = None) -> bytes:
         """``GET /v1/spaces/{id}/export`` (``default`` when ``space`` is None); optionally written to ``out``."""
+        if out is None and (isinstance(space, os.PathLike) or (
+                isinstance(space, str) and space.lower().endswith((".jsonl", ".json", ".gz", ".ndjson")))):
+            raise TypeError(f"export_space(space=None, out=None): {str(space)!r} looks like a file; the first "
+                            f"argument is the space (id or name): write the export with out={str(space)!r}")
         blob: bytes = await self._send(Call("GET", f"/v1/spaces/{space if space is not None else 'default'}/export",
                                             None))
         if out is not None:

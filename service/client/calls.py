@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -79,13 +79,21 @@ def parse(call: Call[T], resp: httpx.Response) -> Any:
     return call.model.model_validate(resp.json())
 
 
-def upload(file: FileArg, samples: Sequence[dict[str, str]] | None, filename: str | None
+SampleArg = str | Mapping[str, str]
+"""One sample of ``add_task``/``append``: a text, or a ``{"text"}`` / ``{"prompt", "completion"}`` mapping."""
+
+
+def upload(file: FileArg, samples: Sequence[SampleArg] | None, filename: str | None
            ) -> tuple[dict[str, tuple[str, bytes, str]] | None, list[dict[str, str]] | None]:
-    """Multipart file part or JSON records of an upload (exactly one of ``file`` / ``samples``)."""
+    """Multipart file part or JSON records of an upload (exactly one of ``file`` / ``samples``); a text sample
+    becomes ``{"text": ...}`` as in the library (a list of texts raised "dictionary update sequence element #0
+    has length 1")."""
     if (file is None) == (samples is None):
         raise ValueError("give exactly one of 'file' or 'samples'")
     if samples is not None:
-        return None, [dict(s) for s in samples]
+        if isinstance(samples, str | bytes) or not isinstance(samples, Sequence):
+            raise TypeError(f"samples are a list of texts or dicts, not {type(samples).__name__}")
+        return None, [_record(s, i) for i, s in enumerate(samples)]
     if isinstance(file, bytes):
         return {"file": (filename or "upload.jsonl", file, "application/octet-stream")}, None
     assert file is not None
@@ -93,12 +101,21 @@ def upload(file: FileArg, samples: Sequence[dict[str, str]] | None, filename: st
     return {"file": (filename or path.name, path.read_bytes(), "application/octet-stream")}, None
 
 
+def _record(sample: SampleArg, i: int) -> dict[str, str]:
+    if isinstance(sample, str):
+        return {"text": sample}
+    if isinstance(sample, Mapping):
+        return dict(sample)
+    raise TypeError(f"sample {i} is a {type(sample).__name__}; give a text or a {{'text'}} / "
+                    "{'prompt', 'completion'} dict")
+
+
 def idempotency(key: str | None) -> dict[str, str] | None:
     """The ``Idempotency-Key`` header of a write (``None``: no header)."""
     return {"Idempotency-Key": key} if key is not None else None
 
 
-def add_task(name: str, file: FileArg, samples: Sequence[dict[str, str]] | None, mode: str,
+def add_task(name: str, file: FileArg, samples: Sequence[SampleArg] | None, mode: str,
              metadata: dict[str, Any] | None, space: str | int | None, filename: str | None,
              idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks`` as JSON records or a multipart upload."""
@@ -115,7 +132,7 @@ def add_task(name: str, file: FileArg, samples: Sequence[dict[str, str]] | None,
     return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers)
 
 
-def append(task_id: int, file: FileArg, samples: Sequence[dict[str, str]] | None, filename: str | None,
+def append(task_id: int, file: FileArg, samples: Sequence[SampleArg] | None, filename: str | None,
            idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks/{id}/samples``."""
     files, records = upload(file, samples, filename)

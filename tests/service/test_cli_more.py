@@ -135,6 +135,12 @@ def test_plot_commands(keyed: dict[str, Any], plots: Any, tmp_path: Path, capsys
     assert main(["matrix", "fox", "loops", "smiles", "--out", str(heat)]) == 0
     assert f"wrote {heat}" in capsys.readouterr().out
     non_blank_png(heat)
+    # --json prints the numbers and writes no figure (it wrote matrix.png / atlas.png into the working directory)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert main(["matrix", "fox", "loops", "--json"]) == 0 and main(["atlas", "--json"]) == 0
+    assert '"ids"' in capsys.readouterr().out and not list(cwd.iterdir())
     bars = tmp_path / "factors.svg"
     assert main(["recommend", "fox", "--plot", str(bars), "-k", "2"]) == 0
     assert "<svg" in bars.read_text()

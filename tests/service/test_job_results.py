@@ -56,6 +56,14 @@ def test_skipped_and_cut_samples_are_reported_and_jobs_filter_by_space(serve: An
         assert job.result.max_tokens_per_sample == CAP and job.result.truncation_policy
         assert cl.get_job(job.id).result == job.result
         clean = cl.add_task("clean", samples=[{"text": SAMPLES[0]}], wait=True).job
+        # plain texts, as the library takes them (a raw "dictionary update sequence" ValueError before)
+        texts = cl.add_task("texts", samples=[SAMPLES[0], SAMPLES[4]], wait=True)
+        assert cl.get_task(texts.task.id).n_samples == 2
+        cl.delete_task(texts.task.id)  # its job goes with it (the job lists below count the others)
+        with pytest.raises(TypeError, match="sample 1 is a int"):
+            cl.add_task("bad", samples=["a b c", 5])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="out="):  # the file given where the space goes: it was a 404
+            cl.export_space(str(tmp_path / "space.jsonl"))
         assert clean.result is not None and (clean.result.samples_skipped, clean.result.truncated) == (0, 0)
         assert main(["jobs", "show", str(clean.id), "--url", svc.url]) == 0
         assert "skipped" not in capsys.readouterr().out
