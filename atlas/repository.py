@@ -30,6 +30,7 @@ from atlas.models import (
     JOB_CREATE,
     JOB_QUEUED,
     JOB_RUNNING,
+    JOB_SUCCEEDED,
     TASK_FAILED,
     TASK_PENDING,
     TASK_READY,
@@ -247,7 +248,22 @@ def append_samples(
             return _replay(session, job, JOB_APPEND, samples, id=task_id)[1]
     task = get_task(session, task_id)
     upload = get_or_create_upload(session, samples)
+    _refuse_repeated_upload(session, task, upload)
     return _add_job(session, JOB_APPEND, task, upload, len(samples), idempotency_key)
+
+
+def _refuse_repeated_upload(session: Session, task: Task, upload: Upload) -> None:
+    """409 when a job of ``task`` that succeeded or may still succeed already holds ``upload`` (the same samples,
+    content-addressed): appending the file a task was made from counted every sample twice, silently."""
+    earlier = session.execute(
+        select(Job.id).where(Job.task_id == task.id, Job.upload_id == upload.id,
+                             Job.status.in_([JOB_QUEUED, JOB_RUNNING, JOB_SUCCEEDED])).limit(1)
+    ).scalar_one_or_none()
+    if earlier is not None:
+        raise Conflict(
+            f"task {task.name!r} already holds these {upload.n_samples} samples (job {earlier} added the same "
+            "upload: same samples, same order); appending them again would count each twice. To weight samples, "
+            "repeat them within one upload.", {"task_id": task.id, "job_id": int(earlier)})
 
 
 def get_task(session: Session, task_id: int) -> Task:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -126,3 +127,24 @@ def test_list_pages_are_one_snapshot_on_postgresql(serve, tiny_lm, pg_database) 
     finally:
         stop.set()
         thread.join(timeout=30)
+
+
+def test_appending_the_samples_a_task_already_holds_is_a_conflict(serve, tiny_lm) -> None:
+    """Appending the file a task was made from counted every sample twice, silently (n_samples 60 -> 120, the
+    threshold moved); the same upload is now refused with 409 naming the job that holds it. Other samples, or
+    the same ones after a cancelled append, are taken."""
+    from service.client import AtlasClient
+    from service.client.errors import Conflict
+
+    svc = serve(lm=tiny_lm, sketch_dim=256)
+    first = [f"sample number {i} of the first upload" for i in range(6)]
+    with AtlasClient(svc.url) as c:
+        created = c.add_task("twice", samples=first, wait=True)
+        with pytest.raises(Conflict, match=f"job {created.job.id} added the same upload") as info:
+            c.append(created.task.id, samples=first)
+        assert info.value.status == 409 and info.value.detail["job_id"] == created.job.id
+        assert c.get_task(created.task.id).n_samples == 6
+        more = [f"another sample {i}" for i in range(3)]
+        c.append(created.task.id, samples=more, wait=True)
+        assert c.get_task(created.task.id).n_samples == 9
+        assert c.list_jobs(task_id=created.task.id).total == 2
