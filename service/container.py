@@ -222,8 +222,12 @@ class Container:
         model's; this covers a model none of whose workers is left, where the job stayed ``running``)."""
         from atlas import job_store
 
-        with self.require_store().write.begin() as session:
-            n = job_store.requeue_dead_jobs(session, stale_after_s=self.settings.job_stale_after_s)
+        try:
+            with self.require_store().write.begin() as session:
+                n = job_store.requeue_dead_jobs(session, stale_after_s=self.settings.job_stale_after_s)
+        except Exception:
+            log.warning("re-queueing dead workers' jobs failed (retried at the next period)", exc_info=True)
+            return
         if n:
             log.warning("%d job(s) of a worker that stopped heartbeating are queued again", n)
 
