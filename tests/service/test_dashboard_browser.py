@@ -313,6 +313,29 @@ def test_heatmaps_have_the_right_size(service: _Service, page: Any) -> None:
     detail = page.locator("[data-testid=pair-detail]")
     detail.locator("svg.factor-bars").wait_for()
     assert "↔" in detail.inner_text()
+    assert "Fisher (raw)" in detail.inner_text() and "Fisher (shrunk)" in detail.inner_text()  # bar vs tooltip
+
+    # keyboard: one cell is in the tab order; an arrow moves it, Enter opens the pair like a click
+    detail.locator("button[aria-label=Close]").click()
+    cell = page.locator("[data-testid=heatmap-cell][tabindex='0']")
+    assert cell.count() == 1
+    cell.focus()
+    page.keyboard.press("ArrowRight")
+    row, col, label = page.evaluate(
+        "[document.activeElement.dataset.row, document.activeElement.dataset.col, "
+        "document.activeElement.getAttribute('aria-label')]"
+    )
+    assert row != col and "↔" in label and "Error only" in label
+    page.keyboard.press("Enter")
+    detail.locator("svg.factor-bars").wait_for()
+
+    # the activation-dark fields keep their value on an empty or out-of-range entry, and say why
+    act = page.locator("[data-testid=dark-darkAct]")
+    for bad in ("5", ""):
+        act.fill(bad)
+        act.press("Tab")
+        assert act.input_value() == "0.8", bad
+        assert "0 to 1" in page.locator("[data-testid=dark-hint]").inner_text()
 
 
 def test_routing_playground_returns_matches_and_none(service: _Service, page: Any) -> None:
@@ -341,7 +364,23 @@ def test_routing_playground_returns_matches_and_none(service: _Service, page: An
     page.locator("[data-testid=route-verdict][data-threshold='1']").wait_for()
     assert verdict.get_attribute("data-none") == str(strict["none"]).lower()
     assert page.locator("[data-testid=route-none]").count() == (1 if strict["none"] else 0)
+    if strict["none"]:  # the task that decided it is named, with its score and threshold (rejected_by)
+        by = strict["rejected_by"]
+        text = page.locator("[data-testid=route-none]").inner_text()
+        assert by["name"][:40] in text and "below its threshold 1.000" in text, (text, by)
     _shot(page, "route-threshold")
+
+    # any threshold the API takes (step 0.01 refused 0.123), and a note on how the rows are ordered
+    page.fill("#route-threshold", "0.123")
+    page.click("[data-testid=route-submit]")
+    page.locator("[data-testid=route-verdict][data-threshold='0.123']").wait_for()
+    note = page.locator("[data-testid=route-note]").inner_text()
+    assert "ranking" in note and "answered (first) task" in note
+    # a bad k: the form says so and the last answer goes (only a browser bubble showed, over the old answer)
+    page.fill("#route-k", "0")
+    page.click("[data-testid=route-submit]")
+    page.locator("[data-testid=route-results] [data-testid=error]", has_text="top k").wait_for()
+    assert page.locator("[data-testid=route-match]").count() == 0
 
 
 def test_jobs_page_lists_the_jobs_and_the_failed_one_with_its_error(service: _Service, page: Any) -> None:
@@ -457,6 +496,8 @@ def test_add_append_and_delete_a_task_through_the_form(
 
 
 def test_form_shows_api_and_input_errors_as_messages(service: _Service, browser: Any, tmp_path: Path) -> None:
+    import httpx
+
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     pg = context.new_page()
     problems: list[str] = []
@@ -464,24 +505,68 @@ def test_form_shows_api_and_input_errors_as_messages(service: _Service, browser:
     # the browser itself logs a refused request ("Failed to load resource: ... 409"): that one is expected here
     pg.on("console", lambda m: problems.append(m.text)
           if m.type == "error" and "Failed to load" not in m.text else None)
+    progress = pg.locator("[data-testid=add-progress]")
     try:
         pg.goto(f"{service.base}/dashboard/#/atlas")
         pg.locator("[data-testid=add-form]").wait_for()
+        # a first upload succeeds: its green bar must not stay under the next upload's error
+        ok = _write_jsonl(tmp_path / "ok.jsonl", ["CCO and CCN", "CC(=O)O"])
+        pg.set_input_files("[data-testid=add-file]", str(ok))
+        pg.fill("[data-testid=add-name]", "form-ok")
+        pg.click("[data-testid=add-submit]")
+        pg.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
         upload = _write_jsonl(tmp_path / "s.jsonl", ["CCO and CCN", "c1ccccc1"])
         pg.set_input_files("[data-testid=add-file]", str(upload))
         pg.fill("[data-testid=add-name]", "smiles")  # taken: the API answers 409 {code: conflict}
         pg.fill("[data-testid=add-metadata]", "{not json")
         pg.click("[data-testid=add-submit]")
         assert "metadata is not JSON" in pg.locator("[data-testid=add-message]").inner_text()
+        assert progress.is_hidden()
         pg.fill("[data-testid=add-metadata]", "")
         pg.click("[data-testid=add-submit]")
         error = pg.locator("[data-testid=add-message] [data-testid=error]")
         error.wait_for()
         assert "(conflict)" in error.inner_text() and "smiles" in error.inner_text()
-        assert pg.locator("[data-testid=add-progress]").is_hidden()
+        assert progress.is_hidden() and progress.get_attribute("data-status") is None
+        # a job that fails: the open atlas counts the failed task at once (it redrew only after a success)
+        note = pg.locator("[data-testid=atlas-not-ready]")
+        failed_before = int(note.inner_text().split(" failed")[0].split()[-1])
+        pg.set_input_files("[data-testid=add-file]", str(_write_jsonl(tmp_path / "short.jsonl", ["a", "b"])))
+        pg.fill("[data-testid=add-name]", "form-fails")
+        pg.click("[data-testid=add-submit]")
+        pg.locator("[data-testid=add-progress][data-status=failed]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        pg.locator("[data-testid=atlas-not-ready]", has_text=f"{failed_before + 1} failed").wait_for(timeout=5_000)
     finally:
         context.close()
+        with httpx.Client(base_url=service.base, timeout=10) as http:
+            for name in ("form-ok", "form-fails"):
+                for task in http.get("/v1/tasks", params={"name": name}).json()["items"]:
+                    http.delete(f"/v1/tasks/{task['id']}")
     assert not problems, problems
+
+
+def test_narrow_screen_keeps_every_page_within_the_viewport(service: _Service, page: Any) -> None:
+    """At 390 px the top bar pushed the key field off-screen (the page was 749 px wide) and the heatmaps widened
+    the alignment page: the bar wraps and a wide heatmap scrolls inside its card."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    for route, ready in (("atlas", "atlas-point"), ("matrix", "heatmap-cell"), ("jobs", "job-row")):
+        page.goto(f"{service.base}/dashboard/#/{route}")
+        page.locator(f"[data-testid={ready}]").first.wait_for()
+        scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert scroll <= client, (route, scroll, client)
+        key = page.locator("#apikey").bounding_box()
+        assert key is not None and key["x"] >= 0 and key["x"] + key["width"] <= client, (route, key)
+    _shot(page, "narrow-jobs")
+
+
+def test_skip_link_focuses_the_page_and_keeps_the_route(service: _Service, page: Any) -> None:
+    page.goto(f"{service.base}/dashboard/#/jobs")
+    page.locator("[data-testid=jobs-view]").wait_for()
+    page.focus(".skip-link")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'view'")
+    assert page.url.endswith("#/jobs")  # it was taken for an unknown route and replaced by #/atlas
+    assert page.locator("[data-testid=jobs-view]").count() == 1
 
 
 def test_with_keys_on_the_form_streams_progress_with_the_key(
@@ -522,6 +607,39 @@ def test_with_keys_on_the_form_streams_progress_with_the_key(
     finally:
         context.close()
     assert not problems, problems
+
+
+def test_cancel_buttons_and_the_open_atlas_follow_queued_jobs(
+    serve: Any, tiny_lm: Any, page: Any, tmp_path: Path
+) -> None:
+    """No runner, so jobs stay queued. The atlas opened empty notices a task added through the API (it followed
+    only tasks pending when it loaded); the add form's Cancel cancels its own job, the jobs page's Cancel another."""
+    import httpx
+
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})
+    page.goto(f"{svc.url}/dashboard/#/atlas")
+    page.locator("[data-testid=add-form]").wait_for()
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        r = http.post("/v1/tasks", json={"name": "queued-api", "samples": [{"text": "one two three four five"}]})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job"]["id"]
+        page.locator("[data-testid=atlas-view]", has_text="1 task(s) stored").wait_for(timeout=15_000)
+
+        page.set_input_files("[data-testid=add-file]", str(_write_jsonl(tmp_path / "q.jsonl", ["six seven eight"])))
+        page.fill("[data-testid=add-name]", "queued-form")
+        page.click("[data-testid=add-submit]")
+        page.locator("[data-testid=add-progress][data-status=queued]").wait_for()
+        form_job = page.locator("[data-testid=add-progress]").get_attribute("data-job-id")
+        page.click("[data-testid=add-cancel]")
+        page.locator("[data-testid=add-progress][data-status=cancelled]").wait_for()
+        assert page.locator("[data-testid=add-cancel]").is_hidden()
+        assert http.get(f"/v1/jobs/{form_job}").json()["status"] == "cancelled"
+
+        page.goto(f"{svc.url}/dashboard/#/jobs")
+        page.locator(f"[data-testid=jobs-running] [data-testid=job-row][data-job-id='{job_id}'] "
+                     "[data-testid=job-cancel]").click()
+        page.locator(f"[data-testid=job-row][data-job-id='{job_id}'][data-status=cancelled]").wait_for()
+        assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
 
 
 def test_task_added_elsewhere_lands_on_the_open_atlas(service: _Service, page: Any) -> None:
@@ -621,6 +739,10 @@ def _set_rate_and_override(page: Any, http: Any, task_id: int) -> None:
     error.wait_for()
     assert "false-reject rate as a percentage" in error.inner_text()
     assert http.get(f"/v1/tasks/{task_id}/routing").json()["false_reject_rate"] == 0.2  # unchanged
+    card.locator("[data-testid=routing-rate]").fill("60")  # the API takes (0, 0.5]: said in percent, nothing sent
+    card.locator("[data-testid=routing-apply]").click()
+    card.locator("[data-testid=routing-message] [data-testid=error]", has_text="at most 50").wait_for()
+    assert http.get(f"/v1/tasks/{task_id}/routing").json()["false_reject_rate"] == 0.2
 
 
 def _sources_show_the_rho_bound(page: Any, http: Any, task_id: int) -> None:

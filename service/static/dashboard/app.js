@@ -346,7 +346,7 @@
           : "Add a task with the form below, the CLI (fisher-atlas add NAME samples.jsonl --wait) or POST /v1/tasks.",
         "Tasks appear here as soon as their first job succeeds."), addPanel(tasks));
       view().replaceChildren(root);
-      watchPending(ctx, tasks);
+      watchTasks(ctx, tasks);
       return;
     }
 
@@ -472,25 +472,31 @@
       if (pt) pt.classList.toggle("hl", on);
     }
     draw();
-    watchPending(ctx, tasks);
+    watchTasks(ctx, tasks);
   }
 
-  // Tasks added elsewhere (CLI, API) land on the map without a reload: while any task of the page is
-  // pending, re-read the task list and redraw once one of them became ready (or failed).
-  function watchPending(ctx, tasks) {
-    const pending = new Set(tasks.filter((t) => t.status === "pending").map((t) => String(t.id)));
-    if (!pending.size) return;
+  // Tasks added, finished or deleted elsewhere (CLI, API, another tab) land on the map without a reload: while
+  // the page is shown, re-read the task list (every 3 s while a task is pending, else every 5 s) and redraw when
+  // it changed — not while the add form has the focus (someone is typing; the form redraws when its job ends).
+  const taskStamp = (tasks) => tasks.map((t) => `${t.id}:${t.status}:${taskSamples(t)}`).sort().join(",");
+  function watchTasks(ctx, tasks) {
+    const drawn = taskStamp(tasks);
+    let pending = tasks.some((t) => t.status === "pending");
+    const schedule = () => {
+      const timer = setTimeout(check, pending ? POLL_MS * 2 : 5000);
+      ctx.onCleanup(() => clearTimeout(timer));
+    };
     const check = async () => {
       if (!ctx.alive()) return;
       let now = null;
       try { now = await listAllTasks(atlasState.space ? { space: atlasState.space } : {}); } catch (_) { now = null; }
       if (!ctx.alive()) return;
-      if (now && now.some((t) => pending.has(String(t.id)) && t.status !== "pending")) { navigate(); return; }
-      const timer = setTimeout(check, POLL_MS * 2);
-      ctx.onCleanup(() => clearTimeout(timer));
+      const typing = addPanelNode && addPanelNode.contains(document.activeElement);
+      if (now && taskStamp(now) !== drawn && !typing) { navigate(); return; }
+      if (now) pending = now.some((t) => t.status === "pending");
+      schedule();
     };
-    const timer = setTimeout(check, POLL_MS * 2);
-    ctx.onCleanup(() => clearTimeout(timer));
+    schedule();
   }
 
   function pointTooltip(p) {
@@ -504,7 +510,7 @@
         t.status ? ["status", t.status] : null,
         t.mode ? ["mode", t.mode] : null,
         ["samples", fmtInt(taskSamples(t))],
-        ["tokens", fmtInt(taskTokens(t))],
+        [t.mode === "completion" ? "tokens (completions)" : "tokens", fmtInt(taskTokens(t))],
         ...meta.map(([k, v]) => [k, truncate(typeof v === "object" ? JSON.stringify(v) : String(v), 40)]),
       ]),
       h("div", { class: "tip-hint" }, "click to open"),
@@ -636,9 +642,22 @@
       showSeg.append(h("button", { type: "button", role: "radio", "aria-checked": matrixState.show === v ? "true" : "false",
         "data-show": v, onclick: () => { matrixState.show = v; for (const b of showSeg.children) b.setAttribute("aria-checked", b.dataset.show === v ? "true" : "false"); paint(); } }, label));
     }
+    const darkHint = h("span", { class: "small field-hint", "data-testid": "dark-hint", role: "status" });
+    // An empty or out-of-range value is not taken (Number("") is 0): the field gets its value back, with a hint.
+    const setDark = (key, input) => {
+      const v = input.value.trim() === "" ? NaN : Number(input.value);
+      if (!(v >= 0 && v <= 1)) {
+        input.value = matrixState[key];
+        darkHint.textContent = `a number from 0 to 1; kept ${matrixState[key]}`;
+        return;
+      }
+      darkHint.textContent = "";
+      matrixState[key] = v;
+      paint();
+    };
     const numInput = (label, key, step) => h("label", { class: "field inline" }, h("span", {}, label),
       h("input", { type: "number", step, min: 0, max: 1, value: matrixState[key], class: "input num-input",
-        onchange: (e) => { const v = Number(e.target.value); if (Number.isFinite(v)) { matrixState[key] = v; paint(); } } }));
+        "data-testid": `dark-${key}`, onchange: (e) => setDark(key, e.target) }));
     const controls = h("div", { class: "card controls" },
       select("matrix-order", "Order", [["cluster", "cluster, then chain"], ["chain", "Fisher chain"], ["input", "as selected"]],
         matrixState.order, (v) => { matrixState.order = v; paint(); }),
@@ -646,7 +665,7 @@
       h("span", { class: "sep" }),
       h("span", { class: "muted small" }, "activation-dark:"),
       numInput("activation ≥", "darkAct", 0.05),
-      numInput("and Fisher ≤", "darkFisher", 0.05));
+      numInput("and Fisher ≤", "darkFisher", 0.05), darkHint);
     const out = h("div", { class: "matrix-out" });
     const pairCard = h("div", { class: "pair-card", "data-testid": "pair-detail", hidden: true });
     main.append(controls, out, pairCard);
@@ -702,7 +721,7 @@
         const ox = (withLabels ? labelW : 4) + pad; const oy = 24;
         const w = ox + grid + 4 + pad; const hgt = oy + grid + 4;
         const svg = s("svg", { viewBox: `0 0 ${w} ${hgt}`, width: w, height: hgt, class: "heatmap-svg",
-          role: "img", "aria-label": `${title}: ${n} by ${n} heatmap` });
+          role: "group", "aria-label": `${title}: ${n} by ${n} heatmap; arrow keys move between cells` });
         svg.append(s("text", { x: ox + grid / 2, y: 14, "text-anchor": "middle", class: "heatmap-title" }, title,
           s("tspan", { class: "heatmap-symbol", dx: 6 }, symbol)));
         const g = s("g", {});
@@ -724,7 +743,7 @@
             rect.addEventListener("mouseenter", (e) => { cross(i, j, true); tooltip.show(e, cellTooltip(i, j)); });
             rect.addEventListener("mousemove", (e) => tooltip.show(e, cellTooltip(i, j)));
             rect.addEventListener("mouseleave", () => { cross(i, j, false); tooltip.hide(); });
-            rect.addEventListener("click", () => { if (i !== j) showPair(ids[i], ids[j]); else window.location.hash = `#/task/${encodeURIComponent(ids[i])}`; });
+            rect.addEventListener("click", () => openCell(i, j));
             g.append(rect);
             if (dark) {
               outlines.append(s("rect", { x: ox + c * cell + 1, y: oy + r * cell + 1, width: Math.max(1, cell - 2),
@@ -742,17 +761,60 @@
           }
         }
         svg.append(g, bounds, outlines);
-        return h("figure", { class: "heatmap", "data-testid": "heatmap", "data-kind": kind, "data-size": n }, svg);
+        const figure = h("figure", { class: "heatmap", "data-testid": "heatmap", "data-kind": kind, "data-size": n }, svg);
+        cellKeys(figure, g, title, M);
+        return figure;
       });
 
       function cellTooltip(i, j) {
         const dark = darkAt(i, j);
         return [
           h("div", { class: "tip-title" }, i === j ? names[i] : `${names[i]} ↔ ${names[j]}`),
-          kv([["Fisher", fmt(F[i][j])], ["activation", fmt(A[i][j])], ["error", fmt(E[i][j])]]),
+          kv([["Fisher (raw)", fmt(F[i][j])], ["activation", fmt(A[i][j])], ["error", fmt(E[i][j])]]),
           dark ? h("div", { class: "badge dark" }, "activation-dark") : null,
           h("div", { class: "tip-hint" }, i === j ? "click to open the task" : "click for the pair's factors"),
         ];
+      }
+      function openCell(i, j) {
+        if (i !== j) showPair(ids[i], ids[j]); else window.location.hash = `#/task/${encodeURIComponent(ids[i])}`;
+      }
+      // Keyboard: one cell of a heatmap is in the tab order (roving tabindex, labelled when it gets it, so a large
+      // matrix stays cheap); arrow keys move it, Enter or Space opens it like a click. Cells are g's children, row-major.
+      // The focus listeners sit on the figure: on an SVG element Chrome makes them focusable on click.
+      function cellKeys(figure, g, title, M) {
+        const at = (rect) => { const k = Array.prototype.indexOf.call(g.children, rect); return [Math.floor(k / n), k % n]; };
+        const isCell = (node) => node.parentNode === g;
+        const arm = (rect) => {
+          const [r, c] = at(rect); const i = order[r]; const j = order[c];
+          setAttrs(rect, { tabindex: 0, role: "button",
+            "aria-label": `${title}, ${i === j ? names[i] : `${names[i]} ↔ ${names[j]}`}: ${fmt(M[i][j])}` });
+        };
+        const STEPS = { ArrowRight: [0, 1], ArrowLeft: [0, -1], ArrowDown: [1, 0], ArrowUp: [-1, 0] };
+        g.addEventListener("keydown", (e) => {
+          if (!isCell(e.target)) return;
+          const [r, c] = at(e.target);
+          if (e.key === "Enter" || e.key === " ") { e.preventDefault(); openCell(order[r], order[c]); return; }
+          const step = STEPS[e.key];
+          if (!step) return;
+          e.preventDefault();
+          const next = g.children[Math.max(0, Math.min(n - 1, r + step[0])) * n + Math.max(0, Math.min(n - 1, c + step[1]))];
+          e.target.removeAttribute("tabindex");
+          arm(next);
+          next.focus();
+        });
+        figure.addEventListener("focusin", (e) => {
+          if (!isCell(e.target)) return;
+          const [r, c] = at(e.target);
+          cross(order[r], order[c], true);
+          tooltip.show(null, cellTooltip(order[r], order[c]), e.target);
+        });
+        figure.addEventListener("focusout", (e) => {
+          if (!isCell(e.target)) return;
+          const [r, c] = at(e.target);
+          cross(order[r], order[c], false);
+          tooltip.hide();
+        });
+        if (g.firstChild) arm(g.firstChild);
       }
       function cross(i, j, on) {
         for (const r of out.querySelectorAll(`rect[data-row="${CSS.escape(ids[i])}"][data-col="${CSS.escape(ids[j])}"]`)) r.classList.toggle("hl", on);
@@ -775,15 +837,15 @@
         const r = await api(`/align${qs({ a, b })}`);
         if (!ctx.alive()) return;
         const name = (id) => (pointById.get(String(id)) ? pointById.get(String(id)).name : `task ${id}`);
-        const rows = Object.entries(r || {}).filter(([, v]) => typeof v === "number" || typeof v === "boolean");
+        const rows = Object.entries(PAIR_FIELDS).filter(([k]) => r && (typeof r[k] === "number" || typeof r[k] === "boolean"));
         const flags = Array.isArray(r && r.flags) ? r.flags : [];
-        pairCard.replaceChildren(
+        pairCard.replaceChildren(...[  // (only nodes: a null went in as the text "null" for a pair without flags)
           h("div", { class: "pair-head" },
             h("h2", {}, taskLink(a, name(a)), " ↔ ", taskLink(b, name(b))),
             h("button", { class: "btn small ghost", type: "button", "aria-label": "Close", onclick: () => { pairCard.hidden = true; } }, "×")),
           factorBars(r, { big: true }),
-          kv(rows.map(([k, v]) => [k, typeof v === "number" ? fmt(v, 4) : String(v)])),
-          flags.length ? h("div", { class: "flags" }, flags.map((f) => h("span", { class: "badge" }, String(f)))) : null);
+          kv(rows.map(([k, [label, title]]) => [h("span", { title }, label), typeof r[k] === "number" ? fmt(r[k], 4) : String(r[k])])),
+          flags.length ? h("div", { class: "flags" }, flags.map((f) => h("span", { class: "badge" }, String(f)))) : null].filter(Boolean));
       } catch (err) {
         if (!ctx.alive()) return;
         pairCard.replaceChildren(errorBox(err, "Alignment"));
@@ -793,6 +855,18 @@
     await compute();
   }
 
+  // The fields of GET /v1/align shown in the pair card: label and hover text (docs/SCORES.md); others are not shown.
+  const PAIR_FIELDS = {
+    fisher: ["Fisher (raw)", "Â_F: cosine of the two tasks' mean head-gradient features, as estimated"],
+    fisher_shrunk: ["Fisher (shrunk)", "Fisher alignment shrunk towards activation × error by its split-half uncertainty (the bar)"],
+    activation: ["activation", "S_cov(M_a): cosine of the activation side"],
+    error: ["error", "S_cov(Γ_e): cosine of the error (output-gradient) side"],
+    rho: ["coupling ρ", "Fisher / (activation × error), bounded to [1/100, 100]"],
+    se: ["SE of log ρ", "split-half standard error of log ρ"],
+    chi: ["χ (diagnostic)", "raw kernel ratio S_ae / (S_a S_e): unbounded, a diagnostic only"],
+    activation_dark: ["activation-dark", "activation ≥ 0.8 and Fisher ≤ 0.3 (the API's rule)"],
+  };
+
   // ------------------------------------------------------------------ factor bars
   // Fisher (EB-shrunk), activation, error on [0, 1]. Coupling rho on a log axis from 0.1 to 10, drawn as a
   // diverging bar from rho = 1 (separable) with the split-half SE of log rho as a whisker (rho ×/÷ e^SE).
@@ -800,13 +874,14 @@
   const RHO_BOUND_TITLE = "ρ hit its bound (1/100 or 100): the activation × error proxy is near 0, so ρ carries no information (flag rho_bounded, docs/SCORES.md)";
   function rhoBounded(src) { return Array.isArray(src && src.flags) && src.flags.includes("rho_bounded"); }
   function factorBars(src, { big = false } = {}) {
-    const W = big ? 420 : 300; const rowH = big ? 20 : 16; const labelW = 78; const barW = W - labelW - 74;
+    const W = big ? 420 : 300; const rowH = big ? 20 : 16; const labelW = 92; const barW = W - labelW - 74;
     const rho = Number(pick(src, "rho"));
     const se = Number(pick(src, "se", "rho_se", "se_log_rho"));
     const shrunk = pick(src, "fisher_shrunk", "fisher_eb");
     const fisher = Number(shrunk !== undefined ? shrunk : pick(src, "fisher"));
     const rows = [
-      ["Fisher", fisher, "f-fisher", shrunk !== undefined ? "Fisher alignment, empirical-Bayes shrunk" : "Fisher alignment"],
+      [shrunk !== undefined ? "Fisher (shrunk)" : "Fisher", fisher, "f-fisher",
+        shrunk !== undefined ? "Fisher alignment, empirical-Bayes shrunk" : "Fisher alignment"],
       ["activation", Number(pick(src, "activation")), "f-act", "S_cov(M_a): activation-only similarity"],
       ["error", Number(pick(src, "error")), "f-err", "S_cov(Γ_e): error-only similarity"],
       ["coupling ρ", rho, "f-rho", "coupling ratio ρ (log axis 0.1–10, centre ρ = 1); whisker: ρ ×/÷ e^SE, SE of log ρ"],
@@ -861,7 +936,7 @@
 
     const stats = h("div", { class: "stats" },
       stat("samples", fmtInt(taskSamples(task)), "task-samples"),
-      stat("tokens", fmtInt(taskTokens(task)), "task-tokens"),
+      stat(task.mode === "completion" ? "tokens (completions)" : "tokens", fmtInt(taskTokens(task)), "task-tokens"),
       stat("version", pick(task, "version") ?? "—"),
       stat("updated", fmtDate(pick(task, "updated_at", "created_at"))));
     const info = h("div", { class: "grid-2" });
@@ -882,7 +957,11 @@
     const darkCard = h("div", { class: "card", "data-testid": "dark-neighbours" }, h("h2", {}, "Activation-dark neighbours"),
       h("p", { class: "muted loading" }, "Loading…"));
     neighbours.append(nearestCard, darkCard);
-    root.append(stats, jobBox, info, routingCard, sourcesCard, neighbours);
+    // a completion task's signature counts its completion tokens; its jobs stream the prompts through the model too
+    const tokensNote = task.mode === "completion" ? h("p", { class: "muted small", "data-testid": "tokens-note" },
+      "“tokens” counts the completion tokens the signature is built from; “tokens through the model” (jobs) "
+      + "also counts the prompts.") : null;
+    root.append(...[stats, tokensNote, jobBox, info, routingCard, sourcesCard, neighbours].filter(Boolean));
     view().replaceChildren(root);
 
     // model & spec: from the task itself or its space
@@ -978,7 +1057,7 @@
           h("ol", { class: "sources" }, sources.map((src, i) => h("li", { class: "source-row", "data-testid": "source-row", "data-task-id": src.task_id },
             h("div", { class: "source-head" },
               h("span", { class: "rank" }, String(i + 1)),
-              taskLink(src.task_id, src.name ?? `task ${src.task_id}`),
+              taskLink(src.task_id, truncate(src.name ?? `task ${src.task_id}`, 48)),
               src.activation_dark ? h("span", { class: "badge dark", title: "activations alike, updates not", "data-testid": "dark-badge" }, "activation-dark") : null,
               rhoBounded(src) ? h("span", { class: "badge", title: RHO_BOUND_TITLE, "data-testid": "rho-bound-badge" }, "ρ at bound") : null,
               h("span", { class: "score mono", title: "Fisher (raw → shrunk)" },
@@ -1060,7 +1139,7 @@
     // The task's false-reject rate (its threshold re-calibrated from stored held-out scores, no model run) and a
     // threshold override that wins over it (PATCH {"false_reject_rate"}, {"threshold"}; null clears the override).
     const thresholdForm = (r) => {
-      const rate = h("input", { id: "routing-rate", type: "number", step: "any", class: "input num-input",
+      const rate = h("input", { id: "routing-rate", type: "number", step: "any", min: 0, max: 50, class: "input num-input",
         value: hasRate(r) ? fmtPct(r.false_reject_rate) : "", disabled: hasRate(r) ? null : true, "data-testid": "routing-rate" });
       const override = h("input", { id: "routing-override", type: "number", step: "any", min: -1, max: 1, placeholder: "none",
         class: "input num-input", value: r.threshold_override === undefined || r.threshold_override === null ? "" : String(r.threshold_override),
@@ -1088,13 +1167,16 @@
         const body = {};
         if (hasRate(r)) {
           const pct = rate.value.trim() === "" ? NaN : Number(rate.value);
-          if (!Number.isFinite(pct)) { out.replaceChildren(errorBox("give the false-reject rate as a percentage", "Routing")); return; }
+          if (!(pct > 0 && pct <= 50)) {  // the API's (0, 0.5], said in percent
+            out.replaceChildren(errorBox("give the false-reject rate as a percentage above 0 and at most 50", "Routing"));
+            return;
+          }
           if (rate.value !== fmtPct(r.false_reject_rate)) body.false_reject_rate = pct / 100;
         }
         const text = override.value.trim();
-        if (text !== "") {
-          const thr = Number(text);
-          if (!Number.isFinite(thr)) { out.replaceChildren(errorBox("the threshold override is a number in [-1, 1]", "Routing")); return; }
+        if (text !== "" || override.validity.badInput) {  // (a number field reads "" for text it cannot parse)
+          const thr = text === "" ? NaN : Number(text);
+          if (!(thr >= -1 && thr <= 1)) { out.replaceChildren(errorBox("the threshold override is a number in [-1, 1]", "Routing")); return; }
           if (thr !== r.threshold_override) body.threshold = thr;
         } else if (r.threshold_override !== undefined && r.threshold_override !== null) {
           body.threshold = null;
@@ -1124,18 +1206,36 @@
     return wrap;
   }
   function neighbourTable(rows, testid) {
-    return h("table", { class: "table compact" },
+    return h("div", { class: "table-wrap" }, h("table", { class: "table compact" },
       h("thead", {}, h("tr", {}, h("th", {}, "Task"), h("th", { class: "num" }, "Fisher"), h("th", { class: "num" }, "Activation"),
         h("th", { class: "num" }, "Error"))),
       h("tbody", {}, rows.map((r) => h("tr", { "data-testid": testid, "data-task-id": r.id },
         h("td", {}, taskLink(r.id, truncate(r.name, 32))),
         h("td", { class: "num" }, miniBar(r.fisher, "f-fisher"), fmt(r.fisher, 2)),
         h("td", { class: "num" }, miniBar(r.activation, "f-act"), fmt(r.activation, 2)),
-        h("td", { class: "num" }, miniBar(r.error, "f-err"), fmt(r.error, 2))))));
+        h("td", { class: "num" }, miniBar(r.error, "f-err"), fmt(r.error, 2)))))));
   }
 
   // ------------------------------------------------------------------ Routing playground
   const routeState = { prompt: "", k: 5, threshold: "" };
+  // What is wrong with the top-k and threshold fields (as the API takes them), or null.
+  function routeInputError(k, thr) {
+    const kn = k.value.trim() === "" ? 5 : Number(k.value);
+    if (k.validity.badInput || !Number.isInteger(kn) || kn < 1 || kn > 100) return "top k is a whole number from 1 to 100.";
+    const tv = Number(thr.value);
+    if (thr.validity.badInput || (thr.value.trim() !== "" && !(tv >= -1 && tv <= 1))) {
+      return "the threshold is a number from -1 to 1 (empty: each task's own).";
+    }
+    return null;
+  }
+  // How to read the matches (docs/SCORES.md): their order is the ranking's, the shown score the route score.
+  function routeNote(matches) {
+    const fused = matches.some((m) => m.lexical !== undefined && m.lexical !== null);
+    return h("p", { class: "muted small route-note", "data-testid": "route-note" },
+      `Ordered by the ${fused ? "combined Fisher + lexical ranking" : "Fisher ranking"}; the number shown is the route score, `
+      + "so it need not descend. “None” is decided on the answered (first) task's route score against its threshold (tick); "
+      + "the nearest task's threshold and the answered task's template test can also answer “none”.");
+  }
   async function viewRoute(ctx) {
     const root = h("section", { class: "page", "data-testid": "route-view" });
     root.append(pageHeader("Routing playground",
@@ -1144,11 +1244,11 @@
     const prompt = h("textarea", { id: "route-prompt", rows: 5, class: "input", "data-testid": "route-prompt",
       placeholder: "e.g. Question: is the sky blue? Answer:", value: routeState.prompt });
     const k = h("input", { id: "route-k", type: "number", min: 1, max: 100, value: routeState.k, class: "input num-input" });
-    const thr = h("input", { id: "route-threshold", type: "number", step: 0.01, min: -1, max: 1, value: routeState.threshold,
+    const thr = h("input", { id: "route-threshold", type: "number", step: "any", min: -1, max: 1, value: routeState.threshold,
       placeholder: "auto", class: "input num-input" });
     const results = h("div", { class: "route-results", "data-testid": "route-results", "aria-live": "polite" });
     const submit = h("button", { class: "btn primary", type: "submit", "data-testid": "route-submit" }, "Route");
-    const form = h("form", { class: "card route-form" },
+    const form = h("form", { class: "card route-form", novalidate: true },
       h("label", { for: "route-prompt", class: "field block" }, h("span", {}, "Prompt")), prompt,
       h("div", { class: "form-row" },
         h("label", { class: "field inline", for: "route-k" }, h("span", {}, "top k"), k),
@@ -1159,6 +1259,8 @@
       e.preventDefault();
       routeState.prompt = prompt.value; routeState.k = Number(k.value) || 5; routeState.threshold = thr.value;
       if (!prompt.value.trim()) { results.replaceChildren(errorBox(new Error("Type a prompt first."), "Routing")); return; }
+      const bad = routeInputError(k, thr);  // the form's own check: a browser bubble left the last answer shown
+      if (bad) { results.replaceChildren(errorBox(new Error(bad), "Routing")); return; }
       const body = { prompt: prompt.value, k: routeState.k };
       if (thr.value !== "" && Number.isFinite(Number(thr.value))) body.threshold = Number(thr.value);
       submit.disabled = true;
@@ -1175,6 +1277,19 @@
         results.replaceChildren(errorBox(err, "Routing"));
       } finally { submit.disabled = false; }
     });
+    // Why "none", naming the task that decided it (the API's rejected_by; docs/SCORES.md).
+    function noneReason(res, best, top, thrUsed) {
+      const by = res.rejected_by;
+      if (!by) {  // an older server: the flags only
+        return res.template_rejects ? `The prompt lacks words every sample of ${best ?? "the answered task"} contains (its template).`
+          : res.nearest_rejects ? "The task nearest to this prompt rejects it (below that task's threshold)."
+          : `The answered task's score${top !== null ? ` (${fmt(top)})` : ""} is below its threshold${thrUsed !== undefined ? ` ${fmt(thrUsed)}` : ""}.`;
+      }
+      const task = truncate(by.name ?? `task ${by.task_id}`, 48);
+      if (by.reason === "template") return `The prompt lacks words every sample of ${task}, the answered task, contains (its template).`;
+      const which = by.reason === "nearest" ? "the task nearest to this prompt" : "the answered (first-ranked) task";
+      return `${task}, ${which}, scores ${fmt(by.score)}, below its threshold ${fmt(by.threshold)}.`;
+    }
     function renderRoute(res, ms) {
       const matches = res.matches || [];
       const none = !!res.none;
@@ -1182,19 +1297,17 @@
       const top = res.best_score !== undefined && res.best_score !== null ? Number(res.best_score)
         : matches.length ? Number(matches[0].score) : null;
       const maxScore = Math.max(1e-9, ...matches.map((m) => Math.abs(Number(m.score)) || 0), 1);
-      results.replaceChildren(
+      const best = matches.length ? truncate(matches[0].name ?? `task ${matches[0].task_id}`, 48) : null;
+      results.replaceChildren(...[  // (only nodes: replaceChildren writes null as the text "null")
         h("div", { class: `verdict ${none ? "none" : "match"}`, "data-testid": "route-verdict", "data-none": String(none),
           "data-threshold": thrUsed !== undefined ? String(thrUsed) : null },
           none
             ? h("div", { "data-testid": "route-none" }, h("strong", {}, "None of the stored tasks. "),
-              res.template_rejects
-                ? `The prompt lacks words every sample of ${matches.length ? (matches[0].name ?? `task ${matches[0].task_id}`) : "the best task"} contains (its template): this prompt looks like a new task (open set).`
-                : res.nearest_rejects
-                ? "The task nearest to this prompt rejects it (below that task's threshold): this prompt looks like a new task (open set)."
-                : `The best score${top !== null ? ` (${fmt(top)})` : ""} is below the threshold${thrUsed !== undefined ? ` ${fmt(thrUsed)}` : ""}: this prompt looks like a new task (open set).`)
-            : h("div", {}, h("strong", {}, "Routed. "), matches.length ? `Best match: ${matches[0].name ?? `task ${matches[0].task_id}`} (score ${fmt(top)})` : "No tasks stored.",
+              noneReason(res, best, top, thrUsed), " This prompt looks like a new task (open set).")
+            : h("div", {}, h("strong", {}, "Routed. "), best ? `Best match: ${best} (score ${fmt(top)})` : "No tasks stored.",
               thrUsed !== undefined ? ` · threshold ${fmt(thrUsed)}` : ""),
           h("span", { class: "muted small" }, `${Math.round(ms)} ms`)),
+        matches.length ? routeNote(matches) : null,
         matches.length ? h("ol", { class: "matches" }, matches.map((m, i) => {
           const fill = h("span", { class: "score-fill" });
           fill.style.width = `${(clamp01(Number(m.score) / maxScore) * 100).toFixed(1)}%`;
@@ -1209,13 +1322,13 @@
           }
           return h("li", { class: `match-row ${below ? "below" : ""}`, "data-testid": "route-match", "data-task-id": m.task_id },
             h("span", { class: "rank" }, String(i + 1)),
-            taskLink(m.task_id, m.name ?? `task ${m.task_id}`),
+            taskLink(m.task_id, truncate(m.name ?? `task ${m.task_id}`, 48)),
             bar,
             h("span", { class: "mono score", title: m.rank_score !== undefined && m.rank_score !== null
               ? `route score ${fmt(m.score)}; ranking score ${fmt(m.rank_score)}` + (m.lexical !== undefined && m.lexical !== null
                 ? `; lexical ${fmt(m.lexical)} (both order the matches)` : " (orders the matches)")
               : `route score ${fmt(m.score)}` }, fmt(m.score)));
-        })) : null);
+        })) : null].filter(Boolean));
     }
     root.append(form, results);
     view().replaceChildren(root);
@@ -1321,7 +1434,7 @@
   function buildAddPanel() {
     const target = h("select", { id: "add-target", "data-testid": "add-target" });
     const file = h("input", { id: "add-file", type: "file", required: true, "data-testid": "add-file",
-      accept: ".jsonl,.json,.csv,.parquet,.txt,.ndjson,.gz,text/plain,application/json,text/csv,application/gzip" });
+      accept: ".jsonl,.ndjson,.jsonlines,.json,.csv,.tsv,.parquet,.txt,.text,.gz,text/plain,application/json,text/csv,text/tab-separated-values,application/gzip" });
     const name = h("input", { id: "add-name", type: "text", maxlength: 300, autocomplete: "off", spellcheck: "false",
       placeholder: "e.g. legal-contracts", "data-testid": "add-name" });
     const mode = h("select", { id: "add-mode", "data-testid": "add-mode" },
@@ -1334,8 +1447,10 @@
     const bar = h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100, "aria-valuenow": 0,
       "aria-label": "upload progress" }, fill);
     const statusLine = h("div", { class: "muted small", "data-testid": "add-progress-text" });
+    const cancel = h("button", { type: "button", class: "btn small ghost danger", "data-testid": "add-cancel", hidden: true }, "Cancel");
     const progressBox = h("div", { class: "add-progress", "data-testid": "add-progress", hidden: true },
-      h("div", { class: "job-head" }, h("span", { class: "add-status" }), h("span", { class: "muted small add-job" })), bar, statusLine);
+      h("div", { class: "job-head" }, h("span", { class: "add-status" }), h("span", { class: "muted small add-job" }),
+        h("span", { class: "grow" }), cancel), bar, statusLine);
     const newOnly = [h("label", { class: "field", for: "add-name" }, h("span", {}, "Name"), name),
       h("label", { class: "field", for: "add-mode" }, h("span", {}, "Mode"), mode),
       h("label", { class: "field", for: "add-metadata" }, h("span", {}, "Metadata (JSON object, optional)"), meta)];
@@ -1369,13 +1484,28 @@
       progressBox.querySelector(".add-status").replaceChildren(statusBadge(job.status));
       progressBox.querySelector(".add-job").textContent = ` job ${job.id} · ${job.kind || ""}`;
       statusLine.textContent = progressFigures(p, job.status);
+      cancel.hidden = !(job.status === "queued" || job.status === "running");
       if (job.status === "failed" && job.error) message.replaceChildren(errorBox(new Error(job.error), "Job failed"));
     };
+    // a new submit starts without the last job's bar (a failed upload showed above its green "succeeded")
+    const resetProgress = () => {
+      progressBox.hidden = true;
+      for (const k of ["status", "phase", "jobId"]) delete progressBox.dataset[k];
+    };
+    cancel.addEventListener("click", async () => {
+      cancel.disabled = true;
+      try {
+        showJob(await cancelJob(progressBox.dataset.jobId));
+      } catch (err) {
+        showError(err, "Cancel");
+      } finally { cancel.disabled = false; }
+    });
 
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       if (busy) return;
       message.replaceChildren();
+      resetProgress();
       const f = file.files && file.files[0];
       if (!f) { showError(new Error("choose a file to upload"), "Upload"); return; }
       const data = new FormData();
@@ -1426,8 +1556,8 @@
           ...(notes ? [h("p", { class: "note small", "data-testid": "add-notes" }, notes)] : []));
           if (target.value === "") { name.value = ""; meta.value = ""; }
           file.value = "";
-          if (parseHash().path === "/atlas") navigate();  // the atlas redraws with the new point
         }
+        if (parseHash().path === "/atlas") navigate();  // the atlas redraws: the new point, or the task's failure
       } catch (err) {
         showError(err, "Upload");
       } finally {
@@ -1478,7 +1608,29 @@
     const jobs = (await Promise.all(ids.slice(0, 60).map((id) => api(`/jobs/${encodeURIComponent(id)}`).catch(() => null)))).filter(Boolean);
     return { jobs, source: "tasks", tasks };
   }
-  function jobRow(job, taskById) {
+  // POST /v1/jobs/{id}/cancel (a write call): a queued job ends at once, a running one at its next batch.
+  function cancelJob(id) {
+    return api(`/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
+  }
+  const cancelAsked = new Set();  // job ids: their rows say "Cancelling…" until the job ends
+  function cancelButton(job, onError) {
+    const asked = cancelAsked.has(String(job.id));
+    const btn = h("button", { type: "button", class: "btn small ghost danger", "data-testid": "job-cancel",
+      disabled: asked ? true : null }, asked ? "Cancelling…" : "Cancel");
+    btn.addEventListener("click", async () => {
+      btn.disabled = true;
+      try {
+        const j = await cancelJob(job.id);
+        if (j.status === "queued" || j.status === "running") cancelAsked.add(String(job.id));
+        btn.textContent = j.status === "cancelled" ? "Cancelled" : "Cancelling…";
+      } catch (err) {
+        btn.disabled = false;
+        if (onError) onError(err); else btn.replaceWith(errorBox(err, "Cancel"));
+      }
+    });
+    return btn;
+  }
+  function jobRow(job, taskById, onCancelError) {
     const p = job.progress || {};
     const done = Number(p.samples_done) || 0; const total = Number(p.samples_total) || 0;
     const frac = jobFraction(job);
@@ -1500,7 +1652,8 @@
           ? taskLink(job.task_id, task ? taskName(task) : pick(job, "task_name", "name") ?? `task ${job.task_id}`) : "(task deleted)"),
         h("span", { class: "muted small" }, `job ${job.id}${job.kind ? ` · ${job.kind}` : ""}${job.attempts ? ` · attempt ${job.attempts}` : ""}`),
         h("span", { class: "grow" }),
-        h("span", { class: "muted small" }, fmtDate(pick(job, "finished_at", "started_at", "created_at")))),
+        h("span", { class: "muted small" }, fmtDate(pick(job, "finished_at", "started_at", "created_at"))),
+        active ? cancelButton(job, onCancelError) : null),
       h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100,
         "aria-valuenow": Math.round(frac * 100), "aria-label": `progress of job ${job.id}` }, fill),
       h("div", { class: "job-stats muted small" },
@@ -1510,8 +1663,8 @@
           eta !== null ? ` · about ${fmtDuration(eta)} left` : ""]),
       job.status === "failed" && job.error ? h("pre", { class: "job-error", "data-testid": "job-error" }, String(job.error)) : null);
   }
-  function finishedTable(jobs, taskById) {
-    return h("table", { class: "table compact" },
+  function finishedTable(jobs, taskById) {  // (in a scroll box: seven columns do not fit a phone)
+    return h("div", { class: "table-wrap" }, h("table", { class: "table compact" },
       h("thead", {}, h("tr", {}, h("th", {}, "Status"), h("th", {}, "Task"), h("th", {}, "Job"), h("th", { class: "num" }, "Samples"),
         h("th", { class: "num", title: "tokens streamed through the model" }, "Tokens"), h("th", { class: "num" }, "Tokens/s"), h("th", { class: "num" }, "Finished"))),
       h("tbody", {}, jobs.map((job) => {
@@ -1521,20 +1674,21 @@
           h("td", {}, statusBadge(job.status)),
           h("td", {}, job.task_id !== undefined && job.task_id !== null
             ? taskLink(job.task_id, task ? taskName(task) : pick(job, "task_name", "name") ?? `task ${job.task_id}`) : "—"),
-          h("td", { class: "muted" }, `${job.id}${job.kind ? ` · ${job.kind}` : ""}`),
+          h("td", { class: "muted nowrap" }, `${job.id}${job.kind ? ` · ${job.kind}` : ""}`),
           h("td", { class: "num" }, fmtInt(p.samples_done)),
           h("td", { class: "num" }, fmtInt(p.tokens_streamed ?? p.tokens)),
           h("td", { class: "num" }, Number(p.tokens_streamed_per_s ?? p.tokens_per_s) > 0
             ? fmtInt(Math.round(Number(p.tokens_streamed_per_s ?? p.tokens_per_s))) : "—"),
           h("td", { class: "num muted" }, fmtDate(pick(job, "finished_at", "started_at", "created_at"))));
-      })));
+      }))));
   }
   async function viewJobs(ctx) {
     const root = h("section", { class: "page", "data-testid": "jobs-view" });
     const stamp = h("span", { class: "muted small", "aria-live": "off" });
     root.append(pageHeader("Jobs", "Uploads being sketched, live; failed jobs with their error.", stamp));
+    const notice = h("div", { "data-testid": "jobs-message", "aria-live": "polite" });  // kept across refreshes
     const body = h("div", { class: "stack" });
-    root.append(body);
+    root.append(notice, body);
     view().replaceChildren(root);
     let first = true;
     const refresh = async () => {
@@ -1564,7 +1718,8 @@
         const section = (title, list, emptyText, testid, render, total) => h("div", { class: "card", "data-testid": testid },
           h("h2", {}, title, h("span", { class: "count" }, String(Number.isFinite(total) ? total : list.length))),
           list.length ? render(list) : h("p", { class: "muted" }, emptyText));
-        const rowsOf = (list) => list.map((j) => jobRow(j, taskById));
+        const onCancelError = (err) => notice.replaceChildren(errorBox(err, "Cancel"));
+        const rowsOf = (list) => list.map((j) => jobRow(j, taskById, onCancelError));
         body.replaceChildren(
           section("Running and queued", running, "Nothing running.", "jobs-running", rowsOf, totals.running),
           section("Failed", failed, "No failed jobs.", "jobs-failed", rowsOf, totals.failed),
@@ -1596,10 +1751,15 @@
       navigate();
     });
   }
+  // "Skip to content" (href="#view") is no route: it moves the focus to the page and leaves the hash alone.
+  function initSkipLink() {
+    $(".skip-link").addEventListener("click", (e) => { e.preventDefault(); view().focus(); });
+  }
   window.addEventListener("hashchange", navigate);
   window.addEventListener("scroll", () => tooltip.hide(), { passive: true });
   document.addEventListener("DOMContentLoaded", () => {
     initKeyForm();
+    initSkipLink();
     if (!window.location.hash) window.history.replaceState(null, "", "#/atlas");
     navigate();
   });
