@@ -35,18 +35,16 @@ import json
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import IO, Any, cast
 
 from atlas.errors import InvalidInput, PayloadTooLarge
+from atlas.file_formats import file_format
 from atlas.json_bounds import json_token_count, upload_value_limit
 from atlas.samples import Mode, Sample, record_values, sample_of
 
 __all__ = [
-    "FILE_FORMATS",
     "SampleLimits",
     "decode_jsonl",
-    "file_format",
     "loads_json",
     "parse_upload",
     "read_samples",
@@ -176,34 +174,6 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
         return list(_read_text(stream, filename, counter))
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise InvalidInput(f"{filename}: not a readable gzip file: {exc}") from None
-
-
-FILE_FORMATS: dict[str, str] = {
-    ".jsonl": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
-    ".parquet": "parquet", ".txt": "text", ".text": "text", "": "text",
-}
-"""Upload file suffix (lower case, after an optional ``.gz`` is removed) → format; ``""``: no suffix."""
-
-
-def file_format(filename: str) -> str:
-    """The format of an upload named ``filename`` (a key of :data:`FILE_FORMATS`' values).
-
-    Raises
-    ------
-    InvalidInput
-        A suffix that is not a known format (422), naming the ones that are.
-    """
-    name = PurePosixPath(filename.replace("\\", "/")).name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    suffix = PurePosixPath(name).suffix
-    fmt = FILE_FORMATS.get(suffix)
-    if fmt is None:
-        known = ", ".join(k for k in FILE_FORMATS if k)
-        raise InvalidInput(f"{filename}: unknown file type {suffix!r}; FisherAtlas reads {known} (each optionally "
-                           "gzipped, .gz); rename a plain-text file (one sample per line) to .txt",
-                           {"filename": filename, "suffix": suffix, "supported": [k for k in FILE_FORMATS if k]})
-    return fmt
 
 
 class _BoundedReader(io.RawIOBase):

@@ -25,10 +25,9 @@ from hypothesis import strategies as st
 
 from atlas import repository
 from atlas.errors import InvalidInput, PayloadTooLarge
+from atlas.file_formats import FILE_FORMATS, file_format
 from atlas.sample_io import (
-    FILE_FORMATS,
     SampleLimits,
-    file_format,
     read_samples,
     text_representable,
     write_csv,

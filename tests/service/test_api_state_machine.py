@@ -88,6 +88,12 @@ class OracleTask:
     mode: str
     samples: list[dict[str, str]]
     version: int = 1
+    uploads: set[str] = field(default_factory=set)
+    """The sample lists its succeeded jobs merged (canonical JSON): appending one again is a 409."""
+
+
+def _upload_key(samples: list[dict[str, str]]) -> str:
+    return json.dumps(samples, sort_keys=True, ensure_ascii=False)
 
 
 @dataclass
@@ -234,6 +240,7 @@ class ApiAgainstOracle(RuleBasedStateMachine):
             self.dirty = {"export", "restart"}
             if self._usable(samples, mode):
                 assert job["status"] == "succeeded", job
+                entry.uploads.add(_upload_key(samples))
                 self.ready[clean] = entry
             else:
                 assert job["status"] == "failed" and "no usable tokens" in job["error"], job
@@ -263,7 +270,12 @@ class ApiAgainstOracle(RuleBasedStateMachine):
         self._append(task, self._samples(task.mode, data))
 
     def _append(self, task: OracleTask, samples: list[dict[str, str]]) -> None:
+        jobs = self._n_jobs()
         r = self.http.post(f"/v1/tasks/{task.id}/samples", json={"samples": samples})
+        if _upload_key(samples) in task.uploads:  # the same samples, merged already: counted twice, refused
+            assert r.status_code == 409 and r.json()["code"] == "conflict", r.text
+            assert self._n_jobs() == jobs
+            return
         assert r.status_code == 202, r.text
         job = wait_job(self.http, r.json()["job"]["id"])
         usable = self._usable(samples, task.mode)
@@ -271,6 +283,8 @@ class ApiAgainstOracle(RuleBasedStateMachine):
         assert job["status"] == ("succeeded" if usable else "failed"), job
         assert usable or "no usable tokens" in job["error"], job
         task.samples.extend(samples)
+        if usable:
+            task.uploads.add(_upload_key(samples))
         self.dirty = {"export", "restart"}
         task.version += usable
 

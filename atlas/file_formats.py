@@ -1,0 +1,40 @@
+"""Upload file types: which reader a file name selects (:func:`atlas.sample_io.read_samples`).
+
+Only known suffixes are read. Any other was read as plain text, one sample per line, which changed the data
+silently: a ``.tsv`` kept its header and tabs in every sample, a ``.jsonlines`` its JSON syntax.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from atlas.errors import InvalidInput
+
+__all__ = ["FILE_FORMATS", "file_format"]
+
+FILE_FORMATS: dict[str, str] = {
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
+    ".parquet": "parquet", ".txt": "text", ".text": "text", "": "text",
+}
+"""Upload file suffix (lower case, after an optional ``.gz`` is removed) → format; ``""``: no suffix."""
+
+
+def file_format(filename: str) -> str:
+    """The format of an upload named ``filename`` (a key of :data:`FILE_FORMATS`' values).
+
+    Raises
+    ------
+    InvalidInput
+        A suffix that is not a known format (422), naming the ones that are.
+    """
+    name = PurePosixPath(filename.replace("\\", "/")).name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    suffix = PurePosixPath(name).suffix
+    fmt = FILE_FORMATS.get(suffix)
+    if fmt is None:
+        known = ", ".join(k for k in FILE_FORMATS if k)
+        raise InvalidInput(f"{filename}: unknown file type {suffix!r}; FisherAtlas reads {known} (each optionally "
+                           "gzipped, .gz); rename a plain-text file (one sample per line) to .txt",
+                           {"filename": filename, "suffix": suffix, "supported": [k for k in FILE_FORMATS if k]})
+    return fmt
