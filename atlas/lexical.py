@@ -129,11 +129,14 @@ class TermCounts:
         if len(blob) < head or bytes(blob[:len(_MAGIC)]) != _MAGIC:
             raise ValueError("not a term-count blob")
         n = int.from_bytes(blob[len(_MAGIC):head], "little")
-        try:
-            body = zlib.decompress(bytes(blob[head:]))
+        if n > MAX_TERMS:
+            raise ValueError(f"corrupt term-count blob ({n} terms, at most {MAX_TERMS})")
+        try:  # bounded: an imported blob could inflate ~1000x (a zlib bomb) before the length check
+            inflate = zlib.decompressobj()
+            body = inflate.decompress(bytes(blob[head:]), 8 * n + 1)
         except zlib.error as exc:
             raise ValueError(f"corrupt term-count blob ({exc})") from None
-        if len(body) != 8 * n:
+        if len(body) != 8 * n or not inflate.eof:
             raise ValueError("corrupt term-count blob (length)")
         keys = np.frombuffer(body[:4 * n], dtype="<u4").astype(np.uint32)
         counts = np.frombuffer(body[4 * n:], dtype="<u4").astype(np.uint32)

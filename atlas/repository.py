@@ -44,7 +44,7 @@ from atlas.models import (
     utcnow,
 )
 from atlas.paging import Page as Page
-from atlas.samples import Sample, check_metadata, is_storable_text
+from atlas.samples import Sample, check_metadata, control_chars, is_storable_text
 from atlas.signature_repository import bytes_to_vectors as bytes_to_vectors
 from atlas.signature_repository import count_signatures as count_signatures
 from atlas.signature_repository import get_baseline_blob as get_baseline_blob
@@ -99,6 +99,9 @@ def _check_name(name: str) -> str:
         raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
     if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
         raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
+    if bad := control_chars(clean):  # an escape sequence in a name rewrote the terminal of whoever listed tasks
+        raise InvalidInput("a task name cannot hold control characters (newlines, tabs, escape codes) or "
+                           "bidirectional overrides", {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
     return clean
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
@@ -97,6 +98,16 @@ def is_storable_text(text: str) -> bool:
     found", filters an empty list, and new names are refused (422).
     """
     return "\x00" not in text and is_valid_unicode(text)
+
+
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""Bidirectional embeddings, overrides and isolates: they reorder how the text around them is displayed."""
+
+
+def control_chars(text: str) -> list[str]:
+    """The characters of ``text`` that would act on a terminal or on how text is displayed rather than print:
+    control characters (Unicode category Cc: newlines, tabs, ESC, DEL, C1) and bidirectional overrides."""
+    return [ch for ch in text if unicodedata.category(ch) == "Cc" or ch in BIDI_CONTROLS]
 
 
 def _keys_for(mode: Mode) -> str:

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from atlas.db import is_busy_error
 from atlas.errors import AtlasError, DatabaseBusy, IncompatibleSpace, InvalidInput
@@ -137,6 +138,12 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     return await _unexpected(request, exc)
 
 
+async def _client_disconnect(request: Request, exc: Exception) -> JSONResponse:
+    """The client went away mid-request (nobody reads the answer): one info line, not a 500 with a traceback."""
+    logger.info("client disconnected during %s %s; nothing was stored", request.method, request.url.path)
+    return JSONResponse(error_body("client_disconnected", "the client closed the connection", None), status_code=400)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONResponse(
@@ -153,6 +160,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OperationalError, _database_error)
     app.add_exception_handler(DBAPIError, _database_error)
     app.add_exception_handler(PoolTimeout, _database_error)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect)
     app.add_exception_handler(Exception, _unexpected)
     install_log_redaction()
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import typer
 
 from service.cli import keys, queries, server, tasks
+from service.cli.common import terminal_safe
 
 app = typer.Typer(name="fisher-atlas", no_args_is_help=True, add_completion=False,
                   help="FisherAtlas: a task-signature vector database (FisherSketch + FAISS + SQL).")
@@ -34,11 +35,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rc = app(args=list(argv) if argv is not None else None, prog_name="fisher-atlas", standalone_mode=False)
     except AtlasClientError as exc:
-        print(f"fisher-atlas: {exc.status} {exc.code}: {exc.message}" if exc.status else f"fisher-atlas: {exc.message}",
+        print(terminal_safe(f"fisher-atlas: {exc.status} {exc.code}: {exc.message}" if exc.status
+                            else f"fisher-atlas: {exc.message}"),
               file=sys.stderr)
         return 1
     except AtlasError as exc:  # a server-side command (migrate, serve, keys --local): the database, a setting
-        print(f"fisher-atlas: {exc.code}: {exc.message}", file=sys.stderr)
+        print(terminal_safe(f"fisher-atlas: {exc.code}: {exc.message}"), file=sys.stderr)
         return 1
     except typer.Exit as exc:
         return int(exc.exit_code)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+import unicodedata
 from typing import Annotated, Any
 
 import typer
 
+from atlas.samples import BIDI_CONTROLS
 from service.schemas import JobOut
 
 Url = Annotated[str | None, typer.Option("--url", envvar="FISHER_ATLAS_URL",
@@ -42,12 +44,20 @@ def emit(as_json: bool, payload: Any, text: str) -> None:
         data = payload.model_dump(mode="json") if hasattr(payload, "model_dump") else payload
         print(json.dumps(data, indent=2))
     else:
-        print(text)
+        print(terminal_safe(text))
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character but newline and tab, and every bidirectional override, written as a
+    ``\\uXXXX`` escape: names and metadata stored before control characters were refused, or served by another
+    server, cannot move the cursor, clear the screen or retitle the terminal."""
+    return "".join(f"\\u{ord(c):04x}" if c not in "\n\t" and (unicodedata.category(c) == "Cc" or c in BIDI_CONTROLS)
+                   else c for c in text)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one line on stderr and return the exit to raise."""
-    print(f"fisher-atlas: {message}", file=sys.stderr)
+    print(terminal_safe(f"fisher-atlas: {message}"), file=sys.stderr)
     return typer.Exit(code)
 
 

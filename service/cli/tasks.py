@@ -21,6 +21,7 @@ from service.cli.common import (
     follow,
     json_object,
     sample_notes,
+    terminal_safe,
 )
 
 app = typer.Typer()
@@ -106,7 +107,7 @@ def tasks_delete(name: str, yes: Annotated[bool, typer.Option("--yes", "-y", hel
     """Delete a task (store and index)."""
     with client(url, api_key, timeout) as cl:
         t = cl.find_task(name, space=space)
-        if not yes and not typer.confirm(f"delete task {t.id} ({t.name})?", err=True):
+        if not yes and not typer.confirm(terminal_safe(f"delete task {t.id} ({t.name})?"), err=True):
             raise fail("not deleted")
         cl.delete_task(t.id)
     emit(json, {"deleted": t.id}, f"deleted task {t.id} ({t.name})")

@@ -45,6 +45,21 @@ def test_corrupt_blobs_are_refused(blob: bytes) -> None:
         TermCounts.from_bytes(blob)
 
 
+def test_a_zlib_bomb_is_refused_without_inflating_it() -> None:
+    """An imported term-count blob is inflated only to the length its header states (a 1.7 MB import inflated
+    1 GiB before the length check; near the 64 MB body limit it would have been ~45 GB)."""
+    import zlib
+
+    from atlas.lexical import _MAGIC, MAX_TERMS
+
+    bomb = zlib.compress(b"\0" * (64 << 20), 9)  # 64 MiB of zeros in ~65 KB
+    for n in (1, MAX_TERMS):
+        with pytest.raises(ValueError, match="length"):
+            TermCounts.from_bytes(_MAGIC + n.to_bytes(4, "little") + bomb)
+    with pytest.raises(ValueError, match="at most"):
+        TermCounts.from_bytes(_MAGIC + (MAX_TERMS + 1).to_bytes(4, "little") + bomb)
+
+
 def test_the_cap_keeps_the_most_frequent_terms(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lexical, "MAX_TERMS", 3)
     c = TermCounts.from_texts(["aa aa aa bb bb cc dd ee"]).merge(TermCounts.from_texts(["aa ff"]))

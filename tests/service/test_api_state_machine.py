@@ -61,7 +61,7 @@ from sqlalchemy import func, select
 
 from atlas import repository
 from atlas.models import Job, Task
-from atlas.samples import Sample
+from atlas.samples import Sample, control_chars
 from atlas.settings import Settings
 from service.app import create_app
 from tests.service.conftest import LiveServer, wait_job
@@ -226,7 +226,7 @@ class ApiAgainstOracle(RuleBasedStateMachine):
         clean = name.strip()
         jobs = self._n_jobs()
         r = self.http.post("/v1/tasks", json={"name": name, "mode": mode, "samples": samples})
-        if not clean or "\x00" in clean:
+        if not clean or "\x00" in clean or control_chars(clean):  # (NUL, newlines, ESC...: 422)
             assert r.status_code == 422, r.text
         elif clean in self.ready:
             assert r.status_code == 409, r.text

@@ -257,3 +257,26 @@ def test_a_progress_stream_ends_when_its_key_is_revoked(serve, tiny_lm, monkeypa
                 assert json.loads(line.split(":", 1)[1])["key_revoked"] is True
                 break
     assert events == ["progress", "end"]
+
+
+def test_a_client_that_leaves_mid_upload_is_no_server_error(serve, tiny_lm, caplog) -> None:
+    """A client closing the connection mid-body was logged as "unhandled error" with a traceback (a 500 nobody
+    read); it is one info line now, and nothing is stored."""
+    import logging
+    import socket
+    import time
+
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})
+    host, port = svc.url.removeprefix("http://").split(":")
+    body = b'{"name": "gone", "samples": [{"text": "hello there"}'
+    with caplog.at_level(logging.INFO, logger="fisher_atlas.service"):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n" + body)
+            time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while not any("client disconnected" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.1)
+    assert not any("unhandled error" in r.getMessage() for r in caplog.records)
+    assert _counts(svc.container) == (0, 0, 0)

@@ -148,3 +148,30 @@ def test_appending_the_samples_a_task_already_holds_is_a_conflict(serve, tiny_lm
         c.append(created.task.id, samples=more, wait=True)
         assert c.get_task(created.task.id).n_samples == 9
         assert c.list_jobs(task_id=created.task.id).total == 2
+
+
+@pytest.mark.parametrize("name", ["esc\x1b]0;PWNED\x07\x1b[2J", "two\nlines", "tab\there", "del\x7f", "c1\x85x",
+                                  "rlo\u202eevil"])
+def test_a_task_name_with_control_characters_is_refused(serve, tiny_lm, name: str) -> None:
+    """An escape sequence in a task name retitled and cleared the terminal of whoever ran `tasks list`, a newline
+    forged a line of its output; such names are 422 now, storing nothing."""
+    svc = serve(lm=tiny_lm, sketch_dim=256, overrides={"start_runner": False})
+    r = httpx.post(f"{svc.url}/v1/tasks", json={"name": name, "samples": [{"text": "hello there friend"}]})
+    assert r.status_code == 422 and "control characters" in r.json()["message"], r.text
+    assert httpx.get(f"{svc.url}/v1/tasks").json()["total"] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_the_cli_prints_no_control_character_but_newline_and_tab(text: str) -> None:
+    """What the CLI prints of names and messages stored elsewhere (an older store, another server) cannot act on
+    the terminal: every control character but newline and tab, and every bidi override, is escaped."""
+    import unicodedata
+
+    from atlas.samples import BIDI_CONTROLS
+    from service.cli.common import terminal_safe
+
+    out = terminal_safe(text)
+    assert all(c in "\n\t" or (unicodedata.category(c) != "Cc" and c not in BIDI_CONTROLS) for c in out)
+    if not any(unicodedata.category(c) == "Cc" or c in BIDI_CONTROLS for c in text.replace("\n", "").replace("\t", "")):
+        assert out == text
