@@ -410,8 +410,10 @@ def rerank_route(
         open-set decision compares the best match's route ``score`` with its calibrated threshold.
         The typical-score term can move the answer from the task nearest to the prompt to a looser one
         (a lower threshold): the prompt must then also pass the nearest task's threshold (the task with
-        the highest shrunk whitened cosine, :func:`rank_parts`), else ``none``, with
-        ``nearest_rejects`` set and at least that task's confidence in the rejection.
+        the highest shrunk whitened cosine, :func:`rank_parts`, when its route score is at least the answered
+        task's: nearer by both scores), else ``none``, with ``nearest_rejects`` set and at least that task's
+        confidence in the rejection. (A task nearest by the whitened cosine alone — a sports text "nearest" a
+        SMILES task it scored 0.003 against — rejected prompts its answered task held well above threshold.)
     prompt_terms : atlas.lexical.TermCounts, optional
         The prompt's terms: when given and every candidate has ``terms``, matches are ordered by the hybrid
         :func:`atlas.lexical.fuse` of the ranking score and the lexical score (reported as ``lexical``); and
@@ -476,7 +478,8 @@ def rerank_route(
         j = order[0] if rounded[order[0]] >= rounded.max() else int(np.argmax(rounded))
         own = candidates[j].threshold
         thr_j = float(own) if per_task and own is not None else threshold
-        rejects = candidates[j].task_id != best.task_id and _f(score[j]) < thr_j
+        rejects = (candidates[j].task_id != best.task_id and _f(score[j]) >= best.score  # nearer by both scores
+                   and _f(score[j]) < thr_j)
         if rejects:
             conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
             none = True

@@ -192,19 +192,22 @@ def _oracle_rates(best: np.ndarray, score: np.ndarray, label: np.ndarray, unseen
 def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_auto: np.ndarray,
                    cal: list[routing.Calibration], indexed: np.ndarray, label: np.ndarray, unseen: np.ndarray,
                    is_fit: np.ndarray, is_eval: np.ndarray, nearest: np.ndarray | None = None,
-                   auroc_score: np.ndarray | None = None, lacks: np.ndarray | None = None
-                   ) -> tuple[dict[str, float], dict[str, float]]:
+                   auroc_score: np.ndarray | None = None, lacks: np.ndarray | None = None,
+                   nearest_needs_route_score: bool = True) -> tuple[dict[str, float], dict[str, float]]:
     """Rates with the calibrated per-task thresholds, then after ``fit`` on the ``is_fit`` prompts, for the
     answers ``top`` held to their task's threshold on the route score ``top_score`` and, with ``nearest``
     (the task nearest before the typical-score term), to that task's threshold too, and with ``lacks``
     (P, T) bool (the prompt lacks the task's active template) to the answered task's template, as
-    :func:`atlas.routing.rerank_route` does. AUROC on ``auroc_score`` (default ``top_score``)."""
+    :func:`atlas.routing.rerank_route` does (the nearest task rejects only when it is nearer by the route score
+    too, unless ``nearest_needs_route_score`` is false: the rule before 2026-11-25). AUROC on ``auroc_score``
+    (default ``top_score``)."""
     rows = np.arange(len(top))
     nearest = top if nearest is None else nearest
     template = np.zeros(len(top), bool) if lacks is None else lacks[rows, top]
+    nearer = S[rows, nearest] >= S[rows, top] if nearest_needs_route_score else np.ones(len(top), bool)
 
     def rejects(thr: np.ndarray) -> np.ndarray:
-        return np.asarray(((nearest != top) & (S[rows, nearest] < thr[nearest])) | template)
+        return np.asarray(((nearest != top) & nearer & (S[rows, nearest] < thr[nearest])) | template)
 
     floored = rejects(thr_auto)
     auroc_score = top_score if auroc_score is None else auroc_score
@@ -270,6 +273,9 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
                 if lacks is not None:
                     res["fsw_no_template"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
                                                                auroc_score=wr)
+                res["fsw_nearest_whitened"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
+                                                                auroc_score=wr, lacks=lacks,
+                                                                nearest_needs_route_score=False)
                 res["fsw_alone"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, auroc_score=wr)
                 res["fsw_oracle"] = _oracle_rates(wb, wr, label, unseen, is_eval)
             mb, ms = _best(M, indexed)
@@ -464,6 +470,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking fused with lexical; answered and nearest task's thresholds, "
                        "answered task's template), calibrated per-task thresholds (no labels)",
            "fsw_no_template": "FisherAtlas (product) without the template test",
+           "fsw_nearest_whitened": "FisherAtlas (product), the nearest task by whitened cosine alone rejecting "
+                                   "(before 2026-11-25)",
            "fsw_fit": "FisherAtlas (product) + `fit` (labelled prompts incl. none)",
            "fsw_alone": "FisherAtlas, ranking score, the answered task's threshold alone",
            "fsw_fisher_only": "FisherAtlas ordered by the Fisher ranking alone (no lexical evidence), calibrated",
