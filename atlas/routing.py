@@ -42,6 +42,9 @@ from typing import Any
 import numpy as np
 
 from atlas import lexical
+from atlas.route_answer import Rejection as Rejection
+from atlas.route_answer import RouteAnswer as RouteAnswer
+from atlas.route_answer import RouteMatch as RouteMatch
 from atlas.route_calibration import CALIBRATION_CONFIDENCE as CALIBRATION_CONFIDENCE
 from atlas.route_calibration import CALIBRATION_SAMPLES as CALIBRATION_SAMPLES
 from atlas.route_calibration import FALSE_REJECT_RATE as FALSE_REJECT_RATE
@@ -211,59 +214,6 @@ class Candidate:
     typical: float | None = None
     terms: Any = None
     template: Any = None
-
-
-@dataclass(frozen=True)
-class RouteMatch:
-    """One re-ranked match (see :func:`rerank_route`)."""
-
-    task_id: int
-    name: str
-    score: float
-    faiss_score: float
-    activation: float
-    error: float
-    threshold: float = 0.0
-    confidence: float = 0.0
-    rank_score: float | None = None
-    lexical: float | None = None
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Which task answered ``none`` and why: ``reason`` is ``"threshold"`` (the answered task's score is below
-    its threshold), ``"nearest"`` (the task nearest to the prompt, not the answered one, holds it below its
-    threshold) or ``"template"`` (the prompt lacks a term every sample of the answered task has)."""
-
-    task_id: int
-    name: str
-    score: float
-    threshold: float
-    reason: str
-
-
-@dataclass(frozen=True)
-class RouteAnswer:
-    """The answer for one prompt: top-``k`` matches, best first, the open-set flag and its confidence.
-
-    ``threshold`` is the one the best match was held to; ``confidence`` is that of the answer given
-    (the best task when ``none`` is false, "no task" when it is true); ``nearest_rejects``: in a whitened
-    space, the task nearest to the prompt before the typical-score term (not the answered one) holds the
-    prompt below its threshold — then ``none`` too (see :func:`rerank_route`); ``template_rejects``: the
-    prompt lacks a term every sample of the answered task has (:mod:`atlas.template`) — then ``none`` too;
-    ``rejected_by``: the task that decided a ``none`` and by which rule (``None`` when ``none`` is false or no
-    task exists). ``best_score`` is the answered task's (the first match's) score: matches are ordered by the
-    ranking, so it need not be the highest.
-    """
-
-    matches: list[RouteMatch]
-    none: bool
-    best_score: float | None
-    threshold: float
-    confidence: float = 1.0
-    nearest_rejects: bool = False
-    template_rejects: bool = False
-    rejected_by: Rejection | None = None
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:

@@ -83,6 +83,8 @@ class RouteRejection(_Out):
         description="`threshold`: the answered (first) task's score is below its threshold; `nearest`: the task "
                     "nearest to the prompt, not the answered one, holds it below its threshold; `template`: the "
                     "prompt lacks a term every sample of the answered task has (docs/SCORES.md).")
+    message: str = Field(description="The same in one sentence, naming the task (what the CLI and the dashboard "
+                                     "show).")
 
 
 class RouteResult(_Out):

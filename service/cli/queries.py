@@ -81,17 +81,13 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
 
 
 def none_reason(res: Any) -> str:
-    """Why a route answer is ``none``, naming the deciding task (``res.rejected_by``; docs/SCORES.md)."""
-    by = res.rejected_by
-    if by is None:  # an older server: the flags only
-        return ("the prompt lacks the answered task's template" if res.template_rejects else
-                "the task nearest to the prompt rejects it" if res.nearest_rejects else
-                f"the answered task's score is below its threshold {res.threshold:g}")
-    task = f"{by.name!r} (id {by.task_id})"
-    if by.reason == "template":
-        return f"the prompt lacks a term every sample of {task}, the answered task, has (its template)"
-    which = "the task nearest to the prompt" if by.reason == "nearest" else "the answered (first-ranked) task"
-    return f"{task}, {which}, scores {by.score:.4f}, below its threshold {by.threshold:.4f}"
+    """Why a route answer is ``none``: the server's sentence naming the deciding task (``rejected_by``), else the
+    flags of an older server."""
+    if res.rejected_by is not None:
+        return str(res.rejected_by.message)
+    return ("the prompt lacks the answered task's template" if res.template_rejects else
+            "the task nearest to the prompt rejects it" if res.nearest_rejects else
+            f"the answered task's score is below its threshold {res.threshold:g}")
 
 
 @app.command()

@@ -50,7 +50,8 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
                                 lexical=m.lexical) for m in a.matches],
             none=a.none, best_score=a.best_score, threshold=a.threshold, confidence=a.confidence,
             nearest_rejects=a.nearest_rejects, template_rejects=a.template_rejects,
-            rejected_by=None if a.rejected_by is None else RouteRejection(**dataclasses.asdict(a.rejected_by)),
+            rejected_by=None if a.rejected_by is None else RouteRejection(**dataclasses.asdict(a.rejected_by),
+                                                                          message=a.rejected_by.message),
         )
         for a in answers
     ]

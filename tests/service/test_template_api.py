@@ -50,6 +50,7 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
         assert res.template_rejects is False  # the top level answers the first prompt
         by = res.results[1].rejected_by
         assert by is not None and (by.name, by.reason) == ("native", "template") and res.rejected_by is None
+        assert "'native'" in by.message and "template" in by.message
         tasks = {t.name: t.id for t in client.list_tasks().items}
         info = {n: httpx.get(f"{svc.url}/v1/tasks/{i}/routing").json() for n, i in tasks.items()}
         assert info["native"]["template_active"] is True and info["native"]["template_terms"] >= 5

@@ -75,6 +75,7 @@
     if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
     return `${Math.floor(seconds / 3600)} h ${Math.round((seconds % 3600) / 60)} min`;
   }
+  const capitalise = (text) => text.charAt(0).toUpperCase() + text.slice(1);
   function truncate(text, n) {  // by characters (code points): a cut in UTF-16 units split surrogate pairs
     const chars = Array.from(String(text ?? ""));
     return chars.length > n ? chars.slice(0, n - 1).join("") + "…" : chars.join("");
@@ -1277,19 +1278,6 @@
         results.replaceChildren(errorBox(err, "Routing"));
       } finally { submit.disabled = false; }
     });
-    // Why "none", naming the task that decided it (the API's rejected_by; docs/SCORES.md).
-    function noneReason(res, best, top, thrUsed) {
-      const by = res.rejected_by;
-      if (!by) {  // an older server: the flags only
-        return res.template_rejects ? `The prompt lacks words every sample of ${best ?? "the answered task"} contains (its template).`
-          : res.nearest_rejects ? "The task nearest to this prompt rejects it (below that task's threshold)."
-          : `The answered task's score${top !== null ? ` (${fmt(top)})` : ""} is below its threshold${thrUsed !== undefined ? ` ${fmt(thrUsed)}` : ""}.`;
-      }
-      const task = truncate(by.name ?? `task ${by.task_id}`, 48);
-      if (by.reason === "template") return `The prompt lacks words every sample of ${task}, the answered task, contains (its template).`;
-      const which = by.reason === "nearest" ? "the task nearest to this prompt" : "the answered (first-ranked) task";
-      return `${task}, ${which}, scores ${fmt(by.score)}, below its threshold ${fmt(by.threshold)}.`;
-    }
     function renderRoute(res, ms) {
       const matches = res.matches || [];
       const none = !!res.none;
@@ -1303,7 +1291,7 @@
           "data-threshold": thrUsed !== undefined ? String(thrUsed) : null },
           none
             ? h("div", { "data-testid": "route-none" }, h("strong", {}, "None of the stored tasks. "),
-              noneReason(res, best, top, thrUsed), " This prompt looks like a new task (open set).")
+              res.rejected_by ? `${capitalise(res.rejected_by.message)}.` : "", " This prompt looks like a new task (open set).")
             : h("div", {}, h("strong", {}, "Routed. "), best ? `Best match: ${best} (score ${fmt(top)})` : "No tasks stored.",
               thrUsed !== undefined ? ` · threshold ${fmt(thrUsed)}` : ""),
           h("span", { class: "muted small" }, `${Math.round(ms)} ms`)),

@@ -1,0 +1,70 @@
+"""The answer of a route for one prompt (:func:`atlas.routing.rerank_route`): its matches, the open-set flag and
+its confidence, and the task that decided a ``none``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Rejection", "RouteAnswer", "RouteMatch"]
+
+
+@dataclass(frozen=True)
+class RouteMatch:
+    """One re-ranked match (see :func:`atlas.routing.rerank_route`)."""
+
+    task_id: int
+    name: str
+    score: float
+    faiss_score: float
+    activation: float
+    error: float
+    threshold: float = 0.0
+    confidence: float = 0.0
+    rank_score: float | None = None
+    lexical: float | None = None
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Which task answered ``none`` and why: ``reason`` is ``"threshold"`` (the answered task's score is below
+    its threshold), ``"nearest"`` (the task nearest to the prompt, not the answered one, holds it below its
+    threshold) or ``"template"`` (the prompt lacks a term every sample of the answered task has)."""
+
+    task_id: int
+    name: str
+    score: float
+    threshold: float
+    reason: str
+
+    @property
+    def message(self) -> str:
+        """The sentence the CLI and the dashboard show after "none: "."""
+        task = f"{self.name!r} (id {self.task_id})"
+        if self.reason == "template":
+            return f"the prompt lacks a term every sample of {task}, the answered task, has (its template)"
+        which = "the task nearest to the prompt" if self.reason == "nearest" else "the answered (first-ranked) task"
+        return f"{task}, {which}, scores {self.score:.4f}, below its threshold {self.threshold:.4f}"
+
+
+@dataclass(frozen=True)
+class RouteAnswer:
+    """The answer for one prompt: top-``k`` matches, best first, the open-set flag and its confidence.
+
+    ``threshold`` is the one the best match was held to; ``confidence`` is that of the answer given
+    (the best task when ``none`` is false, "no task" when it is true); ``nearest_rejects``: in a whitened
+    space, the task nearest to the prompt before the typical-score term (not the answered one) holds the
+    prompt below its threshold — then ``none`` too (see :func:`rerank_route`); ``template_rejects``: the
+    prompt lacks a term every sample of the answered task has (:mod:`atlas.template`) — then ``none`` too;
+    ``rejected_by``: the task that decided a ``none`` and by which rule (``None`` when ``none`` is false or no
+    task exists). ``best_score`` is the answered task's (the first match's) score: matches are ordered by the
+    ranking, so it need not be the highest.
+    """
+
+    matches: list[RouteMatch]
+    none: bool
+    best_score: float | None
+    threshold: float
+    confidence: float = 1.0
+    nearest_rejects: bool = False
+    template_rejects: bool = False
+    rejected_by: Rejection | None = None
