@@ -104,10 +104,15 @@ BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u206
 """Bidirectional embeddings, overrides and isolates: they reorder how the text around them is displayed."""
 
 
+def is_control_char(ch: str) -> bool:
+    """Whether ``ch`` would act on a terminal or on how text is displayed rather than print: a control character
+    (Unicode category Cc: newlines, tabs, ESC, DEL, C1) or a bidirectional override."""
+    return unicodedata.category(ch) == "Cc" or ch in BIDI_CONTROLS
+
+
 def control_chars(text: str) -> list[str]:
-    """The characters of ``text`` that would act on a terminal or on how text is displayed rather than print:
-    control characters (Unicode category Cc: newlines, tabs, ESC, DEL, C1) and bidirectional overrides."""
-    return [ch for ch in text if unicodedata.category(ch) == "Cc" or ch in BIDI_CONTROLS]
+    """The characters of ``text`` for which :func:`is_control_char` holds."""
+    return [ch for ch in text if is_control_char(ch)]
 
 
 def _keys_for(mode: Mode) -> str:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-import unicodedata
 from typing import Annotated, Any
 
 import typer
 
-from atlas.samples import BIDI_CONTROLS
+from atlas.samples import is_control_char
 from service.schemas import JobOut
 
 Url = Annotated[str | None, typer.Option("--url", envvar="FISHER_ATLAS_URL",
@@ -51,8 +50,7 @@ def terminal_safe(text: str) -> str:
     """``text`` with every control character but newline and tab, and every bidirectional override, written as a
     ``\\uXXXX`` escape: names and metadata stored before control characters were refused, or served by another
     server, cannot move the cursor, clear the screen or retitle the terminal."""
-    return "".join(f"\\u{ord(c):04x}" if c not in "\n\t" and (unicodedata.category(c) == "Cc" or c in BIDI_CONTROLS)
-                   else c for c in text)
+    return "".join(f"\\u{ord(c):04x}" if c not in "\n\t" and is_control_char(c) else c for c in text)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -107,11 +107,17 @@ def test_cancel_and_fail(factory: sessionmaker[Session]) -> None:
         assert job_store.list_jobs(s, task_id=task_b).total == 1
 
 
-def test_release_and_poison(factory: sessionmaker[Session]) -> None:
+def _released(factory: sessionmaker[Session], reason: str) -> int:
+    """A job claimed by a worker and released (``reason``) back to the queue: its id."""
     _, job_id = _job(factory)
     with factory.begin() as s:
-        claim = job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
-        assert job_store.release_job(s, job_id, claim.lease, "database hiccup")
+        claim = job_store.claim_job(s, job_id, worker="a", stale_after_s=60)
+        assert job_store.release_job(s, job_id, claim.lease, reason)
+    return job_id
+
+
+def test_release_and_poison(factory: sessionmaker[Session]) -> None:
+    job_id = _released(factory, "database hiccup")
     with factory.begin() as s:
         assert job_store.get_job(s, job_id).status == "queued"
         assert job_store.recoverable_jobs(s, stale_after_s=60) == [job_id]
@@ -179,10 +185,7 @@ def _claim(factory: sessionmaker[Session], job_id: int) -> object:
 def test_a_job_that_succeeds_after_a_release_keeps_no_error(factory: sessionmaker[Session]) -> None:
     """A job released by a worker's graceful shutdown and finished by the next one showed ``succeeded`` with the
     error "worker shut down; the job resumes from its last checkpoint"."""
-    _, job_id = _job(factory)
-    with factory.begin() as s:
-        claim = job_store.claim_job(s, job_id, worker="a", stale_after_s=60)
-        assert job_store.release_job(s, job_id, claim.lease, "worker shut down; the job resumes")
+    job_id = _released(factory, "worker shut down; the job resumes")
     with factory.begin() as s:
         assert job_store.get_job(s, job_id).error == "worker shut down; the job resumes"
         claim = job_store.claim_job(s, job_id, worker="b", stale_after_s=60)
