@@ -34,7 +34,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -326,16 +326,19 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
     return spec, sp.model_fingerprint, sp.model_name, tasks
 
 
-def import_space(write: sessionmaker[Session], data: bytes, *,
-                 on_conflict: str = "fail") -> tuple[int, int, list[str]]:
+def import_space(write: sessionmaker[Session], data: bytes, *, on_conflict: str = "fail",
+                 fingerprint_aliases: Mapping[str, str] | None = None) -> tuple[int, int, list[str]]:
     """Restore an export (all or nothing): returns ``(space_id, imported, skipped_names)``.
 
     ``on_conflict``: ``"fail"`` (:class:`~atlas.errors.Conflict` if any task name already exists in
     the target space) or ``"skip"`` (such tasks are left out and named in ``skipped_names``).
+    ``fingerprint_aliases`` maps an earlier model fingerprint of the loaded model to its current one, so an
+    export written before content fingerprints lands in the loaded model's space.
     """
     if on_conflict not in ("fail", "skip"):
         raise InvalidInput("on_conflict must be 'fail' or 'skip'", {"on_conflict": on_conflict})
     spec, model_fingerprint, model_name, tasks = parse_export(data)
+    model_fingerprint = (fingerprint_aliases or {}).get(model_fingerprint, model_fingerprint)
     skipped: list[str] = []
     with write.begin() as session:
         space = repo.get_or_create_space(

@@ -7,6 +7,7 @@ Every function takes a session and works inside the caller's transaction.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from sqlalchemy.orm import Session
 from atlas.errors import NotFound
 from atlas.models import JOB_STATUSES, JOB_SUCCEEDED, TASK_READY, Job, SketchStateRow, Space, Task
 from atlas.paging import Page
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "StateMeta",
@@ -150,6 +153,7 @@ def get_or_create_space(
     m: int,
     seed: int,
     spec: dict[str, Any],
+    previous_fingerprint: str | None = None,
 ) -> Space:
     """Return the space of (model fingerprint, sketch spec), creating it on first use.
 
@@ -161,6 +165,10 @@ def get_or_create_space(
         ``SketchSpec.fingerprint()``.
     model_name, d, K, m, seed, spec
         Descriptive copies (``spec`` is the JSON form of the ``SketchSpec``, enough to rebuild it).
+    previous_fingerprint
+        The key the same model had under an earlier fingerprint scheme
+        (:attr:`workers.model_identity.ModelFingerprint.previous_key`): a space stored under it, when none is
+        stored under ``model_fingerprint``, is re-keyed to it (once) and returned, tasks and all.
     """
     stmt = select(Space).where(
         Space.model_fingerprint == model_fingerprint, Space.spec_fingerprint == spec_fingerprint
@@ -168,6 +176,16 @@ def get_or_create_space(
     found = session.execute(stmt).scalar_one_or_none()
     if found is not None:
         return found
+    if previous_fingerprint is not None and previous_fingerprint != model_fingerprint:
+        old = session.execute(select(Space).where(
+            Space.model_fingerprint == previous_fingerprint, Space.spec_fingerprint == spec_fingerprint
+        )).scalar_one_or_none()
+        if old is not None:
+            log.info("space %d re-keyed from model fingerprint %s to %s (content fingerprint of %s)",
+                     old.id, previous_fingerprint, model_fingerprint, model_name)
+            old.model_fingerprint, old.model_name = model_fingerprint, model_name
+            session.flush()
+            return old
     space = Space(
         model_fingerprint=model_fingerprint, spec_fingerprint=spec_fingerprint, model_name=model_name,
         d=d, K=K, m=m, seed=seed, spec=dict(spec),

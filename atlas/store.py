@@ -45,6 +45,8 @@ class Store:
         self.write: sessionmaker[Session] = session_factory(self.engine)
         self.read: sessionmaker[Session] = session_factory(self.read_engine, readonly=True)
         self.default_space_id: int | None = None
+        self.fingerprint_aliases: dict[str, str] = {}
+        """Earlier model fingerprints of the loaded model → its current one (an import maps through them)."""
         self.model_error: str | None = None
         """Why the embedded model did not load (set by the composition root): no space can exist before it."""
         self._specs: dict[int, SketchSpec] = {}

@@ -144,6 +144,8 @@ class Container:
             with self.store.session() as session:
                 space = ensure_space(session, self.lm, s)
                 self.store.default_space_id = int(space.id)
+                if self.lm.fingerprint.previous_key is not None:
+                    self.store.fingerprint_aliases[self.lm.fingerprint.previous_key] = self.lm.fingerprint.key()
                 _warn_if_elsewhere(session, space)
                 sketcher = self.lm.make_sketcher(SketchSpec.from_dict(space.spec))
             extractor = Extractor(self.lm, sketcher, max_tokens_per_sample=s.max_tokens_per_sample)

@@ -18,7 +18,7 @@ state holding whole windows only — nothing half-written.
 Supported architectures: any ``AutoModelForCausalLM`` whose output embedding module is ``nn.Linear``-like
 and whose logits are that module's output, possibly followed by ``final_logit_softcapping`` (Gemma-2/3),
 ``logit_scale`` (Cohere), ``logits_scaling`` (Granite) or ``lm_head_multiplier`` (Falcon-H1). Anything
-else is refused at load time by :func:`workers.model_loading.verify_head`.
+else is refused at load time by :func:`workers.model_checks.verify_head`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ respect to the *head output* ``z_raw`` (chain rule), in float32::
 
     e = (softmax(z) − onehot(y)) · dz/dz_raw
 
-Any other post-head transform is caught at load time by :func:`workers.model_loading.verify_head`
+Any other post-head transform is caught at load time by :func:`workers.model_checks.verify_head`
 (the model's own logits are compared with ``transform(W a + b)``) and refused with a clear error.
 """
 

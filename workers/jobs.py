@@ -167,11 +167,13 @@ class WorkerContext:
 
 
 def ensure_space(session: Session, lm: LoadedModel, settings: Settings) -> Space:
-    """The space of ``lm`` with the sketch spec of ``settings`` (created on first use)."""
+    """The space of ``lm`` with the sketch spec of ``settings`` (created on first use; one stored under the model's
+    previous fingerprint is re-keyed, see :func:`atlas.space_repository.get_or_create_space`)."""
     spec = lm.make_spec(m=settings.sketch_dim, seed=settings.sketch_seed, error_projection=settings.error_projection)
     return repository.get_or_create_space(
         session, model_fingerprint=lm.fingerprint.key(), spec_fingerprint=spec.fingerprint(), model_name=lm.name,
         d=spec.d, K=spec.K, m=spec.m, seed=spec.seed, spec=spec.to_dict(),
+        previous_fingerprint=lm.fingerprint.previous_key,
     )
 
 

@@ -8,16 +8,15 @@
   when ``HF_HUB_OFFLINE=1`` (or when the hub cannot be reached).
 
 Whatever goes wrong, the caller gets one :class:`atlas.errors.ModelUnavailable` naming what is missing
-and how to supply it. The model is in eval mode with gradients off; its output head is checked once
-(:func:`verify_head`) so that the errors ``e`` are exactly the gradients of the model's own loss. States
-are tagged with the model's :class:`ModelFingerprint`; different fingerprints never mix.
+and how to supply it. The model is in eval mode with gradients off; it is checked once
+(:mod:`workers.model_checks`: its output head reproduces its logits, and it is causal). States are tagged
+with the model's :class:`workers.model_identity.ModelFingerprint` (its content, not its path); different
+fingerprints never mix.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -28,7 +27,16 @@ import torch
 from torch import nn
 
 from atlas.errors import InvalidInput, ModelUnavailable
-from workers.head import IDENTITY, LogitTransform, capture_head_input, detect_logit_transform, head_logits
+from workers.head import IDENTITY, LogitTransform, detect_logit_transform
+from workers.model_checks import verify_causal, verify_head
+from workers.model_identity import (
+    ModelFingerprint,
+    config_sha256,
+    head_sha256,
+    previous_key,
+    tokenizer_sha256,
+    weights_sha256,
+)
 
 if TYPE_CHECKING:
     from atlas.settings import Settings
@@ -47,48 +55,6 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16,
 }
-
-# Config keys that change with the library version, the load path or the load dtype, not the model.
-_VOLATILE_CONFIG_KEYS = frozenset({
-    "transformers_version", "_name_or_path", "name_or_path", "torch_dtype", "dtype", "_commit_hash",
-    "_attn_implementation", "_attn_implementation_autoset", "_attn_implementation_internal",
-    "attn_implementation", "_experts_implementation", "use_cache", "output_hidden_states",
-    "output_attentions", "return_dict",
-})
-
-
-@dataclass(frozen=True)
-class ModelFingerprint:
-    """Identity of a model for the purpose of comparing signatures.
-
-    Attributes
-    ----------
-    name : str
-        ``"bundled"``, the hub name, or the resolved local directory.
-    revision : str or None
-        Requested revision, else the hub commit hash when known, else None (local directories).
-    config_sha256 : str
-        SHA-256 of the canonical JSON of ``config.to_dict()`` without volatile keys
-        (library version, load path, dtype, attention implementation).
-    head_sha256 : str
-        SHA-256 of the output-head weight (and bias) as little-endian float32, with shapes.
-    """
-
-    name: str
-    revision: str | None
-    config_sha256: str
-    head_sha256: str
-
-    def key(self) -> str:
-        """Short stable key (20 hex chars) over all four fields; equal keys ⇔ comparable states."""
-        blob = json.dumps([self.name, self.revision, self.config_sha256, self.head_sha256])
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:20]
-
-    def to_dict(self) -> dict[str, str | None]:
-        """Plain dict (JSON-serialisable)."""
-        return {"name": self.name, "revision": self.revision, "config_sha256": self.config_sha256,
-                "head_sha256": self.head_sha256, "key": self.key()}
-
 
 @dataclass
 class LoadedModel:
@@ -168,7 +134,7 @@ class LoadedModel:
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, name: str, revision: str | None = None,
-                   verify: bool = True) -> LoadedModel:
+                   resolved_revision: str | None = None, verify: bool = True) -> LoadedModel:
         """Wrap an already-built model (e.g. random weights for tests and benchmarks).
 
         Parameters
@@ -179,8 +145,11 @@ class LoadedModel:
         name : str
             Name recorded in the fingerprint.
         revision : str or None
+            The requested hub revision.
+        resolved_revision : str or None
+            The commit the hub cache resolved it to, when known (descriptive).
         verify : bool
-            Run :func:`verify_head`.
+            Run :func:`verify_head` and :func:`verify_causal`.
 
         Raises
         ------
@@ -205,11 +174,11 @@ class LoadedModel:
         except ValueError as ex:
             raise ModelUnavailable(f"model {name!r}: unsupported logit transform: {ex}",
                                    detail={"model": name}) from None
+        config_digest, head_digest = config_sha256(model.config), head_sha256(weight, bias)
         fingerprint = ModelFingerprint(
-            name=name,
-            revision=revision,
-            config_sha256=config_sha256(model.config),
-            head_sha256=head_sha256(weight, bias),
+            name=name, revision=resolved_revision or revision, config_sha256=config_digest, head_sha256=head_digest,
+            weights_sha256=weights_sha256(model), tokenizer_sha256=tokenizer_sha256(tokenizer),
+            previous_key=previous_key(name, revision, config_digest, head_digest),
         )
         max_positions = None
         for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
@@ -222,6 +191,7 @@ class LoadedModel:
                  logit_transform=transform, max_positions=max_positions)
         if verify:
             verify_head(lm)
+            verify_causal(lm)
         return lm
 
 
@@ -263,7 +233,7 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if not is_local:
         kwargs["revision"] = revision
-        if _hub_offline():
+        if _hub_offline() or not _hub_reachable():
             kwargs["local_files_only"] = True
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -287,9 +257,9 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
     except Exception as ex:
         raise _unavailable(name, revision, is_local, "model weights", ex) from ex
     cast(Any, model).to(torch_device)
-    if fp_revision is None and not is_local:
-        fp_revision = getattr(model.config, "_commit_hash", None)
-    return LoadedModel.from_model(model, tokenizer, name=fp_name, revision=fp_revision, verify=verify)
+    resolved = None if is_local else _cached_commit(source, revision)
+    return LoadedModel.from_model(model, tokenizer, name=fp_name, revision=fp_revision, resolved_revision=resolved,
+                                  verify=verify)
 
 
 def sketch_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -336,6 +306,34 @@ def _hub_offline() -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers at all (one HEAD request, any HTTP status counts). Without a
+    network each ``from_pretrained`` call retries for half a minute before it falls back to the local
+    cache; one probe makes that a few seconds, and the load then reads the cache only."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session  # the hub client's own session: its proxies and headers
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+    except Exception as ex:  # requests' or httpx's connection errors, by hub version
+        log.warning("the Hugging Face hub (%s) is not reachable (%s): loading from the local cache only; set "
+                    "HF_HUB_OFFLINE=1 to skip this check", constants.ENDPOINT, type(ex).__name__)
+        return False
+    return True
+
+
+def _cached_commit(repo_id: str, revision: str | None) -> str | None:
+    """The commit the local hub cache resolves ``revision`` of ``repo_id`` to (None when not cached)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        path = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except Exception:  # a malformed repo id or cache: the commit is descriptive only
+        return None
+    parts = Path(path).parts if isinstance(path, str) else ()
+    return parts[-2] if len(parts) >= 3 and parts[-3] == "snapshots" else None
+
+
 def _looks_like_path(name: str) -> bool:
     return (name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name in (".", "..")
             or os.path.isabs(name) or (len(name) > 1 and name[1] == ":"))
@@ -374,12 +372,19 @@ def _resolve_source(name: str) -> tuple[str, str, bool]:
 def _unavailable(name: str, revision: str | None, is_local: bool, what: str, ex: Exception) -> ModelUnavailable:
     cause = f"{type(ex).__name__}: {str(ex).strip().splitlines()[0] if str(ex).strip() else ''}"
     detail = {"model": name, "revision": revision, "missing": what, "cause": cause}
-    if is_local:
-        return ModelUnavailable(
-            f"cannot load the {what} of model {name!r} from its directory ({cause}); the directory must hold "
-            "complete save_pretrained() output of both model and tokenizer",
-            detail=detail,
-        )
+    if "trust_remote_code" in cause or "custom code" in cause:
+        hint = ("models that need their own code (auto_map, trust_remote_code) are not supported: FisherAtlas "
+                "never runs code shipped with a model")
+    elif "Unrecognized" in cause or "does not recognize this architecture" in cause:
+        hint = ("this transformers version has no causal-LM class for the model's config; FisherAtlas needs a "
+                "causal (decoder-only) language model that AutoModelForCausalLM knows")
+    elif is_local:
+        hint = "the directory must hold complete save_pretrained() output of both model and tokenizer"
+    else:
+        hint = ""
+    if is_local or hint:
+        where = "from its directory" if is_local else f"from the hub or its cache (revision {revision!r})"
+        return ModelUnavailable(f"cannot load the {what} of model {name!r} {where} ({cause}); {hint}", detail=detail)
     from huggingface_hub import constants
 
     rev = f" (revision {revision!r})" if revision else ""
@@ -410,82 +415,6 @@ def _ensure_pad_token(tokenizer: Any) -> None:
     elif getattr(tokenizer, "unk_token", None) is not None:
         tokenizer.pad_token = tokenizer.unk_token
     # else: no pad token at all; extraction pads with id 0 under an attention mask
-
-
-def _strip_volatile(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _strip_volatile(v) for k, v in obj.items() if k not in _VOLATILE_CONFIG_KEYS}
-    if isinstance(obj, (list, tuple)):
-        return [_strip_volatile(v) for v in obj]
-    return obj
-
-
-def config_sha256(config: Any) -> str:
-    """SHA-256 (hex) of the canonical JSON of ``config.to_dict()`` without volatile keys."""
-    canonical = json.dumps(_strip_volatile(config.to_dict()), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def head_sha256(weight: torch.Tensor, bias: torch.Tensor | None, rows_per_step: int = 8192) -> str:
-    """SHA-256 (hex) of the head weight (K, H) and bias (K,) as little-endian float32, with shapes.
-
-    Hashed in row blocks so no float32 copy of a large head is ever made whole.
-    """
-    h = hashlib.sha256()
-    h.update(json.dumps({"weight": list(weight.shape), "bias": None if bias is None else list(bias.shape)}).encode())
-    with torch.no_grad():
-        for tensor in (weight, bias):
-            if tensor is None:
-                continue
-            flat = tensor.detach().reshape(tensor.shape[0], -1)
-            for start in range(0, flat.shape[0], rows_per_step):
-                block = flat[start:start + rows_per_step].to(device="cpu", dtype=torch.float32).contiguous()
-                h.update(block.numpy().astype("<f4", copy=False).tobytes())
-    return h.hexdigest()
-
-
-def verify_head(lm: LoadedModel, n_tokens: int = 8) -> None:
-    """Check that the captured head input reproduces the model's logits.
-
-    Runs the model once on ``n_tokens`` token ids with full logits, captures the head input with the
-    same forward pre-hook extraction uses, and compares ``transform(W a + b)`` with the model's logits.
-
-    Raises
-    ------
-    ModelUnavailable
-        The forward never calls the output embedding module, or the logits differ (an unsupported
-        post-head transform: refusing is better than silently wrong errors).
-    """
-    K = lm.K
-    ids = torch.arange(1, n_tokens + 1, device=lm.device).remainder(K).unsqueeze(0)
-    mask = torch.ones_like(ids)
-    with torch.no_grad():
-        out = lm.model(input_ids=ids, attention_mask=mask, use_cache=False)
-        logits = getattr(out, "logits", None)
-        try:
-            hidden = capture_head_input(lm.model, ids, mask)
-        except RuntimeError as ex:
-            raise ModelUnavailable(f"model {lm.name!r} is not supported: {ex}", detail={"model": lm.name}) from ex
-        head = lm.head
-        weight = cast(torch.Tensor, head.weight)
-        ours = lm.logit_transform.apply(head_logits(hidden[0], weight, getattr(head, "bias", None)))
-    if logits is None or tuple(logits.shape[-2:]) != tuple(ours.shape):
-        raise ModelUnavailable(
-            f"model {lm.name!r}: its logits (shape {None if logits is None else tuple(logits.shape)}) do not "
-            f"match the output head's shape {tuple(ours.shape)}; unsupported architecture",
-            detail={"model": lm.name},
-        )
-    ref = logits[0].float()
-    scale = float(ref.abs().max().clamp_min(1.0))
-    tol = 1e-4 if lm.dtype == torch.float32 else 3e-2
-    err = float((ours - ref).abs().max()) / scale
-    if not err <= tol:
-        raise ModelUnavailable(
-            f"model {lm.name!r} transforms its logits after the output head in a way FisherAtlas does not "
-            f"handle (handled: {lm.logit_transform.describe()}; relative mismatch {err:.2e}). Supported: plain "
-            "heads, final_logit_softcapping, logit_scale, logits_scaling, lm_head_multiplier",
-            detail={"model": lm.name, "mismatch": err},
-        )
 
 
 def load_configured_model(settings: Settings) -> LoadedModel:

@@ -43,6 +43,7 @@ class SpaceService:
     def import_space(self, data: bytes, *, on_conflict: str = "fail") -> tuple[int, int, list[str]]:
         """Restore an export (all or nothing), then bring the index up to date: returns
         ``(space_id, imported, skipped_names)``."""
-        space_id, imported, skipped = space_io.import_space(self.store.write, data, on_conflict=on_conflict)
+        space_id, imported, skipped = space_io.import_space(self.store.write, data, on_conflict=on_conflict,
+                                                                fingerprint_aliases=self.store.fingerprint_aliases)
         self.index.catch_up(space_id)
         return space_id, imported, skipped
