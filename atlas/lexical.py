@@ -8,8 +8,12 @@ is the standard answer of retrieval systems (semantic-router's ``HybridRouter``,
 Weaviate hybrid search); here the two are fused per prompt over the re-ranked candidates.
 
 Terms
-    Lower-cased word tokens of two or more characters (``\\w\\w+``, Unicode-aware, the scikit-learn
-    default) and the bigrams of adjacent tokens, each hashed to 32 bits (CRC-32 of its UTF-8 bytes).
+    The text is NFC-normalised and lower-cased. Tokens are words of two or more characters (word
+    characters with their combining marks, so Devanagari, Thai or decomposed accents are not split at a
+    vowel sign; ``\\w\\w+``, the scikit-learn default, for text without marks) and, in scripts written
+    without spaces between words (Han, kana, Thai, Lao, Khmer, Myanmar), the overlapping character bigrams of
+    each run (a single character alone): a whole Chinese clause is not one term. Terms are the tokens and
+    the pairs of adjacent tokens, each hashed to 32 bits (CRC-32 of its UTF-8 bytes).
     A task keeps the counts of its samples' terms, summed over every job (appends add theirs), up to
     ``MAX_TERMS`` distinct terms (the most frequent; a task that outgrows the cap keeps its most
     frequent terms, so an append can change which of the rare ones are kept).
@@ -32,21 +36,43 @@ from __future__ import annotations
 
 import itertools
 import re
+import unicodedata
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import regex
 
 MAX_TERMS = 65_536
 """Distinct terms kept per task (the most frequent)."""
-_TOKEN = re.compile(r"\w\w+")
+_ASCII_WORD = re.compile(r"\w\w+")
+_UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\u30fc"
+_TOKEN = regex.compile(rf"(?V1)([{_UNSPACED}][{_UNSPACED}\p{{M}}]*)|([[\w\p{{M}}\p{{N}}]--[{_UNSPACED}]]+)")
+"""A run of a script written without spaces (group 1), or a word: letters, marks, digits, ``_`` (group 2)."""
 _MAGIC = b"FALX1"
 
 
+def tokens(text: str) -> list[str]:
+    """The tokens of ``text`` in order (see the module notes): words of two or more characters, and the
+    character bigrams of each run of a script written without spaces."""
+    if text.isascii():  # the common case, and the same tokens as below: no marks, no unspaced script
+        return _ASCII_WORD.findall(text.lower())
+    out: list[str] = []
+    for run, word in _TOKEN.findall(unicodedata.normalize("NFC", text).lower()):
+        if word:
+            if len(word) > 1:
+                out.append(word)
+        elif len(run) == 1:
+            out.append(run)
+        else:
+            out.extend(run[i:i + 2] for i in range(len(run) - 1))
+    return out
+
+
 def terms(text: str) -> list[str]:
-    """Word tokens (lower-cased ``\\w\\w+``) and adjacent-token bigrams of ``text``."""
-    words = _TOKEN.findall(text.lower())
+    """The :func:`tokens` of ``text`` and the pairs of adjacent tokens."""
+    words = tokens(text)
     return words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
 
 

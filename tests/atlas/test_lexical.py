@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,6 +25,39 @@ def test_terms_are_lowercased_words_and_bigrams() -> None:
     assert lexical.terms("The CAT sat, on a mat\u2028Ünïcode wörds") == [
         "the", "cat", "sat", "on", "mat", "ünïcode", "wörds",
         "the cat", "cat sat", "sat on", "on mat", "mat ünïcode", "ünïcode wörds"]
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=200))
+def test_ascii_text_keeps_the_word_tokens_of_before(text: str) -> None:
+    """Stored term counts of ASCII tasks stay valid: ``\\w\\w+`` on the lower-cased text, as before."""
+    assert lexical.tokens(text) == re.findall(r"\w\w+", text.lower())
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=120))
+def test_tokens_do_not_depend_on_the_unicode_normal_form(text: str) -> None:
+    nfc, nfd = unicodedata.normalize("NFC", text), unicodedata.normalize("NFD", text)
+    assert lexical.tokens(nfc) == lexical.tokens(nfd)
+    assert all(tok and not any(ch.isspace() for ch in tok) for tok in lexical.tokens(text))
+
+
+@given(st.text(alphabet=st.sampled_from("中文字符北京大学のカタコーヒーกินข้าว"), min_size=2, max_size=40))
+def test_a_run_of_an_unspaced_script_gives_its_character_bigrams(run: str) -> None:
+    toks = lexical.tokens(run)
+    assert toks == [run[i:i + 2] for i in range(len(run) - 1)]
+
+
+def test_scripts_without_spaces_and_combining_marks_are_not_one_term_per_clause() -> None:
+    assert lexical.tokens("我今天去北京。猫") == ["我今", "今天", "天去", "去北", "北京", "猫"]
+    # a Devanagari vowel sign or a decomposed accent no longer splits the word
+    assert lexical.tokens("नमस्ते दुनिया") == ["नमस्ते", "दुनिया"]
+    assert lexical.tokens("cafe\u0301 café") == ["café", "café"]
+    # a Chinese prompt now shares terms with a Chinese task of other sentences on its topic
+    task = TaskTerms.of(TermCounts.from_texts(["北京大学的学生在图书馆学习中文。", "北京的天气今天很好。"]))
+    other = TaskTerms.of(TermCounts.from_texts(["上海的咖啡馆很多。", "东京的地铁很方便。"]))
+    scores = lexical_scores(TermCounts.from_texts(["我在北京大学学习。"]), [task, other])
+    assert scores[0] > 0.2 and scores[0] > 3 * scores[1]
 
 
 @given(TEXTS, TEXTS)
