@@ -13,6 +13,7 @@ signatures are float32 vectors.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -44,7 +45,7 @@ from atlas.models import (
     utcnow,
 )
 from atlas.paging import Page as Page
-from atlas.samples import Sample, check_metadata, control_chars, is_storable_text
+from atlas.samples import Sample, check_metadata, control_chars, is_storable_text, name_forms
 from atlas.signature_repository import bytes_to_vectors as bytes_to_vectors
 from atlas.signature_repository import count_signatures as count_signatures
 from atlas.signature_repository import get_baseline_blob as get_baseline_blob
@@ -100,18 +101,16 @@ def _check_name(name: str) -> str:
     if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
         raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
     if bad := control_chars(clean):  # an escape sequence in a name rewrote the terminal of whoever listed tasks
-        raise InvalidInput("a task name cannot hold control characters (newlines, tabs, escape codes) or "
-                           "bidirectional overrides", {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
-    return clean
+        raise InvalidInput("a task name cannot hold control characters (newlines, tabs, escape codes), "
+                           "bidirectional overrides or invisible characters (zero-width spaces, direction marks)",
+                           {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
+    return unicodedata.normalize("NFC", clean)  # one stored form: a decomposed 'café' is the same name
 
 
 def normalize_name(name: str) -> str:
-    """A task name as stored: surrounding whitespace removed, 1-300 characters, no NUL (422 otherwise)."""
+    """A task name as stored: surrounding whitespace removed, NFC-normalised, 1-300 characters, no NUL, control
+    or invisible characters (422 otherwise)."""
     return _check_name(name)
-
-
-def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    return check_metadata(metadata)
 
 
 def _job_by_key(session: Session, key: str) -> Job | None:
@@ -218,7 +217,7 @@ def create_task_with_job(
     """
     name = _check_name(name)
     check_mode(mode)
-    meta = _check_metadata(metadata)
+    meta = check_metadata(metadata)
     if idempotency_key is not None:
         job = _job_by_key(session, idempotency_key)
         if job is not None:
@@ -279,8 +278,8 @@ def get_task(session: Session, task_id: int) -> Task:
 
 def get_task_by_name(session: Session, space_id: int, name: str) -> Task:
     """Return the task called ``name`` in a space or raise :class:`NotFound`."""
-    task = session.execute(select(Task).where(Task.space_id == space_id, Task.name == name)).scalar_one_or_none() \
-        if is_storable_text(name) else None
+    task = session.execute(select(Task).where(Task.space_id == space_id, Task.name.in_(name_forms(name)))
+                           .order_by(Task.id)).scalars().first() if is_storable_text(name) else None
     if task is None:
         raise NotFound(f"no task named {name!r}", {"space_id": space_id, "name": name})
     return task
@@ -356,7 +355,7 @@ def update_task(
     if task is None:
         raise NotFound(f"task {task_id} does not exist", {"task_id": task_id})
     if metadata is not None:
-        patch = _check_metadata(metadata)
+        patch = check_metadata(metadata)
         if replace_metadata:
             task.meta = {k: v for k, v in patch.items() if v is not None}
         else:
@@ -477,7 +476,7 @@ def create_ready_task(
     name = _check_name(name)
     check_mode(mode)
     get_space(session, space_id)
-    task = Task(space_id=space_id, name=name, mode=mode, meta=_check_metadata(metadata), status=TASK_PENDING,
+    task = Task(space_id=space_id, name=name, mode=mode, meta=check_metadata(metadata), status=TASK_PENDING,
                 n_samples=0, n_tokens=0, version=0)
     try:
         with session.begin_nested():

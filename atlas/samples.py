@@ -104,10 +104,22 @@ BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u206
 """Bidirectional embeddings, overrides and isolates: they reorder how the text around them is displayed."""
 
 
+INVISIBLE_CHARS = frozenset("\u00ad\u061c\u180e\u200b\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff")
+"""Characters that display as nothing (soft hyphen, zero-width space and no-break space, word joiner, invisible
+operators, direction marks): ``chem`` and ``chem\u200b`` would look the same. Zero-width (non-)joiners are
+not among them: they shape Persian, Indic and emoji text."""
+
+
 def is_control_char(ch: str) -> bool:
     """Whether ``ch`` would act on a terminal or on how text is displayed rather than print: a control character
-    (Unicode category Cc: newlines, tabs, ESC, DEL, C1) or a bidirectional override."""
-    return unicodedata.category(ch) == "Cc" or ch in BIDI_CONTROLS
+    (Unicode category Cc: newlines, tabs, ESC, DEL, C1), a bidirectional override or an invisible character."""
+    return unicodedata.category(ch) == "Cc" or ch in BIDI_CONTROLS or ch in INVISIBLE_CHARS
+
+
+def name_forms(name: str) -> set[str]:
+    """The stored forms a looked-up name can match: as given and NFC-normalised (names are stored NFC since
+    2026-11-25, so ``café`` typed composed or decomposed finds the same task)."""
+    return {name, unicodedata.normalize("NFC", name)}
 
 
 def control_chars(text: str) -> list[str]:

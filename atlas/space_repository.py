@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from atlas.errors import NotFound
 from atlas.models import JOB_STATUSES, JOB_SUCCEEDED, TASK_READY, Job, SketchStateRow, Space, Task
 from atlas.paging import Page
+from atlas.samples import name_forms
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def tasks_by_exact_name(session: Session, name: str, *, space_id: int | None, st
                         name_prefix: str | None, default_space_id: int | None, offset: int, limit: int
                         ) -> Page[Task]:
     """Tasks named exactly ``name`` (default space first, then oldest), with the list filters."""
-    conds: list[Any] = [Task.name == name]
+    conds: list[Any] = [Task.name.in_(name_forms(name))]
     if space_id is not None:
         conds.append(Task.space_id == space_id)
     if status is not None:

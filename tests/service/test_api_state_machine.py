@@ -39,6 +39,7 @@ import json
 import shutil
 import tempfile
 import time
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -223,7 +224,7 @@ class ApiAgainstOracle(RuleBasedStateMachine):
         self._add(f"task-{self.n_names}:{suffix}", mode, self._samples(mode, data))
 
     def _add(self, name: str, mode: str, samples: list[dict[str, str]]) -> None:
-        clean = name.strip()
+        clean = unicodedata.normalize("NFC", name.strip())  # names are stored in one Unicode form
         jobs = self._n_jobs()
         r = self.http.post("/v1/tasks", json={"name": name, "mode": mode, "samples": samples})
         if not clean or "\x00" in clean or control_chars(clean):  # (NUL, newlines, ESC...: 422)

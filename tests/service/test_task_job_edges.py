@@ -161,6 +161,34 @@ def test_a_task_name_with_control_characters_is_refused(serve, tiny_lm, name: st
     assert httpx.get(f"{svc.url}/v1/tasks").json()["total"] == 0
 
 
+@pytest.mark.parametrize("name", ["chem\u200b", "\ufeffchem", "chem\u2060", "rlm\u200fx", "soft\u00adhyphen"])
+def test_a_task_name_with_invisible_characters_is_refused(serve, tiny_lm, name: str) -> None:
+    """``chem`` and ``chem\\u200b`` looked the same in every listing and were two tasks."""
+    svc = serve(lm=tiny_lm, sketch_dim=256, overrides={"start_runner": False})
+    r = httpx.post(f"{svc.url}/v1/tasks", json={"name": name, "samples": [{"text": "hello there friend"}]})
+    assert r.status_code == 422 and "invisible characters" in r.json()["message"], r.text
+
+
+def test_task_names_are_one_unicode_form_and_joiners_are_kept(serve, tiny_lm) -> None:
+    """A decomposed ``café`` (e + U+0301) is stored composed: it is the same name as the composed one, and either
+    spelling finds it; zero-width joiners (emoji sequences, Persian) stay valid."""
+    import unicodedata
+
+    svc = serve(lm=tiny_lm, sketch_dim=256, overrides={"start_runner": False})
+    nfd, nfc = unicodedata.normalize("NFD", "café_任务"), unicodedata.normalize("NFC", "café_任务")
+    assert nfd != nfc
+    r = httpx.post(f"{svc.url}/v1/tasks", json={"name": nfd, "samples": [{"text": "hello there friend"}]})
+    assert r.status_code == 202 and r.json()["task"]["name"] == nfc, r.text
+    again = httpx.post(f"{svc.url}/v1/tasks", json={"name": nfc, "samples": [{"text": "hello there friend"}]})
+    assert again.status_code == 409, again.text
+    for spelling in (nfd, nfc):
+        found = httpx.get(f"{svc.url}/v1/tasks", params={"name": spelling}).json()
+        assert [t["name"] for t in found["items"]] == [nfc]
+    for name in ("👩\u200d💻 coders", "می\u200cخواهم"):
+        r = httpx.post(f"{svc.url}/v1/tasks", json={"name": name, "samples": [{"text": "hello there friend"}]})
+        assert r.status_code == 202 and r.json()["task"]["name"] == name, r.text
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_the_cli_prints_no_control_character_but_newline_and_tab(text: str) -> None:
@@ -168,10 +196,13 @@ def test_the_cli_prints_no_control_character_but_newline_and_tab(text: str) -> N
     the terminal: every control character but newline and tab, and every bidi override, is escaped."""
     import unicodedata
 
-    from atlas.samples import BIDI_CONTROLS
+    from atlas.samples import BIDI_CONTROLS, INVISIBLE_CHARS
     from service.cli.common import terminal_safe
 
+    def acts(c: str) -> bool:
+        return unicodedata.category(c) == "Cc" or c in BIDI_CONTROLS or c in INVISIBLE_CHARS
+
     out = terminal_safe(text)
-    assert all(c in "\n\t" or (unicodedata.category(c) != "Cc" and c not in BIDI_CONTROLS) for c in out)
-    if not any(unicodedata.category(c) == "Cc" or c in BIDI_CONTROLS for c in text.replace("\n", "").replace("\t", "")):
+    assert all(c in "\n\t" or not acts(c) for c in out)
+    if not any(acts(c) for c in text.replace("\n", "").replace("\t", "")):
         assert out == text
