@@ -152,6 +152,8 @@ def request_cancel(session: Session, job_id: int) -> Job:
             update(Job).where(Job.id == job_id, Job.status == JOB_QUEUED)
             .values(status=JOB_CANCELLED, cancel_requested=True, finished_at=utcnow(), error="cancelled by request")
         ).rowcount  # type: ignore[attr-defined]  # CursorResult
+        if done:  # a job released by a shutting-down worker waits with its checkpoint: it never resumes now
+            session.execute(delete(JobCheckpoint).where(JobCheckpoint.job_id == job_id))
         if done and job.task_id is not None and job.kind == "create":
             mark_task_failed_if_empty(session, job.task_id)
     elif job.status == JOB_RUNNING:
@@ -271,7 +273,11 @@ def stored_error(error: str) -> str:
     return redact_secrets(error)[:MAX_ERROR_CHARS]
 
 
-def _finish(job: Job, status: str, *, error: str | None = None, result: dict[str, Any] | None = None) -> None:
+def _finish(session: Session, job: Job, status: str, *, error: str | None = None,
+            result: dict[str, Any] | None = None) -> None:
+    """Set a final status; the job's checkpoint goes (a final job never resumes: a cancelled or failed job's
+    state blob stayed for good)."""
+    session.execute(delete(JobCheckpoint).where(JobCheckpoint.job_id == job.id))
     job.status = status
     job.finished_at = utcnow()
     job.heartbeat_at = job.finished_at
@@ -284,11 +290,10 @@ def _finish(job: Job, status: str, *, error: str | None = None, result: dict[str
 
 def mark_succeeded(session: Session, job: Job, result: dict[str, Any], progress: dict[str, Any] | None = None) -> None:
     """Finish a locked job as succeeded and drop its checkpoint."""
-    _finish(job, JOB_SUCCEEDED, result=result)
+    _finish(session, job, JOB_SUCCEEDED, result=result)
     job.error = None  # a release on the way ("worker shut down; …") is no error of a job that succeeded
     if progress is not None:
         job.progress = progress
-    session.execute(delete(JobCheckpoint).where(JobCheckpoint.job_id == job.id))
     session.flush()
 
 
@@ -316,7 +321,7 @@ def finish_locked(session: Session, job: Job, status: str, error: str | None = N
         session.flush()
         purge_orphan_uploads_now(session)
         return
-    _finish(job, status, error=error or status)
+    _finish(session, job, status, error=error or status)
     if job.kind == "create" and job.task_id is not None:
         mark_task_failed_if_empty(session, job.task_id)
     session.flush()
@@ -344,7 +349,7 @@ def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:
     job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
     if job is None or job.status in JOB_FINAL_STATUSES or job.attempts < max_attempts:
         return False
-    _finish(job, JOB_FAILED, error=f"gave up after {job.attempts} attempts (the worker died each time)")
+    _finish(session, job, JOB_FAILED, error=f"gave up after {job.attempts} attempts (the worker died each time)")
     if job.kind == "create" and job.task_id is not None:
         mark_task_failed_if_empty(session, job.task_id)
     session.flush()

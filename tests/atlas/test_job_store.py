@@ -82,11 +82,18 @@ def test_stale_job_is_reclaimed_and_old_lease_is_dead(factory: sessionmaker[Sess
         assert job_store.get_job(s, job_id).status == "succeeded"
 
 
+def _checkpoint(factory: sessionmaker[Session], job_id: int, lease: str) -> None:
+    with factory.begin() as s:
+        assert job_store.save_checkpoint(s, job_id, lease, samples_done=1, tokens=3, state=b"s" * 64, baselines=None)
+
+
 def test_cancel_and_fail(factory: sessionmaker[Session]) -> None:
+    """A final job keeps no checkpoint: a cancelled or failed job's state blob stayed for good."""
     task_id, job_id = _job(factory, "a")
     with factory.begin() as s:
         claim = job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
         job_store.request_cancel(s, job_id)
+    _checkpoint(factory, job_id, claim.lease)
     with factory.begin() as s:
         beat = job_store.heartbeat(s, job_id, claim.lease)
         assert beat.alive and beat.cancel_requested
@@ -94,15 +101,19 @@ def test_cancel_and_fail(factory: sessionmaker[Session]) -> None:
     with factory() as s:
         assert job_store.get_job(s, job_id).status == "cancelled"
         assert repository.get_task(s, task_id).status == "failed"
+        assert job_store.get_checkpoint(s, job_id) is None
 
     task_b, job_b = _job(factory, "b")
     with factory.begin() as s:
         claim = job_store.claim_job(s, job_b, worker="w", stale_after_s=60)
+    _checkpoint(factory, job_b, claim.lease)
+    with factory.begin() as s:
         assert job_store.finish_job(s, job_b, claim.lease, "failed", "tokenizer exploded")
         assert not job_store.finish_job(s, job_b, claim.lease, "failed", "again")
     with factory() as s:
         job = job_store.get_job(s, job_b)
         assert (job.status, job.error) == ("failed", "tokenizer exploded")
+        assert job_store.get_checkpoint(s, job_b) is None
         assert job_store.count_jobs(s, ["failed", "cancelled"]) == 2
         assert job_store.list_jobs(s, task_id=task_b).total == 1
 
@@ -123,11 +134,27 @@ def test_release_and_poison(factory: sessionmaker[Session]) -> None:
         assert job_store.recoverable_jobs(s, stale_after_s=60) == [job_id]
         assert job_store.recoverable_job_statuses(s, stale_after_s=60) == [(job_id, "queued")]
         assert job_store.recoverable_jobs(s, stale_after_s=60, queued_older_than_s=3600) == []
-        job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
+        claim = job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
+    _checkpoint(factory, job_id, claim.lease)
+    with factory.begin() as s:
         assert not job_store.fail_exhausted(s, job_id, max_attempts=3)
         assert job_store.fail_exhausted(s, job_id, max_attempts=2)
     with factory() as s:
-        assert job_store.get_job(s, job_id).status == "failed"
+        assert job_store.get_job(s, job_id).status == "failed" and job_store.get_checkpoint(s, job_id) is None
+
+
+def test_cancelling_a_released_job_drops_the_checkpoint_it_waited_with(factory: sessionmaker[Session]) -> None:
+    _, job_id = _job(factory)
+    with factory.begin() as s:
+        claim = job_store.claim_job(s, job_id, worker="a", stale_after_s=60)
+    _checkpoint(factory, job_id, claim.lease)
+    with factory.begin() as s:
+        assert job_store.release_job(s, job_id, claim.lease, "worker shut down")
+    with factory.begin() as s:
+        assert job_store.get_checkpoint(s, job_id) is not None  # kept to resume from
+        assert job_store.request_cancel(s, job_id).status == "cancelled"
+    with factory() as s:
+        assert job_store.get_checkpoint(s, job_id) is None
 
 
 def test_space_sweep_recovers_a_dead_job_whose_task_was_deleted(factory: sessionmaker[Session]) -> None:
