@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import faiss
+from pydantic import TypeAdapter
 
 from atlas.index_ann import TwoStageIndex
 
@@ -89,6 +90,9 @@ class IndexMeta:
     written_at: float = 0.0
     watermark_mark: str = ""
     """``atlas.changes.mark`` of the change at ``watermark`` ("" in files of before: not checked)."""
+
+
+_META: TypeAdapter[IndexMeta] = TypeAdapter(IndexMeta)
 
 
 @dataclass
@@ -226,10 +230,10 @@ class IndexFiles:
         meta_path, index_path = self.meta_path(space_id), self.index_path(space_id)
         if not meta_path.exists() or not index_path.exists():
             return None, "no persisted index"
-        try:
-            return IndexMeta(**json.loads(meta_path.read_text())), ""
-        except (ValueError, TypeError) as exc:
-            return None, f"unreadable metadata ({exc})"
+        try:  # every field of its type: a valid JSON ``"count": null`` stopped the service from starting
+            return _META.validate_json(meta_path.read_bytes(), strict=True), ""
+        except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+            return None, f"unreadable metadata ({str(exc).splitlines()[0]})"
 
     def checksums_match(self, meta: IndexMeta) -> bool:
         """Whether the files on disk are the ones the metadata describes."""

@@ -121,6 +121,18 @@ def test_persisted_index_is_loaded_caught_up_or_rebuilt(factory, ro_factory, tmp
     ahead = IndexManager(ro_factory, directory)
     assert ahead.open()[0].action == "rebuilt"
     _assert_matches(ahead, factory, space.id)
+    ahead.persist()
+
+    # Valid JSON of the wrong types (a null count stopped the service from starting), or a field missing.
+    for field, value in (("count", None), ("watermark", None), ("count", "40"), ("m", True), ("kind", 3),
+                         ("space_id", None), ("checksum", None)):
+        meta = json.loads(stale.meta_path(space.id).read_text())
+        meta[field] = value
+        stale.meta_path(space.id).write_text(json.dumps(meta))
+        typed = IndexManager(ro_factory, directory)
+        assert typed.open()[0].action == "rebuilt" and "metadata" in typed.reports[space.id].reason, (field, value)
+        _assert_matches(typed, factory, space.id)
+        typed.persist()
 
 
 def test_pruned_changes_force_rebuild(factory, ro_factory, tmp_path: Path) -> None:
