@@ -71,17 +71,32 @@ def redact_url(url: str | URL) -> str:
         return redact_secrets(str(url))
 
 
+_STORAGE_FAULTS = ("readonly database", "read-only", "unable to open database file", "disk i/o error",
+                   "database or disk is full", "file is not a database")
+"""SQLite's (and PostgreSQL's read-only) errors that no retry cures: the data directory must be mended."""
+
+
+def storage_fault(exc: BaseException) -> str | None:
+    """The driver's message when a database error is a storage fault a retry cannot cure (a read-only or full
+    data directory, a file that is no database), else None."""
+    text = str(getattr(exc, "orig", exc)).strip()
+    return text.splitlines()[0] if text and any(f in text.lower() for f in _STORAGE_FAULTS) else None
+
+
 def is_busy_error(exc: BaseException) -> bool:
     """Whether a database error means "busy, retry later": a lock wait or a pool wait ran out.
 
     SQLite's ``database is locked`` / ``database table is locked`` (the busy timeout elapsed), the
-    pool's timeout, and PostgreSQL lock or statement timeouts and unreachable servers.
+    pool's timeout, and PostgreSQL lock or statement timeouts and unreachable servers. Not a
+    :func:`storage_fault`.
     """
     from sqlalchemy.exc import DBAPIError, OperationalError
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
     if isinstance(exc, PoolTimeout):
         return True
+    if storage_fault(exc) is not None:
+        return False
     if isinstance(exc, OperationalError):  # locked, busy, unreachable: never the request's fault
         text = str(getattr(exc, "orig", exc)).lower()
         return not any(bug in text for bug in ("no such table", "no such column", "syntax error"))

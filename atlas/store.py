@@ -6,8 +6,10 @@ factory (a snapshot on SQLite, never taking the write lock); writes use ``store.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
@@ -16,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import space_repository as spaces_sql
 from atlas.db import make_engine, session_factory
-from atlas.errors import Conflict, ModelUnavailable, NotFound
+from atlas.errors import Conflict, DatabaseUnavailable, ModelUnavailable, NotFound
 from atlas.models import Space
 from atlas.samples import is_storable_text
 from atlas.settings import Settings
@@ -58,9 +60,21 @@ class Store:
             yield session
 
     def ping(self) -> None:
-        """One trivial read (raises when the database does not answer)."""
+        """One trivial read, and whether writes could succeed (raises when the database does not answer, or
+        :class:`DatabaseUnavailable` when it is read-only: a read-only data directory answered every write
+        with "busy, retry" while readiness said yes)."""
         with self.read() as session:
             session.execute(text("SELECT 1"))
+            url = self.engine.url
+            if url.get_backend_name() == "postgresql":
+                read_only = session.execute(text("SHOW transaction_read_only")).scalar_one() == "on"
+            else:  # a read-only URI (file:…?mode=ro&uri=true), or a file or directory this process cannot write
+                db = url.database or ""
+                path = Path(db.removeprefix("file:"))
+                read_only = url.query.get("mode") == "ro" or (db not in ("", ":memory:") and path.exists() and not (
+                    os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)))
+        if read_only:
+            raise DatabaseUnavailable("the database is read-only", None)
 
     def close(self) -> None:
         """Close the connection pool."""

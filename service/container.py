@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from atlas.errors import ModelUnavailable
+from atlas.errors import AtlasError, ModelUnavailable
 from atlas.index import IndexManager
 from atlas.models import Space
 from atlas.ports import PromptSketcher, SpaceKey
@@ -260,6 +260,8 @@ class Container:
         """Whether the database answers (``(False, exception name)`` when not)."""
         try:
             self.require_store().ping()
+        except AtlasError as exc:  # read-only: say so
+            return False, exc.message
         except Exception as exc:
             return False, type(exc).__name__
         return True, None

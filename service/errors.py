@@ -21,8 +21,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from atlas.db import is_busy_error
-from atlas.errors import AtlasError, DatabaseBusy, IncompatibleSpace, InvalidInput
+from atlas.db import is_busy_error, storage_fault
+from atlas.errors import AtlasError, DatabaseBusy, DatabaseUnavailable, IncompatibleSpace, InvalidInput
 from atlas.redaction import bounded, redact_secrets, truncate
 from fishersketch import CorruptState, SketchError, SpecMismatch
 
@@ -135,6 +135,11 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     if is_busy_error(exc):
         logger.warning("database busy on %s %s: %s", request.method, request.url.path, type(exc).__name__)
         return await _atlas_error(request, DatabaseBusy("the database is busy; retry shortly", None))
+    if (fault := storage_fault(exc)) is not None:  # a retry cannot cure it before an operator does: 60 s
+        logger.error("database storage fault on %s %s: %s", request.method, request.url.path, fault)
+        return await _atlas_error(request, DatabaseUnavailable(
+            f"the database cannot be written ({fault}); the operator must make the data directory writable "
+            "(permissions, free space) — nothing was stored", None, retry_after_s=60.0))
     return await _unexpected(request, exc)
 
 

@@ -220,6 +220,23 @@ def test_rate_limit_per_address_when_anonymous(bind) -> None:
 # -- busy database -----------------------------------------------------------------------------------
 
 
+def test_a_read_only_database_is_a_clear_permanent_503_and_not_ready(bind, tmp_path: Path) -> None:
+    """A read-only data directory answered every write with 503 ``database_busy`` "retry shortly" (Retry-After 2:
+    clients retried for good) while /readyz said ready. It is ``database_unavailable`` now, naming the cause, with
+    a Retry-After of a minute (an operator must act); /readyz says not ready, reads still work. (Opened with SQLite's read-only URI: file permissions do
+    not stop root, who runs CI.)"""
+    url, app = bind(data_dir=tmp_path / "rw")
+    assert httpx.post(f"{url}/v1/tasks", json=SAMPLES).status_code == 202
+    db_file = app.state.container.settings.resolved_database_url().removeprefix("sqlite:///")
+    ro_url, _ = bind(data_dir=tmp_path / "ro", database_url=f"sqlite:///file:{db_file}?mode=ro&uri=true")
+    r = httpx.post(f"{ro_url}/v1/tasks", json={**SAMPLES, "name": "another"})
+    assert r.status_code == 503 and r.json()["code"] == "database_unavailable", r.text
+    assert "readonly" in r.json()["message"] and r.headers["Retry-After"] == "60"
+    ready = httpx.get(f"{ro_url}/readyz")
+    assert ready.status_code == 503 and "read-only" in ready.text, ready.text
+    assert [t["name"] for t in httpx.get(f"{ro_url}/v1/tasks").json()["items"]] == [SAMPLES["name"]]
+
+
 def test_locked_database_answers_503_in_bounded_time_and_health_stays_fast(bind) -> None:
     url, app = bind(db_busy_timeout_s=1.0, db_pool_timeout_s=1.0)
     db_file = app.state.container.settings.resolved_database_url().removeprefix("sqlite:///")
