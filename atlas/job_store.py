@@ -184,6 +184,7 @@ def claim_job(
         .values(
             status=JOB_RUNNING, lease=lease, worker=worker[:200], heartbeat_at=now, attempts=Job.attempts + 1,
             started_at=func.coalesce(Job.started_at, literal(now, UTCDateTime())),
+            error=None,  # why it waited ("worker shut down; …", a dead worker's note) is past once it runs again
         )
         .execution_options(synchronize_session=False)
     )

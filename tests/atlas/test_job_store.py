@@ -216,6 +216,7 @@ def test_a_job_that_succeeds_after_a_release_keeps_no_error(factory: sessionmake
     with factory.begin() as s:
         assert job_store.get_job(s, job_id).error == "worker shut down; the job resumes"
         claim = job_store.claim_job(s, job_id, worker="b", stale_after_s=60)
+        assert job_store.get_job(s, job_id).error is None  # running again: the release note is past
         job_store.mark_succeeded(s, job_store.lock_held_job(s, job_id, claim.lease), {"samples_used": 1})
     with factory.begin() as s:
         job = job_store.get_job(s, job_id)
