@@ -220,11 +220,11 @@ def test_rate_limit_per_address_when_anonymous(bind) -> None:
 # -- busy database -----------------------------------------------------------------------------------
 
 
-def test_a_read_only_database_is_a_clear_permanent_503_and_not_ready(bind, tmp_path: Path) -> None:
+def test_a_read_only_database_is_a_clear_503_and_not_ready(bind, tmp_path: Path) -> None:
     """A read-only data directory answered every write with 503 ``database_busy`` "retry shortly" (Retry-After 2:
     clients retried for good) while /readyz said ready. It is ``database_unavailable`` now, naming the cause, with
-    a Retry-After of a minute (an operator must act); /readyz says not ready, reads still work. (Opened with SQLite's read-only URI: file permissions do
-    not stop root, who runs CI.)"""
+    a Retry-After of a minute (an operator must act); /readyz says not ready, reads still work. (Opened with
+    SQLite's read-only URI: file permissions do not stop root, who runs CI.)"""
     url, app = bind(data_dir=tmp_path / "rw")
     assert httpx.post(f"{url}/v1/tasks", json=SAMPLES).status_code == 202
     db_file = app.state.container.settings.resolved_database_url().removeprefix("sqlite:///")
