@@ -412,20 +412,33 @@ def render(res: dict[str, Any], facts: str) -> str:
             f"from one draw; the per-draw lines below give each draw's).\n\n{table}\n{per_draw}\n\n{facts}")
 
 
-def main() -> None:
-    """Command-line entry point."""
-    p = make_parser(__doc__.split("\n")[0], m=4096, max_tokens=512, seeds=[0])
-    p.add_argument("--draws", type=int, default=5)
+def family_parser(description: str, draws: int) -> argparse.ArgumentParser:
+    """The parser of an experiment on the data families: the shared options plus ``--draws``, ``--signature``
+    (samples per indexed task) and ``--heldout`` (prompts per task)."""
+    p = make_parser(description, m=4096, max_tokens=512, seeds=[0])
+    p.add_argument("--draws", type=int, default=draws)
     p.add_argument("--signature", type=int, default=100, help="samples per indexed task")
     p.add_argument("--heldout", type=int, default=20, help="held-out prompts per task")
+    return p
+
+
+def family_args(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parsed arguments, ``--quick`` shrunk to one small draw."""
+    args = p.parse_args()
+    if args.quick:
+        args.draws, args.signature, args.heldout = 1, 48, 8
+    return args
+
+
+def main() -> None:
+    """Command-line entry point."""
+    p = family_parser(__doc__.split("\n")[0], draws=5)
     p.add_argument("--indexed", type=int, default=None,
                    help="tasks indexed per draw, the rest unseen (default: 80 %%; a small number asks the open set "
                         "of a small space, written as experiment 4e)")
     p.add_argument("--alt-rate", type=float, default=0.10,
                    help="the false-reject rate of the row with every task re-calibrated (PATCH false_reject_rate)")
-    args = p.parse_args()
-    if args.quick:
-        args.draws, args.signature, args.heldout = 1, 48, 8
+    args = family_args(p)
     key, title = "openset_families", "4d. Open set without twins: one task per data family (issue 13)"
     if args.indexed:
         key, title = "openset_small", "4e. Open set of small spaces: a few data families indexed (issue 13)"
