@@ -360,6 +360,14 @@ def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:
 DEAD_WORKER_NOTE = "its worker stopped (no heartbeat); queued again for a worker of its model"
 
 
+def drop_final_checkpoints(session: Session) -> int:
+    """Delete the checkpoints of finished jobs (left by versions that kept a cancelled or failed job's state
+    blob); returns how many went."""
+    final = select(Job.id).where(Job.status.in_(JOB_FINAL_STATUSES))
+    result = session.execute(delete(JobCheckpoint).where(JobCheckpoint.job_id.in_(final)))
+    return int(cast(CursorResult[Any], result).rowcount or 0)
+
+
 def requeue_dead_jobs(session: Session, *, stale_after_s: float, except_model: str | None = None) -> int:
     """Put back to ``queued`` the running jobs whose worker died (heartbeat older than ``stale_after_s``; the
     death stays counted as an attempt, and the job's ``error`` says why it waits), except those of the model

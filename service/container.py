@@ -92,6 +92,7 @@ class Container:
             upgrade(s.resolved_database_url())
         self.store = store = Store(s)
         prepare_keys(store, s)
+        self._drop_final_checkpoints()
         self.index = IndexManager(store.read, s.data_dir / "index", kind=s.index_kind, nprobe=s.index_nprobe,
                                   ivf_min_size=s.index_ivf_min_size)
         self.index.open()
@@ -218,6 +219,20 @@ class Container:
                     last_persist = time.monotonic()
             except Exception:
                 log.warning("index sync failed", exc_info=True)
+
+    def _drop_final_checkpoints(self) -> None:
+        """Once at start: finished jobs' checkpoints left by earlier versions (a failure here is no reason not to
+        start: a read-only database is reported by /readyz)."""
+        from atlas import job_store
+
+        try:
+            with self.require_store().write.begin() as session:
+                n = job_store.drop_final_checkpoints(session)
+        except Exception:
+            log.warning("dropping finished jobs' checkpoints failed", exc_info=True)
+            return
+        if n:
+            log.info("dropped the checkpoints of %d finished job(s)", n)
 
     def _requeue_dead_jobs(self) -> None:
         """Jobs run on workers elsewhere: put a dead worker's jobs back to ``queued`` (workers re-run their own

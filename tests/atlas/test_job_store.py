@@ -221,3 +221,24 @@ def test_a_job_that_succeeds_after_a_release_keeps_no_error(factory: sessionmake
     with factory.begin() as s:
         job = job_store.get_job(s, job_id)
         assert (job.status, job.error) == ("succeeded", None)
+
+
+def test_finished_jobs_checkpoints_left_by_older_versions_are_dropped(factory: sessionmaker[Session]) -> None:
+    from sqlalchemy import update
+
+    from atlas.models import Job
+
+    _, old = _job(factory, "old")
+    _, live = _job(factory, "live")
+    leases = {}
+    for job_id in (old, live):
+        with factory.begin() as s:
+            leases[job_id] = job_store.claim_job(s, job_id, worker="w", stale_after_s=60).lease
+        _checkpoint(factory, job_id, leases[job_id])
+    with factory.begin() as s:  # how a version before 2026-11-25 left a cancelled job: final, checkpoint kept
+        s.execute(update(Job).where(Job.id == old).values(status="cancelled", lease=None))
+    with factory.begin() as s:
+        assert job_store.drop_final_checkpoints(s) == 1
+    with factory() as s:
+        assert job_store.get_checkpoint(s, old) is None
+        assert job_store.get_checkpoint(s, live) is not None  # a running job resumes from it
