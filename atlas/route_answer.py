@@ -35,6 +35,16 @@ class Rejection:
     score: float
     threshold: float
     reason: str
+    prompt_tokens: int | None = None
+    sample_tokens: float | None = None
+    """The prompt's token positions and the deciding task's mean per sample (its routing state's), when known."""
+
+    @property
+    def short_prompt(self) -> bool:
+        """Whether the prompt is under half as long as the deciding task's samples: its threshold, calibrated on
+        samples, then rejects far more than the task's false-reject rate of its own prompts (bench 4f)."""
+        return (self.reason != "template" and self.prompt_tokens is not None and self.sample_tokens is not None
+                and self.prompt_tokens < 0.5 * self.sample_tokens)
 
     @property
     def message(self) -> str:
@@ -43,7 +53,11 @@ class Rejection:
         if self.reason == "template":
             return f"the prompt lacks a term every sample of {task}, the answered task, has (its template)"
         which = "the task nearest to the prompt" if self.reason == "nearest" else "the answered (first-ranked) task"
-        return f"{task}, {which}, scores {self.score:.4f}, below its threshold {self.threshold:.4f}"
+        text = f"{task}, {which}, scores {self.score:.4f}, below its threshold {self.threshold:.4f}"
+        if self.short_prompt:
+            text += (f"; the prompt has {self.prompt_tokens} tokens, the task's samples {self.sample_tokens:.0f} on "
+                     "average: thresholds hold for prompts about as long as the samples (docs/SCORES.md)")
+        return text
 
 
 @dataclass(frozen=True)

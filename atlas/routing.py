@@ -421,7 +421,13 @@ def rerank_route(
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence
-    by = Rejection(best.task_id, best.name, best.score, best.threshold, "threshold") if none else None
+    n_prompt = int(prompt_state.n_tokens)
+
+    def rejection(c: Candidate, score: float, thr: float, reason: str) -> Rejection:
+        n = int(c.state.n_samples)
+        return Rejection(c.task_id, c.name, score, thr, reason, n_prompt, c.state.n_tokens / n if n else None)
+
+    by = rejection(candidates[order[0]], best.score, best.threshold, "threshold") if none else None
     rejects = False
     if near is not None:
         rounded = np.round(near, 9)  # a tie with the answered task is the answered task (identical twins)
@@ -433,12 +439,12 @@ def rerank_route(
         if rejects:
             conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
             none = True
-            by = by or Rejection(candidates[j].task_id, candidates[j].name, _f(score[j]), thr_j, "nearest")
+            by = by or rejection(candidates[j], _f(score[j]), thr_j, "nearest")
     tpl = candidates[order[0]].template
     lacks = prompt_terms is not None and tpl is not None and tpl.missing(prompt_terms) > 0
     if lacks:
         conf, none = max(conf if none else 0.0, 1.0 - tpl.false_reject), True
-        by = by or Rejection(best.task_id, best.name, best.score, best.threshold, "template")
+        by = by or rejection(candidates[order[0]], best.score, best.threshold, "template")
     return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf,
                        nearest_rejects=rejects, template_rejects=lacks, rejected_by=by)
 

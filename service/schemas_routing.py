@@ -83,8 +83,12 @@ class RouteRejection(_Out):
         description="`threshold`: the answered (first) task's score is below its threshold; `nearest`: the task "
                     "nearest to the prompt, not the answered one, holds it below its threshold; `template`: the "
                     "prompt lacks a term every sample of the answered task has (docs/SCORES.md).")
+    prompt_tokens: int | None = Field(default=None, description="The prompt's token positions.")
+    sample_tokens: float | None = Field(default=None, description="The deciding task's mean token positions per "
+                                        "sample; a prompt under half of it is rejected far more often than the "
+                                        "task's false-reject rate (its threshold is calibrated on samples).")
     message: str = Field(description="The same in one sentence, naming the task (what the CLI and the dashboard "
-                                     "show).")
+                                     "show), with a note when the prompt is under half as long as its samples.")
 
 
 class RouteResult(_Out):

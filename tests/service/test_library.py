@@ -139,3 +139,20 @@ def test_readme_library_example_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "chemistry" in out.stdout
     assert "skipped" not in out.stderr, out.stderr[-3000:]  # its "CCO" was one token: dropped unseen until 2026-11-25
+
+
+def test_a_none_for_a_prompt_much_shorter_than_the_samples_says_so(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Thresholds are calibrated on samples: a prompt under half their length is rejected far more often (bench
+    4f), and the answer's ``rejected_by`` says so — its lengths and a note in the sentence."""
+    rng = random.Random(3)
+    long = [" ".join(rng.choice(WORDS["weather"]) for _ in range(40)) for _ in range(12)]
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        atlas.add("weather", long, progress=False)
+        short = atlas.route("rain cloud storm", threshold=0.999)
+        whole = atlas.route(long[0], threshold=0.999)
+    assert short.none and whole.none
+    by = short.rejected_by
+    assert by.reason == "threshold" and by.prompt_tokens < 0.5 * by.sample_tokens and by.short_prompt
+    assert "about as long as the samples" in by.message and f"has {by.prompt_tokens} tokens" in by.message
+    assert not whole.rejected_by.short_prompt and "as long as the samples" not in whole.rejected_by.message
+    assert whole.rejected_by.sample_tokens == pytest.approx(by.sample_tokens)
