@@ -45,7 +45,7 @@ from atlas.models import (
     utcnow,
 )
 from atlas.paging import Page as Page
-from atlas.samples import Sample, check_metadata, control_chars, is_storable_text, name_forms
+from atlas.samples import INVISIBLE_CHARS, Sample, check_metadata, control_chars, is_storable_text, name_forms
 from atlas.signature_repository import bytes_to_vectors as bytes_to_vectors
 from atlas.signature_repository import count_signatures as count_signatures
 from atlas.signature_repository import get_baseline_blob as get_baseline_blob
@@ -94,23 +94,25 @@ def check_mode(mode: object) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _check_name(name: str) -> str:
+def _check_name(name: str, *, allow_invisible: bool = False) -> str:
     clean = name.strip()
     if not clean or len(clean) > 300:
         raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
     if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
         raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
-    if bad := control_chars(clean):  # an escape sequence in a name rewrote the terminal of whoever listed tasks
+    bad = [c for c in control_chars(clean) if not (allow_invisible and c in INVISIBLE_CHARS)]
+    if bad:  # an escape sequence in a name rewrote the terminal of whoever listed tasks
         raise InvalidInput("a task name cannot hold control characters (newlines, tabs, escape codes), "
                            "bidirectional overrides or invisible characters (zero-width spaces, direction marks)",
                            {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
     return unicodedata.normalize("NFC", clean)  # one stored form: a decomposed 'café' is the same name
 
 
-def normalize_name(name: str) -> str:
+def normalize_name(name: str, *, imported: bool = False) -> str:
     """A task name as stored: surrounding whitespace removed, NFC-normalised, 1-300 characters, no NUL, control
-    or invisible characters (422 otherwise)."""
-    return _check_name(name)
+    or invisible characters (422 otherwise). ``imported``: an export's name, where invisible characters are kept
+    (names held them before 2026-11-25, and an import is all or nothing)."""
+    return _check_name(name, allow_invisible=imported)
 
 
 def _job_by_key(session: Session, key: str) -> Job | None:
@@ -473,7 +475,7 @@ def create_ready_task(
 
     Raises :class:`Conflict` when the name exists in the space; logs the ``upsert`` change.
     """
-    name = _check_name(name)
+    name = _check_name(name, allow_invisible=True)  # an export's names, as :func:`normalize_name` ``imported``
     check_mode(mode)
     get_space(session, space_id)
     task = Task(space_id=space_id, name=name, mode=mode, meta=check_metadata(metadata), status=TASK_PENDING,

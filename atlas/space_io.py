@@ -315,7 +315,7 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         if (rec.n_samples, rec.n_tokens) != (state.n_samples, state.n_tokens):
             raise InvalidInput(f"line {lineno}: counts ({rec.n_samples} samples, {rec.n_tokens} tokens) differ "
                                f"from the state's ({state.n_samples}, {state.n_tokens})")
-        name = repo.normalize_name(rec.name)
+        name = repo.normalize_name(rec.name, imported=True)
         if name in seen:
             raise InvalidInput(f"line {lineno}: duplicate task name {name!r}")
         seen.add(name)

@@ -258,6 +258,8 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
         raise _unavailable(name, revision, is_local, "model weights", ex) from ex
     cast(Any, model).to(torch_device)
     resolved = None if is_local else _cached_commit(source, revision)
+    if fp_revision is None and not is_local:  # as the key of before took it (set by transformers 4, not 5)
+        fp_revision = getattr(model.config, "_commit_hash", None)
     return LoadedModel.from_model(model, tokenizer, name=fp_name, revision=fp_revision, resolved_revision=resolved,
                                   verify=verify)
 

@@ -192,6 +192,57 @@ def test_0005_re_derives_templates_so_samples_without_terms_count(empty_url: str
     migrations.downgrade(empty_url, "0004")  # nothing to undo; the records stay readable
 
 
+def test_0007_re_derives_records_under_the_unicode_term_rules_and_stores_names_in_nfc(
+        empty_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Chinese task's template stored under ``\\w\\w+`` held a whole clause no prompt produces any more: every
+    prompt of the task was answered ``none`` by the template. 0007 re-derives it from the uploads; a stored name in
+    NFD is rewritten in NFC unless that name is taken."""
+    import re
+    import unicodedata
+
+    from sqlalchemy import update
+
+    from atlas import lexical, repository
+    from atlas.models import Job, JobStatus, Task, TaskLexicon
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    texts = [f"请回答以下问题：{w}" for w in "猫狗鸟鱼马牛羊猪鸡鸭" * 6]
+    with monkeypatch.context() as m:  # the term rule of before
+        m.setattr(lexical, "tokens", lambda t: re.findall(r"\w\w+", t.lower()))
+        stale = LexicalRecord(TermCounts.from_texts(texts), TaskTemplate.of_texts(texts))
+    prompt = TermCounts.from_texts(["请回答以下问题：兔"])
+    assert stale.template is not None and stale.template.missing(prompt) > 0  # the bug: its own prompt rejected
+    migrations.upgrade(empty_url, "0006")
+    engine = db.make_engine(empty_url, pool_size=1)
+    factory = db.session_factory(engine)
+    space = make_space(factory)
+    nfd, nfc = unicodedata.normalize("NFD", "café"), unicodedata.normalize("NFC", "café")
+    with factory.begin() as s:
+        task, job = repository.create_task_with_job(s, space.id, "问题", "text", {}, [Sample(text=t) for t in texts])
+        s.execute(update(Job).where(Job.id == job.id).values(status=JobStatus.SUCCEEDED))
+        s.execute(update(Task).where(Task.id == task.id).values(status="ready"))
+        lexicon_repo.put_record(s, task.id, stale)
+        named = [repository.create_task_with_job(s, space.id, n, "text", {}, [Sample(text="a b c")])[0].id
+                 for n in ("x1", "x2", "x3")]
+        for tid, name in zip(named, (nfd, "taken", unicodedata.normalize("NFD", "takené")), strict=True):
+            s.execute(update(Task).where(Task.id == tid).values(name=name))  # as stored before NFC names
+        s.execute(update(Task).where(Task.id == named[1]).values(name=unicodedata.normalize("NFC", "takené")))
+        tid = task.id
+    engine.dispose()
+
+    migrations.upgrade(empty_url)
+    eng = db.make_engine(empty_url, pool_size=1)
+    with db.session_factory(eng)() as s:
+        got = LexicalRecord.from_bytes(s.get(TaskLexicon, tid).terms)  # type: ignore[union-attr]
+        names = [s.get(Task, i).name for i in named]  # type: ignore[union-attr]
+    eng.dispose()
+    assert got.template is not None and got.template.active and got.template.missing(prompt) == 0
+    # NFD café rewritten; the NFD twin of a name already taken in NFC stays as it was
+    assert names == [nfc, unicodedata.normalize("NFC", "takené"), unicodedata.normalize("NFD", "takené")]
+    migrations.downgrade(empty_url, "0006")
+
+
 def test_0006_backfills_each_prompt_side_states_digest(empty_url: str) -> None:
     """The route path reads a completion task's prompt-side digest, not its blob: 0006 stores the digest of the
     blobs already there (a state blob ends with its BLAKE2b digest), and a later write keeps it current."""

@@ -156,3 +156,21 @@ def test_a_none_for_a_prompt_much_shorter_than_the_samples_says_so(tmp_path: Pat
     assert "about as long as the samples" in by.message and f"has {by.prompt_tokens} tokens" in by.message
     assert not whole.rejected_by.short_prompt and "as long as the samples" not in whole.rejected_by.message
     assert whole.rejected_by.sample_tokens == pytest.approx(by.sample_tokens)
+
+
+def test_an_export_holding_a_name_with_an_invisible_character_still_imports(tmp_path: Path,
+                                                                            tiny_model_dir: Path) -> None:
+    """Names with zero-width spaces or direction marks are refused since 2026-11-25; an export written before
+    holding one still imports whole (all or nothing), the name as it was."""
+    import sqlite3
+
+    settings = {"model": str(tiny_model_dir), "sketch_dim": 256, "device": "cpu"}
+    with Atlas(tmp_path / "old", **settings) as atlas:
+        atlas.add("chem", _texts("cooking", 12, seed=1), progress=False)
+    with sqlite3.connect(tmp_path / "old" / "atlas.sqlite") as db:  # as the version before let it be named
+        db.execute("UPDATE tasks SET name = ? WHERE name = 'chem'", ("chem\u200bistry",))
+    with Atlas(tmp_path / "old", **settings) as atlas:
+        export = atlas.export(tmp_path / "space.jsonl")
+    with Atlas(tmp_path / "new", **settings) as atlas:
+        assert atlas.import_(export) == 1
+        assert [t.name for t in atlas.tasks()] == ["chem\u200bistry"]
