@@ -13,9 +13,36 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import numpy as np
+
 if TYPE_CHECKING:
     from atlas.models import Space
     from fishersketch import SketchState
+
+
+class PromptStates(list["SketchState"]):
+    """The states of a batch of prompts (a list, in order) with their novelty vectors beside them.
+
+    Attributes
+    ----------
+    novelty : ndarray, shape (n, r), float32, or None
+        Each prompt's projected mean head input (:mod:`atlas.novelty`); ``None`` when the sketcher did not
+        send them (a worker of an earlier version): the novelty test is then skipped.
+    """
+
+    novelty: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, states: Sequence[SketchState], novelty: np.ndarray | None) -> PromptStates:
+        """``states`` with ``novelty`` (rows in the same order; ``None`` or a row count that differs: none)."""
+        out = cls(states)
+        if novelty is not None and len(novelty) == len(out):
+            out.novelty = np.asarray(novelty, dtype=np.float32)
+        return out
+
+    def part(self, start: int, stop: int) -> PromptStates:
+        """Prompts ``start:stop`` with their vectors."""
+        return PromptStates.of(self[start:stop], None if self.novelty is None else self.novelty[start:stop])
 
 
 @dataclass(frozen=True)
@@ -72,7 +99,8 @@ class PromptSketcher(Protocol):
         ...
 
     async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
-        """One state per prompt (text mode: every next-token position of the prompt)."""
+        """One state per prompt (text mode: every next-token position of the prompt); a :class:`PromptStates`
+        when the implementation also sends the prompts' novelty vectors."""
         ...
 
     def stats(self) -> dict[str, Any]:

@@ -43,8 +43,8 @@ class Rejection:
     def short_prompt(self) -> bool:
         """Whether the prompt is under half as long as the deciding task's samples: its threshold, calibrated on
         samples, then rejects far more than the task's false-reject rate of its own prompts (bench 4f)."""
-        return (self.reason != "template" and self.prompt_tokens is not None and self.sample_tokens is not None
-                and self.prompt_tokens < 0.5 * self.sample_tokens)
+        return (self.reason not in ("template", "novelty") and self.prompt_tokens is not None
+                and self.sample_tokens is not None and self.prompt_tokens < 0.5 * self.sample_tokens)
 
     @property
     def message(self) -> str:
@@ -52,6 +52,9 @@ class Rejection:
         task = f"{self.name!r} (id {self.task_id})"
         if self.reason == "template":
             return f"the prompt lacks a term every sample of {task}, the answered task, has (its template)"
+        if self.reason == "novelty":
+            return (f"the prompt's hidden state is farther from the samples of {task}, the answered task, than its "
+                    f"novelty threshold (distance {self.score:.3f} > {self.threshold:.3f}: an unseen kind of text)")
         which = "the task nearest to the prompt" if self.reason == "nearest" else "the answered (first-ranked) task"
         text = f"{task}, {which}, scores {self.score:.4f}, below its threshold {self.threshold:.4f}"
         if self.short_prompt:
@@ -82,3 +85,5 @@ class RouteAnswer:
     nearest_rejects: bool = False
     template_rejects: bool = False
     rejected_by: Rejection | None = None
+    novelty_rejects: bool = False
+    """The prompt is novel for the answered task (:mod:`atlas.novelty`) — then ``none`` too."""

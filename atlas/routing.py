@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from atlas import lexical
+from atlas.novelty import SpaceNovelty
 from atlas.route_answer import Rejection as Rejection
 from atlas.route_answer import RouteAnswer as RouteAnswer
 from atlas.route_answer import RouteMatch as RouteMatch
@@ -162,6 +163,9 @@ class TaskRoute:
     version: int = 0
     typical: float | None = None
     template_test: bool = True
+    false_reject_rate: float | None = None
+    overridden: bool = False
+    """Whether ``threshold`` is the task's override (set by a user or ``fit``), not its calibrated one."""
 
 
 def resolve(row: Any, typical: float | None) -> TaskRoute:
@@ -175,7 +179,9 @@ def resolve(row: Any, typical: float | None) -> TaskRoute:
                      prompt_digest=None if row.prompt_digest is None else bytes(row.prompt_digest),
                      version=int(row.version or 0),
                      typical=typical,
-                     template_test=row.template_test is not False)
+                     template_test=row.template_test is not False,
+                     false_reject_rate=None if row.false_reject_rate is None else float(row.false_reject_rate),
+                     overridden=row.threshold_override is not None)
 
 
 @dataclass(frozen=True)
@@ -202,6 +208,10 @@ class Candidate:
         The task's lexical terms; ``None``: none stored (then the query is ranked without lexical evidence).
     template : atlas.template.TaskTemplate, optional
         The terms every sample of the task has (the open set's template test); ``None``: none stored.
+    false_reject_rate : float, optional
+        The task's false-reject rate (``None``: the default); the novelty test's threshold is taken at it.
+    overridden : bool
+        Whether ``threshold`` is an override (a user's or ``fit``'s) rather than the calibrated one.
     """
 
     task_id: int
@@ -214,6 +224,8 @@ class Candidate:
     typical: float | None = None
     terms: Any = None
     template: Any = None
+    false_reject_rate: float | None = None
+    overridden: bool = False
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -339,6 +351,7 @@ def unwhitened_rank(scores: np.ndarray, candidates: Sequence[Candidate]) -> np.n
 def rerank_route(
     prompt_state: Any, candidates: Sequence[Candidate], *, k: int, threshold: float, per_task: bool = False,
     whitening: SpaceWhitening | None = None, prompt_terms: lexical.TermCounts | None = None,
+    novelty: SpaceNovelty | None = None, prompt_vector: np.ndarray | None = None,
 ) -> RouteAnswer:
     """Exact re-rank of ANN candidates for one prompt.
 
@@ -369,6 +382,13 @@ def rerank_route(
         :func:`atlas.lexical.fuse` of the ranking score and the lexical score (reported as ``lexical``); and
         when the answered task's template is active and the prompt lacks one of its terms, ``none``, with
         ``template_rejects`` set and at least the template's confidence (:mod:`atlas.template`).
+    novelty, prompt_vector : atlas.novelty.SpaceNovelty and ndarray of shape (r,), optional
+        The space's novelty model and the prompt's novelty vector: with ``per_task``, when the prompt's mean
+        hidden state lies farther from the answered task's samples than its threshold (the ``1 − rate``
+        quantile of the task's own cross-fitted distances), ``none``, with ``novelty_rejects`` set and the
+        share of the task's own samples nearer than the prompt as the confidence (:mod:`atlas.novelty`). A task
+        with a novelty test is not held to its *calibrated* route threshold (an override still applies): one
+        calibrated test per task, at the task's false-reject rate.
 
     Returns
     -------
@@ -419,8 +439,16 @@ def rerank_route(
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
                               rank_score=_f(rank[i]), lexical=None if lex is None else _f(lex[i])))
     best = top[0]
-    none = best.score < best.threshold
+    first = candidates[order[0]]
+    novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, first.false_reject_rate)
+                             if novelty is not None and per_task else (False, None, None))
+    tested = dist is not None and not first.overridden
+    # A task with a novelty test is held to it instead of its calibrated route threshold (one calibrated test,
+    # one false-reject budget); an override (a user's or fit's) is a route threshold and always applies.
+    none = best.score < best.threshold and not tested
     conf = 1.0 - best.confidence if none else best.confidence
+    if tested and novelty is not None and dist is not None:  # the novelty test decides: its own confidence
+        conf = 1.0 - novelty.nearer_share(first.task_id, dist)
     n_prompt = int(prompt_state.n_tokens)
 
     def rejection(c: Candidate, score: float, thr: float, reason: str) -> Rejection:
@@ -440,12 +468,15 @@ def rerank_route(
             conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
             none = True
             by = by or rejection(candidates[j], _f(score[j]), thr_j, "nearest")
+    if novel and novelty is not None and dist is not None and dist_thr is not None:
+        conf, none = max(conf if none else 0.0, novelty.nearer_share(first.task_id, dist)), True
+        by = by or rejection(first, dist, dist_thr, "novelty")
     tpl = candidates[order[0]].template
     lacks = prompt_terms is not None and tpl is not None and tpl.missing(prompt_terms) > 0
     if lacks:
         conf, none = max(conf if none else 0.0, 1.0 - tpl.false_reject), True
         by = by or rejection(candidates[order[0]], best.score, best.threshold, "template")
     return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf,
-                       nearest_rejects=rejects, template_rejects=lacks, rejected_by=by)
+                       nearest_rejects=rejects, template_rejects=lacks, novelty_rejects=novel, rejected_by=by)
 
 

@@ -309,7 +309,8 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
         out.append(Candidate(x.task_id, x.name, state, float(faiss_score.get(x.task_id, 0.0)), view,
                              threshold=r.threshold, scale=r.scale, typical=r.typical,
                              terms=None if lex is None else lex.terms,
-                             template=lex.template if lex is not None and r.template_test else None))
+                             template=lex.template if lex is not None and r.template_test else None,
+                             false_reject_rate=r.false_reject_rate, overridden=r.overridden))
     return out
 
 

@@ -73,6 +73,11 @@ class Settings(BaseSettings):
         default=True, description="Answer 'none' when a prompt lacks a term every sample of the answered task "
         "has, for tasks whose template is active (atlas.template); needs route_lexical.",
     )
+    route_novelty: bool = Field(
+        default=True,
+        description="Answer none when the prompt's mean hidden state is farther from the answered task's samples than "
+        "the task's novelty threshold (atlas.novelty; tasks with at least 20 stored sample vectors).",
+    )
     index_kind: Literal["auto", "flat", "ivf"] = Field(
         default="auto",
         description="'auto' (or 'ivf'): exact flat below index_ivf_min_size signatures, the two-stage index "

@@ -79,10 +79,12 @@ class RouteRejection(_Out):
     name: str
     score: float = Field(description="Its route score for the prompt.")
     threshold: float = Field(description="The threshold it holds the prompt to.")
-    reason: Literal["threshold", "nearest", "template"] = Field(
+    reason: Literal["threshold", "nearest", "template", "novelty"] = Field(
         description="`threshold`: the answered (first) task's score is below its threshold; `nearest`: the task "
                     "nearest to the prompt, not the answered one, holds it below its threshold; `template`: the "
-                    "prompt lacks a term every sample of the answered task has (docs/SCORES.md).")
+                    "prompt lacks a term every sample of the answered task has; `novelty`: the prompt's mean hidden "
+                    "state lies farther from the answered task's samples than its novelty threshold (`score` and "
+                    "`threshold` are then that distance and threshold; docs/SCORES.md).")
     prompt_tokens: int | None = Field(default=None, description="The prompt's token positions.")
     sample_tokens: float | None = Field(default=None, description="The deciding task's mean token positions per "
                                         "sample; a prompt under half of it is rejected far more often than the "
@@ -109,6 +111,8 @@ class RouteResult(_Out):
                                    "of the answered task has (docs/SCORES.md, 'Open set: template test').")
     rejected_by: RouteRejection | None = Field(default=None, description="When `none` is true and a task exists: "
                                                "the task that decided it, its score, threshold and rule.")
+    novelty_rejects: bool = Field(default=False, description="`none` because the prompt's mean hidden state is "
+                                  "novel for the answered task (docs/SCORES.md, 'Open set: novelty test').")
 
 
 class RouteResponse(_Out):
@@ -143,6 +147,7 @@ class RouteResponse(_Out):
     nearest_rejects: bool = False
     template_rejects: bool = False
     rejected_by: RouteRejection | None = None
+    novelty_rejects: bool = False
     results: list[RouteResult]
 
 

@@ -29,10 +29,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from atlas.baselines import BaselineSums
 from atlas.errors import IncompatibleSpace, InvalidInput
+from atlas.novelty import project
 from atlas.samples import Sample
 from workers.batching import (
     ExtractMode,
@@ -249,7 +251,7 @@ class Extractor:
         t_start = time.perf_counter()
         reasons: Counter[str] = Counter(start_counts.skipped_reasons)
         w_state: Any = None
-        w_base = _BaselineAccumulator(H, self.lm.device)
+        w_base = _BaselineAccumulator(H, self.lm.device, per_sample=mode == "text")
         w_tokens = w_used = w_done = w_streamed = 0
         w_skipped: list[Any] = []
         w_truncated = 0
@@ -278,7 +280,7 @@ class Extractor:
                     break
                 if isinstance(item, WindowStart):
                     w_state = self._empty_state()
-                    w_base = _BaselineAccumulator(H, self.lm.device)
+                    w_base = _BaselineAccumulator(H, self.lm.device, per_sample=mode == "text")
                     w_tokens = w_used = w_streamed = 0
                     w_skipped = list(item.skipped)
                     w_done = len(w_skipped)
@@ -390,9 +392,13 @@ def _check_mode(mode: str) -> None:
 
 
 class _BaselineAccumulator:
-    """Baseline sums of one window, kept on the model's device (float64) until the window ends."""
+    """Baseline sums of one window, kept on the model's device (float64) until the window ends; in text mode
+    also each sample's sum of head inputs (its novelty vector, :mod:`atlas.novelty`)."""
 
-    def __init__(self, H: int, device: torch.device) -> None:
+    def __init__(self, H: int, device: torch.device, per_sample: bool = False) -> None:
+        self.per_sample = per_sample
+        self.sample_sums: dict[int, torch.Tensor] = {}
+        self.sample_counts: dict[int, int] = {}
         self.sum_hidden = torch.zeros(H, dtype=torch.float64, device=device)
         self.sum_last = torch.zeros(H, dtype=torch.float64, device=device)
         self.sum_loss = torch.zeros((), dtype=torch.float64, device=device)
@@ -410,10 +416,26 @@ class _BaselineAccumulator:
             self.sum_loss += hb.token_loss.double().sum()
             self.n_tokens += len(hb)
             self.n_samples += int(last.numel())
+            if self.per_sample and len(hb):
+                ids, inverse, counts = torch.unique_consecutive(hb.sample_ids, return_inverse=True,
+                                                                return_counts=True)
+                sums = torch.zeros((len(ids), hidden.shape[1]), dtype=torch.float64, device=hidden.device)
+                sums.index_add_(0, inverse.to(hidden.device), hidden)
+                for sid, row, cnt in zip(ids.tolist(), sums, counts.tolist(), strict=True):
+                    if sid in self.sample_sums:  # a sample cut across chunks of one batch
+                        self.sample_sums[sid] += row
+                        self.sample_counts[sid] += cnt
+                    else:
+                        self.sample_sums[sid], self.sample_counts[sid] = row, cnt
 
     def to_sums(self) -> BaselineSums:
         """The window's :class:`BaselineSums`."""
-        return BaselineSums(d=int(self.sum_hidden.shape[0]), sum_hidden=self.sum_hidden.cpu().numpy(),
+        sums = BaselineSums(d=int(self.sum_hidden.shape[0]), sum_hidden=self.sum_hidden.cpu().numpy(),
                             sum_last_hidden=self.sum_last.cpu().numpy(), sum_loss=float(self.sum_loss),
                             n_tokens=self.n_tokens, n_samples=self.n_samples)
+        if not self.sample_sums:
+            return sums
+        keys = np.array(list(self.sample_sums), dtype=np.int64)
+        means = torch.stack([self.sample_sums[k] / self.sample_counts[k] for k in self.sample_sums]).cpu().numpy()
+        return sums.with_sample_vectors(keys, project(means))
 

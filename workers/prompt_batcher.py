@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from atlas.errors import InvalidInput, ModelUnavailable, PayloadTooLarge, QueueFull
-from atlas.ports import SpaceKey, serving_key
+from atlas.novelty import project
+from atlas.ports import PromptStates, SpaceKey, serving_key
 from atlas.samples import Sample
 from fishersketch import Sketcher, SketchState
 from fishersketch.groups import sketch_groups
@@ -196,7 +197,7 @@ class PromptBatcher:
                 states = self.sketch_prepared([p for r in live for p in r.prepared])
                 at = 0
                 for r in live:
-                    r.future.set_result(states[at: at + len(r.prepared)])
+                    r.future.set_result(states.part(at, at + len(r.prepared)))
                     at += len(r.prepared)
             except BaseException as exc:  # resolve every waiter; the loop goes on
                 log.exception("prompt batch failed")
@@ -237,8 +238,9 @@ class PromptBatcher:
             out.append([ps])
         return out
 
-    def sketch_prepared(self, prepared: Sequence[PreparedSample]) -> list[SketchState]:
-        """States of tokenised prompts, in order: one forward per length bucket, one batched sketch.
+    def sketch_prepared(self, prepared: Sequence[PreparedSample]) -> PromptStates:
+        """States of tokenised prompts, in order: one forward per length bucket, one batched sketch; with each
+        prompt's novelty vector (its mean head input, :func:`atlas.novelty.project`-ed).
 
         Parameters
         ----------
@@ -247,7 +249,7 @@ class PromptBatcher:
 
         Returns
         -------
-        list of SketchState
+        PromptStates
         """
         ex = self.extractor
         lm = ex.lm
@@ -255,6 +257,7 @@ class PromptBatcher:
         items = [PreparedSample(j, p.sample_id, p.input_ids, p.first_target, p.truncated)
                  for j, p in enumerate(prepared)]
         out: list[SketchState | None] = [None] * len(prepared)
+        hidden_means = torch.zeros((len(prepared), lm.hidden_size), dtype=torch.float64)
         rows: list[tuple[torch.Tensor, torch.Tensor, list[PreparedSample]]] = []
         n_rows = 0
 
@@ -269,6 +272,11 @@ class PromptBatcher:
             e = torch.cat([r[1] for r in rows]) if len(rows) > 1 else rows[0][1]
             states = sketch_groups(self._sketcher_for(a.shape[0]), a, e, groups, len(group_of),
                                    sample_ids=[ps.sample_id for ps in group_of])
+            sums = torch.zeros((len(group_of), lm.hidden_size), dtype=torch.float64)
+            sums.index_add_(0, groups, a[:, :lm.hidden_size].double().cpu())
+            means = sums / counts.clamp(min=1).unsqueeze(1).double()
+            for ps, mean in zip(group_of, means, strict=True):
+                hidden_means[ps.index] = mean
             for ps, st in zip(group_of, states, strict=True):
                 out[ps.index] = st
             rows.clear()
@@ -284,7 +292,7 @@ class PromptBatcher:
                     flush()
             flush()
         assert all(s is not None for s in out)
-        return [s for s in out if s is not None]
+        return PromptStates.of([s for s in out if s is not None], project(hidden_means.numpy()))
 
     # -- stats and shutdown -------------------------------------------------------------------------
 

@@ -42,7 +42,8 @@ import numpy as np
 
 from atlas import errors as domain_errors
 from atlas.errors import AtlasError, ModelUnavailable, QueueFull
-from atlas.ports import SpaceKey
+from atlas.novelty import NOVELTY_DIM
+from atlas.ports import PromptStates, SpaceKey
 from fishersketch import SketchSpec, SketchState
 from workers.redis_options import OutageLog, redis_retry
 
@@ -87,7 +88,8 @@ def encode_reply(request_id: str, states: Sequence[SketchState] | None = None,
     A state travels as the ``sums`` of its non-empty splits in little-endian float32 (a prompt fills one
     split: ``3 m`` floats, 48 KiB at m = 4096, a quarter of ``SketchState.to_bytes``), then ``sq_norms``
     (float64) and the token and sample counts (int64). float32 keeps the route scores to ~1e-7; the
-    receiver accumulates nothing into these states.
+    receiver accumulates nothing into these states. When ``states`` is a :class:`atlas.ports.PromptStates` with
+    novelty vectors, the header's ``novelty`` gives their shape ``[n, r]`` and they follow the states (float32).
     """
     header: dict[str, Any]
     if error is not None:
@@ -103,6 +105,10 @@ def encode_reply(request_id: str, states: Sequence[SketchState] | None = None,
                                st.token_counts.astype("<i8").tobytes(), st.sample_counts.astype("<i8").tobytes()]))
     header = {"id": request_id, "fingerprint": states[0].spec.fingerprint() if states else None,
               "splits": splits, "lengths": [len(b) for b in blobs]}
+    novelty = getattr(states, "novelty", None)
+    if novelty is not None:
+        header["novelty"] = list(novelty.shape)
+        blobs.append(np.ascontiguousarray(novelty, dtype="<f4").tobytes())
     return json.dumps(header).encode() + b"\n" + b"".join(blobs)
 
 
@@ -136,7 +142,15 @@ def decode_reply(data: bytes, spec: SketchSpec) -> tuple[str, list[SketchState] 
                                   np.frombuffer(body, "<i8", 2, tail + 48).copy(),
                                   np.frombuffer(body, "<i8", 2, tail + 64).copy()))
         at += n
-    return header["id"], states
+    shape = header.get("novelty")
+    novelty = None
+    if shape is not None:
+        if (not isinstance(shape, list) or len(shape) != 2 or shape[0] != len(states)
+                or not isinstance(shape[1], int) or not 0 < shape[1] <= NOVELTY_DIM
+                or len(body) - at != 4 * shape[0] * shape[1]):
+            return header["id"], AtlasError("the worker's reply is malformed", {"novelty": shape})
+        novelty = np.frombuffer(body, "<f4", shape[0] * shape[1], at).reshape(shape[0], shape[1]).copy()
+    return header["id"], PromptStates.of(states, novelty)
 
 
 class RedisPromptSketcher:

@@ -23,6 +23,7 @@ from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLa
 from atlas.index import IndexManager
 from atlas.lexical import TermCounts
 from atlas.models import TASK_READY, Space, Task
+from atlas.novelty import NoveltyCache, novelty_vectors
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
 from atlas.routing import MAX_ROUTE_K, unit_means
 from atlas.services.states import Loaded, StateLoader
@@ -67,6 +68,7 @@ class QueryService:
         self._space_keys: dict[str, tuple[float, SpaceKey]] = {}
         self._prompt_side: dict[int, tuple[int, frozenset[int]]] = {}
         self.whitenings = WhiteningCache()
+        self.novelties = NoveltyCache()
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -183,13 +185,21 @@ class QueryService:
             whitening = self.whitenings.get(space_id, self.index.content_mark(space_id),
                                             lambda: self.index.ids(space_id),
                                             lambda ids: self._routing_means(session, space, ids))
+            vectors = getattr(states, "novelty", None)
+            novelty = None
+            if vectors is not None and per_task and self.settings.route_novelty:
+                novelty = self.novelties.get(space_id, self.index.content_mark(space_id),
+                                             lambda: [int(i) for i in self.index.ids(space_id)],
+                                             lambda ids: novelty_vectors(session, ids))
         terms: list[TermCounts | None] = [None] * len(states)
         if texts is not None and self.settings.route_lexical:
             terms = [TermCounts.from_texts([t]) for t in texts]
-        for st, hit, pt in zip(states, hits, terms, strict=True):
+        for qi, (st, hit, pt) in enumerate(zip(states, hits, terms, strict=True)):
             cands = [replace(c, faiss_score=hit.get(t, 0.0)) for t, c in base.items() if t in hit or t in prompt_side]
             answers.append(analysis.rerank_route(st, cands, k=k, threshold=threshold, per_task=per_task,
-                                                 whitening=whitening, prompt_terms=pt))
+                                                 whitening=whitening, prompt_terms=pt, novelty=novelty,
+                                                 prompt_vector=None if novelty is None or vectors is None
+                                                 else vectors[qi]))
         return answers
 
     def _prompt_side_ids(self, session: Session, space_id: int) -> frozenset[int]:

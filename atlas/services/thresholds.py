@@ -128,7 +128,8 @@ class ThresholdService:
         with self.store.read() if dry_run else self.store.session() as session:
             off = _templates_to_turn_off(labels, answers)
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
-                             forced_none=a.nearest_rejects or (a.template_rejects and a.matches[0].task_id not in off))
+                             forced_none=a.nearest_rejects or a.novelty_rejects
+                             or (a.template_rejects and a.matches[0].task_id not in off))
                      for lab, a in zip(labels, answers, strict=True)]
             ids = sorted({t for it in items for t in it.scores})
             routes = routing_repo.get_task_routes(session, ids)

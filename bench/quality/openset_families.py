@@ -215,6 +215,7 @@ def calibrated_knn_rates(utterances: list[np.ndarray], queries: np.ndarray, trut
 def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]) -> dict[str, Any]:
     """Rates of one draw, why indexed prompts were answered "none", and which task took unseen prompts."""
     none_unseen, none_indexed, right, top1, records = [], [], [], [], []
+    plain_unseen, plain_indexed, plain_right = [], [], []  # the same answers without the novelty test
     why: dict[str, int] = defaultdict(int)
     taken: dict[str, int] = defaultdict(int)
     for (t, _), a in zip(prompts, answers, strict=True):
@@ -223,23 +224,32 @@ def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]
         records.append({"task": t, "top": top, "none": a.none, "score": a.best_score, "own_score": own,
                         "threshold": a.threshold,
                         "rank": a.matches[0].rank_score if a.matches else None,
-                        "nearest": a.nearest_rejects, "template": a.template_rejects})
+                        "nearest": a.nearest_rejects, "template": a.template_rejects,
+                        "novelty": bool(getattr(a, "novelty_rejects", False))})
+        # without the test: the answered task's route threshold applies again, the novelty rule does not
+        plain = (not a.matches or a.best_score < a.threshold or a.nearest_rejects or a.template_rejects)
         if t in unseen:
+            plain_unseen.append(plain)
             none_unseen.append(a.none)
             if not a.none:
                 taken[f"{t} -> {top}"] += 1
             continue
         none_indexed.append(a.none)
+        plain_indexed.append(plain)
         right.append((not a.none) and top == t)
+        plain_right.append((not plain) and top == t)
         top1.append(top == t)
         if a.none:
-            why["template" if a.template_rejects else "nearest" if a.nearest_rejects else "threshold"] += 1
+            flags = "template" if a.template_rejects else "nearest" if a.nearest_rejects else "threshold"
+            why[a.rejected_by.reason if a.rejected_by is not None else flags] += 1
     rank = np.array([r["rank"] if r["rank"] is not None else -2.0 for r in records])  # no match: below any rank
     ceiling = _ceiling([r["top"] or "" for r in records], rank, [r["task"] for r in records], unseen)
     return {"none_unseen": float(np.mean(none_unseen)), "none_indexed": float(np.mean(none_indexed)),
             "ceiling": ceiling, "landing": landing_tasks(records, unseen), "right": float(np.mean(right)),
             "top1": float(np.mean(top1)), "indexed_none_by": dict(why), "unseen_accepted": dict(taken),
-            "prompts": records}
+            "prompts": records, "without_novelty": {"none_unseen": float(np.mean(plain_unseen)),
+                                                    "none_indexed": float(np.mean(plain_indexed)),
+                                                    "right": float(np.mean(plain_right))}}
 
 
 def _at_rate(atlas: Any, prompts: list[tuple[str, str]], indexed: list[str], unseen: list[str], rate: float
@@ -371,6 +381,18 @@ def _landing_table(draws: list[dict[str, Any]]) -> str:
     return head + "\n".join(lines)
 
 
+def _without_novelty_row(draws: list[dict[str, Any]]) -> str:
+    """The product's answers decided without the novelty test (the answered task's route threshold, the nearest task's
+    and the template; absent from older result files)."""
+    if any("without_novelty" not in d for d in draws):
+        return ""
+    keys = ("none_unseen", "none_indexed", "right")
+    cols = [float(np.median([d["without_novelty"][k] for d in draws])) for k in keys]
+    top1 = float(np.median([d["top1"] for d in draws]))
+    return (f"| FisherAtlas (product) without the novelty test (the same answers; route thresholds instead) | "
+            f"{cols[0]:.3f} | {cols[1]:.3f} | {pct(cols[2])} | {pct(top1)} |\n")
+
+
 def render(res: dict[str, Any], facts: str) -> str:
     draws = res["draws"]
 
@@ -383,7 +405,7 @@ def render(res: dict[str, Any], facts: str) -> str:
         "|:---|---:|---:|---:|---:|\n"
         f"| FisherAtlas (product, library, calibrated thresholds, no labels) | {med('none_unseen'):.3f} | "
         f"{med('none_indexed'):.3f} | {pct(med('right'))} | {pct(med('top1'))} |\n"
-        + _at_rate_row(draws, res.get("alt_rate")) +
+        + _without_novelty_row(draws) + _at_rate_row(draws, res.get("alt_rate")) +
         f"| FisherAtlas (product) + `fit` (labelled prompts incl. none; cross-fitted halves) | "
         f"{med('none_unseen', 'fit'):.3f} | {med('none_indexed', 'fit'):.3f} | {pct(med('right', 'fit'))} | "
         f"{pct(med('top1', 'fit'))} |\n"

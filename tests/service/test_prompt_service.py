@@ -421,3 +421,24 @@ def test_readyz_names_redis_not_the_database_when_redis_stalls_or_dies(serve: An
         proc.wait(10)
         time.sleep(0.6)
         not_ready_for_redis()
+
+
+def test_prompt_novelty_vectors_equal_the_job_samples_vectors(extractor: Extractor) -> None:
+    """The novelty test compares a prompt's vector (the batched prompt path) with a task's sample vectors (a job's
+    extraction): the same text gives the same vector on both paths (its mean head input, atlas.novelty)."""
+    prompts = _prompts(24, seed=11)
+    batcher = PromptBatcher(extractor, max_batch=64, token_budget=256)  # several length buckets
+    try:
+        got = batcher.sketch_sync(prompts)
+    finally:
+        batcher.close()
+    novelty = getattr(got, "novelty", None)
+    assert novelty is not None and novelty.shape == (24, extractor.lm.hidden_size)
+    job = extractor.extract([Sample(text=p) for p in prompts]).baselines
+    by_key = dict(zip(job.sample_keys.tolist(), job.sample_vectors, strict=True))
+    from atlas.samples import sample_id
+
+    for p, vec in zip(prompts, novelty, strict=True):
+        np.testing.assert_allclose(vec, by_key[sample_id(Sample(text=p))], rtol=1e-4, atol=1e-5)
+    assert extractor.extract([Sample(prompt=p, completion=" yes") for p in prompts[:4]],
+                             mode="completion").baselines.sample_keys.size == 0  # completion tokens: no vectors

@@ -56,7 +56,7 @@ def test_small_tasks_never_capture_prompts_in_a_whitened_space(tmp_path: Path) -
     assert right >= 0.6
     assert not taken, taken
     by_threshold = [a.best_score is not None and a.best_score < a.threshold for a in unseen]
-    nearest = [a.nearest_rejects or a.template_rejects for a in unseen]
+    nearest = [a.nearest_rejects or a.template_rejects or a.novelty_rejects for a in unseen]
     assert all(a.none == (t or n) for a, t, n in zip(unseen, by_threshold, nearest, strict=True))
     none_unseen, none_thr = sum(a.none for a in unseen) / len(unseen), sum(by_threshold) / len(unseen)
     none_indexed = sum(a.none for a in answers) / len(answers)

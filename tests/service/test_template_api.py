@@ -43,7 +43,9 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
     assert other.matches[0].name == "native" and other.none and other.template_rejects
     assert 0.9 < other.confidence < 1.0  # 1 − (misses + 1) / (checks + 2)
 
-    svc = serve(lm=tiny_lm, data_dir=data)
+    # The template's own behaviour: the novelty test off (under the tiny random model the fit prompts below, "The
+    # native tongue of Ada is", are novel for a task of "X Yson" names, and fit leaves a novelty "none" as it is).
+    svc = serve(lm=tiny_lm, data_dir=data, route_novelty=False)
     with AtlasClient(svc.url) as client:
         res = client.route([OWN, OTHER], k=2, threshold=-1.0)
         assert [r.template_rejects for r in res.results] == [False, True] and res.results[1].none

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atlas.errors import AtlasError, NotFound
+from atlas.ports import PromptStates
 from fishersketch import SketchSpec, SketchState
 from workers.prompt_remote import decode_reply, encode_reply
 
@@ -80,3 +82,27 @@ def test_a_space_of_another_spec_or_model_is_refused_naming_what_differs(gpt2_lm
         assert "space 3 was sketched with the model 'other/model'; this process serves 'tiny'" in str(info.value)
     finally:
         sketcher.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 5), r=st.integers(1, 16))
+def test_novelty_vectors_travel_beside_the_states(seed: int, n: int, r: int) -> None:
+    """A reply of :class:`PromptStates` carries each prompt's novelty vector (float32) after the states; a reply
+    without them (an older worker) decodes with ``novelty`` None; a wrong shape or length is refused."""
+    rng = np.random.default_rng(seed)
+    states = PromptStates.of([_state(rng, [0]) for _ in range(n)], rng.standard_normal((n, r)).astype(np.float32))
+    _, got = decode_reply(encode_reply("v", states), SPEC)
+    assert isinstance(got, PromptStates) and len(got) == n and got.novelty is not None
+    np.testing.assert_array_equal(got.novelty, states.novelty)
+    np.testing.assert_array_equal(got.part(1, 3).novelty, states.novelty[1:3])
+    _, plain = decode_reply(encode_reply("w", list(states)), SPEC)
+    assert isinstance(plain, PromptStates) and plain.novelty is None
+    data = encode_reply("x", states)
+    if n:  # a vector's last float missing
+        _, cut = decode_reply(data[:-4], SPEC)
+        assert isinstance(cut, AtlasError) and "malformed" in cut.message
+    head, _, body = data.partition(b"\n")
+    header = json.loads(head)
+    header["novelty"] = [n + 1, r]
+    _, lying = decode_reply(json.dumps(header).encode() + b"\n" + body, SPEC)
+    assert isinstance(lying, AtlasError) and "malformed" in lying.message

@@ -1,0 +1,155 @@
+"""The open set's novelty test (atlas.novelty) and the novelty vectors kept in a task's baseline blob.
+
+Pure numpy on synthetic clusters (the distribution is known, so the calibrated false-reject rate can be checked
+on fresh draws), and hypothesis for the blob format and the bottom-k merge.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atlas.baselines import BaselineSums
+from atlas.novelty import MAX_NOVELTY_SAMPLES, MIN_NOVELTY_SAMPLES, NOVELTY_DIM, SpaceNovelty, project
+
+
+def _clusters(rng: np.random.Generator, n_tasks: int, n: int, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """Task means and a shared anisotropic within-task covariance factor (tasks differ along the loose axes)."""
+    means = rng.standard_normal((n_tasks, r)) * 3.0
+    scales = np.geomspace(5.0, 0.1, r)  # a few loose directions, many tight ones
+    return means, np.diag(scales)
+
+
+def _draw(rng: np.random.Generator, mean: np.ndarray, factor: np.ndarray, n: int) -> np.ndarray:
+    return mean + rng.standard_normal((n, len(mean))) @ factor
+
+
+def test_calibrated_rate_holds_on_fresh_samples_and_a_shifted_kind_is_rejected() -> None:
+    rng = np.random.default_rng(0)
+    r, n_tasks = 16, 6
+    means, factor = _clusters(rng, n_tasks, 100, r)
+    vectors = {t: _draw(rng, means[t], factor, 100) for t in range(n_tasks)}
+    model = SpaceNovelty.fit(vectors)
+    assert model is not None and sorted(model.means) == list(range(n_tasks))
+    fresh = [model.rejects(x, t)[0] for t in range(n_tasks) for x in _draw(rng, means[t], factor, 400)]
+    assert 0.02 <= np.mean(fresh) <= 0.09, np.mean(fresh)  # the documented 5 %, cross-fitted
+    # A text of another kind: the same loose-axis position, shifted along the tight axes the task never varies in.
+    shift = np.zeros(r)
+    shift[-8:] = 1.0
+    novel = [model.rejects(x + shift, 0)[0] for x in _draw(rng, means[0], factor, 200)]
+    assert np.mean(novel) > 0.95
+    # ... while a shift of the same length along the loose axes (topic) is no novelty.
+    loose = np.zeros(r)
+    loose[0] = np.sqrt(8.0)
+    assert np.mean([model.rejects(x + loose, 0)[0] for x in _draw(rng, means[0], factor, 200)]) < 0.2
+
+
+def test_in_sample_calibration_would_be_biased_low() -> None:
+    """Why the calibration is cross-fitted: with as many dimensions as samples per task, the in-sample distances
+    of the task's own samples are far below those of fresh samples."""
+    rng = np.random.default_rng(1)
+    r, n_tasks = 60, 3
+    means, factor = _clusters(rng, n_tasks, 30, r)
+    vectors = {t: _draw(rng, means[t], factor, 30) for t in range(n_tasks)}
+    model = SpaceNovelty.fit(vectors)
+    assert model is not None
+    in_sample = np.median([model.distance(x, 0) for x in vectors[0]])
+    fresh = np.median([model.distance(x, 0) for x in _draw(rng, means[0], factor, 200)])
+    cross = np.median(model.own_distances[0])
+    print(f"median distance: in-sample {in_sample:.3f}, cross-fitted {cross:.3f}, fresh {fresh:.3f}")
+    assert in_sample < 0.7 * fresh
+    assert abs(cross - fresh) < abs(in_sample - fresh)  # and on the conservative side: fewer false rejects
+    assert cross > in_sample
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), rates=st.lists(st.floats(0.001, 0.5), min_size=2, max_size=4))
+def test_threshold_is_monotone_in_the_rate_and_confidence_in_range(seed: int, rates: list[float]) -> None:
+    rng = np.random.default_rng(seed)
+    vectors = {t: rng.standard_normal((MIN_NOVELTY_SAMPLES + t, 5)) + t for t in range(3)}
+    model = SpaceNovelty.fit(vectors)
+    assert model is not None
+    thresholds = [model.threshold(0, r) for r in sorted(rates)]
+    assert all(a is not None and b is not None and a >= b for a, b in itertools.pairwise(thresholds))
+    x = rng.standard_normal(5) * 10
+    novel, d, thr = model.rejects(x, 0, rates[0])
+    assert d is not None and thr is not None and novel == (d > thr)
+    assert 0.0 <= model.nearer_share(0, d) <= 1.0
+
+
+def test_small_tasks_and_foreign_vectors_are_not_tested() -> None:
+    rng = np.random.default_rng(2)
+    vectors = {1: rng.standard_normal((MIN_NOVELTY_SAMPLES - 1, 4)), 2: rng.standard_normal((30, 4))}
+    model = SpaceNovelty.fit(vectors)
+    assert model is not None and list(model.means) == [2]
+    assert model.rejects(np.zeros(4), 1) == (False, None, None)  # too few vectors: never tested
+    assert model.rejects(np.zeros(5), 2) == (False, None, None)  # another width (another model): not compared
+    assert model.rejects(None, 2) == (False, None, None)  # an older worker sent no vector
+    assert SpaceNovelty.fit({1: vectors[1]}) is None
+    with pytest.raises(ValueError, match="different widths"):
+        SpaceNovelty.fit({1: rng.standard_normal((30, 4)), 2: rng.standard_normal((30, 5))})
+
+
+def test_projection_keeps_narrow_vectors_and_maps_wide_ones_alike() -> None:
+    rng = np.random.default_rng(3)
+    narrow = rng.standard_normal((3, 64))
+    np.testing.assert_allclose(project(narrow), narrow.astype(np.float32))
+    wide = rng.standard_normal((3, 1024))
+    out = project(wide)
+    assert out.shape == (3, NOVELTY_DIM) and out.dtype == np.float32
+    np.testing.assert_allclose(project(wide[0]), out[0], rtol=1e-6)  # one row alone, the same map
+    # orthonormal columns: lengths shrink to about sqrt(r / H), never grow
+    assert np.all(np.linalg.norm(out, axis=1) <= np.linalg.norm(wide, axis=1) + 1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), sizes=st.lists(st.integers(0, 90), min_size=1, max_size=4))
+def test_vectors_merge_as_a_bottom_k_sample_in_any_order_and_round_trip(seed: int, sizes: list[int]) -> None:
+    rng = np.random.default_rng(seed)
+    parts = []
+    for n in sizes:
+        keys = rng.choice(2**62, size=n, replace=False).astype(np.int64)
+        parts.append(BaselineSums(d=8).with_sample_vectors(keys, rng.standard_normal((n, 8)).astype(np.float32)))
+    forward, backward = BaselineSums(d=8), BaselineSums(d=8)
+    for p in parts:
+        forward = forward.merge(p)
+    for p in reversed(parts):
+        backward = backward.merge(p)
+    all_keys = np.unique(np.concatenate([p.sample_keys for p in parts]))
+    assert len(forward.sample_keys) == min(len(all_keys), MAX_NOVELTY_SAMPLES)
+    np.testing.assert_array_equal(forward.sample_keys, all_keys[:MAX_NOVELTY_SAMPLES])
+    np.testing.assert_array_equal(forward.sample_keys, backward.sample_keys)
+    np.testing.assert_array_equal(forward.sample_vectors, backward.sample_vectors)
+    again = BaselineSums.from_bytes(forward.to_bytes())
+    np.testing.assert_array_equal(again.sample_keys, forward.sample_keys)
+    np.testing.assert_array_equal(again.sample_vectors, forward.sample_vectors)
+    assert forward.merge(forward).sample_keys.tolist() == forward.sample_keys.tolist()  # a sample counts once
+
+
+def test_version_1_blobs_read_without_vectors_and_bad_vector_blocks_are_refused() -> None:
+    d = 4
+    head = struct.pack("<4sIIdqq", b"FABL", 1, d, 1.5, 10, 2)
+    body = head + np.arange(2 * d, dtype="<f8").tobytes()
+    old = BaselineSums.from_bytes(body + struct.pack("<I", zlib.crc32(body)))
+    assert old.n_tokens == 10 and old.sample_vectors.shape == (0, 0) and old.sample_keys.size == 0
+    good = BaselineSums(d=d).with_sample_vectors(np.array([3, 1]), np.ones((2, d), dtype=np.float32))
+    blob = good.to_bytes()
+    n_at = struct.calcsize("<4sIIdqq") + 16 * d
+
+    def patched(n_v: int, r: int) -> bytes:
+        b = blob[:n_at] + struct.pack("<II", n_v, r) + blob[n_at + 8:-4]
+        return b + struct.pack("<I", zlib.crc32(b))
+
+    for n_v, r in ((MAX_NOVELTY_SAMPLES + 1, d), (2, d + 1), (0, d), (3, d)):
+        with pytest.raises(ValueError):
+            BaselineSums.from_bytes(patched(n_v, r))
+    nan = bytearray(blob[:-4])
+    nan[-4:] = np.float32(np.nan).tobytes()
+    with pytest.raises(ValueError, match="invalid novelty"):
+        BaselineSums.from_bytes(bytes(nan) + struct.pack("<I", zlib.crc32(bytes(nan))))
