@@ -166,9 +166,11 @@ class TaskRoute:
     false_reject_rate: float | None = None
     overridden: bool = False
     """Whether ``threshold`` is the task's override (set by a user or ``fit``), not its calibrated one."""
+    split_threshold: float | None = None
+    """The calibrated threshold at half the task's false-reject rate (a task with a novelty test is held to it)."""
 
 
-def resolve(row: Any, typical: float | None) -> TaskRoute:
+def resolve(row: Any, typical: float | None, split: float | None = None) -> TaskRoute:
     """A :class:`TaskRoute` from a ``TaskRouting`` row read by :func:`atlas.routing_repo.get_task_routes` (its
     columns but the blob and the held-out scores, and ``prompt_side``) and the :func:`typical_score` of its
     held-out scores (``None``: none); the override wins over the calibrated threshold."""
@@ -181,7 +183,8 @@ def resolve(row: Any, typical: float | None) -> TaskRoute:
                      typical=typical,
                      template_test=row.template_test is not False,
                      false_reject_rate=None if row.false_reject_rate is None else float(row.false_reject_rate),
-                     overridden=row.threshold_override is not None)
+                     overridden=row.threshold_override is not None,
+                     split_threshold=None if split is None else float(split))
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,8 @@ class Candidate:
         The task's false-reject rate (``None``: the default); the novelty test's threshold is taken at it.
     overridden : bool
         Whether ``threshold`` is an override (a user's or ``fit``'s) rather than the calibrated one.
+    split_threshold : float, optional
+        The calibrated threshold at half the task's false-reject rate (used with a novelty test).
     """
 
     task_id: int
@@ -226,6 +231,7 @@ class Candidate:
     template: Any = None
     false_reject_rate: float | None = None
     overridden: bool = False
+    split_threshold: float | None = None
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -387,8 +393,8 @@ def rerank_route(
         hidden state lies farther from the answered task's samples than its threshold (the ``1 − rate``
         quantile of the task's own cross-fitted distances), ``none``, with ``novelty_rejects`` set and the
         share of the task's own samples nearer than the prompt as the confidence (:mod:`atlas.novelty`). A task
-        with a novelty test is not held to its *calibrated* route threshold (an override still applies): one
-        calibrated test per task, at the task's false-reject rate.
+        with a novelty test spends half its false-reject rate on it and half on its route threshold (calibrated
+        at half the rate: ``split_threshold``, reported as the match's ``threshold``); an override is kept.
 
     Returns
     -------
@@ -422,6 +428,13 @@ def rerank_route(
     order = sorted(range(len(candidates)),
                    key=lambda i: (-round(_f(key[i]), 9), -round(_f(rank[i]), 9), -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]
+    first = candidates[order[0]]
+    half = (first.false_reject_rate if first.false_reject_rate is not None else FALSE_REJECT_RATE) / 2.0
+    novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, half)
+                             if novelty is not None and per_task else (False, None, None))
+    # A task with a novelty test spends half its false-reject budget on it and half on its route threshold
+    # (calibrated at half the rate); an override (a user's or fit's) is kept as it is.
+    split = dist is not None and not first.overridden and first.split_threshold is not None
     top = []
     for i in order:
         mu_t, self_t, _ = views[i]
@@ -433,22 +446,16 @@ def rerank_route(
                 diag.append(0.0)
         c = candidates[i]
         thr = c.threshold if per_task and c.threshold is not None else threshold
+        if split and i == order[0] and first.split_threshold is not None:
+            thr = first.split_threshold
         sc = _f(score[i])
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
                               activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
                               rank_score=_f(rank[i]), lexical=None if lex is None else _f(lex[i])))
     best = top[0]
-    first = candidates[order[0]]
-    novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, first.false_reject_rate)
-                             if novelty is not None and per_task else (False, None, None))
-    tested = dist is not None and not first.overridden
-    # A task with a novelty test is held to it instead of its calibrated route threshold (one calibrated test,
-    # one false-reject budget); an override (a user's or fit's) is a route threshold and always applies.
-    none = best.score < best.threshold and not tested
+    none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence
-    if tested and novelty is not None and dist is not None:  # the novelty test decides: its own confidence
-        conf = 1.0 - novelty.nearer_share(first.task_id, dist)
     n_prompt = int(prompt_state.n_tokens)
 
     def rejection(c: Candidate, score: float, thr: float, reason: str) -> Rejection:

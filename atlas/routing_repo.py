@@ -42,9 +42,19 @@ _DIGEST_BYTES = 32
 """A state blob ends with its BLAKE2b-256 digest (``SketchState.to_bytes``)."""
 
 
-_TYPICAL: ContentLru[tuple[float | None]] = ContentLru(65536)
-"""Each row's :func:`~atlas.routing.typical_score`, by (database, task, row version, write time): the held-out
-scores it summarises (up to 256 floats of JSON per task) are read only when a row was written since."""
+_TYPICAL: ContentLru[tuple[float | None, float | None]] = ContentLru(65536)
+"""Each row's :func:`~atlas.routing.typical_score` and its threshold at half its false-reject rate (what a task with
+a novelty test is held to, :func:`split_threshold`), by (database, task, row version, write time): the held-out
+scores they summarise (up to 256 floats of JSON per task) are read only when a row was written since (a rate
+PATCH bumps the version)."""
+
+
+def split_threshold(scores: Sequence[float] | None, stored_rate: float | None) -> float | None:
+    """The route threshold calibrated at half the task's false-reject rate (``None``: too few held-out scores): a
+    task with a novelty test spends the other half on it (docs/SCORES.md, "Open set: novelty test")."""
+    if not scores:
+        return None
+    return calibrate(scores, calibration_rate(stored_rate) / 2.0).threshold
 
 
 def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, TaskRoute]:
@@ -65,13 +75,14 @@ def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, Task
     typical = {int(r.task_id): _TYPICAL.get((where, int(r.task_id), int(r.version or 0), r.updated_at)) for r in rows}
     missing = [t for t, v in typical.items() if v is None]
     if missing:  # keyed by the version read with the scores (a write may land between the two reads)
-        for t, version, at, scores in session.execute(
-                select(TaskRouting.task_id, TaskRouting.version, TaskRouting.updated_at, TaskRouting.cal_scores)
+        for t, version, at, scores, rate in session.execute(
+                select(TaskRouting.task_id, TaskRouting.version, TaskRouting.updated_at, TaskRouting.cal_scores,
+                       TaskRouting.false_reject_rate)
                 .where(TaskRouting.task_id.in_(missing))).all():
-            value = (typical_score(scores) if scores else None,)
+            value = (typical_score(scores) if scores else None, split_threshold(scores, rate))
             _TYPICAL.put((where, int(t), int(version or 0), at), value)
             typical[int(t)] = value
-    return {int(r.task_id): resolve(r, (typical.get(int(r.task_id)) or (None,))[0]) for r in rows}
+    return {int(r.task_id): resolve(r, *(typical.get(int(r.task_id)) or (None, None))) for r in rows}
 
 
 def prompt_digest(blob: bytes) -> bytes:
@@ -310,7 +321,8 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
                              threshold=r.threshold, scale=r.scale, typical=r.typical,
                              terms=None if lex is None else lex.terms,
                              template=lex.template if lex is not None and r.template_test else None,
-                             false_reject_rate=r.false_reject_rate, overridden=r.overridden))
+                             false_reject_rate=r.false_reject_rate, overridden=r.overridden,
+                             split_threshold=r.split_threshold))
     return out
 
 

@@ -224,3 +224,5 @@ class RoutingInfo(_Out):
                                 "answered `none` for this task (PATCH `template`).")
     template_false_reject: float | None = Field(default=None, description="Estimated share of the task's prompts "
                                                 "lacking a template term, (misses + 1) / (checks + 2).")
+    novelty_samples: int = Field(default=0, description="Sample vectors the task keeps for the novelty test (it is "
+                                 "tested from 20 on; docs/SCORES.md, 'Open set: novelty test').")

@@ -12,6 +12,7 @@ from typing import Any
 from atlas import lexicon_repo, repository, routing, routing_repo
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady
 from atlas.models import TASK_READY
+from atlas.novelty import novelty_vectors
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.services.queries import QueryService
 from atlas.store import Store
@@ -56,6 +57,8 @@ class ThresholdService:
             template = {} if tpl is None else {
                 "template_terms": int(tpl.keys.size), "template_active": tpl.active,
                 "template_false_reject": tpl.false_reject}
+            vectors = novelty_vectors(session, [task_id]).get(task_id)
+            template["novelty_samples"] = 0 if vectors is None else len(vectors)
             if row is None:
                 return {"task_id": task_id, "threshold": self.default, "source": "default"} | template
             template["template_test"] = row.template_test is not False

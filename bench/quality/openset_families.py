@@ -215,7 +215,6 @@ def calibrated_knn_rates(utterances: list[np.ndarray], queries: np.ndarray, trut
 def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]) -> dict[str, Any]:
     """Rates of one draw, why indexed prompts were answered "none", and which task took unseen prompts."""
     none_unseen, none_indexed, right, top1, records = [], [], [], [], []
-    plain_unseen, plain_indexed, plain_right = [], [], []  # the same answers without the novelty test
     why: dict[str, int] = defaultdict(int)
     taken: dict[str, int] = defaultdict(int)
     for (t, _), a in zip(prompts, answers, strict=True):
@@ -226,18 +225,13 @@ def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]
                         "rank": a.matches[0].rank_score if a.matches else None,
                         "nearest": a.nearest_rejects, "template": a.template_rejects,
                         "novelty": bool(getattr(a, "novelty_rejects", False))})
-        # without the test: the answered task's route threshold applies again, the novelty rule does not
-        plain = (not a.matches or a.best_score < a.threshold or a.nearest_rejects or a.template_rejects)
         if t in unseen:
-            plain_unseen.append(plain)
             none_unseen.append(a.none)
             if not a.none:
                 taken[f"{t} -> {top}"] += 1
             continue
         none_indexed.append(a.none)
-        plain_indexed.append(plain)
         right.append((not a.none) and top == t)
-        plain_right.append((not plain) and top == t)
         top1.append(top == t)
         if a.none:
             flags = "template" if a.template_rejects else "nearest" if a.nearest_rejects else "threshold"
@@ -247,9 +241,7 @@ def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]
     return {"none_unseen": float(np.mean(none_unseen)), "none_indexed": float(np.mean(none_indexed)),
             "ceiling": ceiling, "landing": landing_tasks(records, unseen), "right": float(np.mean(right)),
             "top1": float(np.mean(top1)), "indexed_none_by": dict(why), "unseen_accepted": dict(taken),
-            "prompts": records, "without_novelty": {"none_unseen": float(np.mean(plain_unseen)),
-                                                    "none_indexed": float(np.mean(plain_indexed)),
-                                                    "right": float(np.mean(plain_right))}}
+            "prompts": records}
 
 
 def _at_rate(atlas: Any, prompts: list[tuple[str, str]], indexed: list[str], unseen: list[str], rate: float
@@ -320,17 +312,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         product = {"model": args.model, "device": args.device, "torch_threads": args.threads, "sketch_dim": args.m,
                    "max_tokens_per_sample": args.max_tokens}
-        with tempfile.TemporaryDirectory() as tmp, Atlas(tmp, **product) as atlas:
-            for t in indexed:
-                atlas.add(t, sig[t], progress=False)
-            add_s = time.perf_counter() - t0
-            prompts = [(t, p) for t in indexed + unseen for p in held[t]]
-            # k = every indexed task (top and "none" do not depend on k: every task is a candidate in these
-            # spaces), so each own prompt's score on its own task is at hand for the landing table.
-            answers = atlas.route([p for _, p in prompts], k=len(indexed))
-            looser = _at_rate(atlas, prompts, indexed, unseen, args.alt_rate)
-            fitted = _with_fit(atlas, prompts, indexed, unseen, rng)
+        with tempfile.TemporaryDirectory() as tmp:
+            with Atlas(tmp, **product) as atlas:
+                for t in indexed:
+                    atlas.add(t, sig[t], progress=False)
+                add_s = time.perf_counter() - t0
+                prompts = [(t, p) for t in indexed + unseen for p in held[t]]
+                # k = every indexed task (top and "none" do not depend on k: every task is a candidate in these
+                # spaces), so each own prompt's score on its own task is at hand for the landing table.
+                answers = atlas.route([p for _, p in prompts], k=len(indexed))
+                looser = _at_rate(atlas, prompts, indexed, unseen, args.alt_rate)
+            with Atlas(tmp, route_novelty=False, **product) as plain:  # the same store, the novelty test off
+                plain_answers = plain.route([p for _, p in prompts], k=len(indexed))
+            with Atlas(tmp, **product) as atlas:  # fit last: it stores thresholds
+                fitted = _with_fit(atlas, prompts, indexed, unseen, rng)
         draw = _tally(prompts, answers, unseen)
+        off = _tally(prompts, plain_answers, unseen)
+        draw["without_novelty"] = {k: off[k] for k in ("none_unseen", "none_indexed", "right")}
         mini_ceiling, mini_cal = _minilm_rows(encoder, sig, held, indexed, unseen)
         draw.update(unseen_tasks=unseen, indexed_tasks=indexed, add_s=add_s, fit=fitted, at_rate=looser,
                     minilm=mini_ceiling,
@@ -382,14 +380,14 @@ def _landing_table(draws: list[dict[str, Any]]) -> str:
 
 
 def _without_novelty_row(draws: list[dict[str, Any]]) -> str:
-    """The product's answers decided without the novelty test (the answered task's route threshold, the nearest task's
-    and the template; absent from older result files)."""
+    """The product on the same store with the novelty test off (``route_novelty=False``; absent from older result
+    files)."""
     if any("without_novelty" not in d for d in draws):
         return ""
     keys = ("none_unseen", "none_indexed", "right")
     cols = [float(np.median([d["without_novelty"][k] for d in draws])) for k in keys]
     top1 = float(np.median([d["top1"] for d in draws]))
-    return (f"| FisherAtlas (product) without the novelty test (the same answers; route thresholds instead) | "
+    return (f"| FisherAtlas (product) without the novelty test (`route_novelty=False`, same store) | "
             f"{cols[0]:.3f} | {cols[1]:.3f} | {pct(cols[2])} | {pct(top1)} |\n")
 
 

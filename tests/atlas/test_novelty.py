@@ -153,3 +153,40 @@ def test_version_1_blobs_read_without_vectors_and_bad_vector_blocks_are_refused(
     nan[-4:] = np.float32(np.nan).tobytes()
     with pytest.raises(ValueError, match="invalid novelty"):
         BaselineSums.from_bytes(bytes(nan) + struct.pack("<I", zlib.crc32(bytes(nan))))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), far=st.booleans(), overridden=st.booleans())
+def test_the_route_answer_splits_the_budget_and_names_the_novelty_rule(seed: int, far: bool, overridden: bool) -> None:
+    """A task with a novelty test is held to its route threshold at half its rate (``split_threshold``) and to the
+    test at the other half; an override is kept as it is; a novel prompt is ``none`` with reason ``novelty``."""
+    from atlas import routing
+    from fishersketch import Sketcher, SketchSpec
+
+    rng = np.random.default_rng(seed)
+    sk = Sketcher(SketchSpec(d=6, K=9, m=128, seed=4), chunk_rows=64)
+
+    def state(offset: float, n: int) -> object:
+        return sk.sketch(rng.standard_normal((n * 3, 6)) + offset, rng.standard_normal((n * 3, 9)) + offset,
+                         np.repeat(np.arange(n) + int(rng.integers(1 << 30)), 3))
+
+    vectors = {1: rng.standard_normal((40, 4)), 2: rng.standard_normal((40, 4)) + 5.0}
+    model = SpaceNovelty.fit(vectors)
+    assert model is not None
+    cands = [routing.Candidate(1, "one", state(0.5, 8), threshold=0.3, split_threshold=0.2, overridden=overridden),
+             routing.Candidate(2, "two", state(-0.5, 8), threshold=0.3, split_threshold=0.2)]
+    prompt = state(0.5, 1)
+    vector = rng.standard_normal(4) + (40.0 if far else 0.0)
+    ans = routing.rerank_route(prompt, cands, k=2, threshold=0.05, per_task=True, novelty=model, prompt_vector=vector)
+    first = next(c for c in cands if c.task_id == ans.matches[0].task_id)
+    assert ans.matches[0].threshold == (0.3 if first.overridden else 0.2)
+    novel, dist, thr = model.rejects(vector, first.task_id, 0.025)
+    assert ans.novelty_rejects == novel
+    assert ans.none == (ans.matches[0].score < ans.matches[0].threshold or novel or ans.nearest_rejects)
+    if far:
+        assert novel and ans.none and ans.rejected_by is not None
+    if ans.rejected_by is not None and ans.rejected_by.reason == "novelty":
+        assert dist is not None and thr is not None and ans.rejected_by.score == dist > ans.rejected_by.threshold
+        assert "novelty threshold" in ans.rejected_by.message and 0.5 <= ans.confidence <= 1.0
+    plain = routing.rerank_route(prompt, cands, k=2, threshold=0.05, per_task=True)  # no vectors: the full rate
+    assert plain.matches[0].threshold == 0.3 and not plain.novelty_rejects
