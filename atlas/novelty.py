@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
@@ -267,19 +266,3 @@ class NoveltyCache:
             self._fits[space_id] = (mark, now, len(ids), fitted)
         return fitted
 
-
-def novelty_vectors(session: Any, task_ids: Sequence[int]) -> dict[int, np.ndarray]:
-    """The stored novelty vectors of the given tasks, shape (n_t, r) each (tasks without any are absent; a
-    baseline blob that does not read is skipped: the test is only off for that task)."""
-    from atlas.baselines import BaselineSums
-    from atlas.signature_repository import get_baselines
-
-    out: dict[int, np.ndarray] = {}
-    for t, blob in get_baselines(session, list(task_ids)).items():
-        try:
-            sums = BaselineSums.from_bytes(bytes(blob))
-        except ValueError:
-            continue
-        if len(sums.sample_keys):
-            out[t] = sums.sample_vectors
-    return out

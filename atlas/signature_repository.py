@@ -11,6 +11,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from atlas.baselines import BaselineSums
 from atlas.errors import InvalidInput
 from atlas.models import BaselineRow, Signature, SketchStateRow, Space
 
@@ -106,3 +107,17 @@ def count_signatures(session: Session, space_id: int) -> int:
     """Number of stored signatures in a space."""
     stmt = select(func.count()).select_from(Signature).where(Signature.space_id == space_id)
     return int(session.execute(stmt).scalar_one())
+
+
+def novelty_vectors(session: Session, task_ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """The stored novelty vectors of the given tasks, shape (n_t, r) each (tasks without any are absent; a
+    baseline blob that does not read is skipped: the test is only off for that task)."""
+    out: dict[int, np.ndarray] = {}
+    for t, blob in get_baselines(session, list(task_ids)).items():
+        try:
+            sums = BaselineSums.from_bytes(bytes(blob))
+        except ValueError:
+            continue
+        if len(sums.sample_keys):
+            out[t] = sums.sample_vectors
+    return out

@@ -23,10 +23,11 @@ from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLa
 from atlas.index import IndexManager
 from atlas.lexical import TermCounts
 from atlas.models import TASK_READY, Space, Task
-from atlas.novelty import NoveltyCache, novelty_vectors
+from atlas.novelty import NoveltyCache
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
 from atlas.routing import MAX_ROUTE_K, unit_means
 from atlas.services.states import Loaded, StateLoader
+from atlas.signature_repository import novelty_vectors
 from atlas.store import Store
 from atlas.whitening import WhiteningCache
 from fishersketch import SketchState

@@ -12,9 +12,9 @@ from typing import Any
 from atlas import lexicon_repo, repository, routing, routing_repo
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady
 from atlas.models import TASK_READY
-from atlas.novelty import novelty_vectors
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.services.queries import QueryService
+from atlas.signature_repository import novelty_vectors
 from atlas.store import Store
 
 

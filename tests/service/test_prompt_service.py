@@ -30,6 +30,15 @@ def _prompts(n: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 40))) for _ in range(n)]
 
 
+def _batched(extractor: Extractor, prompts: list[str], token_budget: int) -> list[Any]:
+    """The prompts' states from one micro-batching :class:`PromptBatcher` (closed after)."""
+    batcher = PromptBatcher(extractor, max_batch=64, token_budget=token_budget)
+    try:
+        return batcher.sketch_sync(prompts)
+    finally:
+        batcher.close()
+
+
 @pytest.fixture(scope="module")
 def extractor(tiny_lm: Any) -> Extractor:
     return Extractor(tiny_lm, Sketcher(tiny_lm.make_spec(m=256)))
@@ -39,11 +48,7 @@ def test_batched_equals_sequential(extractor: Extractor) -> None:
     """A prompt's state is the same alone or inside a batch of 64 mixed-length prompts, and so are the
     route answers computed from them."""
     prompts = _prompts(64, seed=1)
-    batcher = PromptBatcher(extractor, max_batch=64, token_budget=512)  # several length buckets
-    try:
-        batched = batcher.sketch_sync(prompts)
-    finally:
-        batcher.close()
+    batched = _batched(extractor, prompts, token_budget=512)  # several length buckets
     alone = [extractor.prompt(p).state for p in prompts]
     assert len(batched) == 64
     for b, a in zip(batched, alone, strict=True):
@@ -427,11 +432,7 @@ def test_prompt_novelty_vectors_equal_the_job_samples_vectors(extractor: Extract
     """The novelty test compares a prompt's vector (the batched prompt path) with a task's sample vectors (a job's
     extraction): the same text gives the same vector on both paths (its mean head input, atlas.novelty)."""
     prompts = _prompts(24, seed=11)
-    batcher = PromptBatcher(extractor, max_batch=64, token_budget=256)  # several length buckets
-    try:
-        got = batcher.sketch_sync(prompts)
-    finally:
-        batcher.close()
+    got = _batched(extractor, prompts, token_budget=256)  # several length buckets
     novelty = getattr(got, "novelty", None)
     assert novelty is not None and novelty.shape == (24, extractor.lm.hidden_size)
     job = extractor.extract([Sample(text=p) for p in prompts]).baselines
