@@ -146,8 +146,18 @@ def routing(name: str,
         f" (template {'active' if info.template_active else 'inactive'}, {info.template_terms} terms)")
     lines = [f"{task.name} (id {task.id}): threshold {info.threshold:.4f} ({info.source}), calibrated {auto} "
              f"at false-reject rate {rate} from {info.calibration_scores} held-out scores",
-             f"template test {'on' if info.template_test else 'off'}{state}"]
+             f"template test {'on' if info.template_test else 'off'}{state}",
+             _novelty_line(info.novelty_samples)]
     emit(json, info, "\n".join(lines))
+
+
+def _novelty_line(n: int) -> str:
+    """The routing output's line on the task's novelty test (docs/SCORES.md, "Open set: novelty test")."""
+    from atlas.novelty import MIN_NOVELTY_SAMPLES
+
+    if n >= MIN_NOVELTY_SAMPLES:
+        return f"novelty test on ({n} sample vectors; half the false-reject rate each for it and the threshold)"
+    return f"novelty test off ({n} sample vectors, {MIN_NOVELTY_SAMPLES} needed: text-mode samples)"
 
 
 @app.command()

@@ -64,5 +64,5 @@ def test_novelty_catches_unseen_families_the_thresholds_let_through(tmp_path: Pa
             assert a.rejected_by.score > a.rejected_by.threshold and "novelty threshold" in a.rejected_by.message
     # the same ranking: the test decides only "none"
     assert [a.matches[0].name for a in on] == [a.matches[0].name for a in off]
-    assert u_on >= u_off + 0.15
-    assert i_on <= 0.15
+    assert u_on >= u_off + 0.1  # measured 0.21 against 0.01 (2026-11-27)
+    assert i_on <= 0.1  # measured 0.03: half of each task's 5 % budget on the test, half on its threshold
