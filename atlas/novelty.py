@@ -114,15 +114,12 @@ class SpaceNovelty:
         Whitened mean vector of each tested task.
     own_distances : dict of int to ndarray, shape (n_t,)
         Each tested task's cross-fitted own distances, ascending (its thresholds are their quantiles).
-    n_samples : dict of int to int
-        Vectors each tested task contributed.
     """
 
     dim: int
     whitener: np.ndarray
     means: dict[int, np.ndarray]
     own_distances: dict[int, np.ndarray]
-    n_samples: dict[int, int]
 
     @classmethod
     def fit(cls, vectors: Mapping[int, np.ndarray], *, ridge: float = RIDGE,
@@ -162,8 +159,8 @@ class SpaceNovelty:
             scatter = np.zeros((r, r))
             mus: dict[int, np.ndarray] = {}
             dof = 0
+            keep = np.arange(folds) != (-1 if skip is None else skip)  # every fold when skip is None
             for t in groups:
-                keep = np.arange(folds) != skip if skip is not None else np.ones(folds, dtype=bool)
                 n = int(counts[t][keep].sum())
                 s = sums[t][keep].sum(0)
                 mu = s / n
@@ -181,8 +178,7 @@ class SpaceNovelty:
                 if len(held):
                     own[t].extend((((held - mus_f[t]) @ w_f) ** 2).sum(1) / r)
         means = {t: mus[t] @ whitener for t in groups}
-        return cls(dim=r, whitener=whitener, means=means, own_distances={t: np.sort(own[t]) for t in groups},
-                   n_samples={t: len(x) for t, x in groups.items()})
+        return cls(dim=r, whitener=whitener, means=means, own_distances={t: np.sort(own[t]) for t in groups})
 
     def threshold(self, task_id: int, false_reject_rate: float | None = None) -> float | None:
         """The task's distance threshold at its false-reject rate (default :data:`FALSE_REJECT_RATE`): the
