@@ -288,7 +288,8 @@ class TaskRouting(Base):
     task's own samples (held out from the routing state), ``threshold_auto`` their
     ``false_reject_rate`` quantile, ``score_scale`` their spread; ``threshold_override`` (PATCH or
     ``/v1/route/fit``) wins over ``threshold_auto`` when set; ``template_test`` false turns the template
-    test (:mod:`atlas.template`) off for the task (PATCH).
+    test (:mod:`atlas.template`) off for the task, ``novelty_test`` false its novelty test (:mod:`atlas.novelty`;
+    PATCH or ``fit``).
     """
 
     __tablename__ = "task_routing"
@@ -305,6 +306,7 @@ class TaskRouting(Base):
     false_reject_rate: Mapped[float | None] = mapped_column(Float)
     threshold_override: Mapped[float | None] = mapped_column(Float)
     template_test: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    novelty_test: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 

@@ -14,6 +14,16 @@ import numpy as np
 
 from atlas.routing import FALSE_REJECT_RATE, MIN_CALIBRATION
 
+NOVELTY_FALSE_REJECT = 0.10
+"""``fit`` turns a task's novelty test off (:mod:`atlas.novelty`) when it rejected more than this share of the
+prompts labelled with the task and answered by it — four times the test's own budget at the default rate (half of
+5 %) — or, for a task calibrated at a false-reject rate above it, more than that rate (twice the test's half)."""
+
+NOVELTY_MIN_REJECTS = 3
+"""...and at least this many of them: a novelty "none" or two among a few labelled prompts is what the test's own
+budget gives by chance (with the test holding its default 2.5 %, ``fit`` turns it off by chance for at most 3.5 %
+of label sets of any size, about 1 % typically)."""
+
 # --------------------------------------------------------------------------------------------------
 
 

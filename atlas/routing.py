@@ -163,6 +163,8 @@ class TaskRoute:
     version: int = 0
     typical: float | None = None
     template_test: bool = True
+    novelty_test: bool = True
+    """Whether the task's novelty test is on (``task_routing.novelty_test``; off: routed as a task without one)."""
     false_reject_rate: float | None = None
     overridden: bool = False
     """Whether ``threshold`` is the task's override (set by a user or ``fit``), not its calibrated one."""
@@ -182,6 +184,7 @@ def resolve(row: Any, typical: float | None, split: float | None = None) -> Task
                      version=int(row.version or 0),
                      typical=typical,
                      template_test=row.template_test is not False,
+                     novelty_test=row.novelty_test is not False,
                      false_reject_rate=None if row.false_reject_rate is None else float(row.false_reject_rate),
                      overridden=row.threshold_override is not None,
                      split_threshold=None if split is None else float(split))
@@ -217,6 +220,8 @@ class Candidate:
         Whether ``threshold`` is an override (a user's or ``fit``'s) rather than the calibrated one.
     split_threshold : float, optional
         The calibrated threshold at half the task's false-reject rate (used with a novelty test).
+    novelty_test : bool
+        Whether the task's novelty test is on (false: routed as a task without one, at its full-rate threshold).
     """
 
     task_id: int
@@ -232,6 +237,7 @@ class Candidate:
     false_reject_rate: float | None = None
     overridden: bool = False
     split_threshold: float | None = None
+    novelty_test: bool = True
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -394,7 +400,8 @@ def rerank_route(
         quantile of the task's own cross-fitted distances), ``none``, with ``novelty_rejects`` set and the
         share of the task's own samples nearer than the prompt as the confidence (:mod:`atlas.novelty`). A task
         with a novelty test spends half its false-reject rate on it and half on its route threshold (calibrated
-        at half the rate: ``split_threshold``, reported as the match's ``threshold``); an override is kept.
+        at half the rate: ``split_threshold``, reported as the match's ``threshold``); an override is kept. A
+        task whose ``novelty_test`` is off is routed as one without a test (its full-rate threshold).
 
     Returns
     -------
@@ -431,7 +438,7 @@ def rerank_route(
     first = candidates[order[0]]
     half = (first.false_reject_rate if first.false_reject_rate is not None else FALSE_REJECT_RATE) / 2.0
     novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, half)
-                             if novelty is not None and per_task else (False, None, None))
+                             if novelty is not None and per_task and first.novelty_test else (False, None, None))
     # A task with a novelty test spends half its false-reject budget on it and half on its route threshold
     # (calibrated at half the rate); an override (a user's or fit's) is kept as it is.
     split = dist is not None and not first.overridden and first.split_threshold is not None

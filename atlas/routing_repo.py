@@ -220,6 +220,15 @@ def set_template_test(session: Session, task_id: int, enabled: bool) -> TaskRout
     return row
 
 
+def set_novelty_test(session: Session, task_id: int, enabled: bool) -> TaskRouting:
+    """Turn the novelty test (:mod:`atlas.novelty`) on or off for a task; creates its row when missing. Off, the
+    task is routed as one without a test: at its full-rate route threshold."""
+    row = _routing_row(session, task_id)
+    row.novelty_test = bool(enabled)
+    session.flush()
+    return row
+
+
 def export_records(session: Session, task_ids: Sequence[int]) -> dict[int, dict[str, object]]:
     """JSON-able routing records of the tasks that have one (for space export)."""
     import base64
@@ -232,6 +241,7 @@ def export_records(session: Session, task_ids: Sequence[int]) -> dict[int, dict[
         "prompt_state": None if r.prompt_state is None else base64.b64encode(r.prompt_state).decode(),
         "cal_scores": list(r.cal_scores or []), "threshold_override": r.threshold_override,
         "false_reject_rate": r.false_reject_rate, "template_test": r.template_test is not False,
+        "novelty_test": r.novelty_test is not False,
         "terms": None if r.task_id not in terms else base64.b64encode(terms[r.task_id]).decode(),
     } for r in rows}
 
@@ -270,6 +280,8 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         set_threshold_override(session, task_id, float(override))
     if record.get("template_test") is False:
         set_template_test(session, task_id, False)
+    if record.get("novelty_test") is False:
+        set_novelty_test(session, task_id, False)
 
 
 def _prompt_view(blob: bytes, spec: Any) -> tuple[Any, Any]:
@@ -322,7 +334,7 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
                              terms=None if lex is None else lex.terms,
                              template=lex.template if lex is not None and r.template_test else None,
                              false_reject_rate=r.false_reject_rate, overridden=r.overridden,
-                             split_threshold=r.split_threshold))
+                             split_threshold=r.split_threshold, novelty_test=r.novelty_test))
     return out
 
 

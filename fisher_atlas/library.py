@@ -211,7 +211,7 @@ class Atlas:
         return result
 
     def routing(self, name: str) -> dict[str, Any]:
-        """A task's effective route threshold and its source, calibration and template state
+        """A task's effective route threshold and its source, calibration, template and novelty state
         (``GET /v1/tasks/{id}/routing``)."""
         return self._c.thresholds.info(self.task(name).id)
 
@@ -229,6 +229,10 @@ class Atlas:
     def set_template_test(self, name: str, enabled: bool) -> dict[str, Any]:
         """Turn a task's template test on or off (docs/SCORES.md "Open set: template test"); returns :meth:`routing`."""
         return self._c.thresholds.patch(self.task(name).id, template=bool(enabled))
+
+    def set_novelty_test(self, name: str, enabled: bool) -> dict[str, Any]:
+        """Turn a task's novelty test on or off (docs/SCORES.md "Open set: novelty test"); returns :meth:`routing`."""
+        return self._c.thresholds.patch(self.task(name).id, novelty=bool(enabled))
 
     def recommend(self, name: str, *, k: int = 5) -> list[analysis.Source]:
         """Fine-tuning sources for a target task, best first."""

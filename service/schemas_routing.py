@@ -184,18 +184,24 @@ class FitResponse(_Out):
     stored: bool
     template_off: list[str] = Field(default_factory=list, description="Tasks whose template test was turned off: "
                                     "more than 2 % of the prompts labelled with them lack their template.")
+    novelty_off: list[str] = Field(default_factory=list, description="Tasks whose novelty test was turned off: it "
+                                   "rejected at least 3 and more than 10 % (or the task's false-reject rate, when "
+                                   "larger) of the prompts labelled with them (docs/SCORES.md, 'fit').")
 
 
 class ThresholdPatch(BaseModel):
-    """Set or clear (``null``) a task's route-threshold override; turn its template test on or off; set the
-    false-reject rate its threshold is calibrated at."""
+    """Set or clear (``null``) a task's route-threshold override; turn its template or novelty test on or off; set
+    the false-reject rate its threshold is calibrated at."""
 
     model_config = ConfigDict(extra="forbid")
 
     threshold: float | None = Field(default=None, ge=-1.0, le=1.0, description="The override; null clears it. "
-                                    "Left as it is when the body names only `template`.")
+                                    "Left as it is when the body does not name it.")
     template: bool | None = Field(default=None, description="false: prompts lacking the task's template are no "
                                   "longer answered `none` for it; true: they are again (docs/SCORES.md).")
+    novelty: bool | None = Field(default=None, description="false: the task's novelty test is off (its prompts are "
+                                 "held to its full-rate route threshold alone); true: on again (docs/SCORES.md, "
+                                 "'Open set: novelty test').")
     false_reject_rate: float | None = Field(
         default=None, gt=0.0, le=MAX_FALSE_REJECT_RATE,
         description="Re-calibrate the task's threshold so that at most this share of its own prompts is answered "
@@ -226,3 +232,5 @@ class RoutingInfo(_Out):
                                                 "lacking a template term, (misses + 1) / (checks + 2).")
     novelty_samples: int = Field(default=0, description="Sample vectors the task keeps for the novelty test (it is "
                                  "tested from 20 on; docs/SCORES.md, 'Open set: novelty test').")
+    novelty_test: bool = Field(default=True, description="Whether the task's novelty test is switched on (PATCH "
+                               "`novelty`; it applies from 20 sample vectors on).")

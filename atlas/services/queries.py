@@ -203,6 +203,18 @@ class QueryService:
                                                  else vectors[qi]))
         return answers
 
+    def novelty_tested(self, space_id: int) -> frozenset[int]:
+        """The space's tasks that have a novelty test (:mod:`atlas.novelty`: enough stored vectors; empty when the
+        test is off by ``route_novelty``), whatever their own switch: the tasks whose route threshold is taken at
+        half their false-reject rate while the switch is on and no override is set."""
+        if not self.settings.route_novelty:
+            return frozenset()
+        with self.store.read() as session:
+            model = self.novelties.get(space_id, self.index.content_mark(space_id),
+                                       lambda: [int(i) for i in self.index.ids(space_id)],
+                                       lambda ids: novelty_vectors(session, ids))
+        return frozenset() if model is None else frozenset(model.means)
+
     def _prompt_side_ids(self, session: Session, space_id: int) -> frozenset[int]:
         """The space's tasks that route on a prompt-side state (re-ranked on every route), read again only
         when the space's content mark moves (a task of the space added, appended or deleted: the job that

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
@@ -12,7 +12,8 @@ from typing import Any
 from atlas import lexicon_repo, repository, routing, routing_repo
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady
 from atlas.models import TASK_READY
-from atlas.route_fit import FitItem, fit_thresholds
+from atlas.route_calibration import FALSE_REJECT_RATE
+from atlas.route_fit import NOVELTY_FALSE_REJECT, NOVELTY_MIN_REJECTS, FitItem, fit_thresholds
 from atlas.services.queries import QueryService
 from atlas.signature_repository import novelty_vectors
 from atlas.store import Store
@@ -21,7 +22,7 @@ from atlas.store import Store
 @dataclass(frozen=True)
 class FitResult:
     """Thresholds by task name, accuracy on the labelled prompts before and after, whether stored, and the tasks
-    whose template test was turned off."""
+    whose template or novelty test was turned off."""
 
     thresholds: dict[str, float]
     accuracy_before: float
@@ -29,6 +30,9 @@ class FitResult:
     stored: bool
     template_off: list[str] = field(default_factory=list)
     """Tasks whose template test ``fit`` turned off (their labelled prompts lack their template)."""
+    novelty_off: list[str] = field(default_factory=list)
+    """Tasks whose novelty test ``fit`` turned off (it rejected too many of their labelled prompts,
+    :func:`_novelty_to_turn_off`)."""
 
 
 MAX_TASK_ID = 2**62
@@ -62,6 +66,7 @@ class ThresholdService:
             if row is None:
                 return {"task_id": task_id, "threshold": self.default, "source": "default"} | template
             template["template_test"] = row.template_test is not False
+            template["novelty_test"] = row.novelty_test is not False
             thr, src = self.default, "default"
             if row.threshold_override is not None:
                 thr, src = float(row.threshold_override), "override"
@@ -72,6 +77,10 @@ class ThresholdService:
                     "calibration_scores": len(row.cal_scores or []), "false_reject_rate": row.false_reject_rate,
                     "prompt_side": row.prompt_state is not None,
                     "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
+
+    def _space_id(self, space_ref: str | None) -> int:
+        with self.store.read() as session:
+            return int(self.store.resolve_space(session, space_ref).id)
 
     def _labels(self, space_ref: str | None, labels: Sequence[str | int]) -> list[int | None]:
         """Task ids of ``fit`` labels (``None`` for ``"none"``): each names a ready task of the space.
@@ -91,10 +100,10 @@ class ThresholdService:
             return [ids[lb] if lb in ids else ids.setdefault(lb, _label(session, space_id, lb)) for lb in labels]
 
     def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None,
-              false_reject_rate: float | None = None) -> dict[str, Any]:
+              false_reject_rate: float | None = None, novelty: bool | None = None) -> dict[str, Any]:
         """Set (or clear with ``None``) the threshold override unless ``threshold`` is ``...``; turn the template
-        test on or off unless ``template`` is ``None``; re-calibrate the task's threshold at
-        ``false_reject_rate`` unless it is ``None``; one transaction.
+        test on or off unless ``template`` is ``None``, the novelty test unless ``novelty`` is ``None``;
+        re-calibrate the task's threshold at ``false_reject_rate`` unless it is ``None``; one transaction.
 
         Raises
         ------
@@ -110,6 +119,8 @@ class ThresholdService:
                 routing_repo.set_threshold_override(session, task_id, threshold)
             if template is not None:
                 routing_repo.set_template_test(session, task_id, template)
+            if novelty is not None:
+                routing_repo.set_novelty_test(session, task_id, novelty)
             if false_reject_rate is not None:
                 routing_repo.set_false_reject_rate(session, task_id, false_reject_rate)
         return self.info(task_id)
@@ -117,7 +128,9 @@ class ThresholdService:
     async def fit(self, examples: Sequence[tuple[str, str | int]], *, space_ref: str | None = None,
                   dry_run: bool = False) -> FitResult:
         """Route the labelled prompts, then raise each task's threshold just above the prompts it wrongly
-        accepts, never past the documented false-reject rate of its own held-out scores."""
+        accepts, never past the documented false-reject rate of its own held-out scores; turn off the template and
+        novelty tests of tasks whose labelled prompts they reject too often (:func:`_templates_to_turn_off`,
+        :func:`_novelty_to_turn_off`: those prompts are then scored as answered, not forced "none")."""
         if not examples:
             raise InvalidInput("no examples")
         # labels first: a bad one fails before any prompt is sketched
@@ -127,26 +140,43 @@ class ThresholdService:
         for start in range(0, len(prompts), 64):
             part, _ = await self.queries.route(prompts[start: start + 64], k=100, threshold=None, space_ref=space_ref)
             answers += part
+        space_id = await asyncio.to_thread(self._space_id, space_ref)
+        tested = await asyncio.to_thread(self.queries.novelty_tested, space_id)
         # a dry run stores nothing: it reads, and never waits for (or holds) the database's write lock
         with self.store.read() if dry_run else self.store.session() as session:
             off = _templates_to_turn_off(labels, answers)
+            answered = sorted({a.matches[0].task_id for a in answers if a.novelty_rejects and a.matches})
+            novelty_off = _novelty_to_turn_off(labels, answers, routing_repo.false_reject_rates(session, answered))
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
-                             forced_none=a.nearest_rejects or a.novelty_rejects
+                             forced_none=a.nearest_rejects
+                             or (a.novelty_rejects and a.matches[0].task_id not in novelty_off)
                              or (a.template_rejects and a.matches[0].task_id not in off))
                      for lab, a in zip(labels, answers, strict=True)]
             ids = sorted({t for it in items for t in it.scores})
             routes = routing_repo.get_task_routes(session, ids)
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
+            rates = routing_repo.false_reject_rates(session, ids)
+            # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held
+            # to is its half-rate one, and fit's cap is at half its rate (so both tests stay within the rate).
+            split = {t: r.split_threshold for t, r in routes.items()
+                     if t in tested and t not in novelty_off and r.novelty_test and not r.overridden
+                     and r.split_threshold is not None}
+            for t, half_rate_threshold in split.items():
+                current[t] = half_rate_threshold
+                rates[t] = rates.get(t, FALSE_REJECT_RATE) / 2.0
             res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, ids), default=self.default,
-                                 false_reject_rate=routing_repo.false_reject_rates(session, ids))
-            names = {int(t.id): t.name for t in repository.get_tasks(session, [*res.thresholds, *off])}
+                                 false_reject_rate=rates)
+            names = {int(t.id): t.name for t in repository.get_tasks(session, [*res.thresholds, *off, *novelty_off])}
             if not dry_run:
                 for t, thr in res.thresholds.items():
                     routing_repo.set_threshold_override(session, t, thr)
                 for t in off:
                     routing_repo.set_template_test(session, t, False)
+                for t in novelty_off:
+                    routing_repo.set_novelty_test(session, t, False)
         return FitResult({names.get(t, str(t)): v for t, v in res.thresholds.items()}, res.accuracy_before,
-                         res.accuracy_after, not dry_run, sorted(names.get(t, str(t)) for t in off))
+                         res.accuracy_after, not dry_run, sorted(names.get(t, str(t)) for t in off),
+                         sorted(names.get(t, str(t)) for t in novelty_off))
 
 
 def _templates_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any]) -> set[int]:
@@ -160,6 +190,22 @@ def _templates_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any])
     lacking = Counter(lab for lab, a in zip(labels, answers, strict=True)
                       if lab is not None and a.template_rejects and a.matches and a.matches[0].task_id == lab)
     return {t for t, n in lacking.items() if n / positives[t] > TEMPLATE_FALSE_REJECT}
+
+
+def _novelty_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any],
+                         rates: Mapping[int, float] | None = None) -> set[int]:
+    """Tasks whose novelty test rejected at least ``NOVELTY_MIN_REJECTS`` and more than ``NOVELTY_FALSE_REJECT``
+    (or, when larger, the task's false-reject rate in ``rates``: twice the test's half of it; the default rate for
+    a task not named) of the prompts labelled with them (and answered by them): their real prompts are another
+    kind of text than their samples, so ``fit`` turns the test off (docs/SCORES.md, "fit")."""
+    from collections import Counter
+
+    rates = rates or {}
+    positives = Counter(lab for lab in labels if lab is not None)
+    novel = Counter(lab for lab, a in zip(labels, answers, strict=True)
+                    if lab is not None and a.novelty_rejects and a.matches and a.matches[0].task_id == lab)
+    return {t for t, n in novel.items() if n >= NOVELTY_MIN_REJECTS
+            and n / positives[t] > max(NOVELTY_FALSE_REJECT, float(rates.get(t, FALSE_REJECT_RATE)))}
 
 
 def _label(session: Any, space_id: int, label: str | int) -> int | None:

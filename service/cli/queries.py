@@ -113,6 +113,7 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}:
              + ("" if res.stored else " (dry run: nothing stored)")]
     lines += [f"  {name}: threshold {thr:.4f}" for name, thr in sorted(res.thresholds.items())]
     lines += [f"  {name}: template test off (its labelled prompts lack its template)" for name in res.template_off]
+    lines += [f"  {name}: novelty test off (it rejected too many of its labelled prompts)" for name in res.novelty_off]
     emit(json, res, "\n".join(lines))
 
 
@@ -125,6 +126,8 @@ def routing(name: str,
                 "(0 < r <= 0.5; default 0.05).")] = None,
             template: Annotated[bool | None, typer.Option("--template/--no-template",
                                                           help="Turn the template test on or off.")] = None,
+            novelty: Annotated[bool | None, typer.Option("--novelty/--no-novelty",
+                                                         help="Turn the novelty test on or off.")] = None,
             url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
             json: Json = False) -> None:
     """Show a task's route threshold and calibration; with options, change them (docs/SCORES.md)."""
@@ -137,6 +140,8 @@ def routing(name: str,
         body["false_reject_rate"] = false_reject_rate
     if template is not None:
         body["template"] = template
+    if novelty is not None:
+        body["novelty"] = novelty
     with client(url, api_key, timeout) as cl:
         task = cl.find_task(name, space=space)
         info = cl.patch_routing(task.id, **body) if body else cl.routing(task.id)
@@ -147,14 +152,17 @@ def routing(name: str,
     lines = [f"{task.name} (id {task.id}): threshold {info.threshold:.4f} ({info.source}), calibrated {auto} "
              f"at false-reject rate {rate} from {info.calibration_scores} held-out scores",
              f"template test {'on' if info.template_test else 'off'}{state}",
-             _novelty_line(info.novelty_samples)]
+             _novelty_line(info.novelty_samples, info.novelty_test)]
     emit(json, info, "\n".join(lines))
 
 
-def _novelty_line(n: int) -> str:
-    """The routing output's line on the task's novelty test (docs/SCORES.md, "Open set: novelty test")."""
+def _novelty_line(n: int, switch: bool = True) -> str:
+    """The routing output's line on the task's novelty test (docs/SCORES.md, "Open set: novelty test"): on, off by
+    its switch (``novelty_test``), or off for want of sample vectors."""
     from atlas.novelty import MIN_NOVELTY_SAMPLES
 
+    if not switch:
+        return f"novelty test off (switched off: --novelty turns it on; {n} sample vectors)"
     if n >= MIN_NOVELTY_SAMPLES:
         return f"novelty test on ({n} sample vectors; half the false-reject rate each for it and the threshold)"
     return f"novelty test off ({n} sample vectors, {MIN_NOVELTY_SAMPLES} needed: text-mode samples)"

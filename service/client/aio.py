@@ -268,7 +268,7 @@ class AsyncAtlasClient:
 
     async def patch_routing(self, task_id: int, **fields: Any) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing`` with any of ``threshold`` (``None`` clears the override),
-        ``false_reject_rate`` and ``template``; fields not given are left as they are."""
+        ``false_reject_rate``, ``template`` and ``novelty``; fields not given are left as they are."""
         return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo, json=fields))
 
     async def set_false_reject_rate(self, task_id: int, rate: float) -> RoutingInfo:
@@ -279,6 +279,10 @@ class AsyncAtlasClient:
     async def set_template_test(self, task_id: int, enabled: bool) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: turn the task's template test on or off (docs/SCORES.md)."""
         return await self.patch_routing(task_id, template=bool(enabled))
+
+    async def set_novelty_test(self, task_id: int, enabled: bool) -> RoutingInfo:
+        """``PATCH /v1/tasks/{id}/routing``: turn the task's novelty test on or off (docs/SCORES.md)."""
+        return await self.patch_routing(task_id, novelty=bool(enabled))
 
     async def sources(self, task_id: int, *, k: int = 5, candidates: int | None = None) -> SourcesResponse:
         """``GET /v1/tasks/{id}/sources``: recommended fine-tuning sources."""

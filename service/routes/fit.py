@@ -24,14 +24,14 @@ async def get_routing(task_id: TaskId, c: ContainerDep, _: ReadPrincipal) -> Rou
 
 
 @router.patch("/tasks/{task_id}/routing", response_model=RoutingInfo,
-              summary="Override a task's route threshold, template test or false-reject rate",
+              summary="Override a task's route threshold, template or novelty test or false-reject rate",
               responses=error_responses(401, 403, 404, 422))
 async def patch_routing(task_id: TaskId, body: ThresholdPatch, c: ContainerDep, _: WritePrincipal) -> RoutingInfo:
-    """Set (or clear with ``null``) the task's threshold override; turn its template test on or off; re-calibrate
-    its threshold at another false-reject rate."""
+    """Set (or clear with ``null``) the task's threshold override; turn its template or novelty test on or off;
+    re-calibrate its threshold at another false-reject rate."""
     threshold = body.threshold if "threshold" in body.model_fields_set else ...
     return RoutingInfo(**await run_in_threadpool(c.thresholds.patch, task_id, threshold, body.template,
-                                                 body.false_reject_rate))
+                                                 body.false_reject_rate, body.novelty))
 
 
 @router.post("/route/fit", response_model=FitResponse, summary="Tune route thresholds from labelled prompts",
@@ -44,4 +44,5 @@ async def fit(body: FitRequest, c: ContainerDep, _: WritePrincipal) -> FitRespon
     res = await c.thresholds.fit([(e.prompt, e.label) for e in body.examples], space_ref=body.space,
                                  dry_run=body.dry_run)
     return FitResponse(thresholds=res.thresholds, accuracy_before=res.accuracy_before,
-                       accuracy_after=res.accuracy_after, stored=res.stored, template_off=res.template_off)
+                       accuracy_after=res.accuracy_after, stored=res.stored, template_off=res.template_off,
+                       novelty_off=res.novelty_off)

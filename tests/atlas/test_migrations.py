@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -288,6 +289,59 @@ def test_0006_backfills_each_prompt_side_states_digest(empty_url: str) -> None:
     migrations.downgrade(empty_url, "0005")
 
 
+def test_0008_adds_the_novelty_switch_on_for_existing_rows_and_drops_it_on_downgrade(empty_url: str) -> None:
+    """0008 adds ``task_routing.novelty_test``: a row stored before it reads true (the test on, as it was), the
+    other columns survive SQLite's batch rebuild both ways, and the downgrade drops the switch."""
+    from sqlalchemy import text
+
+    from atlas import repository, routing_repo
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    migrations.upgrade(empty_url, "0007")
+    engine = db.make_engine(empty_url, pool_size=1)
+    space = make_space(db.session_factory(engine))
+    with db.session_factory(engine).begin() as s:
+        tid = repository.create_task_with_job(s, space.id, "t", "text", {}, [Sample(text="x")])[0].id
+        s.execute(text("INSERT INTO task_routing (task_id, version, cal_scores, threshold_override, template_test, "
+                       "updated_at) VALUES (:t, 3, '[0.25]', 0.4, :tt, CURRENT_TIMESTAMP)"), {"t": tid, "tt": False})
+    engine.dispose()
+
+    def columns() -> set[str]:
+        eng = db.make_engine(empty_url, pool_size=1)
+        try:
+            with eng.connect() as conn:
+                return {c["name"] for c in inspect(conn).get_columns("task_routing")}
+        finally:
+            eng.dispose()
+
+    def route() -> Any:
+        eng = db.make_engine(empty_url, pool_size=1)
+        try:
+            with db.session_factory(eng)() as s:
+                return routing_repo.get_task_routes(s, [tid])[tid]
+        finally:
+            eng.dispose()
+
+    assert "novelty_test" not in columns()
+    migrations.upgrade(empty_url)
+    got = route()
+    assert got.novelty_test is True and got.template_test is False and got.threshold == 0.4 and got.version == 3
+    eng = db.make_engine(empty_url, pool_size=1)
+    with db.session_factory(eng).begin() as s:
+        routing_repo.set_novelty_test(s, tid, False)
+    eng.dispose()
+    assert route().novelty_test is False
+    migrations.downgrade(empty_url, "0007")
+    assert "novelty_test" not in columns() and {"template_test", "threshold_override"} <= columns()
+    eng = db.make_engine(empty_url, pool_size=1)
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT threshold_override, template_test FROM task_routing")).one() == (0.4, False)
+    eng.dispose()
+    migrations.upgrade(empty_url)
+    assert route().novelty_test is True  # the downgrade dropped the switch: on again, as before 0008
+
+
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
 def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path: Path, capsys) -> None:
     """``alembic upgrade head --sql`` / ``downgrade head:base --sql`` (env.py's offline mode) render on both
@@ -303,7 +357,7 @@ def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path:
     capsys.readouterr()
     command.upgrade(cfg, "head", sql=True)
     script = capsys.readouterr().out
-    assert "CREATE TABLE task_lexicon" in script and "template_test" in script
+    assert "CREATE TABLE task_lexicon" in script and "template_test" in script and "novelty_test" in script
     command.downgrade(cfg, "head:base", sql=True)
     assert "DROP TABLE tasks" in capsys.readouterr().out
     if dialect == "sqlite":

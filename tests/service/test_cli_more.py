@@ -241,6 +241,12 @@ def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_
     text = capsys.readouterr().out
     assert "(calibrated)" in text and "false-reject rate 0.3" in text and "template test off" in text
     assert "novelty test off (7 sample vectors, 20 needed" in text  # 7 samples: too few for the novelty test
+    assert main(["routing", "foxes", "--no-novelty", "--json"]) == 0  # the per-task switch
+    assert _out(capsys)["novelty_test"] is False
+    assert main(["routing", "foxes"]) == 0
+    assert "novelty test off (switched off" in capsys.readouterr().out
+    assert main(["routing", "foxes", "--novelty", "--json"]) == 0
+    assert _out(capsys)["novelty_test"] is True
     assert main(["routing", "foxes", "--threshold", "0.5", "--clear"]) == 2  # one or the other
     assert main(["routing", "foxes", "--false-reject-rate", "0.9"]) == 1  # the service's 422, said plainly
     assert "false_reject_rate" in capsys.readouterr().err

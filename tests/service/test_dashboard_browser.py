@@ -702,6 +702,16 @@ def test_task_page_routing_side_template_switch_rate_and_override(service: _Serv
             card.locator("[data-testid=template-toggle]").click()
             page.locator("[data-testid=template-toggle][data-on=true]").wait_for()
             assert http.get(f"/v1/tasks/{task_id}/routing").json()["template_test"] is True
+            novelty = card.locator("[data-testid=novelty-test]")
+            assert novelty.inner_text().startswith("on (60 sample vectors")  # 60 samples: tested
+            card.locator("[data-testid=novelty-toggle]").click()
+            page.locator("[data-testid=novelty-toggle][data-on=false]").wait_for()
+            assert novelty.inner_text().startswith("switched off")
+            got = http.get(f"/v1/tasks/{task_id}/routing").json()
+            assert got["novelty_test"] is False and got["template_test"] is True  # stored, the other one kept
+            card.locator("[data-testid=novelty-toggle]").click()
+            page.locator("[data-testid=novelty-toggle][data-on=true]").wait_for()
+            assert http.get(f"/v1/tasks/{task_id}/routing").json()["novelty_test"] is True
             _set_rate_and_override(page, http, task_id)
         finally:
             assert http.delete(f"/v1/tasks/{task_id}").status_code == 204

@@ -43,9 +43,10 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
     assert other.matches[0].name == "native" and other.none and other.template_rejects
     assert 0.9 < other.confidence < 1.0  # 1 − (misses + 1) / (checks + 2)
 
-    # The template's own behaviour: the novelty test off (under the tiny random model the fit prompts below, "The
-    # native tongue of Ada is", are novel for a task of "X Yson" names, and fit leaves a novelty "none" as it is).
-    svc = serve(lm=tiny_lm, data_dir=data, route_novelty=False)
+    # The novelty test on (the default): under the tiny random model the fit prompts below, "The native tongue of
+    # Ada is", are also novel for a task of "X Yson" names; fit turns both tests off for the task (until
+    # 2026-11-28 it could not turn the novelty test off, and this part ran with route_novelty=False).
+    svc = serve(lm=tiny_lm, data_dir=data)
     with AtlasClient(svc.url) as client:
         res = client.route([OWN, OTHER], k=2, threshold=-1.0)
         assert [r.template_rejects for r in res.results] == [False, True] and res.results[1].none
@@ -70,12 +71,16 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
         # fit: prompts labelled "native" that lack its template show its real prompts do not follow it
         own_others = [f"The native tongue of {n} is ___ ." for n in ("Ada", "Bo", "Cy")]
         dry = client.fit([(p, "native") for p in own_others], dry_run=True)
-        assert dry.template_off == ["native"] and not dry.stored
+        assert dry.template_off == ["native"] and dry.novelty_off == ["native"] and not dry.stored
         assert client.routing(tasks["native"]).template_test is True  # a dry run stores nothing
+        assert client.routing(tasks["native"]).novelty_test is True
         fitted = client.fit([(p, "native") for p in own_others] + [(OWN, "native")])
         assert fitted.template_off == ["native"] and fitted.accuracy_after > fitted.accuracy_before
+        assert fitted.novelty_off == ["native"]  # 3 of its 4 labelled prompts rejected by the test
         assert client.routing(tasks["native"]).template_test is False
+        assert client.routing(tasks["native"]).novelty_test is False
         client.set_template_test(tasks["native"], True)
+        client.set_novelty_test(tasks["native"], True)
         assert client.route(OTHER, k=1, threshold=-1.0).template_rejects is True
     fresh = serve(lm=tiny_lm)
     with AtlasClient(fresh.url) as client:  # the export carries the per-task switch

@@ -1106,7 +1106,8 @@
   function fmtPct(rate) { return String(+(100 * rate).toFixed(3)); }
   function hasRate(r) { return r.false_reject_rate !== undefined && r.false_reject_rate !== null; }
   // A task's open-set side (GET /v1/tasks/{id}/routing): its threshold and where it comes from, and its
-  // template test (docs/SCORES.md), which a write key can turn off and on (PATCH {"template": bool}).
+  // template and novelty tests (docs/SCORES.md), which a write key can turn off and on (PATCH {"template": bool},
+  // {"novelty": bool}).
   async function routingPanel(ctx, task, card) {
     const path = `/tasks/${encodeURIComponent(task.id)}/routing`;
     const render = (r) => {
@@ -1114,19 +1115,28 @@
         : !r.template_active ? `${fmtInt(r.template_terms)} terms in every sample; not active (estimated ${fmt(100 * r.template_false_reject, 2)} % of own prompts lack one; active at ≤ 2 %)`
         : `${fmtInt(r.template_terms)} terms in every sample; active (estimated ${fmt(100 * r.template_false_reject, 2)} % of own prompts lack one)`;
       const on = r.template_test !== false;
-      const toggle = h("button", { type: "button", class: "btn small ghost", "data-testid": "template-toggle",
-        "data-on": String(on) }, on ? "Turn the template test off" : "Turn the template test on");
-      toggle.addEventListener("click", async () => {
-        toggle.disabled = true;
-        try {
-          render(await api(path, { method: "PATCH", body: { template: !on } }));
-        } catch (err) {
-          toggle.disabled = false;
-          toggle.replaceWith(errorBox(err, "Template test"));
-        }
-      });
+      const noveltyOn = r.novelty_test !== false;
+      const vectors = r.novelty_samples ?? 0;
+      const novelty = !noveltyOn ? `switched off (${fmtInt(vectors)} sample vectors kept)`
+        : vectors >= 20 ? `on (${fmtInt(vectors)} sample vectors; half the false-reject rate)`
+        : `not tested (${fmtInt(vectors)} sample vectors; 20 needed — text-mode tasks of 20 samples or more)`;
+      // A switch of one test (PATCH {field: bool}); its error replaces the button.
+      const toggle = (testid, field, label, isOn) => {
+        const button = h("button", { type: "button", class: "btn small ghost", "data-testid": testid,
+          "data-on": String(isOn) }, isOn ? `Turn the ${label} off` : `Turn the ${label} on`);
+        button.addEventListener("click", async () => {
+          button.disabled = true;
+          try {
+            render(await api(path, { method: "PATCH", body: { [field]: !isOn } }));
+          } catch (err) {
+            button.disabled = false;
+            button.replaceWith(errorBox(err, label));
+          }
+        });
+        return button;
+      };
       card.replaceChildren(h("h2", {}, "Routing"),
-        h("p", { class: "muted small" }, "A prompt is answered “none” below the threshold, or when it lacks a term every sample of this task has (its template) while the template test is on."),
+        h("p", { class: "muted small" }, "A prompt is answered “none” below the threshold, when it lacks a term every sample of this task has (its template) while the template test is on, or when its mean hidden state is atypical of this task's samples while the novelty test is on."),
         kv([["threshold", h("span", { "data-testid": "routing-threshold", "data-source": r.source }, `${fmt(r.threshold)} (${r.source})`)],
           ["false-reject rate", h("span", { "data-testid": "routing-rate-state" }, hasRate(r)
             ? `${fmtPct(r.false_reject_rate)} % of own prompts (calibrated threshold ${r.threshold_auto === undefined || r.threshold_auto === null ? "—" : fmt(r.threshold_auto)})`
@@ -1134,8 +1144,11 @@
           ["calibration scores", fmtInt(r.calibration_scores ?? 0)],
           ["typical score", r.typical_score === undefined || r.typical_score === null ? "—" : fmt(r.typical_score)],
           ["template", h("span", { "data-testid": "template-state" }, tpl)],
-          ["template test", h("span", { "data-testid": "template-test" }, on ? "on" : "off")]]),
-        toggle, thresholdForm(r));
+          ["template test", h("span", { "data-testid": "template-test" }, on ? "on" : "off")],
+          ["novelty test", h("span", { "data-testid": "novelty-test", "data-on": String(noveltyOn) }, novelty)]]),
+        h("div", { class: "btn-row" }, toggle("template-toggle", "template", "template test", on),
+          toggle("novelty-toggle", "novelty", "novelty test", noveltyOn)),
+        thresholdForm(r));
     };
     // The task's false-reject rate (its threshold re-calibrated from stored held-out scores, no model run) and a
     // threshold override that wins over it (PATCH {"false_reject_rate"}, {"threshold"}; null clears the override).
