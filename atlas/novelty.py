@@ -34,8 +34,6 @@ Calibration (no labels)
 from __future__ import annotations
 
 import math
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,6 +41,7 @@ from functools import lru_cache
 import numpy as np
 
 from atlas.route_calibration import FALSE_REJECT_RATE
+from atlas.space_fit_cache import SpaceFitCache
 
 NOVELTY_DIM = 256
 """Largest dimension of the stored vectors (wider hidden states are projected)."""
@@ -201,13 +200,19 @@ class SpaceNovelty:
             The prompt's :func:`project`-ed mean head input.
         task_id : int
         """
-        mu = self.means.get(task_id)
-        if mu is None:
-            return None
         v = np.asarray(vector, dtype=np.float64)
         if v.shape != (self.dim,):
             return None
-        return float((((v @ self.whitener) - mu) ** 2).sum() / self.dim)
+        d = self.distances(v[None, :], task_id)
+        return None if d is None else float(d[0])
+
+    def distances(self, vectors: np.ndarray, task_id: int) -> np.ndarray | None:
+        """:meth:`distance` of many prompt vectors, shape (n,), for vectors of shape (n, r) (``None``: task not
+        tested)."""
+        mu = self.means.get(task_id)
+        if mu is None:
+            return None
+        return np.asarray((((np.asarray(vectors, dtype=np.float64) @ self.whitener) - mu) ** 2).sum(1) / self.dim)
 
     def nearer_share(self, task_id: int, distance: float) -> float:
         """Share of the task's own cross-fitted distances below ``distance`` (the confidence of a rejection)."""
@@ -230,7 +235,8 @@ class SpaceNovelty:
 
 
 NOVELTY_MAX_TASKS = 512
-"""Spaces with more tasks re-fit at most every :data:`NOVELTY_REFIT_S` seconds (as the ranking's whitening)."""
+"""Spaces of at least this many tasks re-fit at most every :data:`NOVELTY_REFIT_S` seconds (as the ranking's
+whitening)."""
 
 NOVELTY_REFIT_S = 30.0
 
@@ -238,27 +244,14 @@ VectorsLoader = Callable[[list[int]], Mapping[int, np.ndarray]]
 """Reads the stored novelty vectors of the given task ids (tasks without any are absent)."""
 
 
-class NoveltyCache:
-    """One :class:`SpaceNovelty` per space, re-fitted when the space's content mark moves (an add, append or
-    delete in it); in a space of more than :data:`NOVELTY_MAX_TASKS` tasks at most every :data:`NOVELTY_REFIT_S`
-    seconds."""
+class NoveltyCache(SpaceFitCache[SpaceNovelty]):
+    """One :class:`SpaceNovelty` per space, re-fitted when the space's tasks change
+    (:class:`atlas.space_fit_cache.SpaceFitCache`)."""
 
     def __init__(self) -> None:
-        self._fits: dict[int, tuple[int, float, int, SpaceNovelty | None]] = {}
-        self._lock = threading.Lock()
+        super().__init__(NOVELTY_MAX_TASKS, NOVELTY_REFIT_S)
 
     def get(self, space_id: int, mark: int, task_ids: Callable[[], Sequence[int]],
             load: VectorsLoader) -> SpaceNovelty | None:
         """The space's model (fitted now when stale); ``None`` when no task of it has enough vectors."""
-        with self._lock:
-            cached = self._fits.get(space_id)
-        now = time.monotonic()
-        if cached is not None and (cached[0] == mark or (cached[2] > NOVELTY_MAX_TASKS
-                                                         and now - cached[1] < NOVELTY_REFIT_S)):
-            return cached[3]
-        ids = [int(i) for i in task_ids()]
-        fitted = SpaceNovelty.fit(load(ids)) if ids else None
-        with self._lock:
-            self._fits[space_id] = (mark, now, len(ids), fitted)
-        return fitted
-
+        return self.fitted(space_id, mark, task_ids, lambda ids: SpaceNovelty.fit(load([int(i) for i in ids])))

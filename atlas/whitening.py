@@ -19,13 +19,13 @@ evidence prior (:func:`atlas.routing.unwhitened_rank`).
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from atlas.space_fit_cache import SpaceFitCache, TaskIds
 
 WHITEN_RIDGE = 0.1
 """Ridge added to each direction's variance, as a share of the mean variance (0: full whitening)."""
@@ -186,19 +186,13 @@ MeansLoader = Callable[[list[int]], tuple[np.ndarray, np.ndarray, np.ndarray]]
 typical (n,))`` (rows of the tasks found; NaN where a task has no typical score)."""
 
 
-class WhiteningCache:
-    """One fitted transform per space, re-fitted when the space's tasks have changed.
-
-    Keyed by the space's content mark (:meth:`atlas.index.IndexManager.content_mark`: the change-log
-    position of the last change to the space's own tasks that its index reflects): every add, append or
-    delete in the space moves it — another space's changes do not — and then the next route re-fits
-    from the tasks' routing means and typical scores: at once in a space of fewer than
-    ``WHITEN_MAX_TASKS`` tasks, at most every ``WHITEN_REFIT_S`` seconds in a larger one.
-    """
+class WhiteningCache(SpaceFitCache[SpaceWhitening]):
+    """One fitted transform per space, re-fitted when the space's tasks have changed
+    (:class:`atlas.space_fit_cache.SpaceFitCache`: at once in a space of fewer than ``WHITEN_MAX_TASKS`` tasks, at
+    most every ``WHITEN_REFIT_S`` seconds in a larger one), from the tasks' routing means and typical scores."""
 
     def __init__(self) -> None:
-        self._fits: dict[int, tuple[int, float, int, SpaceWhitening | None]] = {}
-        self._lock = threading.Lock()
+        super().__init__(WHITEN_MAX_TASKS, WHITEN_REFIT_S)
 
     def get(self, space_id: int, mark: int, task_ids: Callable[[], np.ndarray],
             load: MeansLoader) -> SpaceWhitening | None:
@@ -214,23 +208,12 @@ class WhiteningCache:
         load
             Reads the unit routing means of the tasks it is given (see :data:`MeansLoader`).
         """
-        with self._lock:
-            cached = self._fits.get(space_id)
-        now = time.monotonic()
-        if cached is not None and (cached[0] == mark or (cached[2] >= WHITEN_MAX_TASKS
-                                                         and now - cached[1] < WHITEN_REFIT_S)):
-            return cached[3]
-        ids = task_ids()
-        n_tasks = len(ids)
-        if n_tasks > WHITEN_MAX_TASKS:
-            ids = ids[np.linspace(0, n_tasks - 1, WHITEN_MAX_TASKS).round().astype(int)]
-        ae, error, typicals = load([int(i) for i in ids])
-        fitted = fit_space_whitening(ae, error, typicals=typicals) if len(ae) else None
-        with self._lock:
-            self._fits[space_id] = (mark, now, n_tasks, fitted)
-        return fitted
 
-    def clear(self) -> None:
-        """Forget every fit."""
-        with self._lock:
-            self._fits.clear()
+        def fit(ids: TaskIds) -> SpaceWhitening | None:
+            chosen = np.asarray(ids)
+            if len(chosen) > WHITEN_MAX_TASKS:  # evenly spaced by task id
+                chosen = chosen[np.linspace(0, len(chosen) - 1, WHITEN_MAX_TASKS).round().astype(int)]
+            ae, error, typicals = load([int(i) for i in chosen])
+            return fit_space_whitening(ae, error, typicals=typicals) if len(ae) else None
+
+        return self.fitted(space_id, mark, task_ids, fit)
