@@ -59,6 +59,12 @@ at 5 %, Ledoit-Wolf's estimate at 6.4 %)."""
 FOLDS = 5
 """Cross-fitting folds of the calibration."""
 
+DISTANCE_TIE = 1e-6
+"""Added to every distance threshold: distances this close to it are ties (floating-point noise), never novel. A
+task whose samples are identical where the model reads them (a shared preamble longer than
+``max_tokens_per_sample``) has own distances of exactly 0, and its prompts of the same preamble about 1e-29: without
+the tie they were all answered "none" (bench 4b, two BBH tasks at 64 tokens, 2026-11-28)."""
+
 _PROJECTION_SEED = 20261127
 
 
@@ -183,13 +189,13 @@ class SpaceNovelty:
         """The task's distance threshold at its false-reject rate (default :data:`FALSE_REJECT_RATE`): the
         split-conformal quantile of its ``n`` cross-fitted own distances, the ``⌈(n + 1)(1 − rate)⌉``-th smallest
         (a new own prompt lies beyond it with probability at most ``rate``, on average over calibration sets;
-        infinite when ``n`` is too small for the rate); ``None``: the task is not tested."""
+        infinite when ``n`` is too small for the rate), plus :data:`DISTANCE_TIE`; ``None``: the task is not tested."""
         own = self.own_distances.get(task_id)
         if own is None:
             return None
         rate = FALSE_REJECT_RATE if false_reject_rate is None else float(false_reject_rate)
         k = math.ceil((len(own) + 1) * (1.0 - rate) - 1e-9)
-        return float(own[k - 1]) if k <= len(own) else math.inf
+        return float(own[k - 1]) + DISTANCE_TIE if k <= len(own) else math.inf
 
     def distance(self, vector: np.ndarray, task_id: int) -> float | None:
         """Scaled squared Mahalanobis distance of one prompt vector to a task (``None``: task not tested).

@@ -96,6 +96,26 @@ def test_small_tasks_and_foreign_vectors_are_not_tested() -> None:
         SpaceNovelty.fit({1: rng.standard_normal((30, 4)), 2: rng.standard_normal((30, 5))})
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**16), st.integers(MIN_NOVELTY_SAMPLES, 60), st.floats(0.01, 0.2))
+def test_a_task_of_identical_samples_accepts_its_own_vector_and_rejects_another(seed: int, n: int,
+                                                                                  rate: float) -> None:
+    """Samples identical where the model reads them (a preamble longer than the token cap): every own distance is
+    0, and the prompt of that preamble (a distance of ~1e-29 from float32 noise) is a tie, not novel."""
+    rng = np.random.default_rng(seed)
+    one = rng.standard_normal(8).astype(np.float32)
+    vectors = {1: np.repeat(one[None, :], n, axis=0).astype(np.float64), 2: rng.standard_normal((40, 8))}
+    model = SpaceNovelty.fit(vectors)
+    assert model is not None and float(model.own_distances[1].max()) == 0.0
+    # the prompt's vector from another forward batch: the same up to float32 noise (one ulp here)
+    same = np.nextafter(one, np.float32(np.inf)).astype(np.float64)
+    rejects, distance, threshold = model.rejects(same, 1, rate)
+    assert threshold is not None and distance is not None and distance <= threshold and not rejects
+    if np.isfinite(threshold):  # (too few samples for the rate: an infinite threshold, nothing is novel)
+        assert model.rejects(one + 0.5, 1, rate)[0]  # another text is novel for it
+    assert (n + 1) * (1 - 0.05) > n or model.rejects(one + 0.5, 1, 0.05)[0]
+
+
 def test_projection_keeps_narrow_vectors_and_maps_wide_ones_alike() -> None:
     rng = np.random.default_rng(3)
     narrow = rng.standard_normal((3, 64))
