@@ -29,6 +29,8 @@ Run: ``python -m bench.quality.openset`` (full) or ``--quick``.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,7 @@ from sklearn.metrics import roc_auc_score
 
 from atlas import lexicon_repo, routing
 from atlas.lexical import TaskTerms, TermCounts
+from atlas.route_calibration import FALSE_REJECT_RATE
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
 from atlas.template import TaskTemplate
@@ -189,44 +192,77 @@ def _oracle_rates(best: np.ndarray, score: np.ndarray, label: np.ndarray, unseen
     return _rates(ans[is_eval], label[is_eval], unseen[is_eval], score[is_eval])
 
 
+@dataclass
+class Novelty:
+    """The product's novelty test in one draw's space (:func:`bench.quality.novelty.novelty_rejects`).
+
+    Attributes
+    ----------
+    rejects : ndarray, shape (P, T), bool
+        The task's test (at half its false-reject rate) rejects the prompt.
+    tested : ndarray, shape (T,), bool
+    split_thresholds : ndarray, shape (T,)
+        Each task's route threshold calibrated at half its rate (used for tested tasks).
+    """
+
+    rejects: np.ndarray
+    tested: np.ndarray
+    split_thresholds: np.ndarray
+
+
 def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_auto: np.ndarray,
                    cal: list[routing.Calibration], indexed: np.ndarray, label: np.ndarray, unseen: np.ndarray,
                    is_fit: np.ndarray, is_eval: np.ndarray, nearest: np.ndarray | None = None,
                    auroc_score: np.ndarray | None = None, lacks: np.ndarray | None = None,
-                   nearest_needs_route_score: bool = True) -> tuple[dict[str, float], dict[str, float]]:
+                   nearest_needs_route_score: bool = True, novelty: Novelty | None = None
+                   ) -> tuple[dict[str, float], dict[str, float]]:
     """Rates with the calibrated per-task thresholds, then after ``fit`` on the ``is_fit`` prompts, for the
     answers ``top`` held to their task's threshold on the route score ``top_score`` and, with ``nearest``
     (the task nearest before the typical-score term), to that task's threshold too, and with ``lacks``
     (P, T) bool (the prompt lacks the task's active template) to the answered task's template, as
     :func:`atlas.routing.rerank_route` does (the nearest task rejects only when it is nearer by the route score
-    too, unless ``nearest_needs_route_score`` is false: the rule before 2026-11-25). AUROC on ``auroc_score``
-    (default ``top_score``)."""
+    too, unless ``nearest_needs_route_score`` is false: the rule before 2026-11-25), and with ``novelty`` to the
+    answered task's novelty test, a tested task's route threshold then taken at half its rate (unless ``fit``
+    overrode it). AUROC on ``auroc_score`` (default ``top_score``)."""
     rows = np.arange(len(top))
     nearest = top if nearest is None else nearest
     template = np.zeros(len(top), bool) if lacks is None else lacks[rows, top]
     nearer = S[rows, nearest] >= S[rows, top] if nearest_needs_route_score else np.ones(len(top), bool)
+    novel = np.zeros(len(top), bool) if novelty is None else novelty.rejects[rows, top]
+    split = np.zeros(len(thr_auto), bool) if novelty is None else novelty.tested
 
     def rejects(thr: np.ndarray) -> np.ndarray:
-        return np.asarray(((nearest != top) & nearer & (S[rows, nearest] < thr[nearest])) | template)
+        return np.asarray(((nearest != top) & nearer & (S[rows, nearest] < thr[nearest])) | template | novel)
+
+    def answer_threshold(thr: np.ndarray, overridden: np.ndarray) -> np.ndarray:
+        """The answered task's threshold: its half-rate one when it has a novelty test and no override."""
+        if novelty is None:
+            return thr[top]
+        return np.where(split[top] & ~overridden[top], novelty.split_thresholds[top], thr[top])
 
     floored = rejects(thr_auto)
     auroc_score = top_score if auroc_score is None else auroc_score
-    ans = np.where((top_score >= thr_auto[top]) & ~floored, top, -1)
+    ans = np.where((top_score >= answer_threshold(thr_auto, np.zeros(len(thr_auto), bool))) & ~floored, top, -1)
     auto = _rates(ans[is_eval], label[is_eval], unseen[is_eval], auroc_score[is_eval])
     items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed},
                      int(top[i]), forced_none=bool(floored[i])) for i in np.flatnonzero(is_fit)]
-    fitted = fit_thresholds(items, {t: float(thr_auto[t]) for t in indexed}, {t: cal[t].scores for t in indexed},
-                            default=DEFAULT_THRESHOLD)
+    # as the product's fit: a task with a novelty test starts from its half-rate threshold and caps at half its rate
+    current = {int(t): float(novelty.split_thresholds[t]) if novelty is not None and split[t] else float(thr_auto[t])
+               for t in indexed}
+    rates = {int(t): FALSE_REJECT_RATE / 2.0 if split[t] else FALSE_REJECT_RATE for t in indexed}
+    fitted = fit_thresholds(items, current, {t: cal[t].scores for t in indexed}, default=DEFAULT_THRESHOLD,
+                            false_reject_rate=rates)
     thr_fit = thr_auto.copy()
+    overridden = np.zeros(len(thr_auto), bool)
     for t, v in fitted.thresholds.items():
-        thr_fit[t] = v
-    ans = np.where((top_score >= thr_fit[top]) & ~rejects(thr_fit), top, -1)
+        thr_fit[t], overridden[t] = v, True
+    ans = np.where((top_score >= answer_threshold(thr_fit, overridden)) & ~rejects(thr_fit), top, -1)
     return auto, _rates(ans[is_eval], label[is_eval], unseen[is_eval], auroc_score[is_eval])
 
 
 def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.ndarray, cal: list[routing.Calibration],
-             repeats: int, seed: int, rank: Any = None, hybrid: Any = None, lacks: np.ndarray | None = None
-             ) -> dict[str, Any]:
+             repeats: int, seed: int, rank: Any = None, hybrid: Any = None, lacks: np.ndarray | None = None,
+             novelty: Callable[[np.ndarray], Novelty] | None = None) -> dict[str, Any]:
     """The open-set protocol of the module notes; medians over repeats (cross-fitted halves averaged).
 
     ``rank(indexed)``, when given, returns the product's shrunk cosines and ranking matrix for a draw's
@@ -236,6 +272,8 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
     lexical evidence (:func:`hybrid_best`): the product rows then use it, the ranking's best column
     gives the "no lexical" row. ``lacks`` (P, T) bool, when given: the prompt lacks the task's active
     template (:mod:`atlas.template`); the product rows answer "none" then, the "no template" row does not.
+    ``novelty(indexed)``, when given, returns the draw's :class:`Novelty` (the test fitted on the indexed tasks):
+    the product rows apply it, the "no novelty test" row does not.
     """
     T = S.shape[1]
     thr_auto = np.array([c.threshold if c.threshold is not None else DEFAULT_THRESHOLD for c in cal])
@@ -245,6 +283,7 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
         unseen_tasks = rng.choice(T, round(UNSEEN_SHARE * T), replace=False)
         halves = np.array_split(rng.permutation(unseen_tasks), 2)
         indexed = np.setdiff1d(np.arange(T), unseen_tasks)
+        nov = novelty(indexed) if novelty is not None else None
         for fit_half, eval_half in ((halves[0], halves[1]), (halves[1], halves[0])):
             is_fit = (np.isin(truth, indexed) & (per_prompt < N_FIT)) | np.isin(truth, fit_half)
             is_eval = (np.isin(truth, indexed) & (per_prompt >= N_FIT)) | np.isin(truth, eval_half)
@@ -269,13 +308,16 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
                     wr = ranked[np.arange(len(S)), wb]
                 ws = S[np.arange(len(S)), wb]
                 res["fsw_auto"], res["fsw_fit"] = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
-                                                                 auroc_score=wr, lacks=lacks)
+                                                                 auroc_score=wr, lacks=lacks, novelty=nov)
+                if nov is not None:
+                    res["fsw_no_novelty"], res["fsw_fit_no_novelty"] = _per_task_rows(
+                        S, wb, ws, thr_auto, cal, *rows, nearest=nb, auroc_score=wr, lacks=lacks)
                 if lacks is not None:
                     res["fsw_no_template"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
-                                                               auroc_score=wr)
+                                                               auroc_score=wr, novelty=nov)
                 res["fsw_nearest_whitened"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, nearest=nb,
                                                                 auroc_score=wr, lacks=lacks,
-                                                                nearest_needs_route_score=False)
+                                                                nearest_needs_route_score=False, novelty=nov)
                 res["fsw_alone"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, auroc_score=wr)
                 res["fsw_oracle"] = _oracle_rates(wb, wr, label, unseen, is_eval)
             mb, ms = _best(M, indexed)
@@ -389,6 +431,32 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
     return out
 
 
+def novelty_of(args: argparse.Namespace, lm: Any, names: list[str], splits: dict[str, Any],
+               heldout: dict[str, list[str]], prompt_tasks: list[str], cal: list[routing.Calibration]
+               ) -> Callable[[np.ndarray], Novelty] | None:
+    """The product's novelty test for a draw's indexed tasks: every task's stored vectors (its signature samples'
+    bottom-k) and every held-out prompt's vector, computed once (``None`` with ``--no-novelty``)."""
+    from bench.quality.novelty_vectors import kept_vectors, novelty_rejects, text_vectors
+
+    if getattr(args, "no_novelty", False):
+        return None
+    ext = make_extractor(lm, None, args)
+    task_vectors = [kept_vectors(ext, [x.input for x in splits[n][0]]) for n in names]
+    texts = {n: list(heldout[n]) for n in names}
+    prompts = [texts[t].pop(0) for t in prompt_tasks]  # the prompts in the order of the features
+    prompt_vectors = text_vectors(ext, prompts)
+    half = FALSE_REJECT_RATE / 2.0
+    full = [c.threshold if c.threshold is not None else DEFAULT_THRESHOLD for c in cal]
+    halves = [routing.calibrate(c.scores, half).threshold for c in cal]
+    split = np.array([f if h is None else h for f, h in zip(full, halves, strict=True)])  # too few: the full one
+    log(f"novelty vectors: {sum(len(v) for v in task_vectors)} of tasks, {len(prompts)} of prompts")
+
+    def draw(indexed: np.ndarray) -> Novelty:
+        rejects, tested = novelty_rejects(task_vectors, prompt_vectors, indexed, half)
+        return Novelty(rejects, tested, split)
+    return draw
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Build (or load) the routing index and calibration, then the three studies."""
     from bench.quality.common import load_model
@@ -426,10 +494,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lacks = np.array([[t.missing(pt) > 0 for t in templates] for pt in p_terms])
     log(f"templates: {sum(t.active for t in templates)} of {len(names)} active; own prompts lacking theirs "
         f"{np.mean(lacks[np.arange(len(truth)), truth]):.2%}")
+    novelty = novelty_of(args, lm, names, splits, index.heldout, [f.task for f in feats], cal)
     opens = open_set(S, M, truth, per_prompt, cal, args.repeats, args.seeds[0],
                      rank=lambda cols: rank_parts_matrix(prompt_states, index.states, cols, typical),
                      hybrid=lambda ranked, cols: hybrid_best(ranked, sig, p_terms, index.terms, n_samp, cols),
-                     lacks=lacks)
+                     lacks=lacks, novelty=novelty)
     rng = np.random.default_rng(args.seeds[0] + 7)
     sources = rng.choice(len(names), min(args.small_sources, len(names)), replace=False)
     small_new, small_old, small_rank, small_top = {}, {}, {}, {}
@@ -468,8 +537,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking fused with lexical; answered and nearest task's thresholds, "
-                       "answered task's template), calibrated per-task thresholds (no labels)",
+                       "answered task's template and novelty test), calibrated per-task thresholds (no labels)",
            "fsw_no_template": "FisherAtlas (product) without the template test",
+           "fsw_no_novelty": "FisherAtlas (product) without the novelty test (before 2026-11-27)",
+           "fsw_fit_no_novelty": "FisherAtlas (product) without the novelty test + `fit`",
            "fsw_nearest_whitened": "FisherAtlas (product), the nearest task by whitened cosine alone rejecting "
                                    "(before 2026-11-25)",
            "fsw_fit": "FisherAtlas (product) + `fit` (labelled prompts incl. none)",
@@ -530,6 +601,7 @@ def main() -> None:
 
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--repeats", type=int, default=5)
+    extra.add_argument("--no-novelty", action="store_true", help="leave the novelty test out (no vectors computed)")
     extra.add_argument("--small-sources", type=int, default=30)
     extra.add_argument("--completion-heldout", type=int, default=100,
                        help="held-out prompts per completion task (CB has 250 rows: at most 250 minus the pairs)")
@@ -538,7 +610,7 @@ def main() -> None:
     known, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = parse_routing_args(__doc__.split("\n")[0])
-    args.repeats, args.small_sources = known.repeats, known.small_sources
+    args.repeats, args.small_sources, args.no_novelty = known.repeats, known.small_sources, known.no_novelty
     args.completion_heldout, args.completion_signature = known.completion_heldout, known.completion_signature
     run_and_report("openset", "4b. Open set, small tasks and completion-mode routing (issue 13)", args, run, render,
                    lambda res: routing_settings(args))

@@ -182,3 +182,64 @@ def test_landing_counts_the_most_frequent_wrong_answers_in_order() -> None:
     assert openset.landing(answered, names, top=1) == [("c", 3)]
     assert openset.landing(np.array([], dtype=int), names) == []
     assert openset.landing(np.array([3, 0]), names) == [("a", 1), ("d", 1)]  # ties by task order
+
+
+def _novelty_world(seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """20 tasks' stored vectors (40 each, 6-d, apart by 4 σ along their own axis pair) and each prompt's vector
+    (10 per task, drawn like its task's samples)."""
+    rng = np.random.default_rng(seed)
+    T, per, r = 20, 10, 6
+    centres = 4.0 * rng.standard_normal((T, r))
+    tasks = [c + rng.standard_normal((40, r)) for c in centres]
+    truth = np.repeat(np.arange(T), per)
+    prompts = centres[truth] + rng.standard_normal((T * per, r))
+    return tasks, prompts, truth
+
+
+def test_the_novelty_replay_rejects_unseen_prompts_and_keeps_each_tasks_rate() -> None:
+    from atlas.route_calibration import FALSE_REJECT_RATE
+    from bench.quality.novelty_vectors import novelty_rejects
+    from bench.quality.openset import Novelty
+
+    rng = np.random.default_rng(5)
+    T, per = 20, 10
+    truth, rank = np.repeat(np.arange(T), per), np.tile(np.arange(per), T)
+    S = 0.3 + 0.005 * rng.standard_normal((T * per, T))
+    S[np.arange(T * per), truth] = 0.62 + 0.005 * rng.standard_normal(T * per)
+    # a sibling task scores each prompt a little below its own: above that sibling's threshold (0.57–0.59), so an
+    # unseen task's prompts pass the route scores; only the vectors tell them apart
+    S[np.arange(T * per), (truth + 1) % T] = 0.6
+    cal = [routing.calibrate(0.62 + 0.02 * rng.standard_normal(32)) for _ in range(T)]
+    tasks, prompts, vtruth = _novelty_world(seed=5)
+    assert (vtruth == truth).all()
+    half = FALSE_REJECT_RATE / 2
+    split = np.array([routing.calibrate(c.scores, half).threshold for c in cal])
+
+    def novelty(indexed: np.ndarray) -> Novelty:
+        rejects, tested = novelty_rejects(tasks, prompts, indexed, half)
+        assert tested[indexed].all() and not tested[np.setdiff1d(np.arange(len(tasks)), indexed)].any()
+        return Novelty(rejects, tested, split)
+
+    kw = {"rank": lambda cols: (S, S), "hybrid": lambda ranked, cols: cols[np.argmax(ranked[:, cols], axis=1)]}
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=3, seed=0, novelty=novelty, **kw)
+    assert res["fsw_no_novelty"]["none_unseen"] <= 0.2  # without it: unseen prompts pass
+    assert res["fsw_auto"]["none_unseen"] >= 0.9  # with it: far vectors are novel for whichever task answers
+    assert res["fsw_auto"]["right_indexed"] >= 0.9 and res["fsw_no_novelty"]["right_indexed"] >= 0.95
+    assert res["fsw_auto"]["none_indexed"] <= res["fsw_no_novelty"]["none_indexed"] + 0.1  # its 2.5 %, and noise
+    assert res["fsw_fit"]["none_indexed"] <= res["fsw_auto"]["none_indexed"] + 0.05  # fit at half the rate
+    assert res["fsw_fit"]["none_unseen"] >= res["fsw_auto"]["none_unseen"] - 0.05
+
+
+def test_novelty_rejects_are_the_products_test() -> None:
+    from atlas.novelty import SpaceNovelty
+    from bench.quality.novelty_vectors import novelty_rejects
+
+    tasks, prompts, _ = _novelty_world(seed=6)
+    indexed = np.arange(0, 20, 2)
+    rejects, tested = novelty_rejects(tasks, prompts, indexed, 0.05)
+    model = SpaceNovelty.fit({int(t): tasks[int(t)] for t in indexed})
+    assert model is not None
+    for p in range(0, len(prompts), 7):
+        for t in range(len(tasks)):
+            assert rejects[p, t] == model.rejects(prompts[p], t, 0.05)[0]
+    assert tested.sum() == len(indexed)
