@@ -18,9 +18,11 @@ Vectors
     merge-consistent choice, :mod:`atlas.baselines`).
 
 Space model (:class:`SpaceNovelty`)
-    Pooled within-task scatter of every task's vectors, shrunk towards a multiple of the identity
+    Pooled within-task scatter of the tasks' vectors, shrunk towards a multiple of the identity
     (``ridge``), and its inverse square root ``W``; distances are ``‖(x − μ_t) W‖² / r`` (about 1 for a typical
-    sample).
+    sample). In a space of more than :data:`NOVELTY_FIT_TASKS` tasks the scatter is fitted on that many, evenly
+    spaced by id (as the ranking's whitening), and every other task is calibrated on its first use from its own
+    vectors: a re-fit costs the same at any space size (bench/results/store.md, "The novelty model's re-fit").
 
 Calibration (no labels)
     Each task's threshold is the split-conformal ``1 − rate`` quantile of its own samples' **cross-fitted**
@@ -34,6 +36,7 @@ Calibration (no labels)
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -107,92 +110,161 @@ def _inverse_root(scatter: np.ndarray, dof: int, ridge: float) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class TaskFit:
+    """One tested task's part of the model.
+
+    Attributes
+    ----------
+    mean : ndarray, shape (r,)
+        The whitened mean of its vectors.
+    own_distances : ndarray, shape (n,)
+        Its cross-fitted own distances, ascending (its thresholds are their quantiles).
+    """
+
+    mean: np.ndarray
+    own_distances: np.ndarray
+
+
+VectorsLoader = Callable[[list[int]], Mapping[int, np.ndarray]]
+"""Reads the stored novelty vectors of the given task ids (tasks without any are absent)."""
+
+NOVELTY_FIT_TASKS = 256
+"""Tasks the space's covariance is fitted on at most (evenly spaced by id above this): the fit's cost and memory do
+not grow with the space (a covariance of 256 × 128 vectors is well estimated); every other task is calibrated on
+its first use, from its own vectors, in that covariance."""
+
+NOVELTY_LAZY_TASKS = 50_000
+"""Tasks calibrated on first use that a model keeps (about 3 KiB each); past this it forgets them all."""
+
+
+def _valid(x: np.ndarray | None, dim: int | None = None) -> bool:
+    return (x is not None and np.ndim(x) == 2 and len(x) >= MIN_NOVELTY_SAMPLES
+            and (dim is None or np.shape(x)[1] == dim))
+
+
 class SpaceNovelty:
-    """A space's novelty model: whitening, whitened task means, calibrated thresholds.
+    """A space's novelty model: the whitening of its pooled within-task covariance (and the same without each
+    cross-fitting fold), and each tested task's whitened mean and calibrated own distances.
+
+    The covariance is fitted on at most :data:`NOVELTY_FIT_TASKS` tasks; those are calibrated at once, any other
+    task of the space on first use (its vectors read by ``loader``) and kept. A task is *tested* when it has at
+    least :data:`MIN_NOVELTY_SAMPLES` vectors of the model's width.
 
     Attributes
     ----------
     dim : int
         r, the vectors' dimension.
     whitener : ndarray, shape (r, r)
-    means : dict of int to ndarray, shape (r,)
-        Whitened mean vector of each tested task.
-    own_distances : dict of int to ndarray, shape (n_t,)
-        Each tested task's cross-fitted own distances, ascending (its thresholds are their quantiles).
+        ``W`` with ``W Wᵀ = C⁻¹``.
+    fold_whiteners : ndarray, shape (folds, r, r)
+        The same for the covariance without each fold (the cross-fitting).
     """
 
-    dim: int
-    whitener: np.ndarray
-    means: dict[int, np.ndarray]
-    own_distances: dict[int, np.ndarray]
+    def __init__(self, dim: int, whitener: np.ndarray, fold_whiteners: np.ndarray,
+                 tasks: Mapping[int, TaskFit], loader: VectorsLoader | None = None,
+                 untested: Sequence[int] = ()) -> None:
+        self.dim = dim
+        self.whitener = whitener
+        self.fold_whiteners = fold_whiteners
+        self._fitted = dict(tasks)
+        self._lazy: dict[int, TaskFit | None] = dict.fromkeys(untested)  # known: too few vectors
+        self._loader = loader
+        self._lock = threading.Lock()
 
     @classmethod
-    def fit(cls, vectors: Mapping[int, np.ndarray], *, ridge: float = RIDGE,
-            folds: int = FOLDS) -> SpaceNovelty | None:
-        """Fit the space's covariance and calibrate each task with enough vectors.
+    def fit(cls, vectors: Mapping[int, np.ndarray | None], *, ridge: float = RIDGE, folds: int = FOLDS,
+            loader: VectorsLoader | None = None) -> SpaceNovelty | None:
+        """Fit the space's covariance on the given tasks' vectors and calibrate each of them.
 
         Parameters
         ----------
-        vectors : mapping of task id to ndarray, shape (n_t, r)
-            Each task's stored sample vectors (tasks with fewer than :data:`MIN_NOVELTY_SAMPLES` are left out).
+        vectors : mapping of task id to ndarray, shape (n_t, r), or None
+            Stored sample vectors (tasks with fewer than :data:`MIN_NOVELTY_SAMPLES`, or none, are left out, and
+            known as untested).
         ridge : float
             Shrinkage of the pooled covariance, in [0, 1).
         folds : int
             Cross-fitting folds (≥ 2).
+        loader : VectorsLoader, optional
+            Reads the vectors of the space's other tasks when they are first asked about (``None``: only the
+            given tasks are tested).
 
         Returns
         -------
         SpaceNovelty or None
             ``None`` when no task has enough vectors.
+
+        Notes
+        -----
+        Memory is O(T·folds·r + folds·r²) (per task the fold sums of its vectors, and the per-fold second moments
+        of all of them); the pooled scatter without fold ``f`` is ``Σ_{g≠f} M_g − Σ_t n_t μ_t μ_tᵀ`` with ``μ_t``
+        the task's mean without fold ``f``.
         """
-        groups = {t: np.asarray(x, dtype=np.float64) for t, x in vectors.items()
-                  if x is not None and np.ndim(x) == 2 and len(x) >= MIN_NOVELTY_SAMPLES}
+        groups = {t: np.asarray(x, dtype=np.float64) for t, x in vectors.items() if _valid(x)}
         if not groups:
             return None
         dims = {x.shape[1] for x in groups.values()}
         if len(dims) != 1:
             raise ValueError(f"novelty vectors of different widths {sorted(dims)} in one space")
         r = dims.pop()
-        # Per (task, fold) sums and second moments: every fit below is a combination of them.
-        fold_of = {t: np.arange(len(x)) % folds for t, x in groups.items()}
-        sums = {t: np.stack([x[fold_of[t] == f].sum(0) for f in range(folds)]) for t, x in groups.items()}
-        moments = {t: np.stack([x[fold_of[t] == f].T @ x[fold_of[t] == f] for f in range(folds)])
-                   for t, x in groups.items()}
-        counts = {t: np.bincount(fold_of[t], minlength=folds) for t in groups}
+        sums = np.zeros((len(groups), folds, r))
+        counts = np.zeros((len(groups), folds))
+        rows: list[list[np.ndarray]] = [[] for _ in range(folds)]
+        for j, x in enumerate(groups.values()):
+            fold_of = np.arange(len(x)) % folds
+            for f in range(folds):
+                held = x[fold_of == f]
+                sums[j, f], counts[j, f] = held.sum(0), len(held)
+                rows[f].append(held)
+        moments = np.zeros((folds, r, r))
+        for f, part in enumerate(rows):  # one GEMM a fold
+            stacked = np.concatenate(part)
+            moments[f] = stacked.T @ stacked
+        del rows
 
-        def fit_without(skip: int | None) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-            scatter = np.zeros((r, r))
-            mus: dict[int, np.ndarray] = {}
-            dof = 0
-            keep = np.arange(folds) != (-1 if skip is None else skip)  # every fold when skip is None
-            for t in groups:
-                n = int(counts[t][keep].sum())
-                s = sums[t][keep].sum(0)
-                mu = s / n
-                scatter += moments[t][keep].sum(0) - n * np.outer(mu, mu)
-                mus[t] = mu
-                dof += n - 1
-            return _inverse_root(scatter, dof, ridge), mus
+        def whitener_without(skip: int) -> np.ndarray:
+            keep = np.arange(folds) != skip  # every fold when skip is -1
+            n = counts[:, keep].sum(1)
+            mu = sums[:, keep].sum(1) / n[:, None]
+            scatter = moments[keep].sum(0) - (mu * n[:, None]).T @ mu
+            return _inverse_root(scatter, int((n - 1).sum()), ridge)
 
-        whitener, mus = fit_without(None)
-        own: dict[int, list[float]] = {t: [] for t in groups}
-        for f in range(folds):
-            w_f, mus_f = fit_without(f)
-            for t, x in groups.items():
-                held = x[fold_of[t] == f]
-                if len(held):
-                    own[t].extend((((held - mus_f[t]) @ w_f) ** 2).sum(1) / r)
-        means = {t: mus[t] @ whitener for t in groups}
-        return cls(dim=r, whitener=whitener, means=means, own_distances={t: np.sort(own[t]) for t in groups})
+        whitener = whitener_without(-1)
+        fold_whiteners = np.stack([whitener_without(f) for f in range(folds)])
+        tasks = {t: _calibrate(x, whitener, fold_whiteners) for t, x in groups.items()}
+        return cls(dim=r, whitener=whitener, fold_whiteners=fold_whiteners, tasks=tasks, loader=loader,
+                   untested=[int(t) for t in vectors if t not in groups])
+
+    def task(self, task_id: int) -> TaskFit | None:
+        """The task's calibrated part (calibrated now on first use), ``None``: not tested."""
+        fitted = self._fitted.get(task_id)
+        if fitted is not None or self._loader is None:
+            return fitted
+        with self._lock:
+            if task_id in self._lazy:
+                return self._lazy[task_id]
+        x = self._loader([int(task_id)]).get(int(task_id))
+        lazy = _calibrate(np.asarray(x, dtype=np.float64), self.whitener, self.fold_whiteners) \
+            if _valid(x, self.dim) else None
+        with self._lock:
+            if len(self._lazy) >= NOVELTY_LAZY_TASKS:
+                self._lazy.clear()
+            self._lazy[task_id] = lazy
+        return lazy
+
+    def tested(self, task_id: int) -> bool:
+        """Whether the task has a novelty test in this space."""
+        return self.task(task_id) is not None
 
     def threshold(self, task_id: int, false_reject_rate: float | None = None) -> float | None:
         """The task's distance threshold at its false-reject rate (default :data:`FALSE_REJECT_RATE`): the
         split-conformal quantile of its ``n`` cross-fitted own distances, the ``⌈(n + 1)(1 − rate)⌉``-th smallest
         (a new own prompt lies beyond it with probability at most ``rate``, on average over calibration sets;
         infinite when ``n`` is too small for the rate), plus :data:`DISTANCE_TIE`; ``None``: the task is not tested."""
-        own = self.own_distances.get(task_id)
-        if own is None:
+        fit = self.task(task_id)
+        if fit is None:
             return None
+        own = fit.own_distances
         rate = FALSE_REJECT_RATE if false_reject_rate is None else float(false_reject_rate)
         k = math.ceil((len(own) + 1) * (1.0 - rate) - 1e-9)
         return float(own[k - 1]) + DISTANCE_TIE if k <= len(own) else math.inf
@@ -215,17 +287,18 @@ class SpaceNovelty:
     def distances(self, vectors: np.ndarray, task_id: int) -> np.ndarray | None:
         """:meth:`distance` of many prompt vectors, shape (n,), for vectors of shape (n, r) (``None``: task not
         tested)."""
-        mu = self.means.get(task_id)
-        if mu is None:
+        fit = self.task(task_id)
+        if fit is None:
             return None
-        return np.asarray((((np.asarray(vectors, dtype=np.float64) @ self.whitener) - mu) ** 2).sum(1) / self.dim)
+        return np.asarray((((np.asarray(vectors, dtype=np.float64) @ self.whitener) - fit.mean) ** 2).sum(1)
+                          / self.dim)
 
     def nearer_share(self, task_id: int, distance: float) -> float:
         """Share of the task's own cross-fitted distances below ``distance`` (the confidence of a rejection)."""
-        own = self.own_distances.get(task_id)
-        if own is None or not len(own):
+        fit = self.task(task_id)
+        if fit is None or not len(fit.own_distances):
             return 0.0
-        return float(np.searchsorted(own, distance, side="left")) / len(own)
+        return float(np.searchsorted(fit.own_distances, distance, side="left")) / len(fit.own_distances)
 
     def rejects(self, vector: np.ndarray | None, task_id: int, false_reject_rate: float | None = None
                 ) -> tuple[bool, float | None, float | None]:
@@ -240,14 +313,24 @@ class SpaceNovelty:
         return d > thr, d, thr
 
 
+def _calibrate(x: np.ndarray, whitener: np.ndarray, fold_whiteners: np.ndarray) -> TaskFit:
+    """A task's whitened mean and cross-fitted own distances: fold ``f`` of its vectors scored against its mean
+    without fold ``f``, in the covariance without fold ``f``."""
+    folds, r = len(fold_whiteners), x.shape[1]
+    fold_of = np.arange(len(x)) % folds
+    own: list[np.ndarray] = []
+    for f in range(folds):
+        held, rest = x[fold_of == f], x[fold_of != f]
+        if len(held) and len(rest):
+            own.append((((held - rest.mean(0)) @ fold_whiteners[f]) ** 2).sum(1) / r)
+    return TaskFit(mean=x.mean(0) @ whitener, own_distances=np.sort(np.concatenate(own)))
+
+
 NOVELTY_MAX_TASKS = 512
 """Spaces of at least this many tasks re-fit at most every :data:`NOVELTY_REFIT_S` seconds (as the ranking's
 whitening)."""
 
 NOVELTY_REFIT_S = 30.0
-
-VectorsLoader = Callable[[list[int]], Mapping[int, np.ndarray]]
-"""Reads the stored novelty vectors of the given task ids (tasks without any are absent)."""
 
 
 class NoveltyCache(SpaceFitCache[SpaceNovelty]):
@@ -258,6 +341,16 @@ class NoveltyCache(SpaceFitCache[SpaceNovelty]):
         super().__init__(NOVELTY_MAX_TASKS, NOVELTY_REFIT_S)
 
     def get(self, space_id: int, mark: int, task_ids: Callable[[], Sequence[int]],
-            load: VectorsLoader) -> SpaceNovelty | None:
-        """The space's model (fitted now when stale); ``None`` when no task of it has enough vectors."""
-        return self.fitted(space_id, mark, task_ids, lambda ids: SpaceNovelty.fit(load([int(i) for i in ids])))
+            load: VectorsLoader, lazy_load: VectorsLoader | None = None) -> SpaceNovelty | None:
+        """The space's model (fitted now when stale, on at most :data:`NOVELTY_FIT_TASKS` of its tasks, evenly
+        spaced by id; the others calibrated on first use by ``lazy_load``, or ``load`` when not given); ``None``
+        when none of the tasks it is fitted on has enough vectors."""
+
+        def fit(ids: Sequence[int] | np.ndarray) -> SpaceNovelty | None:
+            chosen = np.asarray(ids, dtype=np.int64)
+            if len(chosen) > NOVELTY_FIT_TASKS:
+                chosen = chosen[np.linspace(0, len(chosen) - 1, NOVELTY_FIT_TASKS).round().astype(int)]
+            loaded = load([int(i) for i in chosen])
+            return SpaceNovelty.fit({int(t): loaded.get(int(t)) for t in chosen}, loader=lazy_load or load)
+
+        return self.fitted(space_id, mark, task_ids, fit)

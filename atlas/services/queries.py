@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -191,7 +191,7 @@ class QueryService:
             if vectors is not None and per_task and self.settings.route_novelty:
                 novelty = self.novelties.get(space_id, self.index.content_mark(space_id),
                                              lambda: [int(i) for i in self.index.ids(space_id)],
-                                             lambda ids: novelty_vectors(session, ids))
+                                             lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors)
         terms: list[TermCounts | None] = [None] * len(states)
         if texts is not None and self.settings.route_lexical:
             terms = [TermCounts.from_texts([t]) for t in texts]
@@ -203,17 +203,23 @@ class QueryService:
                                                  else vectors[qi]))
         return answers
 
-    def novelty_tested(self, space_id: int) -> frozenset[int]:
-        """The space's tasks that have a novelty test (:mod:`atlas.novelty`: enough stored vectors; empty when the
-        test is off by ``route_novelty``), whatever their own switch: the tasks whose route threshold is taken at
-        half their false-reject rate while the switch is on and no override is set."""
+    def novelty_tested(self, space_id: int, task_ids: Sequence[int]) -> frozenset[int]:
+        """Those of the space's tasks ``task_ids`` that have a novelty test (:mod:`atlas.novelty`: enough stored
+        vectors; none when the test is off by ``route_novelty``), whatever their own switch: the tasks whose route
+        threshold is taken at half their false-reject rate while the switch is on and no override is set."""
         if not self.settings.route_novelty:
             return frozenset()
         with self.store.read() as session:
             model = self.novelties.get(space_id, self.index.content_mark(space_id),
                                        lambda: [int(i) for i in self.index.ids(space_id)],
-                                       lambda ids: novelty_vectors(session, ids))
-        return frozenset() if model is None else frozenset(model.means)
+                                       lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors)
+        return frozenset() if model is None else frozenset(t for t in task_ids if model.tested(int(t)))
+
+    def _read_novelty_vectors(self, task_ids: list[int]) -> Mapping[int, np.ndarray]:
+        """The tasks' stored novelty vectors, in a read session of its own (a task calibrated on its first use,
+        after the route batch's session has ended)."""
+        with self.store.read() as session:
+            return novelty_vectors(session, task_ids)
 
     def _prompt_side_ids(self, session: Session, space_id: int) -> frozenset[int]:
         """The space's tasks that route on a prompt-side state (re-ranked on every route), read again only

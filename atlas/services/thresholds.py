@@ -141,7 +141,8 @@ class ThresholdService:
             part, _ = await self.queries.route(prompts[start: start + 64], k=100, threshold=None, space_ref=space_ref)
             answers += part
         space_id = await asyncio.to_thread(self._space_id, space_ref)
-        tested = await asyncio.to_thread(self.queries.novelty_tested, space_id)
+        matched = sorted({m.task_id for a in answers for m in a.matches})
+        tested = await asyncio.to_thread(self.queries.novelty_tested, space_id, matched)
         # a dry run stores nothing: it reads, and never waits for (or holds) the database's write lock
         with self.store.read() if dry_run else self.store.session() as session:
             off = _templates_to_turn_off(labels, answers)

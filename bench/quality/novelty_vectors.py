@@ -61,7 +61,7 @@ def novelty_rejects(task_vectors: list[np.ndarray], prompt_vectors: np.ndarray, 
     model = SpaceNovelty.fit({int(t): task_vectors[int(t)] for t in indexed})
     if model is None:
         return out, tested
-    for t in model.means:
+    for t in (int(i) for i in indexed):
         d = model.distances(prompt_vectors, t)
         thr = model.threshold(t, rate)
         if d is not None and thr is not None:

@@ -36,7 +36,7 @@ def test_calibrated_rate_holds_on_fresh_samples_and_a_shifted_kind_is_rejected()
     means, factor = _clusters(rng, n_tasks, 100, r)
     vectors = {t: _draw(rng, means[t], factor, 100) for t in range(n_tasks)}
     model = SpaceNovelty.fit(vectors)
-    assert model is not None and sorted(model.means) == list(range(n_tasks))
+    assert model is not None and all(model.tested(t) for t in range(n_tasks))
     fresh = [model.rejects(x, t)[0] for t in range(n_tasks) for x in _draw(rng, means[t], factor, 400)]
     assert 0.02 <= np.mean(fresh) <= 0.09, np.mean(fresh)  # the documented 5 %, cross-fitted
     # A text of another kind: the same loose-axis position, shifted along the tight axes the task never varies in.
@@ -61,7 +61,9 @@ def test_in_sample_calibration_would_be_biased_low() -> None:
     assert model is not None
     in_sample = np.median([model.distance(x, 0) for x in vectors[0]])
     fresh = np.median([model.distance(x, 0) for x in _draw(rng, means[0], factor, 200)])
-    cross = np.median(model.own_distances[0])
+    fit0 = model.task(0)
+    assert fit0 is not None
+    cross = np.median(fit0.own_distances)
     print(f"median distance: in-sample {in_sample:.3f}, cross-fitted {cross:.3f}, fresh {fresh:.3f}")
     assert in_sample < 0.7 * fresh
     assert abs(cross - fresh) < abs(in_sample - fresh)  # and on the conservative side: fewer false rejects
@@ -87,7 +89,7 @@ def test_small_tasks_and_foreign_vectors_are_not_tested() -> None:
     rng = np.random.default_rng(2)
     vectors = {1: rng.standard_normal((MIN_NOVELTY_SAMPLES - 1, 4)), 2: rng.standard_normal((30, 4))}
     model = SpaceNovelty.fit(vectors)
-    assert model is not None and list(model.means) == [2]
+    assert model is not None and model.tested(2) and not model.tested(1)
     assert model.rejects(np.zeros(4), 1) == (False, None, None)  # too few vectors: never tested
     assert model.rejects(np.zeros(5), 2) == (False, None, None)  # another width (another model): not compared
     assert model.rejects(None, 2) == (False, None, None)  # an older worker sent no vector
@@ -106,7 +108,8 @@ def test_a_task_of_identical_samples_accepts_its_own_vector_and_rejects_another(
     one = rng.standard_normal(8).astype(np.float32)
     vectors = {1: np.repeat(one[None, :], n, axis=0).astype(np.float64), 2: rng.standard_normal((40, 8))}
     model = SpaceNovelty.fit(vectors)
-    assert model is not None and float(model.own_distances[1].max()) == 0.0
+    fit1 = model.task(1) if model is not None else None
+    assert model is not None and fit1 is not None and float(fit1.own_distances.max()) == 0.0
     # the prompt's vector from another forward batch: the same up to float32 noise (one ulp here)
     same = np.nextafter(one, np.float32(np.inf)).astype(np.float64)
     rejects, distance, threshold = model.rejects(same, 1, rate)
@@ -210,3 +213,92 @@ def test_the_route_answer_splits_the_budget_and_names_the_novelty_rule(seed: int
         assert "novelty threshold" in ans.rejected_by.message and 0.5 <= ans.confidence <= 1.0
     plain = routing.rerank_route(prompt, cands, k=2, threshold=0.05, per_task=True)  # no vectors: the full rate
     assert plain.matches[0].threshold == 0.3 and not plain.novelty_rejects
+
+
+def _reference_thresholds(vectors: dict[int, np.ndarray], rate: float, folds: int = 5,
+                          ridge: float = 0.05) -> dict[int, float]:
+    """The test's definition written out plainly: fold f of each task scored against its mean without fold f, in
+    the pooled within-task covariance without fold f of any task (shrunk by ``ridge``); the conformal quantile."""
+    import math
+
+    def whitener(keep_fold: dict[int, np.ndarray]) -> np.ndarray:
+        parts = [x[keep_fold[t]] - x[keep_fold[t]].mean(0) for t, x in vectors.items()]
+        scatter = sum(p.T @ p for p in parts)
+        dof = sum(len(p) - 1 for p in parts)
+        c = np.asarray(scatter) / dof
+        r = c.shape[0]
+        c = (1 - ridge) * c + ridge * np.trace(c) / r * np.eye(r)
+        w, v = np.linalg.eigh(c)
+        return np.asarray(v / np.sqrt(w))
+
+    own: dict[int, list[float]] = {t: [] for t in vectors}
+    for f in range(folds):
+        keep = {t: np.arange(len(x)) % folds != f for t, x in vectors.items()}
+        w = whitener(keep)
+        for t, x in vectors.items():
+            held, mu = x[~keep[t]], x[keep[t]].mean(0)
+            own[t] += list((((held - mu) @ w) ** 2).sum(1) / x.shape[1])
+    out = {}
+    for t, d in own.items():
+        k = math.ceil((len(d) + 1) * (1 - rate) - 1e-9)
+        out[t] = sorted(d)[k - 1] if k <= len(d) else math.inf
+    return out
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**16), st.lists(st.integers(MIN_NOVELTY_SAMPLES, 45), min_size=1, max_size=5),
+       st.sampled_from([0.025, 0.05, 0.1]))
+def test_the_fit_matches_the_tests_plain_definition(seed: int, sizes: list[int], rate: float) -> None:
+    """The fit keeps per-task fold sums and one set of per-fold moments (memory independent of the tasks' count
+    beyond O(T·r)); its thresholds are those of the definition computed directly."""
+    rng = np.random.default_rng(seed)
+    vectors = {t: rng.standard_normal((n, 5)) * rng.uniform(0.5, 2.0, 5) + rng.standard_normal(5)
+               for t, n in enumerate(sizes)}
+    model = SpaceNovelty.fit(vectors)
+    assert model is not None
+    want = _reference_thresholds(vectors, rate)
+    for t in vectors:
+        got = model.threshold(t, rate)
+        assert got is not None
+        assert (got == want[t] == np.inf) or abs(got - want[t] - 1e-6) < 1e-9 * max(1.0, want[t])
+
+
+def test_tasks_outside_the_fitted_sample_are_calibrated_on_first_use_once() -> None:
+    from atlas.novelty import NOVELTY_FIT_TASKS, NoveltyCache
+
+    rng = np.random.default_rng(11)
+    n_tasks = NOVELTY_FIT_TASKS + 40
+    centres = rng.standard_normal((n_tasks, 4)) * 3
+    vectors = {t: centres[t] + rng.standard_normal((MIN_NOVELTY_SAMPLES + 4, 4)) for t in range(n_tasks)}
+    sample = set(np.linspace(0, n_tasks - 1, NOVELTY_FIT_TASKS).round().astype(int).tolist())  # evenly spaced
+    outside_ids = [t for t in range(n_tasks) if t not in sample]
+    wide = outside_ids[-1]
+    vectors[7] = vectors[7][:3]  # too few: never tested
+    vectors[wide] = rng.standard_normal((30, 5))  # another width (another model's vectors): never tested
+    calls: list[list[int]] = []
+
+    def load(ids: list[int]) -> dict[int, np.ndarray]:
+        calls.append(list(ids))
+        return {t: vectors[t] for t in ids if t in vectors}
+
+    model = NoveltyCache().get(1, mark=0, task_ids=lambda: list(range(n_tasks)), load=load)
+    assert model is not None and len(calls) == 1 and len(calls[0]) == NOVELTY_FIT_TASKS  # the fit's sample
+    assert set(calls[0]) == sample
+    outside = outside_ids[0]
+    assert model.tested(outside) and calls[-1] == [outside]
+    thr = model.threshold(outside)
+    assert thr is not None and np.isfinite(thr)
+    own = centres[outside] + rng.standard_normal((400, 4))
+    d = model.distances(own, outside)
+    assert d is not None and 0.0 < float(np.mean(d > thr)) < 0.15  # its rate (5 %), calibrated in that covariance
+    assert model.rejects(centres[outside] + 20.0, outside)[0]
+    n_calls = len(calls)
+    model.threshold(outside)
+    model.rejects(centres[outside], outside)
+    assert len(calls) == n_calls  # kept: read once
+    for t in (7, wide, n_tasks + 5):  # too few vectors, another width, no such task
+        assert not model.tested(t) and model.rejects(np.zeros(4), t) == (False, None, None)
+    looked_up = len(calls)
+    assert looked_up == n_calls + sum(t not in sample for t in (7, wide, n_tasks + 5))  # the sample's: fitted
+    assert not any(model.tested(t) for t in (7, wide, n_tasks + 5))
+    assert len(calls) == looked_up  # an untested task is remembered too
