@@ -7,6 +7,8 @@ Semantics (docs/SCORES.md):
 * **Completion-mode tasks** route on a prompt-side state: the sum of the prompt-mode states of
   every sample's ``prompt`` (a prompt has no answer tokens, so the completion signature is not what
   a prompt resembles). It is merged on append like the task state.
+  Its prompts' novelty vectors (:mod:`atlas.novelty`) are kept in its baseline blob, so the open set's novelty test
+  applies to it as to a text task (whose vectors come from its samples' extraction).
 * **Text-mode tasks** route on their own state (prompt mode of a text is text mode of it).
 * **Calibration**: up to ``CALIBRATION_SAMPLES`` samples of the job are scored leave-one-out against
   the routing state (their own contribution removed, so each is held out); the task's threshold is
@@ -21,19 +23,33 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from atlas import routing, routing_repo
+from atlas.baselines import BaselineSums
 from atlas.lexicon_repo import routing_text
-from atlas.samples import Sample
+from atlas.samples import Sample, sample_id
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class PromptSide:
-    """What the job computed for routing: the prompt-side sum (completion mode) and the held-out states."""
+    """What the job computed for routing: the prompt-side sum (completion mode) and the held-out states; in
+    completion mode also each prompt's novelty vector (:mod:`atlas.novelty`: a completion task is tested on its
+    prompts, as a text task on its samples), by the sample's content id."""
 
     prompt_sum: Any = None
     cal_states: list[Any] = field(default_factory=list)
+    novelty_keys: list[int] = field(default_factory=list)
+    novelty_vectors: list[np.ndarray] = field(default_factory=list)
+
+    def add_vectors(self, baselines: BaselineSums) -> BaselineSums:
+        """``baselines`` with this pass's prompt vectors added to the kept ones (bottom-k by content id)."""
+        if not self.novelty_keys:
+            return baselines
+        return baselines.with_sample_vectors(np.asarray(self.novelty_keys, dtype=np.int64),
+                                             np.stack(self.novelty_vectors))
 
 
 PROMPT_WINDOW = 256
@@ -73,11 +89,16 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
         prepared, _skipped = extractor.sample_tokenizer.prepare([Sample(text=t) for _, t in window], "text")
         if not prepared:
             continue
-        for ps, st in zip(prepared, batcher.sketch_prepared(prepared), strict=True):
+        states = batcher.sketch_prepared(prepared)
+        vectors = getattr(states, "novelty", None)
+        for j, (ps, st) in enumerate(zip(prepared, states, strict=True)):
             if st.n_draws == 0:
                 continue
             if mode == "completion":
                 out.prompt_sum = st.copy() if out.prompt_sum is None else out.prompt_sum.merge(st)
+                if vectors is not None:
+                    out.novelty_keys.append(sample_id(samples[window[ps.index][0]]))
+                    out.novelty_vectors.append(np.asarray(vectors[j], dtype=np.float32))
             if window[ps.index][0] in pick:
                 out.cal_states.append(st)
     if progress is not None:

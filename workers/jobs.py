@@ -440,6 +440,8 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
             merged_base = res.baselines if stored_base is None else BaselineSums.from_bytes(stored_base).merge(
                 res.baselines
             )
+            if routing_side is not None:  # a completion task's prompt vectors (its novelty test)
+                merged_base = routing_side[1].add_vectors(merged_base)
             seq = repository.store_task_result(
                 s, task, state=merged.to_bytes(), signature=merged.signature(), baselines=merged_base.to_bytes(),
                 n_samples=merged.n_samples, n_tokens=merged.n_tokens,

@@ -165,7 +165,7 @@ def _novelty_line(n: int, switch: bool = True) -> str:
         return f"novelty test off (switched off: --novelty turns it on; {n} sample vectors)"
     if n >= MIN_NOVELTY_SAMPLES:
         return f"novelty test on ({n} sample vectors; half the false-reject rate each for it and the threshold)"
-    return f"novelty test off ({n} sample vectors, {MIN_NOVELTY_SAMPLES} needed: text-mode samples)"
+    return f"novelty test off ({n} sample vectors, {MIN_NOVELTY_SAMPLES} needed: a task of 20 samples or more)"
 
 
 @app.command()

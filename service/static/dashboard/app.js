@@ -1119,7 +1119,7 @@
       const vectors = r.novelty_samples ?? 0;
       const novelty = !noveltyOn ? `switched off (${fmtInt(vectors)} sample vectors kept)`
         : vectors >= 20 ? `on (${fmtInt(vectors)} sample vectors; half the false-reject rate)`
-        : `not tested (${fmtInt(vectors)} sample vectors; 20 needed — text-mode tasks of 20 samples or more)`;
+        : `not tested (${fmtInt(vectors)} sample vectors; 20 needed — tasks of 20 samples or more)`;
       // A switch of one test (PATCH {field: bool}); its error replaces the button.
       const toggle = (testid, field, label, isOn) => {
         const button = h("button", { type: "button", class: "btn small ghost", "data-testid": testid,
