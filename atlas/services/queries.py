@@ -183,14 +183,14 @@ class QueryService:
             keep = self.settings.route_template  # else no candidate carries its template: the test is off
             base = {c.task_id: c if keep else replace(c, template=None)
                     for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
-            whitening = self.whitenings.get(space_id, self.index.content_mark(space_id),
+            mark = self.index.content_mark(space_id)
+            whitening = self.whitenings.get(space_id, mark,
                                             lambda: self.index.ids(space_id),
                                             lambda ids: self._routing_means(session, space, ids))
             vectors = getattr(states, "novelty", None)
             novelty = None
             if vectors is not None and per_task and self.settings.route_novelty:
-                novelty = self.novelties.get(space_id, self.index.content_mark(space_id),
-                                             lambda: [int(i) for i in self.index.ids(space_id)],
+                novelty = self.novelties.get(space_id, mark, lambda: [int(i) for i in self.index.ids(space_id)],
                                              lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors)
         terms: list[TermCounts | None] = [None] * len(states)
         if texts is not None and self.settings.route_lexical:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
@@ -146,17 +147,15 @@ class ThresholdService:
         # a dry run stores nothing: it reads, and never waits for (or holds) the database's write lock
         with self.store.read() if dry_run else self.store.session() as session:
             off = _templates_to_turn_off(labels, answers)
-            answered = sorted({a.matches[0].task_id for a in answers if a.novelty_rejects and a.matches})
-            novelty_off = _novelty_to_turn_off(labels, answers, routing_repo.false_reject_rates(session, answered))
+            rates = routing_repo.false_reject_rates(session, matched)
+            novelty_off = _novelty_to_turn_off(labels, answers, rates)
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
                              forced_none=a.nearest_rejects
                              or (a.novelty_rejects and a.matches[0].task_id not in novelty_off)
                              or (a.template_rejects and a.matches[0].task_id not in off))
                      for lab, a in zip(labels, answers, strict=True)]
-            ids = sorted({t for it in items for t in it.scores})
-            routes = routing_repo.get_task_routes(session, ids)
+            routes = routing_repo.get_task_routes(session, matched)  # the tasks the items score
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
-            rates = routing_repo.false_reject_rates(session, ids)
             # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held
             # to is its half-rate one, and fit's cap is at half its rate (so both tests stay within the rate).
             split = {t: r.split_threshold for t, r in routes.items()
@@ -165,7 +164,8 @@ class ThresholdService:
             for t, half_rate_threshold in split.items():
                 current[t] = half_rate_threshold
                 rates[t] = rates.get(t, FALSE_REJECT_RATE) / 2.0
-            res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, ids), default=self.default,
+            res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, matched),
+                                 default=self.default,
                                  false_reject_rate=rates)
             names = {int(t.id): t.name for t in repository.get_tasks(session, [*res.thresholds, *off, *novelty_off])}
             if not dry_run:
@@ -180,16 +180,22 @@ class ThresholdService:
                          sorted(names.get(t, str(t)) for t in novelty_off))
 
 
+def _own_rejections(labels: Sequence[int | None], answers: Sequence[Any], flag: str
+                    ) -> tuple[Counter[int], Counter[int]]:
+    """Per task: the prompts labelled with it, and those of them it answered and its test ``flag`` (an answer's
+    ``template_rejects`` or ``novelty_rejects``) rejected."""
+    positives = Counter(lab for lab in labels if lab is not None)
+    rejected = Counter(lab for lab, a in zip(labels, answers, strict=True)
+                       if lab is not None and getattr(a, flag) and a.matches and a.matches[0].task_id == lab)
+    return positives, rejected
+
+
 def _templates_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any]) -> set[int]:
     """Tasks whose template rejected more than ``TEMPLATE_FALSE_REJECT`` of the prompts labelled with them (and
     answered by them): their real prompts do not follow their samples' wording, so ``fit`` turns the test off."""
-    from collections import Counter
-
     from atlas.template import TEMPLATE_FALSE_REJECT
 
-    positives = Counter(lab for lab in labels if lab is not None)
-    lacking = Counter(lab for lab, a in zip(labels, answers, strict=True)
-                      if lab is not None and a.template_rejects and a.matches and a.matches[0].task_id == lab)
+    positives, lacking = _own_rejections(labels, answers, "template_rejects")
     return {t for t, n in lacking.items() if n / positives[t] > TEMPLATE_FALSE_REJECT}
 
 
@@ -199,12 +205,8 @@ def _novelty_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any],
     (or, when larger, the task's false-reject rate in ``rates``: twice the test's half of it; the default rate for
     a task not named) of the prompts labelled with them (and answered by them): their real prompts are another
     kind of text than their samples, so ``fit`` turns the test off (docs/SCORES.md, "fit")."""
-    from collections import Counter
-
     rates = rates or {}
-    positives = Counter(lab for lab in labels if lab is not None)
-    novel = Counter(lab for lab, a in zip(labels, answers, strict=True)
-                    if lab is not None and a.novelty_rejects and a.matches and a.matches[0].task_id == lab)
+    positives, novel = _own_rejections(labels, answers, "novelty_rejects")
     return {t for t, n in novel.items() if n >= NOVELTY_MIN_REJECTS
             and n / positives[t] > max(NOVELTY_FALSE_REJECT, float(rates.get(t, FALSE_REJECT_RATE)))}
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from atlas.novelty import FOLDS, MIN_NOVELTY_SAMPLES, RIDGE, SpaceNovelty
+from atlas.novelty import FOLDS, MIN_NOVELTY_SAMPLES, RIDGE, SpaceNovelty, _inverse_root
 from atlas.route_calibration import FALSE_REJECT_RATE
 from bench.quality.common import load_model, log, make_extractor
 from bench.quality.novelty_vectors import kept_vectors, novelty_rejects, text_vectors  # noqa: F401  (TEMP)
@@ -44,11 +44,7 @@ KNN_K = 5
 
 
 def _whitener(scatter: np.ndarray, dof: int, ridge: float = RIDGE) -> np.ndarray:
-    r = scatter.shape[0]
-    s = scatter / max(dof, 1)
-    scale = max(float(np.trace(s)) / r, 1e-12)
-    w, v = np.linalg.eigh((1 - ridge) * s + ridge * scale * np.eye(r))
-    return np.asarray(v / np.sqrt(np.maximum(w, 1e-12 * scale)))
+    return _inverse_root(scatter, dof, ridge)  # the product's shrinkage and inverse square root
 
 
 Scorer = Callable[[Mapping[int, np.ndarray]], Callable[[np.ndarray, int], np.ndarray]]
