@@ -79,12 +79,9 @@ class ThresholdService:
                     "prompt_side": row.prompt_state is not None,
                     "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
 
-    def _space_id(self, space_ref: str | None) -> int:
-        with self.store.read() as session:
-            return int(self.store.resolve_space(session, space_ref).id)
-
-    def _labels(self, space_ref: str | None, labels: Sequence[str | int]) -> list[int | None]:
-        """Task ids of ``fit`` labels (``None`` for ``"none"``): each names a ready task of the space.
+    def _labels(self, space_ref: str | None, labels: Sequence[str | int]) -> tuple[int, list[int | None]]:
+        """The space's id, and the task ids of ``fit`` labels (``None`` for ``"none"``): each names a ready task
+        of the space.
 
         Raises
         ------
@@ -98,7 +95,8 @@ class ThresholdService:
         with self.store.read() as session:
             space_id = int(self.store.resolve_space(session, space_ref).id)
             ids: dict[str | int, int | None] = {}
-            return [ids[lb] if lb in ids else ids.setdefault(lb, _label(session, space_id, lb)) for lb in labels]
+            return space_id, [ids[lb] if lb in ids else ids.setdefault(lb, _label(session, space_id, lb))
+                              for lb in labels]
 
     def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None,
               false_reject_rate: float | None = None, novelty: bool | None = None) -> dict[str, Any]:
@@ -135,13 +133,12 @@ class ThresholdService:
         if not examples:
             raise InvalidInput("no examples")
         # labels first: a bad one fails before any prompt is sketched
-        labels = await asyncio.to_thread(self._labels, space_ref, [lb for _, lb in examples])
+        space_id, labels = await asyncio.to_thread(self._labels, space_ref, [lb for _, lb in examples])
         prompts = [p for p, _ in examples]
         answers = []
         for start in range(0, len(prompts), 64):
             part, _ = await self.queries.route(prompts[start: start + 64], k=100, threshold=None, space_ref=space_ref)
             answers += part
-        space_id = await asyncio.to_thread(self._space_id, space_ref)
         matched = sorted({m.task_id for a in answers for m in a.matches})
         tested = await asyncio.to_thread(self.queries.novelty_tested, space_id, matched)
         # a dry run stores nothing: it reads, and never waits for (or holds) the database's write lock

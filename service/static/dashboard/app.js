@@ -1248,7 +1248,7 @@
     return h("p", { class: "muted small route-note", "data-testid": "route-note" },
       `Ordered by the ${fused ? "combined Fisher + lexical ranking" : "Fisher ranking"}; the number shown is the route score, `
       + "so it need not descend. “None” is decided on the answered (first) task's route score against its threshold (tick); "
-      + "the nearest task's threshold and the answered task's template test can also answer “none”.");
+      + "the nearest task's threshold and the answered task's template and novelty tests can also answer “none”.");
   }
   async function viewRoute(ctx) {
     const root = h("section", { class: "page", "data-testid": "route-view" });
@@ -1331,9 +1331,93 @@
               : `route score ${fmt(m.score)}` }, fmt(m.score)));
         })) : null].filter(Boolean));
     }
-    root.append(form, results);
+    root.append(form, results, fitPanel());
     view().replaceChildren(root);
     prompt.focus();
+  }
+
+  // ------------------------------------------------------------------ fit: thresholds from labelled prompts
+  // The CLI's file format (JSON lines of {"prompt", "label"}; a label is a task name or id, or "none"), checked here
+  // line by line so that a typo names its line; POST /v1/route/fit with or without dry_run (docs/SCORES.md, "fit").
+  const FIT_MAX_EXAMPLES = 2000;  // FitRequest.examples' max_length
+  const fitState = { text: "" };
+  function parseFitExamples(text) {
+    const examples = [];
+    const lines = text.split(/\r?\n/);
+    for (let i = 0; i < lines.length; i++) {
+      if (!lines[i].trim()) continue;
+      let rec;
+      try { rec = JSON.parse(lines[i]); } catch (_) { rec = undefined; }
+      const ok = rec && typeof rec === "object" && !Array.isArray(rec) && typeof rec.prompt === "string"
+        && rec.prompt.length > 0 && (typeof rec.label === "string" || Number.isInteger(rec.label));
+      if (!ok) throw new Error(`line ${i + 1}: expected a JSON object with a non-empty "prompt" and a "label" (a task name or id, or "none").`);
+      examples.push({ prompt: rec.prompt, label: rec.label });
+    }
+    if (!examples.length) throw new Error("give at least one labelled prompt, one JSON object per line.");
+    if (examples.length > FIT_MAX_EXAMPLES) throw new Error(`at most ${FIT_MAX_EXAMPLES} labelled prompts per fit (${examples.length} given).`);
+    return examples;
+  }
+  function fitPanel() {
+    const text = h("textarea", { id: "fit-examples", rows: 6, class: "input mono", "data-testid": "fit-examples",
+      spellcheck: "false", value: fitState.text,
+      placeholder: '{"prompt": "Question: is the sky blue? Answer:", "label": "questions"}\n{"prompt": "SELECT 1;", "label": "none"}' });
+    const file = h("input", { id: "fit-file", type: "file", accept: ".jsonl,.json,.txt,application/json,text/plain",
+      class: "input", "data-testid": "fit-file" });
+    const preview = h("button", { type: "button", class: "btn", "data-testid": "fit-preview" }, "Preview (dry run)");
+    const apply = h("button", { type: "button", class: "btn primary", "data-testid": "fit-apply" }, "Fit and store");
+    const out = h("div", { class: "fit-results", "data-testid": "fit-results", "aria-live": "polite" });
+    text.addEventListener("input", () => { fitState.text = text.value; });
+    file.addEventListener("change", async () => {
+      const f = file.files && file.files[0];
+      if (!f) return;
+      try {
+        text.value = fitState.text = await f.text();
+        out.replaceChildren(h("p", { class: "muted small" }, `Read ${f.name}: ${text.value.split(/\r?\n/).filter((l) => l.trim()).length} lines.`));
+      } catch (err) { out.replaceChildren(errorBox(err, "Fit")); }
+    });
+    const run = async (dryRun) => {
+      let examples;
+      try { examples = parseFitExamples(text.value); } catch (err) { out.replaceChildren(errorBox(err, "Fit")); return; }
+      for (const b of [preview, apply]) b.disabled = true;
+      out.replaceChildren(h("p", { class: "muted loading" }, `Routing ${fmtInt(examples.length)} labelled prompts…`));
+      try {
+        const res = await api("/route/fit", { method: "POST", body: { examples, dry_run: dryRun } });
+        out.replaceChildren(fitSummary(res || {}));
+      } catch (err) {
+        out.replaceChildren(errorBox(err, "Fit"));
+      } finally { for (const b of [preview, apply]) b.disabled = false; }
+    };
+    preview.addEventListener("click", () => run(true));
+    apply.addEventListener("click", () => run(false));
+    return h("section", { class: "card fit-card", "data-testid": "fit-card" },
+      h("h2", {}, "Tune thresholds from labelled prompts (fit)"),
+      h("p", { class: "muted small" }, "One JSON object per line, as for ", h("code", {}, "fisher-atlas fit"), ": ",
+        h("code", {}, '{"prompt": …, "label": …}'), ", the label a task's name or id, or ", h("code", {}, '"none"'),
+        " for a prompt that belongs to no task. Each task that answers prompts labelled otherwise gets the threshold with "
+        + "the most right answers, never above what its own false-reject rate allows; a task's template or novelty "
+        + "test is turned off when its labelled prompts show that they do not fit it. Needs a write key to store."),
+      h("label", { for: "fit-examples", class: "field block" }, h("span", {}, "Labelled prompts")), text,
+      h("div", { class: "form-row" },
+        h("label", { class: "field inline", for: "fit-file" }, h("span", {}, "or read a file"), file),
+        h("span", { class: "grow" }), preview, apply),
+      out);
+  }
+  function fitSummary(res) {
+    const thresholds = Object.entries(res.thresholds || {}).sort(([a], [b]) => a.localeCompare(b));
+    const off = (names, what) => (names || []).map((n) =>
+      h("li", { "data-testid": "fit-switched-off", "data-test": what }, `${n}: ${what} test turned off`));
+    const switched = [...off(res.template_off, "template"), ...off(res.novelty_off, "novelty")];
+    return h("div", { "data-testid": "fit-summary", "data-stored": String(!!res.stored) },
+      h("p", {}, h("strong", {}, res.stored ? "Stored. " : "Dry run: nothing stored. "),
+        h("span", { "data-testid": "fit-accuracy" },
+          `Accuracy on the labelled prompts ${fmt(res.accuracy_before)} → ${fmt(res.accuracy_after)}.`)),
+      thresholds.length
+        ? h("table", { class: "table", "data-testid": "fit-thresholds" },
+          h("thead", {}, h("tr", {}, h("th", {}, "task"), h("th", {}, res.stored ? "new threshold (override)" : "threshold it would get"))),
+          h("tbody", {}, thresholds.map(([name, thr]) => h("tr", { "data-testid": "fit-threshold", "data-task": name, "data-threshold": String(thr) },
+            h("td", {}, truncate(name, 64)), h("td", { class: "mono" }, fmt(thr, 4))))))
+        : h("p", { class: "muted", "data-testid": "fit-unchanged" }, "No threshold changes."),
+      switched.length ? h("ul", { class: "fit-switched" }, switched) : null);
   }
 
   // ------------------------------------------------------------------ Add / append a task (upload + live progress)

@@ -1,0 +1,90 @@
+"""The routing page's ``fit`` card, in Debian's headless Chromium against a real service.
+
+Labelled prompts (the CLI's JSON lines) are checked in the page line by line, previewed as a dry run (the same
+thresholds the API's own dry run gives, nothing stored) and then stored as overrides; the API's errors (an
+unknown label) are shown as messages.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.test_dashboard_browser import CHROMIUM, _shot, browser  # noqa: F401  (fixture)
+from tests.service.test_dashboard_edges_browser import CODE, PROSE, _add, page  # noqa: F401  (fixtures)
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+]
+
+# Prose of another wording, labelled "none": the prose task answers them, so fit has wrong answers to raise over.
+NOT_A_TASK = [f"A slow green turtle number {i} walks under the bright moon by the quiet lake." for i in range(8)]
+
+
+def _examples() -> list[dict[str, Any]]:
+    own = [{"prompt": f"The quick brown fox number {i} jumps over the lazy dog near the river.", "label": "prose"}
+           for i in range(20, 26)]
+    own += [{"prompt": f"def g{i}(x, y):\n    return x * {i} - y\n", "label": "code"} for i in range(6)]
+    return own + [{"prompt": p, "label": "none"} for p in NOT_A_TASK]
+
+
+def _fill(pg: Any, text: str) -> None:
+    pg.locator("[data-testid=fit-examples]").fill(text)
+
+
+def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: Any, tiny_lm: Any, page: Any,  # noqa: F811
+                                                                       tmp_path: Path) -> None:
+    svc = serve(lm=tiny_lm)
+    examples = _examples()
+    with httpx.Client(base_url=svc.url, timeout=120) as http:
+        ids = {"prose": _add(http, "prose", PROSE), "code": _add(http, "code", CODE)}
+        r = http.post("/v1/route/fit", json={"examples": examples, "dry_run": True})
+        assert r.status_code == 200, r.text
+        expected = r.json()
+        assert expected["thresholds"], expected  # the labelled prompts move a threshold: the card has rows to show
+        before = {name: http.get(f"/v1/tasks/{i}/routing").json() for name, i in ids.items()}
+
+        page.goto(f"{svc.url}/dashboard/#/route")
+        card = page.locator("[data-testid=fit-card]")
+        card.wait_for()
+        # a line that is not a labelled prompt is named, and nothing is sent
+        _fill(page, json.dumps(examples[0]) + "\n\n" + '{"prompt": "x"}')
+        card.locator("[data-testid=fit-preview]").click()
+        error = card.locator("[data-testid=error]")
+        error.wait_for()
+        assert "line 3" in error.inner_text(), error.inner_text()
+
+        labelled = tmp_path / "labelled.jsonl"  # read from a file, as the CLI's fit does
+        labelled.write_text("\n".join(json.dumps(e) for e in examples) + "\n", encoding="utf-8")
+        card.locator("[data-testid=fit-file]").set_input_files(str(labelled))
+        card.get_by_text(f"Read labelled.jsonl: {len(examples)} lines.").wait_for()
+        assert page.locator("[data-testid=fit-examples]").input_value() == labelled.read_text(encoding="utf-8")
+        card.locator("[data-testid=fit-preview]").click()
+        summary = card.locator("[data-testid=fit-summary][data-stored=false]")
+        summary.wait_for()
+        shown = {row.get_attribute("data-task"): float(row.get_attribute("data-threshold") or "nan")
+                 for row in card.locator("[data-testid=fit-threshold]").all()}
+        assert shown == pytest.approx(expected["thresholds"], abs=1e-9)
+        accuracy = card.locator("[data-testid=fit-accuracy]").inner_text()
+        assert f"{expected['accuracy_before']:.3f} → {expected['accuracy_after']:.3f}" in accuracy, accuracy
+        assert {name: http.get(f"/v1/tasks/{i}/routing").json() for name, i in ids.items()} == before  # dry run
+
+        card.locator("[data-testid=fit-apply]").click()
+        card.locator("[data-testid=fit-summary][data-stored=true]").wait_for()
+        _shot(page, "route-fit")
+        for name, thr in expected["thresholds"].items():
+            got = http.get(f"/v1/tasks/{ids[name]}/routing").json()
+            assert got["source"] == "override" and got["threshold"] == pytest.approx(thr, abs=1e-9), got
+        for name in set(ids) - set(expected["thresholds"]):
+            assert http.get(f"/v1/tasks/{ids[name]}/routing").json() == before[name]
+
+        # the API's own refusals reach the card as messages: a label naming no task of the space is a 404
+        _fill(page, json.dumps({"prompt": "hello there", "label": "no-such-task"}))
+        card.locator("[data-testid=fit-preview]").click()
+        error.wait_for()
+        assert "no-such-task" in error.inner_text(), error.inner_text()
