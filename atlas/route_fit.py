@@ -7,12 +7,14 @@ false-reject rate holds (see :func:`fit_thresholds`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from atlas.routing import FALSE_REJECT_RATE, MIN_CALIBRATION
+from atlas.template import TEMPLATE_FALSE_REJECT
 
 NOVELTY_FALSE_REJECT = 0.10
 """``fit`` turns a task's novelty test off (:mod:`atlas.novelty`) when it rejected more than this share of the
@@ -117,3 +119,39 @@ def fit_thresholds(
     after = accuracy(items, thr, default)
     changed = {t: v for t, v in thr.items() if current.get(t) != v}
     return FitResult(thresholds=changed, accuracy_before=before, accuracy_after=after)
+
+
+# --------------------------------------------------------------------------------------------------
+# the per-task tests fit turns off
+
+
+def _own_rejections(labels: Sequence[int | None], answered: Sequence[int | None], rejected: Sequence[bool]
+                    ) -> tuple[Counter[int], Counter[int]]:
+    """Per task: the prompts labelled with it, and those of them it answered (``answered``: each prompt's first
+    match, ``None`` without one) and its test rejected (``rejected``)."""
+    positives = Counter(lab for lab in labels if lab is not None)
+    own = Counter(lab for lab, task, no in zip(labels, answered, rejected, strict=True)
+                  if lab is not None and no and task == lab)
+    return positives, own
+
+
+def templates_to_turn_off(labels: Sequence[int | None], answered: Sequence[int | None],
+                          lacking: Sequence[bool]) -> set[int]:
+    """Tasks whose template rejected (``lacking``: the answer's ``template_rejects``) more than
+    ``TEMPLATE_FALSE_REJECT`` of the prompts labelled with them and answered by them: their real prompts do not
+    follow their samples' wording, so ``fit`` turns the test off (docs/SCORES.md, "fit")."""
+    positives, lacked = _own_rejections(labels, answered, lacking)
+    return {t for t, n in lacked.items() if n / positives[t] > TEMPLATE_FALSE_REJECT}
+
+
+def novelty_to_turn_off(labels: Sequence[int | None], answered: Sequence[int | None], novel: Sequence[bool],
+                        rates: Mapping[int, float] | None = None) -> set[int]:
+    """Tasks whose novelty test rejected (``novel``: the answer's ``novelty_rejects``) at least
+    ``NOVELTY_MIN_REJECTS`` and more than ``NOVELTY_FALSE_REJECT`` (or, when larger, the task's false-reject rate
+    in ``rates``: twice the test's half of it; the default rate for a task not named) of the prompts labelled with
+    them and answered by them: their real prompts are another kind of text than their samples, so ``fit`` turns
+    the test off (docs/SCORES.md, "fit")."""
+    rates = rates or {}
+    positives, rejected = _own_rejections(labels, answered, novel)
+    return {t for t, n in rejected.items() if n >= NOVELTY_MIN_REJECTS
+            and n / positives[t] > max(NOVELTY_FALSE_REJECT, float(rates.get(t, FALSE_REJECT_RATE)))}

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
@@ -14,7 +13,7 @@ from atlas import lexicon_repo, repository, routing, routing_repo
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady
 from atlas.models import TASK_READY
 from atlas.route_calibration import FALSE_REJECT_RATE
-from atlas.route_fit import NOVELTY_FALSE_REJECT, NOVELTY_MIN_REJECTS, FitItem, fit_thresholds
+from atlas.route_fit import FitItem, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
 from atlas.services.queries import QueryService
 from atlas.signature_repository import novelty_vectors
 from atlas.store import Store
@@ -33,7 +32,7 @@ class FitResult:
     """Tasks whose template test ``fit`` turned off (their labelled prompts lack their template)."""
     novelty_off: list[str] = field(default_factory=list)
     """Tasks whose novelty test ``fit`` turned off (it rejected too many of their labelled prompts,
-    :func:`_novelty_to_turn_off`)."""
+    :func:`atlas.route_fit.novelty_to_turn_off`)."""
 
 
 MAX_TASK_ID = 2**62
@@ -128,8 +127,9 @@ class ThresholdService:
                   dry_run: bool = False) -> FitResult:
         """Route the labelled prompts, then raise each task's threshold just above the prompts it wrongly
         accepts, never past the documented false-reject rate of its own held-out scores; turn off the template and
-        novelty tests of tasks whose labelled prompts they reject too often (:func:`_templates_to_turn_off`,
-        :func:`_novelty_to_turn_off`: those prompts are then scored as answered, not forced "none")."""
+        novelty tests of tasks whose labelled prompts they reject too often
+        (:func:`atlas.route_fit.templates_to_turn_off`, :func:`atlas.route_fit.novelty_to_turn_off`: those prompts
+        are then scored as answered, not forced "none")."""
         if not examples:
             raise InvalidInput("no examples")
         # labels first: a bad one fails before any prompt is sketched
@@ -143,9 +143,10 @@ class ThresholdService:
         tested = await asyncio.to_thread(self.queries.novelty_tested, space_id, matched)
         # a dry run stores nothing: it reads, and never waits for (or holds) the database's write lock
         with self.store.read() if dry_run else self.store.session() as session:
-            off = _templates_to_turn_off(labels, answers)
+            answered = [a.matches[0].task_id if a.matches else None for a in answers]
+            off = templates_to_turn_off(labels, answered, [a.template_rejects for a in answers])
             rates = routing_repo.false_reject_rates(session, matched)
-            novelty_off = _novelty_to_turn_off(labels, answers, rates)
+            novelty_off = novelty_to_turn_off(labels, answered, [a.novelty_rejects for a in answers], rates)
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
                              forced_none=a.nearest_rejects
                              or (a.novelty_rejects and a.matches[0].task_id not in novelty_off)
@@ -175,37 +176,6 @@ class ThresholdService:
         return FitResult({names.get(t, str(t)): v for t, v in res.thresholds.items()}, res.accuracy_before,
                          res.accuracy_after, not dry_run, sorted(names.get(t, str(t)) for t in off),
                          sorted(names.get(t, str(t)) for t in novelty_off))
-
-
-def _own_rejections(labels: Sequence[int | None], answers: Sequence[Any], flag: str
-                    ) -> tuple[Counter[int], Counter[int]]:
-    """Per task: the prompts labelled with it, and those of them it answered and its test ``flag`` (an answer's
-    ``template_rejects`` or ``novelty_rejects``) rejected."""
-    positives = Counter(lab for lab in labels if lab is not None)
-    rejected = Counter(lab for lab, a in zip(labels, answers, strict=True)
-                       if lab is not None and getattr(a, flag) and a.matches and a.matches[0].task_id == lab)
-    return positives, rejected
-
-
-def _templates_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any]) -> set[int]:
-    """Tasks whose template rejected more than ``TEMPLATE_FALSE_REJECT`` of the prompts labelled with them (and
-    answered by them): their real prompts do not follow their samples' wording, so ``fit`` turns the test off."""
-    from atlas.template import TEMPLATE_FALSE_REJECT
-
-    positives, lacking = _own_rejections(labels, answers, "template_rejects")
-    return {t for t, n in lacking.items() if n / positives[t] > TEMPLATE_FALSE_REJECT}
-
-
-def _novelty_to_turn_off(labels: Sequence[int | None], answers: Sequence[Any],
-                         rates: Mapping[int, float] | None = None) -> set[int]:
-    """Tasks whose novelty test rejected at least ``NOVELTY_MIN_REJECTS`` and more than ``NOVELTY_FALSE_REJECT``
-    (or, when larger, the task's false-reject rate in ``rates``: twice the test's half of it; the default rate for
-    a task not named) of the prompts labelled with them (and answered by them): their real prompts are another
-    kind of text than their samples, so ``fit`` turns the test off (docs/SCORES.md, "fit")."""
-    rates = rates or {}
-    positives, novel = _own_rejections(labels, answers, "novelty_rejects")
-    return {t for t, n in novel.items() if n >= NOVELTY_MIN_REJECTS
-            and n / positives[t] > max(NOVELTY_FALSE_REJECT, float(rates.get(t, FALSE_REJECT_RATE)))}
 
 
 def _label(session: Any, space_id: int, label: str | int) -> int | None:

@@ -39,7 +39,7 @@ from sklearn.metrics import roc_auc_score
 from atlas import lexicon_repo, routing
 from atlas.lexical import TaskTerms, TermCounts
 from atlas.route_calibration import FALSE_REJECT_RATE
-from atlas.route_fit import FitItem, fit_thresholds
+from atlas.route_fit import FitItem, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
 from atlas.samples import Sample
 from atlas.template import TaskTemplate
 from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
@@ -223,29 +223,44 @@ def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_au
     :func:`atlas.routing.rerank_route` does (the nearest task rejects only when it is nearer by the route score
     too, unless ``nearest_needs_route_score`` is false: the rule before 2026-11-25), and with ``novelty`` to the
     answered task's novelty test, a tested task's route threshold then taken at half its rate (unless ``fit``
-    overrode it). AUROC on ``auroc_score`` (default ``top_score``)."""
+    overrode it). ``fit`` then runs as the product's does: it turns off the template and novelty tests of the tasks
+    whose ``is_fit`` prompts they reject too often (:func:`atlas.route_fit.templates_to_turn_off`,
+    :func:`atlas.route_fit.novelty_to_turn_off`; such a task is then held to its full-rate threshold) before it
+    tunes the thresholds. AUROC on ``auroc_score`` (default ``top_score``)."""
     rows = np.arange(len(top))
     nearest = top if nearest is None else nearest
     template = np.zeros(len(top), bool) if lacks is None else lacks[rows, top]
     nearer = S[rows, nearest] >= S[rows, top] if nearest_needs_route_score else np.ones(len(top), bool)
     novel = np.zeros(len(top), bool) if novelty is None else novelty.rejects[rows, top]
-    split = np.zeros(len(thr_auto), bool) if novelty is None else novelty.tested
+    tested = np.zeros(len(thr_auto), bool) if novelty is None else novelty.tested
 
-    def rejects(thr: np.ndarray) -> np.ndarray:
-        return np.asarray(((nearest != top) & nearer & (S[rows, nearest] < thr[nearest])) | template | novel)
+    def rejects(thr: np.ndarray, tests_on: np.ndarray) -> np.ndarray:
+        """Answers forced to "none" whatever the answered task's own threshold; ``tests_on`` (T, 2) bool: each
+        task's template and novelty switches."""
+        return np.asarray(((nearest != top) & nearer & (S[rows, nearest] < thr[nearest]))
+                          | (template & tests_on[top, 0]) | (novel & tests_on[top, 1]))
 
-    def answer_threshold(thr: np.ndarray, overridden: np.ndarray) -> np.ndarray:
+    def answer_threshold(thr: np.ndarray, overridden: np.ndarray, split: np.ndarray) -> np.ndarray:
         """The answered task's threshold: its half-rate one when it has a novelty test and no override."""
         if novelty is None:
             return thr[top]
         return np.where(split[top] & ~overridden[top], novelty.split_thresholds[top], thr[top])
 
-    floored = rejects(thr_auto)
+    tests_on = np.ones((len(thr_auto), 2), bool)
+    floored = rejects(thr_auto, tests_on)
     auroc_score = top_score if auroc_score is None else auroc_score
-    ans = np.where((top_score >= answer_threshold(thr_auto, np.zeros(len(thr_auto), bool))) & ~floored, top, -1)
+    no_override = np.zeros(len(thr_auto), bool)
+    ans = np.where((top_score >= answer_threshold(thr_auto, no_override, tested)) & ~floored, top, -1)
     auto = _rates(ans[is_eval], label[is_eval], unseen[is_eval], auroc_score[is_eval])
-    items = [FitItem(int(label[i]) if label[i] >= 0 else None, {int(t): float(S[i, t]) for t in indexed},
-                     int(top[i]), forced_none=bool(floored[i])) for i in np.flatnonzero(is_fit)]
+    fit_rows = np.flatnonzero(is_fit)
+    labels = [int(label[i]) if label[i] >= 0 else None for i in fit_rows]
+    answered: list[int | None] = [int(top[i]) for i in fit_rows]
+    tests_on[list(templates_to_turn_off(labels, answered, template[fit_rows].tolist())), 0] = False
+    tests_on[list(novelty_to_turn_off(labels, answered, novel[fit_rows].tolist())), 1] = False
+    split = tested & tests_on[:, 1]
+    floored = rejects(thr_auto, tests_on)
+    items = [FitItem(lab, {int(t): float(S[i, t]) for t in indexed}, int(top[i]), forced_none=bool(floored[i]))
+             for lab, i in zip(labels, fit_rows, strict=True)]
     # as the product's fit: a task with a novelty test starts from its half-rate threshold and caps at half its rate
     current = {int(t): float(novelty.split_thresholds[t]) if novelty is not None and split[t] else float(thr_auto[t])
                for t in indexed}
@@ -256,7 +271,7 @@ def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_au
     overridden = np.zeros(len(thr_auto), bool)
     for t, v in fitted.thresholds.items():
         thr_fit[t], overridden[t] = v, True
-    ans = np.where((top_score >= answer_threshold(thr_fit, overridden)) & ~rejects(thr_fit), top, -1)
+    ans = np.where((top_score >= answer_threshold(thr_fit, overridden, split)) & ~rejects(thr_fit, tests_on), top, -1)
     return auto, _rates(ans[is_eval], label[is_eval], unseen[is_eval], auroc_score[is_eval])
 
 

@@ -2,7 +2,7 @@
 
 * The route: a task switched off is never novelty-tested and answers exactly as a task without a test (its
   full-rate route threshold, not the half-rate ``split_threshold``), hypothesis over prompts and overrides.
-* ``fit``'s rule (:func:`atlas.services.thresholds._novelty_to_turn_off`): documented examples, and hypothesis
+* ``fit``'s rule (:func:`atlas.route_fit.novelty_to_turn_off`): documented examples, and hypothesis
   properties over open-ended label sets.
 * The store (SQLite and PostgreSQL): the switch is read into the route's candidates, and an export carries it.
 """
@@ -20,11 +20,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import repository, routing, routing_repo
 from atlas.novelty import SpaceNovelty
-from atlas.route_answer import RouteAnswer, RouteMatch
+from atlas.route_answer import RouteAnswer
 from atlas.route_calibration import FALSE_REJECT_RATE, Calibration
-from atlas.route_fit import NOVELTY_FALSE_REJECT, NOVELTY_MIN_REJECTS
+from atlas.route_fit import NOVELTY_FALSE_REJECT, NOVELTY_MIN_REJECTS, novelty_to_turn_off
 from atlas.samples import Sample
-from atlas.services.thresholds import _novelty_to_turn_off
 from fishersketch import Sketcher, SketchSpec
 from tests.atlas.fixtures import random_state
 
@@ -73,37 +72,31 @@ def test_a_task_switched_off_is_never_novelty_rejected_and_answers_as_one_withou
 # fit's rule
 
 
-def _answer(task: int | None, novel: bool) -> RouteAnswer:
-    """A route answer whose answered task is ``task`` (``None``: no candidate), novelty-rejected or not."""
-    if task is None:
-        return RouteAnswer(matches=[], none=True, best_score=None, threshold=0.05)
-    match = RouteMatch(task_id=task, name=f"t{task}", score=0.4, faiss_score=0.4, activation=0.5, error=0.5,
-                       threshold=0.2)
-    return RouteAnswer(matches=[match], none=novel, best_score=0.4, threshold=0.2, novelty_rejects=novel)
-
-
-def _examples(*groups: tuple[int | None, int | None, bool, int]) -> tuple[list[int | None], list[RouteAnswer]]:
-    """``(label, answered task, novel, count)`` groups as fit's labels and answers."""
+def _examples(*groups: tuple[int | None, int | None, bool, int]
+              ) -> tuple[list[int | None], list[int | None], list[bool]]:
+    """``(label, answered task, novel, count)`` groups as fit's labels, answered tasks and novelty rejections."""
     labels: list[int | None] = []
-    answers: list[RouteAnswer] = []
-    for label, task, novel, n in groups:
+    answered: list[int | None] = []
+    novel: list[bool] = []
+    for label, task, no, n in groups:
         labels += [label] * n
-        answers += [_answer(task, novel) for _ in range(n)]
-    return labels, answers
+        answered += [task] * n
+        novel += [no and task is not None] * n  # (no answer: nothing to test)
+    return labels, answered, novel
 
 
 def test_the_documented_examples_of_the_rule() -> None:
     assert (NOVELTY_FALSE_REJECT, NOVELTY_MIN_REJECTS) == (0.10, 3)  # docs/SCORES.md, "fit"
-    assert _novelty_to_turn_off(*_examples((1, 1, True, 3))) == {1}  # every labelled prompt rejected
-    assert _novelty_to_turn_off(*_examples((1, 1, True, 2))) == set()  # two: what chance gives
-    assert _novelty_to_turn_off(*_examples((1, 1, True, 3), (1, 1, False, 27))) == set()  # 10 %: not more
-    assert _novelty_to_turn_off(*_examples((1, 1, True, 4), (1, 1, False, 26))) == {1}  # 13 %
+    assert novelty_to_turn_off(*_examples((1, 1, True, 3))) == {1}  # every labelled prompt rejected
+    assert novelty_to_turn_off(*_examples((1, 1, True, 2))) == set()  # two: what chance gives
+    assert novelty_to_turn_off(*_examples((1, 1, True, 3), (1, 1, False, 27))) == set()  # 10 %: not more
+    assert novelty_to_turn_off(*_examples((1, 1, True, 4), (1, 1, False, 26))) == {1}  # 13 %
     # a task calibrated at a false-reject rate above 10 % spends more on the test: twice its half is the bar
-    assert _novelty_to_turn_off(*_examples((1, 1, True, 4), (1, 1, False, 26)), {1: 0.3}) == set()
-    assert _novelty_to_turn_off(*_examples((1, 1, True, 10), (1, 1, False, 20)), {1: 0.3}) == {1}
+    assert novelty_to_turn_off(*_examples((1, 1, True, 4), (1, 1, False, 26)), {1: 0.3}) == set()
+    assert novelty_to_turn_off(*_examples((1, 1, True, 10), (1, 1, False, 20)), {1: 0.3}) == {1}
     # only the task's own prompts count, answered by it: another task's, or a "none" prompt, never
-    assert _novelty_to_turn_off(*_examples((1, 2, True, 5), (None, 1, True, 5), (2, 1, True, 5))) == set()
-    assert _novelty_to_turn_off(*_examples((1, None, False, 3), (2, 2, True, 3))) == {2}
+    assert novelty_to_turn_off(*_examples((1, 2, True, 5), (None, 1, True, 5), (2, 1, True, 5))) == set()
+    assert novelty_to_turn_off(*_examples((1, None, False, 3), (2, 2, True, 3))) == {2}
 
 
 _GROUPS = st.lists(st.tuples(st.sampled_from([None, 1, 2, 3]), st.sampled_from([None, 1, 2, 3]), st.booleans(),
@@ -115,30 +108,32 @@ _RATES = st.dictionaries(st.sampled_from([1, 2, 3]), st.floats(0.001, 0.5))
 @given(groups=_GROUPS, rates=_RATES, task=st.sampled_from([1, 2, 3]))
 def test_the_rule_counts_own_rejections_and_is_monotone(groups: list[Any], rates: dict[int, float],
                                                         task: int) -> None:
-    labels, answers = _examples(*groups)
-    off = _novelty_to_turn_off(labels, answers, rates)
+    labels, answered, novel = _examples(*groups)
+    off = novelty_to_turn_off(labels, answered, novel, rates)
     for t in off:  # each one turned off: enough of its own prompts, answered by it, rejected by its test
-        own = [a for lab, a in zip(labels, answers, strict=True) if lab == t]
-        novel = sum(a.novelty_rejects and a.matches[0].task_id == t for a in own)
-        assert novel >= NOVELTY_MIN_REJECTS and novel / len(own) > max(NOVELTY_FALSE_REJECT, rates.get(t, 0.05))
+        own = [(task, no) for lab, task, no in zip(labels, answered, novel, strict=True) if lab == t]
+        rejected = sum(no and task == t for task, no in own)
+        assert rejected >= NOVELTY_MIN_REJECTS and rejected / len(own) > max(NOVELTY_FALSE_REJECT,
+                                                                              rates.get(t, 0.05))
     assert off <= {lab for lab in labels if lab is not None}
-    assert _novelty_to_turn_off(labels, answers, {}) >= _novelty_to_turn_off(labels, answers, rates)  # a stored rate
-    if all(r <= NOVELTY_FALSE_REJECT for r in rates.values()):  # only raises the bar, above 10 %
-        assert _novelty_to_turn_off(labels, answers, rates) == _novelty_to_turn_off(labels, answers)
+    assert novelty_to_turn_off(labels, answered, novel, {}) >= off  # a stored rate only raises the bar
+    if all(r <= NOVELTY_FALSE_REJECT for r in rates.values()):  # ... above 10 %
+        assert off == novelty_to_turn_off(labels, answered, novel)
     # one more own prompt rejected never turns the test back on; one more clean own prompt never turns it off
-    more_novel = _novelty_to_turn_off(*_examples(*groups, (task, task, True, 1)), rates)
-    more_clean = _novelty_to_turn_off(*_examples(*groups, (task, task, False, 1)), rates)
+    more_novel = novelty_to_turn_off(*_examples(*groups, (task, task, True, 1)), rates)
+    more_clean = novelty_to_turn_off(*_examples(*groups, (task, task, False, 1)), rates)
     assert (task in off) <= (task in more_novel) and (task in more_clean) <= (task in off)
     assert more_novel - {task} == off - {task} == more_clean - {task}  # other tasks are left as they are
     # prompts of other labels, or answered by another task, change nothing for the task
-    foreign = _novelty_to_turn_off(*_examples(*groups, (None, task, True, 5), (task % 3 + 1, task, True, 5)), rates)
+    foreign = novelty_to_turn_off(*_examples(*groups, (None, task, True, 5), (task % 3 + 1, task, True, 5)), rates)
     assert (task in foreign) == (task in off)
 
 
 def test_the_default_rate_is_the_bar_for_a_task_without_a_stored_rate() -> None:
-    labels, answers = _examples((1, 1, True, 4), (1, 1, False, 26))
+    labels, answered, novel = _examples((1, 1, True, 4), (1, 1, False, 26))
     assert FALSE_REJECT_RATE < NOVELTY_FALSE_REJECT
-    assert _novelty_to_turn_off(labels, answers, {2: 0.5}) == _novelty_to_turn_off(labels, answers) == {1}
+    assert novelty_to_turn_off(labels, answered, novel, {2: 0.5}) == novelty_to_turn_off(labels, answered, novel) \
+        == {1}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -243,3 +243,28 @@ def test_novelty_rejects_are_the_products_test() -> None:
         for t in range(len(tasks)):
             assert rejects[p, t] == model.rejects(prompts[p], t, 0.05)[0]
     assert tested.sum() == len(indexed)
+
+
+def test_fit_turns_off_the_tests_that_reject_a_tasks_own_prompts_as_the_product_does() -> None:
+    """A template or novelty test that rejects every prompt of its task makes those prompts "none"; the replayed
+    ``fit`` switches those tests off (the product's rules, atlas.route_fit), so they are answered again."""
+    from atlas.route_calibration import FALSE_REJECT_RATE
+    from bench.quality.openset import Novelty
+
+    S, truth, rank, cal = _world(separation=0.3, seed=6)
+    T = S.shape[1]
+    broken_template, broken_novelty = np.arange(T) % 4 == 0, np.arange(T) % 4 == 1
+    lacks = np.zeros((len(truth), T), bool)
+    lacks[:, broken_template] = True
+    split = np.array([routing.calibrate(c.scores, FALSE_REJECT_RATE / 2).threshold for c in cal])
+
+    def novelty(indexed: np.ndarray) -> Novelty:
+        rejects = np.zeros((len(truth), T), bool)
+        rejects[:, broken_novelty] = True
+        return Novelty(rejects, np.isin(np.arange(T), indexed), split)
+
+    res = open_set(S, S.copy(), truth, rank, cal, repeats=2, seed=0, rank=lambda cols: (S, S),
+                   hybrid=lambda ranked, cols: cols[np.argmax(ranked[:, cols], axis=1)], lacks=lacks, novelty=novelty)
+    assert res["fsw_auto"]["none_indexed"] >= 0.4  # half the tasks answer none to all their own prompts
+    assert res["fsw_fit"]["none_indexed"] <= 0.1 and res["fsw_fit"]["right_indexed"] >= 0.9  # switched off
+    assert res["fsw_fit"]["none_unseen"] == res["fsw_auto"]["none_unseen"] == 1.0  # unseen still below thresholds
