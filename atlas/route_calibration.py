@@ -24,6 +24,16 @@ CALIBRATION_SAMPLES = 32
 """Samples of one job scored leave-one-out (evenly spaced over the job's samples)."""
 MAX_CAL_SCORES = 256
 """Held-out scores kept per task (appends add theirs; the oldest are dropped beyond this)."""
+NOVELTY_SHARE = 0.5
+"""Share of a task's false-reject rate spent on its novelty test (:mod:`atlas.novelty`) when it has one; its route
+threshold is calibrated at the rest, so the two tests together stay within the rate (docs/SCORES.md, "One budget,
+two tests")."""
+
+
+def split_rates(rate: float) -> tuple[float, float]:
+    """The false-reject rates of a novelty-tested task's route threshold and of its novelty test, at the task's
+    rate ``rate``: ``rate · (1 − NOVELTY_SHARE)`` and ``rate · NOVELTY_SHARE`` (they add up to ``rate``)."""
+    return rate * (1.0 - NOVELTY_SHARE), rate * NOVELTY_SHARE
 
 
 def is_false_reject_rate(rate: object) -> bool:

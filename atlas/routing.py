@@ -49,7 +49,7 @@ from atlas.route_answer import RouteMatch as RouteMatch
 from atlas.route_calibration import CALIBRATION_CONFIDENCE as CALIBRATION_CONFIDENCE
 from atlas.route_calibration import CALIBRATION_SAMPLES as CALIBRATION_SAMPLES
 from atlas.route_calibration import FALSE_REJECT_RATE as FALSE_REJECT_RATE
-from atlas.route_calibration import MAX_CAL_SCORES
+from atlas.route_calibration import MAX_CAL_SCORES, split_rates
 from atlas.route_calibration import MIN_CALIBRATION as MIN_CALIBRATION
 from atlas.route_calibration import Calibration as Calibration
 from atlas.route_calibration import calibrate as calibrate
@@ -436,8 +436,9 @@ def rerank_route(
                    key=lambda i: (-round(_f(key[i]), 9), -round(_f(rank[i]), 9), -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]
     first = candidates[order[0]]
-    half = (first.false_reject_rate if first.false_reject_rate is not None else FALSE_REJECT_RATE) / 2.0
-    novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, half)
+    _, novelty_rate = split_rates(first.false_reject_rate if first.false_reject_rate is not None
+                                  else FALSE_REJECT_RATE)
+    novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, novelty_rate)
                              if novelty is not None and per_task and first.novelty_test else (False, None, None))
     # A task with a novelty test spends half its false-reject budget on it and half on its route threshold
     # (calibrated at half the rate); an override (a user's or fit's) is kept as it is.

@@ -17,7 +17,7 @@ from atlas import lexicon_repo
 from atlas.errors import InvalidInput, NotFound
 from atlas.lru import ContentLru
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
-from atlas.route_calibration import MAX_FALSE_REJECT_RATE, is_false_reject_rate
+from atlas.route_calibration import MAX_FALSE_REJECT_RATE, is_false_reject_rate, split_rates
 from atlas.routing import (
     FALSE_REJECT_RATE,
     Calibration,
@@ -54,7 +54,7 @@ def split_threshold(scores: Sequence[float] | None, stored_rate: float | None) -
     task with a novelty test spends the other half on it (docs/SCORES.md, "Open set: novelty test")."""
     if not scores:
         return None
-    return calibrate(scores, calibration_rate(stored_rate) / 2.0).threshold
+    return calibrate(scores, split_rates(calibration_rate(stored_rate))[0]).threshold
 
 
 def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, TaskRoute]:

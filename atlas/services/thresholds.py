@@ -12,7 +12,7 @@ from typing import Any
 from atlas import lexicon_repo, repository, routing, routing_repo
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady
 from atlas.models import TASK_READY
-from atlas.route_calibration import FALSE_REJECT_RATE
+from atlas.route_calibration import FALSE_REJECT_RATE, split_rates
 from atlas.route_fit import FitItem, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
 from atlas.services.queries import QueryService
 from atlas.signature_repository import novelty_vectors
@@ -161,7 +161,7 @@ class ThresholdService:
                      and r.split_threshold is not None}
             for t, half_rate_threshold in split.items():
                 current[t] = half_rate_threshold
-                rates[t] = rates.get(t, FALSE_REJECT_RATE) / 2.0
+                rates[t] = split_rates(rates.get(t, FALSE_REJECT_RATE))[0]
             res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, matched),
                                  default=self.default,
                                  false_reject_rate=rates)

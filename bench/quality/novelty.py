@@ -37,7 +37,7 @@ from sklearn.metrics import roc_auc_score
 from atlas.novelty import FOLDS, MIN_NOVELTY_SAMPLES, RIDGE, SpaceNovelty, _inverse_root
 from atlas.route_calibration import FALSE_REJECT_RATE
 from bench.quality.common import load_model, log, make_extractor
-from bench.quality.novelty_vectors import kept_vectors, novelty_rejects, text_vectors  # noqa: F401  (TEMP)
+from bench.quality.novelty_vectors import text_vectors
 from bench.quality.openset_families import _split, family_args, family_parser, family_tasks
 
 KNN_K = 5

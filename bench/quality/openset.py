@@ -38,7 +38,7 @@ from sklearn.metrics import roc_auc_score
 
 from atlas import lexicon_repo, routing
 from atlas.lexical import TaskTerms, TermCounts
-from atlas.route_calibration import FALSE_REJECT_RATE
+from atlas.route_calibration import FALSE_REJECT_RATE, split_rates
 from atlas.route_fit import FitItem, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
 from atlas.samples import Sample
 from atlas.template import TaskTemplate
@@ -264,7 +264,7 @@ def _per_task_rows(S: np.ndarray, top: np.ndarray, top_score: np.ndarray, thr_au
     # as the product's fit: a task with a novelty test starts from its half-rate threshold and caps at half its rate
     current = {int(t): float(novelty.split_thresholds[t]) if novelty is not None and split[t] else float(thr_auto[t])
                for t in indexed}
-    rates = {int(t): FALSE_REJECT_RATE / 2.0 if split[t] else FALSE_REJECT_RATE for t in indexed}
+    rates = {int(t): split_rates(FALSE_REJECT_RATE)[0] if split[t] else FALSE_REJECT_RATE for t in indexed}
     fitted = fit_thresholds(items, current, {t: cal[t].scores for t in indexed}, default=DEFAULT_THRESHOLD,
                             false_reject_rate=rates)
     thr_fit = thr_auto.copy()
@@ -460,14 +460,14 @@ def novelty_of(args: argparse.Namespace, lm: Any, names: list[str], splits: dict
     texts = {n: list(heldout[n]) for n in names}
     prompts = [texts[t].pop(0) for t in prompt_tasks]  # the prompts in the order of the features
     prompt_vectors = text_vectors(ext, prompts)
-    half = FALSE_REJECT_RATE / 2.0
+    route_rate, novelty_rate = split_rates(FALSE_REJECT_RATE)
     full = [c.threshold if c.threshold is not None else DEFAULT_THRESHOLD for c in cal]
-    halves = [routing.calibrate(c.scores, half).threshold for c in cal]
-    split = np.array([f if h is None else h for f, h in zip(full, halves, strict=True)])  # too few: the full one
+    parts = [routing.calibrate(c.scores, route_rate).threshold for c in cal]
+    split = np.array([f if h is None else h for f, h in zip(full, parts, strict=True)])  # too few: the full one
     log(f"novelty vectors: {sum(len(v) for v in task_vectors)} of tasks, {len(prompts)} of prompts")
 
     def draw(indexed: np.ndarray) -> Novelty:
-        rejects, tested = novelty_rejects(task_vectors, prompt_vectors, indexed, half)
+        rejects, tested = novelty_rejects(task_vectors, prompt_vectors, indexed, novelty_rate)
         return Novelty(rejects, tested, split)
     return draw
 
