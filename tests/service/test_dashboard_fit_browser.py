@@ -88,3 +88,8 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
         card.locator("[data-testid=fit-preview]").click()
         error.wait_for()
         assert "no-such-task" in error.inner_text(), error.inner_text()
+        # a file too large to be read into the page is refused before it is read (the text stays as it was)
+        card.locator("[data-testid=fit-file]").set_input_files(
+            {"name": "huge.jsonl", "mimeType": "application/json", "buffer": b" " * ((32 << 20) + 1)})
+        card.get_by_text("huge.jsonl is 32 MiB").wait_for()
+        assert "no-such-task" in page.locator("[data-testid=fit-examples]").input_value()

@@ -1340,6 +1340,7 @@
   // The CLI's file format (JSON lines of {"prompt", "label"}; a label is a task name or id, or "none"), checked here
   // line by line so that a typo names its line; POST /v1/route/fit with or without dry_run (docs/SCORES.md, "fit").
   const FIT_MAX_EXAMPLES = 2000;  // FitRequest.examples' max_length
+  const FIT_MAX_FILE_BYTES = 32 << 20;  // read into the page whole: a larger file is not 2,000 prompts one wants to paste
   const fitState = { text: "" };
   function parseFitExamples(text) {
     const examples = [];
@@ -1370,6 +1371,10 @@
     file.addEventListener("change", async () => {
       const f = file.files && file.files[0];
       if (!f) return;
+      if (f.size > FIT_MAX_FILE_BYTES) {
+        out.replaceChildren(errorBox(new Error(`${f.name} is ${fmtInt(Math.round(f.size / 1048576))} MiB: fit takes at most ${FIT_MAX_EXAMPLES} labelled prompts, read from a file of at most ${FIT_MAX_FILE_BYTES >> 20} MiB.`), "Fit"));
+        return;
+      }
       try {
         text.value = fitState.text = await f.text();
         out.replaceChildren(h("p", { class: "muted small" }, `Read ${f.name}: ${text.value.split(/\r?\n/).filter((l) => l.trim()).length} lines.`));
