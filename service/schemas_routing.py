@@ -184,6 +184,8 @@ class FitResponse(_Out):
     stored: bool
     template_off: list[str] = Field(default_factory=list, description="Tasks whose template test was turned off: "
                                     "more than 2 % of the prompts labelled with them lack their template.")
+    previous: dict[str, float] = Field(default_factory=dict, description="For each task in `thresholds`: the "
+                                       "threshold its labelled prompts were held to before `fit`.")
     novelty_off: list[str] = Field(default_factory=list, description="Tasks whose novelty test was turned off: it "
                                    "rejected at least 3 and more than 10 % (or the task's false-reject rate, when "
                                    "larger) of the prompts labelled with them (docs/SCORES.md, 'fit').")

@@ -33,6 +33,9 @@ class FitResult:
     novelty_off: list[str] = field(default_factory=list)
     """Tasks whose novelty test ``fit`` turned off (it rejected too many of their labelled prompts,
     :func:`atlas.route_fit.novelty_to_turn_off`)."""
+    previous: dict[str, float] = field(default_factory=dict)
+    """For each task in ``thresholds``: the threshold its labelled prompts were held to before (its override, its
+    calibrated threshold — at its route share of the rate while its novelty test is on — or the default)."""
 
 
 MAX_TASK_ID = 2**62
@@ -175,7 +178,8 @@ class ThresholdService:
                     routing_repo.set_novelty_test(session, t, False)
         return FitResult({names.get(t, str(t)): v for t, v in res.thresholds.items()}, res.accuracy_before,
                          res.accuracy_after, not dry_run, sorted(names.get(t, str(t)) for t in off),
-                         sorted(names.get(t, str(t)) for t in novelty_off))
+                         sorted(names.get(t, str(t)) for t in novelty_off),
+                         {names.get(t, str(t)): float(current.get(t, self.default)) for t in res.thresholds})
 
 
 def _label(session: Any, space_id: int, label: str | int) -> int | None:

@@ -111,7 +111,8 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}:
         res = cl.fit(examples, space=space, dry_run=dry_run)
     lines = [f"accuracy on the labelled prompts: {res.accuracy_before:.3f} -> {res.accuracy_after:.3f}"
              + ("" if res.stored else " (dry run: nothing stored)")]
-    lines += [f"  {name}: threshold {thr:.4f}" for name, thr in sorted(res.thresholds.items())]
+    lines += [f"  {name}: threshold " + (f"{res.previous[name]:.4f} -> " if name in res.previous else "") + f"{thr:.4f}"
+              for name, thr in sorted(res.thresholds.items())]
     lines += [f"  {name}: template test off (its labelled prompts lack its template)" for name in res.template_off]
     lines += [f"  {name}: novelty test off (it rejected too many of its labelled prompts)" for name in res.novelty_off]
     emit(json, res, "\n".join(lines))

@@ -45,4 +45,4 @@ async def fit(body: FitRequest, c: ContainerDep, _: WritePrincipal) -> FitRespon
                                  dry_run=body.dry_run)
     return FitResponse(thresholds=res.thresholds, accuracy_before=res.accuracy_before,
                        accuracy_after=res.accuracy_after, stored=res.stored, template_off=res.template_off,
-                       novelty_off=res.novelty_off)
+                       novelty_off=res.novelty_off, previous=res.previous)

@@ -267,3 +267,33 @@ def test_prestart_gives_up_at_once_on_a_role_or_database_that_does_not_exist(pg_
                                                "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
         assert out.returncode == 1 and "the database refuses this URL" in out.stderr, out.stderr[-2000:]
         assert "waiting for the database" not in out.stderr and time.monotonic() - t0 < 30
+
+
+def test_cli_fit_prints_each_threshold_before_and_after(serve: Any, tiny_lm: Any, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``fit --dry-run`` lists each task whose threshold it moves, from the threshold its prompts were held to
+    (the API's ``previous``) to the new one, and stores nothing; ``--json`` gives the API's answer."""
+    import httpx
+
+    from tests.service.test_dashboard_edges_browser import CODE as CODE12
+    from tests.service.test_dashboard_edges_browser import PROSE as PROSE12
+    from tests.service.test_dashboard_fit_browser import _examples
+
+    svc = serve(lm=tiny_lm)
+    url = ["--url", svc.url]
+    for name, texts in (("prose", PROSE12), ("code", CODE12)):
+        assert main(["add", name, str(_jsonl(tmp_path / f"{name}.jsonl", texts)), "--wait", *url]) == 0
+    examples = tmp_path / "labelled.jsonl"
+    examples.write_text("".join(json.dumps(e) + "\n" for e in _examples()), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["fit", str(examples), "--dry-run", "--json", *url]) == 0
+    res = _out(capsys)
+    assert res["thresholds"] and set(res["previous"]) == set(res["thresholds"]) and res["stored"] is False
+    assert main(["fit", str(examples), "--dry-run", *url]) == 0
+    text = capsys.readouterr().out
+    assert "(dry run: nothing stored)" in text
+    for name, thr in res["thresholds"].items():
+        assert f"  {name}: threshold {res['previous'][name]:.4f} -> {thr:.4f}" in text, text
+    listed = httpx.get(f"{svc.url}/v1/tasks", params={"limit": 10}).json()["items"]
+    for task in listed:  # nothing stored: every task still on its calibrated threshold
+        assert httpx.get(f"{svc.url}/v1/tasks/{task['id']}/routing").json()["source"] == "calibrated"

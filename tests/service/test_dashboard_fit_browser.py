@@ -70,6 +70,14 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
         shown = {row.get_attribute("data-task"): float(row.get_attribute("data-threshold") or "nan")
                  for row in card.locator("[data-testid=fit-threshold]").all()}
         assert shown == pytest.approx(expected["thresholds"], abs=1e-9)
+        # beside each: the threshold its prompts were held to, here each task's calibrated one (no novelty test:
+        # tasks of 12 samples) — what GET .../routing says
+        assert set(expected["previous"]) == set(expected["thresholds"])
+        for row in card.locator("[data-testid=fit-threshold]").all():
+            name = row.get_attribute("data-task") or ""
+            was = float(row.get_attribute("data-before") or "nan")
+            assert was == pytest.approx(expected["previous"][name], abs=1e-9)
+            assert expected["previous"][name] == pytest.approx(before[name]["threshold"], abs=1e-12)
         accuracy = card.locator("[data-testid=fit-accuracy]").inner_text()
         assert f"{expected['accuracy_before']:.3f} → {expected['accuracy_after']:.3f}" in accuracy, accuracy
         assert {name: http.get(f"/v1/tasks/{i}/routing").json() for name, i in ids.items()} == before  # dry run

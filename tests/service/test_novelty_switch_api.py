@@ -138,3 +138,6 @@ def test_fit_caps_a_novelty_tested_task_at_half_its_rate(tmp_path: Path, tiny_mo
         full_cap = float(np.quantile(positives, FALSE_REJECT_RATE, method="lower"))
         assert half_cap < full_cap  # the two caps differ here, so the test tells them apart
         assert res.thresholds["native"] <= half_cap
+        # the threshold the answers were held to before: the half-rate one (the task keeps its test)
+        assert res.previous["native"] == routing_repo.split_threshold(held, None)
+        assert res.previous["native"] < full_cap

@@ -70,6 +70,9 @@ def test_calibration_override_and_fit(serve, tiny_lm, tmp_path: Path) -> None:
         assert dry.stored is False and dry.accuracy_after >= dry.accuracy_before
         fitted = c.fit(examples)
         assert fitted.stored is True and fitted.thresholds == dry.thresholds
+        assert fitted.previous == dry.previous and set(fitted.previous) == set(fitted.thresholds)
+        for name, was in fitted.previous.items():  # held to the calibrated threshold (3 tasks: no novelty test)
+            assert was == info[name]["threshold"]
         for name, thr in fitted.thresholds.items():
             got = httpx.get(f"{svc.url}/v1/tasks/{ids[name]}/routing").json()
             assert got["source"] == "override" and abs(got["threshold"] - thr) < 1e-12

@@ -1418,9 +1418,15 @@
           `Accuracy on the labelled prompts ${fmt(res.accuracy_before)} → ${fmt(res.accuracy_after)}.`)),
       thresholds.length
         ? h("table", { class: "table", "data-testid": "fit-thresholds" },
-          h("thead", {}, h("tr", {}, h("th", {}, "task"), h("th", {}, res.stored ? "new threshold (override)" : "threshold it would get"))),
-          h("tbody", {}, thresholds.map(([name, thr]) => h("tr", { "data-testid": "fit-threshold", "data-task": name, "data-threshold": String(thr) },
-            h("td", {}, truncate(name, 64)), h("td", { class: "mono" }, fmt(thr, 4))))))
+          h("thead", {}, h("tr", {}, h("th", {}, "task"), h("th", {}, "threshold before"),
+            h("th", {}, res.stored ? "new threshold (override)" : "threshold it would get"))),
+          h("tbody", {}, thresholds.map(([name, thr]) => {
+            const before = res.previous && Object.prototype.hasOwnProperty.call(res.previous, name) ? res.previous[name] : null;
+            return h("tr", { "data-testid": "fit-threshold", "data-task": name, "data-threshold": String(thr),
+              "data-before": before === null ? null : String(before) },
+              h("td", {}, truncate(name, 64)), h("td", { class: "mono" }, before === null ? "—" : fmt(before, 4)),
+              h("td", { class: "mono" }, fmt(thr, 4)));
+          })))
         : h("p", { class: "muted", "data-testid": "fit-unchanged" }, "No threshold changes."),
       switched.length ? h("ul", { class: "fit-switched" }, switched) : null);
   }
