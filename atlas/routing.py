@@ -440,8 +440,8 @@ def rerank_route(
                                   else FALSE_REJECT_RATE)
     novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, novelty_rate)
                              if novelty is not None and per_task and first.novelty_test else (False, None, None))
-    # A task with a novelty test spends half its false-reject budget on it and half on its route threshold
-    # (calibrated at half the rate); an override (a user's or fit's) is kept as it is.
+    # A task with a novelty test spends NOVELTY_SHARE (half) of its false-reject budget on it and the rest on its
+    # route threshold (split_threshold, calibrated at that rest); an override (a user's or fit's) is kept as it is.
     split = dist is not None and not first.overridden and first.split_threshold is not None
     top = []
     for i in order:

@@ -23,7 +23,7 @@ from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLa
 from atlas.index import IndexManager
 from atlas.lexical import TermCounts
 from atlas.models import TASK_READY, Space, Task
-from atlas.novelty import NoveltyCache
+from atlas.novelty import NoveltyCache, SpaceNovelty
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
 from atlas.routing import MAX_ROUTE_K, unit_means
 from atlas.services.states import Loaded, StateLoader
@@ -190,8 +190,7 @@ class QueryService:
             vectors = getattr(states, "novelty", None)
             novelty = None
             if vectors is not None and per_task and self.settings.route_novelty:
-                novelty = self.novelties.get(space_id, mark, lambda: [int(i) for i in self.index.ids(space_id)],
-                                             lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors)
+                novelty = self._novelty_model(session, space_id, mark)
         terms: list[TermCounts | None] = [None] * len(states)
         if texts is not None and self.settings.route_lexical:
             terms = [TermCounts.from_texts([t]) for t in texts]
@@ -210,10 +209,14 @@ class QueryService:
         if not self.settings.route_novelty:
             return frozenset()
         with self.store.read() as session:
-            model = self.novelties.get(space_id, self.index.content_mark(space_id),
-                                       lambda: [int(i) for i in self.index.ids(space_id)],
-                                       lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors)
+            model = self._novelty_model(session, space_id, self.index.content_mark(space_id))
         return frozenset() if model is None else frozenset(t for t in task_ids if model.tested(int(t)))
+
+    def _novelty_model(self, session: Session, space_id: int, mark: int) -> SpaceNovelty | None:
+        """The space's novelty model at content mark ``mark`` (re-fitted when stale from ``session``; a task outside
+        the fit read later by :meth:`_read_novelty_vectors`)."""
+        return self.novelties.get(space_id, mark, lambda: [int(i) for i in self.index.ids(space_id)],
+                                  lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors)
 
     def _read_novelty_vectors(self, task_ids: list[int]) -> Mapping[int, np.ndarray]:
         """The tasks' stored novelty vectors, in a read session of its own (a task calibrated on its first use,

@@ -150,11 +150,11 @@ class ThresholdService:
             off = templates_to_turn_off(labels, answered, [a.template_rejects for a in answers])
             rates = routing_repo.false_reject_rates(session, matched)
             novelty_off = novelty_to_turn_off(labels, answered, [a.novelty_rejects for a in answers], rates)
-            items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, a.matches[0].task_id if a.matches else None,
+            items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, top,
                              forced_none=a.nearest_rejects
-                             or (a.novelty_rejects and a.matches[0].task_id not in novelty_off)
-                             or (a.template_rejects and a.matches[0].task_id not in off))
-                     for lab, a in zip(labels, answers, strict=True)]
+                             or (a.novelty_rejects and top not in novelty_off)
+                             or (a.template_rejects and top not in off))
+                     for lab, a, top in zip(labels, answers, answered, strict=True)]
             routes = routing_repo.get_task_routes(session, matched)  # the tasks the items score
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
             # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held
