@@ -301,6 +301,9 @@ class TaskRouting(Base):
     """The last 32 bytes of ``prompt_state`` (a state blob ends with its BLAKE2b digest): what the route path
     reads to find the state's cached view without reading the blob."""
     cal_scores: Mapped[list[float]] = mapped_column(JSON, default=list)
+    cal_views: Mapped[list[list[Any]] | None] = mapped_column(JSON)
+    """Held-out views by length: ``[tokens, score, whole]`` per calibration sample and per prefix of it
+    (:func:`atlas.routing.leave_one_out_views`); ``None`` for a task calibrated before 2026-11-28."""
     threshold_auto: Mapped[float | None] = mapped_column(Float)
     score_scale: Mapped[float | None] = mapped_column(Float)
     false_reject_rate: Mapped[float | None] = mapped_column(Float)

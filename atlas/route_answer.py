@@ -38,13 +38,18 @@ class Rejection:
     prompt_tokens: int | None = None
     sample_tokens: float | None = None
     """The prompt's token positions and the deciding task's mean per sample (its routing state's), when known."""
+    length_matched: bool = False
+    """Whether ``threshold`` was taken from the task's held-out views of about the prompt's length (a prompt short
+    for the task: :func:`atlas.routing.prompt_threshold`)."""
 
     @property
     def short_prompt(self) -> bool:
-        """Whether the prompt is under half as long as the deciding task's samples: its threshold, calibrated on
-        samples, then rejects far more than the task's false-reject rate of its own prompts (bench 4f)."""
-        return (self.reason not in ("template", "novelty") and self.prompt_tokens is not None
-                and self.sample_tokens is not None and self.prompt_tokens < 0.5 * self.sample_tokens)
+        """Whether the prompt is under half as long as the deciding task's samples and its threshold was *not*
+        matched to its length (a task calibrated before held-out views were stored): a threshold calibrated on
+        whole samples then rejects far more than the task's false-reject rate of its own prompts (bench 4f)."""
+        return (self.reason not in ("template", "novelty") and not self.length_matched
+                and self.prompt_tokens is not None and self.sample_tokens is not None
+                and self.prompt_tokens < 0.5 * self.sample_tokens)
 
     @property
     def message(self) -> str:
@@ -57,7 +62,10 @@ class Rejection:
                     f"novelty threshold (distance {self.score:.3f} > {self.threshold:.3f}: an unseen kind of text)")
         which = "the task nearest to the prompt" if self.reason == "nearest" else "the answered (first-ranked) task"
         text = f"{task}, {which}, scores {self.score:.4f}, below its threshold {self.threshold:.4f}"
-        if self.short_prompt:
+        if self.length_matched:
+            text += (f" (for a prompt of {self.prompt_tokens} tokens: the threshold of its held-out sample prefixes "
+                     "of about that length)")
+        elif self.short_prompt:
             text += (f"; the prompt has {self.prompt_tokens} tokens, the task's samples {self.sample_tokens:.0f} on "
                      "average: thresholds hold for prompts about as long as the samples (docs/SCORES.md)")
         return text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -109,3 +109,87 @@ def calibration_pick(n: int, cap: int = CALIBRATION_SAMPLES) -> list[int]:
     if n <= cap:
         return list(range(n))
     return sorted(set(np.linspace(0, n - 1, cap).round().astype(int).tolist()))
+
+
+PREFIX_FRACTIONS = (0.5, 0.25, 0.125)
+"""Besides each calibration sample whole, its first half, quarter and eighth of tokens are scored held out (a
+*view* of the sample): what a prompt shorter than the samples is calibrated on (:class:`LengthViews`)."""
+MIN_VIEW_TOKENS = 2
+"""Fewest counted token positions of a prefix view (shorter prefixes are not scored)."""
+MAX_CAL_VIEWS = MAX_CAL_SCORES * (1 + len(PREFIX_FRACTIONS))
+"""Held-out views kept per task (appends add theirs; the oldest are dropped beyond this)."""
+SHORT_PROMPT_QUANTILE = 0.1
+"""A prompt is *short* for a task when it has fewer token positions than this quantile of the task's whole held-out
+samples' (shorter than nine in ten of them): its route threshold is then taken from the held-out views nearest its
+length, at the task's full rate, and the task's novelty test does not apply (docs/SCORES.md, "Prompts shorter than
+the samples")."""
+LENGTH_NEIGHBOURS = CALIBRATION_SAMPLES
+"""Held-out views, nearest a short prompt's length (in log tokens), that its threshold is calibrated on."""
+
+
+@dataclass(frozen=True, eq=False)
+class LengthViews:
+    """A task's held-out views — whole calibration samples and their prefixes — by token count: the route threshold
+    of a prompt shorter than the samples (the threshold calibrated on whole samples sits above most short prompts'
+    scores: bench 4f).
+
+    Attributes
+    ----------
+    tokens : ndarray of shape (v,), int64
+        Counted token positions of each view.
+    scores : ndarray of shape (v,), float64
+        Each view's leave-one-out route score (the whole sample removed from the task's routing state).
+    short_below : float
+        :data:`SHORT_PROMPT_QUANTILE` of the whole views' token counts: a prompt with fewer positions is short.
+    """
+
+    tokens: np.ndarray
+    scores: np.ndarray
+    short_below: float
+    _memo: dict[tuple[int, float], float | None] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_records(cls, records: Iterable[object] | None) -> LengthViews | None:
+        """From stored ``[tokens, score, whole]`` records (``task_routing.cal_views``); ``None`` when there is no
+        whole view or fewer than ``MIN_CALIBRATION`` valid views (then every prompt is judged as a whole one)."""
+        rows = [r for r in (records or []) if _valid_view(r)][-MAX_CAL_VIEWS:]
+        whole = [int(r[0]) for r in rows if r[2]]  # type: ignore[index]
+        if not whole or len(rows) < MIN_CALIBRATION:
+            return None
+        tokens = np.array([int(r[0]) for r in rows], dtype=np.int64)  # type: ignore[index]
+        scores = np.array([float(r[1]) for r in rows], dtype=np.float64)  # type: ignore[index]
+        return cls(tokens, scores, float(np.quantile(whole, SHORT_PROMPT_QUANTILE)))
+
+    def short(self, n_tokens: int) -> bool:
+        """Whether a prompt of ``n_tokens`` counted positions is short for the task."""
+        return 0 < n_tokens < self.short_below
+
+    def threshold(self, n_tokens: int, false_reject_rate: float) -> float | None:
+        """The route threshold at ``false_reject_rate`` calibrated on the :data:`LENGTH_NEIGHBOURS` views nearest
+        ``n_tokens`` in log length (:func:`calibrate`'s tolerance bound; ``None``: too few views). Memoised."""
+        key = (int(n_tokens), float(false_reject_rate))
+        if key not in self._memo:
+            gap = np.abs(np.log(self.tokens) - math.log(max(n_tokens, 1)))
+            near = np.argsort(gap, kind="stable")[:LENGTH_NEIGHBOURS]
+            self._memo[key] = calibrate(self.scores[near].tolist(), false_reject_rate).threshold
+        return self._memo[key]
+
+
+def _valid_view(record: object) -> bool:
+    """Whether ``record`` is a ``[tokens ≥ 1, score in [−1, 1], whole]`` view."""
+    if not isinstance(record, list | tuple) or len(record) != 3:
+        return False
+    tokens, score, whole = record
+    return (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1
+            and isinstance(score, int | float) and not isinstance(score, bool) and -1.0 <= float(score) <= 1.0
+            and isinstance(whole, bool | int))
+
+
+def validate_views(records: object) -> list[list[object]]:
+    """Exported ``cal_views`` checked (a list of ``[tokens, score, whole]``), as stored; raises ``ValueError``."""
+    if records is None:
+        return []
+    if not isinstance(records, list) or not all(_valid_view(r) for r in records):
+        raise ValueError("cal_views must be [tokens >= 1, route score in [-1, 1], whole] records")
+    views: list[list[object]] = [[int(t), float(s), bool(w)] for t, s, w in records]
+    return views[-MAX_CAL_VIEWS:]

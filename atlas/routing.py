@@ -49,7 +49,7 @@ from atlas.route_answer import RouteMatch as RouteMatch
 from atlas.route_calibration import CALIBRATION_CONFIDENCE as CALIBRATION_CONFIDENCE
 from atlas.route_calibration import CALIBRATION_SAMPLES as CALIBRATION_SAMPLES
 from atlas.route_calibration import FALSE_REJECT_RATE as FALSE_REJECT_RATE
-from atlas.route_calibration import MAX_CAL_SCORES, split_rates
+from atlas.route_calibration import MAX_CAL_SCORES, LengthViews, split_rates
 from atlas.route_calibration import MIN_CALIBRATION as MIN_CALIBRATION
 from atlas.route_calibration import Calibration as Calibration
 from atlas.route_calibration import calibrate as calibrate
@@ -136,6 +136,37 @@ def leave_one_out_scores(task_state: Any, sample_states: Sequence[Any]) -> list[
     return out
 
 
+def leave_one_out_views(task_state: Any, samples: Sequence[tuple[Any, Sequence[Any]]]) -> list[list[object]]:
+    """Held-out views of calibration samples, as ``[tokens, score, whole]`` records (``task_routing.cal_views``).
+
+    Parameters
+    ----------
+    task_state
+        The task's routing state; it must contain each sample's contribution (its whole prompt state).
+    samples
+        Per calibration sample: its whole prompt state, and the prompt states of its prefixes
+        (:data:`atlas.route_calibration.PREFIX_FRACTIONS` of its tokens).
+
+    Returns
+    -------
+    list of [int, float, bool]
+        For every view with tokens: its token positions, its route score against the task's routing state with the
+        *whole* sample removed (so a prefix is held out too), and whether it is the whole sample.
+    """
+    s, q, n = totals(task_state)
+    ns = int(task_state.n_samples)
+    out: list[list[object]] = []
+    for whole, prefixes in samples:
+        si, qi, ni = totals(whole)
+        if ni <= 0 or n - ni <= 0:
+            continue
+        rest = (s[0] - si[0], float(q[0] - qi[0]), n - ni, max(ns - int(whole.n_samples), 1))
+        for view, is_whole in [(whole, True), *((p, False) for p in prefixes)]:
+            if int(view.n_draws) > 0:
+                out.append([int(view.n_tokens), score(unit_signature(view), *rest), is_whole])
+    return out
+
+
 def typical_score(cal_scores: Iterable[float]) -> float:
     """A task's typical held-out route score: the mean of its leave-one-out scores shrunk towards
     ``TYPICAL_PRIOR`` by ``PRIOR_SAMPLES`` pseudo-scores, in [−1, 1] (``TYPICAL_PRIOR`` with none)."""
@@ -170,12 +201,16 @@ class TaskRoute:
     """Whether ``threshold`` is the task's override (set by a user or ``fit``), not its calibrated one."""
     split_threshold: float | None = None
     """The calibrated threshold at half the task's false-reject rate (a task with a novelty test is held to it)."""
+    length_views: LengthViews | None = None
+    """The task's held-out views by length (a prompt shorter than its samples is calibrated on them)."""
 
 
-def resolve(row: Any, typical: float | None, split: float | None = None) -> TaskRoute:
+def resolve(row: Any, typical: float | None, split: float | None = None,
+            views: LengthViews | None = None) -> TaskRoute:
     """A :class:`TaskRoute` from a ``TaskRouting`` row read by :func:`atlas.routing_repo.get_task_routes` (its
-    columns but the blob and the held-out scores, and ``prompt_side``) and the :func:`typical_score` of its
-    held-out scores (``None``: none); the override wins over the calibrated threshold."""
+    columns but the blob, the held-out scores and views, and ``prompt_side``), the :func:`typical_score` of its
+    held-out scores (``None``: none), its threshold at half its rate and its held-out views by length; the override
+    wins over the calibrated threshold."""
     thr = row.threshold_override if row.threshold_override is not None else row.threshold_auto
     return TaskRoute(threshold=None if thr is None else float(thr),
                      scale=None if row.score_scale is None else float(row.score_scale),
@@ -187,7 +222,7 @@ def resolve(row: Any, typical: float | None, split: float | None = None) -> Task
                      novelty_test=row.novelty_test is not False,
                      false_reject_rate=None if row.false_reject_rate is None else float(row.false_reject_rate),
                      overridden=row.threshold_override is not None,
-                     split_threshold=None if split is None else float(split))
+                     split_threshold=None if split is None else float(split), length_views=views)
 
 
 @dataclass(frozen=True)
@@ -222,6 +257,10 @@ class Candidate:
         The calibrated threshold at half the task's false-reject rate (used with a novelty test).
     novelty_test : bool
         Whether the task's novelty test is on (false: routed as a task without one, at its full-rate threshold).
+    length_views : atlas.route_calibration.LengthViews, optional
+        The task's held-out views by length (``None``: none stored): a prompt shorter than the task's samples
+        (:meth:`~atlas.route_calibration.LengthViews.short`) is held to the threshold of the views nearest its
+        length, and not to the novelty test.
     """
 
     task_id: int
@@ -238,6 +277,24 @@ class Candidate:
     overridden: bool = False
     split_threshold: float | None = None
     novelty_test: bool = True
+    length_views: LengthViews | None = None
+
+
+def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool) -> tuple[float, bool]:
+    """The route threshold candidate ``c`` holds a prompt of ``n_tokens`` positions to, at its full rate, and whether
+    it was matched to the prompt's length.
+
+    ``default`` without ``per_task`` or without a threshold of the task's own; its override (a user's or ``fit``'s) as
+    set; else its calibrated threshold — lowered, for a prompt short for the task, to the threshold of its held-out
+    views nearest the prompt's length (never raised: a prompt as long as the samples is judged on whole samples).
+    """
+    if not per_task or c.threshold is None:
+        return default, False
+    lv = c.length_views
+    if c.overridden or lv is None or not lv.short(n_tokens):
+        return c.threshold, False
+    local = lv.threshold(n_tokens, c.false_reject_rate if c.false_reject_rate is not None else FALSE_REJECT_RATE)
+    return (c.threshold, False) if local is None else (min(c.threshold, local), True)
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -403,6 +460,12 @@ def rerank_route(
         at half the rate: ``split_threshold``, reported as the match's ``threshold``); an override is kept. A
         task whose ``novelty_test`` is off is routed as one without a test (its full-rate threshold).
 
+    A prompt *short* for the answered task (fewer token positions than nine in ten of its samples:
+    ``Candidate.length_views``) is judged by neither the novelty nor the template test — a prefix of a sample lacks
+    its closing frame and its mean hidden state is atypical — but by the route threshold of the task's held-out views
+    nearest its length, at the task's full rate (:func:`prompt_threshold`, ``Rejection.length_matched``); the nearest
+    task's threshold is matched to the prompt's length the same way.
+
     Returns
     -------
     RouteAnswer
@@ -436,14 +499,21 @@ def rerank_route(
                    key=lambda i: (-round(_f(key[i]), 9), -round(_f(rank[i]), 9), -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]
     first = candidates[order[0]]
+    n_prompt = int(prompt_state.n_tokens)
     _, novelty_rate = split_rates(first.false_reject_rate if first.false_reject_rate is not None
                                   else FALSE_REJECT_RATE)
+    # The novelty and template tests' promises hold for prompts like the task's samples (a prefix of a sample lacks
+    # its closing frame, and its mean hidden state is atypical: bench 4f): a prompt short for the task is judged by its
+    # route threshold alone, matched to its length, at the task's full rate (prompt_threshold).
+    short_first = first.length_views is not None and first.length_views.short(n_prompt)
     novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, novelty_rate)
-                             if novelty is not None and per_task and first.novelty_test else (False, None, None))
+                             if novelty is not None and per_task and first.novelty_test and not short_first
+                             else (False, None, None))
     # A task with a novelty test spends NOVELTY_SHARE (half) of its false-reject budget on it and the rest on its
     # route threshold (split_threshold, calibrated at that rest); an override (a user's or fit's) is kept as it is.
     split = dist is not None and not first.overridden and first.split_threshold is not None
     top = []
+    matched = []
     for i in order:
         mu_t, self_t, _ = views[i]
         diag = []
@@ -453,9 +523,10 @@ def rerank_route(
             else:
                 diag.append(0.0)
         c = candidates[i]
-        thr = c.threshold if per_task and c.threshold is not None else threshold
+        thr, by_length = prompt_threshold(c, n_prompt, threshold, per_task)
         if split and i == order[0] and first.split_threshold is not None:
-            thr = first.split_threshold
+            thr, by_length = first.split_threshold, False
+        matched.append(by_length)
         sc = _f(score[i])
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
                               activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
@@ -464,30 +535,29 @@ def rerank_route(
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence
-    n_prompt = int(prompt_state.n_tokens)
 
-    def rejection(c: Candidate, score: float, thr: float, reason: str) -> Rejection:
+    def rejection(c: Candidate, score: float, thr: float, reason: str, by_length: bool = False) -> Rejection:
         n = int(c.state.n_samples)
-        return Rejection(c.task_id, c.name, score, thr, reason, n_prompt, c.state.n_tokens / n if n else None)
+        return Rejection(c.task_id, c.name, score, thr, reason, n_prompt, c.state.n_tokens / n if n else None,
+                         length_matched=by_length)
 
-    by = rejection(candidates[order[0]], best.score, best.threshold, "threshold") if none else None
+    by = rejection(candidates[order[0]], best.score, best.threshold, "threshold", matched[0]) if none else None
     rejects = False
     if near is not None:
         rounded = np.round(near, 9)  # a tie with the answered task is the answered task (identical twins)
         j = order[0] if rounded[order[0]] >= rounded.max() else int(np.argmax(rounded))
-        own = candidates[j].threshold
-        thr_j = float(own) if per_task and own is not None else threshold
+        thr_j, matched_j = prompt_threshold(candidates[j], n_prompt, threshold, per_task)
         rejects = (candidates[j].task_id != best.task_id and _f(score[j]) >= best.score  # nearer by both scores
                    and _f(score[j]) < thr_j)
         if rejects:
             conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
             none = True
-            by = by or rejection(candidates[j], _f(score[j]), thr_j, "nearest")
+            by = by or rejection(candidates[j], _f(score[j]), thr_j, "nearest", matched_j)
     if novel and novelty is not None and dist is not None and dist_thr is not None:
         conf, none = max(conf if none else 0.0, novelty.nearer_share(first.task_id, dist)), True
         by = by or rejection(first, dist, dist_thr, "novelty")
     tpl = candidates[order[0]].template
-    lacks = prompt_terms is not None and tpl is not None and tpl.missing(prompt_terms) > 0
+    lacks = prompt_terms is not None and tpl is not None and tpl.missing(prompt_terms) > 0 and not short_first
     if lacks:
         conf, none = max(conf if none else 0.0, 1.0 - tpl.false_reject), True
         by = by or rejection(candidates[order[0]], best.score, best.threshold, "template")

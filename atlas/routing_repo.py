@@ -17,7 +17,14 @@ from atlas import lexicon_repo
 from atlas.errors import InvalidInput, NotFound
 from atlas.lru import ContentLru
 from atlas.models import TASK_READY, Task, TaskRouting, utcnow
-from atlas.route_calibration import MAX_FALSE_REJECT_RATE, is_false_reject_rate, split_rates
+from atlas.route_calibration import (
+    MAX_CAL_VIEWS,
+    MAX_FALSE_REJECT_RATE,
+    LengthViews,
+    is_false_reject_rate,
+    split_rates,
+    validate_views,
+)
 from atlas.routing import (
     FALSE_REJECT_RATE,
     Calibration,
@@ -42,11 +49,11 @@ _DIGEST_BYTES = 32
 """A state blob ends with its BLAKE2b-256 digest (``SketchState.to_bytes``)."""
 
 
-_TYPICAL: ContentLru[tuple[float | None, float | None]] = ContentLru(65536)
-"""Each row's :func:`~atlas.routing.typical_score` and its threshold at half its false-reject rate (what a task with
-a novelty test is held to, :func:`split_threshold`), by (database, task, row version, write time): the held-out
-scores they summarise (up to 256 floats of JSON per task) are read only when a row was written since (a rate
-PATCH bumps the version)."""
+_TYPICAL: ContentLru[tuple[float | None, float | None, LengthViews | None]] = ContentLru(65536)
+"""Each row's :func:`~atlas.routing.typical_score`, its threshold at half its false-reject rate (what a task with
+a novelty test is held to, :func:`split_threshold`) and its held-out views by length (``cal_views``), by (database,
+task, row version, write time): the held-out scores and views they summarise (up to 256 floats and 1,024 records of
+JSON per task) are read only when a row was written since (a rate PATCH bumps the version)."""
 
 
 def split_threshold(scores: Sequence[float] | None, stored_rate: float | None) -> float | None:
@@ -68,21 +75,22 @@ def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, Task
     if not task_ids:
         return {}
     ids = [int(i) for i in task_ids]
-    cols = [c for c in TaskRouting.__table__.columns if c.name not in ("prompt_state", "cal_scores")]
+    cols = [c for c in TaskRouting.__table__.columns if c.name not in ("prompt_state", "cal_scores", "cal_views")]
     has_blob = TaskRouting.prompt_state.is_not(None).label("prompt_side")  # not detoasted / read
     rows = session.execute(select(*cols, has_blob).where(TaskRouting.task_id.in_(ids))).all()
     where = str(session.get_bind().engine.url)
     typical = {int(r.task_id): _TYPICAL.get((where, int(r.task_id), int(r.version or 0), r.updated_at)) for r in rows}
     missing = [t for t, v in typical.items() if v is None]
     if missing:  # keyed by the version read with the scores (a write may land between the two reads)
-        for t, version, at, scores, rate in session.execute(
+        for t, version, at, scores, views, rate in session.execute(
                 select(TaskRouting.task_id, TaskRouting.version, TaskRouting.updated_at, TaskRouting.cal_scores,
-                       TaskRouting.false_reject_rate)
+                       TaskRouting.cal_views, TaskRouting.false_reject_rate)
                 .where(TaskRouting.task_id.in_(missing))).all():
-            value = (typical_score(scores) if scores else None, split_threshold(scores, rate))
+            value = (typical_score(scores) if scores else None, split_threshold(scores, rate),
+                     LengthViews.from_records(views))
             _TYPICAL.put((where, int(t), int(version or 0), at), value)
             typical[int(t)] = value
-    return {int(r.task_id): resolve(r, *(typical.get(int(r.task_id)) or (None, None))) for r in rows}
+    return {int(r.task_id): resolve(r, *(typical.get(int(r.task_id)) or (None, None, None))) for r in rows}
 
 
 def prompt_digest(blob: bytes) -> bytes:
@@ -130,12 +138,16 @@ def prompt_side_task_ids(session: Session, space_id: int, *, limit: int) -> list
     return [int(i) for i in ids]
 
 
-def store_routing(session: Session, task_id: int, *, prompt_state: bytes | None, calibration: Calibration) -> None:
-    """Write a task's prompt-side state (``None`` keeps none) and calibration; the override is kept."""
+def store_routing(session: Session, task_id: int, *, prompt_state: bytes | None, calibration: Calibration,
+                  views: Sequence[Sequence[object]] = ()) -> None:
+    """Write a task's prompt-side state (``None`` keeps none), calibration and held-out views by length (``[tokens,
+    score, whole]`` records, :func:`atlas.routing.leave_one_out_views`; the last ``MAX_CAL_VIEWS`` kept); the
+    override is kept."""
     row = get_routing(session, task_id)
     now = utcnow()
     digest = None if prompt_state is None else prompt_digest(prompt_state)
     values = {"prompt_state": prompt_state, "prompt_digest": digest, "cal_scores": list(calibration.scores),
+              "cal_views": [list(v) for v in views][-MAX_CAL_VIEWS:] or None,
               "threshold_auto": calibration.threshold, "score_scale": calibration.scale,
               "false_reject_rate": calibration.false_reject_rate}
     if row is None:
@@ -239,7 +251,8 @@ def export_records(session: Session, task_ids: Sequence[int]) -> dict[int, dict[
     terms = lexicon_repo.get_blobs(session, task_ids)
     return {int(r.task_id): {
         "prompt_state": None if r.prompt_state is None else base64.b64encode(r.prompt_state).decode(),
-        "cal_scores": list(r.cal_scores or []), "threshold_override": r.threshold_override,
+        "cal_scores": list(r.cal_scores or []), "cal_views": list(r.cal_views or []),
+        "threshold_override": r.threshold_override,
         "false_reject_rate": r.false_reject_rate, "template_test": r.template_test is not False,
         "novelty_test": r.novelty_test is not False,
         "terms": None if r.task_id not in terms else base64.b64encode(terms[r.task_id]).decode(),
@@ -261,6 +274,7 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         scores = [float(x) for x in record.get("cal_scores") or []]
         if not all(-1.0 <= x <= 1.0 for x in scores):  # route scores are cosines (1e308 overflowed calibrate)
             raise ValueError("cal_scores must be route scores in [-1, 1]")
+        views = validate_views(record.get("cal_views"))  # absent from exports written before 2026-11-28
         override = record.get("threshold_override")
         if override is not None:
             route_threshold(override)
@@ -273,7 +287,7 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
                  if record.get("terms") else None)
     except Exception as exc:
         raise InvalidInput(f"invalid routing record ({exc})") from None
-    store_routing(session, task_id, prompt_state=blob, calibration=calibration)
+    store_routing(session, task_id, prompt_state=blob, calibration=calibration, views=views)
     if terms is not None:
         lexicon_repo.put_record(session, task_id, terms)
     if override is not None:
@@ -334,7 +348,8 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
                              terms=None if lex is None else lex.terms,
                              template=lex.template if lex is not None and r.template_test else None,
                              false_reject_rate=r.false_reject_rate, overridden=r.overridden,
-                             split_threshold=r.split_threshold, novelty_test=r.novelty_test))
+                             split_threshold=r.split_threshold, novelty_test=r.novelty_test,
+                             length_views=r.length_views))
     return out
 
 

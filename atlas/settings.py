@@ -78,6 +78,12 @@ class Settings(BaseSettings):
         description="Answer none when the prompt's mean hidden state is farther from the answered task's samples than "
         "the task's novelty threshold (atlas.novelty; tasks with at least 20 stored sample vectors).",
     )
+    route_length_match: bool = Field(
+        default=True,
+        description="Hold a prompt shorter than nine in ten of the answered task's samples to the threshold of the "
+        "task's held-out sample prefixes of about its length, without the template and novelty tests (docs/SCORES.md, "
+        "'Prompts shorter than the samples'); false: every prompt is judged as a whole sample.",
+    )
     index_kind: Literal["auto", "flat", "ivf"] = Field(
         default="auto",
         description="'auto' (or 'ivf'): exact flat below index_ivf_min_size signatures, the two-stage index "

@@ -87,10 +87,15 @@ class RouteRejection(_Out):
                     "`threshold` are then that distance and threshold; docs/SCORES.md).")
     prompt_tokens: int | None = Field(default=None, description="The prompt's token positions.")
     sample_tokens: float | None = Field(default=None, description="The deciding task's mean token positions per "
-                                        "sample; a prompt under half of it is rejected far more often than the "
-                                        "task's false-reject rate (its threshold is calibrated on samples).")
+                                        "sample.")
+    length_matched: bool = Field(default=False, description="Whether `threshold` was matched to the prompt's "
+                                 "length: for a prompt shorter than nine in ten of the task's samples, the threshold "
+                                 "of its held-out sample prefixes of about the prompt's length (docs/SCORES.md, "
+                                 "\"Prompts shorter than the samples\"). A task calibrated before such prefixes were "
+                                 "stored holds a prompt under half its samples' length to a threshold set on whole "
+                                 "samples, which rejects it far more often than the task's false-reject rate.")
     message: str = Field(description="The same in one sentence, naming the task (what the CLI and the dashboard "
-                                     "show), with a note when the prompt is under half as long as its samples.")
+                                     "show), with a note on the prompt's length where it decided the threshold.")
 
 
 class RouteResult(_Out):
@@ -220,6 +225,13 @@ class RoutingInfo(_Out):
     threshold_override: float | None = None
     threshold_auto: float | None = None
     calibration_scores: int = 0
+    length_views: int = Field(default=0, description="Held-out views (whole calibration samples and their first half, "
+                              "quarter and eighth of tokens) that a short prompt's threshold is calibrated on.")
+    short_prompt_tokens: float | None = Field(default=None, description="A prompt with fewer token positions (fewer "
+                                              "than nine in ten of the task's samples) is held to the threshold of the "
+                                              "views nearest its length and not to the novelty test (docs/SCORES.md, "
+                                              "'Prompts shorter than the samples'); null: no views stored (a task "
+                                              "calibrated before them judges every prompt on whole samples).")
     false_reject_rate: float | None = None
     prompt_side: bool = Field(default=False, description="Routes on a prompt-side state (completion mode).")
     typical_score: float | None = Field(default=None, description="Shrunk mean of the held-out scores, subtracted "

@@ -14,21 +14,29 @@ Semantics (docs/SCORES.md):
   the routing state (their own contribution removed, so each is held out); the task's threshold is
   the lower tolerance bound at its false-reject rate (``FALSE_REJECT_RATE`` unless set for the task) of all
   its held-out scores (appends add theirs).
+* **Views by length**: each calibration sample's first half, quarter and eighth of tokens
+  (``PREFIX_FRACTIONS``) are sketched too and scored against the routing state without the whole sample; with
+  the whole samples' scores they are the task's held-out views (``task_routing.cal_views``), on which a prompt
+  shorter than the samples has its threshold calibrated (:class:`atlas.route_calibration.LengthViews`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atlas import routing, routing_repo
 from atlas.baselines import BaselineSums
 from atlas.lexicon_repo import routing_text
+from atlas.route_calibration import MIN_VIEW_TOKENS, PREFIX_FRACTIONS
 from atlas.samples import Sample, sample_id
+
+if TYPE_CHECKING:
+    from workers.batching import PreparedSample
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,8 @@ class PromptSide:
 
     prompt_sum: Any = None
     cal_states: list[Any] = field(default_factory=list)
+    cal_prefixes: list[list[Any]] = field(default_factory=list)
+    """Per entry of ``cal_states``: the states of its prefixes (:func:`prefixes`)."""
     novelty_keys: list[int] = field(default_factory=list)
     novelty_vectors: list[np.ndarray] = field(default_factory=list)
 
@@ -50,6 +60,17 @@ class PromptSide:
             return baselines
         return baselines.with_sample_vectors(np.asarray(self.novelty_keys, dtype=np.int64),
                                              np.stack(self.novelty_vectors))
+
+
+def prefixes(ps: PreparedSample) -> list[PreparedSample]:
+    """A tokenised calibration prompt's prefix views: its first ``PREFIX_FRACTIONS`` of counted positions (at least
+    ``MIN_VIEW_TOKENS``, fewer than the whole; one per distinct length), as a shorter prompt is tokenised."""
+    out: list[PreparedSample] = []
+    for fraction in PREFIX_FRACTIONS:
+        counted = round(ps.n_counted * fraction)
+        if MIN_VIEW_TOKENS <= counted < ps.n_counted and all(p.n_counted != counted for p in out):
+            out.append(replace(ps, input_ids=ps.input_ids[:ps.first_target + counted + 1]))
+    return out
 
 
 PROMPT_WINDOW = 256
@@ -89,9 +110,13 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
         prepared, _skipped = extractor.sample_tokenizer.prepare([Sample(text=t) for _, t in window], "text")
         if not prepared:
             continue
-        states = batcher.sketch_prepared(prepared)
-        vectors = getattr(states, "novelty", None)
+        views = {ps.index: prefixes(ps) for ps in prepared if window[ps.index][0] in pick}
+        extra = [v for ps in prepared for v in views.get(ps.index, [])]  # sketched in the same batches
+        every = batcher.sketch_prepared([*prepared, *extra])
+        states, view_states = every[:len(prepared)], iter(every[len(prepared):])
+        vectors = getattr(every, "novelty", None)
         for j, (ps, st) in enumerate(zip(prepared, states, strict=True)):
+            own_views = [next(view_states) for _ in views.get(ps.index, [])]
             if st.n_draws == 0:
                 continue
             if mode == "completion":
@@ -101,6 +126,7 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
                     out.novelty_vectors.append(np.asarray(vectors[j], dtype=np.float32))
             if window[ps.index][0] in pick:
                 out.cal_states.append(st)
+                out.cal_prefixes.append(own_views)
     if progress is not None:
         progress(len(texts), len(texts))
     return out
@@ -131,8 +157,11 @@ def store_routing_side(session: Any, task_id: int, mode: str, merged_state: Any,
             route_state = parts[0] if len(parts) == 1 else parts[0].merge(parts[1])
             prompt_blob = route_state.to_bytes()
     scores = routing.leave_one_out_scores(route_state, side.cal_states)
+    prefixes_of = side.cal_prefixes or [[] for _ in side.cal_states]
+    views = routing.leave_one_out_views(route_state, list(zip(side.cal_states, prefixes_of, strict=True)))
     previous, stored_rate = ([], None) if row is None else (list(row.cal_scores or []), row.false_reject_rate)
     calibration = routing.calibrate(previous + scores, routing_repo.calibration_rate(stored_rate))
-    routing_repo.store_routing(session, task_id, prompt_state=prompt_blob, calibration=calibration)
+    routing_repo.store_routing(session, task_id, prompt_state=prompt_blob, calibration=calibration,
+                               views=[*(row.cal_views or [] if row is not None else []), *views])
     log.info("task %s: routing calibrated on %s held-out scores, threshold %s", task_id,
              len(calibration.scores), calibration.threshold)

@@ -166,7 +166,8 @@ class QueryService:
         (:mod:`atlas.whitening`, ``docs/SCORES.md``), fused with the lexical score of the prompt ``texts``
         (one per state; :mod:`atlas.lexical`) unless ``settings.route_lexical`` is false; a prompt that lacks
         a term of the answered task's active template is answered ``none`` (:mod:`atlas.template`) unless
-        ``settings.route_template`` is false."""
+        ``settings.route_template`` is false; a prompt short for a task is held to its length's threshold
+        (:func:`atlas.routing.prompt_threshold`) unless ``settings.route_length_match`` is false."""
         answers = []
         queries = np.stack([np.asarray(st.signature(), dtype=np.float32) for st in states])
         with self.store.read() as session:
@@ -181,7 +182,9 @@ class QueryService:
             prompt_side = self._prompt_side_ids(session, space_id)
             loaded = self.states.load(session, space, [*union, *sorted(prompt_side - set(union))])
             keep = self.settings.route_template  # else no candidate carries its template: the test is off
-            base = {c.task_id: c if keep else replace(c, template=None)
+            by_length = self.settings.route_length_match  # else none carries its views: every prompt judged whole
+            base = {c.task_id: replace(c, template=c.template if keep else None,
+                                       length_views=c.length_views if by_length else None)
                     for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
             mark = self.index.content_mark(space_id)
             whitening = self.whitenings.get(space_id, mark,

@@ -12,7 +12,7 @@ from typing import Any
 from atlas import lexicon_repo, repository, routing, routing_repo
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady
 from atlas.models import TASK_READY
-from atlas.route_calibration import FALSE_REJECT_RATE, split_rates
+from atlas.route_calibration import FALSE_REJECT_RATE, LengthViews, split_rates
 from atlas.route_fit import FitItem, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
 from atlas.services.queries import QueryService
 from atlas.signature_repository import novelty_vectors
@@ -71,6 +71,7 @@ class ThresholdService:
             template["template_test"] = row.template_test is not False
             template["novelty_test"] = row.novelty_test is not False
             thr, src = self.default, "default"
+            views = LengthViews.from_records(row.cal_views)
             if row.threshold_override is not None:
                 thr, src = float(row.threshold_override), "override"
             elif row.threshold_auto is not None:
@@ -78,6 +79,8 @@ class ThresholdService:
             return {"task_id": task_id, "threshold": thr, "source": src,
                     "threshold_override": row.threshold_override, "threshold_auto": row.threshold_auto,
                     "calibration_scores": len(row.cal_scores or []), "false_reject_rate": row.false_reject_rate,
+                    "length_views": 0 if views is None else len(views.tokens),
+                    "short_prompt_tokens": None if views is None else views.short_below,
                     "prompt_side": row.prompt_state is not None,
                     "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
 

@@ -324,11 +324,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 looser = _at_rate(atlas, prompts, indexed, unseen, args.alt_rate)
             with Atlas(tmp, route_novelty=False, **product) as plain:  # the same store, the novelty test off
                 plain_answers = plain.route([p for _, p in prompts], k=len(indexed))
+            with Atlas(tmp, route_length_match=False, **product) as whole:  # every prompt judged as a whole sample
+                whole_answers = whole.route([p for _, p in prompts], k=len(indexed))
             with Atlas(tmp, **product) as atlas:  # fit last: it stores thresholds
                 fitted = _with_fit(atlas, prompts, indexed, unseen, rng)
         draw = _tally(prompts, answers, unseen)
         off = _tally(prompts, plain_answers, unseen)
         draw["without_novelty"] = {k: off[k] for k in ("none_unseen", "none_indexed", "right")}
+        unmatched = _tally(prompts, whole_answers, unseen)
+        draw["without_length_match"] = {k: unmatched[k] for k in ("none_unseen", "none_indexed", "right")}
         mini_ceiling, mini_cal = _minilm_rows(encoder, sig, held, indexed, unseen)
         draw.update(unseen_tasks=unseen, indexed_tasks=indexed, add_s=add_s, fit=fitted, at_rate=looser,
                     minilm=mini_ceiling,
@@ -379,16 +383,15 @@ def _landing_table(draws: list[dict[str, Any]]) -> str:
     return head + "\n".join(lines)
 
 
-def _without_novelty_row(draws: list[dict[str, Any]]) -> str:
-    """The product on the same store with the novelty test off (``route_novelty=False``; absent from older result
-    files)."""
-    if any("without_novelty" not in d for d in draws):
+def _without_row(draws: list[dict[str, Any]], key: str, label: str) -> str:
+    """The product on the same store with one rule off (``key``: ``without_novelty``, ``route_novelty=False``;
+    ``without_length_match``, ``route_length_match=False``; absent from older result files)."""
+    if any(key not in d for d in draws):
         return ""
     keys = ("none_unseen", "none_indexed", "right")
-    cols = [float(np.median([d["without_novelty"][k] for d in draws])) for k in keys]
+    cols = [float(np.median([d[key][k] for d in draws])) for k in keys]
     top1 = float(np.median([d["top1"] for d in draws]))
-    return (f"| FisherAtlas (product) without the novelty test (`route_novelty=False`, same store) | "
-            f"{cols[0]:.3f} | {cols[1]:.3f} | {pct(cols[2])} | {pct(top1)} |\n")
+    return f"| FisherAtlas (product) {label} | {cols[0]:.3f} | {cols[1]:.3f} | {pct(cols[2])} | {pct(top1)} |\n"
 
 
 def render(res: dict[str, Any], facts: str) -> str:
@@ -403,7 +406,10 @@ def render(res: dict[str, Any], facts: str) -> str:
         "|:---|---:|---:|---:|---:|\n"
         f"| FisherAtlas (product, library, calibrated thresholds, no labels) | {med('none_unseen'):.3f} | "
         f"{med('none_indexed'):.3f} | {pct(med('right'))} | {pct(med('top1'))} |\n"
-        + _without_novelty_row(draws) + _at_rate_row(draws, res.get("alt_rate")) +
+        + _without_row(draws, "without_novelty", "without the novelty test (`route_novelty=False`, same store)")
+        + _without_row(draws, "without_length_match", "judging every prompt as a whole sample "
+                       "(`route_length_match=False`, same store; before 2026-11-28)")
+        + _at_rate_row(draws, res.get("alt_rate")) +
         f"| FisherAtlas (product) + `fit` (labelled prompts incl. none; cross-fitted halves) | "
         f"{med('none_unseen', 'fit'):.3f} | {med('none_indexed', 'fit'):.3f} | {pct(med('right', 'fit'))} | "
         f"{pct(med('top1', 'fit'))} |\n"

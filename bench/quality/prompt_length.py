@@ -68,29 +68,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         product = {"model": args.model, "device": args.device, "torch_threads": args.threads, "sketch_dim": args.m,
                    "max_tokens_per_sample": args.max_tokens}
         draw: dict[str, Any] = {"unseen_tasks": unseen, "by_fraction": {}}
-        with tempfile.TemporaryDirectory() as tmp, Atlas(tmp, **product) as atlas:
-            for t in indexed:
-                atlas.add(t, sig[t], progress=False)
-            for f in FRACTIONS:
-                prompts = [(t, cut(p, f)) for t in indexed + unseen for p in held[t]]
-                res = _tally(prompts, atlas.route([p for _, p in prompts], k=3), unseen)
-                truth = [indexed.index(t) if t in indexed else None for t, _ in prompts]
-                words = [len(p.split()) for _, p in prompts]
-                draw["by_fraction"][str(f)] = {
-                    "product": {k: res[k] for k in KEYS},
-                    "low_rate": _at_rate(atlas, prompts, indexed, unseen, LOW_RATE),
-                    "minilm": calibrated_knn_rates(utterances, encoder.encode([p for _, p in prompts]), truth),
-                    "fit": _with_fit(atlas, prompts, indexed, unseen, rng),
-                    "median_words": float(np.median(words)),
-                }
-                for t in indexed:  # back to the calibrated thresholds for the next length
-                    atlas.set_threshold(t, None)
-                    atlas.set_template_test(t, True)
-                r = draw["by_fraction"][str(f)]
-                log(f"draw {d} fraction {f}: product none {r['product']['none_unseen']:.3f} / "
-                    f"{r['product']['none_indexed']:.3f}, at {LOW_RATE:.0%} {r['low_rate']['none_unseen']:.3f} / "
-                    f"{r['low_rate']['none_indexed']:.3f}, MiniLM {r['minilm']['none_unseen']:.3f} / "
-                    f"{r['minilm']['none_indexed']:.3f}")
+        cuts = {f: [(t, cut(p, f)) for t in indexed + unseen for p in held[t]] for f in FRACTIONS}
+        with tempfile.TemporaryDirectory() as tmp:
+            with Atlas(tmp, **product) as atlas:
+                for t in indexed:
+                    atlas.add(t, sig[t], progress=False)
+                for f, prompts in cuts.items():
+                    res = _tally(prompts, atlas.route([p for _, p in prompts], k=3), unseen)
+                    truth = [indexed.index(t) if t in indexed else None for t, _ in prompts]
+                    words = [len(p.split()) for _, p in prompts]
+                    draw["by_fraction"][str(f)] = {
+                        "product": {k: res[k] for k in KEYS},
+                        "low_rate": _at_rate(atlas, prompts, indexed, unseen, LOW_RATE),
+                        "minilm": calibrated_knn_rates(utterances, encoder.encode([p for _, p in prompts]), truth),
+                        "fit": _with_fit(atlas, prompts, indexed, unseen, rng),
+                        "median_words": float(np.median(words)),
+                    }
+                    for t in indexed:  # back to the calibrated thresholds and tests for the next length
+                        atlas.set_threshold(t, None)
+                        atlas.set_template_test(t, True)
+                        atlas.set_novelty_test(t, True)
+            with Atlas(tmp, route_length_match=False, **product) as whole:  # the same store, judged as whole samples
+                for f, prompts in cuts.items():
+                    res = _tally(prompts, whole.route([p for _, p in prompts], k=3), unseen)
+                    draw["by_fraction"][str(f)]["as_whole"] = {k: res[k] for k in KEYS}
+        for f in FRACTIONS:
+            r = draw["by_fraction"][str(f)]
+            log(f"draw {d} fraction {f}: product none {r['product']['none_unseen']:.3f} / "
+                f"{r['product']['none_indexed']:.3f}, judged whole {r['as_whole']['none_unseen']:.3f} / "
+                f"{r['as_whole']['none_indexed']:.3f}, at {LOW_RATE:.0%} {r['low_rate']['none_unseen']:.3f} / "
+                f"{r['low_rate']['none_indexed']:.3f}, MiniLM {r['minilm']['none_unseen']:.3f} / "
+                f"{r['minilm']['none_indexed']:.3f}")
         draws.append(draw)
     return {"n_tasks": len(names), "n_unseen": n_unseen, "draws": draws, "lm": load_model(args)}
 
@@ -98,11 +106,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def render(res: dict[str, Any], facts: str) -> str:
     draws = res["draws"]
     labels = {"product": "FisherAtlas (product, calibrated at 5 %, no labels)",
+              "as_whole": "FisherAtlas (product) judging every prompt as a whole sample (`route_length_match=False`, "
+                          "same store; before 2026-11-28)",
               "low_rate": f"FisherAtlas (product), every task calibrated at {LOW_RATE:.0%} (`false_reject_rate`)",
               "fit": "FisherAtlas (product) + `fit` on labelled prompts of the same length (cross-fitted halves)",
               "minilm": "MiniLM kNN, per-route thresholds calibrated like ours (5 %)"}
     rows = []
     for router, label in labels.items():
+        if any(router not in d["by_fraction"][str(f)] for d in draws for f in FRACTIONS):
+            continue  # a row absent from older result files
         for f in FRACTIONS:
             col = [float(np.median([d["by_fraction"][str(f)][router][k] for d in draws])) for k in KEYS]
             words = float(np.median([d["by_fraction"][str(f)]["median_words"] for d in draws]))
@@ -112,8 +124,8 @@ def render(res: dict[str, Any], facts: str) -> str:
              "indexed | top-1, indexed |\n|:---|:---|---:|---:|---:|---:|\n" + "\n".join(rows))
     return (f"{res['n_tasks']} data families (experiment 4d), {res['n_tasks'] - res['n_unseen']} indexed and "
             f"{res['n_unseen']} unseen per draw, {len(draws)} draws (medians); every held-out prompt routed whole "
-            f"and cut to its first half and quarter of words (at least {MIN_WORDS}); thresholds calibrated on whole "
-            f"samples.\n\n{table}\n\n{facts}")
+            f"and cut to its first half and quarter of words (at least {MIN_WORDS}); thresholds calibrated on held-out "
+            f"samples and (since 2026-11-28) their prefixes.\n\n{table}\n\n{facts}")
 
 
 def main() -> None:

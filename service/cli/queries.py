@@ -152,9 +152,19 @@ def routing(name: str,
         f" (template {'active' if info.template_active else 'inactive'}, {info.template_terms} terms)")
     lines = [f"{task.name} (id {task.id}): threshold {info.threshold:.4f} ({info.source}), calibrated {auto} "
              f"at false-reject rate {rate} from {info.calibration_scores} held-out scores",
+             _length_line(info.length_views, info.short_prompt_tokens),
              f"template test {'on' if info.template_test else 'off'}{state}",
              _novelty_line(info.novelty_samples, info.novelty_test)]
     emit(json, info, "\n".join(lines))
+
+
+def _length_line(views: int, short_below: float | None) -> str:
+    """The routing output's line on thresholds matched to a prompt's length (docs/SCORES.md, "Prompts shorter than
+    the samples")."""
+    if short_below is None:
+        return "prompt length: no held-out views stored (every prompt judged on whole samples; re-add to store them)"
+    return (f"prompt length: a prompt under {short_below:.0f} tokens is held to the threshold of its length "
+            f"({views} held-out views) and not to the novelty test")
 
 
 def _novelty_line(n: int, switch: bool = True) -> str:

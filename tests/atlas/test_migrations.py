@@ -342,6 +342,51 @@ def test_0008_adds_the_novelty_switch_on_for_existing_rows_and_drops_it_on_downg
     assert route().novelty_test is True  # the downgrade dropped the switch: on again, as before 0008
 
 
+def test_0009_adds_the_held_out_views_null_for_existing_rows_and_drops_them_on_downgrade(empty_url: str) -> None:
+    """0009 adds ``task_routing.cal_views``: a row stored before it has none (every prompt judged on whole samples,
+    as before), a job's views are stored and read back as :class:`LengthViews`, and the downgrade drops them while
+    the other columns survive SQLite's batch rebuild."""
+    from sqlalchemy import text
+
+    from atlas import repository, routing_repo
+    from atlas.route_calibration import calibrate
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    migrations.upgrade(empty_url, "0008")
+    engine = db.make_engine(empty_url, pool_size=1)
+    space = make_space(db.session_factory(engine))
+    with db.session_factory(engine).begin() as s:
+        tid = repository.create_task_with_job(s, space.id, "t", "text", {}, [Sample(text="x")])[0].id
+        s.execute(text("INSERT INTO task_routing (task_id, version, cal_scores, threshold_auto, novelty_test, "
+                       "updated_at) VALUES (:t, 2, '[0.25, 0.3, 0.35, 0.4, 0.45]', 0.2, :nt, CURRENT_TIMESTAMP)"),
+                  {"t": tid, "nt": False})
+    engine.dispose()
+
+    def session_do(fn: Any) -> Any:
+        eng = db.make_engine(empty_url, pool_size=1)
+        try:
+            with db.session_factory(eng).begin() as s:
+                return fn(s)
+        finally:
+            eng.dispose()
+
+    migrations.upgrade(empty_url)
+    before = session_do(lambda s: routing_repo.get_task_routes(s, [tid])[tid])
+    assert before.length_views is None and before.threshold == 0.2 and before.novelty_test is False
+    views = [[40, 0.4, True]] * 6 + [[10, 0.1, False]] * 6
+    session_do(lambda s: routing_repo.store_routing(s, tid, prompt_state=None,
+                                                    calibration=calibrate([0.4] * 6), views=views))
+    after = session_do(lambda s: routing_repo.get_task_routes(s, [tid])[tid])
+    assert after.length_views is not None and after.length_views.short(10) and not after.length_views.short(40)
+    migrations.downgrade(empty_url, "0008")
+    eng = db.make_engine(empty_url, pool_size=1)
+    with eng.connect() as conn:
+        assert "cal_views" not in {c["name"] for c in inspect(conn).get_columns("task_routing")}
+        assert conn.execute(text("SELECT novelty_test, version FROM task_routing")).one() == (False, 3)
+    eng.dispose()
+
+
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
 def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path: Path, capsys) -> None:
     """``alembic upgrade head --sql`` / ``downgrade head:base --sql`` (env.py's offline mode) render on both

@@ -241,6 +241,9 @@ def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_
     text = capsys.readouterr().out
     assert "(calibrated)" in text and "false-reject rate 0.3" in text and "template test off" in text
     assert "novelty test off (7 sample vectors, 20 needed" in text  # 7 samples: too few for the novelty test
+    short = before["short_prompt_tokens"]  # 7 whole views and their prefixes (half, quarter, eighth)
+    assert before["length_views"] > before["calibration_scores"] == 7 and short > 2
+    assert f"prompt length: a prompt under {short:.0f} tokens is held to the threshold of its length" in text
     assert main(["routing", "foxes", "--no-novelty", "--json"]) == 0  # the per-task switch
     assert _out(capsys)["novelty_test"] is False
     assert main(["routing", "foxes"]) == 0

@@ -11,6 +11,7 @@ matches and the open-set "none", the jobs page lists the jobs. Screenshots are w
 
 from __future__ import annotations
 
+import math
 import random
 import socket
 import threading
@@ -712,6 +713,10 @@ def test_task_page_routing_side_template_switch_rate_and_override(service: _Serv
             card.locator("[data-testid=novelty-toggle]").click()
             page.locator("[data-testid=novelty-toggle][data-on=true]").wait_for()
             assert http.get(f"/v1/tasks/{task_id}/routing").json()["novelty_test"] is True
+            info = http.get(f"/v1/tasks/{task_id}/routing").json()
+            assert card.locator("[data-testid=routing-short-prompts]").inner_text().startswith(
+                f"under {math.floor(info['short_prompt_tokens'] + 0.5)} tokens: threshold of their length "
+                f"({info['length_views']} held-out views)")
             _set_rate_and_override(page, http, task_id)
         finally:
             assert http.delete(f"/v1/tasks/{task_id}").status_code == 204

@@ -1142,6 +1142,9 @@
             ? `${fmtPct(r.false_reject_rate)} % of own prompts (calibrated threshold ${r.threshold_auto === undefined || r.threshold_auto === null ? "—" : fmt(r.threshold_auto)})`
             : "— (no calibration stored: the task is too small or older than calibration)")],
           ["calibration scores", fmtInt(r.calibration_scores ?? 0)],
+          ["short prompts", h("span", { "data-testid": "routing-short-prompts" }, r.short_prompt_tokens === undefined || r.short_prompt_tokens === null
+            ? "— (no held-out views stored: every prompt is judged on whole samples)"
+            : `under ${fmtInt(Math.round(r.short_prompt_tokens))} tokens: threshold of their length (${fmtInt(r.length_views ?? 0)} held-out views), no novelty test`)],
           ["typical score", r.typical_score === undefined || r.typical_score === null ? "—" : fmt(r.typical_score)],
           ["template", h("span", { "data-testid": "template-state" }, tpl)],
           ["template test", h("span", { "data-testid": "template-test" }, on ? "on" : "off")],
