@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,11 +48,15 @@ from atlas.route_answer import RouteMatch as RouteMatch
 from atlas.route_calibration import CALIBRATION_CONFIDENCE as CALIBRATION_CONFIDENCE
 from atlas.route_calibration import CALIBRATION_SAMPLES as CALIBRATION_SAMPLES
 from atlas.route_calibration import FALSE_REJECT_RATE as FALSE_REJECT_RATE
-from atlas.route_calibration import MAX_CAL_SCORES, LengthViews, split_rates
+from atlas.route_calibration import MAX_CAL_SCORES, split_rates
 from atlas.route_calibration import MIN_CALIBRATION as MIN_CALIBRATION
 from atlas.route_calibration import Calibration as Calibration
 from atlas.route_calibration import calibrate as calibrate
 from atlas.route_calibration import calibration_pick as calibration_pick
+from atlas.route_candidates import Candidate as Candidate
+from atlas.route_candidates import TaskRoute as TaskRoute
+from atlas.route_candidates import prompt_threshold as prompt_threshold
+from atlas.route_candidates import resolve as resolve
 from atlas.whitening import SpaceWhitening, Whitening
 
 PRIOR_DRAWS = 1.0
@@ -178,123 +181,6 @@ def confidence(score_: float, threshold: float, scale: float | None) -> float:
     """``sigmoid((score − threshold) / scale)`` in [0, 1] (see the module notes)."""
     z = (score_ - threshold) / (scale if scale and scale > 0 else DEFAULT_SCALE)
     return float(1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0))))
-
-
-@dataclass(frozen=True)
-class TaskRoute:
-    """What routing reads for one task beside its state: prompt-side state and threshold."""
-
-    threshold: float | None = None
-    scale: float | None = None
-    prompt_side: bool = False
-    """Whether the task routes on a prompt-side state (a completion-mode task) rather than on its own."""
-    prompt_digest: bytes | None = None
-    """The last 32 bytes of the task's prompt-side state blob (its BLAKE2b digest: a state blob ends with it),
-    as stored; ``None`` when not stored. The blob is read only where its view is not cached."""
-    version: int = 0
-    typical: float | None = None
-    template_test: bool = True
-    novelty_test: bool = True
-    """Whether the task's novelty test is on (``task_routing.novelty_test``; off: routed as a task without one)."""
-    false_reject_rate: float | None = None
-    overridden: bool = False
-    """Whether ``threshold`` is the task's override (set by a user or ``fit``), not its calibrated one."""
-    split_threshold: float | None = None
-    """The calibrated threshold at half the task's false-reject rate (a task with a novelty test is held to it)."""
-    length_views: LengthViews | None = None
-    """The task's held-out views by length (a prompt shorter than its samples is calibrated on them)."""
-
-
-def resolve(row: Any, typical: float | None, split: float | None = None,
-            views: LengthViews | None = None) -> TaskRoute:
-    """A :class:`TaskRoute` from a ``TaskRouting`` row read by :func:`atlas.routing_repo.get_task_routes` (its
-    columns but the blob, the held-out scores and views, and ``prompt_side``), the :func:`typical_score` of its
-    held-out scores (``None``: none), its threshold at half its rate and its held-out views by length; the override
-    wins over the calibrated threshold."""
-    thr = row.threshold_override if row.threshold_override is not None else row.threshold_auto
-    return TaskRoute(threshold=None if thr is None else float(thr),
-                     scale=None if row.score_scale is None else float(row.score_scale),
-                     prompt_side=bool(row.prompt_side),
-                     prompt_digest=None if row.prompt_digest is None else bytes(row.prompt_digest),
-                     version=int(row.version or 0),
-                     typical=typical,
-                     template_test=row.template_test is not False,
-                     novelty_test=row.novelty_test is not False,
-                     false_reject_rate=None if row.false_reject_rate is None else float(row.false_reject_rate),
-                     overridden=row.threshold_override is not None,
-                     split_threshold=None if split is None else float(split), length_views=views)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A stored task offered to the re-ranker.
-
-    Attributes
-    ----------
-    task_id, name
-        Identity of the task.
-    state : fishersketch.SketchState
-        Its stored state.
-    faiss_score : float
-        Inner product of the prompt's and the task's unit signatures.
-    view : tuple of ndarray, optional
-        The state's :func:`state_view`, if the caller cached it (saves recomputing it per query).
-    threshold : float, optional
-        The task's own open-set threshold (override, else calibrated); ``None``: the global default.
-    scale : float, optional
-        Spread of the task's held-out scores (the confidence scale).
-    typical : float, optional
-        The task's :func:`typical_score`; ``None``: never calibrated (see :func:`rank_scores`).
-    terms : atlas.lexical.TaskTerms, optional
-        The task's lexical terms; ``None``: none stored (then the query is ranked without lexical evidence).
-    template : atlas.template.TaskTemplate, optional
-        The terms every sample of the task has (the open set's template test); ``None``: none stored.
-    false_reject_rate : float, optional
-        The task's false-reject rate (``None``: the default); the novelty test's threshold is taken at it.
-    overridden : bool
-        Whether ``threshold`` is an override (a user's or ``fit``'s) rather than the calibrated one.
-    split_threshold : float, optional
-        The calibrated threshold at half the task's false-reject rate (used with a novelty test).
-    novelty_test : bool
-        Whether the task's novelty test is on (false: routed as a task without one, at its full-rate threshold).
-    length_views : atlas.route_calibration.LengthViews, optional
-        The task's held-out views by length (``None``: none stored): a prompt shorter than the task's samples
-        (:meth:`~atlas.route_calibration.LengthViews.short`) is held to the threshold of the views nearest its
-        length, and not to the novelty test.
-    """
-
-    task_id: int
-    name: str
-    state: Any
-    faiss_score: float = 0.0
-    view: Any = None
-    threshold: float | None = None
-    scale: float | None = None
-    typical: float | None = None
-    terms: Any = None
-    template: Any = None
-    false_reject_rate: float | None = None
-    overridden: bool = False
-    split_threshold: float | None = None
-    novelty_test: bool = True
-    length_views: LengthViews | None = None
-
-
-def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool) -> tuple[float, bool]:
-    """The route threshold candidate ``c`` holds a prompt of ``n_tokens`` positions to, at its full rate, and whether
-    it was matched to the prompt's length.
-
-    ``default`` without ``per_task`` or without a threshold of the task's own; its override (a user's or ``fit``'s) as
-    set; else its calibrated threshold — lowered, for a prompt short for the task, to the threshold of its held-out
-    views nearest the prompt's length (never raised: a prompt as long as the samples is judged on whole samples).
-    """
-    if not per_task or c.threshold is None:
-        return default, False
-    lv = c.length_views
-    if c.overridden or lv is None or not lv.short(n_tokens):
-        return c.threshold, False
-    local = lv.threshold(n_tokens, c.false_reject_rate if c.false_reject_rate is not None else FALSE_REJECT_RATE)
-    return (c.threshold, False) if local is None else (min(c.threshold, local), True)
 
 
 def self_similarity(state: Any, feature: str = "ae") -> float:
@@ -461,10 +347,11 @@ def rerank_route(
         task whose ``novelty_test`` is off is routed as one without a test (its full-rate threshold).
 
     A prompt *short* for the answered task (fewer token positions than nine in ten of its samples:
-    ``Candidate.length_views``) is judged by neither the novelty nor the template test — a prefix of a sample lacks
-    its closing frame and its mean hidden state is atypical — but by the route threshold of the task's held-out views
-    nearest its length, at the task's full rate (:func:`prompt_threshold`, ``Rejection.length_matched``); the nearest
-    task's threshold is matched to the prompt's length the same way.
+    ``Candidate.length_views``) is held to the thresholds of the task's held-out prefix views nearest its length —
+    the route threshold (:func:`prompt_threshold`, ``Rejection.length_matched``) and, where the novelty model has the
+    task's prefix vectors, the novelty threshold (:meth:`atlas.novelty.SpaceNovelty.threshold_at_length`; without
+    them the route threshold takes the full rate) — and not to the template test (a prefix of a sample lacks its
+    closing frame); the nearest task's threshold is matched to the prompt's length the same way.
 
     Returns
     -------
@@ -502,13 +389,14 @@ def rerank_route(
     n_prompt = int(prompt_state.n_tokens)
     _, novelty_rate = split_rates(first.false_reject_rate if first.false_reject_rate is not None
                                   else FALSE_REJECT_RATE)
-    # The novelty and template tests' promises hold for prompts like the task's samples (a prefix of a sample lacks
-    # its closing frame, and its mean hidden state is atypical: bench 4f): a prompt short for the task is judged by its
-    # route threshold alone, matched to its length, at the task's full rate (prompt_threshold).
+    # The thresholds' promises hold for prompts like the task's samples. A prompt short for the task (a prefix of a
+    # sample lacks its closing frame; its mean hidden state lies farther from the samples: bench 4f) is held to the
+    # route and novelty thresholds of the task's held-out prefix views nearest its length, and not to the template.
     short_first = first.length_views is not None and first.length_views.short(n_prompt)
-    novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, novelty_rate)
-                             if novelty is not None and per_task and first.novelty_test and not short_first
-                             else (False, None, None))
+    novel, dist, dist_thr = False, None, None
+    if novelty is not None and per_task and first.novelty_test:
+        novel, dist, dist_thr = (novelty.rejects_at_length(prompt_vector, first.task_id, n_prompt, novelty_rate)
+                                 if short_first else novelty.rejects(prompt_vector, first.task_id, novelty_rate))
     # A task with a novelty test spends NOVELTY_SHARE (half) of its false-reject budget on it and the rest on its
     # route threshold (split_threshold, calibrated at that rest); an override (a user's or fit's) is kept as it is.
     split = dist is not None and not first.overridden and first.split_threshold is not None
@@ -523,9 +411,7 @@ def rerank_route(
             else:
                 diag.append(0.0)
         c = candidates[i]
-        thr, by_length = prompt_threshold(c, n_prompt, threshold, per_task)
-        if split and i == order[0] and first.split_threshold is not None:
-            thr, by_length = first.split_threshold, False
+        thr, by_length = prompt_threshold(c, n_prompt, threshold, per_task, split=split and i == order[0])
         matched.append(by_length)
         sc = _f(score[i])
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
