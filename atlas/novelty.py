@@ -283,8 +283,9 @@ class SpaceNovelty:
     def threshold_at_length(self, task_id: int, n_tokens: int, false_reject_rate: float | None = None
                             ) -> float | None:
         """The task's distance threshold for a prompt of ``n_tokens`` positions, short for the task: the
-        split-conformal quantile (as :meth:`threshold`) of the distances of its :data:`LENGTH_NEIGHBOURS` held-out
-        prefix views nearest ``n_tokens`` in log length (a sample's prefix is farther from the task's samples than
+        split-conformal quantile (as :meth:`threshold`) of the distances of its held-out prefix views nearest
+        ``n_tokens`` in log length (:data:`LENGTH_NEIGHBOURS`, or ``2 / rate − 1`` where more: the quantile needs
+        ``1 / rate − 1``) (a sample's prefix is farther from the task's samples than
         a whole sample, so the whole-sample threshold rejects most short own prompts: bench 4f); ``None``: the task
         is not tested or has fewer than ``MIN_CALIBRATION`` prefix views of the model's width.
 
@@ -295,9 +296,11 @@ class SpaceNovelty:
         if views is None:
             return None
         tokens, vectors = views
-        near = np.argsort(np.abs(np.log(tokens) - math.log(max(int(n_tokens), 1))), kind="stable")[:LENGTH_NEIGHBOURS]
-        own = np.sort(np.asarray(self.distances(vectors[near], task_id)))
         rate = FALSE_REJECT_RATE if false_reject_rate is None else float(false_reject_rate)
+        # the conformal quantile at ``rate`` exists from 1/rate − 1 scores on: take twice that many where there are
+        wanted = max(LENGTH_NEIGHBOURS, math.ceil(2.0 / rate) - 1)
+        near = np.argsort(np.abs(np.log(tokens) - math.log(max(int(n_tokens), 1))), kind="stable")[:wanted]
+        own = np.sort(np.asarray(self.distances(vectors[near], task_id)))
         k = math.ceil((len(own) + 1) * (1.0 - rate) - 1e-9)
         return float(own[k - 1]) + DISTANCE_TIE if k <= len(own) else math.inf
 
