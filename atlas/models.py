@@ -304,9 +304,6 @@ class TaskRouting(Base):
     cal_views: Mapped[list[list[Any]] | None] = mapped_column(JSON)
     """Held-out views by length: ``[tokens, score, whole]`` per calibration sample and per prefix of it
     (:func:`atlas.routing.leave_one_out_views`); ``None`` for a task calibrated before 2026-11-28."""
-    view_vectors: Mapped[bytes | None] = mapped_column(LargeBinary)
-    """The latest job's prefix views' novelty vectors and token counts
-    (:func:`atlas.route_calibration.encode_view_vectors`): a short prompt's novelty threshold."""
     threshold_auto: Mapped[float | None] = mapped_column(Float)
     score_scale: Mapped[float | None] = mapped_column(Float)
     false_reject_rate: Mapped[float | None] = mapped_column(Float)

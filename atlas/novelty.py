@@ -43,7 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from atlas.route_calibration import FALSE_REJECT_RATE, LENGTH_NEIGHBOURS, MIN_CALIBRATION
+from atlas.route_calibration import FALSE_REJECT_RATE
 from atlas.space_fit_cache import SpaceFitCache
 
 NOVELTY_DIM = 256
@@ -127,9 +127,6 @@ class TaskFit:
 
 VectorsLoader = Callable[[list[int]], Mapping[int, np.ndarray]]
 """Reads the stored novelty vectors of the given task ids (tasks without any are absent)."""
-ViewsLoader = Callable[[int], "tuple[np.ndarray, np.ndarray] | None"]
-"""Reads a task's held-out prefix views' vectors: ``(tokens (v,), vectors (v, r))`` or ``None``
-(:func:`atlas.routing_repo.view_vectors`)."""
 
 NOVELTY_FIT_TASKS = 256
 """Tasks the space's covariance is fitted on at most (evenly spaced by id above this): the fit's cost and memory do
@@ -138,9 +135,6 @@ its first use, from its own vectors, in that covariance."""
 
 NOVELTY_LAZY_TASKS = 50_000
 """Tasks calibrated on first use that a model keeps (about 3 KiB each); past this it forgets them all."""
-NOVELTY_VIEW_TASKS = 1024
-"""Tasks whose prefix views a :class:`SpaceNovelty` keeps (about 96 KiB each at 96 views of 256 float32; the
-memo is cleared when full)."""
 
 
 def _valid(x: np.ndarray | None, dim: int | None = None) -> bool:
@@ -168,20 +162,18 @@ class SpaceNovelty:
 
     def __init__(self, dim: int, whitener: np.ndarray, fold_whiteners: np.ndarray,
                  tasks: Mapping[int, TaskFit], loader: VectorsLoader | None = None,
-                 untested: Sequence[int] = (), views_loader: ViewsLoader | None = None) -> None:
+                 untested: Sequence[int] = ()) -> None:
         self.dim = dim
         self.whitener = whitener
         self.fold_whiteners = fold_whiteners
         self._fitted = dict(tasks)
         self._lazy: dict[int, TaskFit | None] = dict.fromkeys(untested)  # known: too few vectors
         self._loader = loader
-        self._views_loader = views_loader
-        self._views: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def fit(cls, vectors: Mapping[int, np.ndarray | None], *, ridge: float = RIDGE, folds: int = FOLDS,
-            loader: VectorsLoader | None = None, views_loader: ViewsLoader | None = None) -> SpaceNovelty | None:
+            loader: VectorsLoader | None = None) -> SpaceNovelty | None:
         """Fit the space's covariance on the given tasks' vectors and calibrate each of them.
 
         Parameters
@@ -196,9 +188,6 @@ class SpaceNovelty:
         loader : VectorsLoader, optional
             Reads the vectors of the space's other tasks when they are first asked about (``None``: only the
             given tasks are tested).
-        views_loader : ViewsLoader, optional
-            Reads a task's held-out prefix views' vectors when a prompt short for it is first tested
-            (:meth:`threshold_at_length`; ``None``: short prompts are not tested).
 
         Returns
         -------
@@ -244,7 +233,7 @@ class SpaceNovelty:
         fold_whiteners = np.stack([whitener_without(f) for f in range(folds)])
         tasks = {t: _calibrate(x, whitener, fold_whiteners) for t, x in groups.items()}
         return cls(dim=r, whitener=whitener, fold_whiteners=fold_whiteners, tasks=tasks, loader=loader,
-                   untested=[int(t) for t in vectors if t not in groups], views_loader=views_loader)
+                   untested=[int(t) for t in vectors if t not in groups])
 
     def task(self, task_id: int) -> TaskFit | None:
         """The task's calibrated part (calibrated now on first use), ``None``: not tested."""
@@ -279,59 +268,6 @@ class SpaceNovelty:
         rate = FALSE_REJECT_RATE if false_reject_rate is None else float(false_reject_rate)
         k = math.ceil((len(own) + 1) * (1.0 - rate) - 1e-9)
         return float(own[k - 1]) + DISTANCE_TIE if k <= len(own) else math.inf
-
-    def threshold_at_length(self, task_id: int, n_tokens: int, false_reject_rate: float | None = None
-                            ) -> float | None:
-        """The task's distance threshold for a prompt of ``n_tokens`` positions, short for the task: the
-        split-conformal quantile (as :meth:`threshold`) of the distances of its held-out prefix views nearest
-        ``n_tokens`` in log length (:data:`LENGTH_NEIGHBOURS`, or ``2 / rate − 1`` where more: the quantile needs
-        ``1 / rate − 1``) (a sample's prefix is farther from the task's samples than
-        a whole sample, so the whole-sample threshold rejects most short own prompts: bench 4f); ``None``: the task
-        is not tested or has fewer than ``MIN_CALIBRATION`` prefix views of the model's width.
-
-        The views' whole samples may be among the task's fitted vectors, so their distances lean a little low (a
-        slightly lower threshold than held-out views would give)."""
-        fit = self.task(task_id)
-        views = self._task_views(task_id) if fit is not None else None
-        if views is None:
-            return None
-        tokens, vectors = views
-        rate = FALSE_REJECT_RATE if false_reject_rate is None else float(false_reject_rate)
-        # the conformal quantile at ``rate`` exists from 1/rate − 1 scores on: take twice that many where there are
-        wanted = max(LENGTH_NEIGHBOURS, math.ceil(2.0 / rate) - 1)
-        near = np.argsort(np.abs(np.log(tokens) - math.log(max(int(n_tokens), 1))), kind="stable")[:wanted]
-        own = np.sort(np.asarray(self.distances(vectors[near], task_id)))
-        k = math.ceil((len(own) + 1) * (1.0 - rate) - 1e-9)
-        return float(own[k - 1]) + DISTANCE_TIE if k <= len(own) else math.inf
-
-    def _task_views(self, task_id: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The task's prefix views (token counts, vectors), read once through the views loader."""
-        if self._views_loader is None:
-            return None
-        with self._lock:
-            if task_id in self._views:
-                return self._views[task_id]
-        got = self._views_loader(int(task_id))
-        ok = (got is not None and len(got[0]) >= MIN_CALIBRATION and np.ndim(got[1]) == 2
-              and np.shape(got[1]) == (len(got[0]), self.dim) and bool(np.all(np.asarray(got[0]) >= 1)))
-        views = (np.asarray(got[0], dtype=np.int64), np.asarray(got[1], dtype=np.float32)) if ok and got else None
-        with self._lock:
-            if len(self._views) >= NOVELTY_VIEW_TASKS:
-                self._views.clear()
-            self._views[task_id] = views
-        return views
-
-    def rejects_at_length(self, vector: np.ndarray | None, task_id: int, n_tokens: int,
-                          false_reject_rate: float | None = None) -> tuple[bool, float | None, float | None]:
-        """:meth:`rejects` for a prompt short for the task, against :meth:`threshold_at_length` (``False, None,
-        None`` when that is ``None``: the prompt is then not tested)."""
-        if vector is None:
-            return False, None, None
-        thr = self.threshold_at_length(task_id, n_tokens, false_reject_rate)
-        d = None if thr is None else self.distance(vector, task_id)
-        if d is None or thr is None:
-            return False, None, None
-        return d > thr, d, thr
 
     def distance(self, vector: np.ndarray, task_id: int) -> float | None:
         """Scaled squared Mahalanobis distance of one prompt vector to a task (``None``: task not tested).
@@ -405,19 +341,16 @@ class NoveltyCache(SpaceFitCache[SpaceNovelty]):
         super().__init__(NOVELTY_MAX_TASKS, NOVELTY_REFIT_S)
 
     def get(self, space_id: int, mark: int, task_ids: Callable[[], Sequence[int]],
-            load: VectorsLoader, lazy_load: VectorsLoader | None = None,
-            views_load: ViewsLoader | None = None) -> SpaceNovelty | None:
+            load: VectorsLoader, lazy_load: VectorsLoader | None = None) -> SpaceNovelty | None:
         """The space's model (fitted now when stale, on at most :data:`NOVELTY_FIT_TASKS` of its tasks, evenly
-        spaced by id; the others calibrated on first use by ``lazy_load``, or ``load`` when not given; a task's
-        prefix views read by ``views_load`` when a short prompt is first tested on it); ``None`` when none of the
-        tasks it is fitted on has enough vectors."""
+        spaced by id; the others calibrated on first use by ``lazy_load``, or ``load`` when not given); ``None``
+        when none of the tasks it is fitted on has enough vectors."""
 
         def fit(ids: Sequence[int] | np.ndarray) -> SpaceNovelty | None:
             chosen = np.asarray(ids, dtype=np.int64)
             if len(chosen) > NOVELTY_FIT_TASKS:
                 chosen = chosen[np.linspace(0, len(chosen) - 1, NOVELTY_FIT_TASKS).round().astype(int)]
             loaded = load([int(i) for i in chosen])
-            return SpaceNovelty.fit({int(t): loaded.get(int(t)) for t in chosen}, loader=lazy_load or load,
-                                    views_loader=views_load)
+            return SpaceNovelty.fit({int(t): loaded.get(int(t)) for t in chosen}, loader=lazy_load or load)
 
         return self.fitted(space_id, mark, task_ids, fit)

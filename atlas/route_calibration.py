@@ -193,37 +193,3 @@ def validate_views(records: object) -> list[list[object]]:
         raise ValueError("cal_views must be [tokens >= 1, route score in [-1, 1], whole] records")
     views: list[list[object]] = [[int(t), float(s), bool(w)] for t, s, w in records]
     return views[-MAX_CAL_VIEWS:]
-
-
-MAX_VIEW_VECTORS = CALIBRATION_SAMPLES * len(PREFIX_FRACTIONS)
-"""Prefix views whose novelty vectors a task keeps (one job's; the latest job's replace them): what a short prompt's
-novelty threshold is calibrated on (:meth:`atlas.novelty.SpaceNovelty.threshold_at_length`)."""
-_VIEWS_MAGIC = b"FAV1"
-
-
-def encode_view_vectors(tokens: np.ndarray, vectors: np.ndarray) -> bytes:
-    """``task_routing.view_vectors``: ``FAV1``, then v and r (uint32), the views' token counts (int32, shape (v,))
-    and their novelty vectors (float32, shape (v, r)), little-endian."""
-    t = np.asarray(tokens, dtype="<i4").reshape(-1)
-    x = np.asarray(vectors, dtype="<f4")
-    if x.ndim != 2 or x.shape[0] != t.size:
-        raise ValueError("view vectors must be one row per token count")
-    head = _VIEWS_MAGIC + np.array([x.shape[0], x.shape[1]], dtype="<u4").tobytes()
-    return head + t.tobytes() + x.tobytes()
-
-
-def decode_view_vectors(blob: bytes | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """The ``(tokens (v,), vectors (v, r))`` of :func:`encode_view_vectors` (``None`` for ``None``); raises
-    ``ValueError`` for a malformed blob or a token count below 1 or a non-finite vector."""
-    if blob is None:
-        return None
-    if len(blob) < 12 or blob[:4] != _VIEWS_MAGIC:
-        raise ValueError("not a view-vectors blob")
-    v, r = (int(n) for n in np.frombuffer(blob[4:12], dtype="<u4"))
-    if len(blob) != 12 + 4 * v + 4 * v * r:
-        raise ValueError("view-vectors blob of the wrong length")
-    tokens = np.frombuffer(blob[12:12 + 4 * v], dtype="<i4").astype(np.int64)
-    vectors = np.frombuffer(blob[12 + 4 * v:], dtype="<f4").reshape(v, r).copy()
-    if np.any(tokens < 1) or not np.all(np.isfinite(vectors)):
-        raise ValueError("view vectors need token counts >= 1 and finite values")
-    return tokens, vectors

@@ -347,11 +347,10 @@ def rerank_route(
         task whose ``novelty_test`` is off is routed as one without a test (its full-rate threshold).
 
     A prompt *short* for the answered task (fewer token positions than nine in ten of its samples:
-    ``Candidate.length_views``) is held to the thresholds of the task's held-out prefix views nearest its length —
-    the route threshold (:func:`prompt_threshold`, ``Rejection.length_matched``) and, where the novelty model has the
-    task's prefix vectors, the novelty threshold (:meth:`atlas.novelty.SpaceNovelty.threshold_at_length`; without
-    them the route threshold takes the full rate) — and not to the template test (a prefix of a sample lacks its
-    closing frame); the nearest task's threshold is matched to the prompt's length the same way.
+    ``Candidate.length_views``) is judged by neither the novelty nor the template test — a prefix of a sample lacks
+    its closing frame and its mean hidden state is atypical — but by the route threshold of the task's held-out views
+    nearest its length, at the task's full rate (:func:`prompt_threshold`, ``Rejection.length_matched``); the nearest
+    task's threshold is matched to the prompt's length the same way.
 
     Returns
     -------
@@ -391,12 +390,12 @@ def rerank_route(
                                   else FALSE_REJECT_RATE)
     # The thresholds' promises hold for prompts like the task's samples. A prompt short for the task (a prefix of a
     # sample lacks its closing frame; its mean hidden state lies farther from the samples: bench 4f) is held to the
-    # route and novelty thresholds of the task's held-out prefix views nearest its length, and not to the template.
+    # route threshold of the task's held-out views nearest its length, at the full rate, and to neither the novelty
+    # nor the template test.
     short_first = first.length_views is not None and first.length_views.short(n_prompt)
-    novel, dist, dist_thr = False, None, None
-    if novelty is not None and per_task and first.novelty_test:
-        novel, dist, dist_thr = (novelty.rejects_at_length(prompt_vector, first.task_id, n_prompt, novelty_rate)
-                                 if short_first else novelty.rejects(prompt_vector, first.task_id, novelty_rate))
+    novel, dist, dist_thr = (novelty.rejects(prompt_vector, first.task_id, novelty_rate)
+                             if novelty is not None and per_task and first.novelty_test and not short_first
+                             else (False, None, None))
     # A task with a novelty test spends NOVELTY_SHARE (half) of its false-reject budget on it and the rest on its
     # route threshold (split_threshold, calibrated at that rest); an override (a user's or fit's) is kept as it is.
     split = dist is not None and not first.overridden and first.split_threshold is not None

@@ -7,7 +7,6 @@ the task store. See :class:`atlas.models.TaskRouting` and docs/SCORES.md.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +21,6 @@ from atlas.route_calibration import (
     MAX_CAL_VIEWS,
     MAX_FALSE_REJECT_RATE,
     LengthViews,
-    decode_view_vectors,
     is_false_reject_rate,
     split_rates,
     validate_views,
@@ -37,8 +35,6 @@ from atlas.routing import (
     state_view,
     typical_score,
 )
-
-log = logging.getLogger(__name__)
 
 _PROMPT_VIEWS: ContentLru[tuple[Any, Any]] = ContentLru(2048)
 """Deserialised prompt-side states and their views, by (spec fingerprint, state digest)."""
@@ -79,8 +75,7 @@ def get_task_routes(session: Session, task_ids: Sequence[int]) -> dict[int, Task
     if not task_ids:
         return {}
     ids = [int(i) for i in task_ids]
-    cols = [c for c in TaskRouting.__table__.columns
-            if c.name not in ("prompt_state", "cal_scores", "cal_views", "view_vectors")]
+    cols = [c for c in TaskRouting.__table__.columns if c.name not in ("prompt_state", "cal_scores", "cal_views")]
     has_blob = TaskRouting.prompt_state.is_not(None).label("prompt_side")  # not detoasted / read
     rows = session.execute(select(*cols, has_blob).where(TaskRouting.task_id.in_(ids))).all()
     where = str(session.get_bind().engine.url)
@@ -123,17 +118,6 @@ def get_held_out_scores(session: Session, task_ids: Sequence[int]) -> dict[int, 
     return {int(t): [float(x) for x in (s or [])] for t, s in rows}
 
 
-def view_vectors(session: Session, task_id: int) -> tuple[Any, Any] | None:
-    """The task's prefix views' ``(tokens (v,), novelty vectors (v, r))``, or ``None`` (none stored, or unreadable:
-    logged, and the task's short prompts are then not novelty-tested)."""
-    blob = session.execute(select(TaskRouting.view_vectors).where(TaskRouting.task_id == int(task_id))).scalar()
-    try:
-        return decode_view_vectors(None if blob is None else bytes(blob))
-    except ValueError:
-        log.warning("task %s: unreadable view_vectors blob ignored", task_id)
-        return None
-
-
 def false_reject_rates(session: Session, task_ids: Sequence[int]) -> dict[int, float]:
     """The false-reject rate each task's threshold is calibrated at (:func:`calibration_rate`), of the tasks that
     have a routing row."""
@@ -155,15 +139,15 @@ def prompt_side_task_ids(session: Session, space_id: int, *, limit: int) -> list
 
 
 def store_routing(session: Session, task_id: int, *, prompt_state: bytes | None, calibration: Calibration,
-                  views: Sequence[Sequence[object]] = (), view_vectors: bytes | None = None) -> None:
-    """Write a task's prompt-side state (``None`` keeps none), calibration, held-out views by length (``[tokens,
-    score, whole]`` records, :func:`atlas.routing.leave_one_out_views`; the last ``MAX_CAL_VIEWS`` kept) and its
-    prefix views' novelty vectors (:func:`atlas.route_calibration.encode_view_vectors`); the override is kept."""
+                  views: Sequence[Sequence[object]] = ()) -> None:
+    """Write a task's prompt-side state (``None`` keeps none), calibration and held-out views by length (``[tokens,
+    score, whole]`` records, :func:`atlas.routing.leave_one_out_views`; the last ``MAX_CAL_VIEWS`` kept); the
+    override is kept."""
     row = get_routing(session, task_id)
     now = utcnow()
     digest = None if prompt_state is None else prompt_digest(prompt_state)
     values = {"prompt_state": prompt_state, "prompt_digest": digest, "cal_scores": list(calibration.scores),
-              "cal_views": [list(v) for v in views][-MAX_CAL_VIEWS:] or None, "view_vectors": view_vectors,
+              "cal_views": [list(v) for v in views][-MAX_CAL_VIEWS:] or None,
               "threshold_auto": calibration.threshold, "score_scale": calibration.scale,
               "false_reject_rate": calibration.false_reject_rate}
     if row is None:
@@ -268,7 +252,6 @@ def export_records(session: Session, task_ids: Sequence[int]) -> dict[int, dict[
     return {int(r.task_id): {
         "prompt_state": None if r.prompt_state is None else base64.b64encode(r.prompt_state).decode(),
         "cal_scores": list(r.cal_scores or []), "cal_views": list(r.cal_views or []),
-        "view_vectors": None if r.view_vectors is None else base64.b64encode(r.view_vectors).decode(),
         "threshold_override": r.threshold_override,
         "false_reject_rate": r.false_reject_rate, "template_test": r.template_test is not False,
         "novelty_test": r.novelty_test is not False,
@@ -292,8 +275,6 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         if not all(-1.0 <= x <= 1.0 for x in scores):  # route scores are cosines (1e308 overflowed calibrate)
             raise ValueError("cal_scores must be route scores in [-1, 1]")
         views = validate_views(record.get("cal_views"))  # absent from exports written before 2026-11-28
-        vectors = base64.b64decode(record["view_vectors"], validate=True) if record.get("view_vectors") else None
-        decode_view_vectors(vectors)  # raises on a malformed blob
         override = record.get("threshold_override")
         if override is not None:
             route_threshold(override)
@@ -306,7 +287,7 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
                  if record.get("terms") else None)
     except Exception as exc:
         raise InvalidInput(f"invalid routing record ({exc})") from None
-    store_routing(session, task_id, prompt_state=blob, calibration=calibration, views=views, view_vectors=vectors)
+    store_routing(session, task_id, prompt_state=blob, calibration=calibration, views=views)
     if terms is not None:
         lexicon_repo.put_record(session, task_id, terms)
     if override is not None:

@@ -32,7 +32,7 @@ import numpy as np
 from atlas import routing, routing_repo
 from atlas.baselines import BaselineSums
 from atlas.lexicon_repo import routing_text
-from atlas.route_calibration import MAX_VIEW_VECTORS, MIN_VIEW_TOKENS, PREFIX_FRACTIONS, encode_view_vectors
+from atlas.route_calibration import MIN_VIEW_TOKENS, PREFIX_FRACTIONS
 from atlas.samples import Sample, sample_id
 
 if TYPE_CHECKING:
@@ -51,9 +51,6 @@ class PromptSide:
     cal_states: list[Any] = field(default_factory=list)
     cal_prefixes: list[list[Any]] = field(default_factory=list)
     """Per entry of ``cal_states``: the states of its prefixes (:func:`prefixes`)."""
-    prefix_tokens: list[int] = field(default_factory=list)
-    prefix_vectors: list[np.ndarray] = field(default_factory=list)
-    """The prefixes' token positions and novelty vectors (when the sketcher computes them)."""
     novelty_keys: list[int] = field(default_factory=list)
     novelty_vectors: list[np.ndarray] = field(default_factory=list)
 
@@ -118,10 +115,8 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
         every = batcher.sketch_prepared([*prepared, *extra])
         states, view_states = every[:len(prepared)], iter(every[len(prepared):])
         vectors = getattr(every, "novelty", None)
-        offset = len(prepared)
         for j, (ps, st) in enumerate(zip(prepared, states, strict=True)):
             own_views = [next(view_states) for _ in views.get(ps.index, [])]
-            first_view, offset = offset, offset + len(own_views)
             if st.n_draws == 0:
                 continue
             if mode == "completion":
@@ -132,10 +127,6 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
             if window[ps.index][0] in pick:
                 out.cal_states.append(st)
                 out.cal_prefixes.append(own_views)
-                for k, view in enumerate(own_views):
-                    if vectors is not None and view.n_draws > 0:
-                        out.prefix_tokens.append(int(view.n_tokens))
-                        out.prefix_vectors.append(np.asarray(vectors[first_view + k], dtype=np.float32))
     if progress is not None:
         progress(len(texts), len(texts))
     return out
@@ -170,12 +161,7 @@ def store_routing_side(session: Any, task_id: int, mode: str, merged_state: Any,
     views = routing.leave_one_out_views(route_state, list(zip(side.cal_states, prefixes_of, strict=True)))
     previous, stored_rate = ([], None) if row is None else (list(row.cal_scores or []), row.false_reject_rate)
     calibration = routing.calibrate(previous + scores, routing_repo.calibration_rate(stored_rate))
-    vectors = row.view_vectors if row is not None else None  # the latest job's prefix vectors replace the last's
-    if side.prefix_vectors:
-        keep = slice(-MAX_VIEW_VECTORS, None)
-        vectors = encode_view_vectors(np.asarray(side.prefix_tokens[keep]), np.stack(side.prefix_vectors[keep]))
     routing_repo.store_routing(session, task_id, prompt_state=prompt_blob, calibration=calibration,
-                               views=[*(row.cal_views or [] if row is not None else []), *views],
-                               view_vectors=vectors)
+                               views=[*(row.cal_views or [] if row is not None else []), *views])
     log.info("task %s: routing calibrated on %s held-out scores, threshold %s", task_id,
              len(calibration.scores), calibration.threshold)

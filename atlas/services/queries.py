@@ -219,14 +219,7 @@ class QueryService:
         """The space's novelty model at content mark ``mark`` (re-fitted when stale from ``session``; a task outside
         the fit read later by :meth:`_read_novelty_vectors`)."""
         return self.novelties.get(space_id, mark, lambda: [int(i) for i in self.index.ids(space_id)],
-                                  lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors,
-                                  self._read_view_vectors)
-
-    def _read_view_vectors(self, task_id: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """A task's prefix views' novelty vectors, in a read session of its own (read when a prompt short for the task
-        is first novelty-tested)."""
-        with self.store.read() as session:
-            return routing_repo.view_vectors(session, task_id)
+                                  lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors)
 
     def _read_novelty_vectors(self, task_ids: list[int]) -> Mapping[int, np.ndarray]:
         """The tasks' stored novelty vectors, in a read session of its own (a task calibrated on its first use,

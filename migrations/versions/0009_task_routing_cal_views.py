@@ -1,11 +1,9 @@
-"""``task_routing.cal_views`` and ``view_vectors``: held-out views of the calibration samples by length
-(``atlas.route_calibration``).
+"""``task_routing.cal_views``: held-out views of the calibration samples by length (``atlas.route_calibration``).
 
 Each record is ``[tokens, route score, whole]``, for a calibration sample scored held out whole and for its first
 half, quarter and eighth of tokens: what a prompt shorter than the task's samples has its threshold calibrated on
-(docs/SCORES.md, "Prompts shorter than the samples"); ``view_vectors`` holds the prefixes' novelty vectors (a short prompt's novelty threshold).
-Existing rows get NULL: the prefixes were never sketched, so there is nothing to derive; such a task judges every
-prompt as before (on whole samples) until its next job.
+(docs/SCORES.md, "Prompts shorter than the samples"). Existing rows get NULL: the prefixes were never sketched, so
+there is nothing to derive; such a task judges every prompt as before (on whole samples) until its next job.
 
 Revision ID: 0009
 Revises: 0008
@@ -26,23 +24,18 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    columns = [sa.Column("cal_views", sa.JSON(), nullable=True), sa.Column("view_vectors", sa.LargeBinary(),
-                                                                           nullable=True)]
+    column = sa.Column("cal_views", sa.JSON(), nullable=True)
     if context.is_offline_mode():  # SQLite's batch mode reflects the table, which --sql cannot: a plain ADD COLUMN
-        for column in columns:
-            op.add_column("task_routing", column)
+        op.add_column("task_routing", column)
     else:
         with op.batch_alter_table("task_routing") as batch:
-            for column in columns:
-                batch.add_column(column)
+            batch.add_column(column)
 
 
 def downgrade() -> None:
-    """The columns dropped (revision 0008's code judges every prompt on whole samples)."""
+    """The column dropped (revision 0008's code judges every prompt on whole samples)."""
     if context.is_offline_mode():  # `alembic downgrade --sql`: no table to reflect
-        op.drop_column("task_routing", "view_vectors")
         op.drop_column("task_routing", "cal_views")
         return
     with op.batch_alter_table("task_routing") as batch:
-        batch.drop_column("view_vectors")
         batch.drop_column("cal_views")

@@ -121,24 +121,16 @@ def test_a_prefix_view_is_scored_with_its_whole_sample_held_out() -> None:
                                                             abs=1e-5)
 
 
-def test_a_short_prompt_meets_its_lengths_thresholds_and_no_template() -> None:
+def test_a_short_prompt_meets_its_lengths_threshold_and_neither_novelty_nor_template() -> None:
     """In :func:`atlas.routing.rerank_route` a prompt short for the answered task is held to its length's route
-    threshold (reported as the match's threshold, ``rejected_by.length_matched``) and to the novelty test at its
-    length: at the split rate where the novelty model has the task's prefix views, at the full rate (no novelty test)
-    where it has none; a prompt as long as the samples keeps the split threshold and the whole-sample test."""
+    threshold at the full rate (reported as the match's threshold, ``rejected_by.length_matched``) and to neither
+    the novelty nor the template test; a prompt as long as the samples keeps the split threshold and both tests."""
     from atlas.lexical import TermCounts
     from atlas.template import TaskTemplate
 
-    class Novelty:
-        def __init__(self, has_views: bool) -> None:
-            self.has_views = has_views
-
+    class AlwaysNovel:
         def rejects(self, vector: object, task_id: int, rate: float) -> tuple[bool, float, float]:
             return True, 2.0, 1.0
-
-        def rejects_at_length(self, vector: object, task_id: int, n: int, rate: float
-                              ) -> tuple[bool, float | None, float | None]:
-            return (True, 3.0, 2.5) if self.has_views else (False, None, None)
 
         def nearer_share(self, task_id: int, distance: float) -> float:
             return 0.99
@@ -149,79 +141,20 @@ def test_a_short_prompt_meets_its_lengths_thresholds_and_no_template() -> None:
     assert lv is not None and lv.short(6) and not lv.short(40)
     template = TaskTemplate.of_texts(["alpha beta"] * 60)  # every sample has "alpha": an active template
     assert template.active
-    c = routing.Candidate(1, "t", task, threshold=0.8, split_threshold=0.85, length_views=lv, template=template,
-                          terms=None)
+    c = routing.Candidate(1, "t", task, threshold=0.8, split_threshold=0.85, length_views=lv, template=template)
     lacking = TermCounts.from_texts(["gamma"])
 
-    def route(tokens: int, novelty: Novelty) -> routing.RouteAnswer:
+    def route(tokens: int) -> routing.RouteAnswer:
         return routing.rerank_route(_state(2, tokens, 0.5, 9), [c], k=1, threshold=0.05, per_task=True,
-                                    novelty=novelty, prompt_vector=np.zeros(3),  # type: ignore[arg-type]
+                                    novelty=AlwaysNovel(), prompt_vector=np.zeros(3),  # type: ignore[arg-type]
                                     prompt_terms=lacking)
 
-    bare = route(6, Novelty(has_views=False))
-    assert not bare.novelty_rejects and not bare.template_rejects
-    assert bare.matches[0].threshold == pytest.approx(min(0.8, lv.threshold(6, 0.05)))  # full rate
-    assert bare.matches[0].threshold < 0.8
-    if bare.none:
-        assert bare.rejected_by is not None and bare.rejected_by.length_matched
-        assert "held-out sample prefixes" in bare.rejected_by.message
-    tested = route(6, Novelty(has_views=True))
-    assert tested.novelty_rejects and tested.none and not tested.template_rejects
-    assert tested.matches[0].threshold == pytest.approx(min(0.85, lv.threshold(6, 0.025)))  # the split rate
-    whole = route(40, Novelty(has_views=True))
+    short = route(6)
+    assert not short.novelty_rejects and not short.template_rejects
+    assert short.matches[0].threshold == pytest.approx(min(0.8, lv.threshold(6, 0.05)))  # the full rate
+    assert short.matches[0].threshold < 0.8
+    if short.none:
+        assert short.rejected_by is not None and short.rejected_by.length_matched
+        assert "held-out sample prefixes" in short.rejected_by.message
+    whole = route(40)
     assert whole.novelty_rejects and whole.template_rejects and whole.matches[0].threshold == 0.85
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 400), st.integers(0, 6), st.integers(1, 8))
-def test_view_vectors_round_trip_and_malformed_blobs_are_refused(v: int, cut: int, r: int) -> None:
-    from atlas.route_calibration import decode_view_vectors, encode_view_vectors
-
-    rng = np.random.default_rng(v)
-    tokens = rng.integers(1, 500, size=v % 50)
-    vectors = rng.standard_normal((tokens.size, r)).astype(np.float32)
-    blob = encode_view_vectors(tokens, vectors)
-    got = decode_view_vectors(blob)
-    assert got is not None and np.array_equal(got[0], tokens) and np.array_equal(got[1], vectors)
-    assert decode_view_vectors(None) is None
-    with pytest.raises(ValueError):
-        decode_view_vectors(blob[:len(blob) - 1 - cut])  # truncated
-    with pytest.raises(ValueError):
-        decode_view_vectors(b"XXXX" + blob[4:])
-    if tokens.size:
-        bad = tokens.copy()
-        bad[0] = 0
-        with pytest.raises(ValueError):
-            decode_view_vectors(encode_view_vectors(bad, vectors))
-
-
-def test_a_short_prompts_novelty_threshold_is_calibrated_on_the_task_s_prefix_views() -> None:
-    """:meth:`SpaceNovelty.threshold_at_length`: prefixes lie farther from the task's samples than whole samples (a
-    short text is a noisier draw), so the whole-sample threshold rejects most short own prompts; the threshold of the
-    prefix views nearest the prompt's length keeps the rate on fresh short prompts and still rejects a shifted kind."""
-    from atlas.novelty import SpaceNovelty
-
-    rng = np.random.default_rng(1)
-    r, n = 12, 100
-    scales = np.geomspace(3.0, 0.2, r)
-    means = rng.standard_normal((4, r)) * 3.0
-
-    def draw(t: int, k: int, noise: float = 0.0) -> np.ndarray:
-        return means[t] + rng.standard_normal((k, r)) * scales + rng.standard_normal((k, r)) * noise
-
-    def views(t: int) -> tuple[np.ndarray, np.ndarray]:  # prefixes: the whole sample's draw plus short-text noise
-        return np.full(96, 8), draw(t, 96, noise=1.0)
-
-    model = SpaceNovelty.fit({t: draw(t, n) for t in range(4)}, views_loader=views)
-    assert model is not None
-    fresh_short = draw(0, 400, noise=1.0)
-    by_whole = np.mean([model.rejects(x, 0, 0.05)[0] for x in fresh_short])
-    by_length = np.mean([model.rejects_at_length(x, 0, 8, 0.05)[0] for x in fresh_short])
-    assert by_whole > 0.5 and by_length <= 0.1, (by_whole, by_length)
-    thr = model.threshold_at_length(0, 8, 0.05)
-    assert thr is not None and thr > model.threshold(0, 0.05)  # type: ignore[operator]
-    shift = np.zeros(r)
-    shift[-6:] = 4.0  # another kind: along directions the task never varies in
-    assert np.mean([model.rejects_at_length(x + shift, 0, 8, 0.05)[0] for x in draw(0, 200, noise=1.0)]) > 0.9
-    bare = SpaceNovelty.fit({t: draw(t, n) for t in range(4)})  # no views: a short prompt is not tested
-    assert bare is not None and bare.rejects_at_length(fresh_short[0], 0, 8, 0.05) == (False, None, None)

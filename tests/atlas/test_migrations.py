@@ -343,7 +343,7 @@ def test_0008_adds_the_novelty_switch_on_for_existing_rows_and_drops_it_on_downg
 
 
 def test_0009_adds_the_held_out_views_null_for_existing_rows_and_drops_them_on_downgrade(empty_url: str) -> None:
-    """0009 adds ``task_routing.cal_views`` and ``view_vectors``: a row stored before it has none (every prompt judged on whole samples,
+    """0009 adds ``task_routing.cal_views``: a row stored before it has none (every prompt judged on whole samples,
     as before), a job's views are stored and read back as :class:`LengthViews`, and the downgrade drops them while
     the other columns survive SQLite's batch rebuild."""
     from sqlalchemy import text
@@ -382,7 +382,7 @@ def test_0009_adds_the_held_out_views_null_for_existing_rows_and_drops_them_on_d
     migrations.downgrade(empty_url, "0008")
     eng = db.make_engine(empty_url, pool_size=1)
     with eng.connect() as conn:
-        assert not {"cal_views", "view_vectors"} & {c["name"] for c in inspect(conn).get_columns("task_routing")}
+        assert "cal_views" not in {c["name"] for c in inspect(conn).get_columns("task_routing")}
         assert conn.execute(text("SELECT novelty_test, version FROM task_routing")).one() == (False, 3)
     eng.dispose()
 
