@@ -38,7 +38,7 @@ from atlas.novelty import FOLDS, MIN_NOVELTY_SAMPLES, RIDGE, SpaceNovelty, _inve
 from atlas.route_calibration import FALSE_REJECT_RATE
 from bench.quality.common import load_model, log, make_extractor
 from bench.quality.novelty_vectors import text_vectors
-from bench.quality.openset_families import _split, family_args, family_parser, family_tasks
+from bench.quality.openset_families import family_args, family_parser, family_tasks, split_texts
 
 KNN_K = 5
 
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rng = np.random.default_rng(1000 * (1 + args.seeds[0]) + d)  # 4d's draws
         sig, held = {}, {}
         for t in names:
-            sig[t], held[t] = _split(tasks[t], args.signature, args.heldout, rng)
+            sig[t], held[t] = split_texts(tasks[t], args.signature, args.heldout, rng)
         unseen = sorted(rng.choice(names, size=n_unseen, replace=False).tolist())
         indexed = [t for t in names if t not in unseen]
         groups = {i: vectors(sig[t]) for i, t in enumerate(indexed) if len(sig[t]) >= MIN_NOVELTY_SAMPLES}

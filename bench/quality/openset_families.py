@@ -71,7 +71,8 @@ def family_tasks() -> dict[str, list[str]]:
     return dict(sorted(families.items()))
 
 
-def _split(texts: list[str], n_sig: int, n_held: int, rng: np.random.Generator) -> tuple[list[str], list[str]]:
+def split_texts(texts: list[str], n_sig: int, n_held: int, rng: np.random.Generator) -> tuple[list[str], list[str]]:
+    """A random ``n_sig`` signature texts and ``n_held`` held-out ones (disjoint) of a task's ``texts``."""
     perm = rng.permutation(len(texts))
     return [texts[i] for i in perm[n_held:n_held + n_sig]], [texts[i] for i in perm[:n_held]]
 
@@ -306,7 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rng = np.random.default_rng(1000 * (1 + args.seeds[0]) + d)  # seed 0: draws 1000, 1001, ...
         sig, held = {}, {}
         for t in names:
-            sig[t], held[t] = _split(tasks[t], args.signature, args.heldout, rng)
+            sig[t], held[t] = split_texts(tasks[t], args.signature, args.heldout, rng)
         unseen = sorted(rng.choice(names, size=n_unseen, replace=False).tolist())
         indexed = [t for t in names if t not in unseen]
         t0 = time.perf_counter()

@@ -24,13 +24,13 @@ import numpy as np
 from bench.quality.common import load_model, log, pct, run_and_report
 from bench.quality.openset_families import (
     _at_rate,
-    _split,
     _tally,
     _with_fit,
     calibrated_knn_rates,
     family_args,
     family_parser,
     family_tasks,
+    split_texts,
 )
 
 FRACTIONS = (1.0, 0.5, 0.25)
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rng = np.random.default_rng(1000 * (1 + args.seeds[0]) + d)  # experiment 4d's draws
         sig, held = {}, {}
         for t in names:
-            sig[t], held[t] = _split(tasks[t], args.signature, args.heldout, rng)
+            sig[t], held[t] = split_texts(tasks[t], args.signature, args.heldout, rng)
         unseen = sorted(rng.choice(names, size=n_unseen, replace=False).tolist())
         indexed = [t for t in names if t not in unseen]
         utterances = [encoder.encode(sig[t]) for t in indexed]

@@ -44,6 +44,26 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
+def _routing_row_at(url: str, revision: str, columns: str, values: str, params: dict[str, Any]) -> int:
+    """A task and its ``task_routing`` row (``columns`` / ``values`` of the INSERT, ``:t`` the task id) stored at
+    ``revision``; returns the task id."""
+    from sqlalchemy import text
+
+    from atlas import repository
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    migrations.upgrade(url, revision)
+    engine = db.make_engine(url, pool_size=1)
+    space = make_space(db.session_factory(engine))
+    with db.session_factory(engine).begin() as s:
+        tid = int(repository.create_task_with_job(s, space.id, "t", "text", {}, [Sample(text="x")])[0].id)
+        s.execute(text(f"INSERT INTO task_routing (task_id, {columns}, updated_at) VALUES (:t, {values}, "
+                       "CURRENT_TIMESTAMP)"), {"t": tid, **params})
+    engine.dispose()
+    return tid
+
+
 def test_upgrade_downgrade_roundtrip(empty_url: str) -> None:
     assert migrations.current_revision(empty_url) is None
     migrations.upgrade(empty_url)
@@ -294,18 +314,10 @@ def test_0008_adds_the_novelty_switch_on_for_existing_rows_and_drops_it_on_downg
     other columns survive SQLite's batch rebuild both ways, and the downgrade drops the switch."""
     from sqlalchemy import text
 
-    from atlas import repository, routing_repo
-    from atlas.samples import Sample
-    from tests.atlas.fixtures import make_space
+    from atlas import routing_repo
 
-    migrations.upgrade(empty_url, "0007")
-    engine = db.make_engine(empty_url, pool_size=1)
-    space = make_space(db.session_factory(engine))
-    with db.session_factory(engine).begin() as s:
-        tid = repository.create_task_with_job(s, space.id, "t", "text", {}, [Sample(text="x")])[0].id
-        s.execute(text("INSERT INTO task_routing (task_id, version, cal_scores, threshold_override, template_test, "
-                       "updated_at) VALUES (:t, 3, '[0.25]', 0.4, :tt, CURRENT_TIMESTAMP)"), {"t": tid, "tt": False})
-    engine.dispose()
+    tid = _routing_row_at(empty_url, "0007", "version, cal_scores, threshold_override, template_test",
+                          "3, '[0.25]', 0.4, :tt", {"tt": False})
 
     def columns() -> set[str]:
         eng = db.make_engine(empty_url, pool_size=1)
@@ -348,20 +360,11 @@ def test_0009_adds_the_held_out_views_null_for_existing_rows_and_drops_them_on_d
     the other columns survive SQLite's batch rebuild."""
     from sqlalchemy import text
 
-    from atlas import repository, routing_repo
+    from atlas import routing_repo
     from atlas.route_calibration import calibrate
-    from atlas.samples import Sample
-    from tests.atlas.fixtures import make_space
 
-    migrations.upgrade(empty_url, "0008")
-    engine = db.make_engine(empty_url, pool_size=1)
-    space = make_space(db.session_factory(engine))
-    with db.session_factory(engine).begin() as s:
-        tid = repository.create_task_with_job(s, space.id, "t", "text", {}, [Sample(text="x")])[0].id
-        s.execute(text("INSERT INTO task_routing (task_id, version, cal_scores, threshold_auto, novelty_test, "
-                       "updated_at) VALUES (:t, 2, '[0.25, 0.3, 0.35, 0.4, 0.45]', 0.2, :nt, CURRENT_TIMESTAMP)"),
-                  {"t": tid, "nt": False})
-    engine.dispose()
+    tid = _routing_row_at(empty_url, "0008", "version, cal_scores, threshold_auto, novelty_test",
+                          "2, '[0.25, 0.3, 0.35, 0.4, 0.45]', 0.2, :nt", {"nt": False})
 
     def session_do(fn: Any) -> Any:
         eng = db.make_engine(empty_url, pool_size=1)

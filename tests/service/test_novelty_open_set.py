@@ -27,15 +27,13 @@ N_SIGNATURE, N_HELD = 60, 12
 def test_novelty_catches_unseen_families_the_thresholds_let_through(tmp_path: Path) -> None:
     if not (DATA / "multitask_instructions").is_dir():
         pytest.skip(f"shared data not found at {DATA}")
-    from bench.quality.openset_families import family_tasks
+    from bench.quality.openset_families import family_tasks, split_texts
 
     families = family_tasks()
     rng = np.random.default_rng(0)
     sig, held = {}, {}
     for name in (*INDEXED, *UNSEEN):
-        texts = families[name]
-        pick = rng.permutation(len(texts))[: N_SIGNATURE + N_HELD]
-        sig[name], held[name] = [texts[i] for i in pick[N_HELD:]], [texts[i] for i in pick[:N_HELD]]
+        sig[name], held[name] = split_texts(families[name], N_SIGNATURE, N_HELD, rng)
     prompts = [(name, p) for name in (*INDEXED, *UNSEEN) for p in held[name]]
     path = tmp_path / "atlas"
     settings = {"model": "bundled", "device": "cpu", "max_tokens_per_sample": 128}

@@ -27,16 +27,14 @@ N_SIGNATURE, N_HELD = 40, 20
 def test_prompts_cut_to_a_quarter_of_their_words_keep_the_false_reject_rate(tmp_path: Path) -> None:
     if not (DATA / "superglue").is_dir():
         pytest.skip(f"shared data not found at {DATA}")
-    from bench.quality.openset_families import family_tasks
+    from bench.quality.openset_families import family_tasks, split_texts
     from bench.quality.prompt_length import cut
 
     texts = family_tasks()
     rng = np.random.default_rng(5)
     sig, held = {}, {}
     for name in FAMILIES:
-        perm = rng.permutation(len(texts[name]))
-        held[name] = [texts[name][i] for i in perm[:N_HELD]]
-        sig[name] = [texts[name][i] for i in perm[N_HELD:N_HELD + N_SIGNATURE]]
+        sig[name], held[name] = split_texts(texts[name], N_SIGNATURE, N_HELD, rng)
     with Atlas(tmp_path / "atlas", model="bundled", device="cpu") as atlas:
         for name in FAMILIES:
             atlas.add(name, sig[name], progress=False)
