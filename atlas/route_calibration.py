@@ -119,10 +119,13 @@ MIN_VIEW_TOKENS = 2
 MAX_CAL_VIEWS = MAX_CAL_SCORES * (1 + len(PREFIX_FRACTIONS))
 """Held-out views kept per task (appends add theirs; the oldest are dropped beyond this)."""
 SHORT_PROMPT_QUANTILE = 0.1
-"""A prompt is *short* for a task when it has fewer token positions than this quantile of the task's whole held-out
-samples' (shorter than nine in ten of them): its route threshold is then taken from the held-out views nearest its
-length, at the task's full rate, and the task's novelty test does not apply (docs/SCORES.md, "Prompts shorter than
-the samples")."""
+SHORT_PROMPT_SHARE = 0.75
+"""A prompt is *short* for a task when it has fewer token positions than ``SHORT_PROMPT_SHARE`` times the
+``SHORT_PROMPT_QUANTILE`` quantile of the task's whole held-out samples' (under three quarters of the length of nine
+in ten of them): its route threshold is then taken from the held-out views nearest its length, at the task's full
+rate, and neither its template nor its novelty test applies (docs/SCORES.md, "Prompts shorter than the samples").
+The share keeps a prompt a few tokens shorter than a fixed-length template's samples ("native tongue" for "native
+language") a whole one, held to both tests."""
 LENGTH_NEIGHBOURS = CALIBRATION_SAMPLES
 """Held-out views, nearest a short prompt's length (in log tokens), that its threshold is calibrated on."""
 
@@ -140,7 +143,8 @@ class LengthViews:
     scores : ndarray of shape (v,), float64
         Each view's leave-one-out route score (the whole sample removed from the task's routing state).
     short_below : float
-        :data:`SHORT_PROMPT_QUANTILE` of the whole views' token counts: a prompt with fewer positions is short.
+        :data:`SHORT_PROMPT_SHARE` times the :data:`SHORT_PROMPT_QUANTILE` quantile of the whole views' token counts:
+        a prompt with fewer positions is short.
     """
 
     tokens: np.ndarray
@@ -158,7 +162,7 @@ class LengthViews:
             return None
         tokens = np.array([int(r[0]) for r in rows], dtype=np.int64)  # type: ignore[index]
         scores = np.array([float(r[1]) for r in rows], dtype=np.float64)  # type: ignore[index]
-        return cls(tokens, scores, float(np.quantile(whole, SHORT_PROMPT_QUANTILE)))
+        return cls(tokens, scores, SHORT_PROMPT_SHARE * float(np.quantile(whole, SHORT_PROMPT_QUANTILE)))
 
     def short(self, n_tokens: int) -> bool:
         """Whether a prompt of ``n_tokens`` counted positions is short for the task."""

@@ -16,6 +16,7 @@ from atlas.route_calibration import (
     MAX_CAL_VIEWS,
     MIN_CALIBRATION,
     SHORT_PROMPT_QUANTILE,
+    SHORT_PROMPT_SHARE,
     LengthViews,
     calibrate,
     validate_views,
@@ -39,14 +40,14 @@ def _state(seed: int, tokens: int, offset: float, sample: int) -> object:
 def test_a_prompts_threshold_is_calibrated_on_the_views_nearest_its_length(records: list, n: int, rate: float) -> None:
     """The threshold of a prompt of ``n`` tokens is :func:`calibrate` of the ``LENGTH_NEIGHBOURS`` views nearest ``n``
     in log length — none nearer is left out for a farther one — and a prompt is short below the
-    ``SHORT_PROMPT_QUANTILE`` of the whole views' tokens."""
+    ``SHORT_PROMPT_SHARE`` times the ``SHORT_PROMPT_QUANTILE`` quantile of the whole views' tokens."""
     lv = LengthViews.from_records(records)
     whole = [r[0] for r in records if r[2]]
     if not whole or len(records) < MIN_CALIBRATION:
         assert lv is None
         return
     assert lv is not None
-    assert lv.short_below == pytest.approx(float(np.quantile(whole, SHORT_PROMPT_QUANTILE)))
+    assert lv.short_below == pytest.approx(SHORT_PROMPT_SHARE * float(np.quantile(whole, SHORT_PROMPT_QUANTILE)))
     assert lv.short(n) is (n < lv.short_below)
     gaps = np.abs(np.log([r[0] for r in records]) - math.log(n))
     near = np.argsort(gaps, kind="stable")[:LENGTH_NEIGHBOURS]
