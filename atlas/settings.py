@@ -80,9 +80,9 @@ class Settings(BaseSettings):
     )
     route_length_match: bool = Field(
         default=True,
-        description="Hold a prompt shorter than nine in ten of the answered task's samples to the threshold of the "
-        "task's held-out sample prefixes of about its length, without the template and novelty tests (docs/SCORES.md, "
-        "'Prompts shorter than the samples'); false: every prompt is judged as a whole sample.",
+        description="Hold a prompt under 3/4 of the length of nine in ten of the answered task's samples to the "
+        "threshold of the task's held-out sample prefixes of about its length, without the template and novelty "
+        "tests (docs/SCORES.md, 'Prompts shorter than the samples'); false: every prompt is judged as a whole sample.",
     )
     index_kind: Literal["auto", "flat", "ivf"] = Field(
         default="auto",

@@ -89,8 +89,9 @@ class RouteRejection(_Out):
     sample_tokens: float | None = Field(default=None, description="The deciding task's mean token positions per "
                                         "sample.")
     length_matched: bool = Field(default=False, description="Whether `threshold` was matched to the prompt's "
-                                 "length: for a prompt shorter than nine in ten of the task's samples, the threshold "
-                                 "of its held-out sample prefixes of about the prompt's length (docs/SCORES.md, "
+                                 "length: for a prompt under 3/4 of the length of nine in ten of the task's samples, "
+                                 "the threshold of its held-out sample prefixes of about the prompt's length "
+                                 "(docs/SCORES.md, "
                                  "\"Prompts shorter than the samples\"). A task calibrated before such prefixes were "
                                  "stored holds a prompt under half its samples' length to a threshold set on whole "
                                  "samples, which rejects it far more often than the task's false-reject rate.")
@@ -227,11 +228,12 @@ class RoutingInfo(_Out):
     calibration_scores: int = 0
     length_views: int = Field(default=0, description="Held-out views (whole calibration samples and their first half, "
                               "quarter and eighth of tokens) that a short prompt's threshold is calibrated on.")
-    short_prompt_tokens: float | None = Field(default=None, description="A prompt with fewer token positions (fewer "
-                                              "than nine in ten of the task's samples) is held to the threshold of the "
-                                              "views nearest its length and not to the novelty test (docs/SCORES.md, "
-                                              "'Prompts shorter than the samples'); null: no views stored (a task "
-                                              "calibrated before them judges every prompt on whole samples).")
+    short_prompt_tokens: float | None = Field(default=None, description="A prompt with fewer token positions (under "
+                                              "3/4 of the length of nine in ten of the task's samples) is held to the "
+                                              "threshold of the views nearest its length and to neither the template "
+                                              "nor the novelty test (docs/SCORES.md, 'Prompts shorter than the "
+                                              "samples'); null: no views stored (a task calibrated before them judges "
+                                              "every prompt on whole samples).")
     false_reject_rate: float | None = None
     prompt_side: bool = Field(default=False, description="Routes on a prompt-side state (completion mode).")
     typical_score: float | None = Field(default=None, description="Shrunk mean of the held-out scores, subtracted "

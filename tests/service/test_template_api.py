@@ -69,7 +69,9 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
         exported_off = client.export_space()
         client.set_template_test(tasks["native"], True)
         # fit: prompts labelled "native" that lack its template show its real prompts do not follow it
-        own_others = [f"The native tongue of {n} is ___ ." for n in ("Ada", "Bo", "Cy")]
+        # (as long as the task's samples: a much shorter prompt is held to neither test, docs/SCORES.md)
+        own_others = [f"The native tongue of {a} {b}son is ___ ." for a, b in (("Ada", "Bela"), ("Chen", "Dara"),
+                                                                               ("Emil", "Fern"))]
         dry = client.fit([(p, "native") for p in own_others], dry_run=True)
         assert dry.template_off == ["native"] and dry.novelty_off == ["native"] and not dry.stored
         assert client.routing(tasks["native"]).template_test is True  # a dry run stores nothing
