@@ -92,7 +92,7 @@ class Candidate:
     length_views : atlas.route_calibration.LengthViews, optional
         The task's held-out views by length (``None``: none stored): a prompt shorter than the task's samples
         (:meth:`~atlas.route_calibration.LengthViews.short`) is held to the threshold of the views nearest its
-        length, and not to the novelty test.
+        length, and to neither the template nor the novelty test.
     """
 
     task_id: int
