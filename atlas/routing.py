@@ -139,7 +139,8 @@ def leave_one_out_scores(task_state: Any, sample_states: Sequence[Any]) -> list[
     return out
 
 
-def leave_one_out_views(task_state: Any, samples: Sequence[tuple[Any, Sequence[Any]]]) -> list[list[object]]:
+def leave_one_out_views(task_state: Any, samples: Sequence[tuple[Any, Sequence[Any]]]
+                        ) -> list[tuple[int, float, bool]]:
     """Held-out views of calibration samples, as ``[tokens, score, whole]`` records (``task_routing.cal_views``).
 
     Parameters
@@ -152,13 +153,13 @@ def leave_one_out_views(task_state: Any, samples: Sequence[tuple[Any, Sequence[A
 
     Returns
     -------
-    list of [int, float, bool]
+    list of (int, float, bool)
         For every view with tokens: its token positions, its route score against the task's routing state with the
         *whole* sample removed (so a prefix is held out too), and whether it is the whole sample.
     """
     s, q, n = totals(task_state)
     ns = int(task_state.n_samples)
-    out: list[list[object]] = []
+    out: list[tuple[int, float, bool]] = []
     for whole, prefixes in samples:
         si, qi, ni = totals(whole)
         if ni <= 0 or n - ni <= 0:
@@ -166,7 +167,7 @@ def leave_one_out_views(task_state: Any, samples: Sequence[tuple[Any, Sequence[A
         rest = (s[0] - si[0], float(q[0] - qi[0]), n - ni, max(ns - int(whole.n_samples), 1))
         for view, is_whole in [(whole, True), *((p, False) for p in prefixes)]:
             if int(view.n_draws) > 0:
-                out.append([int(view.n_tokens), score(unit_signature(view), *rest), is_whole])
+                out.append((int(view.n_tokens), score(unit_signature(view), *rest), is_whole))
     return out
 
 
