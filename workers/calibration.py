@@ -159,9 +159,11 @@ def store_routing_side(session: Any, task_id: int, mode: str, merged_state: Any,
     prefixes_of = side.cal_prefixes or [[] for _ in side.cal_states]
     views = routing.leave_one_out_views(route_state, list(zip(side.cal_states, prefixes_of, strict=True)))
     scores = [score for _, score, whole in views if whole]  # = leave_one_out_scores(route_state, side.cal_states)
-    previous, stored_rate = ([], None) if row is None else (list(row.cal_scores or []), row.false_reject_rate)
+    previous, previous_views, stored_rate = (([], [], None) if row is None else
+                                             (list(row.cal_scores or []), list(row.cal_views or []),
+                                              row.false_reject_rate))
     calibration = routing.calibrate(previous + scores, routing_repo.calibration_rate(stored_rate))
     routing_repo.store_routing(session, task_id, prompt_state=prompt_blob, calibration=calibration,
-                               views=[*(row.cal_views or [] if row is not None else []), *views])
+                               views=[*previous_views, *views])
     log.info("task %s: routing calibrated on %s held-out scores, threshold %s", task_id,
              len(calibration.scores), calibration.threshold)

@@ -183,8 +183,8 @@ class QueryService:
             loaded = self.states.load(session, space, [*union, *sorted(prompt_side - set(union))])
             keep = self.settings.route_template  # else no candidate carries its template: the test is off
             by_length = self.settings.route_length_match  # else none carries its views: every prompt judged whole
-            base = {c.task_id: replace(c, template=c.template if keep else None,
-                                       length_views=c.length_views if by_length else None)
+            base = {c.task_id: c if keep and by_length else replace(c, template=c.template if keep else None,
+                                                                    length_views=c.length_views if by_length else None)
                     for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
             mark = self.index.content_mark(space_id)
             whitening = self.whitenings.get(space_id, mark,
