@@ -20,8 +20,8 @@ import pytest
 
 from service.cli import main
 from service.client import AtlasClient
+from tests.shared_data import DATA, require_shared_data
 
-DATA = Path(os.environ.get("FISHER_ATLAS_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 MODEL = os.environ.get("FISHER_ATLAS_E2E_MODEL", "bundled")
 N_TASK, N_HELDOUT = 40, 5
 OFF_DOMAIN = ["import os\nfor f in os.listdir('.'):\n    print(f)", "SELECT name FROM users WHERE age > 30;",
@@ -39,8 +39,7 @@ def _pick(rows: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _domains() -> dict[str, tuple[list[str], list[str]]]:
-    if not DATA.is_dir():
-        pytest.skip(f"shared data not found at {DATA}")
+    require_shared_data()
     smiles, shakespeare, boolq = [], [], []
     with (DATA / "molecules_smiles" / "moleculenet_bbbp.jsonl").open() as f:
         for line, _ in zip(f, range(400), strict=False):

@@ -9,24 +9,21 @@ thresholds let through, while the indexed families' own prompts stay within the 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from atlas.novelty import MIN_NOVELTY_SAMPLES
 from fisher_atlas import Atlas
+from tests.shared_data import require_shared_data
 
-DATA = Path(os.environ.get("FISHER_ATLAS_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 INDEXED = ("news", "reviews", "trec", "shakespeare", "biomed", "zinc_smiles", "mmlu_questions", "cs_abstracts")
 UNSEEN = ("titles", "wikipedia", "scicite", "cb_premises", "lama_trex_P106_occupation", "bbh_navigate")
 N_SIGNATURE, N_HELD = 60, 12
 
 
 def test_novelty_catches_unseen_families_the_thresholds_let_through(tmp_path: Path) -> None:
-    if not (DATA / "multitask_instructions").is_dir():
-        pytest.skip(f"shared data not found at {DATA}")
+    require_shared_data("multitask_instructions")
     from bench.quality.openset_families import family_tasks, split_texts
 
     families = family_tasks()

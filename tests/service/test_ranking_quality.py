@@ -13,21 +13,17 @@ taken from three other tasks. Their held-out prompts (4 per task) are routed in 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-import pytest
 
 from atlas.whitening import WHITEN_MIN_TASKS
 from fisher_atlas import Atlas
+from tests.shared_data import require_shared_data
 
-DATA = Path(os.environ.get("FISHER_ATLAS_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 N_SIGNATURE, N_HELD = 16, 4
 
 
 def test_small_tasks_never_capture_prompts_in_a_whitened_space(tmp_path: Path) -> None:
-    if not (DATA / "multitask_instructions").is_dir():
-        pytest.skip(f"shared data not found at {DATA}")
+    require_shared_data("multitask_instructions")
     from bench.quality.data import instruction_tasks, split_task
 
     tasks = instruction_tasks()

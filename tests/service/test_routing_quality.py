@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,9 +30,9 @@ from atlas.lexical import TaskTerms, TermCounts
 from atlas.route_fit import FitItem, fit_thresholds
 from atlas.samples import Sample
 from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
+from tests.shared_data import DATA, require_shared_data
 from workers.calibration import prompt_side
 
-DATA = Path(os.environ.get("FISHER_ATLAS_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 BIG = ("wikipedia", "literature_shakespeare", "questions_trec")
 SMALL = ("biomedical_abstracts", "news_sports", "scientific_citations")
 UNSEEN = ("news_world", "academic_paper_titles")
@@ -55,8 +53,7 @@ def _bucket(key: str) -> int:
 
 
 def _texts() -> dict[str, list[str]]:
-    if not DATA.is_dir():
-        pytest.skip(f"shared data not found at {DATA}")
+    require_shared_data()
     want = set(BIG) | set(SMALL) | set(UNSEEN)
     out: dict[str, list[str]] = {d: [] for d in want}
     with (DATA / "multidomain_text" / "multidomain_text.jsonl").open() as f:

@@ -11,22 +11,19 @@ length.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from fisher_atlas import Atlas
+from tests.shared_data import require_shared_data
 
-DATA = Path(os.environ.get("FISHER_ATLAS_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 FAMILIES = ("news", "wikipedia", "boolq_passages", "cs_abstracts", "biomed", "reviews")
 N_SIGNATURE, N_HELD = 40, 20
 
 
 def test_prompts_cut_to_a_quarter_of_their_words_keep_the_false_reject_rate(tmp_path: Path) -> None:
-    if not (DATA / "superglue").is_dir():
-        pytest.skip(f"shared data not found at {DATA}")
+    require_shared_data("superglue")
     from bench.quality.openset_families import family_tasks, split_texts
     from bench.quality.prompt_length import cut
 
