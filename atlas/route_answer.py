@@ -22,6 +22,11 @@ class RouteMatch:
     confidence: float = 0.0
     rank_score: float | None = None
     lexical: float | None = None
+    length_matched: bool = False
+    """Whether the prompt is short for the task and ``threshold`` is the lower of the task's own and the bound of its
+    held-out views of about the prompt's length (:func:`atlas.routing.prompt_threshold`)."""
+    length_bound: float | None = None
+    """That bound (``None`` unless ``length_matched``)."""
 
 
 @dataclass(frozen=True)

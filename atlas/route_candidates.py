@@ -7,9 +7,9 @@ Re-exported by :mod:`atlas.routing` (docs/SCORES.md, "Open set: thresholds").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from atlas.route_calibration import FALSE_REJECT_RATE, LengthViews, split_rates
+from atlas.route_calibration import FALSE_REJECT_RATE, LengthViews
 
 
 @dataclass(frozen=True)
@@ -112,24 +112,38 @@ class Candidate:
     length_views: LengthViews | None = None
 
 
-def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool, *, split: bool = False
-                     ) -> tuple[float, bool]:
-    """The route threshold candidate ``c`` holds a prompt of ``n_tokens`` positions to, and whether it was matched to
-    the prompt's length.
+class PromptThreshold(NamedTuple):
+    """The route threshold a task holds one prompt to (:func:`prompt_threshold`)."""
 
-    ``default`` without ``per_task`` or without a threshold of the task's own; its override (a user's or ``fit``'s) as
-    set; else its calibrated threshold — at its full rate, or with ``split`` (a task whose novelty test applies) its
-    ``split_threshold`` at the rate's route share — lowered, for a prompt short for the task, to the threshold of its
-    held-out views nearest the prompt's length at the same rate (never raised: a prompt as long as the samples is
-    judged on whole samples).
+    threshold: float
+    length_matched: bool
+    """Whether the prompt is short for the task and ``threshold`` is the lower of the task's own and the bound of its
+    held-out views of about the prompt's length."""
+    length_bound: float | None = None
+    """That bound (``None`` unless ``length_matched``); ``fit`` reads it: raising the task's threshold never moves a
+    short prompt's past it."""
+
+
+def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool, *, split: bool = False
+                     ) -> PromptThreshold:
+    """The route threshold candidate ``c`` holds a prompt of ``n_tokens`` positions to.
+
+    ``default`` without ``per_task`` or without a threshold of the task's own. Else the task's threshold for prompts
+    as long as its samples — its override (a user's or ``fit``'s) as set, or its calibrated threshold at its full
+    rate, or with ``split`` (a task whose novelty test applies) its ``split_threshold`` at the rate's route share —
+    lowered, for a prompt short for the task, to the threshold of its held-out views nearest the prompt's length at
+    the task's full rate. Never raised: a prompt as long as the samples is judged on whole samples, and an override
+    that raises a task's threshold (``fit`` rejecting foreign prompts of the samples' length) leaves its short
+    prompts the false-reject rate of their length.
     """
     if not per_task or c.threshold is None:
-        return default, False
+        return PromptThreshold(default, False)
     use_split = split and not c.overridden and c.split_threshold is not None
     base = c.split_threshold if use_split and c.split_threshold is not None else c.threshold
     lv = c.length_views
-    if c.overridden or lv is None or not lv.short(n_tokens):
-        return base, False
-    rate = c.false_reject_rate if c.false_reject_rate is not None else FALSE_REJECT_RATE
-    local = lv.threshold(n_tokens, split_rates(rate)[0] if use_split else rate)
-    return (base, False) if local is None else (min(base, local), True)
+    if lv is None or not lv.short(n_tokens):
+        return PromptThreshold(base, False)
+    local = lv.threshold(n_tokens, c.false_reject_rate if c.false_reject_rate is not None else FALSE_REJECT_RATE)
+    if local is None:
+        return PromptThreshold(base, False)
+    return PromptThreshold(min(base, local), True, local)

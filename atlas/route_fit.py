@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,14 +32,23 @@ of label sets of any size, about 1 % typically)."""
 @dataclass(frozen=True)
 class FitItem:
     """One labelled prompt: its label (task id, or ``None`` for "none"), its scores per task, the task
-    the router ranks first (``best``; default: the highest score) and whether the answer is "none"
+    the router ranks first (``best``; default: the highest score), whether the answer is "none"
     whatever the best task's threshold (``forced_none``: the nearest task rejects it, see
-    :func:`atlas.routing.rerank_route`)."""
+    :func:`atlas.routing.rerank_route`) and, for the tasks the prompt is short for, the bound of their held-out
+    views of its length (``length_bounds``: a task's threshold ``c`` holds it to ``min(c, bound)``,
+    :func:`atlas.routing.prompt_threshold`)."""
 
     label: int | None
     scores: Mapping[int, float]
     best: int | None = None
     forced_none: bool = False
+    length_bounds: Mapping[int, float] = field(default_factory=dict)
+
+    def threshold(self, task: int, threshold: float) -> float:
+        """What task ``task`` at ``threshold`` (its threshold for prompts as long as its samples) holds this prompt
+        to."""
+        bound = self.length_bounds.get(task)
+        return threshold if bound is None else min(threshold, bound)
 
     def top(self) -> int:
         """The task the router answers before any threshold."""
@@ -61,14 +70,14 @@ def _predict(item: FitItem, thr: Mapping[int, float], default: float) -> int | N
     if not item.scores or item.forced_none:
         return None
     best = item.top()
-    return best if item.scores[best] >= thr.get(best, default) else None
+    return best if item.scores[best] >= item.threshold(best, thr.get(best, default)) else None
 
 
 def _right_answers(answered: Sequence[FitItem], task: int, threshold: float) -> int:
     """How many of the prompts ``task`` answers (before its threshold) are right at ``threshold``: its own
     accepted, or those labelled "none" rejected (a prompt of another task is wrong either way)."""
-    return sum((it.scores[task] >= threshold) == (it.label == task) if it.label in (task, None) else 0
-               for it in answered)
+    return sum((it.scores[task] >= it.threshold(task, threshold)) == (it.label == task)
+               if it.label in (task, None) else 0 for it in answered)
 
 
 def accuracy(items: Sequence[FitItem], thr: Mapping[int, float], default: float) -> float:
@@ -90,7 +99,10 @@ def fit_thresholds(
     highest, towards the wrong prompts' region) — but never above the cap: the ``false_reject_rate``
     quantile of the task's positives (its labelled prompts' scores and its own held-out calibration scores;
     one rate, or each task's own by id, the default for tasks not named), so false rejects stay within the
-    task's stated rate. A threshold above the cap is lowered to it (the only step that can lower the
+    task's stated rate. A prompt short for a task is held to the lower of the task's threshold and its length's
+    bound (``FitItem.length_bounds``): it counts among the answers at each candidate threshold as it would be
+    judged, and not among the positives that cap the threshold — its rate is its length's bound's, which no
+    threshold ``fit`` sets can raise. A threshold above the cap is lowered to it (the only step that can lower the
     accuracy on the labelled prompts; the current threshold is always a candidate, so a raise never does:
     raising to just above the highest wrong prompt's score lost more right answers than wrong ones when those
     were few). Tasks with fewer than ``MIN_CALIBRATION`` positives, or not
@@ -100,7 +112,7 @@ def fit_thresholds(
     before = accuracy(items, thr, default)
     tasks = {t for it in items for t in it.scores}
     for t in sorted(tasks):
-        pos = [float(it.scores[t]) for it in items if it.label == t and t in it.scores]
+        pos = [float(it.scores[t]) for it in items if it.label == t and t in it.scores and t not in it.length_bounds]
         pos += [float(s) for s in held_out.get(t, ())]
         if len(pos) < MIN_CALIBRATION:
             continue

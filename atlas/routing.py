@@ -54,6 +54,7 @@ from atlas.route_calibration import Calibration as Calibration
 from atlas.route_calibration import calibrate as calibrate
 from atlas.route_calibration import calibration_pick as calibration_pick
 from atlas.route_candidates import Candidate as Candidate
+from atlas.route_candidates import PromptThreshold as PromptThreshold
 from atlas.route_candidates import TaskRoute as TaskRoute
 from atlas.route_candidates import prompt_threshold as prompt_threshold
 from atlas.route_candidates import resolve as resolve
@@ -350,7 +351,8 @@ def rerank_route(
     A prompt *short* for the answered task (under three quarters of the token positions of nine in ten of its
     samples: ``Candidate.length_views``) is judged by neither the novelty nor the template test — a prefix of a
     sample lacks its closing frame and its mean hidden state is atypical — but by the route threshold of the task's
-    held-out views nearest its length, at the task's full rate (:func:`prompt_threshold`,
+    held-out views nearest its length, at the task's full rate, when that is lower than the threshold it holds whole
+    prompts to, its override included (:func:`prompt_threshold`, ``RouteMatch.length_matched``,
     ``Rejection.length_matched``); the nearest task's threshold is matched to the prompt's length the same way.
 
     Returns
@@ -411,13 +413,14 @@ def rerank_route(
             else:
                 diag.append(0.0)
         c = candidates[i]
-        thr, by_length = prompt_threshold(c, n_prompt, threshold, per_task, split=split and i == order[0])
+        thr, by_length, bound = prompt_threshold(c, n_prompt, threshold, per_task, split=split and i == order[0])
         matched.append(by_length)
         sc = _f(score[i])
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
                               activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
-                              rank_score=_f(rank[i]), lexical=None if lex is None else _f(lex[i])))
+                              rank_score=_f(rank[i]), lexical=None if lex is None else _f(lex[i]),
+                              length_matched=by_length, length_bound=bound))
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence
@@ -432,7 +435,7 @@ def rerank_route(
     if near is not None:
         rounded = np.round(near, 9)  # a tie with the answered task is the answered task (identical twins)
         j = order[0] if rounded[order[0]] >= rounded.max() else int(np.argmax(rounded))
-        thr_j, matched_j = prompt_threshold(candidates[j], n_prompt, threshold, per_task)
+        thr_j, matched_j, _ = prompt_threshold(candidates[j], n_prompt, threshold, per_task)
         rejects = (candidates[j].task_id != best.task_id and _f(score[j]) >= best.score  # nearer by both scores
                    and _f(score[j]) < thr_j)
         if rejects:

@@ -70,6 +70,10 @@ class RouteMatch(_Out):
     rank_score: float | None = Field(default=None, description="Fisher ranking score in [-1, 1] (docs/SCORES.md).")
     lexical: float | None = Field(default=None, description="Lexical score in [0, 1]; set when it is fused with "
                                   "rank_score to order the matches (docs/SCORES.md, 'Lexical evidence').")
+    length_matched: bool = Field(default=False, description="Whether the prompt is short for the task and "
+                                 "`threshold` is the lower of the task's own (its override included) and that of its "
+                                 "held-out sample prefixes of about the prompt's length (docs/SCORES.md, \"Prompts "
+                                 "shorter than the samples\").")
 
 
 class RouteRejection(_Out):

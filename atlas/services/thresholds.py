@@ -156,7 +156,9 @@ class ThresholdService:
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, top,
                              forced_none=a.nearest_rejects
                              or (a.novelty_rejects and top not in novelty_off)
-                             or (a.template_rejects and top not in off))
+                             or (a.template_rejects and top not in off),
+                             length_bounds={m.task_id: m.length_bound for m in a.matches
+                                            if m.length_bound is not None})
                      for lab, a, top in zip(labels, answers, answered, strict=True)]
             routes = routing_repo.get_task_routes(session, matched)  # the tasks the items score
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}

@@ -275,18 +275,22 @@ def fit_halves(prompts: list[tuple[str, str]], unseen: list[str], rng: np.random
 
 
 def _with_fit(atlas: Any, prompts: list[tuple[str, str]], indexed: list[str], unseen: list[str],
-              rng: np.random.Generator) -> dict[str, float]:
+              rng: np.random.Generator, labelled: list[tuple[str, str]] | None = None) -> dict[str, float]:
     """The product after ``fit``, cross-fitted: fit on one half of the held-out prompts (labelled with their task,
     or "none" for an unseen task's), answer the other half; both halves, rates averaged (:func:`fit_halves`: the
     unseen tasks are halved by task, so the "none" examples never come from the unseen tasks answered). Every
-    task's threshold override and template switch are reset before each fit."""
+    task's threshold override, template and novelty switches are reset before each fit. ``labelled``: the prompts
+    ``fit`` is given in place of ``prompts`` (the same ones another way, pair by pair: bench 4f fits on whole
+    prompts and answers them cut)."""
     half = fit_halves(prompts, unseen, rng)
+    labelled = prompts if labelled is None else labelled
     rates: list[dict[str, Any]] = []
     for h in (0, 1):
         for t in indexed:
             atlas.set_threshold(t, None)
             atlas.set_template_test(t, True)
-        atlas.fit([(p, t if t in indexed else "none") for (t, p), hh in zip(prompts, half, strict=True) if hh == h])
+            atlas.set_novelty_test(t, True)
+        atlas.fit([(p, t if t in indexed else "none") for (t, p), hh in zip(labelled, half, strict=True) if hh == h])
         rest = [tp for tp, hh in zip(prompts, half, strict=True) if hh != h]
         rates.append(_tally(rest, atlas.route([p for _, p in rest], k=3), unseen))
     return {k: float(np.mean([r[k] for r in rates])) for k in ("none_unseen", "none_indexed", "right", "top1")}

@@ -6,7 +6,8 @@ runs experiment 4d's protocol (22 data families, 18 indexed and 4 unseen per dra
 library with every default, no labels) and routes every held-out prompt cut to its first half and first
 quarter of words (at least 4 words) as well as whole, for the product, the product with every task
 re-calibrated at a 1 % false-reject rate, the product after ``fit`` on labelled prompts of that length
-(experiment 4d's cross-fitted halves), and MiniLM kNN with per-route thresholds calibrated like ours.
+(experiment 4d's cross-fitted halves) and after ``fit`` on the same prompts whole (the labels a user has, the
+prompts answered cut), and MiniLM kNN with per-route thresholds calibrated like ours.
 
     python -m bench.quality.prompt_length --threads 2
 """
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encoder = MiniLMEncoder()
     draws: list[dict[str, Any]] = []
     for d in range(args.draws):
-        rng = np.random.default_rng(1000 * (1 + args.seeds[0]) + d)  # experiment 4d's draws
+        seed = 1000 * (1 + args.seeds[0]) + d
+        rng = np.random.default_rng(seed)  # experiment 4d's draws
         sig, held = {}, {}
         for t in names:
             sig[t], held[t] = split_texts(tasks[t], args.signature, args.heldout, rng)
@@ -84,6 +86,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "fit": _with_fit(atlas, prompts, indexed, unseen, rng),
                         "median_words": float(np.median(words)),
                     }
+                    by_f = draw["by_fraction"][str(f)]
+                    by_f["fit_whole"] = by_f["fit"] if f == 1.0 else _with_fit(  # labelled whole, answered cut
+                        atlas, prompts, indexed, unseen, np.random.default_rng((seed, round(100 * f))), cuts[1.0])
                     for t in indexed:  # back to the calibrated thresholds and tests for the next length
                         atlas.set_threshold(t, None)
                         atlas.set_template_test(t, True)
@@ -110,6 +115,8 @@ def render(res: dict[str, Any], facts: str) -> str:
                           "same store; before 2026-11-28)",
               "low_rate": f"FisherAtlas (product), every task calibrated at {LOW_RATE:.0%} (`false_reject_rate`)",
               "fit": "FisherAtlas (product) + `fit` on labelled prompts of the same length (cross-fitted halves)",
+              "fit_whole": "FisherAtlas (product) + `fit` on labelled *whole* prompts (cross-fitted halves; since "
+                           "2026-11-28 an override leaves a short prompt its length's threshold)",
               "minilm": "MiniLM kNN, per-route thresholds calibrated like ours (5 %)"}
     rows = []
     for router, label in labels.items():

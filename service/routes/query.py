@@ -47,7 +47,7 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
             matches=[RouteMatch(task_id=m.task_id, name=m.name, score=m.score, faiss_score=m.faiss_score,
                                 activation=m.activation, error=m.error, threshold=m.threshold,
                                 confidence=m.confidence, rank_score=m.rank_score,
-                                lexical=m.lexical) for m in a.matches],
+                                lexical=m.lexical, length_matched=m.length_matched) for m in a.matches],
             none=a.none, best_score=a.best_score, threshold=a.threshold, confidence=a.confidence,
             nearest_rejects=a.nearest_rejects, template_rejects=a.template_rejects,
             novelty_rejects=a.novelty_rejects,

@@ -61,23 +61,27 @@ def test_a_prompts_threshold_is_calibrated_on_the_views_nearest_its_length(recor
 
 @settings(max_examples=60, deadline=None)
 @given(_views, st.integers(1, 800), st.floats(-1, 1), st.booleans(), st.sampled_from([None, 0.01, 0.2]))
-def test_a_length_matched_threshold_only_ever_lowers_the_calibrated_one(records: list, n: int, calibrated: float,
-                                                                        overridden: bool, rate: float | None) -> None:
-    """:func:`atlas.routing.prompt_threshold`: an override is kept as set; a prompt that is not short for the task is
-    held to the calibrated threshold; a short one to the lower of it and its length's — never a higher one."""
+def test_a_length_matched_threshold_only_ever_lowers_the_task_s_own(records: list, n: int, calibrated: float,
+                                                                   overridden: bool, rate: float | None) -> None:
+    """:func:`atlas.routing.prompt_threshold`: a prompt that is not short for the task is held to its threshold (its
+    override or its calibrated one); a short one to the lower of it and its length's bound — never a higher one, an
+    override included (one that raises the threshold must not take back the short prompts' rate)."""
     lv = LengthViews.from_records(records)
     state = _state(0, 4, 0.0, 1)
     c = routing.Candidate(1, "t", state, threshold=calibrated, overridden=overridden, length_views=lv,
                           false_reject_rate=rate)
-    thr, matched = routing.prompt_threshold(c, n, 0.05, per_task=True)
+    thr, matched, bound = routing.prompt_threshold(c, n, 0.05, per_task=True)
     assert thr <= calibrated
-    if overridden or lv is None or not lv.short(n):
-        assert (thr, matched) == (calibrated, False)
+    if lv is None or not lv.short(n):
+        assert (thr, matched, bound) == (calibrated, False, None)
     else:
         local = lv.threshold(n, 0.05 if rate is None else rate)
-        assert thr == (calibrated if local is None else min(calibrated, local)) and matched is (local is not None)
-    assert routing.prompt_threshold(c, n, 0.3, per_task=False) == (0.3, False)  # a request's own threshold
-    assert routing.prompt_threshold(routing.Candidate(1, "t", state, length_views=lv), n, 0.3, True) == (0.3, False)
+        assert bound == local
+        assert thr == (calibrated if local is None else min(calibrated, local))
+        assert matched is (local is not None)
+    assert routing.prompt_threshold(c, n, 0.3, per_task=False) == (0.3, False, None)  # a request's own threshold
+    assert routing.prompt_threshold(routing.Candidate(1, "t", state, length_views=lv), n, 0.3, True) == (
+        0.3, False, None)
 
 
 @given(st.lists(st.one_of(st.none(), st.text(max_size=3), st.integers(), st.floats(allow_nan=True),

@@ -139,6 +139,40 @@ def test_fit_never_raises_a_threshold_past_the_false_reject_cap(rows: list, held
         assert thr <= cap + 1e-12
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, 0, 1]), st.floats(0, 1), st.floats(0, 1),
+                          st.one_of(st.none(), st.floats(-1, 1))), min_size=1, max_size=40),
+       st.lists(st.floats(0, 1), min_size=5, max_size=20))
+def test_fit_judges_short_prompts_as_the_router_does(rows: list, held: list[float]) -> None:
+    """Prompts short for task 0 (a length bound) are predicted at ``min(threshold, bound)``, as
+    :func:`atlas.routing.prompt_threshold` holds them; ``fit`` never lowers the accuracy with them, and its cap comes
+    from the prompts as long as the samples and the held-out scores alone."""
+    items = [FitItem(lab, {0: a, 1: b}, length_bounds={} if bound is None else {0: bound})
+             for lab, a, b, bound in rows]
+    for current in ({0: -1.0, 1: -1.0}, {0: 0.0}):
+        res = fit_thresholds(items, current, {0: held, 1: held}, default=-1.0)
+        assert res.accuracy_after >= res.accuracy_before, (current, res)
+        if 0 in res.thresholds:
+            pos = [it.scores[0] for it in items if it.label == 0 and not it.length_bounds] + held
+            assert res.thresholds[0] <= float(np.quantile(pos, routing.FALSE_REJECT_RATE, method="lower")) + 1e-12
+        for it in items:
+            thr = res.thresholds.get(0, current.get(0, -1.0))
+            assert it.threshold(0, thr) == (thr if not it.length_bounds else min(thr, it.length_bounds[0]))
+
+
+def test_fit_leaves_short_prompts_their_length_bound() -> None:
+    """"None" prompts as long as the samples raise task 0's threshold to its cap; its own short prompts (scores
+    0.3, bound 0.25) neither lower that cap nor are rejected by it."""
+    held = [0.5, 0.6, 0.7, 0.8, 0.9]
+    items = [FitItem(None, {0: 0.7, 1: 0.1}, 0) for _ in range(5)]
+    items += [FitItem(0, {0: 0.3, 1: 0.1}, 0, length_bounds={0: 0.25}) for _ in range(3)]
+    res = fit_thresholds(items, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1)
+    assert res.thresholds == {0: 0.5}  # the 5 % cap of the held-out scores, not of the short prompts' 0.3
+    assert res.accuracy_before == 3 / 8 and res.accuracy_after == 3 / 8  # "none" at 0.7 lies above any cap
+    flat = [FitItem(it.label, it.scores, it.best) for it in items]  # judged as whole prompts, they cap it at 0.3
+    assert fit_thresholds(flat, {0: 0.1, 1: 0.1}, {0: held, 1: held}, default=0.1).thresholds == {0: 0.3}
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.floats(-0.2, 0.6), st.floats(-1.0, 0.5))
 def test_the_nearest_task_also_holds_the_prompt_to_its_threshold(seed: int, typical_gap: float,

@@ -19,7 +19,8 @@ from fisher_atlas import Atlas
 from tests.shared_data import require_shared_data
 
 FAMILIES = ("news", "wikipedia", "boolq_passages", "cs_abstracts", "biomed", "reviews")
-N_SIGNATURE, N_HELD = 40, 20
+FOREIGN = ("shakespeare", "trec", "titles")  # "none" examples for fit: families not indexed
+N_SIGNATURE, N_HELD, N_FOREIGN = 40, 20, 20
 
 
 def test_prompts_cut_to_a_quarter_of_their_words_keep_the_false_reject_rate(tmp_path: Path) -> None:
@@ -41,6 +42,7 @@ def test_prompts_cut_to_a_quarter_of_their_words_keep_the_false_reject_rate(tmp_
         whole_answers = atlas.route([p for _, p in whole], k=3)
         short_answers = atlas.route([p for _, p in short], k=3)
         exported = atlas.export(tmp_path / "space.json")
+        _fit_on_whole_prompts_then_route_short_ones(atlas, held, {n: texts[n] for n in FOREIGN}, rng)
     with Atlas(tmp_path / "copy", model="bundled", device="cpu") as copy:  # an export carries the views
         copy.import_(exported)
         assert {n: copy.routing(n)["length_views"] for n in FAMILIES} == {n: info[n]["length_views"] for n in FAMILIES}
@@ -67,3 +69,32 @@ def test_prompts_cut_to_a_quarter_of_their_words_keep_the_false_reject_rate(tmp_
                 and a.rejected_by.reason == "threshold"]
     assert all(r.length_matched and "held-out sample prefixes" in r.message for r in rejected
                if r.prompt_tokens is not None and r.prompt_tokens < info[r.name]["short_prompt_tokens"])
+
+
+def _fit_on_whole_prompts_then_route_short_ones(atlas: Atlas, held: dict[str, list[str]],
+                                                foreign: dict[str, list[str]], rng: np.random.Generator) -> None:
+    """``fit`` on labelled prompts as long as the samples (half of each task's held-out texts, and texts of families
+    not indexed as "none") raises thresholds; the other half, cut to a quarter of their words, keeps the false-reject
+    rate of its length: an override (``fit``'s, or a user's raising one) holds prompts as long as the samples, and a
+    short prompt stays at the lower bound of its length (before 2026-11-28 an override replaced it: 0.186 "none" on
+    indexed quarter-length prompts after ``fit`` in bench 4f, against 0.122 without it)."""
+    from bench.quality.prompt_length import cut
+
+    examples = [(p, name) for name in FAMILIES for p in held[name][: N_HELD // 2]]
+    examples += [(str(t), "none") for name in FOREIGN for t in rng.choice(foreign[name], N_FOREIGN, replace=False)]
+    fitted = atlas.fit(examples)
+    raised = dict(fitted.thresholds)
+    atlas.set_threshold("reviews", max(raised.get("reviews", -1.0), atlas.routing("reviews")["threshold"]) + 0.05)
+    raised["reviews"] = atlas.routing("reviews")["threshold"]  # a user's override, raised past fit's
+    short = [(name, cut(p, 0.25)) for name in FAMILIES for p in held[name][N_HELD // 2:]]
+    answers = atlas.route([p for _, p in short], k=3)
+    own = [(n, a) for (n, _), a in zip(short, answers, strict=True) if a.matches[0].name == n]
+    matched = [a.matches[0] for n, a in own if n in raised and a.matches[0].length_matched]
+    lowered = [m for m in matched if m.threshold < raised[m.name]]
+    none_short = float(np.mean([a.none for a in answers]))
+    print(f"fit raised {sorted(raised)}; after it, none on quarter-length prompts {none_short:.3f}; "
+          f"{len(lowered)} of {sum(n in raised for n, _ in own)} answered by a raised task held to their length's")
+    assert len(raised) >= 2, fitted  # fit found foreign prompts to reject, and the user's override is set
+    assert none_short <= 0.15
+    assert all(m.length_bound is not None and m.threshold == min(raised[m.name], m.length_bound) for m in matched)
+    assert len(lowered) >= 0.5 * sum(n in raised for n, _ in own)  # most held below the override
