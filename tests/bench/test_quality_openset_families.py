@@ -124,6 +124,9 @@ class _RecordingAtlas:
     def set_template_test(self, task: str, on: bool) -> None:
         pass
 
+    def set_novelty_test(self, task: str, on: bool) -> None:
+        pass
+
     def fit(self, labelled: list[tuple[str, str]]) -> None:
         self.fitted.append(list(labelled))
 

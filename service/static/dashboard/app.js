@@ -1320,7 +1320,8 @@
           const below = thr !== undefined && Number(m.score) < Number(thr);
           const bar = h("span", { class: "score-bar" }, fill);
           if (thr !== undefined && Number.isFinite(Number(thr))) {
-            const tick = h("span", { class: "thr-tick", title: `threshold ${fmt(thr)}` });
+            const tick = h("span", { class: "thr-tick", title: `threshold ${fmt(thr)}` + (m.length_matched
+              ? " (the prompt is short for this task: the lower of its threshold and its held-out prefixes' of this length)" : "") });
             tick.style.left = `${(clamp01(Number(thr) / maxScore) * 100).toFixed(1)}%`;
             bar.append(tick);
           }
