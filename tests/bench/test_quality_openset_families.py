@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -15,6 +18,8 @@ from bench.quality.openset_families import (
     family_tasks,
     knn_route_scores,
     landing_tasks,
+    pooled_held_out_scores,
+    space_threshold_rates,
 )
 
 
@@ -153,3 +158,21 @@ def test_fit_is_cross_fitted_by_unseen_task_so_no_unseen_task_is_fitted_on_and_e
         assert {p for p, _ in fitted}.isdisjoint(routed)  # and no prompt is both fitted on and answered
         fitted_indexed = {task_of[p] for p, label in fitted if label != "none"}
         assert fitted_indexed == set(indexed)  # every indexed task has labelled prompts in each fit
+
+
+def test_the_space_threshold_replay_pools_the_exported_scores_and_ors_with_the_product(tmp_path: Path) -> None:
+    export = tmp_path / "space.jsonl"
+    lines = [{"format": "header"}, {"name": "a", "routing": {"cal_scores": [0.1, 0.2, 0.3]}},
+             {"name": "b", "routing": None}, {"name": "c", "routing": {"cal_scores": [0.4]}}]
+    export.write_text("\n".join(json.dumps(x) for x in lines), encoding="utf-8")
+    pooled = pooled_held_out_scores(export)
+    assert pooled == [0.1, 0.2, 0.3, 0.4]
+    records = [{"task": "a", "top": "a", "none": False, "score": 0.35},  # above the space threshold: right
+               {"task": "a", "top": "a", "none": True, "score": 0.35},  # the product says none
+               {"task": "c", "top": "a", "none": False, "score": 0.15},  # below it: none
+               {"task": "u", "top": "a", "none": False, "score": 0.12},  # unseen, caught by it
+               {"task": "u", "top": "c", "none": False, "score": None}]  # no match at all: none
+    res = space_threshold_rates(records, ["u"], pooled, 0.5)
+    assert res["threshold"] == float(np.quantile(pooled, 0.5)) == 0.25
+    assert res["alone"] == {"none_unseen": 1.0, "none_indexed": 1 / 3, "right": 2 / 3}
+    assert res["with_product"] == {"none_unseen": 1.0, "none_indexed": 2 / 3, "right": 1 / 3}
