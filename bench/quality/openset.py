@@ -335,6 +335,12 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
                                                                 nearest_needs_route_score=False, novelty=nov)
                 res["fsw_alone"], _ = _per_task_rows(S, wb, ws, thr_auto, cal, *rows, auroc_score=wr)
                 res["fsw_oracle"] = _oracle_rates(wb, wr, label, unseen, is_eval)
+                # a replay, not the product: one threshold for the space, the 5 % quantile of the indexed tasks'
+                # pooled held-out route scores (bench 4d's reading), on the answered task's route score
+                space = float(np.quantile(np.concatenate([np.asarray(cal[t].scores, float) for t in indexed]),
+                                          FALSE_REJECT_RATE))
+                res["fsw_space"] = _rates(np.where(ws >= space, wb, -1)[is_eval], label[is_eval], unseen[is_eval],
+                                          ws[is_eval])
             mb, ms = _best(M, indexed)
             g = _fit_global(ms[is_fit], mb[is_fit], label[is_fit])
             ans = np.where(ms >= g, mb, -1)
@@ -565,6 +571,8 @@ ROUTERS = {"fsw_auto": "FisherAtlas (product: ranking fused with lexical; answer
            "fs_fit": "FisherAtlas ranked by route score (before) + `fit`",
            "fs_global": "FisherAtlas, one threshold fitted by accuracy",
            "minilm_global": "all-MiniLM-L6-v2 centroid, one threshold fitted by accuracy",
+           "fsw_space": "replay, not the product: the product's answer, one space threshold on its route score (the "
+                        "5 % quantile of the indexed tasks' pooled held-out scores, no labels)",
            "fsw_oracle": "ceiling: FisherAtlas rank score, one threshold set on the test prompts (5 % none, indexed)",
            "minilm_oracle": "ceiling: MiniLM best cosine, one threshold set on the test prompts (5 % none, indexed)"}
 
