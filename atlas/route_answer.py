@@ -22,11 +22,14 @@ class RouteMatch:
     confidence: float = 0.0
     rank_score: float | None = None
     lexical: float | None = None
-    length_matched: bool = False
-    """Whether the prompt is short for the task and ``threshold`` is the lower of the task's own and the bound of its
-    held-out views of about the prompt's length (:func:`atlas.routing.prompt_threshold`)."""
     length_bound: float | None = None
-    """That bound (``None`` unless ``length_matched``)."""
+    """For a prompt short for the task, the bound of its held-out views of about the prompt's length (``threshold`` is
+    then the lower of it and the task's own: :func:`atlas.routing.prompt_threshold`); ``None`` otherwise."""
+
+    @property
+    def length_matched(self) -> bool:
+        """Whether the prompt is short for the task and its threshold was matched to its length."""
+        return self.length_bound is not None
 
 
 @dataclass(frozen=True)

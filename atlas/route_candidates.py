@@ -116,12 +116,15 @@ class PromptThreshold(NamedTuple):
     """The route threshold a task holds one prompt to (:func:`prompt_threshold`)."""
 
     threshold: float
-    length_matched: bool
-    """Whether the prompt is short for the task and ``threshold`` is the lower of the task's own and the bound of its
-    held-out views of about the prompt's length."""
     length_bound: float | None = None
-    """That bound (``None`` unless ``length_matched``); ``fit`` reads it: raising the task's threshold never moves a
-    short prompt's past it."""
+    """For a prompt short for the task, the bound of its held-out views of about the prompt's length (``threshold``
+    is then the lower of it and the task's own); ``None`` otherwise. ``fit`` reads it: raising the task's threshold
+    never moves a short prompt's past it."""
+
+    @property
+    def length_matched(self) -> bool:
+        """Whether the prompt is short for the task and its threshold was matched to its length."""
+        return self.length_bound is not None
 
 
 def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool, *, split: bool = False
@@ -137,13 +140,13 @@ def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool
     prompts the false-reject rate of their length.
     """
     if not per_task or c.threshold is None:
-        return PromptThreshold(default, False)
+        return PromptThreshold(default)
     use_split = split and not c.overridden and c.split_threshold is not None
     base = c.split_threshold if use_split and c.split_threshold is not None else c.threshold
     lv = c.length_views
     if lv is None or not lv.short(n_tokens):
-        return PromptThreshold(base, False)
+        return PromptThreshold(base)
     local = lv.threshold(n_tokens, c.false_reject_rate if c.false_reject_rate is not None else FALSE_REJECT_RATE)
     if local is None:
-        return PromptThreshold(base, False)
-    return PromptThreshold(min(base, local), True, local)
+        return PromptThreshold(base)
+    return PromptThreshold(min(base, local), local)

@@ -124,20 +124,13 @@ def score(unit: np.ndarray, sums_ae: np.ndarray, sq_ae: float, n: int, n_samples
 
 
 def leave_one_out_scores(task_state: Any, sample_states: Sequence[Any]) -> list[float]:
-    """Held-out scores: each sample's prompt state against the task's routing state without it.
+    """Held-out scores: each sample's prompt state against the task's routing state without it (the whole views of
+    :func:`leave_one_out_views`).
 
     ``task_state`` must contain the samples' contributions (states are sums, so removing one is
     exact up to float32 rounding of the stored sums).
     """
-    s, q, n = totals(task_state)
-    ns = int(task_state.n_samples)
-    out = []
-    for st in sample_states:
-        si, qi, ni = totals(st)
-        if ni <= 0 or n - ni <= 0:
-            continue
-        out.append(score(unit_signature(st), s[0] - si[0], q[0] - qi[0], n - ni, max(ns - int(st.n_samples), 1)))
-    return out
+    return [score_ for _, score_, _ in leave_one_out_views(task_state, [(st, ()) for st in sample_states])]
 
 
 def leave_one_out_views(task_state: Any, samples: Sequence[tuple[Any, Sequence[Any]]]
@@ -403,7 +396,6 @@ def rerank_route(
     # route threshold (split_threshold, calibrated at that rest); an override (a user's or fit's) is kept as it is.
     split = dist is not None and not first.overridden and first.split_threshold is not None
     top = []
-    matched = []
     for i in order:
         mu_t, self_t, _ = views[i]
         diag = []
@@ -413,14 +405,13 @@ def rerank_route(
             else:
                 diag.append(0.0)
         c = candidates[i]
-        thr, by_length, bound = prompt_threshold(c, n_prompt, threshold, per_task, split=split and i == order[0])
-        matched.append(by_length)
+        thr, bound = prompt_threshold(c, n_prompt, threshold, per_task, split=split and i == order[0])
         sc = _f(score[i])
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
                               activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
                               rank_score=_f(rank[i]), lexical=None if lex is None else _f(lex[i]),
-                              length_matched=by_length, length_bound=bound))
+                              length_bound=bound))
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence
@@ -430,18 +421,19 @@ def rerank_route(
         return Rejection(c.task_id, c.name, score, thr, reason, n_prompt, c.state.n_tokens / n if n else None,
                          length_matched=by_length)
 
-    by = rejection(candidates[order[0]], best.score, best.threshold, "threshold", matched[0]) if none else None
+    by = rejection(candidates[order[0]], best.score, best.threshold, "threshold", best.length_matched) if none else None
     rejects = False
     if near is not None:
         rounded = np.round(near, 9)  # a tie with the answered task is the answered task (identical twins)
         j = order[0] if rounded[order[0]] >= rounded.max() else int(np.argmax(rounded))
-        thr_j, matched_j, _ = prompt_threshold(candidates[j], n_prompt, threshold, per_task)
+        held_j = prompt_threshold(candidates[j], n_prompt, threshold, per_task)
+        thr_j = held_j.threshold
         rejects = (candidates[j].task_id != best.task_id and _f(score[j]) >= best.score  # nearer by both scores
                    and _f(score[j]) < thr_j)
         if rejects:
             conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
             none = True
-            by = by or rejection(candidates[j], _f(score[j]), thr_j, "nearest", matched_j)
+            by = by or rejection(candidates[j], _f(score[j]), thr_j, "nearest", held_j.length_matched)
     if novel and novelty is not None and dist is not None and dist_thr is not None:
         conf, none = max(conf if none else 0.0, novelty.nearer_share(first.task_id, dist)), True
         by = by or rejection(first, dist, dist_thr, "novelty")

@@ -158,7 +158,7 @@ def store_routing_side(session: Any, task_id: int, mode: str, merged_state: Any,
             prompt_blob = route_state.to_bytes()
     prefixes_of = side.cal_prefixes or [[] for _ in side.cal_states]
     views = routing.leave_one_out_views(route_state, list(zip(side.cal_states, prefixes_of, strict=True)))
-    scores = [score for _, score, whole in views if whole]  # = leave_one_out_scores(route_state, side.cal_states)
+    scores = [score for _, score, whole in views if whole]  # the whole samples' (leave_one_out_scores)
     previous, previous_views, stored_rate = (([], [], None) if row is None else
                                              (list(row.cal_scores or []), list(row.cal_views or []),
                                               row.false_reject_rate))

@@ -70,7 +70,8 @@ def test_a_length_matched_threshold_only_ever_lowers_the_task_s_own(records: lis
     state = _state(0, 4, 0.0, 1)
     c = routing.Candidate(1, "t", state, threshold=calibrated, overridden=overridden, length_views=lv,
                           false_reject_rate=rate)
-    thr, matched, bound = routing.prompt_threshold(c, n, 0.05, per_task=True)
+    held = routing.prompt_threshold(c, n, 0.05, per_task=True)
+    thr, matched, bound = held.threshold, held.length_matched, held.length_bound
     assert thr <= calibrated
     if lv is None or not lv.short(n):
         assert (thr, matched, bound) == (calibrated, False, None)
@@ -79,9 +80,9 @@ def test_a_length_matched_threshold_only_ever_lowers_the_task_s_own(records: lis
         assert bound == local
         assert thr == (calibrated if local is None else min(calibrated, local))
         assert matched is (local is not None)
-    assert routing.prompt_threshold(c, n, 0.3, per_task=False) == (0.3, False, None)  # a request's own threshold
-    assert routing.prompt_threshold(routing.Candidate(1, "t", state, length_views=lv), n, 0.3, True) == (
-        0.3, False, None)
+    for held in (routing.prompt_threshold(c, n, 0.3, per_task=False),  # a request's own threshold
+                 routing.prompt_threshold(routing.Candidate(1, "t", state, length_views=lv), n, 0.3, True)):
+        assert (held.threshold, held.length_matched, held.length_bound) == (0.3, False, None)
 
 
 @given(st.lists(st.one_of(st.none(), st.text(max_size=3), st.integers(), st.floats(allow_nan=True),
