@@ -21,6 +21,11 @@ family) it reports, for the test alone at the rate: "none" on indexed prompts (t
 rejected by every indexed task (``all``), and the AUROC of ``min_t score_t / threshold_t`` (indexed vs unseen).
 
 Run: ``python -m bench.quality.novelty --threads 2`` (about 80 s on 2 cores; prints its table, writes only ``--out``).
+
+``--layers`` asks which representation to test instead: the shipped and relative distances on the mean hidden
+state of every layer of the model, as ``transformers`` returns them with ``output_hidden_states`` (``h0`` the
+embeddings, ``h1`` … ``hL`` each block's output, the last after the final norm: the head input, unprojected), and
+on all blocks' means concatenated (about 2 min).
 """
 
 from __future__ import annotations
@@ -116,15 +121,15 @@ def calibrated(scorer: Scorer, groups: Mapping[int, np.ndarray], folds: int = FO
 
 
 def evaluate(groups: dict[int, np.ndarray], held: dict[int, np.ndarray], unseen: np.ndarray,
-             rate: float) -> dict[str, dict[str, float]]:
-    """Each test's rates on one draw (see the module docstring)."""
+             rate: float, scorers: Mapping[str, Scorer] | None = None) -> dict[str, dict[str, float]]:
+    """Each test's (``scorers``, default :data:`SCORERS`) rates on one draw (see the module docstring)."""
     ids = sorted(groups)
     nearest_w, nearest_mus = _pooled(groups)
     mus = np.stack([nearest_mus[t] @ nearest_w for t in ids])
     d_near = (((unseen @ nearest_w)[:, None, :] - mus[None]) ** 2).sum(2)
     nearest = [ids[j] for j in d_near.argmin(1)]
     out: dict[str, dict[str, float]] = {}
-    for name, scorer in SCORERS.items():
+    for name, scorer in (SCORERS if scorers is None else scorers).items():
         score, thr = calibrated(scorer, groups, rate=rate)
         ratio_unseen = np.stack([score(unseen, t) / thr[t] for t in ids], axis=1)  # (U, T)
         own_ratio = np.concatenate([score(held[t], t) / thr[t] for t in ids])
@@ -138,18 +143,46 @@ def evaluate(groups: dict[int, np.ndarray], held: dict[int, np.ndarray], unseen:
     return out
 
 
+def layer_means(lm: Any, texts: list[str], max_tokens: int, batch: int = 16) -> np.ndarray:
+    """Each text's mean hidden state at every layer (``output_hidden_states``: the embeddings, then each block's
+    output, the last after the final norm), over its tokens up to ``max_tokens``, shape (n, L + 1, H)."""
+    import torch
+
+    out: list[np.ndarray] = []
+    for lo in range(0, len(texts), batch):
+        enc = lm.tokenizer(texts[lo: lo + batch], return_tensors="pt", padding=True, truncation=True,
+                           max_length=max_tokens).to(lm.device)
+        with torch.no_grad():
+            hidden = lm.model(**enc, output_hidden_states=True).hidden_states
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden[0].dtype)
+        means = torch.stack([(h * mask).sum(1) / mask.sum(1) for h in hidden], dim=1)  # (b, L + 1, H)
+        out.append(means.double().cpu().numpy())
+    return np.concatenate(out)
+
+
+def layer_representations(n_layers: int) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    """Views of :func:`layer_means` (n, L + 1, H) to test: each layer's mean, and every block's concatenated."""
+    views: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        f"h{k}": (lambda x, k=k: x[:, k]) for k in range(n_layers + 1)}
+    views["blocks concatenated"] = lambda x: x[:, 1:].reshape(len(x), -1)
+    return views
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     lm = load_model(args)
     extractor = make_extractor(lm, None, args)
+    views = layer_representations(int(lm.model.config.num_hidden_layers)) if args.layers else {"product": None}
+    scorers = {"maha": maha, "relative": relative} if args.layers else SCORERS
     tasks = {k: v for k, v in family_tasks().items() if len(v) >= args.signature + args.heldout}
     names = sorted(tasks)
     n_unseen = max(1, round(0.2 * len(names)))
     cache: dict[str, np.ndarray] = {}
 
-    def vectors(texts: list[str]) -> np.ndarray:
+    def raw(texts: list[str]) -> np.ndarray:
         todo = [t for t in dict.fromkeys(texts) if t not in cache]
         if todo:
-            for t, v in zip(todo, text_vectors(extractor, todo), strict=True):
+            computed = layer_means(lm, todo, args.max_tokens) if args.layers else text_vectors(extractor, todo)
+            for t, v in zip(todo, computed, strict=True):
                 cache[t] = v
         return np.stack([cache[t] for t in texts]).astype(np.float64)
 
@@ -161,21 +194,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sig[t], held[t] = split_texts(tasks[t], args.signature, args.heldout, rng)
         unseen = sorted(rng.choice(names, size=n_unseen, replace=False).tolist())
         indexed = [t for t in names if t not in unseen]
-        groups = {i: vectors(sig[t]) for i, t in enumerate(indexed) if len(sig[t]) >= MIN_NOVELTY_SAMPLES}
-        held_v = {i: vectors(held[t]) for i, t in enumerate(indexed) if i in groups}
-        unseen_v = np.concatenate([vectors(held[t]) for t in unseen])
-        res = evaluate(groups, held_v, unseen_v, args.rate)
+        res: dict[str, dict[str, float]] = {}
+        for view_name, view in views.items():
+            def vectors(texts: list[str], view: Callable[[np.ndarray], np.ndarray] | None = view) -> np.ndarray:
+                return raw(texts) if view is None else view(raw(texts))
+            groups = {i: vectors(sig[t]) for i, t in enumerate(indexed) if len(sig[t]) >= MIN_NOVELTY_SAMPLES}
+            held_v = {i: vectors(held[t]) for i, t in enumerate(indexed) if i in groups}
+            unseen_v = np.concatenate([vectors(held[t]) for t in unseen])
+            for k, v in evaluate(groups, held_v, unseen_v, args.rate, scorers).items():
+                res[k if view is None else f"{view_name} / {k}"] = v
         log(f"draw {d}: " + "; ".join(f"{k} {v['none_unseen_nearest']:.3f}/{v['none_unseen_all']:.3f}/"
                                         f"{v['none_indexed']:.3f} auroc {v['auroc']:.3f}" for k, v in res.items()))
         draws.append({"unseen": unseen, "rates": res})
     med = {k: {m: float(np.median([d["rates"][k][m] for d in draws])) for m in draws[0]["rates"][k]}
-           for k in SCORERS}
-    # the shipped class must agree with the "maha" scorer (same fit, same calibration): checked on the last draw
-    shipped = SpaceNovelty.fit(groups)
-    _, thr = calibrated(maha, groups, rate=args.rate)
-    assert shipped is not None
-    gap = max(abs((shipped.threshold(t, args.rate) or 0.0) - thr[t]) for t in groups)
-    assert gap < 1e-5, f"atlas.novelty disagrees with the maha scorer by {gap}"
+           for k in draws[0]["rates"]}
+    if not args.layers:
+        # the shipped class must agree with the "maha" scorer (same fit, same calibration): checked on the last draw
+        shipped = SpaceNovelty.fit(groups)
+        _, thr = calibrated(maha, groups, rate=args.rate)
+        assert shipped is not None
+        gap = max(abs((shipped.threshold(t, args.rate) or 0.0) - thr[t]) for t in groups)
+        assert gap < 1e-5, f"atlas.novelty disagrees with the maha scorer by {gap}"
     return {"draws": draws, "median": med}
 
 
@@ -183,6 +222,7 @@ def main() -> None:
     """Command-line entry point."""
     p = family_parser(__doc__.split("\n")[0], draws=5)
     p.add_argument("--rate", type=float, default=FALSE_REJECT_RATE, help="false-reject rate of every test")
+    p.add_argument("--layers", action="store_true", help="test every layer's mean hidden state (module notes)")
     args = family_args(p)
     import torch
 
@@ -190,7 +230,7 @@ def main() -> None:
     res = run(args)
     print("median over draws (none unseen nearest / all / none indexed, auroc):")
     for k, v in res["median"].items():
-        print(f"  {k:10s} {v['none_unseen_nearest']:.3f} / {v['none_unseen_all']:.3f} / {v['none_indexed']:.3f}  "
+        print(f"  {k:24s} {v['none_unseen_nearest']:.3f} / {v['none_unseen_all']:.3f} / {v['none_indexed']:.3f}  "
               f"auroc {v['auroc']:.3f}")
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))

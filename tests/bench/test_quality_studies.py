@@ -1,0 +1,71 @@
+"""The offline studies' own helpers: lexical profiles (:mod:`bench.quality.lexical_profiles`) and layer means
+(:mod:`bench.quality.novelty`, ``--layers``), on real term hashing and a real tiny model saved to disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atlas.lexical import TaskTerms, TermCounts, term_hashes
+from bench.quality.lexical_profiles import PROFILES, profile
+from bench.quality.novelty import layer_means, layer_representations
+from tests.tiny_models import save_tiny_gpt2
+
+WORDS = st.sampled_from(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "question", "answer"])
+TEXTS = st.lists(st.lists(WORDS, min_size=1, max_size=12).map(" ".join), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(TEXTS)
+def test_the_product_profile_is_the_shipped_task_terms(texts: list[str]) -> None:
+    ours = profile(texts, PROFILES["1 + ln tf (product)"])
+    shipped = TaskTerms.of(TermCounts.from_texts(texts))
+    assert np.array_equal(ours.keys, shipped.keys)
+    np.testing.assert_allclose(ours.weights, shipped.weights, rtol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(TEXTS)
+def test_a_document_frequency_profile_counts_samples_not_repeats(texts: list[str]) -> None:
+    share = profile(texts, PROFILES["df / n"])
+    # the share of samples holding each term, from the texts' term sets directly
+    sets = [set(term_hashes(t).tolist()) for t in texts]
+    expected = np.array([sum(int(k) in s for s in sets) / len(texts) for k in share.keys])
+    np.testing.assert_allclose(share.weights, expected / np.linalg.norm(expected), rtol=1e-6)
+    for weigh in PROFILES.values():
+        w = profile(texts, weigh).weights
+        assert np.all(w > 0) and abs(float(np.linalg.norm(w)) - 1.0) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from workers.model_loading import load_causal_lm
+
+    return load_causal_lm(str(save_tiny_gpt2(tmp_path_factory.mktemp("models") / "tiny-gpt2")), device="cpu")
+
+
+def test_layer_means_ignore_padding_and_cover_every_layer(tiny_lm) -> None:  # type: ignore[no-untyped-def]
+    short, long = "ab ba", "ab ba ab ba ab ba ab ba ab"
+    together = layer_means(tiny_lm, [short, long], max_tokens=64)
+    alone = layer_means(tiny_lm, [short], max_tokens=64)
+    n_layers = int(tiny_lm.model.config.num_hidden_layers)
+    assert together.shape == (2, n_layers + 1, tiny_lm.hidden_size)
+    np.testing.assert_allclose(together[0], alone[0], atol=1e-5)  # the padded batch gives the text's own means
+    assert not np.allclose(together[0], together[1])
+    views = layer_representations(n_layers)
+    assert list(views) == [f"h{k}" for k in range(n_layers + 1)] + ["blocks concatenated"]
+    np.testing.assert_array_equal(views[f"h{n_layers}"](together), together[:, n_layers])
+    assert views["blocks concatenated"](together).shape == (2, n_layers * tiny_lm.hidden_size)
+
+
+def test_layer_means_truncate_at_max_tokens(tiny_lm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    text = " ".join(["ab ba"] * 40)
+    ids = tiny_lm.tokenizer(text)["input_ids"]
+    assert len(ids) > 8
+    cut = tiny_lm.tokenizer.decode(ids[:8])
+    np.testing.assert_allclose(layer_means(tiny_lm, [text], max_tokens=8), layer_means(tiny_lm, [cut], max_tokens=64),
+                               atol=1e-5)
