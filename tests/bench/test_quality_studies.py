@@ -69,3 +69,31 @@ def test_layer_means_truncate_at_max_tokens(tiny_lm, tmp_path: Path) -> None:  #
     cut = tiny_lm.tokenizer.decode(ids[:8])
     np.testing.assert_allclose(layer_means(tiny_lm, [text], max_tokens=8), layer_means(tiny_lm, [cut], max_tokens=64),
                                atol=1e-5)
+
+
+def test_completion_pairs_keep_the_held_out_prompts_whatever_the_pairs() -> None:
+    from bench.quality.completion_families import HELD_PROMPTS, completion_pairs
+    from tests.shared_data import require_shared_data
+
+    require_shared_data()
+    few, held = completion_pairs("cb", seed=3, n_pairs=16)
+    many, held_again = completion_pairs("cb", seed=3, n_pairs=150)
+    assert held == held_again and len(held) == HELD_PROMPTS
+    assert [p["prompt"] for p in many[:16]] == [p["prompt"] for p in few]
+    assert not {p["prompt"] for p in many} & set(held)  # no held-out prompt is a pair of the task
+    assert all(p["prompt"].endswith("\nAnswer:") and p["completion"] in {" yes", " no"} for p in many)
+    with pytest.raises(SystemExit, match="at most 200 pairs"):
+        completion_pairs("cb", seed=3, n_pairs=201)
+
+
+def test_tally_counts_tops_answers_and_text_top1() -> None:
+    from bench.quality.completion_families import tally
+
+    truth = ["boolq"] * 4 + ["rte"] * 2 + ["cb"] * 2 + ["news"] * 4
+    top = ["boolq", "boolq", "rte", "wiki", "rte", "rte", "cb", "rte", "news", "news", "news", "wiki"]
+    none = [False, True, False, False, False, False, False, False, False, False, True, False]
+    out = tally(truth, top, none)
+    assert out["boolq"] == {"top1": 0.5, "right": 0.25, "none": 0.25, "elsewhere": [("rte", 1), ("wiki", 1)]}
+    assert out["rte"]["top1"] == 1.0 and out["rte"]["right"] == 1.0
+    assert out["cb"]["top1"] == 0.5 and out["cb"]["elsewhere"] == [("rte", 1)]
+    assert out["text_top1"] == 0.75  # the open set does not count in the text tasks' top-1
