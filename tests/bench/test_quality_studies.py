@@ -97,3 +97,32 @@ def test_tally_counts_tops_answers_and_text_top1() -> None:
     assert out["rte"]["top1"] == 1.0 and out["rte"]["right"] == 1.0
     assert out["cb"]["top1"] == 0.5 and out["cb"]["elsewhere"] == [("rte", 1)]
     assert out["text_top1"] == 0.75  # the open set does not count in the text tasks' top-1
+
+
+def test_a_suffix_state_holds_exactly_the_last_positions(tiny_lm) -> None:  # type: ignore[no-untyped-def]
+    from bench.quality.common import make_extractor, make_parser, make_sketcher
+    from bench.quality.completion_suffix import prompt_states
+
+    args = make_parser("test", m=64, max_tokens=64, seeds=[0]).parse_args([])
+    extractor = make_extractor(tiny_lm, make_sketcher(tiny_lm, args.m, 0), args)
+    texts = ["ab ba ab ba ab ba ab\nQuestion: ba ab?\nAnswer:", "ba ba ba ab ab ab ba\nQuestion: ba ab?\nAnswer:"]
+    states = prompt_states(extractor, texts, (3, 5))
+    for i in range(len(texts)):
+        whole = states["whole"][i]
+        for k in (3, 5):
+            tail = states[k][i]
+            assert int(tail.n_tokens) == k  # the cut is counted in positions
+            np.testing.assert_allclose(tail.merge(_cut_state(extractor, texts[i], k)).sums, whole.sums, atol=1e-4)
+    # the same last tokens in another context: another state (the model is causal, the positions see the passage)
+    assert not np.allclose(states[3][0].sums, states[3][1].sums)
+
+
+def _cut_state(extractor, text: str, k: int):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from atlas.samples import Sample
+    from workers.prompt_batcher import PromptBatcher
+
+    (prepared,), _ = extractor.sample_tokenizer.prepare([Sample(text=text)], "text")
+    cut = replace(prepared, input_ids=prepared.input_ids[:len(prepared.input_ids) - k])
+    return PromptBatcher(extractor, token_budget=8192).sketch_prepared([cut])[0]
