@@ -16,7 +16,9 @@ with 64 pairs.
 Run: ``python -m bench.quality.completion_suffix --threads 2`` (about 3 min on 2 cores; prints its table, writes
 only ``--out``). Measured 2026-11-28 (bench/results/quality.md, 4g reading): the top-1 swings with ``K`` (BoolQ 62,
 92, 88, 82, 56, 52, 70, 88, 80 % at K = 2, 4, 6, 8, 12, 16, 20, 24, 32; whole prompts 72 %) — a few positions'
-score is on another scale than a whole prompt's, so it is not a rule to ship.
+score is on another scale than a whole prompt's, so it is not a rule to ship. Each row also comes "standardised":
+every task's scores over the mean and spread of its own leave-one-out scores (the calibration pick), one scale for
+all — far worse everywhere (text prompts 66.6 %), whole prompts included.
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ def prompt_states(extractor: Any, texts: list[str], ks: tuple[int, ...]) -> dict
     return out
 
 
+def _spread(scores: list[float]) -> tuple[float, float]:
+    """Mean and standard deviation (at least 1e-3) of a task's held-out route scores."""
+    x = np.asarray(scores, dtype=np.float64)
+    return float(x.mean()), max(float(x.std(ddof=1)), 1e-3)
+
+
 def _sum(states: list[Any]) -> Any:
     total = states[0].copy()
     for st in states[1:]:
@@ -71,6 +79,7 @@ def _sum(states: list[Any]) -> Any:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Top-1 by route score per completion task and on the text prompts, for whole prompts and each ``K``."""
+    from atlas import routing
     from atlas.samples import Sample
     from bench.quality.openset import score_matrix
 
@@ -79,18 +88,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(4000 + 1000 * args.seeds[0])  # 4g's first draw
     families = {k: v for k, v in family_tasks().items() if k not in TWIN_FAMILIES and len(v) >= 120}
     names = sorted(families)
-    text_states, prompts, truth = [], [], []
+    text_states, text_typical, prompts, truth = [], [], [], []
     for t in names:
         sig, held = split_texts(families[t], 100, 20, rng)
         text_states.append(extractor.extract([Sample(text=x) for x in sig], mode="text").state)
+        cal = prompt_states(extractor, [sig[i] for i in routing.calibration_pick(len(sig))], ())["whole"]
+        text_typical.append(_spread(routing.leave_one_out_scores(text_states[-1], cal)))
         prompts += held
         truth += [t] * len(held)
     ks = tuple(args.ks)
     task_states: dict[str, dict[Any, Any]] = {}
+    typical: dict[str, dict[Any, tuple[float, float]]] = {}
     for k, ds in enumerate(COMPLETION_SETS):
         pairs, held = completion_pairs(ds, 7000 + k, args.pairs)
-        task_states[ds] = {key: _sum(v) for key, v in
-                           prompt_states(extractor, [p["prompt"] for p in pairs], ks).items()}
+        own = prompt_states(extractor, [p["prompt"] for p in pairs], ks)
+        task_states[ds] = {key: _sum(v) for key, v in own.items()}
+        pick = routing.calibration_pick(len(pairs))
+        typical[ds] = {key: _spread(routing.leave_one_out_scores(task_states[ds][key], [v[i] for i in pick]))
+                       for key, v in own.items()}
         prompts += held
         truth += [ds] * len(held)
     log(f"{len(names)} text tasks and {len(COMPLETION_SETS)} completion tasks sketched")
@@ -102,11 +117,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, dict[str, float]] = {}
     for key in ["whole", *ks]:
         cols = score_matrix(states[key], [task_states[ds][key] for ds in COMPLETION_SETS])
-        top = labels[np.concatenate([text_cols, cols], axis=1).argmax(1)]
-        row = {ds: float(np.mean(top[answers == ds] == ds)) for ds in COMPLETION_SETS}
-        row["text"] = float(np.mean(top[~is_completion] == answers[~is_completion]))
-        rows[str(key)] = row
-        log(f"{key}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
+        raw = np.concatenate([text_cols, cols], axis=1)
+        spread = np.array(text_typical + [typical[ds][key] for ds in COMPLETION_SETS])  # (T, 2): mean, sd
+        for name, score in (("", raw), (" standardised", (raw - spread[:, 0]) / spread[:, 1])):
+            top = labels[score.argmax(1)]
+            row = {ds: float(np.mean(top[answers == ds] == ds)) for ds in COMPLETION_SETS}
+            row["text"] = float(np.mean(top[~is_completion] == answers[~is_completion]))
+            rows[f"{key}{name}"] = row
+            log(f"{key}{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
     return {"rows": rows, "pairs": args.pairs}
 
 
@@ -114,7 +132,9 @@ def render(res: dict[str, Any]) -> str:
     """The study's table (markdown)."""
     out = "| completion tasks compared on | BoolQ | RTE | CB | text prompts |\n|:---|---:|---:|---:|---:|\n"
     for key, r in res["rows"].items():
-        label = "whole prompts (the product's prompt side)" if key == "whole" else f"last {key} positions"
+        label = key.replace("whole", "whole prompts (the product's prompt side)", 1)
+        label = label if label.startswith("whole") else f"last {label} positions".replace(" standardised positions",
+                                                                                            " positions, standardised")
         out += f"| {label} | {r['boolq']:.0%} | {r['rte']:.0%} | {r['cb']:.0%} | {r['text']:.1%} |\n"
     return out
 
