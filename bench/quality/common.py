@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import platform
 import subprocess
@@ -116,6 +117,18 @@ def setup(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, int(args.threads)))
     torch.manual_seed(0)
     np.random.seed(0)
+
+
+def run_study(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]],
+              render: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """The tail of an offline study's ``main`` (a study prints its table and never writes ``quality.md``):
+    :func:`setup`, ``run(args)``, print ``render(results)``, write the results to ``--out`` when given."""
+    setup(args)
+    res = run(args)
+    print(render(res))
+    if args.out:
+        args.out.write_text(json.dumps(res, indent=1))
+    return res
 
 
 def writes_results(args: argparse.Namespace) -> bool:

@@ -24,13 +24,12 @@ all — far worse everywhere (text prompts 66.6 %), whole prompts included.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from bench.quality.common import load_model, log, make_extractor, make_parser, make_sketcher
+from bench.quality.common import load_model, log, make_extractor, make_parser, make_sketcher, run_study
 from bench.quality.completion_families import COMPLETION_SETS, TWIN_FAMILIES, completion_pairs
 from bench.quality.openset_families import family_tasks, split_texts
 
@@ -145,13 +144,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=64, help="prompt/completion pairs per completion task")
     p.add_argument("--ks", type=int, nargs="+", default=list(DEFAULT_KS), help="trailing positions compared")
     args = p.parse_args()
-    import torch
-
-    torch.set_num_threads(args.threads)
-    res = run(args)
-    print(render(res))
-    if args.out:
-        args.out.write_text(json.dumps(res, indent=1))
+    run_study(args, run, render)
 
 
 if __name__ == "__main__":

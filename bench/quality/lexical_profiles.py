@@ -21,7 +21,6 @@ tasks (top-1 82–85 % against 87.0 %); ``1 + ln df`` is within a point of the s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +29,7 @@ import numpy as np
 
 from atlas.lexical import TaskTerms, TermCounts, term_hashes
 from atlas.samples import Sample
-from bench.quality.common import log, make_extractor, make_sketcher
+from bench.quality.common import log, make_extractor, make_sketcher, run_study
 
 PROFILES: dict[str, Callable[[np.ndarray, np.ndarray, int], np.ndarray]] = {
     "1 + ln tf (product)": lambda tf, df, n: 1.0 + np.log(tf),
@@ -130,13 +129,7 @@ def main() -> None:
     sys.argv = [sys.argv[0], *rest]
     args = parse_routing_args(__doc__.split("\n")[0])
     args.completion_signature, args.completion_heldout = known.completion_signature, known.completion_heldout
-    import torch
-
-    torch.set_num_threads(args.threads)
-    res = run(args)
-    print(render(res))
-    if args.out:
-        args.out.write_text(json.dumps(res, indent=1))
+    run_study(args, run, render)
 
 
 if __name__ == "__main__":
