@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,17 +43,33 @@ PROFILES: dict[str, Callable[[np.ndarray, np.ndarray, int], np.ndarray]] = {
 ``n`` samples that contain it ``df`` (T,), both at least 1; each profile is unit-normalised."""
 
 
-def profile(texts: list[str], weigh: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> TaskTerms:
-    """A task's lexical profile over its samples' ``texts`` with term weights ``weigh(tf, df, n)``."""
-    texts = [t for t in texts if t]
-    tf = TermCounts.from_texts(texts)
-    df = TermCounts.from_hashes(np.unique(term_hashes(t)) for t in texts)
-    if not np.array_equal(tf.keys, df.keys):  # both capped at MAX_TERMS: only equal below the cap
-        raise ValueError("term and document counts disagree (a task past the term cap)")
-    w = weigh(np.maximum(tf.counts.astype(np.float64), 1.0), np.maximum(df.counts.astype(np.float64), 1.0),
-              max(len(texts), 1))
+@dataclass(frozen=True)
+class TermStats:
+    """A task's term counts: sorted ``keys`` (T,), each term's count ``tf`` (T,) and the number of its samples that
+    hold it ``df`` (T,), over ``n`` samples with text."""
+
+    keys: np.ndarray
+    tf: np.ndarray
+    df: np.ndarray
+    n: int
+
+    @staticmethod
+    def of(texts: list[str]) -> TermStats:
+        """The stats of the samples' ``texts`` (each hashed once)."""
+        hashes = [term_hashes(t) for t in texts if t]
+        tf = TermCounts.from_hashes(hashes)
+        df = TermCounts.from_hashes(np.unique(h) for h in hashes)
+        if not np.array_equal(tf.keys, df.keys):  # both capped at MAX_TERMS: only equal below the cap
+            raise ValueError("term and document counts disagree (a task past the term cap)")
+        return TermStats(tf.keys, np.maximum(tf.counts.astype(np.float64), 1.0),
+                         np.maximum(df.counts.astype(np.float64), 1.0), max(len(hashes), 1))
+
+
+def profile(stats: TermStats, weigh: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> TaskTerms:
+    """A task's lexical profile with term weights ``weigh(tf, df, n)``, unit-normalised."""
+    w = weigh(stats.tf, stats.df, stats.n)
     norm = float(np.linalg.norm(w))
-    return TaskTerms(tf.keys, ((w / norm) if norm > 0 else w).astype(np.float32))
+    return TaskTerms(stats.keys, ((w / norm) if norm > 0 else w).astype(np.float32))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -95,10 +112,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     faiss_scores[:, :n_text] = np.stack([s.signature() for s in states]) @ index.signatures().T
     prompt_terms = [f.terms for f in ex.feats] + [TermCounts.from_texts([t]) for h in held for t in h]
     n_samples = np.array([int(s.n_samples) for s in tasks])
-    texts = [[x.input for x in splits[n][0]] for n in names] + comp_texts
+    stats = [TermStats.of(t) for t in [[x.input for x in splits[n][0]] for n in names] + comp_texts]
     out: dict[str, Any] = {"n_text_prompts": len(ex.feats), "completion_pairs": args.completion_signature, "rows": {}}
     for label, weigh in PROFILES.items():
-        terms = [profile(t, weigh) for t in texts]
+        terms = [profile(st, weigh) for st in stats]
         top = hybrid_best(rank, faiss_scores, prompt_terms, terms, n_samples, np.arange(len(tasks)),
                           always=np.arange(n_text, len(tasks)))
         is_text = truth < n_text

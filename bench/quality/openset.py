@@ -54,6 +54,7 @@ from bench.quality.routing import (
     routing_settings,
     typicals,
 )
+from bench.quality.space_threshold import space_threshold
 from workers.calibration import prompt_side
 
 UNSEEN_SHARE = 0.2
@@ -337,8 +338,7 @@ def open_set(S: np.ndarray, M: np.ndarray, truth: np.ndarray, per_prompt: np.nda
                 res["fsw_oracle"] = _oracle_rates(wb, wr, label, unseen, is_eval)
                 # a replay, not the product: one threshold for the space, the 5 % quantile of the indexed tasks'
                 # pooled held-out route scores (bench 4d's reading), on the answered task's route score
-                space = float(np.quantile(np.concatenate([np.asarray(cal[t].scores, float) for t in indexed]),
-                                          FALSE_REJECT_RATE))
+                space = space_threshold((x for t in indexed for x in cal[t].scores), FALSE_REJECT_RATE)
                 res["fsw_space"] = _rates(np.where(ws >= space, wb, -1)[is_eval], label[is_eval], unseen[is_eval],
                                           ws[is_eval])
             mb, ms = _best(M, indexed)

@@ -30,7 +30,6 @@ Run: ``python -m bench.quality.openset_families`` (full, ~8 min on 2 cores with 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from collections import defaultdict
@@ -44,6 +43,7 @@ from atlas.route_calibration import FALSE_REJECT_RATE, calibrate
 from bench.quality.common import load_model, log, make_parser, pct, run_and_report
 from bench.quality.data import instruction_tasks, text_domains
 from bench.quality.openset import _oracle_rates
+from bench.quality.space_threshold import pooled_held_out_scores, space_rows, space_threshold_rates
 
 KNN_K = 5
 """Utterances per route averaged by the calibrated MiniLM router (semantic-router's ``top_k``)."""
@@ -356,48 +356,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "alt_rate": args.alt_rate}
 
 
-def pooled_held_out_scores(export: Any) -> list[float]:
-    """Every task's held-out route scores (``cal_scores``) in a space export, pooled."""
-    pooled: list[float] = []
-    for line in Path(export).read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        routing = record.get("routing") if isinstance(record, dict) else None
-        pooled += [float(x) for x in (routing or {}).get("cal_scores") or []]
-    return pooled
-
-
-def space_threshold_rates(records: list[dict[str, Any]], unseen: list[str], pooled: list[float], rate: float
-                          ) -> dict[str, Any]:
-    """An offline replay, not the product: one threshold for the whole space, the ``rate`` quantile of its tasks'
-    pooled held-out scores (no labels), on the answered task's route score — alone, and added to the product's rules
-    (a prompt is "none" when either says so). The per-task thresholds promise each task its rate; this one promises
-    the space's prompts theirs on average, so a loose task loses more of its own and takes fewer foreign ones."""
-    g = float(np.quantile(np.asarray(pooled), rate)) if pooled else -1.0
-    out: dict[str, Any] = {"threshold": g}
-    for key, none_of in (("alone", lambda r: r["score"] is None or r["score"] < g),
-                         ("with_product", lambda r: r["none"] or r["score"] is None or r["score"] < g)):
-        foreign = [none_of(r) for r in records if r["task"] in unseen]
-        indexed = [(none_of(r), r["top"] == r["task"]) for r in records if r["task"] not in unseen]
-        out[key] = {"none_unseen": float(np.mean(foreign)), "none_indexed": float(np.mean([n for n, _ in indexed])),
-                    "right": float(np.mean([not n and ok for n, ok in indexed]))}
-    return out
-
-
-def _space_rows(draws: list[dict[str, Any]]) -> str:
-    """The rows of :func:`space_threshold_rates` (absent from older result files)."""
-    if any("space_threshold" not in d for d in draws):
-        return ""
-    keys = ("none_unseen", "none_indexed", "right")
-    out = ""
-    for key, label in (("alone", "one space threshold alone"), ("with_product", "the product's rules + one space "
-                                                                                  "threshold")):
-        cols = [float(np.median([d["space_threshold"][key][k] for d in draws])) for k in keys]
-        out += (f"| replay, not the product: {label} — the 5 % quantile of the indexed tasks' pooled held-out route "
-                f"scores, on the answered task's route score (no labels) | {cols[0]:.3f} | {cols[1]:.3f} | "
-                f"{pct(cols[2])} | – |\n")
-    return out
-
-
 def _at_rate_row(draws: list[dict[str, Any]], rate: float | None) -> str:
     """The table row of the product at another false-reject rate (absent from older result files)."""
     if rate is None or any("at_rate" not in d for d in draws):
@@ -460,7 +418,7 @@ def render(res: dict[str, Any], facts: str) -> str:
         + _without_row(draws, "without_novelty", "without the novelty test (`route_novelty=False`, same store)")
         + _without_row(draws, "without_length_match", "judging every prompt as a whole sample "
                        "(`route_length_match=False`, same store; before 2026-11-28)")
-        + _at_rate_row(draws, res.get("alt_rate")) + _space_rows(draws) +
+        + _at_rate_row(draws, res.get("alt_rate")) + space_rows(draws) +
         f"| FisherAtlas (product) + `fit` (labelled prompts incl. none; cross-fitted halves) | "
         f"{med('none_unseen', 'fit'):.3f} | {med('none_indexed', 'fit'):.3f} | {pct(med('right', 'fit'))} | "
         f"{pct(med('top1', 'fit'))} |\n"

@@ -18,9 +18,8 @@ from bench.quality.openset_families import (
     family_tasks,
     knn_route_scores,
     landing_tasks,
-    pooled_held_out_scores,
-    space_threshold_rates,
 )
+from bench.quality.space_threshold import pooled_held_out_scores, space_threshold_rates
 
 
 def _answer(task: str, *, none: bool, rank: float, template: bool = False, nearest: bool = False) -> RouteAnswer:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atlas.lexical import TaskTerms, TermCounts, term_hashes
-from bench.quality.lexical_profiles import PROFILES, profile
+from bench.quality.lexical_profiles import PROFILES, TermStats, profile
 from bench.quality.novelty import layer_means, layer_representations
 from tests.tiny_models import save_tiny_gpt2
 
@@ -22,7 +22,7 @@ TEXTS = st.lists(st.lists(WORDS, min_size=1, max_size=12).map(" ".join), min_siz
 @settings(max_examples=60, deadline=None)
 @given(TEXTS)
 def test_the_product_profile_is_the_shipped_task_terms(texts: list[str]) -> None:
-    ours = profile(texts, PROFILES["1 + ln tf (product)"])
+    ours = profile(TermStats.of(texts), PROFILES["1 + ln tf (product)"])
     shipped = TaskTerms.of(TermCounts.from_texts(texts))
     assert np.array_equal(ours.keys, shipped.keys)
     np.testing.assert_allclose(ours.weights, shipped.weights, rtol=1e-6)
@@ -31,13 +31,13 @@ def test_the_product_profile_is_the_shipped_task_terms(texts: list[str]) -> None
 @settings(max_examples=60, deadline=None)
 @given(TEXTS)
 def test_a_document_frequency_profile_counts_samples_not_repeats(texts: list[str]) -> None:
-    share = profile(texts, PROFILES["df / n"])
+    share = profile(TermStats.of(texts), PROFILES["df / n"])
     # the share of samples holding each term, from the texts' term sets directly
     sets = [set(term_hashes(t).tolist()) for t in texts]
     expected = np.array([sum(int(k) in s for s in sets) / len(texts) for k in share.keys])
     np.testing.assert_allclose(share.weights, expected / np.linalg.norm(expected), rtol=1e-6)
     for weigh in PROFILES.values():
-        w = profile(texts, weigh).weights
+        w = profile(TermStats.of(texts), weigh).weights
         assert np.all(w > 0) and abs(float(np.linalg.norm(w)) - 1.0) < 1e-5
 
 
