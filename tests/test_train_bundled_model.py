@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from workers.model_loading import BUNDLED_MODEL_DIR
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_bundled_model.py"
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPT = SCRIPTS_DIR / "train_bundled_model.py"
 
 
 def _load_script():  # type: ignore[no-untyped-def]
@@ -25,12 +27,16 @@ def _load_script():  # type: ignore[no-untyped-def]
     return module
 
 
-def test_resume_continues_the_same_run(tmp_path: Path) -> None:
+def test_resume_continues_the_same_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPTS_DIR))  # the script's bundled_training package sits beside it
     tb = _load_script()
+    from bundled_training.constants import DOMAINS
+    from bundled_training.corpus import Corpus, save_corpus
+
     rng = np.random.default_rng(1)
-    streams = {d: rng.integers(1, 8192, size=3000).astype(np.uint16) for d in tb.DOMAINS}
-    corpus = tb.Corpus({"synthetic": {"domain": "prose", "rows": 1}}, streams, streams, streams, "/elsewhere/lib")
-    tb.save_corpus(corpus, tmp_path / "c.npz")
+    streams = {d: rng.integers(1, 8192, size=3000).astype(np.uint16) for d in DOMAINS}
+    corpus = Corpus({"synthetic": {"domain": "prose", "rows": 1}}, streams, streams, streams, "/elsewhere/lib")
+    save_corpus(corpus, tmp_path / "c.npz")
     common = ["--corpus", str(tmp_path / "c.npz"), "--tokenizer-dir", str(BUNDLED_MODEL_DIR), "--steps", "6",
               "--warmup", "2", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "2",
               "--eval-windows", "1", "--threads", "1", "--dropout", "0.1"]

@@ -14,7 +14,11 @@ module                 paper table / section
 =====================  ==========================================================================
 
 Shared helpers: :mod:`bench.quality.common` (CLI, model, sketching), :mod:`bench.quality.data`
-(dataset builders from ``shared/data``), :mod:`bench.quality.transfer` (head-only transfer oracle and
-source-selection metrics), :mod:`bench.quality.embed` (the sentence-embedding router baseline),
-:mod:`bench.quality.report` (markdown tables and ``bench/results/quality.md``).
+(dataset builders from ``shared/data``; SuperGLUE and the verbalizer prompts in
+:mod:`bench.quality.data_superglue`, the SMILES domains in :mod:`bench.quality.data_smiles`),
+:mod:`bench.quality.routing_setup` (experiment 4's tasks, cached index and prompts, as 4b, 4c and 5 reuse them),
+:mod:`bench.quality.route_matrices` (the product's route and ranking scores over prompts × tasks),
+:mod:`bench.quality.transfer` (head-only transfer oracle and source-selection metrics),
+:mod:`bench.quality.embed` (the sentence-embedding router baseline), :mod:`bench.quality.report` (markdown
+tables and ``bench/results/quality.md``).
 """

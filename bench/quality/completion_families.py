@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.quality.common import load_model, log, pct, run_and_report
-from bench.quality.data import load_superglue_binary
+from bench.quality.data_superglue import load_superglue_binary
 from bench.quality.openset_families import family_parser, family_tasks, split_texts
 
 COMPLETION_SETS = ("boolq", "rte", "cb")

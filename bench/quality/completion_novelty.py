@@ -32,7 +32,7 @@ def _rates(own: list[Any], unseen: list[Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> str:
-    from bench.quality.data import load_superglue_binary
+    from bench.quality.data_superglue import load_superglue_binary
     from bench.quality.openset_families import family_tasks
     from fisher_atlas import Atlas
 

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Top-1 by route score per completion task and on the text prompts, for whole prompts and each ``K``."""
     from atlas import routing
     from atlas.samples import Sample
-    from bench.quality.openset import score_matrix
+    from bench.quality.route_matrices import score_matrix
 
     lm = load_model(args)
     extractor = make_extractor(lm, make_sketcher(lm, args.m, args.seeds[0]), args)

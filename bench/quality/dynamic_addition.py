@@ -2,7 +2,7 @@
 
 Start from the routing index of experiment 4 (101 tasks; loaded from its cache when the settings
 match, else built), then add the four tasks it left out — the paper's themes code, medical, legal,
-math (:data:`bench.quality.routing.NEW_TASKS`) — one at a time: sketch its signature samples with the
+math (:data:`bench.quality.routing_setup.NEW_TASKS`) — one at a time: sketch its signature samples with the
 product's Extractor (one streaming pass, no retraining), append the unit signature to the FAISS index
 and the state to the store. Report, per new task, the held-out routing accuracy (30 held-out prompts
 per new task as in the paper, when the task has enough rows) against the full 105-task index, and the
@@ -32,17 +32,15 @@ from bench.quality.common import (
     pct,
     run_and_report,
 )
-from bench.quality.routing import (
+from bench.quality.routing import PRODUCT_ROW, accuracy, route_all
+from bench.quality.routing_setup import (
     N_HELDOUT,
     NEW_TASKS,
-    PRODUCT_ROW,
-    accuracy,
     build_index,
     calibration_states,
     load_encoder,
     parse_routing_args,
     prompt_features,
-    route_all,
     routing_settings,
     task_splits,
     task_terms,

@@ -6,7 +6,7 @@ terms summed (:meth:`atlas.lexical.TaskTerms.of`: the task read as one long docu
 prompts are passages on unrelated topics (BoolQ) the fusion costs points (bench/results/quality.md, 4b): every
 passage's topic words enter the profile, and a BoolQ prompt about law shares more words with an MMLU law task.
 
-This study replays the product's answer (:func:`bench.quality.openset.hybrid_best`: the FAISS candidates plus the
+This study replays the product's answer (:func:`bench.quality.route_matrices.hybrid_best`: the FAISS candidates plus the
 completion tasks, ordered by the fused score) with the task side weighted instead by how many of the task's samples
 use a term — ``df / n``, the centroid of its samples' term sets, so that a word of one passage in 64 weighs little —
 and two mixes of it with the log term frequency, on the 105 instruction tasks' held-out prompts and the three
@@ -75,9 +75,10 @@ def profile(stats: TermStats, weigh: Callable[[np.ndarray, np.ndarray, int], np.
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Top-1 on the text tasks' prompts and each completion task's share of its own prompts, per profile."""
     from bench.quality.common import load_model
-    from bench.quality.data import load_superglue_binary
-    from bench.quality.openset import COMPLETION_SETS, hybrid_best, rank_matrix
-    from bench.quality.routing import calibration_states, load_experiment, typicals
+    from bench.quality.data_superglue import load_superglue_binary
+    from bench.quality.openset_completion import COMPLETION_SETS
+    from bench.quality.route_matrices import hybrid_best, rank_matrix
+    from bench.quality.routing_setup import calibration_states, load_experiment, typicals
     from workers.calibration import prompt_side
 
     lm = load_model(args)
@@ -137,7 +138,7 @@ def render(res: dict[str, Any]) -> str:
 
 def main() -> None:
     """Command-line entry point."""
-    from bench.quality.routing import parse_routing_args
+    from bench.quality.routing_setup import parse_routing_args
 
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--completion-signature", type=int, default=64, help="pairs per completion task")

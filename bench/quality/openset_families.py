@@ -42,7 +42,7 @@ from sklearn.metrics import roc_auc_score
 from atlas.route_calibration import FALSE_REJECT_RATE, calibrate
 from bench.quality.common import load_model, log, make_parser, pct, run_and_report
 from bench.quality.data import instruction_tasks, text_domains
-from bench.quality.openset import _oracle_rates
+from bench.quality.openset_unseen import _oracle_rates
 from bench.quality.space_threshold import pooled_held_out_scores, space_rows, space_threshold_rates
 
 KNN_K = 5
@@ -80,8 +80,8 @@ def split_texts(texts: list[str], n_sig: int, n_held: int, rng: np.random.Genera
 
 
 def _ceiling(best: list[str], score: np.ndarray, truth: list[str], unseen: list[str]) -> dict[str, float]:
-    """Experiment 4b's ceiling (:func:`bench.quality.openset._oracle_rates`: one threshold on ``score`` set on the
-    test prompts at the goal's 5 % "none" on indexed prompts) for answers by task name, plus the top-1."""
+    """Experiment 4b's ceiling (:func:`bench.quality.openset_unseen._oracle_rates`: one threshold on ``score`` set on
+    the test prompts at the goal's 5 % "none" on indexed prompts) for answers by task name, plus the top-1."""
     names = sorted({*best, *truth})
     b, y = np.array([names.index(t) for t in best]), np.array([names.index(t) for t in truth])
     is_unseen = np.array([t in unseen for t in truth])

@@ -1,7 +1,7 @@
 """Experiment 6 — SMILES proof of concept (paper: "Molecular SMILES proof of concept", tab:smiles-proof).
 
 Nine molecule domains from ``shared/data/molecules_smiles`` by the paper's names, with explicit rules
-(:func:`bench.quality.data.smiles_domain`; first matching rule wins, so the domains are disjoint;
+(:func:`bench.quality.data_smiles.smiles_domain`; first matching rule wins, so the domains are disjoint;
 the bundled model's training molecules are removed). Per seed (42–44): 180 molecules per domain for the
 FisherSketch signature (as the paper), and disjoint transfer splits.
 
@@ -41,7 +41,8 @@ from bench.quality.common import (
     make_sketcher,
     run_and_report,
 )
-from bench.quality.data import SMILES_DOMAINS, disjoint_splits, smiles_domains
+from bench.quality.data import disjoint_splits
+from bench.quality.data_smiles import SMILES_DOMAINS, smiles_domains
 from bench.quality.transfer import (
     add_oracle_args,
     add_split_args,

@@ -41,7 +41,8 @@ from bench.quality.common import (
     run_and_report,
     timing_settings,
 )
-from bench.quality.data import choose_verbalizers, disjoint_splits, verbalized, verbalizer_prompts
+from bench.quality.data import disjoint_splits
+from bench.quality.data_superglue import choose_verbalizers, verbalized, verbalizer_prompts
 from bench.quality.transfer import (
     HeadCache,
     add_oracle_args,

@@ -4,7 +4,7 @@ Same 105 multitask_instructions tasks, splits, index cache and held-out prompts 
 (:mod:`bench.quality.routing`). For random sub-spaces of T tasks (``--draws`` per size), each with its own
 whitening fitted on its tasks' unit means (as the service fits it on a space's routing means), the top-1
 of the tasks' held-out prompts under the route score alone and under the product's ranking
-(:func:`bench.quality.openset.rank_matrix`, the matrix form of :func:`atlas.routing.rank_scores`), at
+(:func:`bench.quality.route_matrices.rank_matrix`, the matrix form of :func:`atlas.routing.rank_scores`), at
 every size, below the service's minimum too. This is what sets ``atlas.whitening.WHITEN_MIN_TASKS``.
 
 Cost, on synthetic unit signatures at m = 4096: fitting the transform on ``WHITEN_MAX_TASKS`` signatures,
@@ -25,8 +25,8 @@ from atlas import routing
 from atlas.whitening import WHITEN_MAX_TASKS, WHITEN_MIN_TASKS, fit_space_whitening
 from bench.quality import report
 from bench.quality.common import run_and_report
-from bench.quality.openset import rank_matrix, score_matrix
-from bench.quality.routing import (
+from bench.quality.route_matrices import rank_matrix, score_matrix
+from bench.quality.routing_setup import (
     calibration_states,
     load_experiment,
     parse_routing_args,
@@ -43,7 +43,7 @@ def subsets(S: np.ndarray, states: list[Any], prompts: list[Any], truth: np.ndar
     """Mean top-1 (route score, whitened ranking at every size, and — given ``lexical`` = (signature
     cosines (P, T), prompt terms, task terms, task sample counts) — the product: its ranking, whitened from
     ``WHITEN_MIN_TASKS`` tasks, fused with the lexical score) over random sub-spaces of each size."""
-    from bench.quality.openset import hybrid_best
+    from bench.quality.route_matrices import hybrid_best
 
     rng = np.random.default_rng(seed)
     rows = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.quality import data
+from bench.quality import data, data_smiles, data_superglue
 from bench.quality.report import table, update_section
 
 
@@ -30,17 +30,17 @@ from bench.quality.report import table, update_section
     ],
 )
 def test_smiles_domain_rules(smiles: str, domain: str | None) -> None:
-    stats = data.molecule_stats(smiles)
+    stats = data_smiles.molecule_stats(smiles)
     assert stats is not None
-    assert data.smiles_domain(stats) == domain
+    assert data_smiles.smiles_domain(stats) == domain
 
 
 def test_molecule_stats_counts_atoms() -> None:
-    s = data.molecule_stats("[NH3+]C[C@@H](Br)c1ccccn1")
+    s = data_smiles.molecule_stats("[NH3+]C[C@@H](Br)c1ccccn1")
     assert s is not None
     assert s.elements["N"] == 2 and s.elements["Br"] == 1 and s.elements["C"] == 7
     assert s.aromatic == 6 and s.heavy == 10 and s.fragments == 1
-    assert data.molecule_stats("C1CC!1") is None  # not SMILES
+    assert data_smiles.molecule_stats("C1CC!1") is None  # not SMILES
 
 
 def test_disjoint_splits_are_disjoint_deterministic_and_scaled() -> None:
@@ -78,13 +78,13 @@ class _WordTokenizer:
 def test_choose_verbalizers_takes_five_and_flips_the_first() -> None:
     tok = _WordTokenizer([" Yes", " No", " True", " False", " Right", " Wrong", " yes", " no", " good", " bad",
                           " high", " low"])
-    chosen = data.choose_verbalizers(tok)
+    chosen = data_superglue.choose_verbalizers(tok)
     names = [v.name for v, _, _ in chosen]
     assert names == ["yes_no", "true_false", "right_wrong", "good_bad", "high_low", "no_yes"]
     flipped, t, f = chosen[-1]
     assert (flipped.true, flipped.false) == (" No", " Yes") and (t, f) == (1, 0)
     with pytest.raises(ValueError):
-        data.choose_verbalizers(_WordTokenizer([" Yes", " No"]))
+        data_superglue.choose_verbalizers(_WordTokenizer([" Yes", " No"]))
 
 
 def test_update_section_replaces_generated_block_and_keeps_reading(tmp_path: Path) -> None:

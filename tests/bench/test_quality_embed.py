@@ -55,7 +55,7 @@ def test_the_harness_runs_minilm_at_its_own_256_word_pieces_whatever_the_lms_tok
     import argparse
 
     from bench.quality import embed
-    from bench.quality.routing import load_encoder
+    from bench.quality.routing_setup import load_encoder
 
     seen: dict[str, object] = {}
 

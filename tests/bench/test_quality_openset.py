@@ -1,12 +1,13 @@
-"""The open-set and small-task protocols of ``bench.quality.openset`` on synthetic score matrices."""
+"""The open-set and small-task protocols of experiment 4b (``bench.quality.openset``) on synthetic score matrices."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from atlas import routing
-from bench.quality import openset
-from bench.quality.openset import _fit_global, open_set, small_tasks
+from bench.quality import openset_completion
+from bench.quality.openset_small_tasks import small_tasks
+from bench.quality.openset_unseen import _fit_global, open_set
 
 
 def _world(separation: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[routing.Calibration]]:
@@ -100,7 +101,7 @@ def test_small_tasks_count_captures_of_other_tasks_prompts() -> None:
 def test_rank_matrix_is_the_products_ranking() -> None:
     """The benchmark's matrix form gives the ``rank_score`` that ``atlas.routing.rerank_route`` returns."""
     from atlas.whitening import WHITEN_MIN_TASKS, fit_space_whitening
-    from bench.quality.openset import rank_matrix
+    from bench.quality.route_matrices import rank_matrix
     from fishersketch import Sketcher, SketchSpec
 
     sk = Sketcher(SketchSpec(d=6, K=9, m=128, seed=4), chunk_rows=64)
@@ -148,7 +149,7 @@ def test_the_nearest_tasks_threshold_also_holds_the_answer() -> None:
 
 def test_hybrid_best_is_the_products_rerank_with_terms() -> None:
     from atlas.lexical import TaskTerms, TermCounts
-    from bench.quality.openset import hybrid_best
+    from bench.quality.route_matrices import hybrid_best
 
     rng = np.random.default_rng(3)
     P, T = 12, 40
@@ -178,10 +179,10 @@ def test_hybrid_best_is_the_products_rerank_with_terms() -> None:
 def test_landing_counts_the_most_frequent_wrong_answers_in_order() -> None:
     names = ["a", "b", "c", "d"]
     answered = np.array([2, 1, 2, 3, 2, 1])
-    assert openset.landing(answered, names) == [("c", 3), ("b", 2), ("d", 1)]
-    assert openset.landing(answered, names, top=1) == [("c", 3)]
-    assert openset.landing(np.array([], dtype=int), names) == []
-    assert openset.landing(np.array([3, 0]), names) == [("a", 1), ("d", 1)]  # ties by task order
+    assert openset_completion.landing(answered, names) == [("c", 3), ("b", 2), ("d", 1)]
+    assert openset_completion.landing(answered, names, top=1) == [("c", 3)]
+    assert openset_completion.landing(np.array([], dtype=int), names) == []
+    assert openset_completion.landing(np.array([3, 0]), names) == [("a", 1), ("d", 1)]  # ties by task order
 
 
 def _novelty_world(seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
@@ -199,7 +200,7 @@ def _novelty_world(seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]
 def test_the_novelty_replay_rejects_unseen_prompts_and_keeps_each_tasks_rate() -> None:
     from atlas.route_calibration import FALSE_REJECT_RATE
     from bench.quality.novelty_vectors import novelty_rejects
-    from bench.quality.openset import Novelty
+    from bench.quality.openset_unseen import Novelty
 
     rng = np.random.default_rng(5)
     T, per = 20, 10
@@ -249,7 +250,7 @@ def test_fit_turns_off_the_tests_that_reject_a_tasks_own_prompts_as_the_product_
     """A template or novelty test that rejects every prompt of its task makes those prompts "none"; the replayed
     ``fit`` switches those tests off (the product's rules, atlas.route_fit), so they are answered again."""
     from atlas.route_calibration import FALSE_REJECT_RATE
-    from bench.quality.openset import Novelty
+    from bench.quality.openset_unseen import Novelty
 
     S, truth, rank, cal = _world(separation=0.3, seed=6)
     T = S.shape[1]

@@ -1,4 +1,5 @@
-"""Fixtures for the workers tests: tiny real models saved to disk once per session and loaded back."""
+"""Fixtures for the workers tests: tiny real models saved to disk once per session and loaded back, and the job
+tests' worker context (``settings``, ``ctx``, ``space_id``) over the real store (``db_url``: SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from sqlalchemy.orm import Session, sessionmaker
 
+from atlas.settings import Settings
 from tests.tiny_models import save_tiny_gpt2, save_tiny_llama
+from tests.workers.job_helpers import EVERY, M
+from workers.jobs import WorkerContext, ensure_space
 from workers.model_loading import LoadedModel, load_causal_lm
 
 torch.set_num_threads(1)  # tiny models: intra-op threads only add contention on a shared 2-core box
@@ -59,3 +64,25 @@ TEXTS = (
 def texts() -> list[str]:
     """A few short texts of different lengths that the tiny tokenizer knows."""
     return list(TEXTS)
+
+
+@pytest.fixture
+def settings(db_url: str, gpt2_dir: Path, tmp_path: Path) -> Settings:
+    """The job tests' settings: the store at ``db_url``, the tiny GPT-2, a checkpoint every ``EVERY`` samples."""
+    return Settings(
+        data_dir=tmp_path, database_url=db_url, model=str(gpt2_dir), device="cpu", sketch_dim=M,
+        checkpoint_every=EVERY, job_stale_after_s=1.0, max_tokens_per_sample=64,
+    )
+
+
+@pytest.fixture
+def ctx(settings: Settings, factory: sessionmaker[Session], gpt2_lm: LoadedModel) -> WorkerContext:
+    """A worker's context on the store with the tiny GPT-2 loaded."""
+    return WorkerContext(settings=settings, factory=factory, lm=gpt2_lm)
+
+
+@pytest.fixture
+def space_id(ctx: WorkerContext) -> int:
+    """The id of the model's space in the store (created)."""
+    with ctx.factory.begin() as s:
+        return ensure_space(s, ctx.lm, ctx.settings).id

@@ -25,7 +25,7 @@ from atlas import job_store, repository
 from atlas.ports import SpaceKey
 from atlas.settings import Settings
 from tests.conftest import REDIS_URL
-from tests.workers.test_jobs import make_samples
+from tests.workers.job_helpers import make_samples
 from workers.jobs import WorkerContext, ensure_space, run_job
 from workers.model_loading import LoadedModel
 
