@@ -67,8 +67,22 @@ noise shrinks as 1/√m), so calibrate it for other models with held-out prompts
 
 
 def default_candidates(k: int) -> int:
-    """Number of ANN candidates re-ranked exactly for a top-``k`` query: ``max(4k, 32)``."""
+    """Number of ANN candidates re-ranked exactly for a top-``k`` sources query: ``max(4k, 32)``."""
     return max(4 * k, 32)
+
+
+ROUTE_POOL = 32
+"""FAISS candidates a route re-ranks by default (the request's ``candidates`` overrides it)."""
+
+
+def route_pool(k: int) -> int:
+    """FAISS candidates re-ranked for a top-``k`` route: ``max(k, ROUTE_POOL)``.
+
+    The ranking standardises its scores over the candidates (lexical fusion, idf) and the open-set decision reads
+    the nearest of them, so the answer depends on the pool: a pool that does not grow with ``k`` up to
+    ``ROUTE_POOL`` gives every ``k`` ≤ 32 the same answer, its matches the first ``k`` of the same list
+    (``fit`` routes at ``k = ROUTE_POOL``: it tunes the answers users get)."""
+    return max(int(k), ROUTE_POOL)
 
 
 def is_activation_dark(

@@ -53,7 +53,9 @@ MAX_NOVELTY_SAMPLES = 128
 """Vectors kept per task (128 × 256 float32: 128 KiB)."""
 
 MIN_NOVELTY_SAMPLES = 20
-"""Fewest vectors for a task to be calibrated (and tested); fewer: the task is not tested."""
+"""Fewest vectors for a task to be calibrated (and tested); fewer: the task is not tested. A calibrated task is
+tested only at a rate its own distances can bound (:meth:`SpaceNovelty.tested`): at the default half of 5 % that
+takes 39 vectors, so a task of 20–38 has no test then (its route threshold stays at its full rate)."""
 
 RIDGE = 0.05
 """Shrinkage of the pooled covariance towards ``tr(S)/r · I`` (bench 4d: 0.05 kept "none" on indexed prompts
@@ -252,9 +254,12 @@ class SpaceNovelty:
             self._lazy[task_id] = lazy
         return lazy
 
-    def tested(self, task_id: int) -> bool:
-        """Whether the task has a novelty test in this space."""
-        return self.task(task_id) is not None
+    def tested(self, task_id: int, false_reject_rate: float | None = None) -> bool:
+        """Whether the task has a novelty test in this space at ``false_reject_rate`` (the test's share of the
+        task's rate; default :data:`FALSE_REJECT_RATE`): it is calibrated and its threshold at that rate exists
+        (a split-conformal quantile at rate ``b`` needs ``n ≥ 1/b − 1`` own distances: 39 at 2.5 %)."""
+        thr = self.threshold(task_id, false_reject_rate)
+        return thr is not None and math.isfinite(thr)
 
     def threshold(self, task_id: int, false_reject_rate: float | None = None) -> float | None:
         """The task's distance threshold at its false-reject rate (default :data:`FALSE_REJECT_RATE`): the
@@ -303,12 +308,12 @@ class SpaceNovelty:
     def rejects(self, vector: np.ndarray | None, task_id: int, false_reject_rate: float | None = None
                 ) -> tuple[bool, float | None, float | None]:
         """Whether the prompt is novel for the task: ``(rejects, distance, threshold)`` (``False, None, None``
-        when the prompt has no vector or the task is not tested)."""
+        when the prompt has no vector or the task is not tested at this rate, :meth:`tested`)."""
         if vector is None:
             return False, None, None
         d = self.distance(vector, task_id)
         thr = self.threshold(task_id, false_reject_rate)
-        if d is None or thr is None:
+        if d is None or thr is None or not math.isfinite(thr):  # too few own distances for the rate: no test
             return False, None, None
         return d > thr, d, thr
 

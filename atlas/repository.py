@@ -13,7 +13,6 @@ signatures are float32 vectors.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -45,7 +44,7 @@ from atlas.models import (
     utcnow,
 )
 from atlas.paging import Page as Page
-from atlas.samples import INVISIBLE_CHARS, Sample, check_metadata, control_chars, is_storable_text, name_forms
+from atlas.samples import Sample, check_metadata, is_storable_text, name_forms
 from atlas.signature_repository import bytes_to_vectors as bytes_to_vectors
 from atlas.signature_repository import count_signatures as count_signatures
 from atlas.signature_repository import get_baseline_blob as get_baseline_blob
@@ -59,6 +58,7 @@ from atlas.space_repository import get_or_create_space as get_or_create_space
 from atlas.space_repository import get_space as get_space
 from atlas.space_repository import list_spaces as list_spaces
 from atlas.space_repository import name_starts_with
+from atlas.task_names import normalize_name
 from atlas.upload_repository import decode_samples as decode_samples
 from atlas.upload_repository import encode_samples as encode_samples
 from atlas.upload_repository import get_or_create_upload as get_or_create_upload
@@ -92,27 +92,6 @@ def check_mode(mode: object) -> None:
 # --------------------------------------------------------------------------------------------------
 # Tasks
 # --------------------------------------------------------------------------------------------------
-
-
-def _check_name(name: str, *, allow_invisible: bool = False) -> str:
-    clean = name.strip()
-    if not clean or len(clean) > 300:
-        raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
-    if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
-        raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
-    bad = [c for c in control_chars(clean) if not (allow_invisible and c in INVISIBLE_CHARS)]
-    if bad:  # an escape sequence in a name rewrote the terminal of whoever listed tasks
-        raise InvalidInput("a task name cannot hold control characters (newlines, tabs, escape codes), "
-                           "bidirectional overrides or invisible characters (zero-width spaces, direction marks)",
-                           {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
-    return unicodedata.normalize("NFC", clean)  # one stored form: a decomposed 'café' is the same name
-
-
-def normalize_name(name: str, *, imported: bool = False) -> str:
-    """A task name as stored: surrounding whitespace removed, NFC-normalised, 1-300 characters, no NUL, control
-    or invisible characters (422 otherwise). ``imported``: an export's name, where invisible characters are kept
-    (names held them before 2026-11-25, and an import is all or nothing)."""
-    return _check_name(name, allow_invisible=imported)
 
 
 def _job_by_key(session: Session, key: str) -> Job | None:
@@ -217,7 +196,7 @@ def create_task_with_job(
     InvalidInput
         Bad name, mode, metadata or no samples.
     """
-    name = _check_name(name)
+    name = normalize_name(name)
     check_mode(mode)
     meta = check_metadata(metadata)
     if idempotency_key is not None:
@@ -296,6 +275,14 @@ def get_tasks(session: Session, task_ids: Sequence[int]) -> list[Task]:
     return [rows[i] for i in task_ids]
 
 
+def task_names(session: Session, task_ids: Sequence[int]) -> dict[int, str]:
+    """The names of those of the tasks ``task_ids`` that exist, by id (a deleted one is left out)."""
+    if not task_ids:
+        return {}
+    return {int(i): str(n) for i, n in session.execute(
+        select(Task.id, Task.name).where(Task.id.in_([int(t) for t in task_ids])))}
+
+
 def lock_task(session: Session, task_id: int) -> Task | None:
     """Load a task with a row lock (PostgreSQL ``FOR UPDATE``) for a read-modify-write; ``None`` if gone."""
     stmt = select(Task).where(Task.id == task_id).with_for_update(of=Task).execution_options(populate_existing=True)
@@ -368,9 +355,9 @@ def update_task(
                 else:
                     merged[key] = value
             task.meta = check_metadata(merged, where="the merged metadata")
-    renamed = name is not None and _check_name(name) != task.name
+    renamed = name is not None and normalize_name(name) != task.name
     if name is not None and renamed:
-        task.name = _check_name(name)
+        task.name = normalize_name(name)
         try:
             with session.begin_nested():
                 session.flush()
@@ -475,7 +462,7 @@ def create_ready_task(
 
     Raises :class:`Conflict` when the name exists in the space; logs the ``upsert`` change.
     """
-    name = _check_name(name, allow_invisible=True)  # an export's names, as :func:`normalize_name` ``imported``
+    name = normalize_name(name, imported=True)  # an export's names
     check_mode(mode)
     get_space(session, space_id)
     task = Task(space_id=space_id, name=name, mode=mode, meta=check_metadata(metadata), status=TASK_PENDING,

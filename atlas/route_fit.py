@@ -87,6 +87,11 @@ def accuracy(items: Sequence[FitItem], thr: Mapping[int, float], default: float)
     return sum(_predict(it, thr, default) == it.label for it in items) / len(items)
 
 
+def accuracy_of(labels: Sequence[int | None], answers: Sequence[int | None]) -> float:
+    """Share of labelled prompts whose answer (a task id, ``None`` for "none") is their label."""
+    return sum(a == lab for lab, a in zip(labels, answers, strict=True)) / len(labels) if labels else 0.0
+
+
 def fit_thresholds(
     items: Sequence[FitItem], current: Mapping[int, float], held_out: Mapping[int, Sequence[float]],
     *, default: float, false_reject_rate: float | Mapping[int, float] = FALSE_REJECT_RATE,
@@ -110,7 +115,9 @@ def fit_thresholds(
     """
     thr = {int(k): float(v) for k, v in current.items()}
     before = accuracy(items, thr, default)
-    tasks = {t for it in items for t in it.scores}
+    # the tasks the labelled prompts concern: those a prompt is labelled with or answered by (the others keep
+    # theirs, an override included: every task a prompt scores against is no reason to move its threshold)
+    tasks = {it.label for it in items if it.label is not None} | {it.top() for it in items if it.scores}
     for t in sorted(tasks):
         pos = [float(it.scores[t]) for it in items if it.label == t and t in it.scores and t not in it.length_bounds]
         pos += [float(s) for s in held_out.get(t, ())]

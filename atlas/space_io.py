@@ -49,6 +49,7 @@ from atlas.errors import Conflict, InvalidInput, PayloadTooLarge
 from atlas.json_bounds import MAX_JSON_VALUES, first_line_over
 from atlas.models import TASK_READY, Space, Task
 from atlas.samples import Metadata
+from atlas.task_names import normalize_name
 
 EXPORT_FORMAT = "fisher-atlas-space"
 EXPORT_VERSION = 2
@@ -315,7 +316,7 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         if (rec.n_samples, rec.n_tokens) != (state.n_samples, state.n_tokens):
             raise InvalidInput(f"line {lineno}: counts ({rec.n_samples} samples, {rec.n_tokens} tokens) differ "
                                f"from the state's ({state.n_samples}, {state.n_tokens})")
-        name = repo.normalize_name(rec.name, imported=True)
+        name = normalize_name(rec.name, imported=True)
         if name in seen:
             raise InvalidInput(f"line {lineno}: duplicate task name {name!r}")
         seen.add(name)

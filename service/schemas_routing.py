@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from atlas.routing import MAX_ROUTE_K
@@ -35,7 +35,8 @@ class RouteRequest(BaseModel):
         description="Open-set threshold on the best score; `none` is true below it. Default: the service's.",
     )
     candidates: int | None = Field(
-        default=None, ge=1, le=4096, description="FAISS candidates re-ranked exactly; default max(4k, 32)."
+        default=None, ge=1, le=4096,
+        description="FAISS candidates re-ranked exactly; default max(k, 32), so every k up to 32 gets the same answer."
     )
     space: str | None = Field(default=None, max_length=SPACE_REF_MAX,
                               description="Space id or name; default: the loaded model's space.")
@@ -167,7 +168,8 @@ class FitExample(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1)
-    label: str | int = Field(description='Task name or id, or "none" (the prompt belongs to no task).')
+    label: StrictStr | StrictInt = Field(description='Task name or id, or "none" (the prompt belongs to no task); '
+                                         'a JSON string or integer (`true` or `1.0` is refused, not read as id 1).')
 
 
 class FitRequest(BaseModel):
@@ -189,8 +191,10 @@ class FitResponse(_Out):
     """New per-task thresholds (stored as overrides unless ``dry_run``) and the accuracy on the examples."""
 
     thresholds: dict[str, float]
-    accuracy_before: float
-    accuracy_after: float
+    accuracy_before: float = Field(description="Share of the examples the router answered right (its task, or none "
+                                   "for a none label) before fit: the answers as routed, every test as it stood.")
+    accuracy_after: float = Field(description="The same share under the new thresholds and tests (a replay of the "
+                                  "router's rules on the routed scores).")
     stored: bool
     template_off: list[str] = Field(default_factory=list, description="Tasks whose template test was turned off: "
                                     "more than 2 % of the prompts labelled with them lack their template.")
@@ -251,6 +255,11 @@ class RoutingInfo(_Out):
     template_false_reject: float | None = Field(default=None, description="Estimated share of the task's prompts "
                                                 "lacking a template term, (misses + 1) / (checks + 2).")
     novelty_samples: int = Field(default=0, description="Sample vectors the task keeps for the novelty test (it is "
-                                 "tested from 20 on; docs/SCORES.md, 'Open set: novelty test').")
+                                 "calibrated from 20 on, tested from 39 at the default rate: `novelty_active`; "
+                                 "docs/SCORES.md, 'Open set: novelty test').")
     novelty_test: bool = Field(default=True, description="Whether the task's novelty test is switched on (PATCH "
                                "`novelty`; it applies from 20 sample vectors on).")
+    novelty_active: bool = Field(default=False, description="Whether whole prompts are held to the novelty test now: "
+                                 "switched on, on for the service, and enough sample vectors for the test's half of "
+                                 "the task's false-reject rate (39 at the default 5 %); then `threshold`, when "
+                                 "calibrated, is the route threshold at the other half.")

@@ -25,6 +25,7 @@ from atlas.lexical import TermCounts
 from atlas.models import TASK_READY, Space, Task
 from atlas.novelty import NoveltyCache, SpaceNovelty
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
+from atlas.route_calibration import split_rates
 from atlas.routing import MAX_ROUTE_K, unit_means
 from atlas.services.states import Loaded, StateLoader
 from atlas.signature_repository import novelty_vectors
@@ -151,7 +152,7 @@ class QueryService:
         timings.forward_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         answers = await asyncio.to_thread(self.search_states, key.space_id, states, k=k, threshold=thr,
-                                          candidates=candidates or analysis.default_candidates(k),
+                                          candidates=candidates or analysis.route_pool(k),
                                           per_task=threshold is None, texts=prompts)
         timings.search_s = time.perf_counter() - t1
         self.observe("route", timings.search_s)
@@ -205,15 +206,17 @@ class QueryService:
                                                  else vectors[qi]))
         return answers
 
-    def novelty_tested(self, space_id: int, task_ids: Sequence[int]) -> frozenset[int]:
-        """Those of the space's tasks ``task_ids`` that have a novelty test (:mod:`atlas.novelty`: enough stored
-        vectors; none when the test is off by ``route_novelty``), whatever their own switch: the tasks whose route
-        threshold is taken at half their false-reject rate while the switch is on and no override is set."""
+    def novelty_tested(self, space_id: int, rates: Mapping[int, float]) -> frozenset[int]:
+        """Those of the space's tasks (the keys of ``rates``, each with its false-reject rate) that have a novelty
+        test (:meth:`atlas.novelty.SpaceNovelty.tested` at the test's share of the rate: enough stored vectors;
+        none when the test is off by ``route_novelty``), whatever their own switch: the tasks whose route threshold
+        is taken at the rest of their rate while the switch is on and no override is set."""
         if not self.settings.route_novelty:
             return frozenset()
         with self.store.read() as session:
             model = self._novelty_model(session, space_id, self.index.content_mark(space_id))
-        return frozenset() if model is None else frozenset(t for t in task_ids if model.tested(int(t)))
+        return frozenset() if model is None else frozenset(
+            t for t, rate in rates.items() if model.tested(int(t), split_rates(float(rate))[1]))
 
     def _novelty_model(self, session: Session, space_id: int, mark: int) -> SpaceNovelty | None:
         """The space's novelty model at content mark ``mark`` (re-fitted when stale from ``session``; a task outside

@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
 
 from atlas import lexicon_repo, repository, routing, routing_repo
-from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady
+from atlas.analysis import ROUTE_POOL
+from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady, PayloadTooLarge
 from atlas.models import TASK_READY
 from atlas.route_calibration import FALSE_REJECT_RATE, LengthViews, split_rates
-from atlas.route_fit import FitItem, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
+from atlas.route_fit import FitItem, accuracy_of, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
 from atlas.services.queries import QueryService
 from atlas.signature_repository import novelty_vectors
 from atlas.store import Store
@@ -55,9 +57,11 @@ class ThresholdService:
         return float(self.store.settings.route_threshold)
 
     def info(self, task_id: int) -> dict[str, Any]:
-        """The task's effective threshold (override, else calibrated, else default) and its calibration."""
+        """The task's effective threshold for prompts as long as its samples (override, else calibrated — at the
+        route threshold's share of the rate while its novelty test applies, ``novelty_active`` — else default) and
+        its calibration."""
         with self.store.read() as session:
-            repository.get_task(session, task_id)
+            space_id = int(repository.get_task(session, task_id).space_id)
             row = routing_repo.get_routing(session, task_id)
             lexical = lexicon_repo.get_task_lexicon(session, [task_id]).get(task_id)
             tpl = None if lexical is None else lexical.template
@@ -70,10 +74,17 @@ class ThresholdService:
                 return {"task_id": task_id, "threshold": self.default, "source": "default"} | template
             template["template_test"] = row.template_test is not False
             template["novelty_test"] = row.novelty_test is not False
+            rate = routing_repo.calibration_rate(row.false_reject_rate)
+            # the test applies to whole prompts: switched on, on for the service, and enough vectors for its rate
+            active = row.novelty_test is not False and task_id in self.queries.novelty_tested(space_id, {task_id: rate})
+            template["novelty_active"] = active
             thr, src = self.default, "default"
             views = LengthViews.from_records(row.cal_views)
+            split = routing_repo.split_threshold(row.cal_scores, row.false_reject_rate) if active else None
             if row.threshold_override is not None:
                 thr, src = float(row.threshold_override), "override"
+            elif split is not None:  # the route threshold whole prompts are held to: the rest of the rate
+                thr, src = float(split), "calibrated"
             elif row.threshold_auto is not None:
                 thr, src = float(row.threshold_auto), "calibrated"
             return {"task_id": task_id, "threshold": thr, "source": src,
@@ -142,16 +153,21 @@ class ThresholdService:
         space_id, labels = await asyncio.to_thread(self._labels, space_ref, [lb for _, lb in examples])
         prompts = [p for p, _ in examples]
         answers = []
-        for start in range(0, len(prompts), 64):
-            part, _ = await self.queries.route(prompts[start: start + 64], k=100, threshold=None, space_ref=space_ref)
+        for start in range(0, len(prompts), FIT_BATCH):
+            try:  # the answers users get: the default candidate pool, as for any k up to ROUTE_POOL
+                part, _ = await self.queries.route(prompts[start: start + FIT_BATCH], k=ROUTE_POOL, threshold=None,
+                                                   space_ref=space_ref)
+            except (InvalidInput, PayloadTooLarge) as e:
+                raise _example_error(e, start) from e
             answers += part
+        # Accuracy before: the answers as routed (every test as it stands), not a replay of them.
+        before = accuracy_of(labels, [None if a.none or not a.matches else a.matches[0].task_id for a in answers])
         matched = sorted({m.task_id for a in answers for m in a.matches})
-        tested = await asyncio.to_thread(self.queries.novelty_tested, space_id, matched)
         # a dry run stores nothing: it reads, and never waits for (or holds) the database's write lock
+        rates, tested = await asyncio.to_thread(self._rates_and_tested, space_id, matched)
         with self.store.read() if dry_run else self.store.session() as session:
             answered = [a.matches[0].task_id if a.matches else None for a in answers]
             off = templates_to_turn_off(labels, answered, [a.template_rejects for a in answers])
-            rates = routing_repo.false_reject_rates(session, matched)
             novelty_off = novelty_to_turn_off(labels, answered, [a.novelty_rejects for a in answers], rates)
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, top,
                              forced_none=a.nearest_rejects
@@ -165,26 +181,51 @@ class ThresholdService:
             # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held
             # to is its half-rate one, and fit's cap is at half its rate (so both tests stay within the rate).
             split = {t: r.split_threshold for t, r in routes.items()
-                     if t in tested and t not in novelty_off and r.novelty_test and not r.overridden
-                     and r.split_threshold is not None}
+                     if t in tested and r.novelty_test and not r.overridden and r.split_threshold is not None}
+            held_to = {**current, **split}  # what the prompts were held to before (``previous``)
             for t, half_rate_threshold in split.items():
-                current[t] = half_rate_threshold
-                rates[t] = split_rates(rates.get(t, FALSE_REJECT_RATE))[0]
+                if t not in novelty_off:
+                    current[t] = half_rate_threshold
+                    rates[t] = split_rates(rates.get(t, FALSE_REJECT_RATE))[0]
             res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, matched),
                                  default=self.default,
                                  false_reject_rate=rates)
-            names = {int(t.id): t.name for t in repository.get_tasks(session, [*res.thresholds, *off, *novelty_off])}
+            # a task deleted since the prompts were routed is left out (its routing row went with it)
+            names = repository.task_names(session, [*res.thresholds, *off, *novelty_off])
+            thresholds = {t: v for t, v in res.thresholds.items() if t in names}
+            off, novelty_off = {t for t in off if t in names}, {t for t in novelty_off if t in names}
             if not dry_run:
-                for t, thr in res.thresholds.items():
+                for t, thr in thresholds.items():
                     routing_repo.set_threshold_override(session, t, thr)
                 for t in off:
                     routing_repo.set_template_test(session, t, False)
                 for t in novelty_off:
                     routing_repo.set_novelty_test(session, t, False)
-        return FitResult({names.get(t, str(t)): v for t, v in res.thresholds.items()}, res.accuracy_before,
-                         res.accuracy_after, not dry_run, sorted(names.get(t, str(t)) for t in off),
-                         sorted(names.get(t, str(t)) for t in novelty_off),
-                         {names.get(t, str(t)): float(current.get(t, self.default)) for t in res.thresholds})
+        return FitResult({names[t]: v for t, v in thresholds.items()}, before,
+                         res.accuracy_after, not dry_run, sorted(names[t] for t in off),
+                         sorted(names[t] for t in novelty_off),
+                         {names[t]: float(held_to.get(t, self.default)) for t in thresholds})
+
+    def _rates_and_tested(self, space_id: int, task_ids: Sequence[int]) -> tuple[dict[int, float], frozenset[int]]:
+        """The tasks' false-reject rates and those of them with a novelty test at their rate."""
+        with self.store.read() as session:
+            rates = routing_repo.false_reject_rates(session, task_ids)
+        return rates, self.queries.novelty_tested(space_id, {t: rates.get(t, FALSE_REJECT_RATE) for t in task_ids})
+
+
+FIT_BATCH = 64
+"""Labelled prompts routed per call of ``fit``."""
+
+
+def _example_error(error: InvalidInput | PayloadTooLarge, start: int) -> InvalidInput | PayloadTooLarge:
+    """``error`` of a ``fit`` batch starting at example ``start``, naming the example by its index in the whole
+    request (the router numbers the prompts of its batch)."""
+    detail = error.detail
+    if not isinstance(detail, dict) or not isinstance(detail.get("prompt"), int):
+        return error
+    index = start + int(detail["prompt"])
+    message = re.sub(rf"^prompt {int(detail['prompt'])}\b", f"example {index}", error.message)
+    return type(error)(message, {**detail, "prompt": index, "example": index})
 
 
 def _label(session: Any, space_id: int, label: str | int) -> int | None:

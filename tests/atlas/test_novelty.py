@@ -7,6 +7,7 @@ on fresh draws), and hypothesis for the blob format and the bottom-k merge.
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 import zlib
 
@@ -81,7 +82,12 @@ def test_threshold_is_monotone_in_the_rate_and_confidence_in_range(seed: int, ra
     assert all(a is not None and b is not None and a >= b for a, b in itertools.pairwise(thresholds))
     x = rng.standard_normal(5) * 10
     novel, d, thr = model.rejects(x, 0, rates[0])
-    assert d is not None and thr is not None and novel == (d > thr)
+    n = MIN_NOVELTY_SAMPLES
+    if math.ceil((n + 1) * (1 - rates[0]) - 1e-9) > n:  # too few own distances to bound this rate: no test
+        assert not model.tested(0, rates[0]) and (novel, d, thr) == (False, None, None)
+        return
+    assert model.tested(0, rates[0])
+    assert d is not None and thr is not None and math.isfinite(thr) and novel == (d > thr)
     assert 0.0 <= model.nearer_share(0, d) <= 1.0
 
 
@@ -113,8 +119,11 @@ def test_a_task_of_identical_samples_accepts_its_own_vector_and_rejects_another(
     # the prompt's vector from another forward batch: the same up to float32 noise (one ulp here)
     same = np.nextafter(one, np.float32(np.inf)).astype(np.float64)
     rejects, distance, threshold = model.rejects(same, 1, rate)
-    assert threshold is not None and distance is not None and distance <= threshold and not rejects
-    if np.isfinite(threshold):  # (too few samples for the rate: an infinite threshold, nothing is novel)
+    if not model.tested(1, rate):  # too few samples for the rate: no test, nothing is novel
+        assert (rejects, distance, threshold) == (False, None, None)
+        assert math.ceil((n + 1) * (1 - rate) - 1e-9) > n
+    else:
+        assert threshold is not None and distance is not None and distance <= threshold and not rejects
         assert model.rejects(one + 0.5, 1, rate)[0]  # another text is novel for it
     assert (n + 1) * (1 - 0.05) > n or model.rejects(one + 0.5, 1, 0.05)[0]
 

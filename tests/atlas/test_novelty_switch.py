@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from atlas import repository, routing, routing_repo
 from atlas.novelty import SpaceNovelty
 from atlas.route_answer import RouteAnswer
-from atlas.route_calibration import FALSE_REJECT_RATE, Calibration
+from atlas.route_calibration import FALSE_REJECT_RATE, Calibration, split_rates
 from atlas.route_fit import NOVELTY_FALSE_REJECT, NOVELTY_MIN_REJECTS, novelty_to_turn_off
 from atlas.samples import Sample
 from fishersketch import Sketcher, SketchSpec
@@ -66,6 +66,30 @@ def test_a_task_switched_off_is_never_novelty_rejected_and_answers_as_one_withou
     # only the answered task's own switch counts: the other task's switch off changes nothing
     mixed = [c if c.task_id == first else replace(c, novelty_test=False) for c in on]
     assert route(mixed, model) == tested
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(20, 38), far=st.booleans())
+def test_a_task_with_too_few_vectors_for_its_rate_has_no_test_and_keeps_its_full_rate_threshold(
+        seed: int, n: int, far: bool) -> None:
+    """At the default rate the test gets 2.5 %: its split-conformal quantile needs ⌈(n + 1)(1 − 0.025)⌉ ≤ n, 39
+    vectors. A task of 20–38 is calibrated but has no threshold at that rate, so it is not tested — and its route
+    threshold stays at the full rate (before, it took the half-rate one for a test that could never reject)."""
+    rng = np.random.default_rng(seed)
+    sk = Sketcher(SketchSpec(d=6, K=9, m=128, seed=4), chunk_rows=64)
+    task = sk.sketch(rng.standard_normal((24, 6)), rng.standard_normal((24, 9)), np.repeat(np.arange(8), 3))
+    model = SpaceNovelty.fit({1: rng.standard_normal((n, 4)), 2: rng.standard_normal((40, 4))})
+    assert model is not None and model.task(1) is not None  # calibrated...
+    _, novelty_rate = split_rates(FALSE_REJECT_RATE)
+    assert not model.tested(1, novelty_rate) and model.tested(2, novelty_rate)  # ...but not tested at 2.5 %
+    assert model.tested(1, FALSE_REJECT_RATE) == (n >= 19)  # at 5 % it would be (19 vectors and up)
+    cand = routing.Candidate(1, "one", task, threshold=0.3, split_threshold=0.2)
+    vector = rng.standard_normal(4) + (1e3 if far else 0.0)
+    prompt = sk.sketch(rng.standard_normal((3, 6)), rng.standard_normal((3, 9)), np.zeros(3, dtype=np.int64))
+    tested = routing.rerank_route(prompt, [cand], k=1, threshold=0.05, per_task=True, novelty=model,
+                                  prompt_vector=vector)
+    without = routing.rerank_route(prompt, [cand], k=1, threshold=0.05, per_task=True)
+    assert tested == without and not tested.novelty_rejects and tested.matches[0].threshold == 0.3
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,6 +3,10 @@
 No mocks: every test talks HTTP to a real app whose lifespan migrated a real database, loaded a real
 (tiny, or the bundled) model and opened a real FAISS index. A loaded model can be shared between the
 apps of one test session (``overrides={"lm": ...}``) to keep the suite fast.
+
+The dashboard's browser tests (``test_dashboard_*_browser.py``) share one service with a few tasks
+(``dashboard_service``, started once for the package) and one Chromium (``browser``, launched once for the tests
+that follow one another using it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,15 @@ import uvicorn
 
 from atlas.settings import Settings
 from service.app import create_app
+from tests.service.dashboard_helpers import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    FAILING_TASK,
+    JOB_TIMEOUT_S,
+    DashboardService,
+    task_texts,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -168,3 +181,157 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     yield start
     for server in reversed(running):
         server.stop()
+
+
+# --- the dashboard's browser tests (test_dashboard_*_browser.py) ---------------------------------------------------
+
+
+@pytest.fixture(scope="package")
+def dashboard_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DashboardService]:
+    """A service with five ready tasks (:func:`task_texts`) and a failed one, started once for the package.
+
+    The dashboard's tests share it, so each leaves it as it found it (it deletes the tasks it adds): some count the
+    tasks and jobs, and the modules may run in any order.
+    """
+    httpx = pytest.importorskip("httpx")
+    from tests.tiny_models import save_tiny_gpt2
+
+    tmp = tmp_path_factory.mktemp("dashboard")
+    model_dir = save_tiny_gpt2(tmp / "model")
+    settings = Settings(
+        data_dir=tmp / "data",
+        database_url=None,
+        host="127.0.0.1",
+        port=free_port(),
+        model=str(model_dir),
+        device="cpu",
+        dtype="float32",
+        sketch_dim=256,
+        queue="inprocess",
+        worker_threads=1,
+        require_keys=False,
+        checkpoint_every=64,
+    )
+    app = create_app(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on", ws="none")
+    )
+    thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{settings.port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the service did not start")
+            time.sleep(0.05)
+        tasks: dict[str, dict[str, Any]] = {}
+        jobs: list[dict[str, Any]] = []
+        with httpx.Client(base_url=base, timeout=30) as http:
+            for name, (metadata, texts) in task_texts().items():
+                r = http.post(
+                    "/v1/tasks",
+                    json={"name": name, "mode": "text", "metadata": metadata, "samples": [{"text": t} for t in texts]},
+                )
+                assert r.status_code == 202, r.text
+                body = r.json()
+                tasks[name] = body["task"]
+                jobs.append(body["job"])
+            r = http.post("/v1/tasks", json={"name": FAILING_TASK, "samples": [{"text": "a"}, {"text": "b"}]})
+            assert r.status_code == 202, r.text
+            failing = r.json()["job"]
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            done: dict[int, dict[str, Any]] = {}
+            while len(done) < len(jobs) + 1:
+                assert time.monotonic() < deadline, f"jobs did not finish in {JOB_TIMEOUT_S} s: {jobs}"
+                for job in [*jobs, failing]:
+                    if job["id"] in done:
+                        continue
+                    j = http.get(f"/v1/jobs/{job['id']}").json()
+                    if j["status"] in ("succeeded", "failed", "cancelled"):
+                        assert j["status"] == ("failed" if job is failing else "succeeded"), j
+                        done[job["id"]] = j
+                time.sleep(0.1)
+            failed_job = done.pop(failing["id"])
+            assert failed_job["error"], failed_job
+            for name, t in tasks.items():
+                tasks[name] = http.get(f"/v1/tasks/{t['id']}").json()
+                assert tasks[name]["status"] == "ready", tasks[name]
+        yield DashboardService(base, tasks, list(done.values()), failed_job)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+class _SharedChromium:
+    """Debian's headless Chromium through Playwright, shared by consecutive tests that use it.
+
+    Started by the first test that asks for it and stopped after the last of the tests that follow one another using
+    it (:func:`pytest_runtest_teardown`), so that the dashboard's browser modules (next to one another in the package)
+    launch it once. It must not stay open past them:
+    while Playwright's sync API is open, the main thread's asyncio loop counts as running, and ``asyncio.run`` or
+    another ``sync_playwright`` in a later test fails.
+    """
+
+    def __init__(self) -> None:
+        self._playwright: Any = None
+        self._browser: Any = None
+
+    def get(self) -> Any:
+        if self._browser is None:
+            sync_api = pytest.importorskip("playwright.sync_api")
+            self._playwright = sync_api.sync_playwright().start()
+            try:
+                self._browser = self._playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            except BaseException:
+                self.close()
+                raise
+        return self._browser
+
+    def close(self) -> None:
+        browser, playwright, self._browser, self._playwright = self._browser, self._playwright, None, None
+        try:
+            if browser is not None:
+                browser.close()
+        finally:
+            if playwright is not None:
+                playwright.stop()
+
+
+_CHROMIUM = _SharedChromium()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a test's fixtures are torn down: stop the shared Chromium unless the next test uses it too."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or "browser" not in getattr(nextitem, "fixturenames", ()):
+            _CHROMIUM.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _CHROMIUM.close()
+
+
+@pytest.fixture
+def browser() -> Any:
+    """The shared Chromium (:class:`_SharedChromium`: one launch for a run of consecutive browser tests); each test
+    opens its own context in it."""
+    return _CHROMIUM.get()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh dashboard page; a page error or console error fails the test. Screenshots go to ``ARTIFACTS``."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(20_000)
+    problems: list[str] = []
+    pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    pg.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
+    yield pg
+    context.close()
+    assert not problems, problems

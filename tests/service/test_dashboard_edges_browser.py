@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.service.conftest import wait_job
-from tests.service.test_dashboard_browser import CHROMIUM, browser  # noqa: F401  (fixture)
+from tests.service.dashboard_helpers import CHROMIUM
 
 pytestmark = [
     pytest.mark.browser,
@@ -29,7 +29,7 @@ CODE = [f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(12)]
 
 
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:  # noqa: F811  (the imported fixture)
+def page(browser: Any) -> Iterator[Any]:  # this module's own page (conftest.py has the dashboard's)
     """A fresh page; a page error or console error fails the test (a 404 answer the browser logs is allowed)."""
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     pg = context.new_page()

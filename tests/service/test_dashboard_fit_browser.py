@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.test_dashboard_browser import CHROMIUM, _shot, browser  # noqa: F401  (fixture)
+from tests.service.dashboard_helpers import CHROMIUM, shot
 from tests.service.test_dashboard_edges_browser import CODE, PROSE, _add, page  # noqa: F401  (fixtures)
 
 pytestmark = [
@@ -84,7 +84,7 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
 
         card.locator("[data-testid=fit-apply]").click()
         card.locator("[data-testid=fit-summary][data-stored=true]").wait_for()
-        _shot(page, "route-fit")
+        shot(page, "route-fit")
         for name, thr in expected["thresholds"].items():
             got = http.get(f"/v1/tasks/{ids[name]}/routing").json()
             assert got["source"] == "override" and got["threshold"] == pytest.approx(thr, abs=1e-9), got

@@ -10,7 +10,7 @@ import pytest
 from atlas.settings import Settings
 from service.app import create_app
 from tests.service.conftest import LiveServer
-from tests.service.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.service.dashboard_helpers import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [
     pytest.mark.browser,

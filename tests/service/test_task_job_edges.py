@@ -169,6 +169,18 @@ def test_a_task_name_with_invisible_characters_is_refused(serve, tiny_lm, name: 
     assert r.status_code == 422 and "invisible characters" in r.json()["message"], r.text
 
 
+def test_none_is_no_task_name(serve, tiny_lm) -> None:
+    """``fit`` reads the label "none" (any case) as "the prompt belongs to no task": a task so named could not be
+    labelled by name, and its prompts would count as foreign. Creating a task so named is a 422 (an import keeps
+    such a name from an older export: the task is labelled by its id)."""
+    svc = serve(lm=tiny_lm, sketch_dim=256, overrides={"start_runner": False})
+    for name in ("none", " None ", "NONE", "nOnE"):
+        r = httpx.post(f"{svc.url}/v1/tasks", json={"name": name, "samples": [{"text": "hello there friend"}]})
+        assert r.status_code == 422 and "labels a prompt of no task" in r.json()["message"], r.text
+    r = httpx.post(f"{svc.url}/v1/tasks", json={"name": "none of these", "samples": [{"text": "hello there friend"}]})
+    assert r.status_code == 202, r.text
+
+
 def test_task_names_are_one_unicode_form_and_joiners_are_kept(serve, tiny_lm) -> None:
     """A decomposed ``café`` (e + U+0301) is stored composed: it is the same name as the composed one, and either
     spelling finds it; zero-width joiners (emoji sequences, Persian) stay valid."""

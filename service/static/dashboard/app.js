@@ -1118,7 +1118,8 @@
       const noveltyOn = r.novelty_test !== false;
       const vectors = r.novelty_samples ?? 0;
       const novelty = !noveltyOn ? `switched off (${fmtInt(vectors)} sample vectors kept)`
-        : vectors >= 20 ? `on (${fmtInt(vectors)} sample vectors; half the false-reject rate)`
+        : r.novelty_active ? `on (${fmtInt(vectors)} sample vectors; half the false-reject rate)`
+        : vectors >= 20 ? `not tested (${fmtInt(vectors)} sample vectors: too few for half the false-reject rate — 39 at 5 % — or off for the service)`
         : `not tested (${fmtInt(vectors)} sample vectors; 20 needed — tasks of 20 samples or more)`;
       // A switch of one test (PATCH {field: bool}); its error replaces the button.
       const toggle = (testid, field, label, isOn) => {
@@ -1137,7 +1138,8 @@
       };
       card.replaceChildren(h("h2", {}, "Routing"),
         h("p", { class: "muted small" }, "A prompt is answered “none” below the threshold, when it lacks a term every sample of this task has (its template) while the template test is on, or when its mean hidden state is atypical of this task's samples while the novelty test is on."),
-        kv([["threshold", h("span", { "data-testid": "routing-threshold", "data-source": r.source }, `${fmt(r.threshold)} (${r.source})`)],
+        kv([["threshold", h("span", { "data-testid": "routing-threshold", "data-source": r.source },
+          `${fmt(r.threshold)} (${r.source}${r.novelty_active && r.source === "calibrated" ? ": at half the rate, the novelty test has the other half" : ""})`)],
           ["false-reject rate", h("span", { "data-testid": "routing-rate-state" }, hasRate(r)
             ? `${fmtPct(r.false_reject_rate)} % of own prompts (calibrated threshold ${r.threshold_auto === undefined || r.threshold_auto === null ? "—" : fmt(r.threshold_auto)})`
             : "— (no calibration stored: the task is too small or older than calibration)")],

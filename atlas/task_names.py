@@ -1,0 +1,38 @@
+"""Task names: the one stored form of a name and the names no task may take."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from atlas.errors import InvalidInput
+from atlas.samples import INVISIBLE_CHARS, control_chars
+
+RESERVED_NAME = "none"
+"""The task name no new task may take (in any case): ``fit`` reads the label as "the prompt belongs to no task"."""
+
+
+def normalize_name(name: str, *, imported: bool = False) -> str:
+    """A task name as stored: surrounding whitespace removed, NFC-normalised, 1-300 characters, no NUL, control
+    or invisible characters, not ``none`` in any case (422 otherwise: ``fit`` labels read it as "no task").
+    ``imported``: an export's name, where invisible characters and ``none`` are kept (names could hold them before
+    2026-11-25 and 2026-11-28, and an import is all or nothing; such a task is labelled by its id).
+
+    Raises
+    ------
+    InvalidInput
+        A name that breaks one of these rules.
+    """
+    clean = name.strip()
+    if not clean or len(clean) > 300:
+        raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
+    if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
+        raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
+    bad = [c for c in control_chars(clean) if not (imported and c in INVISIBLE_CHARS)]
+    if bad:  # an escape sequence in a name rewrote the terminal of whoever listed tasks
+        raise InvalidInput("a task name cannot hold control characters (newlines, tabs, escape codes), "
+                           "bidirectional overrides or invisible characters (zero-width spaces, direction marks)",
+                           {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
+    if not imported and clean.casefold() == RESERVED_NAME:
+        raise InvalidInput(f'a task cannot be named {clean!r}: "{RESERVED_NAME}" labels a prompt of no task (fit)',
+                           {"name": clean})
+    return unicodedata.normalize("NFC", clean)  # one stored form: a decomposed 'café' is the same name

@@ -1,0 +1,180 @@
+"""Adding tasks through the dashboard's form, in a real browser against a real service.
+
+Like ``test_dashboard_browser`` (the package's ``dashboard_service`` and Chromium, ``conftest.py``): a file uploaded
+through the add form becomes a task on the atlas, another file is appended to it and the task is deleted from its page;
+the API's and the form's errors are shown as messages; with keys required (a service of its own, ``serve``), the form
+sends the key and its progress streams with it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service.dashboard_helpers import CHROMIUM, JOB_TIMEOUT_S, DashboardService, shot, write_jsonl
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"
+    ),
+]
+
+
+def test_add_append_and_delete_a_task_through_the_form(
+    dashboard_service: DashboardService, page: Any, tmp_path: Path
+) -> None:
+    import httpx
+
+    page.goto(f"{dashboard_service.base}/dashboard/#/atlas")
+    points = page.locator("[data-testid=atlas-point]")
+    points.first.wait_for()
+    before = points.count()
+    assert "null" not in page.locator(".list-card").inner_text()  # the stray "null" under the task list
+    texts = [f"Sonnet {i}: shall I compare thee to a summer's day, {i % 9} times more lovely?" for i in range(60)]
+    # the file picker offers every format the API reads, gzip-compressed ones included
+    assert ".gz" in (page.get_attribute("[data-testid=add-file]", "accept") or "").split(",")
+    page.set_input_files("[data-testid=add-file]", str(write_jsonl(tmp_path / "poems.jsonl", texts)))
+    page.fill("[data-testid=add-name]", "form-poems")
+    page.select_option("[data-testid=add-mode]", "text")
+    page.fill("[data-testid=add-metadata]", '{"domain": "poetry"}')
+    page.click("[data-testid=add-submit]")
+    progress = page.locator("[data-testid=add-progress]")
+    page.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+
+    with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
+        task = http.get("/v1/tasks", params={"name": "form-poems"}).json()["items"][0]
+        job = http.get(f"/v1/jobs/{progress.get_attribute('data-job-id')}").json()
+    assert task["metadata"] == {"domain": "poetry"} and task["n_samples"] == len(texts)
+    assert job["task_id"] == task["id"] and job["status"] == "succeeded"
+    shown = page.locator("[data-testid=add-progress-text]").inner_text()
+    assert f"{len(texts)} / {len(texts)} samples" in shown
+    assert f"{job['progress']['tokens_streamed']:,} tokens through the model" in shown
+    # the atlas redrew with the new point and the list has the new task
+    page.locator(f"[data-testid=atlas-point][data-task-id='{task['id']}']").wait_for()
+    assert points.count() == before + 1
+    assert page.locator(f"[data-testid=atlas-list] tr[data-task-id='{task['id']}']").count() == 1
+    shot(page, "add-task")
+
+    # append a file to the new task
+    first_job = progress.get_attribute("data-job-id")
+    page.select_option("[data-testid=add-target]", str(task["id"]))
+    assert page.locator("[data-testid=add-name]").is_hidden()
+    assert page.locator("[data-testid=add-notes]").count() == 0  # nothing was left out of the first file
+    more = [f"Sonnet {i}: rough winds do shake the darling buds of May." for i in range(60, 75)]
+    # one sample of a single token cannot be sketched: the form says so (it passed unseen before 2026-11-25)
+    page.set_input_files("[data-testid=add-file]", str(write_jsonl(tmp_path / "more.jsonl", [*more, "x"])))
+    page.click("[data-testid=add-submit]")
+    page.locator(
+        f"[data-testid=add-progress][data-status=succeeded]:not([data-job-id='{first_job}'])"
+    ).wait_for(timeout=JOB_TIMEOUT_S * 1000)
+    notes = page.locator("[data-testid=add-notes]")
+    notes.wait_for()
+    assert f"1 of {len(more) + 1} samples skipped (too_short: 1)" in notes.inner_text()
+    with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
+        assert http.get(f"/v1/tasks/{task['id']}").json()["n_samples"] == len(texts) + len(more)
+
+    # delete it from its page: the atlas is back to what it was
+    page.goto(f"{dashboard_service.base}/dashboard/#/task/{task['id']}")
+    delete = page.locator("[data-testid=task-delete]")
+    delete.click()
+    assert delete.get_attribute("data-armed") == "true"
+    delete.click()
+    page.locator("[data-testid=atlas-view]").wait_for()
+    page.wait_for_function(f"document.querySelectorAll('[data-testid=atlas-point]').length === {before}")
+    with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
+        assert http.get(f"/v1/tasks/{task['id']}").status_code == 404
+
+
+def test_form_shows_api_and_input_errors_as_messages(
+    dashboard_service: DashboardService, browser: Any, tmp_path: Path
+) -> None:
+    import httpx
+
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = context.new_page()
+    problems: list[str] = []
+    pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    # the browser itself logs a refused request ("Failed to load resource: ... 409"): that one is expected here
+    pg.on("console", lambda m: problems.append(m.text)
+          if m.type == "error" and "Failed to load" not in m.text else None)
+    progress = pg.locator("[data-testid=add-progress]")
+    try:
+        pg.goto(f"{dashboard_service.base}/dashboard/#/atlas")
+        pg.locator("[data-testid=add-form]").wait_for()
+        # a first upload succeeds: its green bar must not stay under the next upload's error
+        ok = write_jsonl(tmp_path / "ok.jsonl", ["CCO and CCN", "CC(=O)O"])
+        pg.set_input_files("[data-testid=add-file]", str(ok))
+        pg.fill("[data-testid=add-name]", "form-ok")
+        pg.click("[data-testid=add-submit]")
+        pg.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        upload = write_jsonl(tmp_path / "s.jsonl", ["CCO and CCN", "c1ccccc1"])
+        pg.set_input_files("[data-testid=add-file]", str(upload))
+        pg.fill("[data-testid=add-name]", "smiles")  # taken: the API answers 409 {code: conflict}
+        pg.fill("[data-testid=add-metadata]", "{not json")
+        pg.click("[data-testid=add-submit]")
+        assert "metadata is not JSON" in pg.locator("[data-testid=add-message]").inner_text()
+        assert progress.is_hidden()
+        pg.fill("[data-testid=add-metadata]", "")
+        pg.click("[data-testid=add-submit]")
+        error = pg.locator("[data-testid=add-message] [data-testid=error]")
+        error.wait_for()
+        assert "(conflict)" in error.inner_text() and "smiles" in error.inner_text()
+        assert progress.is_hidden() and progress.get_attribute("data-status") is None
+        # a job that fails: the open atlas counts the failed task at once (it redrew only after a success)
+        note = pg.locator("[data-testid=atlas-not-ready]")
+        failed_before = int(note.inner_text().split(" failed")[0].split()[-1])
+        pg.set_input_files("[data-testid=add-file]", str(write_jsonl(tmp_path / "short.jsonl", ["a", "b"])))
+        pg.fill("[data-testid=add-name]", "form-fails")
+        pg.click("[data-testid=add-submit]")
+        pg.locator("[data-testid=add-progress][data-status=failed]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        pg.locator("[data-testid=atlas-not-ready]", has_text=f"{failed_before + 1} failed").wait_for(timeout=5_000)
+    finally:
+        context.close()
+        with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
+            for name in ("form-ok", "form-fails"):
+                for task in http.get("/v1/tasks", params={"name": name}).json()["items"]:
+                    http.delete(f"/v1/tasks/{task['id']}")
+    assert not problems, problems
+
+
+def test_with_keys_on_the_form_streams_progress_with_the_key(
+    serve: Any, tiny_lm: Any, browser: Any, tmp_path: Path
+) -> None:
+    from atlas import apikeys
+
+    svc = serve(lm=tiny_lm, require_keys=True)
+    with svc.container.store.session() as s:
+        _, key = apikeys.create_api_key(s, "dashboard", ["read", "write"])
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = context.new_page()
+    problems: list[str] = []
+    events: list[tuple[str, int, str | None]] = []
+    pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    # before the key is entered the API answers 401, which the browser logs as a failed resource load
+    pg.on("console", lambda m: problems.append(m.text)
+          if m.type == "error" and "Failed to load" not in m.text else None)
+    pg.on("response", lambda r: events.append((r.url, r.status, r.request.headers.get("x-api-key")))
+          if "/events" in r.url else None)
+    try:
+        pg.goto(f"{svc.url}/dashboard/#/atlas")
+        pg.locator("[data-testid=error]").wait_for()  # 401 shown as a message
+        pg.fill("#apikey", key)
+        pg.click("#keyform button[type=submit]")
+        pg.locator("[data-testid=add-form]").wait_for()
+        stored = pg.evaluate("[sessionStorage.getItem('fisherAtlas.apiKey'), localStorage.length]")
+        assert stored == [key, 0]
+        texts = [f"Stanza {i}: the river bends where the willows lean, {i} times." for i in range(40)]
+        pg.set_input_files("[data-testid=add-file]", str(write_jsonl(tmp_path / "k.jsonl", texts)))
+        pg.fill("[data-testid=add-name]", "keyed-upload")
+        pg.click("[data-testid=add-submit]")
+        pg.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        pg.locator("[data-testid=atlas-point]").first.wait_for()
+        assert pg.locator("[data-testid=atlas-point]").count() == 1
+        # progress came over the SSE stream, requested with the key header (EventSource could not send it)
+        assert events and all(status == 200 and k == key for _, status, k in events), events
+    finally:
+        context.close()
+    assert not problems, problems
