@@ -325,7 +325,9 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
     if csv.field_size_limit() < limit:
         csv.field_size_limit(limit)
     text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")  # type: ignore[type-var]
-    reader = csv.reader(text, delimiter=delimiter)
+    # strict: a field opened by a quote must be closed by one (a lenient reader dropped the quotes of
+    # '"Stop!" he cried' and merged every row after an unbalanced quote into one sample, silently)
+    reader = csv.reader(text, delimiter=delimiter, strict=True)
     row_no = 1
     try:
         header = next(reader, None)
@@ -356,7 +358,10 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
         if "field larger than field limit" in str(exc):
             raise PayloadTooLarge(f"{where}: a field is longer than {counter.limits.max_sample_chars} characters",
                                   {"max_sample_chars": counter.limits.max_sample_chars}) from None
-        raise InvalidInput(f"{where}: malformed CSV: {exc}") from None
+        kind = "TSV" if delimiter == "\t" else "CSV"
+        raise InvalidInput(f"{where}: malformed {kind}: {exc} (a field that starts with a double quote is a quoted "
+                           f"field: close it, and double every quote inside it; or upload the text as .txt or .jsonl)",
+                           {"row": reader.line_num or row_no}) from None
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{filename}: not valid UTF-8 near row {reader.line_num + 1} (byte {exc.start})") from None
 

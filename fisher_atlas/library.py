@@ -15,7 +15,7 @@ from atlas import analysis
 from atlas.errors import AtlasError, InvalidInput
 from atlas.models import Job, Task
 from atlas.repository import check_mode
-from atlas.sample_io import parse_upload
+from atlas.sample_io import SampleLimits, parse_upload
 from atlas.samples import Sample, record_to_sample
 from atlas.services.jobs import is_final
 from atlas.services.thresholds import FitResult
@@ -43,9 +43,10 @@ def _is_file(path: str | Path) -> bool:
         return False
 
 
-def _samples(samples: str | Path | Iterable[SampleLike], mode: str) -> list[Sample]:
+def _samples(samples: str | Path | Iterable[SampleLike], mode: str, limits: SampleLimits) -> list[Sample]:
     """Samples from a file path (JSONL, CSV, Parquet, text) or from texts / dicts / ``Sample``s, validated for
-    ``mode`` as an upload is (:class:`InvalidInput` naming the sample, as REST answers 422)."""
+    ``mode`` as an upload is (:class:`InvalidInput` naming the sample, as REST answers 422); a file within the
+    service's ``limits``, as an upload."""
     check_mode(mode)
     if isinstance(samples, bytes | bytearray) or not isinstance(samples, str | Path | Iterable):
         raise InvalidInput(f"samples are a file path or an iterable of texts, dicts or Samples, not "
@@ -54,7 +55,7 @@ def _samples(samples: str | Path | Iterable[SampleLike], mode: str) -> list[Samp
         if not _is_file(samples):
             raise InvalidInput(f"no such file: {str(samples)[:200]!r} (give a file path, or a list of samples)")
         path = Path(samples)
-        return parse_upload(path.read_bytes(), path.name, mode)  # type: ignore[arg-type]
+        return parse_upload(path.read_bytes(), path.name, mode, limits)  # type: ignore[arg-type]
     out = []
     for i, s in enumerate(samples):
         if isinstance(s, Sample):
@@ -125,7 +126,8 @@ class Atlas:
 
         ``progress``: ``True`` shows a progress bar (rich), or a callable receiving the job as it runs.
         """
-        task, job = self._c.tasks.create(name, mode, metadata, _samples(samples, mode))
+        limits = SampleLimits.from_settings(self.settings)
+        task, job = self._c.tasks.create(name, mode, metadata, _samples(samples, mode, limits))
         if wait:
             self._wait(job, progress, f"add {name}")
             task = self._c.tasks.get(task.id)
@@ -135,7 +137,7 @@ class Atlas:
                progress: bool | Callable[[Job], None] = True) -> Task:
         """Append samples to a task (its mode applies); with ``wait``, return once merged."""
         task = self.task(name)
-        job = self._c.tasks.append(task.id, _samples(samples, task.mode))
+        job = self._c.tasks.append(task.id, _samples(samples, task.mode, SampleLimits.from_settings(self.settings)))
         if wait:
             self._wait(job, progress, f"append {name}")
         return self._c.tasks.get(task.id)
@@ -249,9 +251,13 @@ class Atlas:
         if names is not None:
             ids = [self.task(n).id for n in names]
         else:
-            page = self._c.tasks.page(space_ref="default", status=TaskStatus.READY,
-                                      limit=self.settings.max_matrix_tasks)
-            ids = [t.id for t in page.items]
+            bound, ids = int(self.settings.max_matrix_tasks), []
+            while len(ids) < bound:  # pages of at most 1,000 (the bound may be larger)
+                page = self._c.tasks.page(space_ref="default", status=TaskStatus.READY, offset=len(ids),
+                                          limit=min(1000, bound - len(ids)))
+                ids += [t.id for t in page.items]
+                if not page.items or len(ids) >= page.total:
+                    break
         return self._c.queries.matrix(ids)
 
     def atlas(self) -> analysis.AtlasMap:

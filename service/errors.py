@@ -82,11 +82,23 @@ MAX_DETAIL_CHARS = 8000
 def safe_body(code: str, message: str, detail: Any = None) -> dict[str, Any]:
     """:func:`error_body` with secrets masked and sizes bounded: message 1000 characters; detail strings
     300, 20 items per list or dict, nesting depth 4, and 8000 characters in all."""
-    small = bounded(detail)
+    small = _encodable(bounded(detail))
     text = json.dumps(small, default=str)
     if len(text) > MAX_DETAIL_CHARS:
         small = truncate(text, MAX_DETAIL_CHARS)
-    return error_body(code, truncate(redact_secrets(str(message)), MAX_MESSAGE_CHARS), small)
+    return error_body(code, _encodable(truncate(redact_secrets(str(message)), MAX_MESSAGE_CHARS)), small)
+
+
+def _encodable(value: Any) -> Any:
+    """``value`` with every string made UTF-8-encodable: a lone surrogate an input carried into a message or detail
+    (a ``fit`` label naming no task) is written as its escape, ``\\ud800`` (rendering it raised, a 500)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    return value
 
 
 async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:

@@ -99,14 +99,17 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}:
     import json as jsonlib
 
     examples = []
-    for i, line in enumerate(file.read_text(encoding="utf-8").split("\n"), start=1):
+    for i, line in enumerate(file.read_text(encoding="utf-8-sig").split("\n"), start=1):  # -sig: a BOM is no text
         if not line.strip():
             continue
         try:
             rec = jsonlib.loads(line)
-            examples.append((str(rec["prompt"]), rec["label"]))
+            prompt, label = rec["prompt"], rec["label"]
         except (ValueError, KeyError, TypeError):
             raise fail(f"{file}:{i}: expected a JSON object with 'prompt' and 'label'", 2) from None
+        if not isinstance(prompt, str) or isinstance(label, bool) or not isinstance(label, str | int):
+            raise fail(f"{file}:{i}: 'prompt' must be a string and 'label' a task name, id or \"none\"", 2)
+        examples.append((prompt, label))
     with client(url, api_key, timeout) as cl:
         res = cl.fit(examples, space=space, dry_run=dry_run)
     lines = [f"accuracy on the labelled prompts: {res.accuracy_before:.3f} -> {res.accuracy_after:.3f}"

@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -167,17 +168,21 @@ class AsyncAtlasClient:
         return await self._send(Call("GET", "/v1/tasks", TaskList, params=params))
 
     async def find_task(self, name_or_id: str | int, *, space: str | int | None = None) -> TaskOut:
-        """A task by exact name (in ``space``, default the service's) or by numeric id."""
-        if isinstance(name_or_id, int):
-            return await self.get_task(name_or_id)
-        found = (await self.list_tasks(space=space, name=name_or_id, limit=1)).items
-        if found:
-            return found[0]
-        if name_or_id.isascii() and name_or_id.isdigit():
-            return await self.get_task(int(name_or_id))
+        """A task by exact name (in ``space``, default the service's) or by numeric id (of ``space`` when given: an
+        id of another space is not found, as a name of another space is not)."""
         from service.client.errors import NotFound
 
-        raise NotFound(404, "not_found", f"no task named {name_or_id!r}")
+        if isinstance(name_or_id, str):
+            found = (await self.list_tasks(space=space, name=name_or_id, limit=1)).items
+            if found:
+                return found[0]
+            if not (name_or_id.isascii() and name_or_id.isdigit()):
+                raise NotFound(404, "not_found", f"no task named {name_or_id!r}")
+        task = await self.get_task(int(name_or_id))
+        if space is not None and not any(t.id == task.id for t in
+                                         (await self.list_tasks(space=space, name=task.name, limit=1)).items):
+            raise NotFound(404, "not_found", f"task {task.id} is not in space {space!r}")
+        return task
 
     async def patch_task(self, task_id: int, metadata: dict[str, Any]) -> TaskOut:
         """``PATCH /v1/tasks/{id}``: merge ``metadata`` (``None`` values remove keys)."""
@@ -310,7 +315,7 @@ class AsyncAtlasClient:
 
     async def get_space(self, space: str | int = "default") -> SpaceOut:
         """``GET /v1/spaces/{id}``."""
-        return await self._send(Call("GET", f"/v1/spaces/{space}", SpaceOut))
+        return await self._send(Call("GET", f"/v1/spaces/{quote(str(space), safe='')}", SpaceOut))
 
     async def export_space(self, space: str | int | None = None, out: str | os.PathLike[str] | None = None) -> bytes:
         """``GET /v1/spaces/{id}/export`` (``default`` when ``space`` is None); optionally written to ``out``."""
@@ -318,8 +323,8 @@ class AsyncAtlasClient:
                 isinstance(space, str) and space.lower().endswith((".jsonl", ".json", ".gz", ".ndjson")))):
             raise TypeError(f"export_space(space=None, out=None): {str(space)!r} looks like a file; the first "
                             f"argument is the space (id or name): write the export with out={str(space)!r}")
-        blob: bytes = await self._send(Call("GET", f"/v1/spaces/{space if space is not None else 'default'}/export",
-                                            None))
+        ref = quote(str(space if space is not None else "default"), safe="")  # a model name may hold slashes
+        blob: bytes = await self._send(Call("GET", f"/v1/spaces/{ref}/export", None))
         if out is not None:
             Path(os.fspath(out)).write_bytes(blob)
         return blob

@@ -16,7 +16,10 @@ from service.uploads import IMPORT_FORM_SCHEMA, BoundedJSONRoute, _content_type
 
 router = APIRouter(prefix="/v1/spaces", tags=["spaces"], route_class=BoundedJSONRoute)
 
-SpaceRef = Annotated[str, Path(min_length=1, max_length=300, description="Space id, model name or `default`.")]
+SpaceRef = Annotated[str, Path(min_length=1, max_length=300, description="Space id, model name or `default`; a model "
+                                                                        "name may hold slashes (`org/model`).")]
+# ``{space:path}``: a model name is a hub id or a directory (``org/model``, ``/models/x``); the export route is
+# declared first, so ``…/org/model/export`` exports ``org/model``.
 
 
 @router.get("", response_model=SpaceList, summary="List spaces", responses=error_responses(401, 403))
@@ -26,15 +29,8 @@ def list_spaces(c: ContainerDep, _: ReadPrincipal) -> SpaceList:
     return SpaceList(items=[SpaceOut(**s) for s in c.spaces.all()])
 
 
-@router.get("/{space}", response_model=SpaceOut, summary="Get a space", responses=error_responses(401, 403, 404, 409,
-                                                                                                  422, 503))
-def get_space(space: SpaceRef, c: ContainerDep, _: ReadPrincipal) -> SpaceOut:
-    """One space by id, model name or ``default``."""
-    return SpaceOut(**c.spaces.get(space))
-
-
 @router.get(
-    "/{space}/export", summary="Export a space", response_class=StreamingResponse,
+    "/{space:path}/export", summary="Export a space", response_class=StreamingResponse,
     responses={
         200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}},
               "description": "JSON lines: a header (format, space spec and fingerprints), then one line per "
@@ -50,6 +46,13 @@ def export_space(space: SpaceRef, c: ContainerDep, _: ReadPrincipal) -> Streamin
         lines, media_type="application/x-ndjson",
         headers={"Content-Disposition": f'attachment; filename="fisher-atlas-space-{sp.id}.jsonl"'},
     )
+
+
+@router.get("/{space:path}", response_model=SpaceOut, summary="Get a space",
+            responses=error_responses(401, 403, 404, 409, 422, 503))
+def get_space(space: SpaceRef, c: ContainerDep, _: ReadPrincipal) -> SpaceOut:
+    """One space by id, model name or ``default``."""
+    return SpaceOut(**c.spaces.get(space))
 
 
 @router.post(

@@ -297,6 +297,14 @@ def test_cli_fit_prints_each_threshold_before_and_after(serve: Any, tiny_lm: Any
     assert "(dry run: nothing stored)" in text
     for name, thr in res["thresholds"].items():
         assert f"  {name}: threshold {res['previous'][name]:.4f} -> {thr:.4f}" in text, text
+    bom = tmp_path / "bom.jsonl"  # a BOM (Windows editors write one) is no text: the same examples
+    bom.write_bytes(b"\xef\xbb\xbf" + examples.read_bytes())
+    assert main(["fit", str(bom), "--dry-run", "--json", *url]) == 0
+    assert _out(capsys)["thresholds"] == res["thresholds"]
+    bad = tmp_path / "bad.jsonl"  # a null prompt was routed as the text "None"; a boolean label read as id 1
+    for line in ('{"prompt": null, "label": "none"}', '{"prompt": "x y z", "label": true}'):
+        bad.write_text(line + "\n", encoding="utf-8")
+        assert main(["fit", str(bad), "--dry-run", *url]) == 2
     listed = httpx.get(f"{svc.url}/v1/tasks", params={"limit": 10}).json()["items"]
     for task in listed:  # nothing stored: every task still on its calibrated threshold
         assert httpx.get(f"{svc.url}/v1/tasks/{task['id']}/routing").json()["source"] == "calibrated"

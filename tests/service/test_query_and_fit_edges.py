@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -89,6 +90,26 @@ def test_fit_labels_must_name_ready_tasks_of_the_space(serve, tiny_lm) -> None:
         ok = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": "prose"},
                                                            {"prompt": PROMPT, "label": prose["id"]}], "dry_run": True})
         assert ok.status_code == 200 and ok.json()["stored"] is False, ok.text
+
+
+def test_find_task_by_id_stays_in_the_space_asked_for(serve, tiny_lm) -> None:
+    """``find_task("3", space=…)`` (what ``tasks delete 3 --space …`` calls) fell back to task id 3 of any space
+    when the space had no task named "3": a delete could reach another space's task."""
+    from service.client import AtlasClient
+    from service.client.errors import NotFound
+
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        prose = _add(http, "prose", PROSE)
+        other = _import_as_other_model(http)
+        other_space = http.get(f"/v1/tasks/{other[0]}").json()["space_id"]
+    with AtlasClient(svc.url) as client:
+        assert client.find_task(str(prose["id"])).id == prose["id"]  # no space: any id, as before
+        assert client.find_task(str(prose["id"]), space="default").id == prose["id"]
+        for ref in (str(prose["id"]), prose["id"]):
+            with pytest.raises(NotFound):
+                client.find_task(ref, space=str(other_space))
+        assert client.find_task(str(other[0]), space=str(other_space)).id == other[0]
 
 
 def test_dry_run_fit_does_not_take_the_write_lock(serve, tiny_lm) -> None:
