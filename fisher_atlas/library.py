@@ -95,6 +95,7 @@ class Atlas:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first.get("loc", ()))
             raise InvalidInput(f"invalid setting {where}: {first.get('msg', '')}", {"setting": where}) from None
+        self._limits = SampleLimits.from_settings(self.settings)  # what a file may hold, as an upload
         self._closed = False
         self._container = Container(self.settings).start()
 
@@ -126,8 +127,7 @@ class Atlas:
 
         ``progress``: ``True`` shows a progress bar (rich), or a callable receiving the job as it runs.
         """
-        limits = SampleLimits.from_settings(self.settings)
-        task, job = self._c.tasks.create(name, mode, metadata, _samples(samples, mode, limits))
+        task, job = self._c.tasks.create(name, mode, metadata, _samples(samples, mode, self._limits))
         if wait:
             self._wait(job, progress, f"add {name}")
             task = self._c.tasks.get(task.id)
@@ -137,7 +137,7 @@ class Atlas:
                progress: bool | Callable[[Job], None] = True) -> Task:
         """Append samples to a task (its mode applies); with ``wait``, return once merged."""
         task = self.task(name)
-        job = self._c.tasks.append(task.id, _samples(samples, task.mode, SampleLimits.from_settings(self.settings)))
+        job = self._c.tasks.append(task.id, _samples(samples, task.mode, self._limits))
         if wait:
             self._wait(job, progress, f"append {name}")
         return self._c.tasks.get(task.id)
@@ -148,12 +148,19 @@ class Atlas:
 
     def tasks(self) -> list[Task]:
         """Every task, oldest first."""
+        return self._all_tasks()
+
+    def _all_tasks(self, bound: int | None = None, **filters: Any) -> list[Task]:
+        """Tasks matching ``filters`` (:meth:`TaskService.page`'s), oldest first, at most ``bound``: read in pages
+        of at most 1,000 (the page limit)."""
         out: list[Task] = []
-        while True:
-            page = self._c.tasks.page(offset=len(out), limit=1000)
+        while bound is None or len(out) < bound:
+            page = self._c.tasks.page(offset=len(out), limit=1000 if bound is None else min(1000, bound - len(out)),
+                                      **filters)
             out.extend(page.items)
             if len(out) >= page.total or not page.items:
-                return out
+                break
+        return out
 
     def delete(self, name: str) -> None:
         """Delete a task."""
@@ -251,13 +258,8 @@ class Atlas:
         if names is not None:
             ids = [self.task(n).id for n in names]
         else:
-            bound, ids = int(self.settings.max_matrix_tasks), []
-            while len(ids) < bound:  # pages of at most 1,000 (the bound may be larger)
-                page = self._c.tasks.page(space_ref="default", status=TaskStatus.READY, offset=len(ids),
-                                          limit=min(1000, bound - len(ids)))
-                ids += [t.id for t in page.items]
-                if not page.items or len(ids) >= page.total:
-                    break
+            ids = [t.id for t in self._all_tasks(int(self.settings.max_matrix_tasks), space_ref="default",
+                                                 status=TaskStatus.READY)]
         return self._c.queries.matrix(ids)
 
     def atlas(self) -> analysis.AtlasMap:

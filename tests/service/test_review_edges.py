@@ -5,7 +5,8 @@ before its fix.
   rendering the error raise: a 500, and the connection dropped.
 * A TSV (or CSV) field opened by a double quote and not closed as a quoted field was read leniently: the quotes of
   ``"Stop!" he cried`` vanished, and one unbalanced quote merged every later row into one sample — silently.
-* Library mode read files under the default sample limits whatever its settings.
+* Library mode read files under the default sample limits whatever its settings, and ``matrix()`` failed when its
+  bound was above the 1,000-task page limit.
 * A space whose model name holds a slash (every hub id and local directory) could not be read or exported by name.
 * The client's ``find_task("3", space=…)`` fell back to task id 3 of any space.
 """
@@ -88,9 +89,12 @@ def test_library_files_use_the_configured_limits(tmp_path: Path, tiny_model_dir:
 
     path.write_text(json.dumps({"text": long}) + "\n" + json.dumps({"text": PROSE[0]}) + "\n", encoding="utf-8")
     with Atlas(tmp_path / "a", model=str(tiny_model_dir), sketch_dim=256, device="cpu",
-               max_sample_chars=200_000) as atlas:
+               max_sample_chars=200_000, max_matrix_tasks=1500) as atlas:
         task = atlas.add("long", path, progress=False)
         assert task.n_samples == 2
+        atlas.add("prose", PROSE, progress=False)
+        # a matrix bound above the 1,000-task page limit was passed as one page's limit: a 422
+        assert len(atlas.matrix().ids) == 2
 
 
 def test_a_space_named_with_slashes_is_read_and_exported_by_name(serve: Any, tiny_lm: Any) -> None:
