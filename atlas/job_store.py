@@ -424,11 +424,6 @@ def recoverable_job_statuses(
     return [(int(i), str(status)) for i, status in session.execute(stmt).all()]
 
 
-def job_by_idempotency_key(session: Session, key: str) -> Job | None:
-    """The job created with this ``Idempotency-Key``, or ``None``."""
-    return session.execute(select(Job).where(Job.idempotency_key == key)).scalar_one_or_none()
-
-
 def delete_job(session: Session, job_id: int) -> None:
     """Delete a job row (a job whose wake-up could not be sent, taken back by its request)."""
     session.execute(delete(Job).where(Job.id == job_id))

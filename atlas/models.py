@@ -237,6 +237,16 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
 
+class JobRequest(Base):
+    """What a job's ``Idempotency-Key`` is bound to: the SHA-256 of its request (``atlas.idempotency``); a row only
+    for a keyed job created since revision 0010."""
+
+    __tablename__ = "job_requests"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    request_sha256: Mapped[str] = mapped_column(String(64))
+
+
 class JobCheckpoint(Base):
     """Mergeable state of a running job after ``samples_done`` samples (deleted when it succeeds)."""
 

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from atlas.changes import record_change
 from atlas.errors import Conflict, InvalidInput, NotFound
+from atlas.idempotency import job_by_key, replay, request_digest
 from atlas.models import (
     CHANGE_DELETE,
     CHANGE_UPSERT,
@@ -37,6 +38,7 @@ from atlas.models import (
     TASK_STATUSES,
     BaselineRow,
     Job,
+    JobRequest,
     Signature,
     SketchStateRow,
     Task,
@@ -65,7 +67,6 @@ from atlas.upload_repository import get_or_create_upload as get_or_create_upload
 from atlas.upload_repository import load_upload_samples as load_upload_samples
 from atlas.upload_repository import purge_orphan_uploads as purge_orphan_uploads
 from atlas.upload_repository import purge_orphan_uploads_now
-from atlas.upload_repository import samples_digest as samples_digest
 from atlas.vocabulary import Mode
 
 T = TypeVar("T")
@@ -94,32 +95,6 @@ def check_mode(mode: object) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _job_by_key(session: Session, key: str) -> Job | None:
-    return session.execute(select(Job).where(Job.idempotency_key == key)).scalar_one_or_none()
-
-
-def _replay(session: Session, job: Job, kind: str, samples: Sequence[Sample], **expect: Any) -> tuple[Task, Job]:
-    """Answer a repeated request carrying an idempotency key that is already stored.
-
-    The key is bound to the request: the same kind, the same task fields and the same samples (the
-    stored upload's content address). A different body under a used key is a :class:`Conflict` (409),
-    never silently answered with the first request's result.
-    """
-    task = session.get(Task, job.task_id) if job.task_id is not None else None
-    mismatch = job.kind != kind or task is None or any(getattr(task, k) != v for k, v in expect.items())
-    if not mismatch:
-        upload = session.get(Upload, job.upload_id) if job.upload_id is not None else None
-        mismatch = upload is None or upload.sha256 != samples_digest(samples)
-    if mismatch:
-        raise Conflict(
-            "this Idempotency-Key was already used for a different request (other task fields or other "
-            "samples); send a new key for a new request",
-            {"idempotency_key": job.idempotency_key, "job_id": job.id},
-        )
-    assert task is not None
-    return task, job
-
-
 def free_failed_name(session: Session, space_id: int, name: str) -> None:
     """Delete a task of this name whose creation failed or was cancelled (``failed``, no signature),
     so that its name can be used again."""
@@ -137,7 +112,8 @@ def free_failed_name(session: Session, space_id: int, name: str) -> None:
 
 
 def _add_job(
-    session: Session, kind: str, task: Task, upload: Upload, n_samples: int, idempotency_key: str | None
+    session: Session, kind: str, task: Task, upload: Upload, n_samples: int, idempotency_key: str | None,
+    digest: str,
 ) -> Job:
     """Queue a ``kind`` job for ``task`` over ``upload``; a concurrent use of the key is a :class:`Conflict`."""
     job = Job(
@@ -152,6 +128,8 @@ def _add_job(
         raise Conflict(
             "a request with this idempotency key is being processed; retry", {"idempotency_key": idempotency_key}
         ) from None
+    if idempotency_key is not None:
+        session.add(JobRequest(job_id=job.id, request_sha256=digest))
     return job
 
 
@@ -199,10 +177,11 @@ def create_task_with_job(
     name = normalize_name(name)
     check_mode(mode)
     meta = check_metadata(metadata)
+    digest = request_digest(JOB_CREATE, samples, space_id=space_id, name=name, mode=mode, metadata=meta)
     if idempotency_key is not None:
-        job = _job_by_key(session, idempotency_key)
+        job = job_by_key(session, idempotency_key)
         if job is not None:
-            return _replay(session, job, JOB_CREATE, samples, name=name, space_id=space_id, mode=mode)
+            return replay(session, job, JOB_CREATE, samples, digest, name=name, space_id=space_id, mode=mode)
     get_space(session, space_id)
     free_failed_name(session, space_id, name)
     upload = get_or_create_upload(session, samples)
@@ -211,10 +190,10 @@ def create_task_with_job(
         with session.begin_nested():
             session.add(task)
     except IntegrityError:
-        if idempotency_key is not None and (job := _job_by_key(session, idempotency_key)) is not None:
-            return _replay(session, job, JOB_CREATE, samples, name=name, space_id=space_id, mode=mode)
+        if idempotency_key is not None and (job := job_by_key(session, idempotency_key)) is not None:
+            return replay(session, job, JOB_CREATE, samples, digest, name=name, space_id=space_id, mode=mode)
         raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
-    return task, _add_job(session, JOB_CREATE, task, upload, len(samples), idempotency_key)
+    return task, _add_job(session, JOB_CREATE, task, upload, len(samples), idempotency_key, digest)
 
 
 def append_samples(
@@ -225,14 +204,15 @@ def append_samples(
     The job sketches only the new samples and merges its state into the task's stored state when it
     finishes (merging is exact: states are sums), then updates the signature and the index entry.
     """
+    digest = request_digest(JOB_APPEND, samples, task_id=task_id)
     if idempotency_key is not None:
-        job = _job_by_key(session, idempotency_key)
+        job = job_by_key(session, idempotency_key)
         if job is not None:
-            return _replay(session, job, JOB_APPEND, samples, id=task_id)[1]
+            return replay(session, job, JOB_APPEND, samples, digest, id=task_id)[1]
     task = get_task(session, task_id)
     upload = get_or_create_upload(session, samples)
     _refuse_repeated_upload(session, task, upload)
-    return _add_job(session, JOB_APPEND, task, upload, len(samples), idempotency_key)
+    return _add_job(session, JOB_APPEND, task, upload, len(samples), idempotency_key, digest)
 
 
 def _refuse_repeated_upload(session: Session, task: Task, upload: Upload) -> None:

@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     )
 
     max_upload_bytes: int = 64 * 1024 * 1024
+    max_import_bytes: int = Field(
+        default=1024 * 1024 * 1024, ge=1024, description="Largest space export POST /v1/spaces/import reads "
+        "(an export line holds a whole task: about 75 bytes per signature dimension, ~309 KB at m = 4096). The "
+        "file is read and checked whole before one transaction stores it: an import needs about twice its size "
+        "in memory.",
+    )
     max_samples: int = 200_000
     max_sample_chars: int = 100_000
     max_tokens_per_sample: int = 512

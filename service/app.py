@@ -29,7 +29,7 @@ from service.metrics import Metrics
 from service.routes import fit, health, jobs, keys, query, spaces, tasks
 from service.schemas import SamplesAppend, TaskCreate
 from service.security import SecurityMiddleware, document_security_responses, serve_docs_offline
-from service.uploads import ENVELOPE_BYTES, BodyLimitMiddleware
+from service.uploads import ENVELOPE_BYTES, BodyLimit, BodyLimitMiddleware
 
 API_DESCRIPTION = """
 FisherAtlas is a **task-signature vector database**. Upload a task (texts, or prompt/completion pairs);
@@ -157,7 +157,11 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
     mount_dashboard(app)
     serve_docs_offline(app)
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + ENVELOPE_BYTES)
+    app.add_middleware(
+        BodyLimitMiddleware, limit=BodyLimit(settings.max_upload_bytes + ENVELOPE_BYTES),
+        by_route={("POST", "/v1/spaces/import"): BodyLimit(settings.max_import_bytes + ENVELOPE_BYTES,
+                                                           "max_import_bytes")},
+    )
     app.add_middleware(SecurityMiddleware, settings=settings, container=container)
     if settings.allowed_origins:  # outside the key check: a browser's preflight carries no key
         from starlette.middleware.cors import CORSMiddleware

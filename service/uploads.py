@@ -12,7 +12,7 @@ upload is parsed and validated.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,20 +42,34 @@ class UnsupportedMediaType(AtlasError):
 
 class _BodyTooLarge(HTTPException):
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body exceeds the upload limit of {limit} bytes")
+        super().__init__(413, f"the request body exceeds the limit of {limit} bytes")
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    """A cap on request bodies: ``max_bytes`` and the setting that sets it (named in the 413)."""
+
+    max_bytes: int
+    setting: str = "max_upload_bytes"
 
 
 class BodyLimitMiddleware:
-    """Pure ASGI middleware refusing request bodies above ``max_bytes`` (413) without buffering them."""
+    """Pure ASGI middleware refusing request bodies above their limit (413) without buffering them.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    ``limit`` applies to every request but those named in ``by_route`` (``(method, path)`` → its own limit:
+    a space import is an export of whole tasks, far larger than any sample upload)."""
+
+    def __init__(self, app: ASGIApp, limit: BodyLimit,
+                 by_route: Mapping[tuple[str, str], BodyLimit] | None = None) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.limit = limit
+        self.by_route = dict(by_route or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        cap = self.by_route.get((scope.get("method", ""), scope.get("path", "")), self.limit)
         declared, expects_continue = None, False
         for key, value in scope.get("headers", []):
             if key == b"content-length":
@@ -65,14 +79,14 @@ class BodyLimitMiddleware:
                     declared = None
             elif key == b"expect" and value.lower() == b"100-continue":
                 expects_continue = True
-        if declared is not None and declared > self.max_bytes:
+        if declared is not None and declared > cap.max_bytes:
             # A client waiting for "100 Continue" has not sent its body: refuse it unread (reading would invite it).
-            if declared <= self.max_bytes + DRAIN_BYTES and not expects_continue:
-                await _drain(receive, DRAIN_BYTES + self.max_bytes)
-            await _send_413(send, self.max_bytes, declared)
+            if declared <= cap.max_bytes + DRAIN_BYTES and not expects_continue:
+                await _drain(receive, DRAIN_BYTES + cap.max_bytes)
+            await _send_413(send, cap, declared)
             return
         received = 0
-        limit = self.max_bytes
+        limit = cap.max_bytes
         started = False
 
         async def counting_receive() -> Message:
@@ -95,7 +109,7 @@ class BodyLimitMiddleware:
         except _BodyTooLarge:
             if not started:  # the body is flowing (a "100 Continue" was sent, if asked): read it off first
                 await _drain(receive, DRAIN_BYTES)
-                await _send_413(send, limit, None)
+                await _send_413(send, cap, None)
 
 
 DRAIN_BYTES = 256 * 1024 * 1024
@@ -115,11 +129,12 @@ async def _drain(receive: Receive, budget: int) -> None:
             return
 
 
-async def _send_413(send: Send, limit: int, declared: int | None) -> None:
+async def _send_413(send: Send, cap: BodyLimit, declared: int | None) -> None:
+    what = "upload" if cap.setting == "max_upload_bytes" else "import"
     body = json.dumps({
         "code": "payload_too_large",
-        "message": f"the request body exceeds the upload limit of {limit} bytes",
-        "detail": {"max_upload_bytes": limit, "content_length": declared},
+        "message": f"the request body exceeds the {what} limit of {cap.max_bytes} bytes (setting {cap.setting})",
+        "detail": {cap.setting: cap.max_bytes, "content_length": declared},
     }).encode()
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

@@ -13,6 +13,7 @@ from atlas import repository as repo
 from atlas import space_repository as sql
 from atlas.db import read_snapshot
 from atlas.errors import AtlasError, IncompatibleSpace, InvalidInput, PayloadTooLarge, QueueFull, QueueUnavailable
+from atlas.idempotency import job_by_key
 from atlas.index import IndexManager
 from atlas.models import JOB_QUEUED, Job, Space, Task
 from atlas.ports import serving_key
@@ -70,7 +71,7 @@ class TaskService:
     @staticmethod
     def _is_replay(session: Session, idempotency_key: str | None) -> bool:
         """A repeated request (its key is stored): answered from the store, it queues nothing new."""
-        return idempotency_key is not None and job_store.job_by_idempotency_key(session, idempotency_key) is not None
+        return idempotency_key is not None and job_by_key(session, idempotency_key) is not None
 
     def _check_queue(self, session: Session, space: Space) -> None:
         """Refuse a new job when the queue of the space's model is full (429): jobs waiting for the same workers.

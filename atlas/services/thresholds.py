@@ -64,36 +64,38 @@ class ThresholdService:
             space_id = int(repository.get_task(session, task_id).space_id)
             row = routing_repo.get_routing(session, task_id)
             lexical = lexicon_repo.get_task_lexicon(session, [task_id]).get(task_id)
-            tpl = None if lexical is None else lexical.template
-            template = {} if tpl is None else {
-                "template_terms": int(tpl.keys.size), "template_active": tpl.active,
-                "template_false_reject": tpl.false_reject}
             vectors = novelty_vectors(session, [task_id]).get(task_id)
-            template["novelty_samples"] = 0 if vectors is None else len(vectors)
-            if row is None:
-                return {"task_id": task_id, "threshold": self.default, "source": "default"} | template
-            template["template_test"] = row.template_test is not False
-            template["novelty_test"] = row.novelty_test is not False
-            rate = routing_repo.calibration_rate(row.false_reject_rate)
-            # the test applies to whole prompts: switched on, on for the service, and enough vectors for its rate
-            active = row.novelty_test is not False and task_id in self.queries.novelty_tested(space_id, {task_id: rate})
-            template["novelty_active"] = active
-            thr, src = self.default, "default"
-            views = LengthViews.from_records(row.cal_views)
-            split = routing_repo.split_threshold(row.cal_scores, row.false_reject_rate) if active else None
-            if row.threshold_override is not None:
-                thr, src = float(row.threshold_override), "override"
-            elif split is not None:  # the route threshold whole prompts are held to: the rest of the rate
-                thr, src = float(split), "calibrated"
-            elif row.threshold_auto is not None:
-                thr, src = float(row.threshold_auto), "calibrated"
-            return {"task_id": task_id, "threshold": thr, "source": src,
-                    "threshold_override": row.threshold_override, "threshold_auto": row.threshold_auto,
-                    "calibration_scores": len(row.cal_scores or []), "false_reject_rate": row.false_reject_rate,
-                    "length_views": 0 if views is None else len(views.tokens),
-                    "short_prompt_tokens": None if views is None else views.short_below,
-                    "prompt_side": row.prompt_state is not None,
-                    "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
+            if row is not None:
+                session.expunge(row)  # read whole; the novelty model below opens its own read session
+        tpl = None if lexical is None else lexical.template
+        template = {} if tpl is None else {
+            "template_terms": int(tpl.keys.size), "template_active": tpl.active,
+            "template_false_reject": tpl.false_reject}
+        template["novelty_samples"] = 0 if vectors is None else len(vectors)
+        if row is None:
+            return {"task_id": task_id, "threshold": self.default, "source": "default"} | template
+        template["template_test"] = row.template_test is not False
+        template["novelty_test"] = row.novelty_test is not False
+        rate = routing_repo.calibration_rate(row.false_reject_rate)
+        # the test applies to whole prompts: switched on, on for the service, and enough vectors for its rate
+        active = row.novelty_test is not False and task_id in self.queries.novelty_tested(space_id, {task_id: rate})
+        template["novelty_active"] = active
+        thr, src = self.default, "default"
+        views = LengthViews.from_records(row.cal_views)
+        split = routing_repo.split_threshold(row.cal_scores, row.false_reject_rate) if active else None
+        if row.threshold_override is not None:
+            thr, src = float(row.threshold_override), "override"
+        elif split is not None:  # the route threshold whole prompts are held to: the rest of the rate
+            thr, src = float(split), "calibrated"
+        elif row.threshold_auto is not None:
+            thr, src = float(row.threshold_auto), "calibrated"
+        return {"task_id": task_id, "threshold": thr, "source": src,
+                "threshold_override": row.threshold_override, "threshold_auto": row.threshold_auto,
+                "calibration_scores": len(row.cal_scores or []), "false_reject_rate": row.false_reject_rate,
+                "length_views": 0 if views is None else len(views.tokens),
+                "short_prompt_tokens": None if views is None else views.short_below,
+                "prompt_side": row.prompt_state is not None,
+                "typical_score": routing.typical_score(row.cal_scores) if row.cal_scores else None} | template
 
     def _labels(self, space_ref: str | None, labels: Sequence[str | int]) -> tuple[int, list[int | None]]:
         """The space's id, and the task ids of ``fit`` labels (``None`` for ``"none"``): each names a ready task

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from atlas.errors import InvalidInput
+from atlas.errors import InvalidInput, PayloadTooLarge
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import error_responses
 from service.schemas import ImportResult, SpaceList, SpaceOut
@@ -69,7 +69,8 @@ async def import_space(
 ) -> ImportResult:
     """Restore the tasks of an export (new ids; same states, signatures, metadata), all or nothing,
     into the space with the export's model and spec fingerprints (created if needed); the index is
-    updated before the answer, so queries give the same answers as on the exporting service."""
+    updated before the answer, so queries give the same answers as on the exporting service. The body may be
+    up to ``max_import_bytes`` (default 1 GiB), not the sample-upload limit: an export line is a whole task."""
     from starlette.datastructures import UploadFile
 
     from service.uploads import UnsupportedMediaType
@@ -84,7 +85,11 @@ async def import_space(
         file = form.get("file")
         if not isinstance(file, UploadFile):
             raise InvalidInput("the multipart body needs a 'file' part")
-        data = await file.read()
+        limit = c.settings.max_import_bytes
+        data = await file.read(limit + 1)
+        if len(data) > limit:
+            raise PayloadTooLarge(f"the export exceeds the import limit of {limit} bytes (setting max_import_bytes)",
+                                  {"max_import_bytes": limit})
     finally:
         await form.close()
     space_id, imported, skipped = await run_in_threadpool(c.spaces.import_space, data, on_conflict=on_conflict)

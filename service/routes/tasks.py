@@ -32,8 +32,9 @@ TaskId = Annotated[int, Path(ge=1, le=MAX_ID, description="Task id.")]
 IdempotencyKey = Annotated[
     str | None,
     Header(alias="Idempotency-Key", max_length=200,
-           description="Optional client key: repeating a request with the same key returns the first answer "
-                       "(an empty or blank key is no key)."),
+           description="Optional client key: repeating a request with the same key returns the first answer; "
+                       "the same key with another body (task fields, metadata or samples) is 409 (an empty or "
+                       "blank key is no key)."),
 ]
 
 

@@ -20,7 +20,7 @@ from tests.store_helpers import create_pg_database, drop_pg_database
 
 TABLES = {
     "spaces", "tasks", "sketch_states", "signatures", "baselines", "uploads", "jobs", "job_checkpoints",
-    "changes", "atlas_state", "api_keys", "task_routing", "task_lexicon",
+    "changes", "atlas_state", "api_keys", "task_routing", "task_lexicon", "job_requests",
 }
 
 
@@ -390,6 +390,50 @@ def test_0009_adds_the_held_out_views_null_for_existing_rows_and_drops_them_on_d
     eng.dispose()
 
 
+def test_0010_adds_the_request_digests_none_for_existing_jobs_and_drops_them_on_downgrade(empty_url: str) -> None:
+    """0010 adds ``job_requests``: a keyed job stored before it has no row (replayed as before, without the
+    metadata), a new keyed job gets one, deleted with its job, and the downgrade drops the table, keys kept."""
+    from sqlalchemy import select, text
+
+    from atlas import job_store, repository
+    from atlas.models import JobRequest
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    migrations.upgrade(empty_url, "0009")
+    eng = db.make_engine(empty_url, pool_size=1)
+    space = make_space(db.session_factory(eng))
+    with db.session_factory(eng).begin() as s:  # a keyed job of revision 0009's code: the key on the job alone
+        old, old_job = repository.create_task_with_job(s, space.id, "old", "text", {"a": 1}, [Sample(text="x")])
+        old_id = int(old.id)
+        s.execute(text("UPDATE jobs SET idempotency_key = 'old' WHERE id = :j"), {"j": old_job.id})
+    eng.dispose()
+    migrations.upgrade(empty_url)
+    eng = db.make_engine(empty_url, pool_size=1)
+    factory = db.session_factory(eng)
+    with factory.begin() as s:  # no digest: replayed on name, mode and samples, whatever the metadata
+        again, _ = repository.create_task_with_job(s, space.id, "old", "text", {"a": 2}, [Sample(text="x")],
+                                                   idempotency_key="old")
+        assert again.id == old_id
+        _, job = repository.create_task_with_job(s, space.id, "new", "text", {"a": 1}, [Sample(text="x")],
+                                                 idempotency_key="new")
+        job_id = int(job.id)
+    with factory() as s:
+        assert len(s.execute(select(JobRequest)).scalars().all()) == 1
+        assert s.get(JobRequest, job_id) is not None
+    with factory.begin() as s:
+        job_store.delete_job(s, job_id)
+    with factory() as s:
+        assert s.get(JobRequest, job_id) is None  # deleted with its job
+    eng.dispose()
+    migrations.downgrade(empty_url, "0009")
+    assert "job_requests" not in _tables(empty_url)
+    eng = db.make_engine(empty_url, pool_size=1)
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT idempotency_key FROM jobs")).scalars().all() == ["old"]
+    eng.dispose()
+
+
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
 def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path: Path, capsys) -> None:
     """``alembic upgrade head --sql`` / ``downgrade head:base --sql`` (env.py's offline mode) render on both
@@ -406,6 +450,7 @@ def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path:
     command.upgrade(cfg, "head", sql=True)
     script = capsys.readouterr().out
     assert "CREATE TABLE task_lexicon" in script and "template_test" in script and "novelty_test" in script
+    assert "CREATE TABLE job_requests" in script
     command.downgrade(cfg, "head:base", sql=True)
     assert "DROP TABLE tasks" in capsys.readouterr().out
     if dialect == "sqlite":
