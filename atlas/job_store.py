@@ -140,13 +140,24 @@ def request_cancel(session: Session, job_id: int) -> Job:
     """Cancel a job: a queued job is cancelled at once, a running one is asked to stop.
 
     A finished job is returned unchanged. A cancelled ``create`` job leaves its task ``failed`` if the
-    task has no signature. The job row is read locked: a worker's claim committed between an unlocked read
-    ("queued") and the update ("where queued") made the update match nothing, and the cancel was lost.
+    task has no signature. A queued job whose task was deleted is removed (returned as cancelled, detached), with
+    the samples no job references any more. The job row is read locked: a worker's claim committed between an
+    unlocked read ("queued") and the update ("where queued") made the update match nothing, and the cancel was
+    lost.
     """
     job = session.execute(select(Job).where(Job.id == job_id).with_for_update()
                           .execution_options(populate_existing=True)).scalar_one_or_none()
     if job is None:
         raise NotFound(f"job {job_id} does not exist", {"job_id": job_id})
+    if job.status == JOB_QUEUED and job.task_id is None:  # its task was deleted while it waited (a dead worker's
+        # job put back): it goes as finish_locked takes such a job, with the samples no job references
+        session.execute(delete(Job).where(Job.id == job_id))
+        session.flush()
+        purge_orphan_uploads_now(session)
+        session.expunge(job)
+        job.status, job.cancel_requested, job.finished_at = JOB_CANCELLED, True, utcnow()
+        job.error = "the task was deleted"
+        return job
     if job.status == JOB_QUEUED:
         done = session.execute(
             update(Job).where(Job.id == job_id, Job.status == JOB_QUEUED)

@@ -125,9 +125,13 @@ def _add_job(
         with session.begin_nested():
             session.add(job)
     except IntegrityError:
-        raise Conflict(
-            "a request with this idempotency key is being processed; retry", {"idempotency_key": idempotency_key}
-        ) from None
+        if idempotency_key is not None and job_by_key(session, idempotency_key) is not None:
+            raise Conflict(
+                "a request with this idempotency key is being processed; retry", {"idempotency_key": idempotency_key}
+            ) from None
+        if session.execute(select(exists().where(Task.id == task.id))).scalar_one():
+            raise
+        raise NotFound(f"task {task.id} was deleted meanwhile", {"task_id": task.id}) from None
     if idempotency_key is not None:
         session.add(JobRequest(job_id=job.id, request_sha256=digest))
     return job
@@ -209,7 +213,9 @@ def append_samples(
         job = job_by_key(session, idempotency_key)
         if job is not None:
             return replay(session, job, JOB_APPEND, samples, digest, id=task_id)[1]
-    task = get_task(session, task_id)
+    task = lock_task(session, task_id)  # a delete of the task waits for this job, which it then takes with it
+    if task is None:
+        raise NotFound(f"task {task_id} does not exist", {"task_id": task_id})
     upload = get_or_create_upload(session, samples)
     _refuse_repeated_upload(session, task, upload)
     return _add_job(session, JOB_APPEND, task, upload, len(samples), idempotency_key, digest)

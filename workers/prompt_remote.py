@@ -57,6 +57,20 @@ WORKERS_MAX_AGE_S = 0.5
 """How long an API process reuses the list of live workers it read."""
 
 
+def _announcement(value: bytes | str | None) -> dict[str, Any] | None:
+    """A worker's announcement read from the registry; ``None`` for an empty or unreadable one (logged)."""
+    if not value:
+        return None
+    try:
+        found = json.loads(value)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        log.warning("skipped an unreadable worker announcement in the registry (%d bytes)", len(value))
+        return None
+    return found
+
+
 def _worker_key(serving_key: str, worker_id: str) -> str:
     return f"fa:worker:{serving_key}:{worker_id}"
 
@@ -110,7 +124,7 @@ class RedisPromptSketcher:
         except Exception as exc:
             raise ModelUnavailable(f"the worker registry (Redis) is unreachable: {type(exc).__name__}",
                                    retry_after_s=1.0) from exc
-        found = [json.loads(v) for v in values if v]
+        found = [w for w in map(_announcement, values) if w is not None]
         self._served[serving_key] = (now, found)
         return found
 
@@ -159,19 +173,40 @@ class RedisPromptSketcher:
                 await asyncio.sleep(0.5)
                 continue
             outage.ok()
-            if item is not None:
-                self._resolve(item[1])
-            if time.monotonic() - last_check >= 1.0:
-                last_check = time.monotonic()
-                await asyncio.to_thread(self._fail_orphans)
+            try:  # nothing a reply or the registry holds may end the listener: every later reply waits on it
+                if item is not None:
+                    self._resolve(item[1])
+                if time.monotonic() - last_check >= 1.0:
+                    last_check = time.monotonic()
+                    await asyncio.to_thread(self._fail_orphans)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("prompt replies: an unexpected error (the listener goes on)")
 
     def _resolve(self, data: bytes) -> None:
-        head = json.loads(data.partition(b"\n")[0])
-        entry = self._waiting.pop(head.get("id", ""), None)
+        """Resolve the future a reply answers; a reply that names no waiting request is dropped (logged when it is
+        unreadable), and one that cannot be decoded fails its own request only (503)."""
+        try:
+            head = json.loads(data.partition(b"\n")[0])
+        except ValueError:
+            head = None
+        rid = head.get("id") if isinstance(head, dict) else None
+        if not isinstance(rid, str):
+            log.warning("dropped a prompt reply without a readable header (%d bytes)", len(data))
+            return
+        entry = self._waiting.pop(rid, None)
         if entry is None or entry[0].done():
             return
         fut, space = entry
-        _, result = decode_reply(data, SketchSpec.from_dict(space.spec))
+        try:
+            _, result = decode_reply(data, SketchSpec.from_dict(space.spec))
+        except Exception as exc:  # a worker of another version, or a corrupt message
+            log.warning("a malformed prompt reply for model %r: %s: %s", space.model_name, type(exc).__name__, exc)
+            result = ModelUnavailable(f"a worker of model {space.model_name!r} sent a malformed reply "
+                                      f"({type(exc).__name__}); retry", {"space_id": space.space_id,
+                                                                         "model": space.model_name},
+                                      retry_after_s=1.0)
         if isinstance(result, AtlasError):
             fut.set_exception(result)
         else:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from atlas import errors as domain_errors
-from atlas.errors import AtlasError
+from atlas.errors import AtlasError, ModelUnavailable
 from atlas.novelty import NOVELTY_DIM
 from atlas.ports import PromptStates
 from fishersketch import SketchSpec, SketchState
@@ -63,7 +63,8 @@ _TAIL = 6 * 8 + 2 * 8 + 2 * 8
 
 def decode_reply(data: bytes, spec: SketchSpec) -> tuple[str, list[SketchState] | AtlasError]:
     """Inverse of :func:`encode_reply`: ``(request id, states or the error to raise)``; a reply for another
-    sketch spec or of the wrong length is an error, not states."""
+    sketch spec or of the wrong length is an error (503: a worker of another version or a corrupt message), not
+    states. A reply without the fields of its kind raises (the caller fails its request)."""
     head, _, body = data.partition(b"\n")
     header = json.loads(head)
     if "error" in header:
@@ -73,12 +74,14 @@ def decode_reply(data: bytes, spec: SketchSpec) -> tuple[str, list[SketchState] 
                                  retry_after_s=err.get("retry_after_s"))
     lengths, splits = header["lengths"], header["splits"]
     if lengths and header.get("fingerprint") != spec.fingerprint():
-        return header["id"], AtlasError("the worker replied with states of another sketch spec",
-                                        {"expected": spec.fingerprint(), "got": header.get("fingerprint")})
+        return header["id"], ModelUnavailable("the worker replied with states of another sketch spec; retry",
+                                              {"expected": spec.fingerprint(), "got": header.get("fingerprint")},
+                                              retry_after_s=1.0)
     states, at, m = [], 0, spec.m
     for n, used in zip(lengths, splits, strict=True):
         if n != len(used) * 3 * m * 4 + _TAIL or at + n > len(body) or not set(used) <= {0, 1}:
-            return header["id"], AtlasError("the worker's reply is malformed", {"length": n, "splits": used})
+            return header["id"], ModelUnavailable("the worker's reply is malformed; retry",
+                                                  {"length": n, "splits": used}, retry_after_s=1.0)
         sums = np.zeros((2, 3, m))
         cut = len(used) * 3 * m * 4
         sums[used] = np.frombuffer(body, "<f4", len(used) * 3 * m, at).reshape(len(used), 3, m)
@@ -93,6 +96,7 @@ def decode_reply(data: bytes, spec: SketchSpec) -> tuple[str, list[SketchState] 
         if (not isinstance(shape, list) or len(shape) != 2 or shape[0] != len(states)
                 or not isinstance(shape[1], int) or not 0 < shape[1] <= NOVELTY_DIM
                 or len(body) - at != 4 * shape[0] * shape[1]):
-            return header["id"], AtlasError("the worker's reply is malformed", {"novelty": shape})
+            return header["id"], ModelUnavailable("the worker's reply is malformed; retry", {"novelty": shape},
+                                                  retry_after_s=1.0)
         novelty = np.frombuffer(body, "<f4", shape[0] * shape[1], at).reshape(shape[0], shape[1]).copy()
     return header["id"], PromptStates.of(states, novelty)

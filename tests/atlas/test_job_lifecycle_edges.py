@@ -1,0 +1,83 @@
+"""Job lifecycle edges found in review (2026-11-28), on SQLite and PostgreSQL; each failed before its fix.
+
+* A job whose task was deleted while its worker was dead, put back to ``queued`` by an API replica and then
+  cancelled, stayed ``cancelled`` for good with its samples (every other job of a deleted task is removed when it
+  stops, with the uploads no job references).
+* An append racing a delete of its task (two replicas, PostgreSQL) answered 409 "a request with this idempotency
+  key is being processed" — no key had been sent; the task was gone (404).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from atlas import job_store, repository
+from atlas.errors import NotFound
+from atlas.models import JOB_CANCELLED, Job, Upload
+from atlas.samples import Sample
+from tests.atlas.fixtures import make_space
+
+SAMPLES = [Sample(text="alpha beta gamma"), Sample(text="delta epsilon")]
+
+
+def _count(factory: sessionmaker[Session], model: type) -> int:
+    with factory() as s:
+        return int(s.execute(select(func.count()).select_from(model)).scalar_one())
+
+
+def test_cancelling_a_requeued_job_of_a_deleted_task_removes_it_and_its_samples(
+        factory: sessionmaker[Session]) -> None:
+    space = make_space(factory)
+    with factory.begin() as s:
+        task, job = repository.create_task_with_job(s, space.id, "t", "text", {}, SAMPLES)
+        task_id, job_id = int(task.id), int(job.id)
+    with factory.begin() as s:  # a worker takes it and dies
+        assert job_store.claim_job(s, job_id, worker="dead", stale_after_s=60.0) is not None
+    with factory.begin() as s:  # the task is deleted meanwhile: its running job stays, task-less
+        repository.delete_task(s, task_id)
+    time.sleep(0.3)
+    with factory.begin() as s:  # an API replica puts the dead worker's job back
+        assert job_store.requeue_dead_jobs(s, stale_after_s=0.1, except_model="another-model") == 1
+    assert _count(factory, Upload) == 1
+    with factory.begin() as s:
+        answer = job_store.request_cancel(s, job_id)
+    assert answer.status == JOB_CANCELLED and answer.id == job_id
+    assert _count(factory, Job) == 0 and _count(factory, Upload) == 0
+    with factory() as s, pytest.raises(NotFound):
+        job_store.get_job(s, job_id)
+
+
+@pytest.mark.postgres
+def test_an_append_racing_the_delete_of_its_task_is_a_404(pg_database, factory: sessionmaker[Session]) -> None:
+    if factory.kw["bind"].dialect.name != "postgresql":
+        pytest.skip("SQLite serialises writers: no race")
+    space = make_space(factory)
+    with factory.begin() as s:
+        task, _ = repository.create_task_with_job(s, space.id, "t", "text", {}, SAMPLES)
+        task_id = int(task.id)
+    deleting = factory()
+    deleting.begin()
+    repository.delete_task(deleting, task_id)  # one replica: deleted, not yet committed
+    outcome: dict[str, object] = {}
+
+    def append() -> None:  # another replica appends meanwhile
+        with factory() as s:
+            try:
+                with s.begin():
+                    outcome["job"] = repository.append_samples(s, task_id, [Sample(text="more words here")]).id
+            except Exception as exc:
+                outcome["error"] = exc
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    time.sleep(0.5)
+    deleting.commit()
+    deleting.close()
+    thread.join(20)
+    assert isinstance(outcome.get("error"), NotFound), outcome
+    assert _count(factory, Job) == 0 and _count(factory, Upload) == 0
