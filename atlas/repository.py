@@ -146,6 +146,20 @@ def create_task_with_job(
     samples: Sequence[Sample],
     idempotency_key: str | None = None,
 ) -> tuple[Task, Job]:
+    """:func:`create_or_replay_task` without its ``created`` flag."""
+    task, job, _ = create_or_replay_task(session, space_id, name, mode, metadata, samples, idempotency_key)
+    return task, job
+
+
+def create_or_replay_task(
+    session: Session,
+    space_id: int,
+    name: str,
+    mode: str,
+    metadata: dict[str, Any] | None,
+    samples: Sequence[Sample],
+    idempotency_key: str | None = None,
+) -> tuple[Task, Job, bool]:
     """Create a pending task, store its samples and queue its ``create`` job — all or nothing.
 
     Parameters
@@ -166,8 +180,10 @@ def create_task_with_job(
 
     Returns
     -------
-    (Task, Job)
-        The new (or, for a repeated key, the stored) task and job; the job is ``queued``.
+    (Task, Job, created)
+        The new (or, for a repeated key, the stored) task and job, and whether this call created them (a caller
+        that wakes a runner, and takes the task back when that fails, must do so only for its own task — a
+        concurrent request with the same key may have created it).
 
     Raises
     ------
@@ -185,7 +201,7 @@ def create_task_with_job(
     if idempotency_key is not None:
         job = job_by_key(session, idempotency_key)
         if job is not None:
-            return replay(session, job, JOB_CREATE, samples, digest, name=name, space_id=space_id, mode=mode)
+            return *replay(session, job, JOB_CREATE, samples, digest, name=name, space_id=space_id, mode=mode), False
     get_space(session, space_id)
     free_failed_name(session, space_id, name)
     upload = get_or_create_upload(session, samples)
@@ -195,9 +211,9 @@ def create_task_with_job(
             session.add(task)
     except IntegrityError:
         if idempotency_key is not None and (job := job_by_key(session, idempotency_key)) is not None:
-            return replay(session, job, JOB_CREATE, samples, digest, name=name, space_id=space_id, mode=mode)
+            return *replay(session, job, JOB_CREATE, samples, digest, name=name, space_id=space_id, mode=mode), False
         raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
-    return task, _add_job(session, JOB_CREATE, task, upload, len(samples), idempotency_key, digest)
+    return task, _add_job(session, JOB_CREATE, task, upload, len(samples), idempotency_key, digest), True
 
 
 def append_samples(

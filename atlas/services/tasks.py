@@ -115,11 +115,12 @@ class TaskService:
             replay = self._is_replay(session, idempotency_key)
             if not replay:
                 self._check_queue(session, space)
-            task, job = repo.create_task_with_job(session, space.id, name, mode, metadata, samples,
-                                                  idempotency_key=idempotency_key)
+            task, job, created = repo.create_or_replay_task(session, space.id, name, mode, metadata, samples,
+                                                            idempotency_key=idempotency_key)
             # a replay is not woken again: a failed wake-up would take back the first request's task (its lost
-            # wake-up, if any, is recovered by the sweep)
-            fresh = not replay and job.status == JOB_QUEUED and job.attempts == 0
+            # wake-up, if any, is recovered by the sweep) — a concurrent request's too, with the same key, that won
+            # the race for the name after this one found no job of its key
+            fresh = created and job.status == JOB_QUEUED and job.attempts == 0
             key = serving_key(space.model_fingerprint, space.spec_fingerprint)
         if fresh:
             self._enqueue(job.id, task.id, key, created=True)

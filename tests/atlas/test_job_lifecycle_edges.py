@@ -5,6 +5,8 @@
   stops, with the uploads no job references).
 * An append racing a delete of its task (two replicas, PostgreSQL) answered 409 "a request with this idempotency
   key is being processed" — no key had been sent; the task was gone (404).
+* A create that lost the race for its idempotency key was answered with the winner's task as if it had created it,
+  so the service woke the job again and, had that failed, took back (deleted) the winner's task.
 """
 
 from __future__ import annotations
@@ -81,3 +83,33 @@ def test_an_append_racing_the_delete_of_its_task_is_a_404(pg_database, factory: 
     thread.join(20)
     assert isinstance(outcome.get("error"), NotFound), outcome
     assert _count(factory, Job) == 0 and _count(factory, Upload) == 0
+
+
+@pytest.mark.postgres
+def test_a_create_that_loses_the_race_for_its_key_is_reported_as_a_replay(
+        pg_database, factory: sessionmaker[Session]) -> None:
+    """Two requests with one key: the second found no job of its key, then lost the race for the task's name and
+    was answered with the first's task — reported as created, so its caller would wake the job again and, had that
+    failed, deleted the first request's task."""
+    if factory.kw["bind"].dialect.name != "postgresql":
+        pytest.skip("SQLite serialises writers: no race")
+    space = make_space(factory)
+    first = factory()
+    first.begin()
+    task, _, created_first = repository.create_or_replay_task(first, space.id, "t", "text", {}, SAMPLES,
+                                                              idempotency_key="k")
+    outcome: dict[str, object] = {}
+
+    def second() -> None:
+        with factory() as s, s.begin():
+            got = repository.create_or_replay_task(s, space.id, "t", "text", {}, SAMPLES, idempotency_key="k")
+            outcome["task"], outcome["created"] = got[0].id, got[2]
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    time.sleep(0.5)  # the second request waits on the first's name
+    first.commit()
+    first.close()
+    thread.join(20)
+    assert created_first is True
+    assert outcome == {"task": task.id, "created": False}
