@@ -17,9 +17,18 @@ Terms
     A task keeps the counts of its samples' terms, summed over every job (appends add theirs), up to
     ``MAX_TERMS`` distinct terms (the most frequent; a task that outgrows the cap keeps its most
     frequent terms, so an append can change which of the rare ones are kept).
+Completion-mode tasks
+    Their samples' prompts are *instances* of one task — a passage and a question, a premise and a
+    hypothesis — whose topic words change from sample to sample, so a task's profile must not be the topics of
+    the passages it happened to see. Such a task also keeps, per term, how many of its samples hold it
+    (``s_k``, summed over jobs like the counts), and its profile weighs a term by ``min(1, s_k / 2)``:
+    a term of a single sample counts half, one that recurs counts fully (``RECURRING_SAMPLES``).
+    A text-mode task's samples *are* its domain: every word counts (measured on 105 instruction tasks
+    and three SuperGLUE completion tasks, bench/results/quality.md, 4b).
 Lexical score
     ``lex(p, t) = ⟨q̂_p, t̂⟩ ∈ [0, 1]``: the cosine between the prompt's tf-idf vector
-    ``q_k = (1 + ln tf_p,k) · idf_k`` and the task's log-tf vector ``t_k = 1 + ln tf_t,k``, with
+    ``q_k = (1 + ln tf_p,k) · idf_k`` and the task's log-tf vector ``t_k = 1 + ln tf_t,k`` (for a completion
+    task ``(1 + ln tf_t,k) · min(1, s_k / 2)``), with
     ``idf_k = ln((1 + C) / (1 + df_k)) + 1`` over the ``C`` candidates being ranked (``df_k``: how many
     of them contain term ``k``). The idf is local to the candidates: a term every candidate shares
     carries little weight, and no space-wide statistics need maintaining. It is taken at the
@@ -46,6 +55,8 @@ import regex
 
 MAX_TERMS = 65_536
 """Distinct terms kept per task (the most frequent)."""
+RECURRING_SAMPLES = 2
+"""Samples a term must appear in to weigh fully in a completion task's profile (fewer: in proportion)."""
 _ASCII_WORD = re.compile(r"\w\w+")
 _UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\u30fc"
 _TOKEN = regex.compile(rf"(?V1)([{_UNSPACED}][{_UNSPACED}\p{{M}}]*)|([[\w\p{{M}}\p{{N}}]--[{_UNSPACED}]]+)")
@@ -180,9 +191,18 @@ class TaskTerms:
     weights: np.ndarray
 
     @staticmethod
-    def of(counts: TermCounts) -> TaskTerms:
-        """Unit ``1 + ln tf`` weights of the counts."""
+    def of(counts: TermCounts, sample_counts: TermCounts | None = None) -> TaskTerms:
+        """Unit ``1 + ln tf`` weights of the ``counts``; with ``sample_counts`` (how many samples hold each term: a
+        completion task's), each weight times ``min(1, s / RECURRING_SAMPLES)`` — a term missing from them (past
+        their cap) is taken as held by one sample."""
         w = 1.0 + np.log(np.maximum(counts.counts.astype(np.float64), 1.0))
+        if sample_counts is not None and w.size:
+            held = np.ones(w.size)
+            if len(sample_counts):
+                pos = np.minimum(np.searchsorted(sample_counts.keys, counts.keys), len(sample_counts) - 1)
+                found = sample_counts.keys[pos] == counts.keys
+                held = np.where(found, np.maximum(sample_counts.counts[pos].astype(np.float64), 1.0), 1.0)
+            w = w * np.minimum(1.0, held / RECURRING_SAMPLES)
         norm = float(np.linalg.norm(w))
         return TaskTerms(counts.keys, ((w / norm) if norm > 0 else w).astype(np.float32))
 

@@ -19,7 +19,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
-from atlas.lexical import TaskTerms, TermCounts
+from atlas.lexical import TaskTerms
 from atlas.lexical_record import LexicalDelta, LexicalRecord, routing_text, template_text
 from atlas.lru import ContentLru
 from atlas.models import JOB_SUCCEEDED, TaskLexicon, utcnow
@@ -46,8 +46,7 @@ def add_delta(session: Session, task_id: int, delta: LexicalDelta) -> None:
     """Add a job's ``delta`` to the task's stored record (creates it; a record stored without a template
     gets none until re-derived — migration ``0004``, :func:`backfill` — its earlier samples not at hand)."""
     blob = session.execute(select(TaskLexicon.terms).where(TaskLexicon.task_id == int(task_id))).scalar_one_or_none()
-    old = LexicalRecord.from_bytes(blob) if blob is not None else LexicalRecord(TermCounts.empty(),
-                                                                                TaskTemplate.empty())
+    old = LexicalRecord.from_bytes(blob) if blob is not None else LexicalRecord.empty()
     put_record(session, task_id, old.add(delta))
 
 
@@ -66,7 +65,7 @@ def put_record(session: Session, task_id: int, record: LexicalRecord) -> None:
 
 def _decode(blob: bytes) -> TaskLexical:
     record = LexicalRecord.from_bytes(blob)
-    return TaskLexical(TaskTerms.of(record.counts), record.template)
+    return TaskLexical(record.terms(), record.template)
 
 
 _LEXICAL: ContentLru[TaskLexical] = ContentLru(16 * 1024 * 1024, weigh=lambda t: int(t.terms.keys.size))
@@ -158,7 +157,7 @@ def backfill(session: Session, task_ids: Sequence[int], *, complete_only: bool =
                 select(func.count()).select_from(Upload).where(Upload.id.in_(upload_ids),
                                                                Upload.content.is_not(None))).scalar_one()):
             continue
-        record = LexicalRecord(TermCounts.empty(), TaskTemplate.empty())
+        record = LexicalRecord.empty()
         for upload_id in upload_ids:  # one upload in memory at a time
             content = session.execute(select(Upload.content).where(Upload.id == upload_id)).scalar_one_or_none()
             if content is not None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from atlas import lexicon_repo
-from atlas.lexical import TaskTerms, TermCounts
+from atlas.lexical import TermCounts
 from atlas.samples import Sample
 from bench.quality.common import make_extractor, make_sketcher
 from bench.quality.data_superglue import load_superglue_binary
@@ -46,7 +46,9 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
         ps = prompt_side(ex, sig, "completion")
         side.append(ps.prompt_sum)
         side_cal.append(ps.cal_states)
-        comp_terms.append(lexicon_repo.LexicalDelta.of_samples(sig, "completion").counts)  # the job stores these
+        # what the job stores and the router reads (counts and, for a completion task, per-term sample counts)
+        delta = lexicon_repo.LexicalDelta.of_samples(sig, "completion")
+        comp_terms.append(lexicon_repo.LexicalRecord.empty().add(delta).terms())
         if encoder is not None:
             minilm_c.append(encoder.encode([s.prompt or "" for s in sig]).mean(0))
     prompts = [ex.prompt(t).state for ds in COMPLETION_SETS for t in held[ds]]
@@ -58,7 +60,7 @@ def completion_tasks(args: argparse.Namespace, lm: Any, encoder: Any, index: Any
     cols = np.unique(truth)
     n_text = len(index.states)
     sig = np.stack([p.signature() for p in prompts]) @ np.stack([*index.signatures(), *[c.signature() for c in comp]]).T
-    terms = [*index.terms, *[TaskTerms.of(t) for t in comp_terms]]
+    terms = [*index.terms, *comp_terms]
     top = hybrid_best(R, sig, [TermCounts.from_texts([t]) for ds in COMPLETION_SETS for t in held[ds]], terms,
                       np.array([int(s.n_samples) for s in all_side]), np.arange(len(all_side)),
                       always=np.arange(n_text, len(all_side)))

@@ -113,7 +113,8 @@ def world() -> dict[str, Any]:
                 state.merge_(st)
             route_state = state
         cal = routing.calibrate(routing.leave_one_out_scores(route_state, side.cal_states))
-        return state, route_state, cal, TaskTerms.of(lexicon_repo.LexicalDelta.of_samples(samples, mode).counts)
+        record = lexicon_repo.LexicalRecord.empty().add(lexicon_repo.LexicalDelta.of_samples(samples, mode))
+        return state, route_state, cal, record.terms()  # what the job stores and the router reads
 
     tasks: dict[str, tuple[Any, Any, routing.Calibration, TaskTerms]] = {}
     for d in BIG:
