@@ -145,6 +145,8 @@ def record_key_use(session: Session, last_used: dict[int, dt.datetime]) -> None:
 
 BOOTSTRAP_NAME = "bootstrap-admin"
 _SHA256 = re.compile(r"^sha256:([0-9a-fA-F]{64})$")
+_GENERATED = re.compile(r"^fa_[A-Za-z0-9_-]{43}$")
+"""A key as :func:`create_api_key` makes it (``fa_`` + ``secrets.token_urlsafe(32)``)."""
 MIN_BOOTSTRAP_CHARS = 24
 
 
@@ -168,18 +170,36 @@ def bootstrap_key_hash(value: str) -> str:
     return hash_key(value)
 
 
+def bootstrap_prefix(value: str) -> str:
+    """The ``prefix`` stored (and listed) for a bootstrap admin key: nothing of its secret.
+
+    A key in the format :func:`create_api_key` makes (``fa_`` + 43 URL-safe characters, as the README's command
+    generates) keeps the first 10 characters, like every generated key (7 of its 43 random characters). Any other
+    key — a passphrase, or ``sha256:<hex>`` of a key — is shown as ``boot:`` + the first 8 hex digits of its
+    sha256 (the stored hash's own start): its plaintext may be short, and its first characters part of a secret.
+    """
+    shown = value.strip()
+    if _GENERATED.match(shown):
+        return shown[:10]
+    return "boot:" + bootstrap_key_hash(shown)[:8]
+
+
 def ensure_bootstrap_key(session: Session, value: str) -> ApiKey | None:
     """Create the admin key given by ``FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY`` unless its hash is stored.
 
     Idempotent and safe to run from several replicas at once; a bootstrap key that was revoked stays
-    revoked. Returns the new row, or ``None`` when the key already existed.
+    revoked. An existing row whose ``prefix`` is not :func:`bootstrap_prefix`'s (a row written before: the
+    first 10 characters of the plaintext) gets it. Returns the new row, or ``None`` when the key already existed.
     """
     digest = bootstrap_key_hash(value)
-    if session.execute(select(ApiKey.id).where(ApiKey.key_hash == digest)).first() is not None:
+    prefix = bootstrap_prefix(value)
+    existing = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()
+    if existing is not None:
+        if existing.prefix != prefix:
+            existing.prefix = prefix
+            session.flush()
         return None
-    shown = value.strip()
-    prefix = "sha256:" if _SHA256.match(shown) else shown[:10]
-    key = ApiKey(name=BOOTSTRAP_NAME, prefix=prefix[:16], key_hash=digest, scopes=["admin"])
+    key = ApiKey(name=BOOTSTRAP_NAME, prefix=prefix, key_hash=digest, scopes=["admin"])
     try:
         with session.begin_nested():
             session.add(key)

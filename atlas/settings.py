@@ -119,6 +119,12 @@ class Settings(BaseSettings):
     rate_limit_per_s: float = Field(
         default=100.0, ge=0, description="Requests per second per API key (per client address when anonymous); 0: off.")
     rate_limit_burst: int = Field(default=200, ge=1, description="Token-bucket size of the per-client rate limit.")
+    max_event_streams_per_client: int = Field(
+        default=16, ge=1, description="Progress streams (GET /v1/jobs/{id}/events) one API key (one client address "
+        "when anonymous) may hold open at once; one more answers 429 with Retry-After.")
+    max_event_streams: int = Field(
+        default=256, ge=1, description="Progress streams open at once in this process, all clients together; one "
+        "more answers 429 with Retry-After.")
     db_busy_timeout_s: float = Field(
         default=5.0, gt=0, le=600, description="Longest wait for the SQLite write lock before answering 503.")
     db_pool_timeout_s: float = Field(

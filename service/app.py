@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.settings import Settings, get_settings
+from service.auth import check_origins_allowed
 from service.container import Container
 from service.dashboard import mount_dashboard
 from service.errors import install_error_handlers
@@ -118,8 +119,15 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
         Validated settings (default: from the environment).
     overrides
         Passed to :class:`service.container.Container` (tests: a preloaded ``lm``, ``start_runner``).
+
+    Raises
+    ------
+    RuntimeError
+        ``allowed_origins`` holds ``*`` while ``require_keys`` is not true
+        (:func:`service.auth.check_origins_allowed`).
     """
     settings = settings or get_settings()
+    check_origins_allowed(settings)  # the wildcard origin without keys required: refused before anything starts
     container = Container(settings, overrides)
 
     @asynccontextmanager
@@ -158,9 +166,10 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
     serve_docs_offline(app)
 
     app.add_middleware(
-        BodyLimitMiddleware, limit=BodyLimit(settings.max_upload_bytes + ENVELOPE_BYTES),
+        BodyLimitMiddleware,
+        limit=BodyLimit(settings.max_upload_bytes + ENVELOPE_BYTES, "max_upload_bytes", settings.max_upload_bytes),
         by_route={("POST", "/v1/spaces/import"): BodyLimit(settings.max_import_bytes + ENVELOPE_BYTES,
-                                                           "max_import_bytes")},
+                                                           "max_import_bytes", settings.max_import_bytes)},
     )
     app.add_middleware(SecurityMiddleware, settings=settings, container=container)
     if settings.allowed_origins:  # outside the key check: a browser's preflight carries no key

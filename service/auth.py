@@ -10,14 +10,18 @@ Whether a request needs a key (:meth:`KeyGate.required`):
   loopback socket — judged from the ASGI ``scope["server"]`` address of the connection *and* the
   listening sockets of this process on that port (:func:`listening_publicly`), so
   ``uvicorn --factory service.app:create_app --host 0.0.0.0`` needs keys whatever ``settings.host``
-  says — or when any active key exists (keys are honoured on loopback as soon as one is created).
+  says — or when any active key exists (keys are honoured on loopback as soon as one is created) — or when
+  the request carries a header a reverse proxy adds (``Forwarded``, ``X-Forwarded-For``/``-Host``/``-Proto``,
+  ``X-Real-IP``: :func:`is_proxied`): a proxy on the same host makes every outside client look local, so such
+  a request is treated as coming from outside (fail closed).
 
 Without a key a request acts with the ``admin`` scope. The key is checked by
 :class:`service.security.SecurityMiddleware` before the body is read; the route's scope by
 :func:`authorize`. A key's last-used time is written by :class:`UsageRecorder` off the request path, at
 most once per ``settings.key_touch_every_s``. ``serve`` refuses to start on a non-loopback address while
-no key exists (:func:`check_bind_allowed`); ``FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY`` creates the first admin
-key at start (:func:`prepare_keys`).
+no key exists (:func:`check_bind_allowed`), and the app refuses to be built with the wildcard origin ``*`` unless
+keys are always required (:func:`check_origins_allowed`); ``FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY`` creates the first
+admin key at start (:func:`prepare_keys`).
 """
 
 from __future__ import annotations
@@ -86,6 +90,34 @@ CREATE_KEY_HINT = (
     "create one with: fisher-atlas keys create --name admin --scopes admin, "
     "or set FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY"
 )
+
+
+PROXY_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-real-ip")
+"""Headers a reverse proxy adds: a request carrying one came through a proxy, from anywhere."""
+
+
+def is_proxied(headers: Any) -> bool:
+    """Whether a request's ``headers`` (a mapping with ``get``: Starlette's ``Headers``) carry a proxy header."""
+    return any(headers.get(name) is not None for name in PROXY_HEADERS)
+
+
+def check_origins_allowed(settings: Settings) -> None:
+    """Refuse the wildcard origin ``*`` unless API keys are always required.
+
+    With ``*`` every web page may send state-changing requests (and read the CORS answers); without a key
+    required that makes any page the visitor opens an anonymous admin of this service.
+
+    Raises
+    ------
+    RuntimeError
+        ``allowed_origins`` holds ``*`` while ``require_keys`` is not true.
+    """
+    if any(o.strip() == "*" for o in settings.allowed_origins) and settings.require_keys is not True:
+        raise RuntimeError(
+            "refusing to serve with FISHER_ATLAS_ALLOWED_ORIGINS containing '*' unless "
+            "FISHER_ATLAS_REQUIRE_KEYS=true: any web page could act on this service without a key; "
+            "list the origins of your web UI instead, or require API keys"
+        )
 
 
 def check_bind_allowed(settings: Settings, active_keys: int) -> None:
@@ -271,16 +303,17 @@ class KeyGate:
         self._any_key = (now, value)
         return value
 
-    def required(self, server: Any) -> bool:
-        """Whether a request arriving at ``server`` (the ASGI ``scope["server"]``) needs a key."""
-        quick = self.required_without_io(server)
+    def required(self, server: Any, proxied: bool = False) -> bool:
+        """Whether a request arriving at ``server`` (the ASGI ``scope["server"]``) needs a key; ``proxied``:
+        it carries a proxy header (:func:`is_proxied`), so it may come from anywhere."""
+        quick = self.required_without_io(server, proxied)
         return quick if quick is not None else self.any_active_key()
 
-    def required_without_io(self, server: Any) -> bool | None:
+    def required_without_io(self, server: Any, proxied: bool = False) -> bool | None:
         """:meth:`required` when it can be told without a database read (else ``None``)."""
         if self.settings.require_keys is not None:
             return bool(self.settings.require_keys)
-        if listening_publicly(server):
+        if proxied or listening_publicly(server):
             return True
         cached = self._any_key
         if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
@@ -294,8 +327,9 @@ class KeyGate:
         with self.read_factory() as session:
             return apikeys.is_active(session, principal.key_id)
 
-    def authenticate(self, plaintext: str | None) -> Principal:
-        """The principal of a presented key (any scope; routes check theirs with :func:`authorize`).
+    def authenticate(self, plaintext: str | None, proxied: bool = False) -> Principal:
+        """The principal of a presented key (any scope; routes check theirs with :func:`authorize`);
+        ``proxied``: the request carries a proxy header (the message of a missing key says so).
 
         Raises
         ------
@@ -303,7 +337,7 @@ class KeyGate:
             Missing, unknown or revoked key.
         """
         if not plaintext:
-            raise Unauthorized(f"an API key is required: send it in the {HEADER} header")
+            raise Unauthorized(missing_key_message(proxied))
         if len(plaintext) > 512:
             raise Unauthorized("invalid or revoked API key")
         with self.read_factory() as session:
@@ -314,8 +348,17 @@ class KeyGate:
         return principal
 
 
+def missing_key_message(proxied: bool) -> str:
+    """The 401 message of a request without a key (a proxied one is told why it needs one)."""
+    if proxied:
+        return (f"an API key is required: a proxied request (Forwarded, X-Forwarded-*, X-Real-IP) needs one; "
+                f"send it in the {HEADER} header (behind a reverse proxy, set FISHER_ATLAS_REQUIRE_KEYS=true)")
+    return f"an API key is required: send it in the {HEADER} header"
+
+
 def authenticate(
-    read_factory: sessionmaker[Session], write_factory: sessionmaker[Session], plaintext: str | None, scope: str
+    read_factory: sessionmaker[Session], write_factory: sessionmaker[Session], plaintext: str | None, scope: str,
+    proxied: bool = False,
 ) -> Principal:
     """Check a presented key for ``scope`` (no middleware: read-only lookup, no write).
 
@@ -327,7 +370,7 @@ def authenticate(
         The key lacks ``scope``.
     """
     if not plaintext:
-        raise Unauthorized(f"an API key is required: send it in the {HEADER} header")
+        raise Unauthorized(missing_key_message(proxied))
     with read_factory() as session:
         key = apikeys.verify_api_key(session, plaintext, scope, touch=False)
         return Principal(key_id=key.id, name=key.name, scopes=tuple(key.scopes))
@@ -357,7 +400,8 @@ def authorize(request: Request, container: Any, scope: str) -> Principal:
     """The route dependency's check: the principal the middleware authenticated, holding ``scope``.
 
     The middleware leaves ``ANONYMOUS`` when it asked for no key. Where it did not run for the request, the key
-    is checked here by the gate's rule (:func:`key_gate`: keys required on a public socket or once any exists;
+    is checked here by the gate's rule (:func:`key_gate`: keys required on a public socket, for a proxied request
+    or once any exists;
     fail closed), or, without a store (an app assembled by hand), by the static rule of :func:`keys_required`.
 
     Raises
@@ -368,11 +412,13 @@ def authorize(request: Request, container: Any, scope: str) -> Principal:
     principal = state.get(PRINCIPAL_STATE) if isinstance(state, dict) else None
     if principal is None:
         gate = key_gate(container)
-        required = gate.required(request.scope.get("server")) if gate is not None else container.keys_required
+        proxied = is_proxied(request.headers)
+        required = (gate.required(request.scope.get("server"), proxied) if gate is not None
+                    else container.keys_required or (proxied and container.settings.require_keys is None))
         if not required:
             return ANONYMOUS
         store = container.store
-        principal = authenticate(store.read, store.write, presented_key(request), scope)
+        principal = authenticate(store.read, store.write, presented_key(request), scope, proxied)
     if principal.key_id is not None and not apikeys.has_scope(principal.scopes, scope):
         raise Forbidden(f"this API key lacks the {scope!r} scope", {"scopes": list(principal.scopes)})
     request.state.principal = principal

@@ -37,6 +37,7 @@ from atlas.state_cache import StateCache
 from atlas.store import Store
 from service.auth import keys_required, prepare_keys
 from service.metrics import Metrics
+from service.streams import StreamSlots
 
 log = logging.getLogger("fisher_atlas.service")
 
@@ -61,6 +62,7 @@ class Container:
         self.overrides = dict(overrides or {})
         self.metrics = Metrics()
         self.keys_required = keys_required(settings)
+        self.event_streams = StreamSlots(settings.max_event_streams_per_client, settings.max_event_streams)
         self.lm: Any = None
         self.model_error: str | None = None
         self.store: Store | None = None

@@ -7,11 +7,13 @@
    connected to, or an entry of ``allowed_hosts`` (``*``: any). Else 403 ``forbidden_host``. On a
    public bind keys are required, so a rebound name gains nothing (Jupyter's ``allow_remote_access``).
 2. **Origin** (cross-site requests): ``POST``/``PUT``/``PATCH``/``DELETE`` carrying an ``Origin`` that is
-   neither this service's own origin (the ``Host`` the browser used) nor in ``allowed_origins`` — or
+   neither this service's own origin (the ``Host`` the browser used, under ``http`` or ``https``: behind a
+   TLS-terminating proxy the page is ``https`` while this server sees ``http``) nor in ``allowed_origins`` — or
    ``Sec-Fetch-Site: cross-site`` — get 403 ``forbidden_origin`` (Jupyter's ``check_origin``). Clients
    that are not browsers send no ``Origin`` and pass.
-3. **API key** on ``/v1/...`` when :meth:`service.auth.KeyGate.required` says so: checked before the body
-   is read (401 ``unauthorized``); the route checks its scope.
+3. **API key** on ``/v1/...`` when :meth:`service.auth.KeyGate.required` says so (a request carrying a proxy
+   header counts as coming from outside: :func:`service.auth.is_proxied`): checked before the body is read
+   (401 ``unauthorized``); the route checks its scope.
 4. **Rate limit** on ``/v1/...``: a token bucket per key, or per client address when anonymous or when the key
    check failed (``rate_limit_per_s``, ``rate_limit_burst``); empty → 429 ``rate_limited`` with ``Retry-After``.
 
@@ -41,6 +43,7 @@ from service.auth import (
     PRINCIPAL_STATE,
     KeyGate,
     is_loopback,
+    is_proxied,
     key_gate,
     listening_publicly,
     presented_key,
@@ -151,7 +154,7 @@ class SecurityMiddleware:
             path = route_path(scope)
             if path.startswith("/v1/") or path == "/v1":
                 try:
-                    principal = await self._authenticate(headers, server)
+                    principal = await self._authenticate(headers, server, is_proxied(headers))
                 except Unauthorized:
                     self._rate_limit(None, scope)  # a failed try spends the address's tokens (429 once gone)
                     raise
@@ -189,23 +192,24 @@ class SecurityMiddleware:
             if headers.get("sec-fetch-site", "").lower() == "cross-site":
                 raise _Refused(403, "forbidden_origin", "cross-site requests may not change state", None)
             return
-        own = _origin_of(str(scope.get("scheme", "http")), headers.get("host", ""))
-        if _normal_origin(origin) in (own, *self.allowed_origins):
+        host = headers.get("host", "")
+        own = (_origin_of("http", host), _origin_of("https", host))  # the same host is the same server
+        if _normal_origin(origin) in (*own, *self.allowed_origins):
             return
         raise _Refused(403, "forbidden_origin",
                        f"requests from origin {truncate(origin, 100)!r} may not change state; "
                        "add it to FISHER_ATLAS_ALLOWED_ORIGINS", {"origin": truncate(origin, 100)})
 
-    async def _authenticate(self, headers: Headers, server: Any) -> Any:
+    async def _authenticate(self, headers: Headers, server: Any, proxied: bool) -> Any:
         if self.container.store is None:
             return None
         gate = self.gate
-        required = gate.required_without_io(server)
+        required = gate.required_without_io(server, proxied)
         if required is None:
-            required = await anyio.to_thread.run_sync(gate.required, server)
+            required = await anyio.to_thread.run_sync(gate.required, server, proxied)
         if not required:
             return None
-        return await anyio.to_thread.run_sync(gate.authenticate, presented_key(headers))
+        return await anyio.to_thread.run_sync(gate.authenticate, presented_key(headers), proxied)
 
     def _rate_limit(self, principal: Any, scope: Scope) -> None:
         if self.bucket is None:

@@ -28,6 +28,7 @@ from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
 from atlas.json_bounds import MAX_JSON_VALUES, json_array_length, json_token_count, upload_value_limit
 from atlas.sample_io import SampleLimits, loads_json, read_samples
 from atlas.samples import Sample, check_metadata, samples_from_records
+from service.security import route_path
 
 ENVELOPE_BYTES = 256 * 1024
 """Allowance above ``max_upload_bytes`` for multipart headers and form fields."""
@@ -40,24 +41,46 @@ class UnsupportedMediaType(AtlasError):
     code = "unsupported_media_type"
 
 
-class _BodyTooLarge(HTTPException):
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body exceeds the limit of {limit} bytes")
-
-
 @dataclass(frozen=True)
 class BodyLimit:
-    """A cap on request bodies: ``max_bytes`` and the setting that sets it (named in the 413)."""
+    """A cap on request bodies.
+
+    Attributes
+    ----------
+    max_bytes : int
+        The cap enforced: the setting's value plus the multipart envelope (:data:`ENVELOPE_BYTES`).
+    setting : str
+        The setting that sets it (named in the 413).
+    setting_value : int or None
+        The setting's own value, reported in the 413 (default: ``max_bytes``).
+    """
 
     max_bytes: int
     setting: str = "max_upload_bytes"
+    setting_value: int | None = None
+
+    @property
+    def reported(self) -> int:
+        """The value of the setting the 413 reports (what the operator configured)."""
+        return self.max_bytes if self.setting_value is None else self.setting_value
+
+    def message(self) -> str:
+        """The 413 message naming the setting and its value."""
+        what = "upload" if self.setting == "max_upload_bytes" else "import"
+        return f"the request body exceeds the {what} limit of {self.reported} bytes (setting {self.setting})"
+
+
+class _BodyTooLarge(HTTPException):
+    def __init__(self, cap: BodyLimit) -> None:
+        super().__init__(413, cap.message())
 
 
 class BodyLimitMiddleware:
     """Pure ASGI middleware refusing request bodies above their limit (413) without buffering them.
 
     ``limit`` applies to every request but those named in ``by_route`` (``(method, path)`` → its own limit:
-    a space import is an export of whole tasks, far larger than any sample upload)."""
+    a space import is an export of whole tasks, far larger than any sample upload). The path is the one the
+    app routes on (:func:`service.security.route_path`: without the ``root_path`` of ``--root-path``)."""
 
     def __init__(self, app: ASGIApp, limit: BodyLimit,
                  by_route: Mapping[tuple[str, str], BodyLimit] | None = None) -> None:
@@ -69,7 +92,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cap = self.by_route.get((scope.get("method", ""), scope.get("path", "")), self.limit)
+        cap = self.by_route.get((scope.get("method", ""), route_path(scope)), self.limit)
         declared, expects_continue = None, False
         for key, value in scope.get("headers", []):
             if key == b"content-length":
@@ -95,7 +118,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _BodyTooLarge(limit)
+                    raise _BodyTooLarge(cap)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -130,11 +153,10 @@ async def _drain(receive: Receive, budget: int) -> None:
 
 
 async def _send_413(send: Send, cap: BodyLimit, declared: int | None) -> None:
-    what = "upload" if cap.setting == "max_upload_bytes" else "import"
     body = json.dumps({
         "code": "payload_too_large",
-        "message": f"the request body exceeds the {what} limit of {cap.max_bytes} bytes (setting {cap.setting})",
-        "detail": {cap.setting: cap.max_bytes, "content_length": declared},
+        "message": cap.message(),
+        "detail": {cap.setting: cap.reported, "content_length": declared},
     }).encode()
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

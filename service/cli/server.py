@@ -45,10 +45,14 @@ def serve(
 
     from atlas.db import make_engine, session_factory
     from service.app import create_app
-    from service.auth import check_bind_allowed, count_active_keys
+    from service.auth import check_bind_allowed, check_origins_allowed, count_active_keys
 
     s = settings(host=host, port=port, data_dir=data_dir, database_url=database_url, model=model, queue=queue,
                  sketch_dim=sketch_dim)
+    try:
+        check_origins_allowed(s)
+    except RuntimeError as exc:
+        raise fail(str(exc)) from None
     migrate_db(s)
     engine = make_engine(s.resolved_database_url(), pool_size=1)
     try:

@@ -202,8 +202,9 @@ class JobWatch:
         return self.deadline is not None and time.monotonic() > self.deadline
 
     def stream_failed(self, exc: AtlasClientError) -> None:
-        """An unreachable or missing progress stream falls back to polling; anything else is raised."""
-        if exc.status not in (0, 404, 405):
+        """An unreachable or missing progress stream, or one refused for the moment (429: too many open streams
+        of this key or service), falls back to polling; anything else is raised."""
+        if exc.status not in (0, 404, 405, 429):
             raise exc
 
     def polled(self, job: JobOut) -> bool:

@@ -19,6 +19,7 @@ from service.auth import key_gate
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import JobList, JobOut
+from service.streams import SlotReleasingResponse, stream_client
 from service.uploads import BoundedJSONRoute
 from service.views import job_out
 
@@ -74,14 +75,18 @@ def cancel_job(job_id: JobId, c: ContainerDep, _: WritePrincipal) -> JobOut:
                                                            '"running", ...}\n\n'}},
               "description": "One `progress` event (data: the job as JSON) whenever the job changes, ending "
                              "with an `end` event when it reaches a terminal status."},
-        **error_responses(401, 403, 404, 422),
+        **error_responses(401, 403, 404, 422, 429),
     },
 )
 async def job_events(job_id: JobId, request: Request, c: ContainerDep,
                      principal: ReadPrincipal) -> EventSourceResponse:
     """Stream the job's progress as server-sent events until it ends (the row is read every 0.5 s);
     sse-starlette frames the events and sends a keep-alive comment every 15 s. The caller's key is checked
-    again every ``KEY_RECHECK_S``: a key revoked meanwhile ends the stream (an ``end`` event saying so)."""
+    again every ``KEY_RECHECK_S``: a key revoked meanwhile ends the stream (an ``end`` event saying so).
+
+    Open streams are capped per key (per client address when anonymous, ``max_event_streams_per_client``) and in
+    total (``max_event_streams``): one more answers 429 with ``Retry-After``; a slot is given back when its stream
+    ends or its client disconnects (:class:`service.streams.SlotReleasingResponse`)."""
     first = job_out(await run_in_threadpool(c.jobs.get, job_id))
 
     gate = key_gate(c)
@@ -113,5 +118,11 @@ async def job_events(job_id: JobId, request: Request, c: ContainerDep,
                 yield ServerSentEvent(data=now_json, event="progress", id=str(n))
         yield ServerSentEvent(data=json.dumps({"id": job_id, "status": job.status}), event="end")
 
-    return EventSourceResponse(events(), ping=int(KEEPALIVE_S), headers={"Cache-Control": "no-cache",
-                                                                           "X-Accel-Buffering": "no"})
+    client = stream_client(principal, request.scope)
+    c.event_streams.acquire(client)  # QueueFull → 429 with Retry-After
+    try:
+        return SlotReleasingResponse(c.event_streams, client, events(), ping=int(KEEPALIVE_S),
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    except BaseException:
+        c.event_streams.release(client)
+        raise
