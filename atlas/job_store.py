@@ -151,9 +151,7 @@ def request_cancel(session: Session, job_id: int) -> Job:
         raise NotFound(f"job {job_id} does not exist", {"job_id": job_id})
     if job.status == JOB_QUEUED and job.task_id is None:  # its task was deleted while it waited (a dead worker's
         # job put back): it goes as finish_locked takes such a job, with the samples no job references
-        session.execute(delete(Job).where(Job.id == job_id))
-        session.flush()
-        purge_orphan_uploads_now(session)
+        _remove_orphan_job(session, job_id)
         session.expunge(job)
         job.status, job.cancel_requested, job.finished_at = JOB_CANCELLED, True, utcnow()
         job.error = "the task was deleted"
@@ -328,15 +326,20 @@ def finish_locked(session: Session, job: Job, status: str, error: str | None = N
     is removed instead, with the uploads no job references any more (a deleted task keeps no samples)."""
     if status not in (JOB_FAILED, JOB_CANCELLED):
         raise ValueError(f"finish_locked cannot set status {status!r}")
-    if job.task_id is None:  # its task was deleted while it ran: it goes as the task's other jobs went, and with
-        session.execute(delete(Job).where(Job.id == job.id))  # it the samples no job references (they stayed)
-        session.flush()
-        purge_orphan_uploads_now(session)
+    if job.task_id is None:  # its task was deleted while it ran: it goes as the task's other jobs went
+        _remove_orphan_job(session, job.id)
         return
     _finish(session, job, status, error=error or status)
     if job.kind == "create" and job.task_id is not None:
         mark_task_failed_if_empty(session, job.task_id)
     session.flush()
+
+
+def _remove_orphan_job(session: Session, job_id: int) -> None:
+    """Delete a job whose task was deleted, with the samples no job references any more (they stayed for it)."""
+    session.execute(delete(Job).where(Job.id == job_id))
+    session.flush()
+    purge_orphan_uploads_now(session)
 
 
 def release_job(session: Session, job_id: int, lease: str, error: str | None = None, *,
