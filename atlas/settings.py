@@ -59,6 +59,13 @@ class Settings(BaseSettings):
         "file is read and checked whole before one transaction stores it: an import needs about twice its size "
         "in memory.",
     )
+    max_concurrent_uploads: int = Field(
+        default=4, ge=1, description="Uploads (task adds, appends, space imports) this API process reads, parses and "
+        "stores at once; each holds 2-17 bytes of memory per upload byte while it does (bench/results/"
+        "upload_memory.md). The next one waits for a slot, its body unread.")
+    upload_slot_wait_s: float = Field(
+        default=30.0, ge=0, le=600, description="Longest wait of an upload for a slot (max_concurrent_uploads) before "
+        "it is refused with 503 and Retry-After, nothing stored.")
     max_samples: int = 200_000
     max_sample_chars: int = 100_000
     max_tokens_per_sample: int = 512

@@ -38,6 +38,7 @@ from atlas.store import Store
 from service.auth import keys_required, prepare_keys
 from service.metrics import Metrics
 from service.streams import StreamSlots
+from service.upload_slots import UploadSlots
 
 log = logging.getLogger("fisher_atlas.service")
 
@@ -63,6 +64,7 @@ class Container:
         self.metrics = Metrics()
         self.keys_required = keys_required(settings)
         self.event_streams = StreamSlots(settings.max_event_streams_per_client, settings.max_event_streams)
+        self.upload_slots = UploadSlots(settings.max_concurrent_uploads, settings.upload_slot_wait_s)
         self.lm: Any = None
         self.model_error: str | None = None
         self.store: Store | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -47,3 +47,13 @@ require_admin = Depends(Authorize("admin"))
 ReadPrincipal = Annotated[Principal, require_read]
 WritePrincipal = Annotated[Principal, require_write]
 AdminPrincipal = Annotated[Principal, require_admin]
+
+
+async def hold_upload_slot(container: ContainerDep) -> AsyncIterator[None]:
+    """Hold one of the process's upload slots for the request (:class:`service.upload_slots.UploadSlots`):
+    declared after the principal, so a refused caller never takes one."""
+    async with container.upload_slots.hold():
+        yield
+
+
+UploadSlot = Annotated[None, Depends(hold_upload_slot)]

@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from atlas.errors import InvalidInput, PayloadTooLarge
-from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
+from service.deps import ContainerDep, ReadPrincipal, UploadSlot, WritePrincipal
 from service.routes import error_responses
 from service.schemas import ImportResult, SpaceList, SpaceOut
 from service.uploads import IMPORT_FORM_SCHEMA, BoundedJSONRoute, _content_type
@@ -59,12 +59,13 @@ def get_space(space: SpaceRef, c: ContainerDep, _: ReadPrincipal) -> SpaceOut:
     "/import", response_model=ImportResult, summary="Import an exported space",
     openapi_extra={"requestBody": {"required": True,
                                    "content": {"multipart/form-data": {"schema": IMPORT_FORM_SCHEMA}}}},
-    responses=error_responses(401, 403, 409, 413, 415, 422),
+    responses=error_responses(401, 403, 409, 413, 415, 422, 503),
 )
 async def import_space(
     request: Request,
     c: ContainerDep,
     _: WritePrincipal,
+    _slot: UploadSlot,
     on_conflict: Annotated[Literal["fail", "skip"], Query(description="Existing task names: fail or skip.")] = "fail",
 ) -> ImportResult:
     """Restore the tasks of an export (new ids; same states, signatures, metadata), all or nothing,

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from atlas.sample_io import SampleLimits
 from atlas.vocabulary import TaskStatus
-from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
+from service.deps import ContainerDep, ReadPrincipal, UploadSlot, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import (
     JobAccepted,
@@ -62,14 +62,15 @@ def _request_body(form_schema: dict, json_ref: str) -> dict:
     responses=error_responses(401, 403, 404, 409, 413, 415, 422, 429, 503),
 )
 async def create_task(
-    request: Request, c: ContainerDep, _: WritePrincipal, idempotency_key: IdempotencyKey = None
+    request: Request, c: ContainerDep, _: WritePrincipal, _slot: UploadSlot, idempotency_key: IdempotencyKey = None
 ) -> TaskCreated:
     """Create a task from a multipart upload (``file`` + ``name``, ``mode``, ``space``, ``metadata``)
     or a JSON body with ``samples``; its job is queued at once (202).
 
     Files: JSONL (``{"text"}`` or ``{"prompt","completion"}`` per line), JSON array, CSV (same columns),
     Parquet, or plain text (one sample per line). Limits: upload bytes, sample count and sample length
-    answer 413; malformed input 422; a full queue 429; no model 503. A rejected upload stores nothing.
+    answer 413; malformed input 422; a full queue 429; no model, or every upload slot taken for
+    ``upload_slot_wait_s`` (``max_concurrent_uploads``), 503. A rejected upload stores nothing.
     """
     up = await read_upload(request, max_upload_bytes=c.settings.max_upload_bytes, json_model=TaskCreate,
                            with_task_fields=True, limits=SampleLimits.from_settings(c.settings))
@@ -90,7 +91,8 @@ async def create_task(
     responses=error_responses(401, 403, 404, 409, 413, 415, 422, 429, 503),
 )
 async def append_samples(
-    task_id: TaskId, request: Request, c: ContainerDep, _: WritePrincipal, idempotency_key: IdempotencyKey = None
+    task_id: TaskId, request: Request, c: ContainerDep, _: WritePrincipal, _slot: UploadSlot,
+    idempotency_key: IdempotencyKey = None,
 ) -> JobAccepted:
     """Queue an ``append`` job: the new samples are sketched and merged into the task's state (exact,
     states are sums), then its signature and index entry are updated. The task's mode applies."""

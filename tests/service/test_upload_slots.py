@@ -1,0 +1,104 @@
+"""Uploads handled at once are capped (``max_concurrent_uploads``): the next waits for a slot, then 503.
+
+Each test runs a real uvicorn server (``bind``) and holds an upload open on a raw socket: its headers sent, its
+body half sent, so its handler holds a slot while it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.service.test_security import bind  # noqa: F401  (fixture)
+
+
+def _body(name: str) -> bytes:
+    return json.dumps({"name": name, "samples": [{"text": f"{name} sample {i}"} for i in range(3)]}).encode()
+
+
+class HeldUpload:
+    """A ``POST /v1/tasks`` whose body is sent in two parts: the first now, the rest on :meth:`finish`."""
+
+    def __init__(self, url: str, name: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.body = _body(name)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        head = (f"POST /v1/tasks HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(self.body)}\r\n\r\n").encode()
+        self.sock.sendall(head + self.body[:10])
+
+    def finish(self) -> int:
+        """Send the rest of the body; the answer's status."""
+        self.sock.sendall(self.body[10:])
+        status = int(self.sock.recv(65536).split(b" ", 2)[1])
+        self.sock.close()
+        return status
+
+    def abandon(self) -> None:
+        """The client goes away mid-body."""
+        self.sock.close()
+
+
+def _wait_held(app: Any, n: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while app.state.container.upload_slots.held != n:
+        assert time.monotonic() < deadline, f"{app.state.container.upload_slots.held} slots held, not {n}"
+        time.sleep(0.02)
+
+
+def _task_names(http: httpx.Client) -> list[str]:
+    return sorted(t["name"] for t in http.get("/v1/tasks").json()["items"])
+
+
+def test_an_upload_beyond_the_slots_is_refused_after_its_wait_and_stores_nothing(bind: Any) -> None:  # noqa: F811
+    url, app = bind(max_concurrent_uploads=1, upload_slot_wait_s=0.5)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        held = HeldUpload(url, "held")
+        _wait_held(app, 1)
+        t0 = time.monotonic()
+        r = http.post("/v1/tasks", content=_body("refused"), headers={"content-type": "application/json"})
+        waited = time.monotonic() - t0
+        assert r.status_code == 503, r.text
+        assert r.json()["code"] == "uploads_busy" and "max_concurrent_uploads" in r.json()["message"]
+        assert int(r.headers["retry-after"]) >= 1
+        assert waited >= 0.45, waited  # it waited for a slot before giving up
+        assert http.get("/v1/tasks").status_code == 200  # reads are not held up
+        assert held.finish() == 202
+        _wait_held(app, 0)
+        assert _task_names(http) == ["held"]  # the refused upload stored nothing
+        r = http.post("/v1/tasks", content=_body("after"), headers={"content-type": "application/json"})
+        assert r.status_code == 202, r.text  # the slot came back
+        assert _task_names(http) == ["after", "held"]
+
+
+def test_an_upload_waits_for_a_slot_and_a_client_gone_mid_body_gives_its_slot_back(bind: Any) -> None:  # noqa: F811
+    url, app = bind(max_concurrent_uploads=1, upload_slot_wait_s=20)
+    with httpx.Client(base_url=url, timeout=60) as http:
+        held = HeldUpload(url, "first")
+        _wait_held(app, 1)
+        answers: list[httpx.Response] = []
+        waiter = threading.Thread(target=lambda: answers.append(http.post(
+            "/v1/tasks", content=_body("second"), headers={"content-type": "application/json"})))
+        waiter.start()
+        time.sleep(0.5)
+        assert not answers  # still waiting for the slot
+        held.abandon()  # the first client goes away: its handler ends, the waiting upload gets the slot
+        waiter.join(30)
+        assert answers and answers[0].status_code == 202, answers
+        _wait_held(app, 0)
+        assert _task_names(http) == ["second"]
+
+
+def test_imports_share_the_slots(bind: Any, tmp_path: Any) -> None:  # noqa: F811
+    url, app = bind(max_concurrent_uploads=1, upload_slot_wait_s=0.3)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        held = HeldUpload(url, "held")
+        _wait_held(app, 1)
+        r = http.post("/v1/spaces/import", files={"file": ("space.jsonl", b"{}\n")})
+        assert r.status_code == 503 and r.json()["code"] == "uploads_busy", r.text
+        assert held.finish() == 202
