@@ -11,7 +11,8 @@ Keys (``<key>`` is :attr:`atlas.ports.SpaceKey.serving_key`, a hash of the model
 * ``fa:worker:<key>:<worker id>`` — a worker's announcement (JSON: model, space id, measured
   prompts/s), refreshed every ``HEARTBEAT_S`` with a ``WORKER_TTL_S`` expiry;
 * ``fa:prompts:<key>`` — the request list of one (model, spec); requests are JSON
-  ``{"id", "reply", "prompts", "deadline"}``;
+  ``{"id", "reply", "prompts", "deadline"}`` (``deadline``: when the caller stops waiting, on Redis's clock —
+  :class:`workers.redis_clock.SharedClock` — so hosts whose clocks disagree still agree on it);
 * ``fa:inflight:<key>:<worker id>`` — requests a worker has taken (``LMOVE``), removed after its
   reply; when the worker's announcement expires (SIGKILL), any live worker of the key moves them back
   to the head of the request list, so they are served again;
@@ -43,6 +44,7 @@ from atlas.ports import SpaceKey
 from fishersketch import SketchSpec, SketchState
 from workers.prompt_wire import decode_reply as decode_reply
 from workers.prompt_wire import encode_reply as encode_reply
+from workers.redis_clock import SharedClock
 from workers.redis_options import OutageLog, redis_retry
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,7 @@ class RedisPromptSketcher:
         self._listener: asyncio.Task[None] | None = None
         self._aredis: Any = None
         self._served: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+        self.clock = SharedClock()
         self.sent = 0
 
     # -- workers -----------------------------------------------------------------------------------
@@ -266,6 +269,9 @@ class RedisPromptSketcher:
         queue = _queue_key(space.serving_key)
         try:
             await self._ensure_listener()
+            if self.clock.stale():
+                sent_at = self.clock.local()
+                self.clock.update(await self._aredis.time(), sent_at, self.clock.local())
             depth = int(await self._aredis.llen(queue))
         except Exception as exc:  # the workers were seen < 0.5 s ago, but Redis fails now: 503, re-checked next time
             raise self._unreachable(space, exc) from exc
@@ -277,7 +283,7 @@ class RedisPromptSketcher:
         rid = uuid.uuid4().hex
         fut: asyncio.Future[list[SketchState]] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = (fut, space)
-        deadline = time.time() + max(0.0, ends_at - time.monotonic())  # the worker skips it past this
+        deadline = self.clock.now() + max(0.0, ends_at - time.monotonic())  # the worker skips it past this
         msg = {"id": rid, "reply": self.reply_key, "prompts": list(prompts), "deadline": deadline}
         try:
             try:
@@ -327,6 +333,7 @@ class PromptServer:
         self.key = space.serving_key
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.inflight = _inflight_key(self.key, self.worker_id)
+        self.clock = SharedClock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -357,6 +364,9 @@ class PromptServer:
             log.warning("withdrawing the prompt worker failed", exc_info=True)
 
     def _announce(self) -> None:
+        if self.clock.stale():
+            sent_at = self.clock.local()
+            self.clock.update(self.redis.time(), sent_at, self.clock.local())  # type: ignore[arg-type]
         stats = self.batcher.stats()
         body = {"worker_id": self.worker_id, "model": self.space.model_name, "space_id": self.space.space_id,
                 "prompts_per_s": stats.get("prompts_per_s", 0.0), "pending": stats.get("pending", 0)}
@@ -423,8 +433,9 @@ class PromptServer:
             log.warning("dropped a malformed prompt request (%d bytes)", len(raw))
             self._drop(raw)
             return
-        if deadline < time.time():
+        if deadline < self.clock.now():
             self._drop(raw)  # the caller gave up already
+            log.info("dropped a prompt request its caller stopped waiting for %.1f s ago", self.clock.now() - deadline)
             return
         try:
             prepared = self.batcher.prepare(prompts)
