@@ -18,6 +18,7 @@ SECTIONS = [
     ("bundled_model.md", "The bundled model (issue 4)"),
     ("store.md", "Store, FAISS index, rebuild (issue 5)"),
     ("upload_memory.md", "Upload memory per format (issue 14)"),
+    ("upload_burst.md", "Upload memory under a burst: uploads handled at once"),
     ("load.md", "Load held: mixed reads and writes over HTTP (issue 14)"),
     ("chaos.md", "Chaos rounds: SIGKILLs under load (issue 14)"),
     ("index.md", "Candidate search at scale (issue 12)"),
