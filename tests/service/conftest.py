@@ -72,6 +72,9 @@ class LiveServer:
         self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))  # port: 0 picks a free one; a given one restarts a service in its place
+        # listening at once: until then another process's SO_REUSEADDR socket may bind 127.0.0.1 on this port and,
+        # being more specific than a 0.0.0.0 bind, take the connections meant for this server
+        self.socket.listen(128)
         self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=5, root_path=root_path)
