@@ -11,6 +11,7 @@ samples there), the sample readers (:mod:`atlas.sample_io`) and the space import
 from __future__ import annotations
 
 import json
+import mmap
 import re
 
 from atlas.errors import PayloadTooLarge
@@ -48,7 +49,7 @@ def json_token_count(data: bytes, stop_after: int) -> int:
     return n
 
 
-def first_line_over(data: bytes, limit: int) -> int | None:
+def first_line_over(data: bytes | mmap.mmap, limit: int) -> int | None:
     """The number (1-based) of the first line of JSON Lines ``data`` holding more than ``limit`` structural tokens,
     or ``None``; one bounded pass (strings skipped whole, a string never spans lines in JSON Lines)."""
     line, n = 1, 0

@@ -56,8 +56,8 @@ class Settings(BaseSettings):
     max_import_bytes: int = Field(
         default=1024 * 1024 * 1024, ge=1024, description="Largest space export POST /v1/spaces/import reads "
         "(an export line holds a whole task: about 75 bytes per signature dimension, ~309 KB at m = 4096). The "
-        "file is read and checked whole before one transaction stores it: an import needs about twice its size "
-        "in memory.",
+        "file is checked whole before one transaction stores it, read through a memory map of where the upload was "
+        "spooled (not copied into memory) and stored one task at a time (bench/results/import_memory.md).",
     )
     max_concurrent_uploads: int = Field(
         default=4, ge=1, description="Uploads (task adds, appends, space imports) this API process reads, parses and "

@@ -24,7 +24,10 @@ trailer) is accepted only when its number of task lines equals the header's ``n_
 versions are preserved.
 
 HTTP-agnostic: the functions take a session or session factory, a :class:`~atlas.models.Space` and
-the raw bytes. Keeping the FAISS index caught up after an import is the caller's job.
+the raw bytes, or a memory map of the file (:func:`map_export`: an import then holds about one task's records at a
+time besides the file's pages — it is checked in a first pass that keeps only each line's offsets and small fields,
+and each task's records are decoded again as it is stored). Keeping the FAISS index caught up after an import is
+the caller's job.
 """
 
 from __future__ import annotations
@@ -34,8 +37,12 @@ import binascii
 import datetime as dt
 import hashlib
 import json
+import mmap
+import os
+import re
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from contextlib import contextmanager
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -51,6 +58,9 @@ from atlas.models import TASK_READY, Space, Task
 from atlas.samples import Metadata
 from atlas.task_names import normalize_name
 
+_NEWLINE = re.compile(b"\n")
+ExportBytes = bytes | mmap.mmap
+"""An export's content: its bytes, or a read-only memory map of its file (:func:`map_export`)."""
 EXPORT_FORMAT = "fisher-atlas-space"
 EXPORT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -196,6 +206,27 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
     yield (json.dumps(trailer) + "\n").encode()
 
 
+@contextmanager
+def map_export(file: BinaryIO) -> Iterator[ExportBytes]:
+    """A read-only memory map of an export file's content (``b""`` for an empty file), for :func:`import_space`:
+    the pages come from the file as they are read, so an import of a large export does not copy it into memory.
+
+    Parameters
+    ----------
+    file : binary file object with a ``fileno`` (an open file; a spooled upload rolls over to disk)
+    """
+    file.flush()
+    size = os.fstat(file.fileno()).st_size
+    if size == 0:
+        yield b""
+        return
+    mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield mapped
+    finally:
+        mapped.close()
+
+
 def _errors(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'line'}: {e['msg']}" for e in exc.errors()[:5])
 
@@ -207,19 +238,32 @@ def _b64(text: str, what: str) -> bytes:
         raise ValueError(f"{what} is not valid base64") from None
 
 
-def _lines(data: bytes, start: int, stop: int) -> Iterator[bytes]:
-    """The lines of ``data[start:stop]`` (split on ``"\\n"`` only), one at a time; at least one."""
+def _spans(data: ExportBytes, start: int, stop: int) -> Iterator[tuple[int, int]]:
+    """The ``(start, stop)`` offsets of the lines of ``data[start:stop]`` (split on ``"\\n"`` only); at least one."""
     while True:
         nl = data.find(b"\n", start, stop)
         if nl < 0:
-            yield data[start:stop]
+            yield start, stop
             return
-        yield data[start:nl]
+        yield start, nl
         start = nl + 1
 
 
-def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
+def _line_parts(data: ExportBytes, span: tuple[int, int]) -> tuple[bytes, Any, Any]:
+    """``(state blob, routing record, lexical record or None)`` of the task line at ``span``, decoded again:
+    :func:`parse_export` checked them and kept only where they are (a state, and a completion task's prompt-side
+    state in its routing record, are most of an export's bytes), so an import holds one task's at a time."""
+    rec = ExportTask.model_validate_json(data[span[0]:span[1]])
+    terms = lexicon_repo.LexicalRecord.from_bytes(_b64(rec.terms, "terms")) if rec.terms else None
+    return _b64(rec.state, "state"), rec.routing, terms
+
+
+def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
     """Validate an export (see the module docstring): ``(spec, model_fingerprint, model_name, tasks)``.
+
+    ``data`` is the file's bytes, or a memory map of it (what an import reads: the file is not copied into memory).
+    A task's checked state, routing and lexical records are not kept (they are most of an export's bytes): its
+    line's offsets are (``"span"``), and :func:`_line_parts` decodes them again when the task is stored.
 
     Raises
     ------
@@ -234,7 +278,7 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
     if (over := first_line_over(data, MAX_JSON_VALUES)) is not None:
         raise PayloadTooLarge(f"line {over} of the import holds more than {MAX_JSON_VALUES} JSON values; no exported "
                               "task does", {"line": over, "max_json_values": MAX_JSON_VALUES})
-    end = len(data) - 1 if data.endswith(b"\n") else len(data)  # the content, without a final newline
+    end = len(data) - 1 if data[-1:] == b"\n" else len(data)  # the content, without a final newline
     first_nl = data.find(b"\n", 0, end)
     head_end = end if first_nl < 0 else first_nl
     if not data[:head_end].strip():
@@ -255,7 +299,7 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
     if spec.fingerprint() != sp.spec_fingerprint:
         raise InvalidInput("the export's spec does not match its spec fingerprint")
     body_start, body_end = (end, end) if first_nl < 0 else (first_nl + 1, end)  # the lines after the header
-    n_body = 0 if first_nl < 0 else data.count(b"\n", body_start, end) + 1
+    n_body = 0 if first_nl < 0 else sum(1 for _ in _NEWLINE.finditer(data, body_start, end)) + 1
     if header.version >= 2:
         last_nl = data.rfind(b"\n", 0, end)
         trailer_line = data[last_nl + 1:end] if first_nl >= 0 else b""
@@ -269,15 +313,16 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         body_end, n_body = last_nl, n_body - 1
         if trailer.n_tasks != n_body:
             raise InvalidInput(f"the export's trailer counts {trailer.n_tasks} tasks but the file holds {n_body}")
-    body = _lines(data, body_start, body_end) if n_body else iter(())
+    body = _spans(data, body_start, body_end) if n_body else iter(())
     if header.version < 2:
-        non_blank = sum(1 for ln in _lines(data, body_start, body_end) if ln.strip()) if n_body else 0
+        non_blank = sum(1 for a, b in _spans(data, body_start, body_end) if data[a:b].strip()) if n_body else 0
         if non_blank != header.n_tasks:
             raise InvalidInput(f"the version-1 export holds {n_body} task lines but its header announces "
                                f"{header.n_tasks}: the file is incomplete")
     tasks: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(body, start=2):
+    for lineno, span in enumerate(body, start=2):
+        line = data[span[0]:span[1]]
         if not line.strip():
             continue
         try:
@@ -295,7 +340,8 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
         except ValueError as exc:
             raise InvalidInput(f"line {lineno}: {exc}") from None
         try:
-            terms = lexicon_repo.LexicalRecord.from_bytes(terms_blob) if terms_blob is not None else None
+            if terms_blob is not None:  # checked here; decoded again when the task is stored (_line_parts)
+                lexicon_repo.LexicalRecord.from_bytes(terms_blob)
         except Exception as exc:
             raise InvalidInput(f"line {lineno}: unreadable lexical record ({exc})") from None
         try:
@@ -321,13 +367,13 @@ def parse_export(data: bytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
             raise InvalidInput(f"line {lineno}: duplicate task name {name!r}")
         seen.add(name)
         tasks.append({"name": name, "mode": rec.mode, "metadata": rec.metadata, "version": rec.version,
-                      "n_samples": state.n_samples, "n_tokens": state.n_tokens, "state": state_blob,
+                      "n_samples": state.n_samples, "n_tokens": state.n_tokens, "span": span,
                       "signature": recomputed.astype(np.float32), "baselines": base_blob,
-                      "routing": rec.routing, "terms": terms, "created_at": rec.created_at})
+                      "created_at": rec.created_at})
     return spec, sp.model_fingerprint, sp.model_name, tasks
 
 
-def import_space(write: sessionmaker[Session], data: bytes, *, on_conflict: str = "fail",
+def import_space(write: sessionmaker[Session], data: ExportBytes, *, on_conflict: str = "fail",
                  fingerprint_aliases: Mapping[str, str] | None = None) -> tuple[int, int, list[str]]:
     """Restore an export (all or nothing): returns ``(space_id, imported, skipped_names)``.
 
@@ -335,6 +381,10 @@ def import_space(write: sessionmaker[Session], data: bytes, *, on_conflict: str 
     the target space) or ``"skip"`` (such tasks are left out and named in ``skipped_names``).
     ``fingerprint_aliases`` maps an earlier model fingerprint of the loaded model to its current one, so an
     export written before content fingerprints lands in the loaded model's space.
+
+    Memory: the file (or its memory map, :func:`map_export`) and one task's rows at a time — each task is flushed
+    into the transaction and its ORM objects let go, so an import of thousands of tasks does not hold their states
+    twice over until the commit.
     """
     if on_conflict not in ("fail", "skip"):
         raise InvalidInput("on_conflict must be 'fail' or 'skip'", {"on_conflict": on_conflict})
@@ -348,19 +398,21 @@ def import_space(write: sessionmaker[Session], data: bytes, *, on_conflict: str 
             spec=spec.to_dict(),
         )
         session.flush()
+        space_id = int(space.id)
         for t in tasks:
-            repo.free_failed_name(session, space.id, t["name"])
-        existing = set(session.execute(select(Task.name).where(Task.space_id == space.id)).scalars())
+            repo.free_failed_name(session, space_id, t["name"])
+        existing = set(session.execute(select(Task.name).where(Task.space_id == space_id)).scalars())
         clash = [t["name"] for t in tasks if t["name"] in existing]
         if clash and on_conflict == "fail":
-            raise Conflict(f"{len(clash)} task name(s) already exist in space {space.id}: {clash[:10]}",
+            raise Conflict(f"{len(clash)} task name(s) already exist in space {space_id}: {clash[:10]}",
                            {"names": clash})
         for t in tasks:
             if t["name"] in existing:
                 skipped.append(t["name"])
                 continue
+            state, routing, terms = _line_parts(data, t["span"])
             task = repo.create_ready_task(
-                session, space.id, t["name"], t["mode"], t["metadata"], state=t["state"],
+                session, space_id, t["name"], t["mode"], t["metadata"], state=state,
                 signature=t["signature"], baselines=t["baselines"], n_samples=t["n_samples"],
                 n_tokens=t["n_tokens"],
             )
@@ -368,10 +420,11 @@ def import_space(write: sessionmaker[Session], data: bytes, *, on_conflict: str 
             if t["created_at"] is not None:
                 task.created_at = t["created_at"]  # the task's age travels with it
             try:
-                routing_repo.import_record(session, task.id, t["routing"], spec)
+                routing_repo.import_record(session, task.id, routing, spec)
             except InvalidInput as exc:  # name the task of the file: its new id is rolled back with the import
                 raise InvalidInput(f"task {t['name']!r}: {exc.message}", exc.detail) from None
-            if t["terms"] is not None and not (isinstance(t["routing"], dict) and t["routing"].get("terms")):
-                lexicon_repo.put_record(session, task.id, t["terms"])
-        space_id = int(space.id)
+            if terms is not None and not (isinstance(routing, dict) and routing.get("terms")):
+                lexicon_repo.put_record(session, task.id, terms)
+            session.flush()
+            session.expunge_all()  # the rows are in the transaction; their ORM copies (the state) need not stay
     return space_id, len(tasks) - len(skipped), skipped

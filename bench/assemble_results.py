@@ -19,6 +19,7 @@ SECTIONS = [
     ("store.md", "Store, FAISS index, rebuild (issue 5)"),
     ("upload_memory.md", "Upload memory per format (issue 14)"),
     ("upload_burst.md", "Upload memory under a burst: uploads handled at once"),
+    ("import_memory.md", "Space import memory"),
     ("load.md", "Load held: mixed reads and writes over HTTP (issue 14)"),
     ("chaos.md", "Chaos rounds: SIGKILLs under load (issue 14)"),
     ("index.md", "Candidate search at scale (issue 12)"),

@@ -281,7 +281,8 @@ class Atlas:
         """Restore an export (all or nothing); returns the number of tasks imported."""
         if not _is_file(path):
             raise InvalidInput(f"no such file: {str(path)[:200]!r}")
-        return self._c.spaces.import_space(Path(path).read_bytes(), on_conflict=on_conflict)[1]
+        with Path(path).open("rb") as file:
+            return self._c.spaces.import_file(file, on_conflict=on_conflict)[1]
 
 
 def _run(coro: Any) -> Any:

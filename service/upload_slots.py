@@ -1,7 +1,7 @@
 """A cap on uploads handled at once: task adds, appends and space imports.
 
 Reading and parsing an upload holds it in memory several times over — 2–4 bytes per byte of JSONL, CSV or
-text, about 17 per decoded byte of Parquet, twice the file for an import (bench/results/upload_memory.md) —
+text, about 17 per decoded byte of Parquet (bench/results/upload_memory.md) —
 and the body limit bounds one request, not how many arrive together: twenty 64 MB Parquet uploads at once
 would need ~20 GB. :class:`UploadSlots` lets ``max_concurrent_uploads`` of them run in this process; the next
 one waits for a slot (its body stays unread in the connection) up to ``upload_slot_wait_s``, then is refused

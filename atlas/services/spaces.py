@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 from atlas import space_io
 from atlas.errors import NotFound
@@ -40,7 +40,12 @@ class SpaceService:
             session.expunge(space)
         return space, space_io.export_lines(self.store.read, space, ids)
 
-    def import_space(self, data: bytes, *, on_conflict: str = "fail") -> tuple[int, int, list[str]]:
+    def import_file(self, file: BinaryIO, *, on_conflict: str = "fail") -> tuple[int, int, list[str]]:
+        """:meth:`import_space` of an export file, read through a memory map (not copied into memory)."""
+        with space_io.map_export(file) as data:
+            return self.import_space(data, on_conflict=on_conflict)
+
+    def import_space(self, data: space_io.ExportBytes, *, on_conflict: str = "fail") -> tuple[int, int, list[str]]:
         """Restore an export (all or nothing), then bring the index up to date: returns
         ``(space_id, imported, skipped_names)``."""
         space_id, imported, skipped = space_io.import_space(self.store.write, data, on_conflict=on_conflict,

@@ -87,11 +87,12 @@ async def import_space(
         if not isinstance(file, UploadFile):
             raise InvalidInput("the multipart body needs a 'file' part")
         limit = c.settings.max_import_bytes
-        data = await file.read(limit + 1)
-        if len(data) > limit:
+        if file.size is not None and file.size > limit:
             raise PayloadTooLarge(f"the export exceeds the import limit of {limit} bytes (setting max_import_bytes)",
                                   {"max_import_bytes": limit})
+        # read where it was spooled (a memory map of the temporary file), not copied into memory
+        space_id, imported, skipped = await run_in_threadpool(c.spaces.import_file, file.file,
+                                                              on_conflict=on_conflict)
     finally:
         await form.close()
-    space_id, imported, skipped = await run_in_threadpool(c.spaces.import_space, data, on_conflict=on_conflict)
     return ImportResult(space_id=space_id, imported=imported, skipped=skipped)
