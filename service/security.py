@@ -16,6 +16,9 @@
    (401 ``unauthorized``); the route checks its scope.
 4. **Rate limit** on ``/v1/...``: a token bucket per key, or per client address when anonymous or when the key
    check failed (``rate_limit_per_s``, ``rate_limit_burst``); empty → 429 ``rate_limited`` with ``Retry-After``.
+   The public paths that do work (``/readyz`` probes the database and the model on two threads of its own,
+   ``/metrics`` renders the registry) are limited per client address too, so one client flooding them cannot
+   turn another's readiness probe into "timed out"; ``/healthz`` touches nothing and is not limited.
 
 Every refusal is the usual ``{"code", "message", "detail"}`` body and stores nothing.
 """
@@ -161,6 +164,8 @@ class SecurityMiddleware:
                 # ANONYMOUS: the gate ran and asked for no key (authorize() must not decide again)
                 scope.setdefault("state", {})[PRINCIPAL_STATE] = principal if principal is not None else ANONYMOUS
                 self._rate_limit(principal, scope)
+            elif path in RATE_LIMITED_PUBLIC_PATHS:
+                self._rate_limit(None, scope)
         except AtlasError as exc:
             await _render(exc, scope, receive, send)
             return
@@ -223,6 +228,10 @@ class SecurityMiddleware:
             raise _Refused(429, "rate_limited",
                            f"rate limit of {self.settings.rate_limit_per_s:g} requests/s exceeded; retry later",
                            {"retry_after_s": round(wait, 3)}, retry_after_s=wait)
+
+
+RATE_LIMITED_PUBLIC_PATHS = frozenset({"/readyz", "/metrics"})
+"""Paths answered without a key that are rate-limited per client address (they do work)."""
 
 
 def route_path(scope: Scope) -> str:

@@ -217,6 +217,19 @@ def test_rate_limit_per_address_when_anonymous(bind) -> None:
     assert codes == [200, 200, 429]
 
 
+@pytest.mark.parametrize("path", ["/readyz", "/metrics"])
+def test_the_public_paths_that_do_work_are_rate_limited_per_address(bind, path: str) -> None:
+    """/readyz runs its probes on two threads of its own: a client flooding it could queue another's probe past its
+    1 s bound ("timed out"). /metrics renders the registry on the thread pool. Both are limited per address now;
+    /healthz is not."""
+    url, _ = bind(rate_limit_per_s=0.01, rate_limit_burst=2)  # no refill within the test
+    codes = [httpx.get(f"{url}{path}").status_code for _ in range(3)]
+    assert codes[:2] == [200, 200] and codes[2] == 429, codes
+    r = httpx.get(f"{url}{path}")
+    assert r.json()["code"] == "rate_limited" and int(r.headers["Retry-After"]) >= 1
+    assert [httpx.get(f"{url}/healthz").status_code for _ in range(5)] == [200] * 5
+
+
 # -- busy database -----------------------------------------------------------------------------------
 
 
