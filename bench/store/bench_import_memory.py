@@ -17,12 +17,13 @@ import datetime as dt
 import hashlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench.store.bench_upload_memory import machine
 
 CHILD = """
 import json, sys, time
@@ -111,12 +112,11 @@ def main() -> None:
                 runs[tree].append(res)
                 print(f"repeat {rep} {tree}: peak +{res['peak'] / 1e6:.1f} MB, anonymous +{res['anon'] / 1e6:.1f} MB, "
                       f"{res['seconds']:.1f} s", flush=True)
-    machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()})"
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "## Space import memory",
         "",
-        f"Machine: {machine}; date {when}; the 2-core dev box, other jobs running.",
+        f"Machine: {machine()}; date {when}; the 2-core dev box, other jobs running.",
         "",
         "```bash",
         f"python -m bench.store.bench_import_memory --tasks {args.tasks} --trees {' '.join(args.trees)} "

@@ -16,7 +16,6 @@ import argparse
 import datetime as dt
 import io
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.store.bench_upload_memory import _status, _texts
+from bench.store.bench_upload_memory import _status, _texts, machine, wait_until_up
 
 SERVER = """
 import sys, uvicorn
@@ -56,13 +55,7 @@ def burst(cap: int, n_uploads: int, data: bytes, port: int) -> tuple[int, float,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_until_up(url)
         # one upload first: the lazily built parts (Arrow, the readers) are resident before the peak is reset
         httpx.post(f"{url}/v1/tasks", data={"name": "warm", "mode": "completion"},
                    files={"file": ("u.parquet", data)}, timeout=600)
@@ -109,12 +102,11 @@ def main() -> None:
             assert statuses == [422] * args.uploads, statuses
             results[cap].append((peak, secs))
             print(f"repeat {rep} cap {cap:5d}: peak +{peak / 1e6:8.1f} MB, burst {secs:6.2f} s", flush=True)
-    machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()})"
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "## Upload memory under a burst: the cap on uploads handled at once",
         "",
-        f"Machine: {machine}; date {when}; the 2-core dev box, other jobs running.",
+        f"Machine: {machine()}; date {when}; the 2-core dev box, other jobs running.",
         "",
         "```bash",
         f"python -m bench.store.bench_upload_burst --uploads {args.uploads} --mb {args.mb:g} "

@@ -47,6 +47,23 @@ def _status(pid: int, key: str) -> int:
     raise KeyError(key)
 
 
+def wait_until_up(url: str, tries: int = 600) -> None:
+    """Poll ``url``'s ``/healthz`` every half second until it answers 200."""
+    for _ in range(tries):
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not come up")
+
+
+def machine() -> str:
+    """This machine in one phrase: host, cores, architecture, Python."""
+    return f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()})"
+
+
 def _texts(n_bytes: int) -> list[str]:
     out, size, i = [], 0, 0
     while size < n_bytes:
@@ -99,13 +116,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_until_up(url)
         for label, fname, data, mode, expected, content in cases(args.mb):
             Path(f"/proc/{proc.pid}/clear_refs").write_text("5")
             before = _status(proc.pid, "VmRSS")
@@ -122,11 +133,10 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()})"
     lines = [
         "## Upload memory: peak server memory per upload byte (issue 14)",
         "",
-        f"Machine: {machine}; date {dt.date.today().isoformat()}; shared 2-core VM, other jobs running.",
+        f"Machine: {machine()}; date {dt.date.today().isoformat()}; shared 2-core VM, other jobs running.",
         "",
         "```bash",
         f"python -m bench.store.bench_upload_memory --mb {args.mb:g} --out {args.out}",
