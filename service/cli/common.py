@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from typing import Annotated, Any
 
 import typer
@@ -35,6 +36,12 @@ def client(url: str | None, api_key: str | None, timeout: float = 120.0) -> Any:
     from service.client import AtlasClient
 
     return AtlasClient(url, api_key=api_key, timeout=timeout)
+
+
+def write_key() -> str:
+    """A fresh ``Idempotency-Key`` for one command's write: the client may then resend it on a failed connection,
+    429 or 503 (the service answers a repeat with the first one's task and job), and a command never adds twice."""
+    return f"cli-{uuid.uuid4().hex}"
 
 
 def emit(as_json: bool, payload: Any, text: str) -> None:

@@ -22,6 +22,7 @@ from service.cli.common import (
     json_object,
     sample_notes,
     terminal_safe,
+    write_key,
 )
 
 app = typer.Typer()
@@ -41,7 +42,8 @@ def add(name: str, file: FileArg,
         json: Json = False) -> None:
     """Add a task from a file and (with --wait) follow its job to the end."""
     with client(url, api_key, timeout) as cl:
-        created = cl.add_task(name, file, mode=mode.value, metadata=json_object(metadata, "--metadata"), space=space)
+        created = cl.add_task(name, file, mode=mode.value, metadata=json_object(metadata, "--metadata"), space=space,
+                              idempotency_key=write_key())
         if not wait:
             emit(json, created, f"task {created.task.id} ({created.task.name}) created; job {created.job.id} "
                  f"{created.job.status}")
@@ -63,7 +65,7 @@ def append(name: str, file: FileArg,
     """Append samples from a file to an existing task (the task's mode applies)."""
     with client(url, api_key, timeout) as cl:
         task = cl.find_task(name, space=space)
-        job = cl.append(task.id, file)
+        job = cl.append(task.id, file, idempotency_key=write_key())
         if wait:
             job = follow(cl, job.id, name, quiet=json)
     emit(json, job, f"job {job.id} ({job.kind} to task {task.id}, {task.name}): {job.status}"

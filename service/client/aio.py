@@ -2,9 +2,9 @@
 these same coroutines on a private event loop).
 
 Reads (GETs and the read-only POSTs) are retried with tenacity on connection errors, 429 and 503,
-honouring ``Retry-After``; writes are never retried here (pass ``idempotency_key`` to ``add_task`` /
-``append`` and retry yourself). Job progress is followed over server-sent events (httpx-sse), with polling
-as the fallback.
+honouring ``Retry-After``; so are ``add_task`` and ``append`` given an ``idempotency_key`` (the service answers
+a repeat with the first request's task and job), while writes without one are never retried. Job progress is
+followed over server-sent events (httpx-sse), with polling as the fallback.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class AsyncAtlasClient:
     timeout
         Request timeout in seconds.
     retries
-        Attempts of a read on connection errors, 429 and 503 (1: no retry).
+        Attempts of a read, or of a write with an idempotency key, on connection errors, 429 and 503 (1: no retry).
     transport, limits
         Optional httpx transport (e.g. ``httpx.ASGITransport``) and pool limits.
     """
@@ -136,8 +136,8 @@ class AsyncAtlasClient:
                        wait_timeout: float | None = None, idempotency_key: str | None = None) -> TaskCreated:
         """``POST /v1/tasks`` from a file path / bytes (``file``) or records (``samples``); with ``wait``
         the job is followed until it ends (``on_progress`` sees every update). With ``idempotency_key`` the
-        same call can be sent again safely (after :class:`Unreachable`): the service answers the first one's
-        task and job."""
+        same call can be sent again safely — this client does so on a failed connection, 429 and 503, as for a
+        read: the service answers the first one's task and job."""
         created: TaskCreated = await self._send(calls.add_task(name, file, samples, mode, metadata, space, filename,
                                                                idempotency_key))
         if not wait:
@@ -149,7 +149,8 @@ class AsyncAtlasClient:
                      filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                      wait_timeout: float | None = None, idempotency_key: str | None = None) -> JobOut:
         """``POST /v1/tasks/{id}/samples``; the job (final with ``wait``). With ``idempotency_key`` the same call
-        can be sent again safely: the samples are appended once."""
+        can be sent again safely (this client does so on a failed connection, 429 and 503): the samples are
+        appended once."""
         accepted = await self._send(calls.append(task_id, file, samples, filename, idempotency_key))
         if not wait:
             return accepted.job  # type: ignore[no-any-return]

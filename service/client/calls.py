@@ -42,8 +42,10 @@ class Call(Generic[T]):
 
     @property
     def idempotent(self) -> bool:
-        """Safe to retry (reads)."""
-        return self.method in ("GET", "HEAD") or (self.method == "POST" and self.path in IDEMPOTENT_POSTS)
+        """Safe to retry: a read, or a write carrying an ``Idempotency-Key`` (the service answers a repeat with the
+        first request's task and job, and stores its samples once)."""
+        return (self.method in ("GET", "HEAD") or (self.method == "POST" and self.path in IDEMPOTENT_POSTS)
+                or "Idempotency-Key" in (self.headers or {}))
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``httpx.AsyncClient.request``."""

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.service.test_security import bind  # noqa: F401  (fixture)
 
@@ -102,3 +103,62 @@ def test_imports_share_the_slots(bind: Any, tmp_path: Any) -> None:  # noqa: F81
         r = http.post("/v1/spaces/import", files={"file": ("space.jsonl", b"{}\n")})
         assert r.status_code == 503 and r.json()["code"] == "uploads_busy", r.text
         assert held.finish() == 202
+
+
+def _release_later(held: HeldUpload, after_s: float) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(after_s), held.finish()), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_keyed_write_is_retried_through_a_busy_service_and_an_unkeyed_one_is_not(bind: Any) -> None:  # noqa: F811
+    """503 ``uploads_busy`` carries Retry-After: the client resends ``add_task`` / ``append`` that carry an
+    idempotency key (a repeat is answered with the first one's task and job), never a write without one."""
+    from service.client import AtlasClient
+    from service.client.errors import Unavailable
+
+    url, app = bind(max_concurrent_uploads=1, upload_slot_wait_s=0.2)
+    samples = [{"text": "a sample sent while the service is busy"}]
+    with AtlasClient(url, retries=4) as client:
+        held = HeldUpload(url, "held")
+        _wait_held(app, 1)
+        with pytest.raises(Unavailable) as refused:
+            client.add_task("unkeyed", samples=samples)
+        assert refused.value.code == "uploads_busy"
+        releaser = _release_later(held, 1.0)
+        created = client.add_task("keyed", samples=samples, idempotency_key="busy-add")  # waits Retry-After, resends
+        releaser.join(10)
+        assert created.task.name == "keyed"
+        held = HeldUpload(url, "held-again")
+        _wait_held(app, 1)
+        releaser = _release_later(held, 1.0)
+        job = client.append(created.task.id, samples=[{"text": "one more"}], idempotency_key="busy-append")
+        releaser.join(10)
+        assert job.kind == "append"
+    with httpx.Client(base_url=url, timeout=30) as http:
+        assert _task_names(http) == ["held", "held-again", "keyed"]
+
+
+def test_the_cli_sends_its_writes_with_a_fresh_key(bind: Any, tmp_path: Any,  # noqa: F811
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``fisher-atlas add`` and ``append`` get through a busy service: each sends its write with a key of its own."""
+    from service.cli import main
+
+    url, app = bind(max_concurrent_uploads=1, upload_slot_wait_s=0.2)
+    data = tmp_path / "s.jsonl"
+    data.write_text(json.dumps({"text": "a sample from a file"}) + "\n")
+    held = HeldUpload(url, "held")
+    _wait_held(app, 1)
+    releaser = _release_later(held, 1.0)
+    assert main(["add", "from-cli", str(data), "--url", url, "--json"]) == 0
+    releaser.join(10)
+    capsys.readouterr()
+    other = tmp_path / "t.jsonl"
+    other.write_text(json.dumps({"text": "another sample from a file"}) + "\n")
+    held = HeldUpload(url, "held-again")
+    _wait_held(app, 1)
+    releaser = _release_later(held, 1.0)
+    assert main(["append", "from-cli", str(other), "--url", url, "--json"]) == 0
+    releaser.join(10)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        assert _task_names(http) == ["from-cli", "held", "held-again"]
