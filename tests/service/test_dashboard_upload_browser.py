@@ -178,3 +178,46 @@ def test_with_keys_on_the_form_streams_progress_with_the_key(
     finally:
         context.close()
     assert not problems, problems
+
+
+def test_the_form_waits_out_a_busy_service_and_adds_once(serve: Any, tiny_lm: Any, browser: Any,
+                                                          tmp_path: Path) -> None:
+    """Every upload slot taken (``max_concurrent_uploads``): the service answers 503 ``uploads_busy`` with Retry-After.
+    The form says so, asks again with the same Idempotency-Key and adds the task once when a slot frees."""
+    import threading
+    import time
+
+    import httpx
+
+    from tests.service.test_upload_slots import HeldUpload, _wait_held
+
+    svc = serve(lm=tiny_lm, max_concurrent_uploads=1, upload_slot_wait_s=0.2)
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = context.new_page()
+    posts: list[tuple[int, str | None]] = []
+    pg.on("response", lambda r: posts.append((r.status, r.request.headers.get("idempotency-key")))
+          if r.request.method == "POST" and r.url.endswith("/v1/tasks") else None)
+    try:
+        pg.goto(f"{svc.url}/dashboard/#/atlas")
+        pg.locator("[data-testid=add-form]").wait_for()
+        held = HeldUpload(svc.url, "held")
+        _wait_held(svc.app, 1)
+        texts = [f"Line {i}: a sample uploaded while the service is busy." for i in range(12)]
+        pg.set_input_files("[data-testid=add-file]", str(write_jsonl(tmp_path / "busy.jsonl", texts)))
+        pg.fill("[data-testid=add-name]", "busy-upload")
+        pg.click("[data-testid=add-submit]")
+        waiting = pg.locator("[data-testid=add-waiting]")
+        waiting.wait_for(timeout=15_000)
+        assert "trying again" in waiting.inner_text()
+        releaser = threading.Thread(target=lambda: (time.sleep(0.5), held.finish()), daemon=True)
+        releaser.start()
+        pg.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        releaser.join(10)
+        assert waiting.count() == 0  # the message went once the upload got through
+    finally:
+        context.close()
+    assert posts[0][0] == 503 and posts[-1][0] == 202, posts
+    assert len({key for _, key in posts}) == 1 and posts[0][1], posts  # one key, sent every time
+    with httpx.Client(base_url=svc.url, timeout=10) as http:
+        names = sorted(t["name"] for t in http.get("/v1/tasks").json()["items"])
+    assert names == ["busy-upload", "held"]

@@ -1451,15 +1451,34 @@
     if (key) headers["X-API-Key"] = key;
     return headers;
   }
-  async function upload(path, form) {
-    let res;
-    try {
-      res = await fetch(API_BASE + path, { method: "POST", headers: authHeaders({ Accept: "application/json" }), body: form });
-    } catch (err) {
-      throw new ApiError("network", `Cannot reach the service (${err && err.message ? err.message : err}).`, 0);
+  // A fresh Idempotency-Key per upload (crypto.randomUUID needs a secure context: localhost or https).
+  function writeKey() {
+    if (window.crypto && typeof window.crypto.randomUUID === "function") return `dash-${window.crypto.randomUUID()}`;
+    const bytes = new Uint8Array(16);
+    window.crypto.getRandomValues(bytes);
+    return `dash-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+  }
+  const UPLOAD_ATTEMPTS = 4;
+  // POST an upload with its own Idempotency-Key; a busy service (429, 503: uploads or queue full, Retry-After) is
+  // asked again with the same key up to UPLOAD_ATTEMPTS times — a repeat is answered with the first one's task and
+  // job, so a retry never adds twice. onWait(seconds, error) is told before each wait.
+  async function upload(path, form, onWait = () => {}) {
+    const headers = authHeaders({ Accept: "application/json", "Idempotency-Key": writeKey() });
+    for (let attempt = 1; ; attempt++) {
+      let res;
+      try {
+        res = await fetch(API_BASE + path, { method: "POST", headers, body: form });
+      } catch (err) {
+        throw new ApiError("network", `Cannot reach the service (${err && err.message ? err.message : err}).`, 0);
+      }
+      if (res.ok) return res.json();
+      const error = await apiErrorOf(res);
+      if (![429, 503].includes(res.status) || attempt >= UPLOAD_ATTEMPTS) throw error;
+      const after = Number(res.headers.get("Retry-After"));
+      const seconds = Math.min(Number.isFinite(after) && after > 0 ? after : 2 ** attempt, 30);
+      onWait(seconds, error);
+      await new Promise((r) => setTimeout(r, seconds * 1000));
     }
-    if (!res.ok) throw await apiErrorOf(res);
-    return res.json();
   }
   // Server-sent events of GET /v1/jobs/{id}/events, read with fetch() so the X-API-Key header goes along
   // (EventSource cannot send headers). Calls onJob(job) per `progress` event; resolves with the last job.
@@ -1629,7 +1648,10 @@
       }
       busy = true; submit.disabled = true;
       try {
-        const accepted = await upload(path, data);
+        const accepted = await upload(path, data, (seconds, error) => message.replaceChildren(
+          h("p", { class: "muted small", "data-testid": "add-waiting" },
+            `${error.message} — trying again in ${seconds} s.`)));
+        message.replaceChildren();
         const job = accepted.job;
         progressBox.hidden = false;
         showJob(job);
