@@ -73,7 +73,10 @@ class UploadSlots:
         """
         semaphore = self._semaphore_here()
         try:
-            await asyncio.wait_for(semaphore.acquire(), timeout=self.wait_s)
+            if semaphore.locked():  # taken, or others wait before this one: wait in line, at most wait_s
+                await asyncio.wait_for(semaphore.acquire(), timeout=self.wait_s)
+            else:  # a free slot is taken at once (wait_for with a timeout of 0 would give up before trying)
+                await semaphore.acquire()
         except TimeoutError:
             raise UploadsBusy(
                 f"{self.total} uploads are being read and stored already (setting max_concurrent_uploads) and none "

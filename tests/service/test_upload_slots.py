@@ -6,6 +6,7 @@ body half sent, so its handler holds a slot while it reads.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -14,6 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.service.test_security import bind  # noqa: F401  (fixture)
 
@@ -162,3 +165,42 @@ def test_the_cli_sends_its_writes_with_a_fresh_key(bind: Any, tmp_path: Any,  # 
     releaser.join(10)
     with httpx.Client(base_url=url, timeout=30) as http:
         assert _task_names(http) == ["from-cli", "held", "held-again"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(total=st.integers(1, 4), holds_ms=st.lists(st.integers(0, 15), min_size=1, max_size=12),
+       wait_s=st.sampled_from([0.0, 0.05, 5.0]))
+def test_slots_never_hold_more_than_their_total_and_always_come_back(total: int, holds_ms: list[int],
+                                                                     wait_s: float) -> None:
+    """Any burst of uploads, each holding its slot for a while: at most ``total`` hold one at once, a refused one is
+    ``UploadsBusy`` (503), every slot comes back (also from a holder that fails), and with a wait longer than the
+    whole burst none is refused."""
+    from service.upload_slots import UploadsBusy, UploadSlots
+
+    slots = UploadSlots(total, wait_s)
+    peak, outcomes = [0], []
+
+    async def upload(ms: int, fails: bool) -> None:
+        try:
+            async with slots.hold():
+                peak[0] = max(peak[0], slots.held)
+                await asyncio.sleep(ms / 1000)
+                if fails:
+                    raise ValueError("the upload was malformed")
+            outcomes.append("stored")
+        except UploadsBusy as exc:
+            assert exc.status_code == 503 and exc.retry_after_s
+            outcomes.append("busy")
+        except ValueError:
+            outcomes.append("failed")
+
+    async def burst() -> None:
+        await asyncio.gather(*(upload(ms, i % 3 == 2) for i, ms in enumerate(holds_ms)))
+
+    asyncio.run(burst())
+    assert 1 <= peak[0] <= total and slots.held == 0
+    assert len(outcomes) == len(holds_ms)
+    if wait_s >= 5.0:
+        assert "busy" not in outcomes
+    if len(holds_ms) <= total:
+        assert "busy" not in outcomes  # a free slot is taken at once, whatever the wait
