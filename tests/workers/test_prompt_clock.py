@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from atlas.ports import SpaceKey
 from tests.conftest import REDIS_URL
@@ -92,3 +94,18 @@ def test_a_request_past_its_deadline_is_dropped_with_a_log_line(space_and_batche
     assert client.llen(reply) == 0  # not served
     assert any("stopped waiting" in r.getMessage() for r in caplog.records), caplog.text
     client.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(skew=st.floats(-1e6, 1e6), sent=st.floats(1.6e9, 2e9), rtt=st.floats(0, 2), server_at=st.floats(0, 1))
+def test_the_measured_offset_is_within_half_a_round_trip(skew: float, sent: float, rtt: float,
+                                                         server_at: float) -> None:
+    """Redis reads its clock somewhere within the round trip: the offset is off by at most half of it, whatever the
+    skew, and ``now()`` is the host's clock plus the offset."""
+    local = sent + 0.25
+    clock = SharedClock(local=lambda: local)
+    server = sent + server_at * rtt + skew  # the server's clock when it answered
+    clock.update((int(server // 1), round(server % 1 * 1e6)), sent, sent + rtt)
+    assert abs(clock.offset - skew) <= rtt / 2 + 1e-5
+    assert clock.now() == pytest.approx(local + clock.offset)
+    assert not clock.stale()
