@@ -7,10 +7,12 @@ body half sent, so its handler holds a slot while it reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -108,10 +110,15 @@ def test_imports_share_the_slots(bind: Any, tmp_path: Any) -> None:  # noqa: F81
         assert held.finish() == 202
 
 
-def _release_later(held: HeldUpload, after_s: float) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(after_s), held.finish()), daemon=True)
+@contextlib.contextmanager
+def _busy_for(url: str, app: Any, name: str, seconds: float = 1.0) -> Iterator[None]:
+    """Every slot (one) held by an upload named ``name`` that finishes ``seconds`` after the block starts."""
+    held = HeldUpload(url, name)
+    _wait_held(app, 1)
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), held.finish()), daemon=True)
     thread.start()
-    return thread
+    yield
+    thread.join(10)
 
 
 def test_a_keyed_write_is_retried_through_a_busy_service_and_an_unkeyed_one_is_not(bind: Any) -> None:  # noqa: F811
@@ -128,18 +135,15 @@ def test_a_keyed_write_is_retried_through_a_busy_service_and_an_unkeyed_one_is_n
         with pytest.raises(Unavailable) as refused:
             client.add_task("unkeyed", samples=samples)
         assert refused.value.code == "uploads_busy"
-        releaser = _release_later(held, 1.0)
-        created = client.add_task("keyed", samples=samples, idempotency_key="busy-add")  # waits Retry-After, resends
-        releaser.join(10)
+        held.finish()
+        with _busy_for(url, app, "held-again"):
+            created = client.add_task("keyed", samples=samples, idempotency_key="busy-add")  # waits, resends
         assert created.task.name == "keyed"
-        held = HeldUpload(url, "held-again")
-        _wait_held(app, 1)
-        releaser = _release_later(held, 1.0)
-        job = client.append(created.task.id, samples=[{"text": "one more"}], idempotency_key="busy-append")
-        releaser.join(10)
+        with _busy_for(url, app, "held-third"):
+            job = client.append(created.task.id, samples=[{"text": "one more"}], idempotency_key="busy-append")
         assert job.kind == "append"
     with httpx.Client(base_url=url, timeout=30) as http:
-        assert _task_names(http) == ["held", "held-again", "keyed"]
+        assert _task_names(http) == ["held", "held-again", "held-third", "keyed"]
 
 
 def test_the_cli_sends_its_writes_with_a_fresh_key(bind: Any, tmp_path: Any,  # noqa: F811
@@ -150,19 +154,13 @@ def test_the_cli_sends_its_writes_with_a_fresh_key(bind: Any, tmp_path: Any,  # 
     url, app = bind(max_concurrent_uploads=1, upload_slot_wait_s=0.2)
     data = tmp_path / "s.jsonl"
     data.write_text(json.dumps({"text": "a sample from a file"}) + "\n")
-    held = HeldUpload(url, "held")
-    _wait_held(app, 1)
-    releaser = _release_later(held, 1.0)
-    assert main(["add", "from-cli", str(data), "--url", url, "--json"]) == 0
-    releaser.join(10)
+    with _busy_for(url, app, "held"):
+        assert main(["add", "from-cli", str(data), "--url", url, "--json"]) == 0
     capsys.readouterr()
     other = tmp_path / "t.jsonl"
     other.write_text(json.dumps({"text": "another sample from a file"}) + "\n")
-    held = HeldUpload(url, "held-again")
-    _wait_held(app, 1)
-    releaser = _release_later(held, 1.0)
-    assert main(["append", "from-cli", str(other), "--url", url, "--json"]) == 0
-    releaser.join(10)
+    with _busy_for(url, app, "held-again"):
+        assert main(["append", "from-cli", str(other), "--url", url, "--json"]) == 0
     with httpx.Client(base_url=url, timeout=30) as http:
         assert _task_names(http) == ["from-cli", "held", "held-again"]
 
