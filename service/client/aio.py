@@ -13,7 +13,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 import httpx
@@ -331,8 +331,14 @@ class AsyncAtlasClient:
         return blob
 
     async def import_space(self, file: str | os.PathLike[str] | bytes, *, on_conflict: str = "fail") -> ImportResult:
-        """``POST /v1/spaces/import`` of a file written by :meth:`export_space`."""
-        data = file if isinstance(file, bytes) else Path(os.fspath(file)).read_bytes()
+        """``POST /v1/spaces/import`` of a file written by :meth:`export_space` (a path is streamed from disk, not
+        read into memory: an export may be up to the service's ``max_import_bytes``, 1 GiB by default)."""
+        if isinstance(file, bytes):
+            return await self._import(file, on_conflict)
+        with Path(os.fspath(file)).open("rb") as stream:
+            return await self._import(stream, on_conflict)
+
+    async def _import(self, data: bytes | BinaryIO, on_conflict: str) -> ImportResult:
         return await self._send(Call("POST", "/v1/spaces/import", ImportResult, params={"on_conflict": on_conflict},
                                      files={"file": ("space.jsonl", data, "application/x-ndjson")}))
 

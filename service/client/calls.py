@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -21,6 +21,8 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 T = TypeVar("T", bound=BaseModel)
 ProgressCallback = Callable[[JobOut], None]
 FileArg = str | os.PathLike[str] | bytes | None
+FilePart = tuple[str, bytes | BinaryIO, str]
+"""A multipart file part: its name, its content (bytes, or a binary file streamed by httpx) and content type."""
 IDEMPOTENT_POSTS = ("/v1/route", "/v1/align/matrix")
 """POST endpoints that only read: retried like GETs."""
 
@@ -35,7 +37,7 @@ class Call(Generic[T]):
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
     data: dict[str, str] | None = None
-    files: dict[str, tuple[str, bytes, str]] | None = None
+    files: dict[str, FilePart] | None = None
     as_json: bool = False
     """Without a model: return the decoded JSON instead of the raw bytes."""
     headers: dict[str, str] | None = None
@@ -86,7 +88,7 @@ SampleArg = str | Mapping[str, str]
 
 
 def upload(file: FileArg, samples: Sequence[SampleArg] | None, filename: str | None
-           ) -> tuple[dict[str, tuple[str, bytes, str]] | None, list[dict[str, str]] | None]:
+           ) -> tuple[dict[str, FilePart] | None, list[dict[str, str]] | None]:
     """Multipart file part or JSON records of an upload (exactly one of ``file`` / ``samples``); a text sample
     becomes ``{"text": ...}`` as in the library (a list of texts raised "dictionary update sequence element #0
     has length 1")."""

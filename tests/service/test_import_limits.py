@@ -52,6 +52,26 @@ def test_an_export_larger_than_the_upload_limit_imports(serve: Any, tiny_lm: Any
         assert again.imported == 0 and sorted(again.skipped) == ["chem", "prose"]
 
 
+def test_the_client_streams_an_import_from_a_path(serve: Any, tiny_lm: Any, tmp_path: Any) -> None:
+    """A path is sent from disk (an export may be 1 GiB), through the sync and the async client alike."""
+    import asyncio
+
+    from service.client import AsyncAtlasClient
+
+    path = tmp_path / "space.jsonl"
+    path.write_bytes(_export_of_two_tasks(serve, tiny_lm))
+    dst = serve(lm=tiny_lm, sketch_dim=M)
+    with AtlasClient(dst.url) as client:
+        assert client.import_space(path).imported == 2
+        assert sorted(t.name for t in client.list_tasks().items) == ["chem", "prose"]
+
+    async def again() -> Any:
+        async with AsyncAtlasClient(dst.url) as client:
+            return await client.import_space(str(path), on_conflict="skip")
+
+    assert sorted(asyncio.run(again()).skipped) == ["chem", "prose"]
+
+
 def test_an_export_over_the_import_limit_is_a_413_naming_its_setting(serve: Any, tiny_lm: Any) -> None:
     blob = _export_of_two_tasks(serve, tiny_lm)
     dst = serve(lm=tiny_lm, sketch_dim=M, max_import_bytes=len(blob) - 1)
