@@ -212,7 +212,8 @@ def create_or_replay_task(
     except IntegrityError:
         if idempotency_key is not None and (job := job_by_key(session, idempotency_key)) is not None:
             return *replay(session, job, JOB_CREATE, samples, digest, name=name, space_id=space_id, mode=mode), False
-        raise Conflict(f"a task named {name!r} already exists in this space", {"name": name}) from None
+        raise Conflict(f"a task named {name!r} already exists in this space: append to it, or delete it first",
+                       {"name": name}) from None
     return task, _add_job(session, JOB_CREATE, task, upload, len(samples), idempotency_key, digest), True
 
 

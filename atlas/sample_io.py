@@ -41,7 +41,7 @@ from typing import IO, Any, cast
 from atlas.errors import InvalidInput, PayloadTooLarge
 from atlas.file_formats import file_format
 from atlas.json_bounds import json_token_count, upload_value_limit
-from atlas.samples import Mode, Sample, record_values, sample_of
+from atlas.samples import Mode, Sample, check_columns, record_values, sample_of
 
 __all__ = [
     "SampleLimits",
@@ -337,6 +337,7 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
         if twice:
             raise InvalidInput(f"{filename}: the header names {', '.join(map(repr, twice))} more than once",
                                {"columns": twice})
+        check_columns(header, mode, filename)  # once, naming the header: not "row 2: missing field" per row
         blank = 0
         for row in reader:
             row_no = reader.line_num
@@ -372,15 +373,15 @@ def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counte
 
     keys = ["text"] if mode == "text" else ["prompt", "completion"]
     lim = counter.limits
-    try:
+    try:  # the columns first: read_dictionary raises a bare KeyError for a column the file lacks
+        check_columns(pq.read_schema(stream).names, mode, filename, "columns")
+        stream.seek(0)
         pf = pq.ParquetFile(stream, read_dictionary=keys)  # dictionary pages stay dictionaries until checked
         md = pf.metadata
-        names = pf.schema_arrow.names
+    except InvalidInput:
+        raise
     except Exception as exc:  # pyarrow raises many types for a damaged footer
         raise InvalidInput(f"{filename}: not a readable Parquet file: {_short(exc)}") from None
-    missing = [k for k in keys if k not in names]
-    if missing:
-        raise InvalidInput(f"{filename}: missing column(s) {missing} for mode '{mode}'")
     if md.num_rows > lim.max_samples:
         raise PayloadTooLarge(f"{filename}: {md.num_rows} rows exceed the limit of {lim.max_samples} samples",
                               {"rows": md.num_rows, "max_samples": lim.max_samples})

@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
@@ -64,7 +65,8 @@ def record_values(record: object, mode: Mode, where: str) -> tuple[str, ...]:
     keys = _TEXT_KEYS if mode == "text" else _PAIR_KEYS
     missing = [k for k in keys if k not in record or record[k] is None]
     if missing:
-        raise InvalidInput(f"{where}: missing field(s) {missing} for mode '{mode}'")
+        raise InvalidInput(f"{where}: missing field(s) {missing} for mode '{mode}'"
+                           + fields_hint([k for k in record if record[k] is not None], mode))
     for k in keys:
         v = record[k]
         if not isinstance(v, str):
@@ -72,6 +74,34 @@ def record_values(record: object, mode: Mode, where: str) -> tuple[str, ...]:
         if not is_valid_unicode(v):
             raise InvalidInput(f"{where}: field '{k}' holds a lone surrogate (not valid Unicode text)")
     return tuple(record[k] for k in keys)
+
+
+def fields_hint(found: Sequence[object], mode: Mode, kind: Literal["record", "header", "columns"] = "record") -> str:
+    """What a record, a CSV/TSV header or a Parquet file's columns (``kind``) that lack ``mode``'s fields have
+    instead, and what to do: the other mode when its fields are there, a field named in another case, else the names
+    found (for a header: that a table's first row names its columns)."""
+    names = [str(k) for k in found]
+    what = "fields" if kind == "record" else "columns"
+    other, other_mode = (_PAIR_KEYS, "completion") if mode == "text" else (_TEXT_KEYS, "text")
+    if all(k in names for k in other):
+        return f" (the {what} are {names[:10]}: add the task with mode '{other_mode}')"
+    cased = [n for n in names if n.strip().lower() in _TEXT_KEYS + _PAIR_KEYS and n not in _TEXT_KEYS + _PAIR_KEYS]
+    if cased:
+        return f" (found {cased[:3]}: {what[:-1]} names are lower case, 'text' or 'prompt' and 'completion')"
+    if kind == "header":
+        return (f" (the header is {names[:10]}: a table's first row names its columns; for one sample per line "
+                "without a header, use a .txt file)")
+    return f" (the {what} are {names[:10]})" if names else ""
+
+
+def check_columns(header: Sequence[object], mode: Mode, where: str,
+                  kind: Literal["header", "columns"] = "header") -> None:
+    """Raise :class:`InvalidInput` once, for the whole table, when its header (or a Parquet file's columns: ``kind``)
+    lacks a field ``mode`` needs."""
+    missing = [k for k in (_TEXT_KEYS if mode == "text" else _PAIR_KEYS) if k not in header]
+    if missing:
+        raise InvalidInput(f"{where}: missing column(s) {missing} for mode '{mode}'" + fields_hint(header, mode, kind),
+                           {"missing": missing})
 
 
 def sample_of(values: tuple[str, ...]) -> Sample:

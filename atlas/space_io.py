@@ -404,7 +404,8 @@ def import_space(write: sessionmaker[Session], data: ExportBytes, *, on_conflict
         existing = set(session.execute(select(Task.name).where(Task.space_id == space_id)).scalars())
         clash = [t["name"] for t in tasks if t["name"] in existing]
         if clash and on_conflict == "fail":
-            raise Conflict(f"{len(clash)} task name(s) already exist in space {space_id}: {clash[:10]}",
+            raise Conflict(f"{len(clash)} task name(s) already exist in space {space_id}: {clash[:10]}; import "
+                           "with on_conflict=skip (CLI: --on-conflict skip) to leave those tasks out",
                            {"names": clash})
         for t in tasks:
             if t["name"] in existing:

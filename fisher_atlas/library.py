@@ -125,7 +125,8 @@ class Atlas:
             progress: bool | Callable[[Job], None] = True) -> Task:
         """Add a task from a file or samples; with ``wait`` (default) return once its signature is stored.
 
-        ``progress``: ``True`` shows a progress bar (rich), or a callable receiving the job as it runs.
+        ``progress``: ``True`` shows a progress bar (rich, on stderr when it is a terminal), or a callable receiving
+        the job as it runs.
         """
         task, job = self._c.tasks.create(name, mode, metadata, _samples(samples, mode, self._limits))
         if wait:
@@ -169,9 +170,12 @@ class Atlas:
     def _wait(self, job: Job, progress: bool | Callable[[Job], None], label: str) -> Job:
         bar = None
         if progress is True:
+            from rich.console import Console
             from rich.progress import Progress
 
-            bar = Progress(transient=True)
+            # on stderr, and only on a terminal: a script's stdout (its JSON, say) gets no blank lines from it
+            console = Console(stderr=True)
+            bar = Progress(transient=True, console=console, disable=not console.is_terminal)
             bar.start()
             tid = bar.add_task(label, total=None)
         try:

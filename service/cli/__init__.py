@@ -27,6 +27,14 @@ app.add_typer(tasks.jobs_app, name="jobs")
 app.add_typer(keys.app, name="keys")
 
 
+_HINTS = {
+    0: "\n  is the service running there? Start it with `fisher-atlas serve`, or point --url (FISHER_ATLAS_URL) at it",
+    401: "\n  pass a key with --api-key or set FISHER_ATLAS_API_KEY (`fisher-atlas keys create` makes one)",
+    403: "\n  this key lacks the scope named above: use a key that has it (`fisher-atlas keys list` shows scopes)",
+}
+"""What to do next, by the HTTP status of a client error (0: the service could not be reached)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fisher-atlas`` console script; returns the exit status."""
     from atlas.errors import AtlasError
@@ -36,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = app(args=list(argv) if argv is not None else None, prog_name="fisher-atlas", standalone_mode=False)
     except AtlasClientError as exc:
         print(terminal_safe(f"fisher-atlas: {exc.status} {exc.code}: {exc.message}" if exc.status
-                            else f"fisher-atlas: {exc.message}"),
+                            else f"fisher-atlas: {exc.message}") + _HINTS.get(exc.status, ""),
               file=sys.stderr)
         return 1
     except AtlasError as exc:  # a server-side command (migrate, serve, keys --local): the database, a setting
@@ -59,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         show = getattr(exc, "show", None)
         if show is None and type(exc).__name__ != "Abort":
             raise
+        if show is None:  # a question (``tasks delete``) with no answer: stdin is not a terminal, or it ended
+            print("fisher-atlas: aborted: no answer to the question (pass --yes to skip it)", file=sys.stderr)
         if show is not None:
             show()
         return int(getattr(exc, "exit_code", 1))

@@ -85,16 +85,23 @@ def sample_notes(job: JobOut) -> str:
     return "".join(f"; {n}" for n in (job.result.notes if job.result is not None else []))
 
 
+def progress_console() -> Any:
+    """A rich console on stderr for progress: live on a terminal (rich detects it), else one final line wide enough
+    that no column is cut (rich lays a non-terminal out at 80 columns, which cut ``400/400`` to ``40…``)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return console if console.is_terminal else Console(stderr=True, width=max(console.width, 200))
+
+
 def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
     """Follow a job to its end with a progress bar on stderr: samples, tokens streamed through the model,
     tokens/s and the ETA (rich)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    console = Console(stderr=True, force_terminal=False, width=100)
-    columns = (TextColumn("{task.description} ["), BarColumn(bar_width=24), TextColumn("]"),
-               MofNCompleteColumn(), TextColumn("samples · {task.fields[tokens]:,} tokens · {task.fields[rate]}"),
-               TimeRemainingColumn())
+    console = progress_console()
+    columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+               TextColumn("samples · {task.fields[tokens]:,} tokens · {task.fields[rate]}"))
     with Progress(*columns, console=console, disable=quiet, transient=False) as bar:
         tid = bar.add_task(label, total=None, tokens=0, rate="- tok/s")
         t0 = time.monotonic()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,7 +78,24 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
         lines = ["none: the space has no ready task to route to (add one first)"]
     elif res.none:
         lines.append(f"none: {none_reason(res)}")
+    else:
+        lines.append(answer_line(res))
+    if res.matches:
+        lines.append(ROUTE_LEGEND + (" · ranking: what orders the matches" + (", fused with lexical (term overlap)"
+                                                                             if lexical else "") if ranked else ""))
     emit(json, res, "\n".join(lines))
+
+
+ROUTE_LEGEND = ("score: route score, a cosine in [-1, 1] held to the task's threshold · faiss: signature inner "
+                "product · act/err: activation and error factors in [0, 1] (docs/SCORES.md)")
+
+
+def answer_line(res: Any) -> str:
+    """``answer: NAME (confidence …; score … ≥ threshold …)`` for a route answer that names a task."""
+    best = res.matches[0]
+    conf = f"confidence {res.confidence:.2f}; " if res.confidence is not None else ""
+    short = ", the threshold of a prompt of its length: shorter than the task's samples" if best.length_matched else ""
+    return f"answer: {best.name} ({conf}score {best.score:.4f} >= threshold {res.threshold:.4f}{short})"
 
 
 def none_reason(res: Any) -> str:
@@ -153,21 +171,29 @@ def routing(name: str,
     auto = "-" if info.threshold_auto is None else f"{info.threshold_auto:.4f}"
     state = "" if info.template_active is None else (
         f" (template {'active' if info.template_active else 'inactive'}, {info.template_terms} terms)")
-    lines = [f"{task.name} (id {task.id}): threshold {info.threshold:.4f} ({info.source}), calibrated {auto} "
-             f"at false-reject rate {rate} from {info.calibration_scores} held-out scores",
-             _length_line(info.length_views, info.short_prompt_tokens),
+    split = (info.source == "calibrated" and info.novelty_active and info.threshold_auto is not None
+             and info.threshold != info.threshold_auto)
+    lines = [f"{task.name} (id {task.id}): threshold {info.threshold:.4f} ({info.source}"
+             + (", at half the false-reject rate: the novelty test takes the other half" if split else "")
+             + f"); calibrated {auto} at false-reject rate {rate} from {info.calibration_scores} held-out scores",
+             _length_line(info.length_views, info.short_prompt_tokens, info.source == "override"),
              f"template test {'on' if info.template_test else 'off'}{state}",
              _novelty_line(info.novelty_samples, info.novelty_test, info.novelty_active)]
     emit(json, info, "\n".join(lines))
 
 
-def _length_line(views: int, short_below: float | None) -> str:
+def _length_line(views: int, short_below: float | None, overridden: bool = False) -> str:
     """The routing output's line on thresholds matched to a prompt's length (docs/SCORES.md, "Prompts shorter than
-    the samples")."""
+    the samples"); with an override, that it sets the threshold of prompts as long as the samples only."""
     if short_below is None:
         return "prompt length: no held-out views stored (every prompt judged on whole samples; re-add to store them)"
-    return (f"prompt length: a prompt under {short_below:.0f} tokens is held to the threshold of its length "
-            f"({views} held-out views) and not to the novelty test")
+    longest = math.ceil(short_below) - 1  # the most counted positions (one per token after the first) of a short one
+    if longest < 1:
+        return "prompt length: the samples are as short as a prompt can be (every prompt judged on whole samples)"
+    return (f"prompt length: a prompt of up to {longest} token positions ({longest + 1} tokens) is held to the "
+            f"threshold of its length ({views} held-out views) when that is lower"
+            + (", whatever the override (which sets the threshold of prompts as long as the samples)" if overridden
+               else "") + ", and not to the novelty test")
 
 
 def _novelty_line(n: int, switch: bool = True, active: bool = False) -> str:

@@ -141,7 +141,8 @@ def jobs_show(job_id: int, url: Url = None, api_key: ApiKey = None, timeout: Tim
         j = cl.get_job(job_id)
     p = j.progress
     emit(json, j, f"job {j.id} ({j.kind}, task {j.task_id}): {j.status}; {p.samples_done}/{p.samples_total} "
-         f"samples, {p.tokens:,} tokens, {p.tokens_per_s:,.0f} tok/s; attempts {j.attempts}"
+         f"samples, {p.tokens_streamed:,} tokens streamed ({p.tokens_streamed_per_s:,.0f} tok/s), {p.tokens:,} "
+         f"counted; attempts {j.attempts}"
          + (f"; error: {j.error}" if j.error else "") + sample_notes(j))
 
 
@@ -151,4 +152,6 @@ def jobs_cancel(job_id: int, url: Url = None, api_key: ApiKey = None, timeout: T
     """Cancel a queued job, or ask a running one to stop at its next batch."""
     with client(url, api_key, timeout) as cl:
         j = cl.cancel_job(job_id)
-    emit(json, j, f"job {j.id}: {j.status}" + (" (cancel requested)" if j.cancel_requested else ""))
+    ended = j.status in ("succeeded", "failed", "cancelled") and not j.cancel_requested
+    emit(json, j, f"job {j.id}: {j.status}" + (" (cancel requested)" if j.cancel_requested else "")
+         + (" (it had already ended: nothing to cancel)" if ended and j.status != "cancelled" else ""))

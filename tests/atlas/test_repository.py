@@ -43,7 +43,8 @@ def test_create_task_with_job_is_atomic(factory: sessionmaker[Session]) -> None:
 
     # A duplicate name is rejected and nothing of the second request is stored.
     other = [Sample(text="different")]
-    with pytest.raises(Conflict), factory.begin() as s:
+    with pytest.raises(Conflict, match="already exists in this space: append to it, or delete it first"), \
+            factory.begin() as s:
         repository.create_task_with_job(s, space.id, "qa", "text", {}, other)
     assert _count(factory, Task) == 1 and _count(factory, Job) == 1 and _count(factory, Upload) == 1
 

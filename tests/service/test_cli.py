@@ -42,7 +42,8 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     svc = serve(lm=tiny_lm, data_dir=data, require_keys=True)
     url = ["--url", svc.url, "--api-key", admin]
     assert main(["tasks", "list", "--url", svc.url]) == 1
-    assert "401 unauthorized" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "401 unauthorized" in err and "pass a key with --api-key or set FISHER_ATLAS_API_KEY" in err  # what to do
 
     # keys over the API
     assert main(["keys", "create", "--name", "ops", "--scopes", "read,write", "--json", *url]) == 0
@@ -56,7 +57,8 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     assert main(["add", "prose", str(_jsonl(tmp_path / "p.jsonl", PROSE)), "--wait", *write,
                  "--metadata", '{"domain": "prose"}']) == 0
     err = capsys.readouterr().err
-    assert "prose [" in err and "samples" in err and "tokens" in err and "succeeded" in err  # progress
+    # progress: the final line in full off a terminal (rich's 80 columns cut "4/4" to "4…" and the rates before)
+    assert "prose " in err and "4/4 samples" in err and "tokens" in err and "tok/s" in err and "succeeded" in err
     assert main(["add", "code", str(_jsonl(tmp_path / "c.jsonl", CODE)), "--wait", "--json", *write]) == 0
     assert _json(capsys)["job"]["status"] == "succeeded"
     assert main(["add", "math", str(_jsonl(tmp_path / "m.jsonl", MATH)), "--wait", *write]) == 0
@@ -71,13 +73,17 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     jobs = _json(capsys)["items"]
     assert [j["kind"] for j in jobs] == ["append", "create"]
     assert main(["jobs", "show", str(jobs[0]["id"]), *url]) == 0
-    assert "succeeded" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "succeeded" in out and "tokens streamed (" in out and "counted" in out  # not counted tokens per second
     assert main(["jobs", "cancel", str(jobs[0]["id"]), "--json", *url]) == 0  # finished: returned unchanged
     assert _json(capsys)["status"] == "succeeded"
+    assert main(["jobs", "cancel", str(jobs[0]["id"]), *url]) == 0
+    assert "it had already ended: nothing to cancel" in capsys.readouterr().out
 
     assert main(["route", "The lazy fox", "-k", "2", *url]) == 0
     out = capsys.readouterr().out
     assert "prose" in out and "lexical" in out.splitlines()[0]  # the stored terms are fused in
+    assert ("\nanswer: " in out or "\nnone: " in out) and "score: route score, a cosine in [-1, 1]" in out  # a legend
     assert main(["route", "The lazy fox", "-k", "1", "--json", *url]) == 0
     assert _json(capsys)["matches"][0]["name"] in ("prose", "code", "math")
     assert main(["align", "prose", "code", "--json", *url]) == 0
@@ -112,7 +118,8 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     assert main(["import", str(export), "--url", other.url]) == 0
     assert "imported 3 tasks" in capsys.readouterr().out
     assert main(["import", str(export), "--url", other.url]) == 1  # conflict, one line on stderr
-    assert "409 conflict" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "409 conflict" in err and "(CLI: --on-conflict skip) to leave those tasks out" in err  # and the way on
     assert main(["import", str(export), "--on-conflict", "skip", "--url", other.url]) == 0
 
     assert main(["tasks", "delete", "math", "--yes", *write]) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,14 +70,19 @@ def test_scopes_progress_and_errors_over_http(keyed: dict[str, Any], tmp_path: P
     # --wait shows honest progress on stderr: samples, tokens, samples/s, ETA, the final status
     assert main(["add", "prose", str(_jsonl(tmp_path / "p.jsonl", PROSE)), "--wait"]) == 0
     err = capsys.readouterr().err
-    assert "prose [" in err and "4/4 samples" in err and "tokens" in err and "samples/s" in err
+    assert err.startswith("prose ") and "4/4 samples" in err and "tokens" in err and "samples/s" in err
     assert "succeeded" in err
 
     # a read key reads but cannot write or manage keys: 403, nothing changed
     assert main(["tasks", "list", "--api-key", reader["key"], "--json"]) == 0
     assert _out(capsys)["total"] == 1
     assert main(["tasks", "delete", "prose", "--yes", "--api-key", reader["key"]]) == 1
-    assert "403 forbidden" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "403 forbidden" in err and "this key lacks the scope named above" in err
+    with monkeypatch.context() as no_terminal:  # asked with nothing to answer: said, not a silent exit 1
+        no_terminal.setattr(sys, "stdin", io.StringIO(""))
+        assert main(["tasks", "delete", "prose"]) == 1
+    assert "aborted: no answer to the question (pass --yes to skip it)" in capsys.readouterr().err
     assert main(["keys", "list", "--api-key", reader["key"]]) == 1
     assert "403 forbidden" in capsys.readouterr().err
     assert main(["tasks", "show", "prose", "--json"]) == 0
@@ -237,13 +243,18 @@ def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_
     assert main(["routing", "foxes", "--threshold", "0.5", "--no-template", "--json"]) == 0
     over = _out(capsys)
     assert over["source"] == "override" and over["threshold"] == 0.5 and over["template_test"] is False
+    assert main(["routing", "foxes"]) == 0  # what an override leaves to a short prompt's length is said
+    said = capsys.readouterr().out
+    assert "whatever the override (which sets the threshold of prompts as long as the samples)" in said
     assert main(["routing", "foxes", "--clear"]) == 0
     text = capsys.readouterr().out
     assert "(calibrated)" in text and "false-reject rate 0.3" in text and "template test off" in text
     assert "novelty test off (7 sample vectors, 20 needed" in text  # 7 samples: too few for the novelty test
     short = before["short_prompt_tokens"]  # 7 whole views and their prefixes (half, quarter, eighth)
     assert before["length_views"] > before["calibration_scores"] == 7 and short > 2
-    assert f"prompt length: a prompt under {short:.0f} tokens is held to the threshold of its length" in text
+    longest = math.ceil(short) - 1  # the counted positions of the longest prompt short for the task
+    assert (f"prompt length: a prompt of up to {longest} token positions ({longest + 1} tokens) is held to the "
+            "threshold of its length") in text and "whatever the override" not in text
     assert main(["routing", "foxes", "--no-novelty", "--json"]) == 0  # the per-task switch
     assert _out(capsys)["novelty_test"] is False
     assert main(["routing", "foxes"]) == 0

@@ -107,3 +107,15 @@ def test_a_model_that_does_not_load_is_named_as_the_cause(tmp_path: Path) -> Non
         with pytest.raises(ModelUnavailable, match=r"is not loaded: model directory .* does not exist") as raised:
             atlas.add("t", ["rain and clouds over the hills"], progress=False)
         assert "start a worker" not in str(raised.value)
+
+
+def test_the_default_progress_bar_writes_nothing_to_stdout(tmp_path: Path, tiny_model_dir: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``add`` with the default ``progress=True`` wrote a blank line per call to the caller's stdout (rich's
+    default console), which corrupts a script printing JSON there; the bar goes to stderr, and only on a terminal."""
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        atlas.add("prose", ["The fox jumps over the dog.", "A cat sleeps on the warm mat."])
+        atlas.append("prose", ["The dog barks at the moon."])
+        assert atlas.task("prose").status == "ready"
+    out = capsys.readouterr()
+    assert out.out == ""
