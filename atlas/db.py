@@ -106,6 +106,22 @@ def is_busy_error(exc: BaseException) -> bool:
     return False
 
 
+_UNREACHABLE = ("connection failed", "connection refused", "could not connect", "terminating connection",
+                "server closed the connection", "not currently accepting connections", "the database system is",
+                "connection is closed", "connection not open", "could not receive data", "could not send data")
+
+
+def is_unreachable_error(exc: BaseException) -> bool:
+    """Whether a :func:`is_busy_error` is the server being out of reach (down, restarting, refusing connections)
+    rather than busy: a broken connection, or one that could not be made."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return False
+    text = str(getattr(exc, "orig", exc)).lower()
+    return bool(exc.connection_invalidated) or any(marker in text for marker in _UNREACHABLE)
+
+
 def make_engine(
     url: str | URL, *, echo: bool = False, pool_size: int = 10, busy_timeout_s: float | None = None,
     pool_timeout_s: float | None = None,

@@ -160,7 +160,9 @@ def fsync_dir(directory: Path) -> None:
 
 
 def write_atomic(path: Path, writer: Any) -> None:
-    """Write via ``writer(tmp_path)``, fsync, then rename over ``path``."""
+    """Write via ``writer(tmp_path)``, fsync, then rename over ``path`` (its directory made again if it was removed
+    while the service ran: every save failed, with a traceback a second, until someone made it by hand)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
         writer(tmp)

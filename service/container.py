@@ -19,6 +19,7 @@ a :class:`Container` and call its services.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -206,8 +207,12 @@ class Container:
         self.started = False
 
     def _background(self) -> None:
-        """Keep the index caught up with SQL (other replicas, workers) and persisted."""
-        assert self.index is not None
+        """Keep the index caught up with SQL (other replicas, workers) and persisted; a failing step is logged when it
+        starts failing (with its traceback) and when it works again, not every second of an outage."""
+        from workers.redis_options import OutageLog
+
+        assert self.index is not None and self.store is not None
+        syncing, saving = OutageLog(log, "keeping the index caught up with SQL"), OutageLog(log, "saving the index")
         last_persist = last_requeue = time.monotonic()
         while not self._stop.wait(1.0):
             try:
@@ -216,13 +221,20 @@ class Container:
                 if self.runner is None and time.monotonic() - last_requeue > self.settings.job_stale_after_s / 2:
                     self._requeue_dead_jobs()
                     last_requeue = time.monotonic()
-                if time.monotonic() - last_persist > 30:
+                syncing.ok()
+            except Exception as exc:
+                syncing.failed(exc)
+            if time.monotonic() - last_persist > 30:
+                last_persist = time.monotonic()  # a failed save is tried again next period, not every second
+                try:
                     self.index.persist()
-                    assert self.store is not None
-                    self.index.compact(self.store.write)  # prune the change log behind the saved index
-                    last_persist = time.monotonic()
-            except Exception:
-                log.warning("index sync failed", exc_info=True)
+                    saving.ok()
+                except Exception as exc:
+                    saving.failed(exc)
+                try:  # behind the last saved index (its persisted watermarks), whether this save worked or not
+                    self.index.compact(self.store.write)
+                except Exception as exc:
+                    syncing.failed(exc)
 
     def _drop_final_checkpoints(self) -> None:
         """Once at start: finished jobs' checkpoints left by earlier versions (a failure here is no reason not to
@@ -289,9 +301,13 @@ class Container:
         """Whether prompts can be sketched (a loaded model, or a live worker over Redis), with a public reason
         (no model paths)."""
         if self.settings.resolved_prompt_service() == "redis":
+            assert self.queries is not None and self.prompts is not None
+            try:  # the default space first: a database that does not answer is not Redis's fault
+                space = self.queries.space_key(None)
+            except Exception:
+                return False, "the default space cannot be read (see the database's check)"
             try:  # workers announce in Redis: ready when one serves the default space (and Redis answers)
-                assert self.queries is not None and self.prompts is not None
-                self.prompts.check_served(self.queries.space_key(None))
+                self.prompts.check_served(space)
             except Exception as exc:
                 return False, ("the worker registry (Redis) is unreachable" if exc.__cause__ is not None
                                else "no live worker serves the default space (start `fisher-atlas worker`)")
@@ -304,6 +320,9 @@ class Container:
         """Job and queue figures for ``/metrics`` (aggregated in SQL at scrape time)."""
         out = self.jobs.stats()
         sid = self.store.default_space_id if self.store else None
+        if sid is None and self.queries is not None:  # a replica without a model: the space it routes to by default
+            with contextlib.suppress(AtlasError):
+                sid = self.queries.space_key(None).space_id
         if sid is not None and self.index is not None:
             out["index_size"] = int(self.index.stats(sid)["count"])
         return out

@@ -84,6 +84,12 @@ def dashboard_redirect() -> RedirectResponse:
     return RedirectResponse(url="dashboard/", status_code=307)
 
 
+@dashboard_router.api_route("/", methods=["GET", "HEAD"])
+def root_redirect() -> RedirectResponse:
+    """The service's root (what a person types in a browser first) opens the dashboard; it answered a JSON 404."""
+    return RedirectResponse(url="dashboard/", status_code=307)
+
+
 def mount_dashboard(app: FastAPI) -> None:
     """Add ``/dashboard`` (redirect) and mount the static files at ``/dashboard/`` on ``app``."""
     app.include_router(dashboard_router)

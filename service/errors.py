@@ -21,7 +21,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from atlas.db import is_busy_error, storage_fault
+from atlas.db import is_busy_error, is_unreachable_error, storage_fault
 from atlas.errors import AtlasError, DatabaseBusy, DatabaseUnavailable, IncompatibleSpace, InvalidInput
 from atlas.redaction import bounded, redact_secrets, truncate
 from fishersketch import CorruptState, SketchError, SpecMismatch
@@ -144,6 +144,10 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     """A locked database, an exhausted pool or an unreachable server: 503 with Retry-After, never 500."""
+    if is_busy_error(exc) and is_unreachable_error(exc):  # down or restarting: "busy" would mislead an operator
+        logger.warning("database unreachable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        return await _atlas_error(request, DatabaseUnavailable("the database cannot be reached; retry shortly",
+                                                               None, retry_after_s=2.0))
     if is_busy_error(exc):
         logger.warning("database busy on %s %s: %s", request.method, request.url.path, type(exc).__name__)
         return await _atlas_error(request, DatabaseBusy("the database is busy; retry shortly", None))

@@ -31,7 +31,7 @@ class RouteRequest(BaseModel):
     prompts: list[str] | None = Field(default=None, min_length=1, max_length=64, description="A batch of prompts.")
     k: int = Field(default=5, ge=1, le=MAX_ROUTE_K, description="Matches returned per prompt.")
     threshold: float | None = Field(
-        default=None, ge=-1.0, le=1.0,
+        default=None, ge=-1.0, le=1.0, allow_inf_nan=False,
         description="Open-set threshold on the best score; `none` is true below it. Default: the service's.",
     )
     candidates: int | None = Field(
@@ -211,8 +211,9 @@ class ThresholdPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    threshold: float | None = Field(default=None, ge=-1.0, le=1.0, description="The override; null clears it. "
-                                    "Left as it is when the body does not name it.")
+    threshold: float | None = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False,
+                                    description="The override; null clears it. Left as it is when the body does not "
+                                    "name it.")
     template: bool | None = Field(default=None, description="false: prompts lacking the task's template are no "
                                   "longer answered `none` for it; true: they are again (docs/SCORES.md).")
     novelty: bool | None = Field(default=None, description="false: the task's novelty test is off (its prompts are "

@@ -1,6 +1,7 @@
 """Store helpers shared by the tests and the store benchmarks (plain functions, no pytest).
 
 * :func:`create_pg_database` / :func:`drop_pg_database`: throw-away PostgreSQL databases.
+* :func:`pg_outage`: one database of the server refuses connections and loses its sessions for a while.
 * :func:`insert_ready_tasks`: ready tasks with signatures in bulk (core inserts, one change row per
   task), for tests and benchmarks that need many signatures quickly. The product path is
   ``repository.create_task_with_job`` + ``repository.store_task_result``.
@@ -8,6 +9,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 
@@ -17,6 +19,22 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from atlas.models import AtlasState, Change, Signature, Task, utcnow
+
+
+def pg_outage(db_url: str, seconds: float) -> None:
+    """The database of ``db_url`` (on 127.0.0.1:5432) refuses connections and its sessions are terminated, as in a
+    restart, for ``seconds``; the server and its other databases stay up (tests share it)."""
+    import psycopg
+
+    name = make_url(db_url).database
+    with psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres", autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                          "AND pid <> pg_backend_pid()", (name,))
+            time.sleep(seconds)
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
 
 
 def create_pg_database(server_url: str, prefix: str = "fa_test") -> str:

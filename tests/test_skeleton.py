@@ -55,6 +55,8 @@ def test_compose_has_the_scale_out_services_with_health_and_ordering() -> None:
     assert services["api"]["environment"]["FISHER_ATLAS_PROMPT_SERVICE"] == "redis"
     assert services["api"]["environment"]["FISHER_ATLAS_QUEUE"] == "celery"
     assert "volumes" not in services["api"]
+    # both exit when the database does not answer at start (an outage review restarted both): compose starts them again
+    assert services["api"]["restart"] == services["worker"]["restart"] == "unless-stopped"
 
 
 def test_cli_help_lists_every_subcommand() -> None:

@@ -57,6 +57,12 @@ def queue_name(settings: Settings, serving_key: str | None = None) -> str:
     return settings.celery_queue if serving_key is None else f"{settings.celery_queue}.{serving_key}"
 
 
+BROKER_SOCKET_TIMEOUT_S = 5.0
+"""Seconds a broker (Redis) read, write or connect may take."""
+PUBLISH_RETRY = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.2, "interval_max": 0.2}
+"""Celery's publish retry policy for a job's wake-up (its default is 3 retries)."""
+
+
 def create_app(settings: Settings | None = None, *, queue: str | None = None) -> Celery:
     """Build the Celery app for ``settings`` (default: from the environment).
 
@@ -80,7 +86,10 @@ def create_app(settings: Settings | None = None, *, queue: str | None = None) ->
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": visibility},
+        # a hung Redis (accepting connections, answering nothing) held a publish — and the upload that waits for
+        # it — forever: bounded reads and connects (above BRPOP's 1 s poll, which a worker's consumer blocks in)
+        broker_transport_options={"visibility_timeout": visibility, "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+                                  "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S},
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     app.fisher_atlas_settings = settings  # type: ignore[attr-defined]
@@ -140,7 +149,9 @@ class CeleryJobQueue:
         """Send ``fisher_atlas.run_job(job_id)`` to the queue of the job's model."""
         settings = self.app.fisher_atlas_settings  # type: ignore[attr-defined]
         queue = queue_name(settings, serving_key) if serving_key else self.app.conf.task_default_queue
-        self.app.send_task(TASK_NAME, args=[int(job_id)], queue=queue)
+        # one retry (a pooled connection gone stale across a Redis restart fails at once, the next connects): an
+        # upload waits at most about two socket timeouts for an unreachable broker, then is taken back (503)
+        self.app.send_task(TASK_NAME, args=[int(job_id)], queue=queue, retry=True, retry_policy=PUBLISH_RETRY)
 
     def depth(self, serving_key: str | None = None) -> int:
         """Messages waiting in the queue of the model of ``serving_key`` (default: this app's default queue, a

@@ -281,7 +281,7 @@ def run_job(job_id: int, ctx: WorkerContext) -> str:
         log.warning("job %s: taken over by another worker; stopping", job_id)
         return "lost"
     except _TRANSIENT as exc:
-        _try_release(ctx, claim, f"store unavailable: {exc}")
+        _release_after_store_error(ctx, claim, exc)
         raise TransientJobError(f"job {job_id}: store unavailable: {exc}") from exc
     except AtlasError as exc:
         return _finish(ctx, claim, JOB_FAILED, exc.message)
@@ -317,6 +317,31 @@ def _try_release(ctx: WorkerContext, claim: job_store.Claim, error: str, *, coun
             job_store.release_job(s, claim.job_id, claim.lease, error, count_attempt=count_attempt)
     except _TRANSIENT:
         pass  # still down: the heartbeat goes stale and a sweep re-queues the job
+
+
+RELEASE_RETRY_S = 1.0
+"""Seconds between a job's release attempts while the store is down (:func:`_release_after_store_error`)."""
+
+
+def _release_after_store_error(ctx: WorkerContext, claim: job_store.Claim, exc: BaseException) -> None:
+    """Give the job back to the queue after a store error, not counting an outage as an attempt: the error broke a
+    connection (``connection_invalidated``: a restart) or the release cannot reach the store, and is then tried every
+    :data:`RELEASE_RETRY_S` for half the stale window. Before, five restarts during one job failed it ("the worker
+    stopped each time"), and a failed release left the job running under this lease: its retry was skipped until a
+    sweep found it stale. Another store error (a lock wait, a statement timeout) counts, as before."""
+    outage = bool(getattr(exc, "connection_invalidated", False))
+    deadline = time.monotonic() + ctx.settings.job_stale_after_s / 2
+    while True:
+        try:
+            with ctx.factory.begin() as s:
+                job_store.release_job(s, claim.job_id, claim.lease, f"store unavailable: {exc}",
+                                      count_attempt=not outage)
+            return
+        except _TRANSIENT:
+            outage = True
+            if time.monotonic() >= deadline:
+                return  # still down: the heartbeat goes stale and a sweep re-queues the job
+            time.sleep(RELEASE_RETRY_S)
 
 
 def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> str:

@@ -101,7 +101,8 @@ class RedisPromptSketcher:
         import redis
 
         self.redis_url = redis_url
-        self.sync = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2, **redis_retry())
+        # the registry read of the request path (a few keys): 2 s per try bounds a hung Redis's 503 to ~8 s
+        self.sync = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2, **redis_retry())
         self.timeout_s = timeout_s
         self.max_pending = max_pending
         self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

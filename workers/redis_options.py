@@ -27,8 +27,8 @@ def redis_retry(*, aio: bool = False) -> dict[str, Any]:
 
 
 class OutageLog:
-    """Logs a loop's Redis outage once when it starts (with its traceback) and once when it ends, instead of a
-    traceback per retry (every 0.5–1 s for as long as Redis is down).
+    """Logs a loop's outage (Redis, the database, a disk) once when it starts (with its traceback) and once when it
+    ends, instead of a traceback per retry (every 0.5–1 s for as long as it lasts).
 
     Parameters
     ----------

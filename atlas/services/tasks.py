@@ -85,6 +85,16 @@ class TaskService:
                 retry_after_s=5.0,
             )
 
+    def _check_computable(self, *, space_ref: str | None = None, task_id: int | None = None) -> None:
+        """``computable`` for the space named (or the task's), outside any transaction: it may ask the worker
+        registry (Redis), and a hung Redis held the write transaction — and a database connection — for its
+        timeouts."""
+        with self.store.read() as session:
+            space = (repo.get_task(session, task_id).space if task_id is not None
+                     else self.store.resolve_space(session, space_ref))
+            session.expunge(space)  # its columns stay readable once the session is gone
+        self.computable(space)
+
     def _enqueue(self, job_id: int, task_id: int | None, key: str, *, created: bool) -> None:
         """Wake a runner for the job on the queue of its space's model (``key``: its serving key) — a scale-out
         worker consumes only that one (a job sent to the base queue waited for a worker's sweep, and its
@@ -109,9 +119,9 @@ class TaskService:
                space_ref: str | None = None, idempotency_key: str | None = None) -> tuple[Task, Job]:
         """Validate, store the task and its samples, and queue its job (all or nothing)."""
         self.check_samples(samples)
+        self._check_computable(space_ref=space_ref)
         with self.store.session() as session:
             space = self.store.resolve_space(session, space_ref)
-            self.computable(space)
             replay = self._is_replay(session, idempotency_key)
             if not replay:
                 self._check_queue(session, space)
@@ -129,9 +139,9 @@ class TaskService:
     def append(self, task_id: int, samples: Sequence[Sample], idempotency_key: str | None = None) -> Job:
         """Store more samples for a task and queue an ``append`` job."""
         self.check_samples(samples)
+        self._check_computable(task_id=task_id)
         with self.store.session() as session:
             task = repo.get_task(session, task_id)
-            self.computable(task.space)
             replay = self._is_replay(session, idempotency_key)
             if not replay:
                 self._check_queue(session, task.space)

@@ -225,7 +225,7 @@ def recommend(name: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] =
         target = cl.find_task(name, space=space)
         res = cl.sources(target.id, k=k, candidates=candidates)
     if plot is not None:
-        _plot("factors", res, plot, f"Sources for {res.target.name}")
+        _plot("factors", res, plot, "Recommended sources: Fisher alignment and its factors")  # the target: below
     lines = [f"sources for {res.target.name} (id {res.target.task_id}), {res.compared} compared",
              f"{'rank':>4}  {'shrunk':>7}  {'fisher':>7}  {'act':>6}  {'err':>6}  {'rho':>6}  {'se':>6}  task"]
     for i, s in enumerate(res.sources, start=1):
@@ -285,8 +285,9 @@ def atlas(out: Annotated[Path | None, typer.Option(
     with client(url, api_key, timeout) as cl:
         res = cl.atlas(space=space)
         sp = cl.get_space(res.space_id)
-    _write_out(out, res, "atlas", f"FisherAtlas space {res.space_id} ({sp.model_name}): {len(res.points)} tasks")
-    emit(json, res, f"wrote {out} ({len(res.points)} tasks, {res.n_clusters} clusters)")
+    _write_out(out, res, "atlas", f"FisherAtlas, model {sp.model_name}")  # space and task count: the subtitle
+    clusters = f"{res.n_clusters} cluster" + ("" if res.n_clusters == 1 else "s")
+    emit(json, res, f"wrote {out} ({len(res.points)} tasks, {clusters})")
 
 
 @app.command("export")

@@ -12,7 +12,8 @@ from fastapi import APIRouter, Path, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from atlas.errors import NotFound
+from atlas.db import is_busy_error
+from atlas.errors import AtlasError, NotFound
 from atlas.services.jobs import is_final
 from atlas.vocabulary import JobStatus
 from service.auth import key_gate
@@ -101,16 +102,20 @@ async def job_events(job_id: JobId, request: Request, c: ContainerDep,
         n, checked = 0, time.monotonic()
         while not is_final(job.status):
             await asyncio.sleep(POLL_S)
-            if time.monotonic() - checked >= KEY_RECHECK_S:
-                checked = time.monotonic()
-                if await run_in_threadpool(key_revoked):
-                    yield ServerSentEvent(data=json.dumps({"id": job_id, "key_revoked": True}), event="end")
-                    return
             try:
+                if time.monotonic() - checked >= KEY_RECHECK_S:
+                    checked = time.monotonic()
+                    if await run_in_threadpool(key_revoked):
+                        yield ServerSentEvent(data=json.dumps({"id": job_id, "key_revoked": True}), event="end")
+                        return
                 job = job_out(await run_in_threadpool(c.jobs.get, job_id))
             except NotFound:  # deleted with its task: report and stop
                 yield ServerSentEvent(data=json.dumps({"id": job_id, "deleted": True}), event="end")
                 return
+            except Exception as exc:  # the database restarting or busy: poll again (a restart cut the stream)
+                if not (is_busy_error(exc) or (isinstance(exc, AtlasError) and exc.status_code == 503)):
+                    raise
+                continue
             now_json = job.model_dump_json()
             if now_json != last:
                 n += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,25 @@ def test_flat_equals_bruteforce_with_updates_and_deletes(factory, ro_factory, tm
     with factory() as s:
         assert index.watermark(space.id) == changes.last_seq(s)
         assert index.ids(space.id).tolist() == repository.get_signatures(s, space_id=space.id)[0].tolist()
+
+
+def test_an_index_directory_removed_while_running_is_made_again_by_the_next_save(factory, ro_factory,
+                                                                                  tmp_path: Path) -> None:
+    """An outage review removed the index directory under a running API: every save failed (a traceback a second)
+    until the directory was made by hand."""
+    space = make_space(factory, m=M)
+    _populate(factory, space.id, 12)
+    directory = tmp_path / "idx"
+    index = IndexManager(ro_factory, directory)
+    index.open()
+    assert index.persist() == [space.id]
+    shutil.rmtree(directory)
+    _populate(factory, space.id, 3, seed=4, prefix="later")
+    assert index.catch_up() == 3
+    assert index.persist() == [space.id]  # raised "could not open .../.space-1.faiss...tmp for writing"
+    reopened = IndexManager(ro_factory, directory)
+    assert [(r.action, r.applied) for r in reopened.open()] == [("loaded", 0)]  # the saved file, whole
+    _assert_matches(reopened, factory, space.id)
 
 
 def test_persisted_index_is_loaded_caught_up_or_rebuilt(factory, ro_factory, tmp_path: Path) -> None:

@@ -32,8 +32,9 @@ def test_static_files_served_with_content_types(dashboard_service: DashboardServ
     import httpx
 
     with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
-        r = http.get("/dashboard", follow_redirects=False)
-        assert r.status_code in (301, 302, 307, 308) and r.headers["location"].endswith("dashboard/")
+        for path in ("/dashboard", "/"):  # the root too: a person's first try in a browser (it was a JSON 404)
+            r = http.get(path, follow_redirects=False)
+            assert r.status_code in (301, 302, 307, 308) and r.headers["location"] == "dashboard/", path
         r = http.get("/dashboard/")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         assert 'src="app.js"' in r.text

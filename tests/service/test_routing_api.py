@@ -59,6 +59,10 @@ def test_calibration_override_and_fit(serve, tiny_lm, tmp_path: Path) -> None:
         assert body["source"] == "override" and body["threshold"] == 1.0
         assert c.route("Question: is salt sweet? Answer:", k=1).none is True
         assert httpx.patch(f"{svc.url}/v1/tasks/{ids['qa']}/routing", json={"threshold": 2}).status_code == 422
+        for path, method, body in ((f"/v1/tasks/{ids['qa']}/routing", "PATCH", b'{"threshold": NaN}'),
+                                   ("/v1/route", "POST", b'{"prompt": "is salt sweet", "threshold": NaN}')):
+            r = httpx.request(method, f"{svc.url}{path}", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 422 and "finite number" in r.text, r.text  # not "less than or equal to 1"
         body = httpx.patch(f"{svc.url}/v1/tasks/{ids['qa']}/routing", json={"threshold": None}).json()
         assert body["source"] == "calibrated"
         assert httpx.get(f"{svc.url}/v1/tasks/999999/routing").status_code == 404

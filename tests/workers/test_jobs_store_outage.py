@@ -1,0 +1,59 @@
+"""A job whose database goes away for a few seconds: queued again for its retry, and the outage not counted.
+
+Found by an outage review (2026-11-29): two PostgreSQL restarts during one long job (``job_max_attempts`` 2) failed
+it with "the worker stopped each time without finishing (out of memory or killed?)" although the worker was alive;
+each outage counted as an attempt, and the release after it failed while the database was still down, leaving the
+job running under the worker's lease (its retry was skipped until a sweep found it stale). Real PostgreSQL: the
+job's database refuses connections and its sessions are terminated, as in a restart; the server itself stays up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from atlas import job_store
+from tests.store_helpers import pg_outage
+from tests.workers.job_helpers import create, make_samples
+from workers.jobs import TransientJobError, WorkerContext, run_job
+
+OUTAGE_S = 3.0
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_database_outage_requeues_the_job_without_counting_an_attempt(ctx: WorkerContext, space_id: int,
+                                                                        db_url: str) -> None:
+    ctx = WorkerContext(settings=ctx.settings.model_copy(update={"job_stale_after_s": 4 * OUTAGE_S}),
+                        factory=ctx.factory, lm=ctx.lm)  # the release waits out half the stale window
+    _task_id, job_id = create(ctx, space_id, "long", make_samples(3000, seed=3))
+    outcome: list[object] = []
+    runner = threading.Thread(target=lambda: outcome.append(_run(job_id, ctx)))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while True:  # running, with a checkpoint stored: the outage strikes mid-job
+        with ctx.factory() as s:
+            job = job_store.get_job(s, job_id)
+        if job.status == "running" and job.progress.get("samples_done", 0) > 0:
+            break
+        assert job.status in ("queued", "running") and time.monotonic() < deadline, job.status
+        time.sleep(0.05)
+    pg_outage(db_url, OUTAGE_S)
+    runner.join(60)
+    assert not runner.is_alive() and len(outcome) == 1
+    assert isinstance(outcome[0], TransientJobError), outcome  # Celery retries it
+    with ctx.factory() as s:
+        job = job_store.get_job(s, job_id)
+    assert job.status == "queued", (job.status, job.error)  # released, so its retry can claim it at once
+    assert job.attempts == 0 and "store unavailable" in (job.error or "")  # the outage was not an attempt
+    assert run_job(job_id, ctx) == "succeeded"  # the retry resumes it
+    with ctx.factory() as s:
+        assert job_store.get_job(s, job_id).attempts == 1
+
+
+def _run(job_id: int, ctx: WorkerContext) -> object:
+    try:
+        return run_job(job_id, ctx)
+    except TransientJobError as exc:
+        return exc
