@@ -42,7 +42,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -249,21 +249,37 @@ def _spans(data: ExportBytes, start: int, stop: int) -> Iterator[tuple[int, int]
         start = nl + 1
 
 
-def _line_parts(data: ExportBytes, span: tuple[int, int]) -> tuple[bytes, Any, Any]:
-    """``(state blob, routing record, lexical record or None)`` of the task line at ``span``, decoded again:
-    :func:`parse_export` checked them and kept only where they are (a state, and a completion task's prompt-side
-    state in its routing record, are most of an export's bytes), so an import holds one task's at a time."""
+class _TaskParts(NamedTuple):
+    """What an import stores of one task line besides its small fields (:func:`_line_parts`)."""
+
+    state: bytes
+    signature: np.ndarray
+    """``(m,)`` float32: recomputed from the state, as :func:`parse_export` checked it against the line's."""
+    baselines: bytes | None
+    routing: Any
+    terms: Any
+
+
+def _line_parts(data: ExportBytes, span: tuple[int, int], spec: Any) -> _TaskParts:
+    """The records of the task line at ``span``, decoded again: :func:`parse_export` checked them and kept only where
+    they are (a state, its signature and baselines, and a completion task's prompt-side state in its routing record,
+    are all but a few bytes of a task's line), so an import holds one task's records at a time."""
+    from fishersketch import SketchState
+
     rec = ExportTask.model_validate_json(data[span[0]:span[1]])
+    state = _b64(rec.state, "state")
     terms = lexicon_repo.LexicalRecord.from_bytes(_b64(rec.terms, "terms")) if rec.terms else None
-    return _b64(rec.state, "state"), rec.routing, terms
+    signature = SketchState.from_bytes(state, spec=spec).signature().astype(np.float32)
+    return _TaskParts(state, signature, _b64(rec.baselines, "baselines") if rec.baselines else None, rec.routing,
+                      terms)
 
 
 def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]]:
     """Validate an export (see the module docstring): ``(spec, model_fingerprint, model_name, tasks)``.
 
     ``data`` is the file's bytes, or a memory map of it (what an import reads: the file is not copied into memory).
-    A task's checked state, routing and lexical records are not kept (they are most of an export's bytes): its
-    line's offsets are (``"span"``), and :func:`_line_parts` decodes them again when the task is stored.
+    A task's checked records (state, signature, baselines, routing and lexical records) are not kept: its line's
+    offsets are (``"span"``), and :func:`_line_parts` decodes them again when the task is stored.
 
     Raises
     ------
@@ -368,7 +384,6 @@ def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]
         seen.add(name)
         tasks.append({"name": name, "mode": rec.mode, "metadata": rec.metadata, "version": rec.version,
                       "n_samples": state.n_samples, "n_tokens": state.n_tokens, "span": span,
-                      "signature": recomputed.astype(np.float32), "baselines": base_blob,
                       "created_at": rec.created_at})
     return spec, sp.model_fingerprint, sp.model_name, tasks
 
@@ -411,10 +426,11 @@ def import_space(write: sessionmaker[Session], data: ExportBytes, *, on_conflict
             if t["name"] in existing:
                 skipped.append(t["name"])
                 continue
-            state, routing, terms = _line_parts(data, t["span"])
+            parts = _line_parts(data, t["span"], spec)
+            routing, terms = parts.routing, parts.terms
             task = repo.create_ready_task(
-                session, space_id, t["name"], t["mode"], t["metadata"], state=state,
-                signature=t["signature"], baselines=t["baselines"], n_samples=t["n_samples"],
+                session, space_id, t["name"], t["mode"], t["metadata"], state=parts.state,
+                signature=parts.signature, baselines=parts.baselines, n_samples=t["n_samples"],
                 n_tokens=t["n_tokens"],
             )
             task.version = t["version"]  # preserved, not reset
