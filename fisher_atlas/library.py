@@ -89,6 +89,8 @@ class Atlas:
         unknown = sorted(set(settings) - set(Settings.model_fields))
         if unknown:  # Settings ignores extra fields: a misspelt one would silently keep its default
             raise InvalidInput(f"unknown setting(s) {unknown}; see atlas.settings.Settings", {"unknown": unknown})
+        if Path(path).exists() and not Path(path).is_dir():  # FileExistsError once the data directory was made
+            raise InvalidInput(f"{path} is a file, not a data directory: pass a directory (made if absent)")
         try:
             self.settings = Settings(data_dir=Path(path), **settings)
         except ValidationError as exc:
@@ -145,6 +147,8 @@ class Atlas:
 
     def task(self, name: str) -> Task:
         """A task by name."""
+        if not isinstance(name, str):  # an id: AttributeError "'int' object has no attribute 'strip'"
+            raise InvalidInput(f"a task is named by its name (a string), not {type(name).__name__} {name!r:.40}")
         return self._c.tasks.find(name)
 
     def tasks(self) -> list[Task]:
@@ -208,7 +212,11 @@ class Atlas:
     def route(self, prompts: str | Sequence[str], *, k: int = 3, threshold: float | None = None
               ) -> analysis.RouteAnswer | list[analysis.RouteAnswer]:
         """Route one prompt (an answer) or several (a list of answers)."""
-        texts = [prompts] if isinstance(prompts, str) else [str(p) for p in prompts]
+        if not isinstance(prompts, str) and not (isinstance(prompts, list | tuple)
+                                                and all(isinstance(p, str) for p in prompts)):
+            # bytes were routed byte by byte, a dict by its keys, None raised a TypeError
+            raise InvalidInput(f"prompts are a string or a list of strings, not {type(prompts).__name__}")
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
         answers: list[analysis.RouteAnswer] = _run(self._c.queries.route(texts, k=k, threshold=threshold))[0]
         return answers[0] if isinstance(prompts, str) else answers
 
@@ -217,9 +225,11 @@ class Atlas:
         ``POST /v1/route/fit`` semantics, docs/SCORES.md "fit"); ``dry_run`` only reports them."""
         pairs = list(examples)
         bad = next((i for i, e in enumerate(pairs)
-                    if not isinstance(e, tuple | list) or len(e) != 2 or not isinstance(e[0], str)), None)
+                    if not isinstance(e, tuple | list) or len(e) != 2 or not isinstance(e[0], str)
+                    or isinstance(e[1], bool) or not isinstance(e[1], str | int)), None)
         if bad is not None:
-            raise InvalidInput(f"example {bad} is not a (prompt text, label) pair", {"example": bad})
+            raise InvalidInput(f"example {bad} is not a (prompt text, label) pair; a label is a task name or id, "
+                               "or \"none\"", {"example": bad})
         result: FitResult = _run(self._c.thresholds.fit([(p, lb) for p, lb in pairs], dry_run=dry_run))
         return result
 
@@ -259,6 +269,8 @@ class Atlas:
     def matrix(self, names: Sequence[str] | None = None) -> analysis.Matrices:
         """Alignment matrices of the named tasks (default: the default space's ready tasks, up to the matrix
         bound; tasks of other spaces cannot be compared with them)."""
+        if isinstance(names, str):  # iterated by characters: "no task named 's'"
+            raise InvalidInput("matrix takes a list of task names (two or more), not one string")
         if names is not None:
             ids = [self.task(n).id for n in names]
         else:

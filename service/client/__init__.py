@@ -15,6 +15,7 @@ from service.client.aio import AsyncAtlasClient
 from service.client.calls import DEFAULT_URL
 from service.client.errors import (
     AtlasClientError,
+    ClientClosed,
     Conflict,
     Forbidden,
     IncompatibleSpace,
@@ -35,6 +36,7 @@ __all__ = [
     "AsyncAtlasClient",
     "AtlasClient",
     "AtlasClientError",
+    "ClientClosed",
     "Conflict",
     "Forbidden",
     "IncompatibleSpace",

@@ -21,8 +21,8 @@ from httpx_sse import aconnect_sse
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from service.client import calls
-from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg
-from service.client.errors import AtlasClientError, RateLimited, Unavailable, Unreachable
+from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg, path_id
+from service.client.errors import AtlasClientError, ClientClosed, InvalidInput, RateLimited, Unavailable, Unreachable
 from service.schemas import (
     AlignMatrixResponse,
     AlignResponse,
@@ -40,6 +40,9 @@ from service.schemas import (
     TaskOut,
 )
 from service.schemas_routing import FitResponse, RouteResponse, RoutingInfo
+
+STREAM_READ_TIMEOUT_S = 60.0
+"""Longest silence of a progress stream before it counts as lost (the service pings every 15 s)."""
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -96,11 +99,18 @@ class AsyncAtlasClient:
         """The client's error for a transport failure (a read timeout's text is empty: its type is named)."""
         return Unreachable(0, "unreachable", f"{self.base_url}: {str(exc) or type(exc).__name__}")
 
+    def _check_open(self) -> None:
+        if self._http.is_closed:
+            raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
+
     async def _once(self, call: Call[Any]) -> Any:
+        self._check_open()
         try:
             resp = await self._http.request(call.method, call.path, **call.kwargs())
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
+        except (ValueError, TypeError) as exc:  # NaN or a set in a JSON body: the caller's input, said as such
+            raise InvalidInput(0, "invalid_input", f"the request cannot be sent as JSON: {exc}") from None
         return calls.parse(call, resp)
 
     async def _send(self, call: Call[Any]) -> Any:
@@ -158,7 +168,7 @@ class AsyncAtlasClient:
 
     async def get_task(self, task_id: int) -> TaskOut:
         """``GET /v1/tasks/{id}``."""
-        return await self._send(Call("GET", f"/v1/tasks/{task_id}", TaskOut))
+        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id)}", TaskOut))
 
     async def list_tasks(self, *, space: str | int | None = None, name: str | None = None,
                          name_prefix: str | None = None, status: str | None = None, offset: int = 0,
@@ -187,17 +197,17 @@ class AsyncAtlasClient:
 
     async def patch_task(self, task_id: int, metadata: dict[str, Any]) -> TaskOut:
         """``PATCH /v1/tasks/{id}``: merge ``metadata`` (``None`` values remove keys)."""
-        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}", TaskOut, json={"metadata": metadata}))
+        return await self._send(Call("PATCH", f"/v1/tasks/{path_id(task_id)}", TaskOut, json={"metadata": metadata}))
 
     async def delete_task(self, task_id: int) -> None:
         """``DELETE /v1/tasks/{id}``."""
-        await self._send(Call("DELETE", f"/v1/tasks/{task_id}", None))
+        await self._send(Call("DELETE", f"/v1/tasks/{path_id(task_id)}", None))
 
     # -- jobs --------------------------------------------------------------------------------------
 
     async def get_job(self, job_id: int) -> JobOut:
         """``GET /v1/jobs/{id}``."""
-        return await self._send(Call("GET", f"/v1/jobs/{job_id}", JobOut))
+        return await self._send(Call("GET", f"/v1/jobs/{path_id(job_id)}", JobOut))
 
     async def list_jobs(self, *, task_id: int | None = None, status: str | None = None,
                         space: str | int | None = None, offset: int = 0, limit: int = 50) -> JobList:
@@ -207,13 +217,15 @@ class AsyncAtlasClient:
 
     async def cancel_job(self, job_id: int) -> JobOut:
         """``POST /v1/jobs/{id}/cancel``."""
-        return await self._send(Call("POST", f"/v1/jobs/{job_id}/cancel", JobOut))
+        return await self._send(Call("POST", f"/v1/jobs/{path_id(job_id)}/cancel", JobOut))
 
     async def job_events(self, job_id: int) -> AsyncIterator[JobOut]:
-        """The job's server-sent ``progress`` events until it ends."""
+        """The job's server-sent ``progress`` events until it ends (a stream silent for ``STREAM_READ_TIMEOUT_S``,
+        four of the service's keep-alive pings, is :class:`Unreachable`: a hung service held it forever)."""
+        self._check_open()
         try:
-            async with aconnect_sse(self._http, "GET", f"/v1/jobs/{job_id}/events",
-                                    timeout=httpx.Timeout(30.0, read=None)) as source:
+            async with aconnect_sse(self._http, "GET", f"/v1/jobs/{path_id(job_id)}/events",
+                                    timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S)) as source:
                 if source.response.status_code >= 400:
                     await source.response.aread()
                     calls.raise_for(source.response)
@@ -237,8 +249,12 @@ class AsyncAtlasClient:
         except AtlasClientError as exc:
             watch.stream_failed(exc)
         while not watch.finished:
-            try:
-                job = await self.get_job(job_id)
+            try:  # each poll within the deadline too (its retries took three request timeouts past it)
+                async with asyncio.timeout(watch.remaining()):
+                    job = await self.get_job(job_id)
+            except TimeoutError:
+                raise TimeoutError(f"job {job_id}: still running when the {timeout} s wait ended (the service did "
+                                   "not answer in time)") from None
             except (Unreachable, Unavailable) as exc:  # a restarting replica: the job goes on meanwhile
                 watch.lost(exc, job_id)
                 await asyncio.sleep(poll_interval)
@@ -266,7 +282,7 @@ class AsyncAtlasClient:
 
     async def routing(self, task_id: int) -> RoutingInfo:
         """``GET /v1/tasks/{id}/routing``: the task's effective route threshold and its calibration."""
-        return await self._send(Call("GET", f"/v1/tasks/{task_id}/routing", RoutingInfo))
+        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id)}/routing", RoutingInfo))
 
     async def set_threshold(self, task_id: int, threshold: float | None) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: override the task's route threshold (``None`` clears it)."""
@@ -275,7 +291,7 @@ class AsyncAtlasClient:
     async def patch_routing(self, task_id: int, **fields: Any) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing`` with any of ``threshold`` (``None`` clears the override),
         ``false_reject_rate``, ``template`` and ``novelty``; fields not given are left as they are."""
-        return await self._send(Call("PATCH", f"/v1/tasks/{task_id}/routing", RoutingInfo, json=fields))
+        return await self._send(Call("PATCH", f"/v1/tasks/{path_id(task_id)}/routing", RoutingInfo, json=fields))
 
     async def set_false_reject_rate(self, task_id: int, rate: float) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: re-calibrate the task's route threshold at another false-reject rate
@@ -292,7 +308,7 @@ class AsyncAtlasClient:
 
     async def sources(self, task_id: int, *, k: int = 5, candidates: int | None = None) -> SourcesResponse:
         """``GET /v1/tasks/{id}/sources``: recommended fine-tuning sources."""
-        return await self._send(Call("GET", f"/v1/tasks/{task_id}/sources", SourcesResponse,
+        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id)}/sources", SourcesResponse,
                                      params={"k": k, "candidates": candidates}))
 
     async def align(self, a: int, b: int) -> AlignResponse:
@@ -357,4 +373,4 @@ class AsyncAtlasClient:
 
     async def revoke_key(self, key_id: int) -> None:
         """``DELETE /v1/keys/{id}`` (admin)."""
-        await self._send(Call("DELETE", f"/v1/keys/{key_id}", None))
+        await self._send(Call("DELETE", f"/v1/keys/{path_id(key_id)}", None))

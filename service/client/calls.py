@@ -13,7 +13,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from service.client.errors import AtlasClientError, error_for
+from service.client.errors import AtlasClientError, InvalidInput, error_for
 from service.schemas import JobAccepted, JobOut, TaskCreated
 from service.schemas_routing import RouteResponse
 
@@ -136,14 +136,25 @@ def add_task(name: str, file: FileArg, samples: Sequence[SampleArg] | None, mode
     return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers)
 
 
+def path_id(value: object, what: str = "id") -> int:
+    """``value`` as the integer id a URL path takes (``InvalidInput`` for anything else: ``"1/../2"`` reached task 2
+    once httpx had collapsed the dot segments, and a delete would have removed another task than the one named)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value)
+    raise InvalidInput(0, "invalid_input", f"a {what} must be an integer, not {value!r}")
+
+
 def append(task_id: int, file: FileArg, samples: Sequence[SampleArg] | None, filename: str | None,
            idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks/{id}/samples``."""
     files, records = upload(file, samples, filename)
     headers = idempotency(idempotency_key)
+    path = f"/v1/tasks/{path_id(task_id, 'task id')}/samples"
     if records is not None:
-        return Call("POST", f"/v1/tasks/{task_id}/samples", JobAccepted, json={"samples": records}, headers=headers)
-    return Call("POST", f"/v1/tasks/{task_id}/samples", JobAccepted, files=files, headers=headers)
+        return Call("POST", path, JobAccepted, json={"samples": records}, headers=headers)
+    return Call("POST", path, JobAccepted, files=files, headers=headers)
 
 
 def route(prompt: str | Sequence[str], k: int, threshold: float | None, candidates: int | None,

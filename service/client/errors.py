@@ -36,6 +36,10 @@ class Unreachable(AtlasClientError):
     """The service could not be reached (connection refused, reset, timeout)."""
 
 
+class ClientClosed(AtlasClientError):
+    """The client was closed (``close()``/``aclose()``, or its ``with`` block ended); make a new one."""
+
+
 class InvalidInput(AtlasClientError):
     """422: the request or upload is malformed."""
 
@@ -85,7 +89,8 @@ ERRORS_BY_CODE: dict[str, type[AtlasClientError]] = {
     "not_ready": NotReady, "incompatible_space": IncompatibleSpace, "payload_too_large": PayloadTooLarge,
     "unsupported_media_type": UnsupportedMediaType, "unauthorized": Unauthorized, "forbidden": Forbidden,
     "queue_full": RateLimited, "rate_limited": RateLimited, "model_unavailable": Unavailable,
-    "unavailable": Unavailable, "database_busy": Unavailable, "queue_unavailable": Unavailable,
+    "unavailable": Unavailable, "database_busy": Unavailable, "database_unavailable": Unavailable,
+    "queue_unavailable": Unavailable,
 }
 """The error class of each documented code."""
 

@@ -2,21 +2,24 @@
 
 Every public coroutine method of the async client becomes a blocking method here with the same name,
 signature and docstring (generated below, so the two cannot drift); ``job_events`` becomes a plain
-iterator. The loop lives in a thread of an anyio blocking portal, started with the client and stopped
-by :meth:`AtlasClient.close`.
+iterator. The loop runs in a daemon thread, started with the client and stopped by :meth:`AtlasClient.close` (or
+when the client is garbage-collected): a script that never closes its client still exits — an anyio blocking
+portal's worker thread kept such a process alive for good.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import queue
-from collections.abc import Callable, Iterator
+import threading
+import weakref
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
-
 from service.client.aio import AsyncAtlasClient
+from service.client.errors import ClientClosed
 from service.schemas import JobOut
 
 _DONE = object()
@@ -25,17 +28,21 @@ _DONE = object()
 class AtlasClient:
     """Typed client of the FisherAtlas REST API (blocking); the same methods and parameters as
     :class:`~service.client.AsyncAtlasClient` (``base_url``, ``api_key``, ``timeout``, ``retries``, ...).
+
+    A progress callback (``on_progress`` of ``wait_job``, ``add_task`` and ``append``) runs on the client's event-loop
+    thread: keep it short, and hand work for a GUI's thread over a queue.
     """
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
                  retries: int = 3, **kwargs: Any) -> None:
-        self._portal_cm = start_blocking_portal()
-        self._portal: BlockingPortal = self._portal_cm.__enter__()
+        self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
+        thread = threading.Thread(target=self._loop.run_forever, name="fisher-atlas-client", daemon=True)
+        thread.start()
+        self._stop = weakref.finalize(self, _stop_loop, self._loop, thread)  # at close, collection or exit
         try:
-            self._async: AsyncAtlasClient = self._portal.call(
-                functools.partial(_make, base_url, api_key, timeout, retries, kwargs))
+            self._async: AsyncAtlasClient = self._call(_make(base_url, api_key, timeout, retries, kwargs))
         except BaseException:
-            self._portal_cm.__exit__(None, None, None)
+            self._stop()
             raise
         self.base_url = self._async.base_url
         self.api_key = self._async.api_key
@@ -46,18 +53,30 @@ class AtlasClient:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the client's loop and wait for it (:class:`ClientClosed` once closed)."""
+        loop = self._loop
+        if loop is None or not self._stop.alive:
+            coro.close()
+            raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
     def close(self) -> None:
-        """Close the connection pool and stop the event-loop thread."""
-        if self._portal_cm is None:
+        """Close the connection pool and stop the event-loop thread (again: nothing)."""
+        if self._loop is None:
             return
         try:
-            self._portal.call(self._async.aclose)
+            self._call(self._async.aclose())
         finally:
-            self._portal_cm.__exit__(None, None, None)
-            self._portal_cm = None  # type: ignore[assignment]
+            self._stop()
+            self._loop = None
 
     def job_events(self, job_id: int) -> Iterator[JobOut]:
-        """The job's server-sent ``progress`` events until it ends (see the async client)."""
+        """The job's server-sent ``progress`` events until it ends (see the async client); leaving the loop early
+        (``break``, an exception, the iterator collected) closes the stream — it stayed open, holding one of the
+        service's progress-stream slots, until the job ended."""
+        if self._loop is None:
+            raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
         items: queue.Queue[Any] = queue.Queue()
 
         async def pump() -> None:
@@ -69,14 +88,28 @@ class AtlasClient:
             finally:
                 items.put(_DONE)
 
-        self._portal.start_task_soon(pump)
-        while (item := items.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        pumping = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while (item := items.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            pumping.cancel()
 
     def __getattr__(self, name: str) -> Any:  # typing aid only: real methods are generated below
         raise AttributeError(name)
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop the client's loop and its thread (a finalizer: it must not hold the client)."""
+    if loop.is_closed():
+        return
+    loop.call_soon_threadsafe(loop.stop)
+    if thread is not threading.current_thread():
+        thread.join(timeout=5)
+    if not loop.is_running():
+        loop.close()
 
 
 async def _make(base_url: str | None, api_key: str | None, timeout: float, retries: int,
@@ -87,7 +120,9 @@ async def _make(base_url: str | None, api_key: str | None, timeout: float, retri
 def _blocking(name: str, coro_fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(coro_fn)
     def method(self: AtlasClient, *args: Any, **kwargs: Any) -> Any:
-        return self._portal.call(functools.partial(getattr(self._async, name), *args, **kwargs))
+        if self._loop is None:
+            raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
+        return self._call(getattr(self._async, name)(*args, **kwargs))
 
     return method
 

@@ -66,16 +66,23 @@ def test_flat_equals_bruteforce_with_updates_and_deletes(factory, ro_factory, tm
         assert index.ids(space.id).tolist() == repository.get_signatures(s, space_id=space.id)[0].tolist()
 
 
-def test_an_index_directory_removed_while_running_is_made_again_by_the_next_save(factory, ro_factory,
-                                                                                  tmp_path: Path) -> None:
-    """An outage review removed the index directory under a running API: every save failed (a traceback a second)
-    until the directory was made by hand."""
+def _saved_index(factory: sessionmaker[Session], ro_factory: sessionmaker[Session], tmp_path: Path,
+                 n: int) -> tuple[Any, Path, IndexManager]:
+    """A space of ``n`` ready tasks, its index opened and saved under ``tmp_path / "idx"``."""
     space = make_space(factory, m=M)
-    _populate(factory, space.id, 12)
+    _populate(factory, space.id, n)
     directory = tmp_path / "idx"
     index = IndexManager(ro_factory, directory)
     index.open()
     assert index.persist() == [space.id]
+    return space, directory, index
+
+
+def test_an_index_directory_removed_while_running_is_made_again_by_the_next_save(factory, ro_factory,
+                                                                                  tmp_path: Path) -> None:
+    """An outage review removed the index directory under a running API: every save failed (a traceback a second)
+    until the directory was made by hand."""
+    space, directory, index = _saved_index(factory, ro_factory, tmp_path, 12)
     shutil.rmtree(directory)
     _populate(factory, space.id, 3, seed=4, prefix="later")
     assert index.catch_up() == 3
@@ -86,12 +93,7 @@ def test_an_index_directory_removed_while_running_is_made_again_by_the_next_save
 
 
 def test_persisted_index_is_loaded_caught_up_or_rebuilt(factory, ro_factory, tmp_path: Path) -> None:
-    space = make_space(factory, m=M)
-    _populate(factory, space.id, 40)
-    directory = tmp_path / "idx"
-    first = IndexManager(ro_factory, directory)
-    first.open()
-    assert first.persist() == [space.id]
+    space, directory, first = _saved_index(factory, ro_factory, tmp_path, 40)
     assert first.persist() == []  # nothing changed since
     queries = unit_vectors(8, M, seed=5)
     reference = first.search(space.id, queries, 10)

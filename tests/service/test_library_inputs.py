@@ -119,3 +119,24 @@ def test_the_default_progress_bar_writes_nothing_to_stdout(tmp_path: Path, tiny_
         assert atlas.task("prose").status == "ready"
     out = capsys.readouterr()
     assert out.out == ""
+
+
+def test_wrongly_typed_arguments_are_invalid_input(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Found by a review of library mode: each raised a Python error (AttributeError, TypeError, FileExistsError)
+    or did something else than asked (bytes routed byte by byte, a dict by its keys, a name read by characters)."""
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(InvalidInput, match="is a file, not a data directory"):
+        Atlas(tmp_path / "a-file", model=str(tiny_model_dir), sketch_dim=256, device="cpu")
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        atlas.add("prose", ["The fox jumps over the dog.", "A cat sleeps on the warm mat."], progress=False)
+        atlas.add("code", ["def add(a, b): return a + b", "x = [i for i in range(9)]"], progress=False)
+        calls: list[tuple[Any, tuple[Any, ...]]] = [
+            (atlas.task, (1,)), (atlas.align, (1, 2)), (atlas.route, (None,)), (atlas.route, (b"hello world",)),
+            (atlas.route, ({"a": 1},)), (atlas.matrix, ("prose",)),
+            (atlas.fit, ([("The fox jumps over the dog.", None)],)),
+        ]
+        for call, args in calls:
+            with pytest.raises(InvalidInput):
+                call(*args)
+        assert atlas.route(("The fox jumps over the dog.", "def f(): pass"))[0].matches  # a tuple is a list
+        assert atlas.matrix(["prose", "code"]).fisher.shape == (2, 2)

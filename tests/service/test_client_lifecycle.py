@@ -1,0 +1,124 @@
+"""The Python clients' lifecycle and inputs, found by a review of the client (2026-11-29), over real HTTP.
+
+* A script that never closed its ``AtlasClient`` never exited (the loop ran in a non-daemon thread).
+* Leaving ``job_events`` early left its stream open: after 16 the service refused more (429) until the job ended.
+* ``wait_job(timeout=3)`` against a service that does not answer took three request timeouts per poll.
+* A closed client raised ``RuntimeError``; NaN in a body a ``ValueError``; an id ``"1/../2"`` reached task 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.client import AsyncAtlasClient, AtlasClient, ClientClosed, InvalidInput
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_script_that_never_closes_its_client_exits(serve: Any, tiny_lm: Any) -> None:
+    svc = serve(lm=tiny_lm)
+    script = ("from service.client import AtlasClient\n"
+              f"c = AtlasClient({svc.url!r})\n"
+              "print(c.health().status)\n")  # no close(), no with: as in a notebook or a quick script
+    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_leaving_job_events_early_closes_its_stream(serve: Any, tiny_lm: Any) -> None:
+    svc = serve(lm=tiny_lm, max_event_streams_per_client=2, overrides={"start_runner": False})  # the job waits
+    with AtlasClient(svc.url) as c:
+        created = c.add_task("prose", samples=["The fox jumps over the dog.", "A cat sleeps on the mat."])
+        for _ in range(6):  # three times the cap: each early exit gives its slot back
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    for job in c.job_events(created.job.id):
+                        assert job.status == "queued"
+                        break
+                    break
+                except Exception as exc:  # a slot given back a moment after the client left: retried briefly
+                    assert "429" in str(exc) and time.monotonic() < deadline, exc
+                    time.sleep(0.2)
+
+
+def test_a_closed_client_says_so(serve: Any, tiny_lm: Any) -> None:
+    svc = serve(lm=tiny_lm)
+    c = AtlasClient(svc.url)
+    assert c.health().status == "ok"
+    c.close()
+    c.close()  # again: nothing
+    with pytest.raises(ClientClosed):
+        c.health()
+    with pytest.raises(ClientClosed):
+        next(iter(c.job_events(1)))
+
+    async def closed_async() -> None:
+        async with AsyncAtlasClient(svc.url) as ac:
+            assert (await ac.health()).status == "ok"
+        with pytest.raises(ClientClosed):
+            await ac.health()
+
+    asyncio.run(closed_async())
+
+
+def test_ids_and_numbers_are_checked_before_anything_is_sent(serve: Any, tiny_lm: Any) -> None:
+    svc = serve(lm=tiny_lm)
+    with AtlasClient(svc.url) as c:
+        for bad in ("1/../2", "2?x=1", "", 1.5, True, None):
+            with pytest.raises(InvalidInput, match="must be an integer"):
+                c.get_task(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match="must be an integer"):
+            c.delete_task("3/../1")  # type: ignore[arg-type]
+        assert c.get_job  # a well-formed id string is taken: what a CLI argument gives
+        for value in (math.nan, math.inf):
+            with pytest.raises(InvalidInput, match="cannot be sent as JSON"):
+                c.route("a prompt of a few words", threshold=value)
+        with pytest.raises(InvalidInput, match="cannot be sent as JSON"):
+            c.add_task("meta", samples=["The fox jumps over the dog."], metadata={"tags": {1, 2}})
+        assert c.list_tasks().total == 0  # nothing reached the service
+
+
+@pytest.fixture
+def silent_service() -> Iterator[str]:
+    """A TCP server that accepts connections and never answers (a hung service)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_wait_job_is_bounded_by_its_timeout_when_the_service_does_not_answer(silent_service: str) -> None:
+    with AtlasClient(silent_service, timeout=20) as c:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            c.wait_job(1, timeout=2)
+        assert time.monotonic() - t0 < 10  # was about 2 + 3 × 20 s (a poll's retries, each a full request timeout)
