@@ -213,6 +213,7 @@ class Container:
 
         assert self.index is not None and self.store is not None
         syncing, saving = OutageLog(log, "keeping the index caught up with SQL"), OutageLog(log, "saving the index")
+        pruning = OutageLog(log, "pruning the change log")
         last_persist = last_requeue = time.monotonic()
         while not self._stop.wait(1.0):
             try:
@@ -233,8 +234,9 @@ class Container:
                     saving.failed(exc)
                 try:  # behind the last saved index (its persisted watermarks), whether this save worked or not
                     self.index.compact(self.store.write)
+                    pruning.ok()
                 except Exception as exc:
-                    syncing.failed(exc)
+                    pruning.failed(exc)
 
     def _drop_final_checkpoints(self) -> None:
         """Once at start: finished jobs' checkpoints left by earlier versions (a failure here is no reason not to
