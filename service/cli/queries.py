@@ -295,8 +295,8 @@ def export_space(out: Path, url: Url = None, api_key: ApiKey = None, space: Spac
                  json: Json = False) -> None:
     """Export a space (states, signatures, metadata) to a JSON-lines file."""
     with client(url, api_key, timeout) as cl:
-        blob = cl.export_space(space, out=out)
-    emit(json, {"out": str(out), "bytes": len(blob)}, f"wrote {out} ({len(blob):,} bytes)")
+        written = cl.download_export(out, space)  # streamed to the file, not held in memory
+    emit(json, {"out": str(out), "bytes": written}, f"wrote {out} ({written:,} bytes)")
 
 
 @app.command("import")

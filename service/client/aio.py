@@ -168,7 +168,7 @@ class AsyncAtlasClient:
 
     async def get_task(self, task_id: int) -> TaskOut:
         """``GET /v1/tasks/{id}``."""
-        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id)}", TaskOut))
+        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id, 'task id')}", TaskOut))
 
     async def list_tasks(self, *, space: str | int | None = None, name: str | None = None,
                          name_prefix: str | None = None, status: str | None = None, offset: int = 0,
@@ -197,17 +197,18 @@ class AsyncAtlasClient:
 
     async def patch_task(self, task_id: int, metadata: dict[str, Any]) -> TaskOut:
         """``PATCH /v1/tasks/{id}``: merge ``metadata`` (``None`` values remove keys)."""
-        return await self._send(Call("PATCH", f"/v1/tasks/{path_id(task_id)}", TaskOut, json={"metadata": metadata}))
+        path = f"/v1/tasks/{path_id(task_id, 'task id')}"
+        return await self._send(Call("PATCH", path, TaskOut, json={"metadata": metadata}))
 
     async def delete_task(self, task_id: int) -> None:
         """``DELETE /v1/tasks/{id}``."""
-        await self._send(Call("DELETE", f"/v1/tasks/{path_id(task_id)}", None))
+        await self._send(Call("DELETE", f"/v1/tasks/{path_id(task_id, 'task id')}", None))
 
     # -- jobs --------------------------------------------------------------------------------------
 
     async def get_job(self, job_id: int) -> JobOut:
         """``GET /v1/jobs/{id}``."""
-        return await self._send(Call("GET", f"/v1/jobs/{path_id(job_id)}", JobOut))
+        return await self._send(Call("GET", f"/v1/jobs/{path_id(job_id, 'job id')}", JobOut))
 
     async def list_jobs(self, *, task_id: int | None = None, status: str | None = None,
                         space: str | int | None = None, offset: int = 0, limit: int = 50) -> JobList:
@@ -217,14 +218,14 @@ class AsyncAtlasClient:
 
     async def cancel_job(self, job_id: int) -> JobOut:
         """``POST /v1/jobs/{id}/cancel``."""
-        return await self._send(Call("POST", f"/v1/jobs/{path_id(job_id)}/cancel", JobOut))
+        return await self._send(Call("POST", f"/v1/jobs/{path_id(job_id, 'job id')}/cancel", JobOut))
 
     async def job_events(self, job_id: int) -> AsyncIterator[JobOut]:
         """The job's server-sent ``progress`` events until it ends (a stream silent for ``STREAM_READ_TIMEOUT_S``,
         four of the service's keep-alive pings, is :class:`Unreachable`: a hung service held it forever)."""
         self._check_open()
         try:
-            async with aconnect_sse(self._http, "GET", f"/v1/jobs/{path_id(job_id)}/events",
+            async with aconnect_sse(self._http, "GET", f"/v1/jobs/{path_id(job_id, 'job id')}/events",
                                     timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S)) as source:
                 if source.response.status_code >= 400:
                     await source.response.aread()
@@ -282,7 +283,7 @@ class AsyncAtlasClient:
 
     async def routing(self, task_id: int) -> RoutingInfo:
         """``GET /v1/tasks/{id}/routing``: the task's effective route threshold and its calibration."""
-        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id)}/routing", RoutingInfo))
+        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id, 'task id')}/routing", RoutingInfo))
 
     async def set_threshold(self, task_id: int, threshold: float | None) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: override the task's route threshold (``None`` clears it)."""
@@ -291,7 +292,8 @@ class AsyncAtlasClient:
     async def patch_routing(self, task_id: int, **fields: Any) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing`` with any of ``threshold`` (``None`` clears the override),
         ``false_reject_rate``, ``template`` and ``novelty``; fields not given are left as they are."""
-        return await self._send(Call("PATCH", f"/v1/tasks/{path_id(task_id)}/routing", RoutingInfo, json=fields))
+        path = f"/v1/tasks/{path_id(task_id, 'task id')}/routing"
+        return await self._send(Call("PATCH", path, RoutingInfo, json=fields))
 
     async def set_false_reject_rate(self, task_id: int, rate: float) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: re-calibrate the task's route threshold at another false-reject rate
@@ -308,7 +310,7 @@ class AsyncAtlasClient:
 
     async def sources(self, task_id: int, *, k: int = 5, candidates: int | None = None) -> SourcesResponse:
         """``GET /v1/tasks/{id}/sources``: recommended fine-tuning sources."""
-        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id)}/sources", SourcesResponse,
+        return await self._send(Call("GET", f"/v1/tasks/{path_id(task_id, 'task id')}/sources", SourcesResponse,
                                      params={"k": k, "candidates": candidates}))
 
     async def align(self, a: int, b: int) -> AlignResponse:
@@ -346,6 +348,30 @@ class AsyncAtlasClient:
             Path(os.fspath(out)).write_bytes(blob)
         return blob
 
+    async def download_export(self, out: str | os.PathLike[str], space: str | int | None = None) -> int:
+        """``GET /v1/spaces/{id}/export`` streamed into the file ``out`` (written whole or not at all: through a
+        temporary file beside it); returns the bytes written. Unlike :meth:`export_space`, the export is never held in
+        memory (an export may be as large as the service's ``max_import_bytes``, 1 GiB by default)."""
+        self._check_open()
+        target = Path(os.fspath(out))
+        ref = quote(str(space if space is not None else "default"), safe="")
+        partial = target.with_name(f".{target.name}.partial")
+        written = 0
+        try:
+            async with self._http.stream("GET", f"/v1/spaces/{ref}/export") as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    calls.raise_for(resp)
+                with partial.open("wb") as file:
+                    async for chunk in resp.aiter_bytes():
+                        written += file.write(chunk)
+            partial.replace(target)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        finally:
+            partial.unlink(missing_ok=True)
+        return written
+
     async def import_space(self, file: str | os.PathLike[str] | bytes, *, on_conflict: str = "fail") -> ImportResult:
         """``POST /v1/spaces/import`` of a file written by :meth:`export_space` (a path is streamed from disk, not
         read into memory: an export may be up to the service's ``max_import_bytes``, 1 GiB by default)."""
@@ -373,4 +399,4 @@ class AsyncAtlasClient:
 
     async def revoke_key(self, key_id: int) -> None:
         """``DELETE /v1/keys/{id}`` (admin)."""
-        await self._send(Call("DELETE", f"/v1/keys/{path_id(key_id)}", None))
+        await self._send(Call("DELETE", f"/v1/keys/{path_id(key_id, 'key id')}", None))

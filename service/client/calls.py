@@ -143,7 +143,8 @@ def path_id(value: object, what: str = "id") -> int:
         return value
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value)
-    raise InvalidInput(0, "invalid_input", f"a {what} must be an integer, not {value!r}")
+    hint = " (a task's numeric id; find one by name with find_task)" if what == "task id" else ""
+    raise InvalidInput(0, "invalid_input", f"a {what} must be an integer, not {value!r}{hint}")
 
 
 def append(task_id: int, file: FileArg, samples: Sequence[SampleArg] | None, filename: str | None,

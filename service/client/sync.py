@@ -38,6 +38,7 @@ class AtlasClient:
         self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
         thread = threading.Thread(target=self._loop.run_forever, name="fisher-atlas-client", daemon=True)
         thread.start()
+        self._thread = thread
         self._stop = weakref.finalize(self, _stop_loop, self._loop, thread)  # at close, collection or exit
         try:
             self._async: AsyncAtlasClient = self._call(_make(base_url, api_key, timeout, retries, kwargs))
@@ -59,6 +60,10 @@ class AtlasClient:
         if loop is None or not self._stop.alive:
             coro.close()
             raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
+        if threading.current_thread() is self._thread:  # it would wait on itself for good
+            coro.close()
+            raise RuntimeError("a progress callback runs on the client's event-loop thread and cannot call the client; "
+                               "use the job it is given, or hand the work to another thread")
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def close(self) -> None:

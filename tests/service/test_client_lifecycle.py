@@ -122,3 +122,44 @@ def test_wait_job_is_bounded_by_its_timeout_when_the_service_does_not_answer(sil
         with pytest.raises(TimeoutError):
             c.wait_job(1, timeout=2)
         assert time.monotonic() - t0 < 10  # was about 2 + 3 × 20 s (a poll's retries, each a full request timeout)
+
+
+def test_a_progress_callback_calling_the_client_is_refused_not_deadlocked(serve: Any, tiny_lm: Any) -> None:
+    """The callback runs on the client's loop thread: a blocking call from it would wait on that thread for good."""
+    svc = serve(lm=tiny_lm)
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        with AtlasClient(svc.url) as c:
+            try:
+                c.add_task("prose", samples=["The fox jumps over the dog.", "A cat sleeps on the mat."], wait=True,
+                           on_progress=lambda job: c.get_job(job.id))
+                outcome.append(None)
+            except BaseException as exc:  # what the caller sees
+                outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "deadlocked"
+    assert isinstance(outcome[0], RuntimeError) and "progress callback" in str(outcome[0]), outcome
+
+
+def test_an_export_is_streamed_to_its_file_whole_or_not_at_all(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
+    """``export_space`` holds the whole export in memory (an export may be up to 1 GiB); ``download_export`` (the
+    CLI's ``export``) streams it into the file, through a temporary file beside it."""
+    from service.client import NotFound
+
+    svc = serve(lm=tiny_lm)
+    with AtlasClient(svc.url) as c:
+        c.add_task("prose", samples=["The fox jumps over the dog.", "A cat sleeps on the mat."], wait=True)
+        exports = tmp_path / "exports"
+        exports.mkdir()
+        out = exports / "space.jsonl"
+        written = c.download_export(out)
+        assert written == out.stat().st_size > 0
+        task_lines = out.read_bytes().splitlines()[1:-1]  # the header's time and so the trailer's checksum differ
+        assert len(task_lines) == 1 and task_lines == c.export_space().splitlines()[1:-1]
+        with pytest.raises(NotFound):
+            c.download_export(exports / "other.jsonl", space=999)
+        assert sorted(p.name for p in exports.iterdir()) == ["space.jsonl"]  # nothing half-written
