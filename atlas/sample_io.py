@@ -41,7 +41,7 @@ from typing import IO, Any, cast
 from atlas.errors import InvalidInput, PayloadTooLarge
 from atlas.file_formats import file_format
 from atlas.json_bounds import json_token_count, upload_value_limit
-from atlas.samples import Mode, Sample, check_columns, record_values, sample_of
+from atlas.samples import Mode, Sample, check_columns, mode_fields, record_values, sample_of
 
 __all__ = [
     "SampleLimits",
@@ -371,7 +371,7 @@ def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counte
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    keys = ["text"] if mode == "text" else ["prompt", "completion"]
+    keys = _fields(mode)
     lim = counter.limits
     try:  # the columns first: read_dictionary raises a bare KeyError for a column the file lacks
         check_columns(pq.read_schema(stream).names, mode, filename, "columns")
@@ -445,7 +445,7 @@ def _short(exc: BaseException, n: int = 300) -> str:
 
 
 def _fields(mode: Mode) -> list[str]:
-    return ["text"] if mode == "text" else ["prompt", "completion"]
+    return list(mode_fields(mode))
 
 
 def write_jsonl(samples: Iterable[Sample]) -> bytes:

@@ -48,6 +48,11 @@ _TEXT_KEYS = ("text",)
 _PAIR_KEYS = ("prompt", "completion")
 
 
+def mode_fields(mode: Mode) -> tuple[str, ...]:
+    """The fields a sample of ``mode`` has: ``("text",)`` or ``("prompt", "completion")``."""
+    return _TEXT_KEYS if mode == "text" else _PAIR_KEYS
+
+
 def record_to_sample(record: object, mode: Mode, where: str) -> Sample:
     """Validate one parsed record (a dict) for ``mode`` and build a :class:`Sample`.
 
@@ -55,14 +60,14 @@ def record_to_sample(record: object, mode: Mode, where: str) -> Sample:
     lone surrogate (not encodable as UTF-8, so not storable).
     """
     values = record_values(record, mode, where)
-    return Sample(**dict(zip(_TEXT_KEYS if mode == "text" else _PAIR_KEYS, values, strict=True)))
+    return Sample(**dict(zip(mode_fields(mode), values, strict=True)))
 
 
 def record_values(record: object, mode: Mode, where: str) -> tuple[str, ...]:
     """The validated values of a record: ``(text,)`` or ``(prompt, completion)`` (see :func:`record_to_sample`)."""
     if not isinstance(record, dict):
         raise InvalidInput(f"{where}: expected an object with {_keys_for(mode)}, got {type(record).__name__}")
-    keys = _TEXT_KEYS if mode == "text" else _PAIR_KEYS
+    keys = mode_fields(mode)
     missing = [k for k in keys if k not in record or record[k] is None]
     if missing:
         raise InvalidInput(f"{where}: missing field(s) {missing} for mode '{mode}'"
@@ -98,7 +103,7 @@ def check_columns(header: Sequence[object], mode: Mode, where: str,
                   kind: Literal["header", "columns"] = "header") -> None:
     """Raise :class:`InvalidInput` once, for the whole table, when its header (or a Parquet file's columns: ``kind``)
     lacks a field ``mode`` needs."""
-    missing = [k for k in (_TEXT_KEYS if mode == "text" else _PAIR_KEYS) if k not in header]
+    missing = [k for k in mode_fields(mode) if k not in header]
     if missing:
         raise InvalidInput(f"{where}: missing column(s) {missing} for mode '{mode}'" + fields_hint(header, mode, kind),
                            {"missing": missing})

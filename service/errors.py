@@ -148,7 +148,7 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
         logger.warning("database unreachable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
         return await _atlas_error(request, DatabaseUnavailable("the database cannot be reached; retry shortly",
                                                                None, retry_after_s=2.0))
-    if is_busy_error(exc):
+    if is_busy_error(exc):  # locked, pool exhausted, a lock or statement timeout
         logger.warning("database busy on %s %s: %s", request.method, request.url.path, type(exc).__name__)
         return await _atlas_error(request, DatabaseBusy("the database is busy; retry shortly", None))
     if (fault := storage_fault(exc)) is not None:  # a retry cannot cure it before an operator does: 60 s

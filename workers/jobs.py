@@ -329,7 +329,7 @@ def _release_after_store_error(ctx: WorkerContext, claim: job_store.Claim, exc: 
     :data:`RELEASE_RETRY_S` for half the stale window. Before, five restarts during one job failed it ("the worker
     stopped each time"), and a failed release left the job running under this lease: its retry was skipped until a
     sweep found it stale. Another store error (a lock wait, a statement timeout) counts, as before."""
-    outage = bool(getattr(exc, "connection_invalidated", False))
+    outage = db.is_unreachable_error(exc)  # a restart, a dropped link, a refused connection
     deadline = time.monotonic() + ctx.settings.job_stale_after_s / 2
     while True:
         try:

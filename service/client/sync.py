@@ -59,7 +59,7 @@ class AtlasClient:
         loop = self._loop
         if loop is None or not self._stop.alive:
             coro.close()
-            raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
+            raise _closed()
         if threading.current_thread() is self._thread:  # it would wait on itself for good
             coro.close()
             raise RuntimeError("a progress callback runs on the client's event-loop thread and cannot call the client; "
@@ -81,7 +81,7 @@ class AtlasClient:
         (``break``, an exception, the iterator collected) closes the stream — it stayed open, holding one of the
         service's progress-stream slots, until the job ended."""
         if self._loop is None:
-            raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
+            raise _closed()
         items: queue.Queue[Any] = queue.Queue()
 
         async def pump() -> None:
@@ -106,6 +106,10 @@ class AtlasClient:
         raise AttributeError(name)
 
 
+def _closed() -> ClientClosed:
+    return ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
+
+
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
     """Stop the client's loop and its thread (a finalizer: it must not hold the client)."""
     if loop.is_closed():
@@ -125,8 +129,6 @@ async def _make(base_url: str | None, api_key: str | None, timeout: float, retri
 def _blocking(name: str, coro_fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(coro_fn)
     def method(self: AtlasClient, *args: Any, **kwargs: Any) -> Any:
-        if self._loop is None:
-            raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
         return self._call(getattr(self._async, name)(*args, **kwargs))
 
     return method
