@@ -31,8 +31,12 @@ Activation-dark
 Atlas
     Classical multidimensional scaling of the dissimilarity ``1 − Â_F`` (clipped to [0, 2]); the
     two leading axes, each eigenvector's sign fixed so that its largest-magnitude entry is positive.
-    Clusters: average-linkage agglomerative clustering on the same dissimilarity, cut into
-    ``k = max(1, round(sqrt(n / 2)))`` clusters, numbered by first appearance in input order.
+    Clusters: average-linkage agglomerative clustering on the same dissimilarity, cut into the number of
+    clusters ``k`` in ``[2, n − 1]`` whose mean silhouette is highest (:func:`cluster_count`); when no cut reaches
+    a silhouette of ``MIN_SILHOUETTE`` (0.25, the usual floor of "weak structure"), the tasks have no cluster
+    structure: one cluster when their mean alignment is at least ½ (alike), else one per task (unrelated — until
+    2026-12-01 ``k = round(sqrt(n / 2))`` whatever the alignments, so three unrelated tasks were one cluster).
+    Numbered by first appearance in input order.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from atlas.clusters import MAX_CLUSTERS as MAX_CLUSTERS
+from atlas.clusters import MIN_SILHOUETTE as MIN_SILHOUETTE
+from atlas.clusters import agglomerative_clusters as agglomerative_clusters
+from atlas.clusters import cluster_count as cluster_count
+from atlas.clusters import silhouette as silhouette
 from atlas.settings import Settings
 
 if TYPE_CHECKING:
@@ -381,33 +390,6 @@ def classical_mds(dissimilarity: np.ndarray, dims: int = 2) -> np.ndarray:
     return out
 
 
-def cluster_count(n: int) -> int:
-    """Number of atlas clusters for ``n`` tasks: ``max(1, round(sqrt(n / 2)))``."""
-    return max(1, round(math.sqrt(n / 2))) if n > 0 else 0
-
-
-def agglomerative_clusters(dissimilarity: np.ndarray, n_clusters: int) -> list[int]:
-    """Average-linkage clusters, labels ``0..n_clusters-1`` numbered by first appearance: exactly
-    ``min(n_clusters, n)`` of them. The tree is cut at the merge that leaves that many (``fcluster``'s
-    ``maxclust`` cuts by height and gave fewer when the top heights tie, as unrelated tasks' clamped
-    alignments of 0 make them); ties are broken by the linkage's merge order, so the answer is deterministic."""
-    n = dissimilarity.shape[0]
-    if n == 0:
-        return []
-    if n == 1 or n_clusters <= 1:
-        return [0] * n
-    from scipy.cluster.hierarchy import cut_tree, linkage
-    from scipy.spatial.distance import squareform
-
-    d = np.array(dissimilarity, dtype=np.float64)
-    d = (d + d.T) / 2
-    np.fill_diagonal(d, 0.0)
-    z = linkage(squareform(np.clip(d, 0.0, None), checks=False), method="average")
-    raw = cut_tree(z, n_clusters=min(n_clusters, n)).ravel()
-    relabel: dict[int, int] = {}
-    return [relabel.setdefault(int(c), len(relabel)) for c in raw]
-
-
 def atlas_layout(tasks: Sequence[TaskState], *, n_clusters: int | None = None) -> AtlasMap:
     """Deterministic 2-D map of ``tasks`` (see the module notes)."""
     n = len(tasks)
@@ -430,7 +412,7 @@ def layout_from_alignment(
     dis = np.clip(1.0 - a, 0.0, 2.0)
     np.fill_diagonal(dis, 0.0)
     xy = classical_mds(dis, 2)
-    k = min(n, n_clusters if n_clusters is not None else cluster_count(n))
+    k = min(n, n_clusters if n_clusters is not None else cluster_count(dis))
     labels = agglomerative_clusters(dis, k)
     points = [
         AtlasPoint(int(i), str(nm), round(float(x), 6), round(float(y), 6), int(c))
