@@ -39,7 +39,8 @@ def test_add_append_and_delete_a_task_through_the_form(
     page.set_input_files("[data-testid=add-file]", str(write_jsonl(tmp_path / "poems.jsonl", texts)))
     page.fill("[data-testid=add-name]", "form-poems")
     page.select_option("[data-testid=add-mode]", "text")
-    page.fill("[data-testid=add-metadata]", '{"domain": "poetry"}')
+    # an integer beyond 2^53 is sent and shown with its digits (JSON.parse and JSON.stringify rounded it before)
+    page.fill("[data-testid=add-metadata]", '{"domain": "poetry", "catalogue": 12345678901234567891}')
     page.click("[data-testid=add-submit]")
     progress = page.locator("[data-testid=add-progress]")
     page.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
@@ -47,7 +48,8 @@ def test_add_append_and_delete_a_task_through_the_form(
     with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
         task = http.get("/v1/tasks", params={"name": "form-poems"}).json()["items"][0]
         job = http.get(f"/v1/jobs/{progress.get_attribute('data-job-id')}").json()
-    assert task["metadata"] == {"domain": "poetry"} and task["n_samples"] == len(texts)
+    assert task["metadata"] == {"domain": "poetry", "catalogue": 12345678901234567891}
+    assert task["n_samples"] == len(texts)
     assert job["task_id"] == task["id"] and job["status"] == "succeeded"
     shown = page.locator("[data-testid=add-progress-text]").inner_text()
     assert f"{len(texts)} / {len(texts)} samples" in shown
@@ -78,6 +80,7 @@ def test_add_append_and_delete_a_task_through_the_form(
 
     # delete it from its page: the atlas is back to what it was
     page.goto(f"{dashboard_service.base}/dashboard/#/task/{task['id']}")
+    page.locator(".card", has_text="Metadata").get_by_text("12345678901234567891", exact=True).wait_for(timeout=10_000)
     delete = page.locator("[data-testid=task-delete]")
     delete.click()
     assert delete.get_attribute("data-armed") == "true"
@@ -117,6 +120,16 @@ def test_form_shows_api_and_input_errors_as_messages(
         pg.click("[data-testid=add-submit]")
         assert "metadata is not JSON" in pg.locator("[data-testid=add-message]").inner_text()
         assert progress.is_hidden()
+        # a number JSON cannot hold is refused by the service, not sent as null (it became {"x": null} before)
+        pg.fill("[data-testid=add-name]", "form-huge-number")
+        pg.fill("[data-testid=add-metadata]", '{"x": 1e400}')
+        pg.click("[data-testid=add-submit]")
+        refused = pg.locator("[data-testid=add-message] [data-testid=error]")
+        refused.wait_for()
+        assert "metadata" in refused.inner_text() and "not representable as JSON" in refused.inner_text()
+        with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
+            assert http.get("/v1/tasks", params={"name": "form-huge-number"}).json()["items"] == []
+        pg.fill("[data-testid=add-name]", "smiles")
         pg.fill("[data-testid=add-metadata]", "")
         pg.click("[data-testid=add-submit]")
         error = pg.locator("[data-testid=add-message] [data-testid=error]")

@@ -96,6 +96,14 @@
       this.detail = detail;
     }
   }
+  // JSON.parse rounds an integer beyond 2^53 (a user's metadata: a catalogue number, a 64-bit id): such a value keeps
+  // its digits as a string, read from the number's own source text where the browser gives it (JSON.parse source
+  // text access; elsewhere it stays the rounded number).
+  function exactIntegers(_key, value, context) {
+    if (typeof value === "number" && Number.isInteger(value) && !Number.isSafeInteger(value) &&
+        context && typeof context.source === "string" && /^-?\d+$/.test(context.source)) return context.source;
+    return value;
+  }
   function apiKey() {
     try { return window.sessionStorage.getItem(KEY_STORAGE) || ""; } catch (_) { return ""; }
   }
@@ -115,7 +123,7 @@
     }
     const text = await res.text();
     let data = null;
-    try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+    try { data = text ? JSON.parse(text, exactIntegers) : null; } catch (_) { data = null; }
     if (!res.ok) {
       let message = data && typeof data.message === "string" ? data.message : null;
       if (!message && data && typeof data.detail === "string") message = data.detail;
@@ -1638,7 +1646,9 @@
           let parsed;
           try { parsed = JSON.parse(meta.value); } catch (err) { showError(new Error(`metadata is not JSON: ${err.message}`), "Upload"); return; }
           if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) { showError(new Error("metadata must be a JSON object"), "Upload"); return; }
-          data.append("metadata", JSON.stringify(parsed));
+          // the text as typed: re-serialising what JSON.parse read rounded integers beyond 2^53 and sent 1e400 as
+          // null; the service reads the text exactly (and refuses a number JSON cannot hold, saying so)
+          data.append("metadata", meta.value.trim());
         }
         data.append("name", name.value.trim());
         data.append("mode", mode.value);
