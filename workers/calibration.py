@@ -82,8 +82,10 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
                 should_stop: Callable[[], bool] | None = None) -> PromptSide | None:
     """Prompt-mode states of the job's samples (all of them in completion mode, the calibration pick else).
 
-    ``progress(done, total)`` is called before the first window and after each (prompts sketched); ``None`` is
-    returned when ``should_stop()`` turns true between windows (the job was cancelled or its runner stops).
+    ``progress(done, total)`` is called before the first window, after each batched sketch within a window (its
+    share of the window's prompts and prefixes done, so a job of one window reports more than its start and end) and
+    after each window (prompts sketched); ``None`` is returned when ``should_stop()`` turns true between windows (the
+    job was cancelled or its runner stops).
 
     The prompts are sketched in batches as routing prompts are (:meth:`PromptBatcher.sketch_prepared`: length
     buckets, one forward each, every prompt its own state, equal to sketching it alone up to float32 rounding),
@@ -112,7 +114,9 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
             continue
         views = {ps.index: prefixes(ps) for ps in prepared if window[ps.index][0] in pick}
         extra = [v for ps in prepared for v in views.get(ps.index, [])]  # sketched in the same batches
-        every = batcher.sketch_prepared([*prepared, *extra])
+        batch = [*prepared, *extra]
+        every = batcher.sketch_prepared(batch, None if progress is None else _window_progress(
+            progress, lo, len(window), len(batch), len(texts)))
         states, view_states = every[:len(prepared)], iter(every[len(prepared):])
         vectors = getattr(every, "novelty", None)
         for j, (ps, st) in enumerate(zip(prepared, states, strict=True)):
@@ -130,6 +134,13 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
     if progress is not None:
         progress(len(texts), len(texts))
     return out
+
+
+def _window_progress(progress: Callable[[int, int], None], lo: int, size: int, batch: int, total: int
+                     ) -> Callable[[int], None]:
+    """``progress`` within the window of ``size`` prompts from ``lo`` (of ``total``), whose sketch holds ``batch``
+    prompts and prefixes: ``n`` of them sketched counts as that share of the window's prompts."""
+    return lambda n: progress(lo + size * n // max(batch, 1), total)
 
 
 def prompt_side_or_none(extractor: Any, samples: Sequence[Sample], mode: str, **hooks: Any) -> PromptSide | None:

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,7 +238,8 @@ class PromptBatcher:
             out.append([ps])
         return out
 
-    def sketch_prepared(self, prepared: Sequence[PreparedSample]) -> PromptStates:
+    def sketch_prepared(self, prepared: Sequence[PreparedSample],
+                        sketched: Callable[[int], None] | None = None) -> PromptStates:
         """States of tokenised prompts, in order: one forward per length bucket, one batched sketch; with each
         prompt's novelty vector (its mean head input, :func:`atlas.novelty.project`-ed).
 
@@ -246,6 +247,8 @@ class PromptBatcher:
         ----------
         prepared : sequence of PreparedSample
             From :meth:`prepare` (any number; indices are ignored).
+        sketched : callable, optional
+            Called with the number of prompts sketched so far after each batched sketch (a job's progress).
 
         Returns
         -------
@@ -281,6 +284,8 @@ class PromptBatcher:
                 out[ps.index] = st
             rows.clear()
             n_rows = 0
+            if sketched is not None:
+                sketched(sum(s is not None for s in out))
 
         with torch.inference_mode():
             for bucket in self.buckets(items):

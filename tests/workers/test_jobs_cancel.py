@@ -73,13 +73,13 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
     enter = jobs_module._Heartbeat.__enter__
     monkeypatch.setattr(jobs_module._Heartbeat, "__enter__", lambda self: beats.append(self) or enter(self))
 
-    def slow(self: PromptBatcher, prepared: Any) -> Any:
+    def slow(self: PromptBatcher, prepared: Any, *args: Any) -> Any:
         windows.append(len(prepared))
         if len(windows) == 1:  # cancel during the first window; wait until the job's heartbeat has seen it
             with ctx.factory.begin() as s:
                 job_store.request_cancel(s, job_id2)
             assert beats[-1].cancel.wait(30)
-        return real(self, prepared)
+        return real(self, prepared, *args)
 
     monkeypatch.setattr(PromptBatcher, "sketch_prepared", slow)
     _, job_id2 = create(ctx, space_id, "pairs-cancelled", pairs, mode="completion")
@@ -89,6 +89,33 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
     with ctx.factory() as s:
         assert job_store.get_job(s, job_id2).status == "cancelled"
         assert repository.get_state_blob(s, task_id) is not None  # the first task is untouched
+
+
+def test_routing_phase_reports_progress_within_one_window(ctx: WorkerContext, space_id: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completion job whose prompts fit one window (256) reports the routing phase as its batched sketches finish,
+    not only at its start and end (until 2026-12-01 a job of up to 256 pairs showed 0 of N until the pass ended)."""
+    from workers import jobs as jobs_module
+    from workers import prompt_batcher
+
+    monkeypatch.setattr(prompt_batcher, "SKETCH_ROWS", 32)  # a sketch every ~32 positions: several per window
+    seen: list[tuple[int, int]] = []
+    set_progress = jobs_module._Heartbeat.set_progress
+
+    def record(self: Any, progress: dict[str, Any]) -> None:
+        if progress.get("phase") == "routing":
+            seen.append((progress["routing_done"], progress["routing_total"]))
+        set_progress(self, progress)
+
+    monkeypatch.setattr(jobs_module._Heartbeat, "set_progress", record)
+    pairs = [Sample(prompt=s.text, completion=" yes") for s in make_samples(24, seed=32)]
+    _, job_id = create(ctx, space_id, "one-window", pairs, mode="completion")
+    assert run_job(job_id, ctx) == "succeeded"
+    totals = {t for _, t in seen}
+    assert len(totals) == 1 and (0, next(iter(totals))) in seen and seen[-1][0] == seen[-1][1]
+    between = [d for d, t in seen if 0 < d < t]
+    assert len(set(between)) >= 2, seen  # progress moved within the window
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)  # and never went back
 
 
 def test_cancel_while_running(ctx: WorkerContext, space_id: int) -> None:
