@@ -54,6 +54,13 @@ def test_resume_after_worker_death_equals_uninterrupted(ctx: WorkerContext, spac
 
 
 def test_concurrent_duplicate_runs_merge_once(ctx: WorkerContext, space_id: int) -> None:
+    """Three deliveries of one append at once: one runs it, two find it claimed; the samples are merged once.
+
+    The lease is made long (60 s): with the fixture's 1 s a run whose heartbeats were delayed past it on a busy
+    machine (SQLite serialises the three threads' writes) was taken over as stale and answered ``lost`` — a
+    takeover, the other test's case, not a duplicate delivery."""
+    ctx = WorkerContext(settings=ctx.settings.model_copy(update={"job_stale_after_s": 60.0}), factory=ctx.factory,
+                        lm=ctx.lm)
     base, extra = make_samples(5, seed=4), make_samples(7, seed=5)
     task_id, job_id = create(ctx, space_id, "dup", base)
     run_job(job_id, ctx)
@@ -83,9 +90,9 @@ def test_a_stop_during_the_routing_phase_keeps_the_extraction(ctx: WorkerContext
     task_id, job_id = create(ctx, space_id, "stopped-while-routing", pairs, mode="completion")
     real = PromptBatcher.sketch_prepared
 
-    def stop(self: PromptBatcher, prepared: Any) -> Any:
+    def stop(self: PromptBatcher, prepared: Any, *args: Any) -> Any:
         ctx.shutdown.set()  # the runner is asked to stop during the first window
-        return real(self, prepared)
+        return real(self, prepared, *args)
 
     monkeypatch.setattr(PromptBatcher, "sketch_prepared", stop)
     assert run_job(job_id, ctx) == "released"
