@@ -120,21 +120,23 @@ def test_form_shows_api_and_input_errors_as_messages(
         pg.click("[data-testid=add-submit]")
         assert "metadata is not JSON" in pg.locator("[data-testid=add-message]").inner_text()
         assert progress.is_hidden()
+
+        def refused(name: str, metadata: str) -> str:
+            """The API's error the form shows for an upload named ``name`` with ``metadata``."""
+            pg.fill("[data-testid=add-name]", name)
+            pg.fill("[data-testid=add-metadata]", metadata)
+            pg.click("[data-testid=add-submit]")
+            error = pg.locator("[data-testid=add-message] [data-testid=error]")
+            error.wait_for()
+            return error.inner_text()
+
         # a number JSON cannot hold is refused by the service, not sent as null (it became {"x": null} before)
-        pg.fill("[data-testid=add-name]", "form-huge-number")
-        pg.fill("[data-testid=add-metadata]", '{"x": 1e400}')
-        pg.click("[data-testid=add-submit]")
-        refused = pg.locator("[data-testid=add-message] [data-testid=error]")
-        refused.wait_for()
-        assert "metadata" in refused.inner_text() and "not representable as JSON" in refused.inner_text()
+        said = refused("form-huge-number", '{"x": 1e400}')
+        assert "metadata" in said and "not representable as JSON" in said
         with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
             assert http.get("/v1/tasks", params={"name": "form-huge-number"}).json()["items"] == []
-        pg.fill("[data-testid=add-name]", "smiles")
-        pg.fill("[data-testid=add-metadata]", "")
-        pg.click("[data-testid=add-submit]")
-        error = pg.locator("[data-testid=add-message] [data-testid=error]")
-        error.wait_for()
-        assert "(conflict)" in error.inner_text() and "smiles" in error.inner_text()
+        said = refused("smiles", "")
+        assert "(conflict)" in said and "smiles" in said
         assert progress.is_hidden() and progress.get_attribute("data-status") is None
         # a job that fails: the open atlas counts the failed task at once (it redrew only after a success)
         note = pg.locator("[data-testid=atlas-not-ready]")
