@@ -22,14 +22,14 @@ class RouteMatch:
     confidence: float = 0.0
     rank_score: float | None = None
     lexical: float | None = None
-    length_bound: float | None = None
-    """For a prompt short for the task, the bound of its held-out views of about the prompt's length (``threshold`` is
-    then the lower of it and the task's own: :func:`atlas.routing.prompt_threshold`); ``None`` otherwise."""
+    length_drop: float | None = None
+    """For a prompt short for the task, how far below the task's threshold for prompts as long as its samples its
+    length holds it (:attr:`atlas.routing.PromptThreshold.length_drop`); ``None`` otherwise."""
 
     @property
     def length_matched(self) -> bool:
         """Whether the prompt is short for the task and its threshold was matched to its length."""
-        return self.length_bound is not None
+        return self.length_drop is not None
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ class Rejection:
     length_matched: bool = False
     """Whether ``threshold`` was taken from the task's held-out views of about the prompt's length (a prompt short
     for the task: :func:`atlas.routing.prompt_threshold`)."""
+    overridden: bool = False
+    """Whether the task's threshold is an override (a user's or ``fit``'s) rather than its calibrated one."""
 
     @property
     def short_prompt(self) -> bool:
@@ -70,11 +72,12 @@ class Rejection:
                     f"novelty threshold (distance {self.score:.3f} > {self.threshold:.3f}: an unseen kind of text)")
         which = "the task nearest to the prompt" if self.reason == "nearest" else "the answered (first-ranked) task"
         text = f"{task}, {which}, scores {self.score:.4f}, below its threshold {self.threshold:.4f}"
+        tokens = f"{self.prompt_tokens} token{'' if self.prompt_tokens == 1 else 's'}"
         if self.length_matched:
-            text += (f" (for a prompt of {self.prompt_tokens} tokens: the threshold of its held-out sample prefixes "
-                     "of about that length)")
+            text += (f" (for a prompt of {tokens}: the threshold of its held-out sample prefixes of about that length"
+                     + (", moved by its threshold override)" if self.overridden else ")"))
         elif self.short_prompt:
-            text += (f"; the prompt has {self.prompt_tokens} tokens, the task's samples {self.sample_tokens:.0f} on "
+            text += (f"; the prompt has {tokens}, the task's samples {self.sample_tokens:.0f} on "
                      "average: thresholds hold for prompts about as long as the samples (docs/SCORES.md)")
         return text
 

@@ -35,6 +35,9 @@ class TaskRoute:
     """The calibrated threshold at half the task's false-reject rate (a task with a novelty test is held to it)."""
     length_views: LengthViews | None = None
     """The task's held-out views by length (a prompt shorter than its samples is calibrated on them)."""
+    calibrated: float | None = None
+    """The task's calibrated threshold at its full rate (``threshold_auto``), whether or not an override is set: an
+    override moves a short prompt's threshold by its distance from it (:func:`prompt_threshold`)."""
 
 
 def resolve(row: Any, typical: float | None, split: float | None = None,
@@ -54,7 +57,8 @@ def resolve(row: Any, typical: float | None, split: float | None = None,
                      novelty_test=row.novelty_test is not False,
                      false_reject_rate=None if row.false_reject_rate is None else float(row.false_reject_rate),
                      overridden=row.threshold_override is not None,
-                     split_threshold=None if split is None else float(split), length_views=views)
+                     split_threshold=None if split is None else float(split), length_views=views,
+                     calibrated=None if row.threshold_auto is None else float(row.threshold_auto))
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class Candidate:
         The task's held-out views by length (``None``: none stored): a prompt shorter than the task's samples
         (:meth:`~atlas.route_calibration.LengthViews.short`) is held to the threshold of the views nearest its
         length, and to neither the template nor the novelty test.
+    calibrated : float, optional
+        The task's calibrated threshold at its full rate (``threshold_auto``; with an override too).
     """
 
     task_id: int
@@ -110,43 +116,54 @@ class Candidate:
     split_threshold: float | None = None
     novelty_test: bool = True
     length_views: LengthViews | None = None
+    calibrated: float | None = None
 
 
 class PromptThreshold(NamedTuple):
     """The route threshold a task holds one prompt to (:func:`prompt_threshold`)."""
 
     threshold: float
-    length_bound: float | None = None
-    """For a prompt short for the task, the bound of its held-out views of about the prompt's length (``threshold``
-    is then the lower of it and the task's own); ``None`` otherwise. ``fit`` reads it: raising the task's threshold
-    never moves a short prompt's past it."""
+    length_drop: float | None = None
+    """For a prompt short for the task, how far below the threshold its prompts as long as its samples are held to
+    without an override (negative: above) it is held — the same whatever override the task is given: any threshold
+    ``x`` set for whole prompts (a user's, ``fit``'s) holds it to ``x − length_drop``. ``None`` for a prompt that is
+    not short for the task. ``fit`` reads it (:attr:`atlas.route_fit.FitItem.length_drops`)."""
 
     @property
     def length_matched(self) -> bool:
         """Whether the prompt is short for the task and its threshold was matched to its length."""
-        return self.length_bound is not None
+        return self.length_drop is not None
 
 
-def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool, *, split: bool = False
-                     ) -> PromptThreshold:
+def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool, *, split: bool = False,
+                     tested: bool = False) -> PromptThreshold:
     """The route threshold candidate ``c`` holds a prompt of ``n_tokens`` positions to.
 
-    ``default`` without ``per_task`` or without a threshold of the task's own. Else the task's threshold for prompts
-    as long as its samples — its override (a user's or ``fit``'s) as set, or its calibrated threshold at its full
-    rate, or with ``split`` (a task whose novelty test applies) its ``split_threshold`` at the rate's route share —
-    lowered, for a prompt short for the task, to the threshold of its held-out views nearest the prompt's length at
-    the task's full rate. Never raised: a prompt as long as the samples is judged on whole samples, and an override
-    that raises a task's threshold (``fit`` rejecting foreign prompts of the samples' length) leaves its short
-    prompts the false-reject rate of their length.
+    ``default`` without ``per_task`` or without a threshold of the task's own. Else, for a prompt as long as the
+    task's samples, its override (a user's or ``fit``'s) as set, or its calibrated threshold at its full rate, or with
+    ``split`` (the task's novelty test applies to this prompt) its ``split_threshold`` at the rate's route share.
+
+    A prompt short for the task is held to ``min(calibrated, local)`` — ``local`` the threshold of the task's held-out
+    views nearest the prompt's length at its full rate: that length's false-reject rate — moved by the override's
+    distance from ``whole``, the threshold the task's whole prompts are held to without it (``split_threshold`` when
+    ``tested``: the task's novelty test applies to its whole prompts; else the calibrated one). So a user's or
+    ``fit``'s raise of a task's threshold raises its short prompts' by as much, and an override equal to the threshold
+    ``GET …/routing`` shows leaves them as they were (until 2026-12-01 a short prompt was held to ``min(override,
+    local)``: a raise stopped only prompts as long as the samples). A task overridden without a calibrated threshold
+    (too few samples to calibrate) holds every prompt to its override.
     """
     if not per_task or c.threshold is None:
         return PromptThreshold(default)
     use_split = split and not c.overridden and c.split_threshold is not None
     base = c.split_threshold if use_split and c.split_threshold is not None else c.threshold
     lv = c.length_views
-    if lv is None or not lv.short(n_tokens):
+    calibrated = c.calibrated if c.overridden else c.threshold
+    if lv is None or calibrated is None or not lv.short(n_tokens):
         return PromptThreshold(base)
     local = lv.threshold(n_tokens, c.false_reject_rate if c.false_reject_rate is not None else FALSE_REJECT_RATE)
     if local is None:
         return PromptThreshold(base)
-    return PromptThreshold(min(base, local), local)
+    held = min(calibrated, local)
+    whole = c.split_threshold if tested and c.split_threshold is not None else calibrated
+    drop = whole - held
+    return PromptThreshold(c.threshold - drop if c.overridden else held, drop)  # fit computes x − drop alike

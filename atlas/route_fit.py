@@ -34,21 +34,25 @@ class FitItem:
     """One labelled prompt: its label (task id, or ``None`` for "none"), its scores per task, the task
     the router ranks first (``best``; default: the highest score), whether the answer is "none"
     whatever the best task's threshold (``forced_none``: the nearest task rejects it, see
-    :func:`atlas.routing.rerank_route`) and, for the tasks the prompt is short for, the bound of their held-out
-    views of its length (``length_bounds``: a task's threshold ``c`` holds it to ``min(c, bound)``,
+    :func:`atlas.routing.rerank_route`) and, for the tasks the prompt is short for, how far below a task's
+    threshold its length holds it (``length_drops``: a task's threshold ``c`` holds it to ``c − drop``,
     :func:`atlas.routing.prompt_threshold`)."""
 
     label: int | None
     scores: Mapping[int, float]
     best: int | None = None
     forced_none: bool = False
-    length_bounds: Mapping[int, float] = field(default_factory=dict)
+    length_drops: Mapping[int, float] = field(default_factory=dict)
 
     def threshold(self, task: int, threshold: float) -> float:
         """What task ``task`` at ``threshold`` (its threshold for prompts as long as its samples) holds this prompt
         to."""
-        bound = self.length_bounds.get(task)
-        return threshold if bound is None else min(threshold, bound)
+        return threshold - self.length_drops.get(task, 0.0)
+
+    def whole_score(self, task: int) -> float:
+        """The prompt's score against ``task`` on the scale of prompts as long as its samples: accepted at a
+        threshold ``c`` exactly when this is at least ``c`` (a short prompt's score plus its drop)."""
+        return float(self.scores[task]) + self.length_drops.get(task, 0.0)
 
     def top(self) -> int:
         """The task the router answers before any threshold."""
@@ -80,6 +84,18 @@ def _right_answers(answered: Sequence[FitItem], task: int, threshold: float) -> 
                if it.label in (task, None) else 0 for it in answered)
 
 
+def _just_above(item: FitItem, task: int) -> float:
+    """A threshold of ``task`` just above ``item``'s whole-scale score that rejects it: the next float above it, or —
+    where the short prompt's own threshold, that minus its drop, rounds back to its score — stepped on by the
+    spacing of the largest of the three numbers (a step of the next float alone took billions of steps near 0)."""
+    score, whole = float(item.scores[task]), item.whole_score(task)
+    threshold = float(np.nextafter(whole, np.inf))
+    step = float(np.spacing(max(abs(score), abs(whole), abs(item.length_drops.get(task, 0.0)))))
+    while score >= item.threshold(task, threshold):
+        threshold += step
+    return threshold
+
+
 def accuracy(items: Sequence[FitItem], thr: Mapping[int, float], default: float) -> float:
     """Share of labelled prompts answered right (the best task, or none) under thresholds ``thr``."""
     if not items:
@@ -104,13 +120,14 @@ def fit_thresholds(
     highest, towards the wrong prompts' region) — but never above the cap: the ``false_reject_rate``
     quantile of the task's positives (its labelled prompts' scores and its own held-out calibration scores;
     one rate, or each task's own by id, the default for tasks not named), so false rejects stay within the
-    task's stated rate. A prompt short for a task is held to the lower of the task's threshold and its length's
-    bound (``FitItem.length_bounds``): it counts among the answers at each candidate threshold as it would be
-    judged, and not among the positives that cap the threshold — its rate is its length's bound's, which no
-    threshold ``fit`` sets can raise. A threshold above the cap is lowered to it (the only step that can lower the
-    accuracy on the labelled prompts; the current threshold is always a candidate, so a raise never does:
-    raising to just above the highest wrong prompt's score lost more right answers than wrong ones when those
-    were few). Tasks with fewer than ``MIN_CALIBRATION`` positives, or not
+    task's stated rate. A prompt short for a task is held below the task's threshold by its length's drop
+    (``FitItem.length_drops``, the same at any threshold ``fit`` sets): it is scored on the whole prompts' scale
+    (:meth:`FitItem.whole_score`) — among the answers at each candidate threshold and among the positives that cap
+    it — so the rate holds for the task's prompts of every length (until 2026-12-01 a short prompt was held to the
+    lower of the threshold and its length's bound, which no threshold ``fit`` set could raise). A threshold above the
+    cap is lowered to it (the only step that can lower the accuracy on the labelled prompts; the current threshold is
+    always a candidate, so a raise never does: raising to just above the highest wrong prompt's score lost more
+    right answers than wrong ones when those were few). Tasks with fewer than ``MIN_CALIBRATION`` positives, or not
     touched by the labelled prompts, keep theirs. Returns only the thresholds that changed.
     """
     thr = {int(k): float(v) for k, v in current.items()}
@@ -119,7 +136,7 @@ def fit_thresholds(
     # theirs, an override included: every task a prompt scores against is no reason to move its threshold)
     tasks = {it.label for it in items if it.label is not None} | {it.top() for it in items if it.scores}
     for t in sorted(tasks):
-        pos = [float(it.scores[t]) for it in items if it.label == t and t in it.scores and t not in it.length_bounds]
+        pos = [it.whole_score(t) for it in items if it.label == t and t in it.scores]
         pos += [float(s) for s in held_out.get(t, ())]
         if len(pos) < MIN_CALIBRATION:
             continue
@@ -127,11 +144,11 @@ def fit_thresholds(
                 else false_reject_rate)
         cap = float(np.quantile(np.asarray(pos), rate, method="lower"))
         answered = [it for it in items if it.scores and not it.forced_none and it.top() == t]  # "none" already
-        negs = [float(it.scores[t]) for it in answered if it.label != t]
+        negs = [(it, it.whole_score(t)) for it in answered if it.label != t]
         old = thr.get(t, default)
         new = min(old, cap)
         if negs and old < cap:
-            choices = sorted({old, *(min(cap, float(np.nextafter(x, np.inf))) for x in negs if x >= old)})
+            choices = sorted({old, *(min(cap, _just_above(it, t)) for it, x in negs if x >= old)})
             new = max(choices, key=lambda c: (_right_answers(answered, t, c), c))
         if new != old:
             thr[t] = new

@@ -345,8 +345,9 @@ def rerank_route(
     samples: ``Candidate.length_views``) is judged by neither the novelty nor the template test — a prefix of a
     sample lacks its closing frame and its mean hidden state is atypical — but by the route threshold of the task's
     held-out views nearest its length, at the task's full rate, when that is lower than the threshold it holds whole
-    prompts to, its override included (:func:`prompt_threshold`, ``RouteMatch.length_matched``,
-    ``Rejection.length_matched``); the nearest task's threshold is matched to the prompt's length the same way.
+    prompts to — moved by the task's override as far as the override moves it from its calibrated threshold
+    (:func:`prompt_threshold`, ``RouteMatch.length_matched``, ``Rejection.length_matched``); the nearest task's
+    threshold is matched to the prompt's length the same way.
 
     Returns
     -------
@@ -395,6 +396,14 @@ def rerank_route(
     # A task with a novelty test spends NOVELTY_SHARE (half) of its false-reject budget on it and the rest on its
     # route threshold (split_threshold, calibrated at that rest); an override (a user's or fit's) is kept as it is.
     split = dist is not None and not first.overridden and first.split_threshold is not None
+
+    def tested(c: Candidate) -> bool:
+        """Whether the task's novelty test applies to its whole prompts (an override of a short prompt's threshold
+        is measured from the threshold they are held to: :func:`prompt_threshold`)."""
+        return (per_task and novelty is not None and c.novelty_test and c.split_threshold is not None
+                and novelty.tested(c.task_id, split_rates(c.false_reject_rate if c.false_reject_rate is not None
+                                                          else FALSE_REJECT_RATE)[1]))
+
     top = []
     for i in order:
         mu_t, self_t, _ = views[i]
@@ -405,13 +414,14 @@ def rerank_route(
             else:
                 diag.append(0.0)
         c = candidates[i]
-        thr, bound = prompt_threshold(c, n_prompt, threshold, per_task, split=split and i == order[0])
+        thr, drop = prompt_threshold(c, n_prompt, threshold, per_task, split=split and i == order[0],
+                                     tested=tested(c))
         sc = _f(score[i])
         top.append(RouteMatch(task_id=c.task_id, name=c.name, score=sc, faiss_score=_f(faiss[i]),
                               activation=min(_f(diag[0]), 1.0), error=min(_f(diag[1]), 1.0),
                               threshold=float(thr), confidence=confidence(sc, thr, c.scale),
                               rank_score=_f(rank[i]), lexical=None if lex is None else _f(lex[i]),
-                              length_bound=bound))
+                              length_drop=drop))
     best = top[0]
     none = best.score < best.threshold
     conf = 1.0 - best.confidence if none else best.confidence
@@ -419,14 +429,14 @@ def rerank_route(
     def rejection(c: Candidate, score: float, thr: float, reason: str, by_length: bool = False) -> Rejection:
         n = int(c.state.n_samples)
         return Rejection(c.task_id, c.name, score, thr, reason, n_prompt, c.state.n_tokens / n if n else None,
-                         length_matched=by_length)
+                         length_matched=by_length, overridden=c.overridden and per_task)
 
     by = rejection(candidates[order[0]], best.score, best.threshold, "threshold", best.length_matched) if none else None
     rejects = False
     if near is not None:
         rounded = np.round(near, 9)  # a tie with the answered task is the answered task (identical twins)
         j = order[0] if rounded[order[0]] >= rounded.max() else int(np.argmax(rounded))
-        held_j = prompt_threshold(candidates[j], n_prompt, threshold, per_task)
+        held_j = prompt_threshold(candidates[j], n_prompt, threshold, per_task, tested=tested(candidates[j]))
         thr_j = held_j.threshold
         rejects = (candidates[j].task_id != best.task_id and _f(score[j]) >= best.score  # nearer by both scores
                    and _f(score[j]) < thr_j)

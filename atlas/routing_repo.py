@@ -349,7 +349,7 @@ def route_candidates(session: Any, spec: Any, loaded: Sequence[Any], faiss_score
                              template=lex.template if lex is not None and r.template_test else None,
                              false_reject_rate=r.false_reject_rate, overridden=r.overridden,
                              split_threshold=r.split_threshold, novelty_test=r.novelty_test,
-                             length_views=r.length_views))
+                             length_views=r.length_views, calibrated=r.calibrated))
     return out
 
 

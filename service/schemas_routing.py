@@ -72,8 +72,9 @@ class RouteMatch(_Out):
     lexical: float | None = Field(default=None, description="Lexical score in [0, 1]; set when it is fused with "
                                   "rank_score to order the matches (docs/SCORES.md, 'Lexical evidence').")
     length_matched: bool = Field(default=False, description="Whether the prompt is short for the task and "
-                                 "`threshold` is the lower of the task's own (its override included) and that of its "
-                                 "held-out sample prefixes of about the prompt's length (docs/SCORES.md, \"Prompts "
+                                 "`threshold` is the lower of the task's calibrated threshold and that of its held-out "
+                                 "sample prefixes of about the prompt's length, moved by the task's override as far "
+                                 "as the override moves its whole prompts' threshold (docs/SCORES.md, \"Prompts "
                                  "shorter than the samples\").")
 
 
@@ -100,6 +101,9 @@ class RouteRejection(_Out):
                                  "\"Prompts shorter than the samples\"). A task calibrated before such prefixes were "
                                  "stored holds a prompt under half its samples' length to a threshold set on whole "
                                  "samples, which rejects it far more often than the task's false-reject rate.")
+    overridden: bool = Field(default=False, description="Whether the deciding task's threshold is an override (a "
+                             "user's or `fit`'s) rather than its calibrated one; for a short prompt, its length's "
+                             "threshold moved by the override.")
     message: str = Field(description="The same in one sentence, naming the task (what the CLI and the dashboard "
                                      "show), with a note on the prompt's length where it decided the threshold.")
 
@@ -239,7 +243,8 @@ class RoutingInfo(_Out):
                               "quarter and eighth of tokens) that a short prompt's threshold is calibrated on.")
     short_prompt_tokens: float | None = Field(default=None, description="A prompt with fewer token positions (under "
                                               "3/4 of the length of nine in ten of the task's samples) is held to the "
-                                              "threshold of the views nearest its length and to neither the template "
+                                              "threshold of the views nearest its length (moved by as much as an "
+                                              "override moves the calibrated threshold) and to neither the template "
                                               "nor the novelty test (docs/SCORES.md, 'Prompts shorter than the "
                                               "samples'); null: no views stored (a task calibrated before them judges "
                                               "every prompt on whole samples).")

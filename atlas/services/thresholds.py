@@ -171,14 +171,19 @@ class ThresholdService:
             answered = [a.matches[0].task_id if a.matches else None for a in answers]
             off = templates_to_turn_off(labels, answered, [a.template_rejects for a in answers])
             novelty_off = novelty_to_turn_off(labels, answered, [a.novelty_rejects for a in answers], rates)
+            routes = routing_repo.get_task_routes(session, matched)  # the tasks the items score
+            # A short prompt's drop is measured from the threshold whole prompts are held to without an override (the
+            # half-rate one while the novelty test applies): a task whose test fit turns off is measured from its
+            # calibrated one once stored, so its short prompts' drops move by the difference.
+            moved = {t: r.calibrated - r.split_threshold for t, r in routes.items()
+                     if t in novelty_off and t in tested and r.calibrated is not None and r.split_threshold is not None}
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, top,
                              forced_none=a.nearest_rejects
                              or (a.novelty_rejects and top not in novelty_off)
                              or (a.template_rejects and top not in off),
-                             length_bounds={m.task_id: m.length_bound for m in a.matches
-                                            if m.length_bound is not None})
+                             length_drops={m.task_id: m.length_drop + moved.get(m.task_id, 0.0) for m in a.matches
+                                           if m.length_drop is not None})
                      for lab, a, top in zip(labels, answers, answered, strict=True)]
-            routes = routing_repo.get_task_routes(session, matched)  # the tasks the items score
             current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
             # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held
             # to is its half-rate one, and fit's cap is at half its rate (so both tests stay within the rate).

@@ -116,7 +116,7 @@ def render(res: dict[str, Any], facts: str) -> str:
               "low_rate": f"FisherAtlas (product), every task calibrated at {LOW_RATE:.0%} (`false_reject_rate`)",
               "fit": "FisherAtlas (product) + `fit` on labelled prompts of the same length (cross-fitted halves)",
               "fit_whole": "FisherAtlas (product) + `fit` on labelled *whole* prompts (cross-fitted halves; since "
-                           "2026-11-28 an override leaves a short prompt its length's threshold)",
+                           "2026-12-01 an override moves a short prompt's threshold by as much as the task's)",
               "minilm": "MiniLM kNN, per-route thresholds calibrated like ours (5 %)"}
     rows = []
     for router, label in labels.items():

@@ -184,16 +184,16 @@ def routing(name: str,
 
 def _length_line(views: int, short_below: float | None, overridden: bool = False) -> str:
     """The routing output's line on thresholds matched to a prompt's length (docs/SCORES.md, "Prompts shorter than
-    the samples"); with an override, that it sets the threshold of prompts as long as the samples only."""
+    the samples"); with an override, that it moves every length's threshold by as much as it moves whole prompts'."""
     if short_below is None:
         return "prompt length: no held-out views stored (every prompt judged on whole samples; re-add to store them)"
     longest = math.ceil(short_below) - 1  # the most counted positions (one per token after the first) of a short one
     if longest < 1:
         return "prompt length: the samples are as short as a prompt can be (every prompt judged on whole samples)"
     return (f"prompt length: a prompt of up to {longest} token positions ({longest + 1} tokens) is held to the "
-            f"threshold of its length ({views} held-out views) when that is lower"
-            + (", whatever the override (which sets the threshold of prompts as long as the samples)" if overridden
-               else "") + ", and not to the novelty test")
+            f"threshold of its length ({views} held-out views) when that is lower than the calibrated one"
+            + (", moved by as much as the override moves the threshold of whole prompts" if overridden else "")
+            + ", and not to the novelty test")
 
 
 def _novelty_line(n: int, switch: bool = True, active: bool = False) -> str:

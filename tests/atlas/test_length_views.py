@@ -59,30 +59,41 @@ def test_a_prompts_threshold_is_calibrated_on_the_views_nearest_its_length(recor
     assert expected is None or -1.0 <= expected <= 1.0
 
 
-@settings(max_examples=60, deadline=None)
-@given(_views, st.integers(1, 800), st.floats(-1, 1), st.booleans(), st.sampled_from([None, 0.01, 0.2]))
-def test_a_length_matched_threshold_only_ever_lowers_the_task_s_own(records: list, n: int, calibrated: float,
-                                                                   overridden: bool, rate: float | None) -> None:
+@settings(max_examples=80, deadline=None)
+@given(_views, st.integers(1, 800), st.floats(-1, 1), st.one_of(st.none(), st.floats(-1, 1)),
+       st.sampled_from([None, 0.01, 0.2]))
+def test_an_override_moves_every_length_s_threshold_by_as_much(records: list, n: int, calibrated: float,
+                                                               override: float | None, rate: float | None) -> None:
     """:func:`atlas.routing.prompt_threshold`: a prompt that is not short for the task is held to its threshold (its
-    override or its calibrated one); a short one to the lower of it and its length's bound — never a higher one, an
-    override included (one that raises the threshold must not take back the short prompts' rate)."""
+    override, else its calibrated one); a short one, without an override, to the lower of the calibrated threshold
+    and its length's bound, and with one, to that moved by exactly as much as the override moves the calibrated
+    threshold — never above what whole prompts are held to (before 2026-12-01 an override that raised the threshold
+    left short prompts at their bound: ``fisher-atlas routing boolq --threshold 0.9`` still answered "To be or not to
+    be" with BoolQ)."""
     lv = LengthViews.from_records(records)
     state = _state(0, 4, 0.0, 1)
-    c = routing.Candidate(1, "t", state, threshold=calibrated, overridden=overridden, length_views=lv,
-                          false_reject_rate=rate)
-    held = routing.prompt_threshold(c, n, 0.05, per_task=True)
-    thr, matched, bound = held.threshold, held.length_matched, held.length_bound
-    assert thr <= calibrated
-    if lv is None or not lv.short(n):
-        assert (thr, matched, bound) == (calibrated, False, None)
+    plain = routing.Candidate(1, "t", state, threshold=calibrated, length_views=lv, false_reject_rate=rate,
+                              calibrated=calibrated)
+    held = routing.prompt_threshold(plain, n, 0.05, per_task=True)
+    local = None if lv is None or not lv.short(n) else lv.threshold(n, 0.05 if rate is None else rate)
+    if local is None:
+        assert (held.threshold, held.length_matched, held.length_drop) == (calibrated, False, None)
     else:
-        local = lv.threshold(n, 0.05 if rate is None else rate)
-        assert bound == local
-        assert thr == (calibrated if local is None else min(calibrated, local))
-        assert matched is (local is not None)
-    for held in (routing.prompt_threshold(c, n, 0.3, per_task=False),  # a request's own threshold
+        assert held.threshold == min(calibrated, local) and held.length_drop == max(0.0, calibrated - local)
+    if override is not None:
+        moved = routing.prompt_threshold(routing.Candidate(1, "t", state, threshold=override, overridden=True,
+                                                           length_views=lv, false_reject_rate=rate,
+                                                           calibrated=calibrated), n, 0.05, per_task=True)
+        assert moved.threshold <= override and moved.length_drop == held.length_drop
+        assert moved.threshold == pytest.approx(held.threshold + (override - calibrated), abs=1e-12)
+        # an override of a task calibrated on too few samples (no calibrated threshold) holds every prompt to it (it
+        # was measured from itself: min(override, local), so a raise left short prompts at their length's bound)
+        bare = routing.prompt_threshold(routing.Candidate(1, "t", state, threshold=override, overridden=True,
+                                                          length_views=lv, false_reject_rate=rate), n, 0.05, True)
+        assert (bare.threshold, bare.length_drop) == (override, None)
+    for held in (routing.prompt_threshold(plain, n, 0.3, per_task=False),  # a request's own threshold
                  routing.prompt_threshold(routing.Candidate(1, "t", state, length_views=lv), n, 0.3, True)):
-        assert (held.threshold, held.length_matched, held.length_bound) == (0.3, False, None)
+        assert (held.threshold, held.length_matched, held.length_drop) == (0.3, False, None)
 
 
 @given(st.lists(st.one_of(st.none(), st.text(max_size=3), st.integers(), st.floats(allow_nan=True),
@@ -141,6 +152,9 @@ def test_a_short_prompt_meets_its_lengths_threshold_and_neither_novelty_nor_temp
         def nearer_share(self, task_id: int, distance: float) -> float:
             return 0.99
 
+        def tested(self, task_id: int, rate: float) -> bool:
+            return True
+
     task = _state(1, 40, 0.5, 1)
     records = [[40, 0.9, True]] * 20 + [[20, 0.6, False]] * 20 + [[5, 0.2, False]] * 20 + [[2, -0.5, False]] * 20
     lv = LengthViews.from_records(records)
@@ -164,3 +178,10 @@ def test_a_short_prompt_meets_its_lengths_threshold_and_neither_novelty_nor_temp
         assert "held-out sample prefixes" in short.rejected_by.message
     whole = route(40)
     assert whole.novelty_rejects and whole.template_rejects and whole.matches[0].threshold == 0.85
+    # an override is measured from what whole prompts are held to without it — here the split threshold, the novelty
+    # test applying to them: an override equal to it leaves the short prompt's threshold, a raise moves it as much
+    for override in (0.85, 0.95):
+        c = routing.Candidate(1, "t", task, threshold=override, overridden=True, calibrated=0.8, split_threshold=0.85,
+                              length_views=lv, template=template)
+        assert route(6).matches[0].threshold == pytest.approx(short.matches[0].threshold + override - 0.85, abs=1e-12)
+        assert route(6).matches[0].length_drop == pytest.approx(0.85 - short.matches[0].threshold, abs=1e-12)

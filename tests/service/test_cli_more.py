@@ -245,7 +245,7 @@ def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_
     assert over["source"] == "override" and over["threshold"] == 0.5 and over["template_test"] is False
     assert main(["routing", "foxes"]) == 0  # what an override leaves to a short prompt's length is said
     said = capsys.readouterr().out
-    assert "whatever the override (which sets the threshold of prompts as long as the samples)" in said
+    assert "moved by as much as the override moves the threshold of whole prompts" in said
     assert main(["routing", "foxes", "--clear"]) == 0
     text = capsys.readouterr().out
     assert "(calibrated)" in text and "false-reject rate 0.3" in text and "template test off" in text
@@ -254,7 +254,7 @@ def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_
     assert before["length_views"] > before["calibration_scores"] == 7 and short > 2
     longest = math.ceil(short) - 1  # the counted positions of the longest prompt short for the task
     assert (f"prompt length: a prompt of up to {longest} token positions ({longest + 1} tokens) is held to the "
-            "threshold of its length") in text and "whatever the override" not in text
+            "threshold of its length") in text and "moved by as much as the override" not in text
     assert main(["routing", "foxes", "--no-novelty", "--json"]) == 0  # the per-task switch
     assert _out(capsys)["novelty_test"] is False
     assert main(["routing", "foxes"]) == 0

@@ -169,5 +169,5 @@ def test_routing_reports_the_threshold_whole_prompts_are_held_to(tmp_path: Path,
         for name, info, prompt in (("big", big, "Question: what colour is a violet?\nAnswer:"),
                                    ("small", small, f"{LINES[0]} {THINGS[9]}.")):
             match = atlas.route(prompt, k=2).matches[0]  # the answered task: the one the novelty test applies to
-            assert match.name == name and match.length_bound is None
+            assert match.name == name and match.length_drop is None
             assert match.threshold == pytest.approx(info["threshold"])

@@ -1331,7 +1331,7 @@
           const bar = h("span", { class: "score-bar" }, fill);
           if (thr !== undefined && Number.isFinite(Number(thr))) {
             const tick = h("span", { class: "thr-tick", title: `threshold ${fmt(thr)}` + (m.length_matched
-              ? " (the prompt is short for this task: the lower of its threshold and its held-out prefixes' of this length)" : "") });
+              ? " (the prompt is short for this task: the lower of its calibrated threshold and its held-out prefixes' of this length, moved by its override if it has one)" : "") });
             tick.style.left = `${(clamp01(Number(thr) / maxScore) * 100).toFixed(1)}%`;
             bar.append(tick);
           }
