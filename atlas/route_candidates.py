@@ -6,6 +6,7 @@ Re-exported by :mod:`atlas.routing` (docs/SCORES.md, "Open set: thresholds").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -136,7 +137,7 @@ class PromptThreshold(NamedTuple):
 
 
 def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool, *, split: bool = False,
-                     tested: bool = False) -> PromptThreshold:
+                     tested: bool | Callable[[], bool] = False) -> PromptThreshold:
     """The route threshold candidate ``c`` holds a prompt of ``n_tokens`` positions to.
 
     ``default`` without ``per_task`` or without a threshold of the task's own. Else, for a prompt as long as the
@@ -146,7 +147,8 @@ def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool
     A prompt short for the task is held to ``min(calibrated, local)`` — ``local`` the threshold of the task's held-out
     views nearest the prompt's length at its full rate: that length's false-reject rate — moved by the override's
     distance from ``whole``, the threshold the task's whole prompts are held to without it (``split_threshold`` when
-    ``tested``: the task's novelty test applies to its whole prompts; else the calibrated one). So a user's or
+    ``tested``: the task's novelty test applies to its whole prompts — a callable is asked only for a short prompt;
+    else the calibrated one). So a user's or
     ``fit``'s raise of a task's threshold raises its short prompts' by as much, and an override equal to the threshold
     ``GET …/routing`` shows leaves them as they were (until 2026-12-01 a short prompt was held to ``min(override,
     local)``: a raise stopped only prompts as long as the samples). A task overridden without a calibrated threshold
@@ -164,6 +166,7 @@ def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool
     if local is None:
         return PromptThreshold(base)
     held = min(calibrated, local)
-    whole = c.split_threshold if tested and c.split_threshold is not None else calibrated
+    applies = tested() if callable(tested) else tested
+    whole = c.split_threshold if applies and c.split_threshold is not None else calibrated
     drop = whole - held
     return PromptThreshold(c.threshold - drop if c.overridden else held, drop)  # fit computes x − drop alike

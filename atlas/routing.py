@@ -35,7 +35,7 @@ Confidence
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -397,12 +397,13 @@ def rerank_route(
     # route threshold (split_threshold, calibrated at that rest); an override (a user's or fit's) is kept as it is.
     split = dist is not None and not first.overridden and first.split_threshold is not None
 
-    def tested(c: Candidate) -> bool:
-        """Whether the task's novelty test applies to its whole prompts (an override of a short prompt's threshold
-        is measured from the threshold they are held to: :func:`prompt_threshold`)."""
-        return (per_task and novelty is not None and c.novelty_test and c.split_threshold is not None
-                and novelty.tested(c.task_id, split_rates(c.false_reject_rate if c.false_reject_rate is not None
-                                                          else FALSE_REJECT_RATE)[1]))
+    def tested(c: Candidate) -> Callable[[], bool]:
+        """Whether the task's novelty test applies to its whole prompts, asked only for a prompt short for it (an
+        override of a short prompt's threshold is measured from what whole prompts are held to:
+        :func:`prompt_threshold`); the novelty model may load the task's vectors to tell."""
+        return lambda: bool(per_task and novelty is not None and c.novelty_test and c.split_threshold is not None
+                            and novelty.tested(c.task_id, split_rates(c.false_reject_rate if c.false_reject_rate
+                                                                      is not None else FALSE_REJECT_RATE)[1]))
 
     top = []
     for i in order:
