@@ -158,15 +158,39 @@ def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool
         return PromptThreshold(default)
     use_split = split and not c.overridden and c.split_threshold is not None
     base = c.split_threshold if use_split and c.split_threshold is not None else c.threshold
-    lv = c.length_views
     calibrated = c.calibrated if c.overridden else c.threshold
-    if lv is None or calibrated is None or not lv.short(n_tokens):
+    held = length_threshold(c.length_views, n_tokens, calibrated, c.false_reject_rate)
+    if held is None or calibrated is None:
         return PromptThreshold(base)
-    local = lv.threshold(n_tokens, c.false_reject_rate if c.false_reject_rate is not None else FALSE_REJECT_RATE)
-    if local is None:
-        return PromptThreshold(base)
-    held = min(calibrated, local)
     applies = tested() if callable(tested) else tested
     whole = c.split_threshold if applies and c.split_threshold is not None else calibrated
     drop = whole - held
     return PromptThreshold(c.threshold - drop if c.overridden else held, drop)  # fit computes x − drop alike
+
+
+def length_threshold(views: LengthViews | None, n_tokens: int, calibrated: float | None,
+                     false_reject_rate: float | None) -> float | None:
+    """What a task calibrated at ``calibrated`` (its full-rate threshold) holds a prompt of ``n_tokens`` positions to
+    without an override when the prompt is short for it: ``min(calibrated, local)``, ``local`` the threshold of its
+    held-out ``views`` nearest that length at its full rate; ``None`` when the prompt is not short for the task (or
+    it has no views, no calibrated threshold, too few views near that length)."""
+    if views is None or calibrated is None or not views.short(n_tokens):
+        return None
+    local = views.threshold(n_tokens, false_reject_rate if false_reject_rate is not None else FALSE_REJECT_RATE)
+    return None if local is None else min(calibrated, local)
+
+
+def short_view_scores(views: LengthViews | None, calibrated: float | None, whole: float | None,
+                      false_reject_rate: float | None) -> list[float]:
+    """The task's held-out views short for it, each on the scale of prompts as long as its samples: its score plus
+    its length's drop, ``whole − length_threshold`` (``whole``: what whole prompts are held to without an override).
+    A short prompt is held to a threshold ``x`` set for whole prompts less its drop, so these are what ``fit``'s cap
+    keeps within the rate for short prompts (:func:`atlas.route_fit.fit_thresholds`)."""
+    if views is None or calibrated is None or whole is None:
+        return []
+    out = []
+    for tokens, score in zip(views.tokens.tolist(), views.scores.tolist(), strict=True):
+        held = length_threshold(views, int(tokens), calibrated, false_reject_rate)
+        if held is not None:
+            out.append(float(score) + (whole - held))
+    return out

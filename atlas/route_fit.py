@@ -7,6 +7,7 @@ false-reject rate holds (see :func:`fit_thresholds`).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,16 @@ def _just_above(item: FitItem, task: int) -> float:
     return threshold
 
 
+def _rate_of(rate: float | Mapping[int, float], task: int) -> float:
+    """One rate, or each task's own by id (the default for a task not named)."""
+    return float(rate.get(task, FALSE_REJECT_RATE)) if isinstance(rate, Mapping) else float(rate)
+
+
+def _quantile(scores: Sequence[float], rate: float) -> float:
+    """The ``rate`` quantile of ``scores`` (the lower one: at most ``rate`` of them below it); +inf without any."""
+    return float(np.quantile(np.asarray(scores), rate, method="lower")) if scores else math.inf
+
+
 def accuracy(items: Sequence[FitItem], thr: Mapping[int, float], default: float) -> float:
     """Share of labelled prompts answered right (the best task, or none) under thresholds ``thr``."""
     if not items:
@@ -111,6 +122,8 @@ def accuracy_of(labels: Sequence[int | None], answers: Sequence[int | None]) -> 
 def fit_thresholds(
     items: Sequence[FitItem], current: Mapping[int, float], held_out: Mapping[int, Sequence[float]],
     *, default: float, false_reject_rate: float | Mapping[int, float] = FALSE_REJECT_RATE,
+    short_held_out: Mapping[int, Sequence[float]] | None = None,
+    short_rate: float | Mapping[int, float] = FALSE_REJECT_RATE,
 ) -> FitResult:
     """Tune per-task thresholds from labelled prompts (semantic-router's ``fit``, made monotone and safe).
 
@@ -121,14 +134,17 @@ def fit_thresholds(
     quantile of the task's positives (its labelled prompts' scores and its own held-out calibration scores;
     one rate, or each task's own by id, the default for tasks not named), so false rejects stay within the
     task's stated rate. A prompt short for a task is held below the task's threshold by its length's drop
-    (``FitItem.length_drops``, the same at any threshold ``fit`` sets): it is scored on the whole prompts' scale
-    (:meth:`FitItem.whole_score`) — among the answers at each candidate threshold and among the positives that cap
-    it — so the rate holds for the task's prompts of every length (until 2026-12-01 a short prompt was held to the
-    lower of the threshold and its length's bound, which no threshold ``fit`` set could raise). A threshold above the
-    cap is lowered to it (the only step that can lower the accuracy on the labelled prompts; the current threshold is
-    always a candidate, so a raise never does: raising to just above the highest wrong prompt's score lost more
-    right answers than wrong ones when those were few). Tasks with fewer than ``MIN_CALIBRATION`` positives, or not
-    touched by the labelled prompts, keep theirs. Returns only the thresholds that changed.
+    (``FitItem.length_drops``, the same at any threshold ``fit`` sets), so a raise raises it too: it is scored on the
+    whole prompts' scale (:meth:`FitItem.whole_score`) among the answers at each candidate threshold, and the
+    threshold is also capped at the ``short_rate`` quantile (the task's full rate: a short prompt meets no novelty
+    test) of its short positives on that scale — its labelled short prompts and ``short_held_out``, its held-out
+    prefix views (:func:`atlas.route_candidates.short_view_scores`) — so false rejects stay within the rate at every
+    length (until 2026-12-01 a short prompt was held to the lower of the threshold and its length's bound, which no
+    threshold ``fit`` set could raise). A threshold above the cap is lowered to it (the only step that can lower the
+    accuracy on the labelled prompts; the current threshold is always a candidate, so a raise never does: raising to
+    just above the highest wrong prompt's score lost more right answers than wrong ones when those were few). Tasks
+    with fewer than ``MIN_CALIBRATION`` positives, or not touched by the labelled prompts, keep theirs. Returns only
+    the thresholds that changed.
     """
     thr = {int(k): float(v) for k, v in current.items()}
     before = accuracy(items, thr, default)
@@ -136,13 +152,17 @@ def fit_thresholds(
     # theirs, an override included: every task a prompt scores against is no reason to move its threshold)
     tasks = {it.label for it in items if it.label is not None} | {it.top() for it in items if it.scores}
     for t in sorted(tasks):
-        pos = [it.whole_score(t) for it in items if it.label == t and t in it.scores]
+        own = [it for it in items if it.label == t and t in it.scores]
+        pos = [float(it.scores[t]) for it in own if t not in it.length_drops]
         pos += [float(s) for s in held_out.get(t, ())]
-        if len(pos) < MIN_CALIBRATION:
+        short = [it.whole_score(t) for it in own if t in it.length_drops]
+        short += [float(s) for s in (short_held_out or {}).get(t, ())]
+        if len(pos) + len(short) < MIN_CALIBRATION:
             continue
-        rate = (false_reject_rate.get(t, FALSE_REJECT_RATE) if isinstance(false_reject_rate, Mapping)
-                else false_reject_rate)
-        cap = float(np.quantile(np.asarray(pos), rate, method="lower"))
+        # too few whole positives to cap on their own: with the short ones, on one scale (as before 2026-12-01)
+        cap = _quantile(pos if len(pos) >= MIN_CALIBRATION else pos + short, _rate_of(false_reject_rate, t))
+        if len(short) >= MIN_CALIBRATION:
+            cap = min(cap, _quantile(short, _rate_of(short_rate, t)))
         answered = [it for it in items if it.scores and not it.forced_none and it.top() == t]  # "none" already
         negs = [(it, it.whole_score(t)) for it in answered if it.label != t]
         old = thr.get(t, default)

@@ -15,6 +15,7 @@ from atlas.analysis import ROUTE_POOL
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady, PayloadTooLarge
 from atlas.models import TASK_READY
 from atlas.route_calibration import FALSE_REJECT_RATE, LengthViews, split_rates
+from atlas.route_candidates import short_view_scores
 from atlas.route_fit import FitItem, accuracy_of, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
 from atlas.services.queries import QueryService
 from atlas.signature_repository import novelty_vectors
@@ -190,13 +191,22 @@ class ThresholdService:
             split = {t: r.split_threshold for t, r in routes.items()
                      if t in tested and r.novelty_test and not r.overridden and r.split_threshold is not None}
             held_to = {**current, **split}  # what the prompts were held to before (``previous``)
+            # A raise moves short prompts' thresholds too: the cap also keeps the task's held-out prefix views (short
+            # for it, on the whole prompts' scale) within its full rate (a short prompt meets no novelty test).
+            concerned = {t for t in [*labels, *answered] if t is not None}
+            short_views = {t: short_view_scores(r.length_views, r.calibrated,
+                                                r.split_threshold if t in tested and r.novelty_test
+                                                and t not in novelty_off and r.split_threshold is not None
+                                                else r.calibrated, r.false_reject_rate)
+                           for t, r in routes.items() if t in concerned}
+            full_rates = dict(rates)
             for t, half_rate_threshold in split.items():
                 if t not in novelty_off:
                     current[t] = half_rate_threshold
                     rates[t] = split_rates(rates.get(t, FALSE_REJECT_RATE))[0]
             res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, matched),
-                                 default=self.default,
-                                 false_reject_rate=rates)
+                                 default=self.default, false_reject_rate=rates, short_held_out=short_views,
+                                 short_rate=full_rates)
             # a task deleted since the prompts were routed is left out (its routing row went with it)
             names = repository.task_names(session, [*res.thresholds, *off, *novelty_off])
             thresholds = {t: v for t, v in res.thresholds.items() if t in names}

@@ -146,22 +146,42 @@ def test_fit_never_raises_a_threshold_past_the_false_reject_cap(rows: list, held
 def test_fit_judges_short_prompts_as_the_router_does(rows: list, held: list[float]) -> None:
     """Prompts short for task 0 (a length drop) are predicted at ``threshold − drop``, as
     :func:`atlas.routing.prompt_threshold` holds them under any override; ``fit`` never lowers the accuracy with them,
-    and its cap is the rate's quantile of every positive on the whole prompts' scale (a short one's score plus its
-    drop) and the held-out scores, so false rejects stay within the rate at every length."""
+    and its cap keeps false rejects within the rate for whole prompts (their scores and the held-out ones) and, on
+    their own, for short ones (each's score plus its drop, and the held-out prefix views) — a raise moves both."""
     items = [FitItem(lab, {0: a, 1: b}, length_drops={} if drop is None else {0: drop})
              for lab, a, b, drop in rows]
+    views = [h + 0.05 for h in held]  # held-out prefix views on the whole scale
+    rate = routing.FALSE_REJECT_RATE
     for current in ({0: -1.0, 1: -1.0}, {0: 0.0}):
-        res = fit_thresholds(items, current, {0: held, 1: held}, default=-1.0)
+        res = fit_thresholds(items, current, {0: held, 1: held}, default=-1.0, short_held_out={0: views})
         assert res.accuracy_after >= res.accuracy_before, (current, res)
         thr = res.thresholds.get(0, current.get(0, -1.0))
         if 0 in res.thresholds:
-            pos = [it.scores[0] + it.length_drops.get(0, 0.0) for it in items if it.label == 0] + held
-            assert thr <= float(np.quantile(pos, routing.FALSE_REJECT_RATE, method="lower")) + 1e-12
             own = [it for it in items if it.label == 0]
-            rejected = sum(it.scores[0] < it.threshold(0, thr) for it in own) + sum(h < thr for h in held)
-            assert rejected <= routing.FALSE_REJECT_RATE * (len(own) + len(held)) + 1
+            whole = [it for it in own if 0 not in it.length_drops]
+            short = [it for it in own if 0 in it.length_drops]
+            rejected = sum(it.scores[0] < it.threshold(0, thr) for it in whole) + sum(h < thr for h in held)
+            if len(whole) + len(held) >= 5:
+                assert rejected <= rate * (len(whole) + len(held)) + 1
+            rejected = sum(it.scores[0] < it.threshold(0, thr) for it in short) + sum(v < thr for v in views)
+            assert rejected <= rate * (len(short) + len(views)) + 1
         for it in items:
             assert it.threshold(0, thr) == thr - it.length_drops.get(0, 0.0)
+
+
+def test_fit_caps_a_raise_at_the_short_prompts_rate_too() -> None:
+    """A raise moves the threshold of prompts short for the task too, so ``fit`` caps it at the rate's quantile of the
+    task's short positives on the whole scale (its held-out prefix views): "none" prompts as long as the samples
+    would raise task 0 to the cap of its whole held-out scores (0.5), its prefix views hold it at 0.3."""
+    held = [0.5, 0.6, 0.7, 0.8, 0.9] * 4
+    views = [0.3, 0.45, 0.6, 0.75, 0.9] * 4
+    items = [FitItem(None, {0: 0.7, 1: 0.1}, 0) for _ in range(5)]
+    assert fit_thresholds(items, {0: 0.1}, {0: held}, default=0.1).thresholds == {0: 0.5}
+    res = fit_thresholds(items, {0: 0.1}, {0: held}, default=0.1, short_held_out={0: views})
+    assert res.thresholds == {0: 0.3}
+    # at a 25 % rate for short prompts the views' quantile is 0.45 (the whole cap at 5 % stays 0.5)
+    assert fit_thresholds(items, {0: 0.1}, {0: held}, default=0.1, short_held_out={0: views},
+                          short_rate={0: 0.25}).thresholds == {0: 0.45}
 
 
 def test_fit_steps_past_a_short_prompt_near_zero_at_once() -> None:
