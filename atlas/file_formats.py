@@ -6,11 +6,12 @@ silently: a ``.tsv`` kept its header and tabs in every sample, a ``.jsonlines`` 
 
 from __future__ import annotations
 
+import json
 from pathlib import PurePosixPath
 
 from atlas.errors import InvalidInput
 
-__all__ = ["FILE_FORMATS", "file_format"]
+__all__ = ["FILE_FORMATS", "check_plain_text", "file_format"]
 
 FILE_FORMATS: dict[str, str] = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
@@ -38,3 +39,26 @@ def file_format(filename: str) -> str:
                            "gzipped, .gz); rename a plain-text file (one sample per line) to .txt",
                            {"filename": filename, "suffix": suffix, "supported": [k for k in FILE_FORMATS if k]})
     return fmt
+
+
+def check_plain_text(filename: str, first_line: str) -> None:
+    """Refuse a file without a suffix whose first non-blank line is a JSON object: read as plain text, every sample kept
+    its JSON syntax (``{"text": …}``) — a JSONL file that lost its name's suffix became a task of wrong samples,
+    silently (a dashboard review, 2026-12-01). A suffix-less file of other text is read as plain text.
+
+    Raises
+    ------
+    InvalidInput
+        (422) naming the suffixes to give it.
+    """
+    name = PurePosixPath(filename.replace("\\", "/")).name.lower().removesuffix(".gz")
+    if PurePosixPath(name).suffix or not first_line.lstrip().startswith("{"):
+        return
+    try:
+        is_object = isinstance(json.loads(first_line), dict)
+    except ValueError:
+        return
+    if is_object:
+        raise InvalidInput(f"{filename}: a file without a suffix is read as plain text, but its first line is a JSON "
+                           "object; name it .jsonl (one JSON object a line), or .txt to take each line as a text",
+                           {"filename": filename, "suffix": "", "supported": [k for k in FILE_FORMATS if k]})

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from atlas.errors import InvalidInput, PayloadTooLarge
-from atlas.file_formats import file_format
+from atlas.file_formats import check_plain_text, file_format
 from atlas.json_bounds import json_token_count, upload_value_limit
 from atlas.samples import Mode, Sample, check_columns, mode_fields, record_values, sample_of
 
@@ -131,10 +131,10 @@ def read_samples(source: bytes | IO[bytes], filename: str, mode: Mode,
 
     ``.jsonl``/``.ndjson``/``.jsonlines``: one object per line; ``.json``: an array of objects (or
     ``{"samples": [...]}``); ``.csv``/``.tsv``: a header row and one row per sample (comma- or tab-separated);
-    ``.parquet``: columns; ``.txt``/``.text`` or a name without a suffix: plain text, one sample per non-blank
-    line (text mode only). A further ``.gz`` suffix means gzip. Any other suffix is refused: read as plain
-    text, a ``.tsv`` kept its header and tabs and a ``.jsonlines`` its JSON syntax in every sample.
-    Text mode reads ``text``; completion mode reads ``prompt`` and ``completion``.
+    ``.parquet``: columns; ``.txt``/``.text`` or a name without a suffix (unless its first line is a JSON object):
+    plain text, one sample per non-blank line (text mode only). A further ``.gz`` suffix means gzip. Any other
+    suffix is refused: read as plain text, a ``.tsv`` kept its header and tabs and a ``.jsonlines`` its JSON syntax
+    in every sample. Text mode reads ``text``; completion mode reads ``prompt`` and ``completion``.
 
     Raises
     ------
@@ -258,8 +258,7 @@ def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter)
 
 
 def parse_upload(data: bytes, filename: str, mode: Mode, limits: SampleLimits | None = None) -> list[Sample]:
-    """Alias of :func:`read_samples` for in-memory bytes."""
-    return read_samples(data, filename, mode, limits)
+    return read_samples(data, filename, mode, limits)  # read_samples for in-memory bytes
 
 
 def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> list[tuple[str, ...]]:
@@ -316,6 +315,8 @@ def _read_text(stream: IO[bytes], filename: str, counter: _Counter) -> Iterator[
         if not line.strip():
             continue
         where = f"{filename}: line {lineno}"
+        if not counter.n:  # the first sample of a suffix-less file
+            check_plain_text(filename, line)
         yield counter.add(record_values({"text": line}, "text", where), where)
 
 

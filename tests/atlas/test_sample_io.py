@@ -108,7 +108,8 @@ def test_tsv_round_trip(samples: list[Sample], suffix: str) -> None:
        gz=st.booleans())
 def test_an_unknown_file_type_is_refused_not_read_as_text(stem: str, suffix: str, gz: bool) -> None:
     """A ``.tsv`` read as plain text kept its header and tabs in every sample, a ``.jsonlines`` its JSON syntax,
-    a ``.jsonl`` named ``.xlsx`` likewise: only the documented suffixes (and none) are read."""
+    a ``.jsonl`` named ``.xlsx`` likewise: only the documented suffixes (and none) are read — a file without a
+    suffix as plain text, unless its first line is a JSON object (a JSONL file that lost its suffix)."""
     name = f"{stem}.{suffix}" + (".gz" if gz else "")
     data = b'{"text": "hello world"}\n'
     if f".{suffix}" in FILE_FORMATS:
@@ -117,7 +118,12 @@ def test_an_unknown_file_type_is_refused_not_read_as_text(stem: str, suffix: str
     with pytest.raises(InvalidInput) as info:
         read_samples(gzip.compress(data) if gz else data, name, "text")
     assert info.value.detail["suffix"] == f".{suffix}" and ".txt" in info.value.message
-    assert read_samples(data, stem, "text") == [Sample(text='{"text": "hello world"}')]  # no suffix: plain text
+    with pytest.raises(InvalidInput, match=r"first line is a JSON object; name it \.jsonl") as info:
+        read_samples(data, stem, "text")  # no suffix: JSON lines were read as texts with their syntax (before)
+    assert info.value.detail["suffix"] == ""
+    assert read_samples(b"\n" + data.replace(b"{", b"{{"), stem, "text") == [Sample(text='{{"text": "hello world"}')]
+    assert read_samples(b"hello world\n" + data, stem, "text") == [Sample(text="hello world"),
+                                                                  Sample(text='{"text": "hello world"}')]
     assert read_samples(data, f"{stem}.jsonlines", "text") == [Sample(text="hello world")]
 
 
