@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 from starlette.concurrency import run_in_threadpool
 
+from service.auth import authorize
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
 from service.routes import MAX_ID, error_responses
 from service.schemas_routing import FitRequest, FitResponse, RoutingInfo, ThresholdPatch
@@ -36,11 +37,14 @@ async def patch_routing(task_id: TaskId, body: ThresholdPatch, c: ContainerDep, 
 
 @router.post("/route/fit", response_model=FitResponse, summary="Tune route thresholds from labelled prompts",
              responses=error_responses(401, 403, 404, 409, 413, 422, 429, 503))
-async def fit(body: FitRequest, c: ContainerDep, _: WritePrincipal) -> FitResponse:
+async def fit(body: FitRequest, request: Request, c: ContainerDep, _: ReadPrincipal) -> FitResponse:
     """Route the labelled prompts, then raise each task's threshold just above the prompts it wrongly
     accepts (labelled another task or "none"), never past the documented false-reject rate of its
     own held-out scores and labelled prompts (semantic-router's ``fit``; docs/SCORES.md). Each label names a ready
-    task of the space (404 unknown; 409 another space's, or not ready) or is ``"none"``; ``dry_run`` stores nothing."""
+    task of the space (404 unknown; 409 another space's, or not ready) or is ``"none"``; ``dry_run`` stores nothing
+    and needs the ``read`` scope only (a preview routes prompts, as ``/v1/route`` does); storing needs ``write``."""
+    if not body.dry_run:
+        authorize(request, c, "write")
     res = await c.thresholds.fit([(e.prompt, e.label) for e in body.examples], space_ref=body.space,
                                  dry_run=body.dry_run)
     return FitResponse(thresholds=res.thresholds, accuracy_before=res.accuracy_before,

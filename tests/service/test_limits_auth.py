@@ -173,6 +173,12 @@ def test_scopes_are_enforced(serve, tiny_lm) -> None:
     assert r.status_code == 403 and r.json()["code"] == "forbidden"
     assert call("POST", "/v1/tasks", write, json=sample) == 202
     assert call("GET", "/v1/tasks", write) == 200  # write implies read
+    # fit: a dry run stores nothing and routes prompts, so a read key may preview (it was 403); storing needs write
+    fit = {"examples": [{"prompt": "hello world, hello fox", "label": "none"}] * 2}
+    assert call("POST", "/v1/route/fit", read, json={**fit, "dry_run": True}) == 200
+    r = httpx.post(f"{url}/v1/route/fit", json=fit, headers={"X-API-Key": read})
+    assert r.status_code == 403 and r.json()["code"] == "forbidden" and "'write'" in r.json()["message"]
+    assert call("POST", "/v1/route/fit", write, json=fit) == 200
     assert call("GET", "/v1/keys", write) == 403
     assert call("GET", "/v1/keys", admin) == 200
     created = httpx.post(f"{url}/v1/keys", json={"name": "new", "scopes": ["read"]}, headers={"X-API-Key": admin})
