@@ -121,8 +121,9 @@ def test_route_rows_dimmed_by_their_own_threshold(serve: Any, tiny_lm: Any, page
 
 
 def test_upload_progress_bar_follows_the_routing_phase(serve: Any, tiny_lm: Any, page: Any, tmp_path: Path) -> None:
-    """After the samples a completion-mode job sketches every prompt (``phase: routing``): the bar shows that
-    pass's share (it stood at 100 % the whole pass, which is often as long as the samples' one)."""
+    """After the samples a completion-mode job sketches every prompt (``phase: routing``): the bar goes on from the
+    samples' share (a quarter for a completion task) through that pass's (it stood at 100 % the whole pass, which is
+    often as long as the samples' one; then it ran back to 0 at the pass's start)."""
     svc = serve(lm=tiny_lm)
     upload = tmp_path / "qa.jsonl"
     upload.write_text("".join(json.dumps({
@@ -142,7 +143,7 @@ def test_upload_progress_bar_follows_the_routing_phase(serve: Any, tiny_lm: Any,
         if (!m || box.dataset.status !== "running") return false;
         const [done, total] = [Number(m[1].replaceAll(",", "")), Number(m[2].replaceAll(",", ""))];
         const now = Number(box.querySelector("[role=progressbar]").getAttribute("aria-valuenow"));
-        return total > 0 && done < total && now === Math.round(100 * done / total);
+        return total > 0 && done < total && now === Math.round(100 * (0.25 + 0.75 * done / total));
     }""", timeout=120_000)
     assert box.get_attribute("data-phase") == "routing"
     with httpx.Client(base_url=svc.url, timeout=60) as http:  # no need to finish the pass
@@ -258,3 +259,23 @@ def test_a_pair_without_an_estimated_fisher_alignment_is_not_outlined(serve: Any
     page.locator("[data-testid=dark-neighbours]", has_text="Activation ≥").wait_for()
     assert page.locator("[data-testid=dark-neighbours] [data-testid=dark-row]").count() == 0
     assert "None" in page.locator("[data-testid=dark-neighbours]").inner_text()
+
+
+def test_a_task_deleted_while_its_upload_runs_ends_the_form_s_progress(serve: Any, tiny_lm: Any, page: Any,
+                                                                       tmp_path: Path) -> None:
+    """The task of a running upload is deleted (from another page or client): the add form says so and its
+    progress box ends (it stayed "running" under "job 23 does not exist (not_found)", a dashboard review)."""
+    svc = serve(lm=tiny_lm)
+    upload = tmp_path / "long.jsonl"
+    upload.write_text("".join(json.dumps({"text": f"Line {i}: the farmer counts {i} sheep at the market."}) + "\n"
+                              for i in range(4000)))
+    page.goto(f"{svc.url}/dashboard/#/atlas")
+    page.set_input_files("[data-testid=add-file]", str(upload))
+    page.fill("[data-testid=add-name]", "deleted-while-running")
+    page.click("[data-testid=add-submit]")
+    page.locator("[data-testid=add-progress][data-status=running]").wait_for(timeout=60_000)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        task = http.get("/v1/tasks", params={"name": "deleted-while-running"}).json()["items"][0]
+        assert http.delete(f"/v1/tasks/{task['id']}").status_code == 204
+    page.locator("[data-testid=add-progress][data-status=cancelled]").wait_for(timeout=60_000)
+    assert page.locator("[data-testid=add-message] [data-testid=error]").count() == 0

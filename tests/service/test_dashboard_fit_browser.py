@@ -101,3 +101,9 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
             {"name": "huge.jsonl", "mimeType": "application/json", "buffer": b" " * ((32 << 20) + 1)})
         card.get_by_text("huge.jsonl is 32 MiB").wait_for()
         assert "no-such-task" in page.locator("[data-testid=fit-examples]").input_value()
+        # the API names a refused example by its index from 0 among the examples; the card names its line, as its
+        # own checks do ("example 1" was the second example, on line 4 here)
+        _fill(page, "\n" + json.dumps(examples[0]) + "\n\n" + json.dumps({"prompt": "a", "label": "none"}))
+        card.locator("[data-testid=fit-preview]").click()
+        card.locator("[data-testid=error]", has_text="line 4").wait_for()
+        assert "example 1" not in error.inner_text(), error.inner_text()

@@ -22,6 +22,7 @@
   const NO_GROUP = "#a9b1bb";
   const MATRIX_DEFAULT_MAX = 40;
   const POLL_MS = 1500;
+  const DELETE_ARMED_MS = 5000;  // how long "Delete …? Click again" waits for the second click
 
   // ------------------------------------------------------------------ DOM helpers
   function setAttrs(node, attrs) {
@@ -129,6 +130,7 @@
       if (!message && data && typeof data.detail === "string") message = data.detail;
       if (!message) message = `${res.status} ${res.statusText || "error"}`;
       if (res.status === 401) message += " — enter a read key in the API key field above.";
+      if (res.status === 403) message += " — enter a key with that scope in the API key field above.";
       throw new ApiError((data && data.code) || String(res.status), message, res.status, data && data.detail);
     }
     return data;
@@ -1356,8 +1358,9 @@
   const FIT_MAX_EXAMPLES = 2000;  // FitRequest.examples' max_length
   const FIT_MAX_FILE_BYTES = 32 << 20;  // read into the page whole: a larger file is not 2,000 prompts one wants to paste
   const fitState = { text: "" };
+  // The labelled prompts of the fit card's text, one JSON object a line; `.lines[i]`: the line (from 1) of example i.
   function parseFitExamples(text) {
-    const examples = [];
+    const examples = []; examples.lines = [];
     const lines = text.split(/\r?\n/);
     for (let i = 0; i < lines.length; i++) {
       if (!lines[i].trim()) continue;
@@ -1366,7 +1369,7 @@
       const ok = rec && typeof rec === "object" && !Array.isArray(rec) && typeof rec.prompt === "string"
         && rec.prompt.length > 0 && (typeof rec.label === "string" || Number.isInteger(rec.label));
       if (!ok) throw new Error(`line ${i + 1}: expected a JSON object with a non-empty "prompt" and a "label" (a task name or id, or "none").`);
-      examples.push({ prompt: rec.prompt, label: rec.label });
+      examples.push({ prompt: rec.prompt, label: rec.label }); examples.lines.push(i + 1);
     }
     if (!examples.length) throw new Error("give at least one labelled prompt, one JSON object per line.");
     if (examples.length > FIT_MAX_EXAMPLES) throw new Error(`at most ${FIT_MAX_EXAMPLES} labelled prompts per fit (${examples.length} given).`);
@@ -1393,6 +1396,7 @@
         text.value = fitState.text = await f.text();
         out.replaceChildren(h("p", { class: "muted small" }, `Read ${f.name}: ${text.value.split(/\r?\n/).filter((l) => l.trim()).length} lines.`));
       } catch (err) { out.replaceChildren(errorBox(err, "Fit")); }
+      file.value = "";  // choosing the same file again (after editing the text) reads it again
     });
     const run = async (dryRun) => {
       let examples;
@@ -1400,10 +1404,14 @@
       for (const b of [preview, apply]) b.disabled = true;
       out.replaceChildren(h("p", { class: "muted loading" }, `Routing ${fmtInt(examples.length)} labelled prompts…`));
       try {
-        const res = await api("/route/fit", { method: "POST", body: { examples, dry_run: dryRun } });
+        const res = await api("/route/fit", { method: "POST", body: { examples: [...examples], dry_run: dryRun } });
         out.replaceChildren(fitSummary(res || {}));
       } catch (err) {
-        out.replaceChildren(errorBox(err, "Fit"));
+        // the API numbers examples from 0 without blank lines; the card's own checks name lines from 1
+        const at = err instanceof ApiError && err.detail && Number.isInteger(err.detail.example)
+          ? examples.lines[err.detail.example] : undefined;
+        out.replaceChildren(errorBox(at === undefined ? err
+          : new ApiError(err.code, err.message.replace(/^example \d+/, `line ${at}`), err.status, err.detail), "Fit"));
       } finally { for (const b of [preview, apply]) b.disabled = false; }
     };
     preview.addEventListener("click", () => run(true));
@@ -1525,12 +1533,16 @@
   }
   // The bar's share of a job: its samples, then (phase "routing", while running) the prompts of the routing
   // pass, like the figures and the API's ETA (it stood at 100 % through the pass, often as long as the samples).
-  function jobFraction(job) {
+  // The bar covers a job's two passes: its samples (the signature), then its routing pass (`phase: routing`: the
+  // calibration samples of a text task, every prompt of a completion task, which costs about three times the
+  // completion-token extraction: bench/results/extraction.md, 2b) — so it never runs back to 0 between them.
+  function jobFraction(job, mode) {
     const p = job.progress || {};
-    const routing = p.phase === "routing" && job.status === "running";
-    const done = Number(routing ? p.routing_done : p.samples_done) || 0;
-    const total = Number(routing ? p.routing_total : p.samples_total) || 0;
-    return total > 0 ? clamp01(done / total) : job.status === "succeeded" ? 1 : 0;
+    if (job.status === "succeeded") return 1;
+    const share = mode === "completion" ? 0.25 : 0.9;  // of the bar, the samples' pass
+    const part = (done, total) => (Number(total) > 0 ? clamp01((Number(done) || 0) / Number(total)) : 0);
+    if (p.phase === "routing") return share + (1 - share) * part(p.routing_done, p.routing_total);
+    return share * part(p.samples_done, p.samples_total);
   }
   // What a succeeded job left out of its samples or cut (the API's `result.notes`), as one sentence, or "".
   function sampleNotes(job) {
@@ -1585,14 +1597,16 @@
       h("label", { class: "field", for: "add-metadata" }, h("span", {}, "Metadata (JSON object, optional)"), meta)];
     const form = h("form", { class: "add-form", "data-testid": "add-form", autocomplete: "off" },
       h("label", { class: "field", for: "add-target" }, h("span", {}, "Add to"), target),
-      h("label", { class: "field", for: "add-file" }, h("span", {}, "File (JSONL, JSON, CSV, Parquet or text)"), file),
+      h("label", { class: "field", for: "add-file" }, h("span", {}, "File (JSONL, JSON, CSV, TSV, Parquet or .txt; gzipped too)"), file),
       newOnly, h("div", { class: "btn-row" }, submit));
     const card = h("div", { class: "card add-card", "data-testid": "add-panel" }, h("h2", {}, "Add a task"), form, message, progressBox);
     let busy = false;
+    let taskModes = new Map(); let jobMode = "text";  // the uploading task's mode: its job's bar (jobFraction)
 
     const syncTarget = () => { for (const n of newOnly) n.hidden = target.value !== ""; };
     target.addEventListener("change", syncTarget);
     card.setTasks = (tasks) => {
+      taskModes = new Map(tasks.map((t) => [String(t.id), t.mode]));
       const keep = target.value;
       target.replaceChildren(h("option", { value: "" }, "a new task"),
         ...tasks.filter((t) => t.status === "ready").map((t) => h("option", { value: String(t.id) }, `append to ${taskName(t)}`)));
@@ -1603,7 +1617,7 @@
       err instanceof ApiError && err.code && err.status ? new Error(`${err.message} (${err.code})`) : err, what));
     const showJob = (job) => {
       const p = job.progress || {};
-      const frac = jobFraction(job);
+      const frac = jobFraction(job, jobMode);
       fill.className = `progress-fill st-${job.status}`;
       fill.style.width = `${(Math.max(frac, job.status === "running" ? 0.015 : 0) * 100).toFixed(1)}%`;
       bar.setAttribute("aria-valuenow", String(Math.round(frac * 100)));
@@ -1656,6 +1670,7 @@
       } else {
         path = `/tasks/${encodeURIComponent(target.value)}/samples`;
       }
+      jobMode = target.value === "" ? mode.value : taskModes.get(target.value);
       busy = true; submit.disabled = true;
       try {
         const accepted = await upload(path, data, (seconds, error) => message.replaceChildren(
@@ -1673,15 +1688,25 @@
           if (!(err instanceof ApiError)) throw err;
         }
         // the stream ends with the job; read the final row once (the stream may have been cut)
+        let gone = false;  // the task was deleted while its job ran: the job went with it (404)
         if (!["succeeded", "failed", "cancelled"].includes(final.status)) {
           for (;;) {
-            final = await api(`/jobs/${encodeURIComponent(job.id)}`);
+            try {
+              final = await api(`/jobs/${encodeURIComponent(job.id)}`);
+            } catch (err) {
+              if (!(err instanceof ApiError && err.status === 404)) throw err;
+              gone = true; final = { ...final, status: "cancelled" }; break;
+            }
             showJob(final);
             if (["succeeded", "failed", "cancelled"].includes(final.status)) break;
             await new Promise((r) => setTimeout(r, POLL_MS));
           }
         }
         showJob(final);
+        if (gone) {
+          message.replaceChildren(h("p", { class: "note small", "data-testid": "add-gone" },
+            "The task was deleted while its job ran: nothing was added."));
+        }
         if (final.status === "succeeded") {
           const notes = sampleNotes(final);
           message.replaceChildren(h("p", { class: "muted small", "data-testid": "add-done" },
@@ -1708,6 +1733,9 @@
       if (!armed) {
         armed = true; btn.textContent = `Delete ${truncate(taskName(task), 24)}? Click again`;
         btn.dataset.armed = "true";
+        setTimeout(() => {  // a click much later is not the confirmation of this one
+          if (!btn.disabled && btn.isConnected) { armed = false; btn.textContent = "Delete task"; delete btn.dataset.armed; }
+        }, DELETE_ARMED_MS);
         return;
       }
       btn.disabled = true;
@@ -1767,7 +1795,7 @@
   function jobRow(job, taskById, onCancelError) {
     const p = job.progress || {};
     const done = Number(p.samples_done) || 0; const total = Number(p.samples_total) || 0;
-    const frac = jobFraction(job);
+    const frac = jobFraction(job, (taskById && taskById.get(String(job.task_id)) || {}).mode);
     const tps = Number(p.tokens_per_s);
     const active = job.status === "running" || job.status === "queued";
     const task = taskById && taskById.get(String(job.task_id));
