@@ -89,7 +89,8 @@ def fields_hint(found: Sequence[object], mode: Mode, kind: Literal["record", "he
     what = "fields" if kind == "record" else "columns"
     other, other_mode = (_PAIR_KEYS, "completion") if mode == "text" else (_TEXT_KEYS, "text")
     if all(k in names for k in other):
-        return f" (the {what} are {names[:10]}: add the task with mode '{other_mode}')"
+        # said for an append too, where no mode can be chosen: what the file is for, not what to pick
+        return f" (the {what} are {names[:10]}: samples for a task of mode '{other_mode}')"
     cased = [n for n in names if n.strip().lower() in _TEXT_KEYS + _PAIR_KEYS and n not in _TEXT_KEYS + _PAIR_KEYS]
     if cased:
         return f" (found {cased[:3]}: {what[:-1]} names are lower case, 'text' or 'prompt' and 'completion')"

@@ -184,15 +184,15 @@ def _parquet(columns: dict[str, list[str]]) -> bytes:
     # new-user walkthrough: a headerless CSV, a header in capitals, prompt/completion columns added as text)
     (b"CCO\nCCN\n", "smiles.csv", "text", "the header is ['CCO']: a table's first row names its columns"),
     (b"Text\nhello there\n", "a.csv", "text", "found ['Text']: column names are lower case"),
-    (b"prompt,completion\nIs it?,yes\n", "a.csv", "text", "add the task with mode 'completion'"),
-    (b"prompt\tcompletion\nIs it?\tyes\n", "a.tsv", "text", "add the task with mode 'completion'"),
-    (b'{"prompt": "Is it?", "completion": " yes"}\n', "a.jsonl", "text", "add the task with mode 'completion'"),
-    (b'[{"text": "hello there"}]', "a.json", "completion", "add the task with mode 'text'"),
+    (b"prompt,completion\nIs it?,yes\n", "a.csv", "text", "samples for a task of mode 'completion'"),
+    (b"prompt\tcompletion\nIs it?\tyes\n", "a.tsv", "text", "samples for a task of mode 'completion'"),
+    (b'{"prompt": "Is it?", "completion": " yes"}\n', "a.jsonl", "text", "samples for a task of mode 'completion'"),
+    (b'[{"text": "hello there"}]', "a.json", "completion", "samples for a task of mode 'text'"),
     (b'{"txt": "hello there"}\n', "a.jsonl", "text", "the fields are ['txt']"),
     # a Parquet file without the column was "not a readable Parquet file: b'text'" (pyarrow's KeyError)
     (_parquet({"txt": ["hello there"]}), "a.parquet", "text", "missing column(s) ['text'] for mode 'text' "
                                                               "(the columns are ['txt'])"),
-    (_parquet({"prompt": ["Is it?"], "completion": [" yes"]}), "a.parquet", "text", "with mode 'completion'"),
+    (_parquet({"prompt": ["Is it?"], "completion": [" yes"]}), "a.parquet", "text", "for a task of mode 'completion'"),
 ])
 def test_missing_fields_say_what_the_file_has_and_what_to_do(data: bytes, name: str, mode: str, says: str) -> None:
     with pytest.raises(InvalidInput) as info:
