@@ -471,7 +471,7 @@
       // (replaceChildren writes a null argument as the text "null": only nodes go in)
       listCard.replaceChildren(...[h("h2", {}, "Tasks"), h("div", { class: "scroll" }, table),
         notReady.length ? h("p", { class: "muted small list-note", "data-testid": "atlas-not-ready" },
-          [pending ? `${pending} processing` : null, failed ? `${failed} failed` : null].filter(Boolean).join(", "),
+          [pending ? `${pending} processing` : null, failed ? `${failed} failed or cancelled` : null].filter(Boolean).join(", "),
           " — not on the map. ", h("a", { href: "#/jobs" }, "See jobs")) : null].filter(Boolean));
     }
     function highlightRow(id, on) {
@@ -1048,7 +1048,7 @@
     routingPanel(ctx, task, routingCard);
 
     if (task.status !== "ready") {
-      const msg = task.status === "failed" ? "This task has no signature: its job failed (see Jobs)." : "Sources and neighbours appear once the task's first job succeeds.";
+      const msg = task.status === "failed" ? "This task has no signature: its job failed or was cancelled (see Jobs)." : "Sources and neighbours appear once the task's first job succeeds.";
       for (const c of [sourcesCard, nearestCard, darkCard]) c.replaceChildren(c.firstChild, h("p", { class: "muted" }, msg));
       return;
     }
@@ -1151,7 +1151,8 @@
         kv([["threshold", h("span", { "data-testid": "routing-threshold", "data-source": r.source },
           `${fmt(r.threshold)} (${r.source}${r.novelty_active && r.source === "calibrated" ? ": at half the rate, the novelty test has the other half" : ""})`)],
           ["false-reject rate", h("span", { "data-testid": "routing-rate-state" }, hasRate(r)
-            ? `${fmtPct(r.false_reject_rate)} % of own prompts (calibrated threshold ${r.threshold_auto === undefined || r.threshold_auto === null ? "—" : fmt(r.threshold_auto)})`
+            ? `${fmtPct(r.false_reject_rate)} % of own prompts (threshold at that whole rate ${r.threshold_auto === undefined || r.threshold_auto === null ? "—" : fmt(r.threshold_auto)})`
+            : task.status !== "ready" ? "— (none yet: the task has no signature; its first job calibrates it)"
             : "— (no calibration stored: the task is too small or older than calibration)")],
           ["calibration scores", fmtInt(r.calibration_scores ?? 0)],
           ["short prompts", h("span", { "data-testid": "routing-short-prompts" }, r.short_prompt_tokens === undefined || r.short_prompt_tokens === null
