@@ -148,11 +148,10 @@ def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool
     views nearest the prompt's length at its full rate: that length's false-reject rate — moved by the override's
     distance from ``whole``, the threshold the task's whole prompts are held to without it (``split_threshold`` when
     ``tested``: the task's novelty test applies to its whole prompts — a callable is asked only for a short prompt;
-    else the calibrated one). So a user's or
-    ``fit``'s raise of a task's threshold raises its short prompts' by as much, and an override equal to the threshold
-    ``GET …/routing`` shows leaves them as they were (until 2026-12-01 a short prompt was held to ``min(override,
-    local)``: a raise stopped only prompts as long as the samples). A task overridden without a calibrated threshold
-    (too few samples to calibrate) holds every prompt to its override.
+    else the calibrated one). So a user's or ``fit``'s raise of a task's threshold raises its short prompts' by as
+    much, and an override equal to the threshold ``GET …/routing`` shows leaves them as they were (until 2026-12-01 a
+    short prompt was held to ``min(override, local)``: a raise stopped only prompts as long as the samples). A task
+    overridden without a calibrated threshold (too few samples to calibrate) holds every prompt to its override.
     """
     if not per_task or c.threshold is None:
         return PromptThreshold(default)
