@@ -1112,8 +1112,12 @@
       }
     })();
   }
-  // A rate in [0, 1] as a percentage string (three decimals at most, no trailing zeros).
-  function fmtPct(rate) { return String(+(100 * rate).toFixed(3)); }
+  // A rate in [0, 1] as a percentage string (three decimals at most, no trailing zeros; a rate below 0.0005 % with three
+  // significant digits: shown as "0", a stored 1e-9 % was refused by the form's own check when applied again).
+  function fmtPct(rate) {
+    const pct = 100 * rate; const short = +pct.toFixed(3);
+    return String(short === 0 && pct !== 0 ? +pct.toPrecision(3) : short);
+  }
   function hasRate(r) { return r.false_reject_rate !== undefined && r.false_reject_rate !== null; }
   // A task's open-set side (GET /v1/tasks/{id}/routing): its threshold and where it comes from, and its
   // template and novelty tests (docs/SCORES.md), which a write key can turn off and on (PATCH {"template": bool},
