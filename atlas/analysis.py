@@ -52,6 +52,7 @@ from atlas.clusters import MAX_CLUSTERS as MAX_CLUSTERS
 from atlas.clusters import MIN_SILHOUETTE as MIN_SILHOUETTE
 from atlas.clusters import agglomerative_clusters as agglomerative_clusters
 from atlas.clusters import cluster_count as cluster_count
+from atlas.clusters import cluster_labels
 from atlas.clusters import silhouette as silhouette
 from atlas.settings import Settings
 
@@ -406,14 +407,12 @@ def layout_from_alignment(
     ids: Sequence[int], names: Sequence[str], fisher: np.ndarray, *, n_clusters: int | None = None
 ) -> AtlasMap:
     """2-D map from a precomputed Fisher alignment matrix (see :func:`atlas_layout`)."""
-    n = len(ids)
     a = np.asarray(fisher, dtype=np.float64)
     a = (a + a.T) / 2
     dis = np.clip(1.0 - a, 0.0, 2.0)
     np.fill_diagonal(dis, 0.0)
     xy = classical_mds(dis, 2)
-    k = min(n, n_clusters if n_clusters is not None else cluster_count(dis))
-    labels = agglomerative_clusters(dis, k)
+    labels = cluster_labels(dis, n_clusters)
     points = [
         AtlasPoint(int(i), str(nm), round(float(x), 6), round(float(y), 6), int(c))
         for i, nm, (x, y), c in zip(ids, names, xy, labels, strict=True)

@@ -45,13 +45,25 @@ def cluster_count(dissimilarity: np.ndarray) -> int:
     the tasks form one cluster if their mean alignment is at least ½ (mean dissimilarity ≤ ½), else one cluster
     each (capped at ``MAX_CLUSTERS``). One task: 1; none: 0.
     """
-    d = np.asarray(dissimilarity, dtype=np.float64)
-    n = int(d.shape[0])
+    n = int(np.shape(dissimilarity)[0])
+    return n if n <= 1 else _count(*_linkage(dissimilarity))
+
+
+def cluster_labels(dissimilarity: np.ndarray, n_clusters: int | None = None) -> list[int]:
+    """The atlas's clusters of tasks of pairwise ``dissimilarity``: :func:`agglomerative_clusters` into
+    ``n_clusters`` (default :func:`cluster_count`), from one average-linkage tree."""
+    n = int(np.shape(dissimilarity)[0])
     if n <= 1:
-        return n
+        return [0] * n
+    d, tree = _linkage(dissimilarity)
+    return _cut(tree, n, n_clusters if n_clusters is not None else _count(d, tree))
+
+
+def _count(d: np.ndarray, tree: np.ndarray) -> int:
+    """:func:`cluster_count` of the symmetrised dissimilarity ``d`` (n ≥ 2) and its tree."""
     from scipy.cluster.hierarchy import cut_tree
 
-    d, tree = _linkage(d)
+    n = int(d.shape[0])
     best_k, best_s = 1, -1.0
     ks = list(range(2, min(n - 1, MAX_CLUSTERS) + 1))
     cuts = cut_tree(tree, n_clusters=ks) if ks else np.empty((n, 0), dtype=int)  # one tree, every cut
@@ -82,13 +94,15 @@ def agglomerative_clusters(dissimilarity: np.ndarray, n_clusters: int) -> list[i
     ``min(n_clusters, n)`` of them. The tree is cut at the merge that leaves that many (``fcluster``'s
     ``maxclust`` cuts by height and gave fewer when the top heights tie, as unrelated tasks' clamped
     alignments of 0 make them); ties are broken by the linkage's merge order, so the answer is deterministic."""
-    n = dissimilarity.shape[0]
-    if n == 0:
-        return []
-    if n == 1 or n_clusters <= 1:
-        return [0] * n
+    n = int(dissimilarity.shape[0])
+    return [0] * n if n <= 1 or n_clusters <= 1 else _cut(_linkage(dissimilarity)[1], n, n_clusters)
+
+
+def _cut(tree: np.ndarray, n: int, n_clusters: int) -> list[int]:
+    """The tree of ``n ≥ 2`` tasks cut into ``min(n_clusters, n)`` clusters (at least one), numbered by first
+    appearance."""
     from scipy.cluster.hierarchy import cut_tree
 
-    raw = cut_tree(_linkage(dissimilarity)[1], n_clusters=min(n_clusters, n)).ravel()
+    raw = cut_tree(tree, n_clusters=max(1, min(n_clusters, n))).ravel()
     relabel: dict[int, int] = {}
     return [relabel.setdefault(int(c), len(relabel)) for c in raw]

@@ -28,10 +28,7 @@ def file_format(filename: str) -> str:
     InvalidInput
         A suffix that is not a known format (422), naming the ones that are.
     """
-    name = PurePosixPath(filename.replace("\\", "/")).name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    suffix = PurePosixPath(name).suffix
+    suffix = _suffix(filename)
     fmt = FILE_FORMATS.get(suffix)
     if fmt is None:
         known = ", ".join(k for k in FILE_FORMATS if k)
@@ -51,8 +48,7 @@ def check_plain_text(filename: str, first_line: str) -> None:
     InvalidInput
         (422) naming the suffixes to give it.
     """
-    name = PurePosixPath(filename.replace("\\", "/")).name.lower().removesuffix(".gz")
-    if PurePosixPath(name).suffix or not first_line.lstrip().startswith("{"):
+    if _suffix(filename) or not first_line.lstrip().startswith("{"):
         return
     try:
         is_object = isinstance(json.loads(first_line), dict)
@@ -62,3 +58,9 @@ def check_plain_text(filename: str, first_line: str) -> None:
         raise InvalidInput(f"{filename}: a file without a suffix is read as plain text, but its first line is a JSON "
                            "object; name it .jsonl (one JSON object a line), or .txt to take each line as a text",
                            {"filename": filename, "suffix": "", "supported": [k for k in FILE_FORMATS if k]})
+
+
+def _suffix(filename: str) -> str:
+    """The format suffix of an upload's name: lower case, after an optional ``.gz`` is removed (``""``: none)."""
+    name = PurePosixPath(filename.replace("\\", "/")).name.lower()
+    return PurePosixPath(name.removesuffix(".gz")).suffix

@@ -37,8 +37,8 @@ class TaskRoute:
     length_views: LengthViews | None = None
     """The task's held-out views by length (a prompt shorter than its samples is calibrated on them)."""
     calibrated: float | None = None
-    """The task's calibrated threshold at its full rate (``threshold_auto``), whether or not an override is set: an
-    override moves a short prompt's threshold by its distance from it (:func:`prompt_threshold`)."""
+    """The task's calibrated threshold at its full rate (``threshold_auto``), whether or not an override is set (a
+    short prompt is held to its length's threshold below it, moved by the override: :func:`prompt_threshold`)."""
 
 
 def resolve(row: Any, typical: float | None, split: float | None = None,
@@ -161,10 +161,16 @@ def prompt_threshold(c: Candidate, n_tokens: int, default: float, per_task: bool
     held = length_threshold(c.length_views, n_tokens, calibrated, c.false_reject_rate)
     if held is None or calibrated is None:
         return PromptThreshold(base)
-    applies = tested() if callable(tested) else tested
-    whole = c.split_threshold if applies and c.split_threshold is not None else calibrated
+    whole = whole_threshold(calibrated, c.split_threshold, tested() if callable(tested) else tested)
     drop = whole - held
     return PromptThreshold(c.threshold - drop if c.overridden else held, drop)  # fit computes x − drop alike
+
+
+def whole_threshold(calibrated: float, split_threshold: float | None, tested: bool) -> float:
+    """What a task holds prompts as long as its samples to without an override: its ``split_threshold`` (at the
+    rate's route share) when ``tested`` — its novelty test applies to them — else its full-rate ``calibrated`` one.
+    An override, and ``fit``, measure a short prompt's threshold from it (:func:`prompt_threshold`)."""
+    return split_threshold if tested and split_threshold is not None else calibrated
 
 
 def length_threshold(views: LengthViews | None, n_tokens: int, calibrated: float | None,

@@ -345,7 +345,7 @@ def rerank_route(
     samples: ``Candidate.length_views``) is judged by neither the novelty nor the template test — a prefix of a
     sample lacks its closing frame and its mean hidden state is atypical — but by the route threshold of the task's
     held-out views nearest its length, at the task's full rate, when that is lower than the threshold it holds whole
-    prompts to — moved by the task's override as far as the override moves it from its calibrated threshold
+    prompts to — moved by the task's override as far as the override moves the threshold of its whole prompts
     (:func:`prompt_threshold`, ``RouteMatch.length_matched``, ``Rejection.length_matched``); the nearest task's
     threshold is matched to the prompt's length the same way.
 

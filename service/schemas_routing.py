@@ -244,7 +244,7 @@ class RoutingInfo(_Out):
     short_prompt_tokens: float | None = Field(default=None, description="A prompt with fewer token positions (under "
                                               "3/4 of the length of nine in ten of the task's samples) is held to the "
                                               "threshold of the views nearest its length (moved by as much as an "
-                                              "override moves the calibrated threshold) and to neither the template "
+                                              "override moves whole prompts' threshold) and to neither the template "
                                               "nor the novelty test (docs/SCORES.md, 'Prompts shorter than the "
                                               "samples'); null: no views stored (a task calibrated before them judges "
                                               "every prompt on whole samples).")

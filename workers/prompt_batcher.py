@@ -262,10 +262,10 @@ class PromptBatcher:
         out: list[SketchState | None] = [None] * len(prepared)
         hidden_means = torch.zeros((len(prepared), lm.hidden_size), dtype=torch.float64)
         rows: list[tuple[torch.Tensor, torch.Tensor, list[PreparedSample]]] = []
-        n_rows = 0
+        n_rows = n_done = 0
 
         def flush() -> None:
-            nonlocal n_rows
+            nonlocal n_rows, n_done
             if not rows:
                 return
             group_of = [ps for _, _, bucket in rows for ps in bucket]
@@ -283,9 +283,9 @@ class PromptBatcher:
             for ps, st in zip(group_of, states, strict=True):
                 out[ps.index] = st
             rows.clear()
-            n_rows = 0
+            n_rows, n_done = 0, n_done + len(group_of)
             if sketched is not None:
-                sketched(sum(s is not None for s in out))
+                sketched(n_done)
 
         with torch.inference_mode():
             for bucket in self.buckets(items):

@@ -15,7 +15,7 @@ from atlas.analysis import ROUTE_POOL
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady, PayloadTooLarge
 from atlas.models import TASK_READY
 from atlas.route_calibration import FALSE_REJECT_RATE, LengthViews, split_rates
-from atlas.route_candidates import short_view_scores
+from atlas.route_candidates import short_view_scores, whole_threshold
 from atlas.route_fit import FitItem, accuracy_of, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
 from atlas.services.queries import QueryService
 from atlas.signature_repository import novelty_vectors
@@ -176,8 +176,12 @@ class ThresholdService:
             # A short prompt's drop is measured from the threshold whole prompts are held to without an override (the
             # half-rate one while the novelty test applies): a task whose test fit turns off is measured from its
             # calibrated one once stored, so its short prompts' drops move by the difference.
-            moved = {t: r.calibrated - r.split_threshold for t, r in routes.items()
-                     if t in novelty_off and t in tested and r.calibrated is not None and r.split_threshold is not None}
+            def whole(t: int, r: Any, after: bool) -> float | None:  # whole_threshold, before or after this fit
+                applies = t in tested and r.novelty_test and not (after and t in novelty_off)
+                return None if r.calibrated is None else whole_threshold(r.calibrated, r.split_threshold, applies)
+
+            moved = {t: w1 - w0 for t, r in routes.items() if t in novelty_off
+                     and (w0 := whole(t, r, False)) is not None and (w1 := whole(t, r, True)) is not None}
             items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, top,
                              forced_none=a.nearest_rejects
                              or (a.novelty_rejects and top not in novelty_off)
@@ -194,10 +198,7 @@ class ThresholdService:
             # A raise moves short prompts' thresholds too: the cap also keeps the task's held-out prefix views (short
             # for it, on the whole prompts' scale) within its full rate (a short prompt meets no novelty test).
             concerned = {t for t in [*labels, *answered] if t is not None}
-            short_views = {t: short_view_scores(r.length_views, r.calibrated,
-                                                r.split_threshold if t in tested and r.novelty_test
-                                                and t not in novelty_off and r.split_threshold is not None
-                                                else r.calibrated, r.false_reject_rate)
+            short_views = {t: short_view_scores(r.length_views, r.calibrated, whole(t, r, True), r.false_reject_rate)
                            for t, r in routes.items() if t in concerned}
             full_rates = dict(rates)
             for t, half_rate_threshold in split.items():
