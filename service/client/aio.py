@@ -384,7 +384,12 @@ class AsyncAtlasClient:
         return await self._send(Call("POST", "/v1/spaces/import", ImportResult, params={"on_conflict": on_conflict},
                                      files={"file": ("space.jsonl", data, "application/x-ndjson")}))
 
-    # -- keys (admin) ------------------------------------------------------------------------------
+    # -- keys ---------------------------------------------------------------------------------------
+
+    async def current_key(self) -> dict[str, Any]:
+        """``GET /v1/keys/current`` (any key): the calling key's ``key_id``, ``name`` and ``scopes`` (``key_id``
+        null and every scope when the service asks no key)."""
+        return await self._send(Call("GET", "/v1/keys/current", None, as_json=True))
 
     async def create_key(self, name: str, scopes: Sequence[str] = ("read",)) -> dict[str, Any]:
         """``POST /v1/keys`` (admin): the new key, its plaintext shown this once."""

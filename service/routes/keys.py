@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from atlas import apikeys
 from atlas.store import Store
 from atlas.vocabulary import Scope
-from service.deps import AdminPrincipal, ContainerDep
+from service.deps import AdminPrincipal, ContainerDep, ReadPrincipal
 from service.routes import MAX_ID, error_responses
 from service.uploads import BoundedJSONRoute
 
@@ -46,6 +46,15 @@ class KeyCreated(KeyOut):
     key: str
 
 
+class CurrentKey(BaseModel):
+    """The key of the calling request: ``key_id`` is null for an anonymous caller (the service asks no key, and
+    such a caller holds every scope)."""
+
+    key_id: int | None
+    name: str
+    scopes: list[Scope]
+
+
 class KeyList(BaseModel):
     """All keys."""
 
@@ -65,6 +74,14 @@ def list_keys(c: ContainerDep, _: AdminPrincipal,
     with _store(c).read() as session:
         return KeyList(items=[KeyOut(**_out(k)) for k in apikeys.list_api_keys(session,
                                                                                include_revoked=include_revoked)])
+
+
+@router.get("/current", response_model=CurrentKey, summary="The calling key and its scopes",
+            responses=error_responses(401))
+def current_key(principal: ReadPrincipal) -> CurrentKey:
+    """Who the caller is and what its key may do (any valid key: ``read`` is the least scope), so that a client
+    can offer only the actions the key allows (the dashboard disables write controls for a read key)."""
+    return CurrentKey(key_id=principal.key_id, name=principal.name, scopes=list(principal.scopes))  # type: ignore[arg-type]
 
 
 @router.post("", status_code=201, response_model=KeyCreated, summary="Create an API key",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.service.dashboard_helpers import CHROMIUM, JOB_TIMEOUT_S, DashboardService, shot, write_jsonl
@@ -26,7 +27,6 @@ pytestmark = [
 def test_add_append_and_delete_a_task_through_the_form(
     dashboard_service: DashboardService, page: Any, tmp_path: Path
 ) -> None:
-    import httpx
 
     page.goto(f"{dashboard_service.base}/dashboard/#/atlas")
     points = page.locator("[data-testid=atlas-point]")
@@ -94,7 +94,6 @@ def test_add_append_and_delete_a_task_through_the_form(
 def test_form_shows_api_and_input_errors_as_messages(
     dashboard_service: DashboardService, browser: Any, tmp_path: Path
 ) -> None:
-    import httpx
 
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     pg = context.new_page()
@@ -163,6 +162,7 @@ def test_with_keys_on_the_form_streams_progress_with_the_key(
     svc = serve(lm=tiny_lm, require_keys=True)
     with svc.container.store.session() as s:
         _, key = apikeys.create_api_key(s, "dashboard", ["read", "write"])
+        _, read_key = apikeys.create_api_key(s, "viewer", ["read"])
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     pg = context.new_page()
     problems: list[str] = []
@@ -190,6 +190,30 @@ def test_with_keys_on_the_form_streams_progress_with_the_key(
         assert pg.locator("[data-testid=atlas-point]").count() == 1
         # progress came over the SSE stream, requested with the key header (EventSource could not send it)
         assert events and all(status == 200 and k == key for _, status, k in events), events
+        assert pg.locator("#keystate").text_content() == "saved · read, write"
+        # a read key: every control that calls a write endpoint is disabled, saying why; reading still works
+        pg.fill("#apikey", read_key)
+        pg.click("#keyform button[type=submit]")
+        pg.locator("#keystate", has_text="read only").wait_for()
+        pg.locator("[data-testid=add-read-only]").wait_for()
+        assert pg.locator("[data-testid=add-submit]").is_disabled()
+        task_id = httpx.get(f"{svc.url}/v1/tasks", headers={"X-API-Key": read_key}).json()["items"][0]["id"]
+        pg.goto(f"{svc.url}/dashboard/#/task/{task_id}")
+        pg.locator("[data-testid=routing-form]").wait_for()
+        for testid in ("task-delete", "routing-apply", "routing-override", "routing-rate"):
+            control = pg.locator(f"[data-testid={testid}]")
+            assert control.is_disabled() and control.get_attribute("data-needs-scope") == "write", testid
+        assert "read scope only" in (pg.locator("[data-testid=task-delete]").get_attribute("title") or "")
+        pg.goto(f"{svc.url}/dashboard/#/route")
+        pg.locator("[data-testid=fit-apply]").wait_for()
+        assert pg.locator("[data-testid=fit-apply]").is_disabled()
+        assert pg.locator("[data-testid=fit-preview]").is_enabled()  # a dry run needs the read scope only
+        # the write key again: the controls come back
+        pg.fill("#apikey", key)
+        pg.click("#keyform button[type=submit]")
+        pg.locator("#keystate", has_text="write").wait_for()
+        pg.locator("[data-testid=fit-apply]").wait_for()
+        assert pg.locator("[data-testid=fit-apply]").is_enabled()
     finally:
         context.close()
     assert not problems, problems
@@ -201,8 +225,6 @@ def test_the_form_waits_out_a_busy_service_and_adds_once(serve: Any, tiny_lm: An
     The form says so, asks again with the same Idempotency-Key and adds the task once when a slot frees."""
     import threading
     import time
-
-    import httpx
 
     from tests.service.test_upload_slots import HeldUpload, _wait_held
 

@@ -186,7 +186,14 @@ def test_scopes_are_enforced(serve, tiny_lm) -> None:
     assert call("GET", "/v1/tasks", created.json()["key"]) == 200
     assert call("DELETE", f"/v1/keys/{created.json()['id']}", admin) == 204
     assert call("GET", "/v1/tasks", created.json()["key"]) == 401
+    # who the caller is (the dashboard disables write controls for a read key): any valid key, its own scopes
+    for key, name, scopes in ((read, "r", ["read"]), (write, "w", ["write"]), (admin, "a", ["admin"])):
+        got = httpx.get(f"{url}/v1/keys/current", headers={"X-API-Key": key})
+        assert got.status_code == 200 and got.json()["name"] == name and got.json()["scopes"] == scopes, got.text
+        assert isinstance(got.json()["key_id"], int)
+    assert call("GET", "/v1/keys/current", None) == 401 and call("GET", "/v1/keys/current", revoked) == 401
     with AtlasClient(url, api_key=read) as c:
+        assert c.current_key()["scopes"] == ["read"]
         assert c.list_tasks().total == 1
         with pytest.raises(AtlasClientError) as exc:
             c.delete_task(1)

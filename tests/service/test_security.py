@@ -93,6 +93,9 @@ def test_wildcard_bind_requires_keys_even_through_loopback(bind) -> None:
 def test_keys_are_honoured_on_loopback_once_one_exists(bind) -> None:
     url, app = bind()
     assert httpx.get(f"{url}/v1/tasks").status_code == 200  # no key exists: anonymous on loopback
+    me = httpx.get(f"{url}/v1/keys/current")  # anonymous: no key id, every scope
+    assert me.status_code == 200 and me.json() == {"key_id": None, "name": "anonymous",
+                                                   "scopes": ["read", "write", "admin"]}, me.text
     created = httpx.post(f"{url}/v1/keys", json={"name": "r", "scopes": ["read"]})
     assert created.status_code == 201
     key = created.json()["key"]

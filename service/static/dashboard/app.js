@@ -108,6 +108,40 @@
   function apiKey() {
     try { return window.sessionStorage.getItem(KEY_STORAGE) || ""; } catch (_) { return ""; }
   }
+  // The scopes of the key in the key field (GET /v1/keys/current), asked once per key: write controls are disabled
+  // for a key without the write scope, with a title saying why. null while unknown (no answer: every control
+  // stays on and the API's 401/403 says what is missing).
+  let keyScopes = { key: null, scopes: null };
+  async function loadKeyScopes() {
+    const key = apiKey();
+    if (keyScopes.key === key) return keyScopes.scopes;
+    let scopes = null;
+    try {
+      const me = await api("/keys/current");
+      scopes = me && Array.isArray(me.scopes) ? me.scopes : null;
+    } catch (_) { scopes = null; }
+    keyScopes = { key, scopes };
+    return scopes;
+  }
+  const canWrite = () => !Array.isArray(keyScopes.scopes) || keyScopes.scopes.includes("write") ||
+    keyScopes.scopes.includes("admin");
+  const READ_ONLY_TITLE = "This API key has the read scope only: enter a key with the write scope above.";
+  // A control that calls a write endpoint: disabled, with the reason as its title, for a read-only key.
+  function needsWrite(control) {
+    if (!canWrite()) {
+      control.disabled = true;
+      control.title = READ_ONLY_TITLE;
+      control.dataset.needsScope = "write";
+    }
+    return control;
+  }
+  function showKeyScopes() {
+    const state = document.getElementById("keystate");
+    if (!state || !apiKey()) return;
+    const scopes = keyScopes.scopes;
+    state.textContent = Array.isArray(scopes) ? `saved · ${canWrite() ? scopes.join(", ") : "read only"}` : "saved";
+    state.dataset.scopes = Array.isArray(scopes) ? scopes.join(",") : "";
+  }
   async function api(path, { method = "GET", body, signal } = {}) {
     const headers = { Accept: "application/json" };
     const key = apiKey();
@@ -291,7 +325,11 @@
     const ctx = currentCtx();
     view().replaceChildren(h("p", { class: "muted loading" }, "Loading…"));
     // a view that throws before its first await (a malformed escape in #/task/%E0) is shown like a failed one
-    Promise.resolve().then(() => route[1](ctx, path.match(route[0]), query)).catch((err) => {
+    loadKeyScopes().then(() => {
+      if (!ctx.alive()) return undefined;
+      showKeyScopes();
+      return route[1](ctx, path.match(route[0]), query);
+    }).catch((err) => {
       if (!ctx.alive()) return;
       view().replaceChildren(errorBox(err));
     });
@@ -1139,6 +1177,7 @@
       const toggle = (testid, field, label, isOn) => {
         const button = h("button", { type: "button", class: "btn small ghost", "data-testid": testid,
           "data-on": String(isOn) }, isOn ? `Turn the ${label} off` : `Turn the ${label} on`);
+        needsWrite(button);
         button.addEventListener("click", async () => {
           button.disabled = true;
           try {
@@ -1186,6 +1225,7 @@
         h("label", { class: "field inline", for: "routing-rate" }, h("span", {}, "false-reject rate (%)"), rate),
         h("label", { class: "field inline", for: "routing-override" }, h("span", {}, "threshold override"), override),
         apply, clear, out);
+      for (const control of [rate, override, apply, clear]) needsWrite(control);
       const send = async (body) => {
         for (const b of [apply, clear]) b.disabled = true;
         try {
@@ -1387,7 +1427,7 @@
     const file = h("input", { id: "fit-file", type: "file", accept: ".jsonl,.json,.txt,application/json,text/plain",
       class: "input", "data-testid": "fit-file" });
     const preview = h("button", { type: "button", class: "btn", "data-testid": "fit-preview" }, "Preview (dry run)");
-    const apply = h("button", { type: "button", class: "btn primary", "data-testid": "fit-apply" }, "Fit and store");
+    const apply = needsWrite(h("button", { type: "button", class: "btn primary", "data-testid": "fit-apply" }, "Fit and store"));
     const out = h("div", { class: "fit-results", "data-testid": "fit-results", "aria-live": "polite" });
     text.addEventListener("input", () => { fitState.text = text.value; });
     file.addEventListener("change", async () => {
@@ -1417,7 +1457,7 @@
           ? examples.lines[err.detail.example] : undefined;
         out.replaceChildren(errorBox(at === undefined ? err
           : new ApiError(err.code, err.message.replace(/^example \d+/, `line ${at}`), err.status, err.detail), "Fit"));
-      } finally { for (const b of [preview, apply]) b.disabled = false; }
+      } finally { preview.disabled = false; apply.disabled = !canWrite(); }
     };
     preview.addEventListener("click", () => run(true));
     apply.addEventListener("click", () => run(false));
@@ -1588,6 +1628,7 @@
     const meta = h("textarea", { id: "add-metadata", rows: 2, spellcheck: "false", placeholder: '{"domain": "law"}',
       "data-testid": "add-metadata" });
     const submit = h("button", { type: "submit", class: "btn primary", "data-testid": "add-submit" }, "Upload");
+    const readOnly = h("span", { class: "muted small", "data-testid": "add-read-only", hidden: true }, READ_ONLY_TITLE);
     const message = h("div", { "data-testid": "add-message", "aria-live": "polite" });
     const fill = h("span", { class: "progress-fill" });
     const bar = h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100, "aria-valuenow": 0,
@@ -1603,7 +1644,7 @@
     const form = h("form", { class: "add-form", "data-testid": "add-form", autocomplete: "off" },
       h("label", { class: "field", for: "add-target" }, h("span", {}, "Add to"), target),
       h("label", { class: "field", for: "add-file" }, h("span", {}, "File (JSONL, JSON, CSV, TSV, Parquet or .txt; gzipped too)"), file),
-      newOnly, h("div", { class: "btn-row" }, submit));
+      newOnly, h("div", { class: "btn-row" }, submit, readOnly));
     const card = h("div", { class: "card add-card", "data-testid": "add-panel" }, h("h2", {}, "Add a task"), form, message, progressBox);
     let busy = false;
     let taskModes = new Map(); let jobMode = "text";  // the uploading task's mode: its job's bar (jobFraction)
@@ -1611,6 +1652,10 @@
     const syncTarget = () => { for (const n of newOnly) n.hidden = target.value !== ""; };
     target.addEventListener("change", syncTarget);
     card.setTasks = (tasks) => {
+      // the panel outlives a view (an upload keeps going): the key's scopes are applied at each showing
+      readOnly.hidden = canWrite();
+      submit.disabled = busy || !canWrite();
+      if (canWrite()) { submit.removeAttribute("title"); delete submit.dataset.needsScope; } else needsWrite(submit);
       taskModes = new Map(tasks.map((t) => [String(t.id), t.mode]));
       const keep = target.value;
       target.replaceChildren(h("option", { value: "" }, "a new task"),
@@ -1725,14 +1770,14 @@
       } catch (err) {
         showError(err, "Upload");
       } finally {
-        busy = false; submit.disabled = false;
+        busy = false; submit.disabled = !canWrite();
       }
     });
     return card;
   }
   // Delete a task: the button asks once more before DELETE /v1/tasks/{id}.
   function deleteButton(task) {
-    const btn = h("button", { type: "button", class: "btn small ghost danger", "data-testid": "task-delete" }, "Delete task");
+    const btn = needsWrite(h("button", { type: "button", class: "btn small ghost danger", "data-testid": "task-delete" }, "Delete task"));
     let armed = false;
     btn.addEventListener("click", async () => {
       if (!armed) {
@@ -1784,6 +1829,7 @@
     const asked = cancelAsked.has(String(job.id));
     const btn = h("button", { type: "button", class: "btn small ghost danger", "data-testid": "job-cancel",
       disabled: asked ? true : null }, asked ? "Cancelling…" : "Cancel");
+    needsWrite(btn);
     btn.addEventListener("click", async () => {
       btn.disabled = true;
       try {
