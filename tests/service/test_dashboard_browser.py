@@ -108,9 +108,12 @@ def test_heatmaps_have_the_right_size(dashboard_service: DashboardService, page:
     assert page.locator("[data-testid=matrix-count]").inner_text() == f"{n} of {n} selected"
     # a link naming a task that is not on the map (deleted, or never was): it drops out of the selection
     ids = ready_ids(dashboard_service)[:2]
-    page.goto(f"{dashboard_service.base}/dashboard/#/matrix?ids={ids[0]},{ids[1]},999999")
+    page.goto(f"{dashboard_service.base}/dashboard/#/matrix?ids={ids[0]},{ids[1]},999999,abc")
     page.locator("[data-testid=matrix-count]", has_text=f"2 of {n} selected").wait_for()
+    banner = page.locator("#banner")  # ... and is named, not dropped silently
+    assert banner.is_visible() and "2 tasks not on the map (999999, abc)" in banner.inner_text()
     page.goto(f"{dashboard_service.base}/dashboard/#/matrix")
+    page.locator("#banner").wait_for(state="hidden")
     page.reload()  # a fresh page: the default selection (every task) again
     page.locator("[data-testid=matrix-count]", has_text=f"{n} of {n} selected").wait_for()
 

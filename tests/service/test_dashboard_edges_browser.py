@@ -72,6 +72,33 @@ def test_colour_by_a_metadata_key_named_like_an_object_member(serve: Any, tiny_l
     assert "lab (1)" in legend and "none (1)" in legend and "function" not in legend, legend
 
 
+def test_identical_tasks_are_drawn_apart_on_the_map(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """Tasks with identical samples have one place on the map: each mark stays visible and clickable (the last
+    drawn covered the others), and says how many share the place."""
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        twins = [_add(http, f"twin-{i}", PROSE) for i in range(3)]
+        other = _add(http, "code", CODE)
+        places = {p["task_id"]: (p["x"], p["y"]) for p in http.get("/v1/atlas").json()["points"]}
+    assert len({places[t] for t in twins}) == 1 and places[other] != places[twins[0]]  # one place for the twins
+    page.goto(f"{svc.url}/dashboard/#/atlas")
+    page.locator("[data-testid=atlas-point]").nth(3).wait_for()
+    boxes = [page.locator(f"[data-testid=atlas-point][data-task-id='{t}']").bounding_box() for t in twins]
+    centres = [(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2) for b in boxes]
+    # each twin is the top mark at its own centre: none is hidden under another
+    on_top = [page.evaluate("([x, y]) => document.elementFromPoint(x, y)?.dataset.taskId", list(c)) for c in centres]
+    assert on_top == [str(t) for t in twins], on_top
+    lone = page.locator(f"[data-testid=atlas-point][data-task-id='{other}']")
+    assert lone.get_attribute("data-stacked") is None
+    for t in twins:
+        mark = page.locator(f"[data-testid=atlas-point][data-task-id='{t}']")
+        assert mark.get_attribute("data-stacked") == "3"
+        mark.hover()
+        page.locator("[data-testid=tip-stacked]", has_text="3 tasks share this place").wait_for()
+    page.locator(f"[data-testid=atlas-point][data-task-id='{twins[1]}']").click()
+    page.wait_for_url(f"**/#/task/{twins[1]}")
+
+
 def test_long_names_outside_the_bmp_truncated_whole(serve: Any, tiny_lm: Any, page: Any) -> None:
     """Names are shortened by characters: a cut in UTF-16 units split an emoji's surrogate pair (drawn as �)."""
     svc = serve(lm=tiny_lm)

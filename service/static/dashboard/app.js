@@ -429,6 +429,9 @@
       const cx = (xmin + xmax) / 2; const cy = (ymin + ymax) / 2;
       const X = (x) => W / 2 + (x - cx) * scale;
       const Y = (y) => H / 2 - (y - cy) * scale;
+      const inside = (v, hi) => Math.min(Math.max(v, 9), hi - 9);
+      const place = stackedPlaces(points.map((p) => [X(Number(p.x)), Y(Number(p.y))]))
+        .map(([x, y, k]) => [inside(x, W), inside(y, H), k]);
 
       const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "atlas-svg", role: "img",
         "aria-label": `Map of ${points.length} tasks`, "data-testid": "atlas-map" });
@@ -439,7 +442,7 @@
       }
       const showLabels = points.length <= 60;
       // greedy label placement: right, left, above, below the mark; skipped when all four collide
-      const boxes = points.map((p) => ({ x0: X(Number(p.x)) - 8, x1: X(Number(p.x)) + 8, y0: Y(Number(p.y)) - 8, y1: Y(Number(p.y)) + 8 }));
+      const boxes = place.map(([px, py]) => ({ x0: px - 8, x1: px + 8, y0: py - 8, y1: py + 8 }));
       const overlaps = (b) => boxes.some((o) => b.x0 < o.x1 && b.x1 > o.x0 && b.y0 < o.y1 && b.y1 > o.y0);
       function placeLabel(px, py, text) {
         const tw = text.length * 6.3 + 4; const th = 13;
@@ -457,16 +460,18 @@
       }
       const labels = s("g", { class: "labels", "aria-hidden": "true" });
       const marks = s("g", { class: "marks" });
-      for (const p of points) {
-        const px = X(Number(p.x)); const py = Y(Number(p.y));
+      points.forEach((p, i) => {
+        const [px, py, stacked] = place[i];
         const colour = groups.colourOf(groupValue(p));
         const mark = s("circle", {
           cx: px.toFixed(2), cy: py.toFixed(2), r: 7, fill: colour, class: "atlas-point",
-          tabindex: 0, role: "link", "aria-label": `${p.name ?? taskName(p.task)}, cluster ${p.cluster ?? "none"}`,
+          tabindex: 0, role: "link", "aria-label": `${p.name ?? taskName(p.task)}, cluster ${p.cluster ?? "none"}` +
+            (stacked > 1 ? `, one of ${stacked} tasks at one place` : ""),
           "data-testid": "atlas-point", "data-task-id": p.task_id, "data-cluster": p.cluster ?? "",
+          "data-stacked": stacked > 1 ? String(stacked) : null,
         });
         const open = () => { window.location.hash = `#/task/${encodeURIComponent(p.task_id)}`; };
-        const tip = (evt) => tooltip.show(evt, pointTooltip(p), mark);
+        const tip = (evt) => tooltip.show(evt, pointTooltip(p, stacked), mark);
         mark.addEventListener("click", open);
         mark.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(); } });
         mark.addEventListener("mouseenter", (e) => { tip(e); highlightRow(p.task_id, true); });
@@ -476,7 +481,7 @@
         mark.addEventListener("blur", () => { tooltip.hide(); highlightRow(p.task_id, false); });
         marks.append(mark);
         if (showLabels) placeLabel(px, py, truncate(p.name ?? taskName(p.task), 22));
-      }
+      });
       svg.append(labels, marks);
 
       const legendItems = groups.numeric
@@ -548,7 +553,26 @@
     schedule();
   }
 
-  function pointTooltip(p) {
+  // Marks that would cover each other (tasks with identical or nearly identical signatures share a place on the
+  // map, and one hid the others) are drawn on a small ring around their place, touching: [x, y, tasks there].
+  function stackedPlaces(xy, near = 3, r = 7) {
+    const groups = [];  // [x, y, indices]: the first point of a group is its place
+    const groupOf = xy.map(([x, y], i) => {
+      let g = groups.find(([gx, gy]) => Math.abs(gx - x) < near && Math.abs(gy - y) < near);
+      if (!g) { g = [x, y, []]; groups.push(g); }
+      g[2].push(i);
+      return g;
+    });
+    return xy.map(([x, y], i) => {
+      const [gx, gy, members] = groupOf[i];
+      const k = members.length;
+      if (k === 1) return [x, y, 1];
+      const ring = Math.min(r / Math.sin(Math.PI / k), 40);  // neighbours on the ring touch (up to 40 px)
+      const a = (2 * Math.PI * members.indexOf(i)) / k - Math.PI / 2;
+      return [gx + ring * Math.cos(a), gy + ring * Math.sin(a), k];
+    });
+  }
+  function pointTooltip(p, stacked = 1) {
     const t = p.task || {};
     const meta = Object.entries(taskMeta(t)).slice(0, 6);
     return [
@@ -562,8 +586,10 @@
         [t.mode === "completion" ? "tokens (completions)" : "tokens", fmtInt(taskTokens(t))],
         ...meta.map(([k, v]) => [k, truncate(typeof v === "object" ? JSON.stringify(v) : String(v), 40)]),
       ]),
+      stacked > 1 ? h("div", { class: "tip-hint", "data-testid": "tip-stacked" },
+        `${stacked} tasks share this place (near-identical signatures): drawn around it`) : null,
       h("div", { class: "tip-hint" }, "click to open"),
-    ];
+    ].filter(Boolean);
   }
 
   // ------------------------------------------------------------------ ordering
@@ -637,7 +663,14 @@
     } else if (!matrixState.selected || !matrixState.edited) {  // the default follows the map until the user picks
       matrixState.selected = new Set(points.slice(0, MATRIX_DEFAULT_MAX).map((p) => String(p.task_id)));
     }
-    // only tasks on the map can be selected (deleted ones and unknown ids from a link drop out)
+    // only tasks on the map can be selected: a link's ids that are not (deleted, not ready, another space, or no
+    // id at all) drop out, and the banner names them (they dropped silently)
+    const offMap = fromHash.filter((id) => !pointById.has(id));
+    if (offMap.length) {
+      const shown = offMap.slice(0, 5).map((id) => truncate(id, 24)).join(", ") + (offMap.length > 5 ? ", …" : "");
+      showBanner(`The link names ${offMap.length} task${offMap.length === 1 ? "" : "s"} not on the map (${shown}): ` +
+        "not a task id, or a task deleted, still processing or in another space. The matrix shows the others.");
+    }
     matrixState.selected = new Set([...matrixState.selected].filter((id) => pointById.has(id)));
 
     const root = h("section", { class: "page", "data-testid": "matrix-view" });
