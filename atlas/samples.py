@@ -34,6 +34,17 @@ class Sample(BaseModel):
         return json.dumps(self.model_dump(exclude_none=True), sort_keys=True, ensure_ascii=False)
 
 
+def main_field(sample: Sample) -> str | None:
+    """The field a sample is sketched on: ``text`` for a text sample, ``completion`` for a prompt/completion pair.
+    A sample whose main field is missing or blank (:func:`is_blank`) counts no token."""
+    return sample.text if sample.text is not None else sample.completion
+
+
+def is_blank(value: str | None) -> bool:
+    """Missing, empty, or whitespace only (Unicode's too: ``\u2028``, ``\x85``, ``\x1c``…, as ``str.strip``)."""
+    return value is None or not value.strip()
+
+
 def sample_id(sample: Sample) -> int:
     """Stable 63-bit identifier of a sample's content.
 

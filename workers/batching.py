@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-from atlas.samples import Sample, is_valid_unicode, sample_id
+from atlas.samples import Sample, is_blank, is_valid_unicode, sample_id
 from atlas.vocabulary import ModeName
 
 ExtractMode = ModeName
@@ -217,7 +217,7 @@ class SampleTokenizer:
                 skipped.append(Skipped(idx, "missing_field"))
             elif not all(f is None or is_valid_unicode(f) for f in fields):
                 skipped.append(Skipped(idx, "invalid_text"))
-            elif not main.strip():
+            elif is_blank(main):
                 skipped.append(Skipped(idx, "empty"))
             else:
                 todo.append((idx, s))

@@ -18,7 +18,7 @@ from atlas.index import IndexManager
 from atlas.models import JOB_QUEUED, Job, Space, Task
 from atlas.ports import serving_key
 from atlas.queue import JobQueue
-from atlas.samples import Sample, is_storable_text
+from atlas.samples import Sample, is_blank, is_storable_text, main_field
 from atlas.services.states import StateLoader
 from atlas.store import Store
 
@@ -51,7 +51,8 @@ class TaskService:
     # -- validation ------------------------------------------------------------------------------
 
     def check_samples(self, samples: Sequence[Sample]) -> None:
-        """Enforce the sample-count and sample-length limits (413) and non-emptiness (422)."""
+        """Enforce the sample-count and sample-length limits (413) and non-emptiness (422: no sample, or every
+        sample blank)."""
         s = self.settings
         if not samples:
             raise InvalidInput("the upload holds no samples")
@@ -67,6 +68,9 @@ class TaskService:
                     f"sample {i} has {n} characters; the limit is {s.max_sample_chars}",
                     {"sample": i, "chars": n, "max_sample_chars": s.max_sample_chars},
                 )
+        if all(is_blank(main_field(smp)) for smp in samples):  # nothing to sketch: its job could only fail
+            raise InvalidInput(f"every sample is blank ({len(samples)} sample(s)): a text sample needs a non-blank "
+                               "'text', a pair a non-blank 'completion'", {"samples": len(samples)})
 
     @staticmethod
     def _is_replay(session: Session, idempotency_key: str | None) -> bool:

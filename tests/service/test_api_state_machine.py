@@ -15,7 +15,8 @@ Checked after every step (``@invariant``):
   and an export carries states, not samples, so they are read back from SQL), no other task, and no
   job left queued or running.
 
-Checked by the rules: a create job succeeds iff a sample is usable, and a failed create frees its
+Checked by the rules: an upload whose every sample is blank (its main field whitespace only) is refused with 422,
+storing nothing; else a create job succeeds iff a sample is usable, and a failed create frees its
 name; an append succeeds and bumps the version iff a sample is usable (else it fails, the task unchanged); a
 name taken by a ready
 task (also padded with whitespace such as ``\\u2028``) is refused with 409 and a blank or NUL name
@@ -126,6 +127,11 @@ class Env:
         return len(p) + len(c) - 1 - max(len(p) - 1, 0) if len(p) + len(c) >= 2 else 0
 
 
+def _all_blank(samples: list[dict[str, str]], mode: str) -> bool:
+    """Every sample's main field (``text``; a pair's ``completion``) blank: the upload is refused with 422."""
+    return all(not s["text" if mode == "text" else "completion"].strip() for s in samples)
+
+
 def _counted(f: Callable[..., None]) -> Callable[..., None]:
     """Count the calls of a rule (the test asserts that every rule ran)."""
 
@@ -229,6 +235,8 @@ class ApiAgainstOracle(RuleBasedStateMachine):
         r = self.http.post("/v1/tasks", json={"name": name, "mode": mode, "samples": samples})
         if not clean or "\x00" in clean or control_chars(clean):  # (NUL, newlines, ESC...: 422)
             assert r.status_code == 422, r.text
+        elif _all_blank(samples, mode):  # nothing to sketch: refused at once (its job could only fail)
+            assert r.status_code == 422 and "every sample is blank" in r.json()["message"], r.text
         elif clean in self.ready:
             assert r.status_code == 409, r.text
         else:
@@ -259,7 +267,8 @@ class ApiAgainstOracle(RuleBasedStateMachine):
         jobs = self._n_jobs()
         for sent, status, code in ((pad + name + pad, 409, "conflict"), (name + "\x00", 422, "invalid_input"),
                                    (pad + " " + pad, 422, "invalid_input")):
-            r = self.http.post("/v1/tasks", json={"name": sent, "samples": self._samples("text", data)})
+            r = self.http.post("/v1/tasks", json={"name": sent, "samples": [*self._samples("text", data),
+                                                                             USABLE["text"]]})
             assert r.status_code == status and r.json()["code"] == code, (sent, r.text)
         assert self._n_jobs() == jobs
 
@@ -273,6 +282,10 @@ class ApiAgainstOracle(RuleBasedStateMachine):
     def _append(self, task: OracleTask, samples: list[dict[str, str]]) -> None:
         jobs = self._n_jobs()
         r = self.http.post(f"/v1/tasks/{task.id}/samples", json={"samples": samples})
+        if _all_blank(samples, task.mode):
+            assert r.status_code == 422 and r.json()["code"] == "invalid_input", r.text
+            assert self._n_jobs() == jobs
+            return
         if _upload_key(samples) in task.uploads:  # the same samples, merged already: counted twice, refused
             assert r.status_code == 409 and r.json()["code"] == "conflict", r.text
             assert self._n_jobs() == jobs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -218,3 +219,29 @@ def test_the_cli_prints_no_control_character_but_newline_and_tab(text: str) -> N
     assert all(c in "\n\t" or not acts(c) for c in out)
     if not any(acts(c) for c in text.replace("\n", "").replace("\t", "")):
         assert out == text
+
+
+def test_an_upload_whose_every_sample_is_blank_is_refused_at_once(serve, tiny_lm, tmp_path) -> None:
+    """Every sample blank (whitespace only, Unicode's too): the upload was accepted and its job failed later with
+    "no usable tokens" (a create left a failed task behind); it is refused with 422 now, as JSON, as a file and in
+    either mode, storing nothing. One non-blank sample among blank ones is taken."""
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})
+    blank = ["", " ", "\u2028", "\t\x85 \x1c"]
+    jsonl = tmp_path / "blank.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in blank), encoding="utf-8")
+    with httpx.Client(base_url=svc.url, timeout=30) as http:
+        refused = [
+            http.post("/v1/tasks", json={"name": "b1", "samples": [{"text": t} for t in blank]}),
+            http.post("/v1/tasks", json={"name": "b2", "mode": "completion",
+                                         "samples": [{"prompt": "Question: why?", "completion": t} for t in blank]}),
+            http.post("/v1/tasks", data={"name": "b3"}, files={"file": ("blank.jsonl", jsonl.read_bytes())}),
+        ]
+        for r in refused:
+            assert r.status_code == 422 and r.json()["code"] == "invalid_input", r.text
+            assert "every sample is blank (4 sample(s))" in r.json()["message"], r.text
+        kept = http.post("/v1/tasks", json={"name": "k", "samples": [{"text": " "}, {"text": "a real sample"}]})
+        assert kept.status_code == 202, kept.text
+        r = http.post(f"/v1/tasks/{kept.json()['task']['id']}/samples", json={"samples": [{"text": "\u2028"}]})
+        assert r.status_code == 422 and "every sample is blank" in r.json()["message"], r.text
+        assert [t["name"] for t in http.get("/v1/tasks").json()["items"]] == ["k"]
+        assert http.get("/v1/jobs").json()["total"] == 1
