@@ -1,7 +1,8 @@
-"""One reader and one writer per sample format: JSON Lines, JSON, CSV, Parquet and plain text.
+"""One reader per sample format: JSON Lines, JSON, CSV, Parquet and plain text (their writers:
+:mod:`atlas.sample_writers`).
 
 Upload, the store (an upload's samples are kept as gzip JSON Lines), export and import all use these
-functions, so a sample that one of them writes is read back unchanged by the others.
+functions and their writers, so a sample that one of them writes is read back unchanged by the others.
 
 Rules every reader keeps:
 
@@ -22,7 +23,7 @@ Rules every reader keeps:
 
 Plain text holds one sample per line, so a text with ``"\\n"``, a trailing ``"\\r"``, a leading
 U+FEFF (read as a byte-order mark) or only whitespace cannot be written as plain text
-(:func:`write_text` raises ``ValueError``).
+(:func:`atlas.sample_writers.write_text` raises ``ValueError``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import io
 import json
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -45,15 +46,9 @@ from atlas.samples import Mode, Sample, check_columns, mode_fields, record_value
 
 __all__ = [
     "SampleLimits",
-    "decode_jsonl",
     "loads_json",
     "parse_upload",
     "read_samples",
-    "text_representable",
-    "write_csv",
-    "write_jsonl",
-    "write_parquet",
-    "write_text",
 ]
 
 PARQUET_BATCH_ROWS = 64
@@ -258,7 +253,27 @@ def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter)
 
 
 def parse_upload(data: bytes, filename: str, mode: Mode, limits: SampleLimits | None = None) -> list[Sample]:
-    return read_samples(data, filename, mode, limits)  # read_samples for in-memory bytes
+    """The samples of an upload held in memory: :func:`read_samples` on ``data`` (library mode's entry point).
+
+    Parameters
+    ----------
+    data : bytes
+        The file's content.
+    filename : str
+        Its name; the suffix selects the reader (:func:`atlas.file_formats.file_format`).
+    mode : {"text", "completion"}
+        The fields each record must have.
+    limits : SampleLimits, optional
+        Bounds applied while reading (defaults: :class:`SampleLimits`).
+
+    Raises
+    ------
+    InvalidInput
+        Malformed input, naming the line or row (422).
+    PayloadTooLarge
+        A limit passed (413).
+    """
+    return read_samples(data, filename, mode, limits)
 
 
 def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> list[tuple[str, ...]]:
@@ -372,7 +387,7 @@ def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counte
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    keys = _fields(mode)
+    keys = list(mode_fields(mode))
     lim = counter.limits
     try:  # the columns first: read_dictionary raises a bare KeyError for a column the file lacks
         check_columns(pq.read_schema(stream).names, mode, filename, "columns")
@@ -438,63 +453,3 @@ def _value_bytes(col: Any, filename: str, key: str) -> Any:
 def _short(exc: BaseException, n: int = 300) -> str:
     text = str(exc)
     return text if len(text) <= n else text[:n] + "…"
-
-
-# --------------------------------------------------------------------------------------------------
-# Writers (the inverse of the readers; used by the store, tests and benchmarks)
-# --------------------------------------------------------------------------------------------------
-
-
-def _fields(mode: Mode) -> list[str]:
-    return list(mode_fields(mode))
-
-
-def write_jsonl(samples: Iterable[Sample]) -> bytes:
-    """JSON Lines, one ``Sample.canonical_json()`` per line (non-ASCII kept raw, as UTF-8)."""
-    return "".join(s.canonical_json() + "\n" for s in samples).encode("utf-8")
-
-
-def write_csv(samples: Iterable[Sample], mode: Mode) -> bytes:
-    """CSV with a header row (``csv`` module, minimal quoting)."""
-    buf = io.StringIO(newline="")
-    writer = csv.writer(buf)
-    keys = _fields(mode)
-    writer.writerow(keys)
-    for s in samples:
-        writer.writerow([getattr(s, k) for k in keys])
-    return buf.getvalue().encode("utf-8")
-
-
-def write_parquet(samples: Iterable[Sample], mode: Mode, *, compression: str = "zstd") -> bytes:
-    """Parquet with one string column per field (pyarrow)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    keys = _fields(mode)
-    rows = list(samples)
-    table = pa.table({k: pa.array([getattr(s, k) for s in rows], type=pa.string()) for k in keys})
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression=compression)
-    return buf.getvalue()
-
-
-def text_representable(sample: Sample) -> bool:
-    """Whether plain text can hold this sample on one line."""
-    t = sample.text
-    return (t is not None and "\n" not in t and not t.endswith("\r") and bool(t.strip())
-            and not t.startswith("\ufeff"))  # a leading U+FEFF on line 1 reads as a byte-order mark
-
-
-def write_text(samples: Iterable[Sample]) -> bytes:
-    """Plain text, one sample per line; ``ValueError`` for a sample that is not representable."""
-    out = []
-    for i, s in enumerate(samples):
-        if not text_representable(s):
-            raise ValueError(f"sample {i} cannot be written as one line of plain text")
-        out.append(s.text or "")
-    return "".join(t + "\n" for t in out).encode("utf-8")
-
-
-def decode_jsonl(data: bytes) -> list[Sample]:
-    """Samples of trusted canonical JSON Lines (the store's format), split on ``"\\n"`` only."""
-    return [Sample.model_validate_json(line) for line in data.split(b"\n") if line.strip()]

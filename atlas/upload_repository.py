@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session
 
 from atlas.errors import InvalidInput, NotFound
 from atlas.models import Job, Upload
-from atlas.sample_io import decode_jsonl, write_jsonl
+from atlas.sample_writers import decode_jsonl, write_jsonl
 from atlas.samples import Sample
 
 
 def encode_samples(samples: Sequence[Sample]) -> tuple[bytes, str]:
-    """Serialise samples to gzip-compressed JSONL (:func:`atlas.sample_io.write_jsonl`).
+    """Serialise samples to gzip-compressed JSONL (:func:`atlas.sample_writers.write_jsonl`).
 
     Returns
     -------

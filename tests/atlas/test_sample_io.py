@@ -26,14 +26,8 @@ from hypothesis import strategies as st
 from atlas import repository
 from atlas.errors import InvalidInput, PayloadTooLarge
 from atlas.file_formats import FILE_FORMATS, file_format
-from atlas.sample_io import (
-    SampleLimits,
-    read_samples,
-    text_representable,
-    write_csv,
-    write_parquet,
-    write_text,
-)
+from atlas.sample_io import SampleLimits, read_samples
+from atlas.sample_writers import text_representable, write_csv, write_parquet, write_text
 from atlas.samples import Sample, check_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
