@@ -154,64 +154,22 @@ class ThresholdService:
             raise InvalidInput("no examples")
         # labels first: a bad one fails before any prompt is sketched
         space_id, labels = await asyncio.to_thread(self._labels, space_ref, [lb for _, lb in examples])
-        prompts = [p for p, _ in examples]
-        answers = []
-        for start in range(0, len(prompts), FIT_BATCH):
-            try:  # the answers users get: the default candidate pool, as for any k up to ROUTE_POOL
-                part, _ = await self.queries.route(prompts[start: start + FIT_BATCH], k=ROUTE_POOL, threshold=None,
-                                                   space_ref=space_ref)
-            except (InvalidInput, PayloadTooLarge) as e:
-                raise _example_error(e, start) from e
-            answers += part
+        answers = await self._route_examples([p for p, _ in examples], space_ref)
         # Accuracy before: the answers as routed (every test as it stands), not a replay of them.
         before = accuracy_of(labels, [None if a.none or not a.matches else a.matches[0].task_id for a in answers])
         matched = sorted({m.task_id for a in answers for m in a.matches})
         # a dry run stores nothing: it reads, and never waits for (or holds) the database's write lock
         rates, tested = await asyncio.to_thread(self._rates_and_tested, space_id, matched)
         with self.store.read() if dry_run else self.store.session() as session:
-            answered = [a.matches[0].task_id if a.matches else None for a in answers]
-            off = templates_to_turn_off(labels, answered, [a.template_rejects for a in answers])
-            novelty_off = novelty_to_turn_off(labels, answered, [a.novelty_rejects for a in answers], rates)
-            routes = routing_repo.get_task_routes(session, matched)  # the tasks the items score
-            # A short prompt's drop is measured from the threshold whole prompts are held to without an override (the
-            # half-rate one while the novelty test applies): a task whose test fit turns off is measured from its
-            # calibrated one once stored, so its short prompts' drops move by the difference.
-            def whole(t: int, r: Any, after: bool) -> float | None:  # whole_threshold, before or after this fit
-                applies = t in tested and r.novelty_test and not (after and t in novelty_off)
-                return None if r.calibrated is None else whole_threshold(r.calibrated, r.split_threshold, applies)
-
-            moved = {t: w1 - w0 for t, r in routes.items() if t in novelty_off
-                     and (w0 := whole(t, r, False)) is not None and (w1 := whole(t, r, True)) is not None}
-            items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, top,
-                             forced_none=a.nearest_rejects
-                             or (a.novelty_rejects and top not in novelty_off)
-                             or (a.template_rejects and top not in off),
-                             length_drops={m.task_id: m.length_drop + moved.get(m.task_id, 0.0) for m in a.matches
-                                           if m.length_drop is not None})
-                     for lab, a, top in zip(labels, answers, answered, strict=True)]
-            current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
-            # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held
-            # to is its half-rate one, and fit's cap is at half its rate (so both tests stay within the rate).
-            split = {t: r.split_threshold for t, r in routes.items()
-                     if t in tested and r.novelty_test and not r.overridden and r.split_threshold is not None}
-            held_to = {**current, **split}  # what the prompts were held to before (``previous``)
-            # A raise moves short prompts' thresholds too: the cap also keeps the task's held-out prefix views (short
-            # for it, on the whole prompts' scale) within its full rate (a short prompt meets no novelty test).
-            concerned = {t for t in [*labels, *answered] if t is not None}
-            short_views = {t: short_view_scores(r.length_views, r.calibrated, whole(t, r, True), r.false_reject_rate)
-                           for t, r in routes.items() if t in concerned}
-            full_rates = dict(rates)
-            for t, half_rate_threshold in split.items():
-                if t not in novelty_off:
-                    current[t] = half_rate_threshold
-                    rates[t] = split_rates(rates.get(t, FALSE_REJECT_RATE))[0]
-            res = fit_thresholds(items, current, routing_repo.get_held_out_scores(session, matched),
-                                 default=self.default, false_reject_rate=rates, short_held_out=short_views,
-                                 short_rate=full_rates)
+            problem = _fit_problem(session, labels, answers, matched, rates, tested)
+            res = fit_thresholds(problem.items, problem.current, routing_repo.get_held_out_scores(session, matched),
+                                 default=self.default, false_reject_rate=problem.rates,
+                                 short_held_out=problem.short_views, short_rate=problem.full_rates)
             # a task deleted since the prompts were routed is left out (its routing row went with it)
-            names = repository.task_names(session, [*res.thresholds, *off, *novelty_off])
+            names = repository.task_names(session, [*res.thresholds, *problem.template_off, *problem.novelty_off])
             thresholds = {t: v for t, v in res.thresholds.items() if t in names}
-            off, novelty_off = {t for t in off if t in names}, {t for t in novelty_off if t in names}
+            off = {t for t in problem.template_off if t in names}
+            novelty_off = {t for t in problem.novelty_off if t in names}
             if not dry_run:
                 for t, thr in thresholds.items():
                     routing_repo.set_threshold_override(session, t, thr)
@@ -222,13 +180,88 @@ class ThresholdService:
         return FitResult({names[t]: v for t, v in thresholds.items()}, before,
                          res.accuracy_after, not dry_run, sorted(names[t] for t in off),
                          sorted(names[t] for t in novelty_off),
-                         {names[t]: float(held_to.get(t, self.default)) for t in thresholds})
+                         {names[t]: float(problem.held_to.get(t, self.default)) for t in thresholds})
+
+    async def _route_examples(self, prompts: list[str], space_ref: str | None) -> list[Any]:
+        """The answers users get for ``fit``'s prompts (the default candidate pool, as for any k up to
+        ``ROUTE_POOL``), routed ``FIT_BATCH`` at a time; a bad prompt's error names its example."""
+        answers: list[Any] = []
+        for start in range(0, len(prompts), FIT_BATCH):
+            try:
+                part, _ = await self.queries.route(prompts[start: start + FIT_BATCH], k=ROUTE_POOL, threshold=None,
+                                                   space_ref=space_ref)
+            except (InvalidInput, PayloadTooLarge) as e:
+                raise _example_error(e, start) from e
+            answers += part
+        return answers
 
     def _rates_and_tested(self, space_id: int, task_ids: Sequence[int]) -> tuple[dict[int, float], frozenset[int]]:
         """The tasks' false-reject rates and those of them with a novelty test at their rate."""
         with self.store.read() as session:
             rates = routing_repo.false_reject_rates(session, task_ids)
         return rates, self.queries.novelty_tested(space_id, {t: rates.get(t, FALSE_REJECT_RATE) for t in task_ids})
+
+
+@dataclass(frozen=True)
+class _FitProblem:
+    """What :func:`atlas.route_fit.fit_thresholds` is given for one ``fit`` (see :func:`_fit_problem`)."""
+
+    items: list[FitItem]
+    current: dict[int, float]
+    """Each task's threshold as its labelled prompts were judged: its half-rate one while its novelty test stays."""
+    rates: dict[int, float]
+    """Each task's false-reject rate for its whole prompts (half its rate while its novelty test stays)."""
+    full_rates: dict[int, float]
+    short_views: dict[int, Any]
+    held_to: dict[int, float]
+    """The threshold each task's prompts were held to before (``FitResult.previous``)."""
+    template_off: set[int]
+    novelty_off: set[int]
+
+
+def _fit_problem(session: Any, labels: list[int | None], answers: list[Any], matched: list[int],
+                 rates: dict[int, float], tested: frozenset[int]) -> _FitProblem:
+    """The labelled prompts as :class:`atlas.route_fit.FitItem` s, with the thresholds and rates they were judged by,
+    and the tasks whose template or novelty test ``fit`` turns off."""
+    answered = [a.matches[0].task_id if a.matches else None for a in answers]
+    off = templates_to_turn_off(labels, answered, [a.template_rejects for a in answers])
+    novelty_off = novelty_to_turn_off(labels, answered, [a.novelty_rejects for a in answers], rates)
+    routes = routing_repo.get_task_routes(session, matched)  # the tasks the items score
+
+    # A short prompt's drop is measured from the threshold whole prompts are held to without an override (the
+    # half-rate one while the novelty test applies): a task whose test fit turns off is measured from its
+    # calibrated one once stored, so its short prompts' drops move by the difference.
+    def whole(t: int, r: Any, after: bool) -> float | None:  # whole_threshold, before or after this fit
+        applies = t in tested and r.novelty_test and not (after and t in novelty_off)
+        return None if r.calibrated is None else whole_threshold(r.calibrated, r.split_threshold, applies)
+
+    moved = {t: w1 - w0 for t, r in routes.items() if t in novelty_off
+             and (w0 := whole(t, r, False)) is not None and (w1 := whole(t, r, True)) is not None}
+    items = [FitItem(lab, {m.task_id: m.score for m in a.matches}, top,
+                     forced_none=a.nearest_rejects
+                     or (a.novelty_rejects and top not in novelty_off)
+                     or (a.template_rejects and top not in off),
+                     length_drops={m.task_id: m.length_drop + moved.get(m.task_id, 0.0) for m in a.matches
+                                   if m.length_drop is not None})
+             for lab, a, top in zip(labels, answers, answered, strict=True)]
+    current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
+    # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held
+    # to is its half-rate one, and fit's cap is at half its rate (so both tests stay within the rate).
+    split = {t: r.split_threshold for t, r in routes.items()
+             if t in tested and r.novelty_test and not r.overridden and r.split_threshold is not None}
+    held_to = {**current, **split}
+    # A raise moves short prompts' thresholds too: the cap also keeps the task's held-out prefix views (short
+    # for it, on the whole prompts' scale) within its full rate (a short prompt meets no novelty test).
+    concerned = {t for t in [*labels, *answered] if t is not None}
+    short_views = {t: short_view_scores(r.length_views, r.calibrated, whole(t, r, True), r.false_reject_rate)
+                   for t, r in routes.items() if t in concerned}
+    full_rates = dict(rates)
+    whole_rates = dict(rates)
+    for t, half_rate_threshold in split.items():
+        if t not in novelty_off:
+            current[t] = half_rate_threshold
+            whole_rates[t] = split_rates(rates.get(t, FALSE_REJECT_RATE))[0]
+    return _FitProblem(items, current, whole_rates, full_rates, short_views, held_to, set(off), set(novelty_off))
 
 
 FIT_BATCH = 64
