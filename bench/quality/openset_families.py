@@ -241,7 +241,13 @@ def _tally(prompts: list[tuple[str, str]], answers: list[Any], unseen: list[str]
             why[a.rejected_by.reason if a.rejected_by is not None else flags] += 1
     rank = np.array([r["rank"] if r["rank"] is not None else -2.0 for r in records])  # no match: below any rank
     ceiling = _ceiling([r["top"] or "" for r in records], rank, [r["task"] for r in records], unseen)
-    return {"none_unseen": float(np.mean(none_unseen)), "none_indexed": float(np.mean(none_indexed)),
+    own_top = np.array(top1, dtype=bool)
+    refused = np.array(none_indexed, dtype=bool)
+    # an indexed prompt's "none" split by its top match: its own task's threshold refused it (a false reject in the
+    # sense of the task's stated rate), or a wrong task's (a wrong answer withheld)
+    split = {"none_own_top": float(refused[own_top].mean()) if own_top.any() else 0.0,
+             "none_wrong_top": float(refused[~own_top].mean()) if (~own_top).any() else 0.0}
+    return {"none_unseen": float(np.mean(none_unseen)), "none_indexed": float(np.mean(none_indexed)), **split,
             "ceiling": ceiling, "landing": landing_tasks(records, unseen), "right": float(np.mean(right)),
             "top1": float(np.mean(top1)), "indexed_none_by": dict(why), "unseen_accepted": dict(taken),
             "prompts": records}

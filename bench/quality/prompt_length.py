@@ -38,6 +38,8 @@ FRACTIONS = (1.0, 0.5, 0.25)
 MIN_WORDS = 4
 LOW_RATE = 0.01
 KEYS = ("none_unseen", "none_indexed", "right", "top1")
+SPLIT_KEYS = ("none_own_top", "none_wrong_top")
+"""An indexed prompt's "none" by its top match: its own task (a false reject) or a wrong one (a wrong answer held)."""
 
 
 def cut(text: str, fraction: float) -> str:
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     truth = [indexed.index(t) if t in indexed else None for t, _ in prompts]
                     words = [len(p.split()) for _, p in prompts]
                     draw["by_fraction"][str(f)] = {
-                        "product": {k: res[k] for k in KEYS},
+                        "product": {k: res[k] for k in (*KEYS, *SPLIT_KEYS)},
                         "low_rate": _at_rate(atlas, prompts, indexed, unseen, LOW_RATE),
                         "minilm": calibrated_knn_rates(utterances, encoder.encode([p for _, p in prompts]), truth),
                         "fit": _with_fit(atlas, prompts, indexed, unseen, rng),
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with Atlas(tmp, route_length_match=False, **product) as whole:  # the same store, judged as whole samples
                 for f, prompts in cuts.items():
                     res = _tally(prompts, whole.route([p for _, p in prompts], k=3), unseen)
-                    draw["by_fraction"][str(f)]["as_whole"] = {k: res[k] for k in KEYS}
+                    draw["by_fraction"][str(f)]["as_whole"] = {k: res[k] for k in (*KEYS, *SPLIT_KEYS)}
         for f in FRACTIONS:
             r = draw["by_fraction"][str(f)]
             log(f"draw {d} fraction {f}: product none {r['product']['none_unseen']:.3f} / "
@@ -129,6 +131,19 @@ def render(res: dict[str, Any], facts: str) -> str:
                         f"{col[1]:.3f} | {col[0]:.3f} | {pct(col[2])} | {pct(col[3])} |")
     table = ("| Router | prompt (median words) | none on indexed (goal ≤ 0.05) | none on unseen | answered right, "
              "indexed | top-1, indexed |\n|:---|:---|---:|---:|---:|---:|\n" + "\n".join(rows))
+    split_rows = []
+    for router in ("product", "as_whole"):
+        if any(SPLIT_KEYS[0] not in d["by_fraction"][str(f)][router] for d in draws for f in FRACTIONS):
+            continue  # older result files
+        for f in FRACTIONS:
+            own, wrong = (float(np.median([d["by_fraction"][str(f)][router][k] for d in draws])) for k in SPLIT_KEYS)
+            split_rows.append(f"| {labels[router]} | {'whole' if f == 1.0 else f'first {f:.0%} of words'} | "
+                              f"{own:.3f} | {wrong:.3f} |")
+    if split_rows:
+        table += ("\n\nThe indexed tasks' prompts answered \"none\", by their top match before the open set: their own "
+                  "task (its threshold or tests refused the right answer: a false reject) or another (a wrong answer "
+                  "withheld)\n\n| Router | prompt | none when the top match is the prompt's task | none when it is "
+                  "another task |\n|:---|:---|---:|---:|\n" + "\n".join(split_rows))
     return (f"{res['n_tasks']} data families (experiment 4d), {res['n_tasks'] - res['n_unseen']} indexed and "
             f"{res['n_unseen']} unseen per draw, {len(draws)} draws (medians); every held-out prompt routed whole "
             f"and cut to its first half and quarter of words (at least {MIN_WORDS}); thresholds calibrated on held-out "

@@ -1,4 +1,4 @@
-"""``keys create|list|revoke``: over the API (``--url``, an admin key), or ``--local`` on the database
+"""``keys create|list|revoke|current``: over the API (``--url``, an admin key), or ``--local`` on the database
 (the bootstrap of the first admin key, before any server runs)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import typer
 
 from service.cli.common import ApiKey, DatabaseUrl, DataDir, Json, Timeout, Url, client, emit, fail
 
-app = typer.Typer(help="Create, list and revoke API keys (admin).", no_args_is_help=True)
+app = typer.Typer(help="Create, list and revoke API keys (admin); show the scopes of the key in use.",
+                  no_args_is_help=True)
 Local = Annotated[bool, typer.Option("--local", help="Act on the database directly (bootstrap), not over the API.")]
 
 
@@ -95,3 +96,12 @@ def revoke(key_id: int, local: Local = False, data_dir: DataDir = None, database
         with client(url, api_key, timeout) as cl:
             cl.revoke_key(key_id)
     emit(json, {"id": key_id, "revoked": True}, f"revoked key {key_id}")
+
+
+@app.command()
+def current(url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
+    """Show the key in use (``--api-key`` or FISHER_ATLAS_API_KEY) and its scopes (any key may ask)."""
+    with client(url, api_key, timeout) as cl:
+        me = cl.current_key()
+    who = "anonymous (the service asks no key)" if me.get("key_id") is None else f"key {me['key_id']} ({me['name']})"
+    emit(json, me, f"{who}: scopes {','.join(me['scopes'])}")

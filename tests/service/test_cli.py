@@ -53,6 +53,8 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     listing = capsys.readouterr().out
     assert "ops" in listing and "root" in listing and ops["key"] not in listing
     write = ["--url", svc.url, "--api-key", ops["key"]]
+    assert main(["keys", "current", *write]) == 0  # who am I: any key may ask
+    assert capsys.readouterr().out.strip() == f"key {ops['id']} (ops): scopes read,write"
 
     assert main(["add", "prose", str(_jsonl(tmp_path / "p.jsonl", PROSE)), "--wait", *write,
                  "--metadata", '{"domain": "prose"}']) == 0
