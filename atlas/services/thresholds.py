@@ -245,8 +245,10 @@ def _fit_problem(session: Any, labels: list[int | None], answers: list[Any], mat
                                    if m.length_drop is not None})
              for lab, a, top in zip(labels, answers, answered, strict=True)]
     current = {t: r.threshold for t, r in routes.items() if r.threshold is not None}
-    # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held
-    # to is its half-rate one, and fit's cap is at half its rate (so both tests stay within the rate).
+    # A task that keeps its novelty test spends half its rate on it: the threshold the answers were held to is its
+    # half-rate one (unless overridden: then the override), and fit's cap is at half its rate, overridden or not (so
+    # both tests stay within the rate; a second fit of a task the first had raised capped it at the full rate).
+    keeps_novelty = {t for t, r in routes.items() if t in tested and r.novelty_test and t not in novelty_off}
     split = {t: r.split_threshold for t, r in routes.items()
              if t in tested and r.novelty_test and not r.overridden and r.split_threshold is not None}
     held_to = {**current, **split}
@@ -256,11 +258,8 @@ def _fit_problem(session: Any, labels: list[int | None], answers: list[Any], mat
     short_views = {t: short_view_scores(r.length_views, r.calibrated, whole(t, r, True), r.false_reject_rate)
                    for t, r in routes.items() if t in concerned}
     full_rates = dict(rates)
-    whole_rates = dict(rates)
-    for t, half_rate_threshold in split.items():
-        if t not in novelty_off:
-            current[t] = half_rate_threshold
-            whole_rates[t] = split_rates(rates.get(t, FALSE_REJECT_RATE))[0]
+    whole_rates = {**rates, **{t: split_rates(rates.get(t, FALSE_REJECT_RATE))[0] for t in keeps_novelty}}
+    current.update({t: thr for t, thr in split.items() if t not in novelty_off})
     return _FitProblem(items, current, whole_rates, full_rates, short_views, held_to, set(off), set(novelty_off))
 
 

@@ -144,3 +144,10 @@ def test_fit_caps_a_novelty_tested_task_at_half_its_rate(tmp_path: Path, tiny_mo
         # the threshold the answers were held to before: the half-rate one (the task keeps its test)
         assert res.previous["native"] == routing_repo.split_threshold(held, None)
         assert res.previous["native"] < full_cap
+        # stored, then fitted again on the same labels: the override it set is capped at half the rate too (a
+        # second fit capped an overridden task at the full rate and raised it again, past the half-rate cap)
+        stored = atlas.fit(examples)
+        again = atlas.fit(examples, dry_run=True)
+        assert stored.thresholds["native"] <= half_cap
+        assert again.thresholds.get("native", stored.thresholds["native"]) == stored.thresholds["native"] <= half_cap
+        assert again.previous.get("native", stored.thresholds["native"]) == stored.thresholds["native"]
