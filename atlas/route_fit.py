@@ -27,6 +27,28 @@ NOVELTY_MIN_REJECTS = 3
 budget gives by chance (with the test holding its default 2.5 %, ``fit`` turns it off by chance for at most 3.5 %
 of label sets of any size, about 1 % typically)."""
 
+FIT_EXAMPLE_FORM = ('a labelled prompt is a (prompt, label) pair or an object {"prompt": ..., "label": ...}; a label '
+                    'is a task name or id, or "none"')
+"""What :func:`as_fit_example` accepts, for error messages."""
+
+
+def as_fit_example(example: object) -> tuple[str, str | int] | None:
+    """One labelled prompt of ``fit`` as ``(prompt, label)``, from a pair or a mapping with ``prompt`` and
+    ``label`` (a line of the labels file; other keys ignored); ``None`` when it is neither, or its prompt is not a
+    string or its label neither a string nor an integer (a bool is no label)."""
+    if isinstance(example, Mapping):
+        if "prompt" not in example or "label" not in example:
+            return None
+        prompt, label = example["prompt"], example["label"]
+    elif isinstance(example, tuple | list) and len(example) == 2:
+        prompt, label = example
+    else:
+        return None
+    if not isinstance(prompt, str) or isinstance(label, bool) or not isinstance(label, str | int):
+        return None
+    return prompt, label
+
+
 # --------------------------------------------------------------------------------------------------
 
 

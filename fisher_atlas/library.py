@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from atlas import analysis
 from atlas.errors import AtlasError, InvalidInput
 from atlas.models import Job, Task
 from atlas.repository import check_mode
+from atlas.route_fit import FIT_EXAMPLE_FORM, as_fit_example
 from atlas.sample_io import SampleLimits, parse_upload
 from atlas.samples import Sample, record_to_sample
 from atlas.services.jobs import is_final
@@ -220,17 +221,16 @@ class Atlas:
         answers: list[analysis.RouteAnswer] = _run(self._c.queries.route(texts, k=k, threshold=threshold))[0]
         return answers[0] if isinstance(prompts, str) else answers
 
-    def fit(self, examples: Sequence[tuple[str, str]], *, dry_run: bool = False) -> FitResult:
-        """Tune the route thresholds from labelled prompts, ``(prompt, task name or "none")`` pairs (the
-        ``POST /v1/route/fit`` semantics, docs/SCORES.md "fit"); ``dry_run`` only reports them."""
-        pairs = list(examples)
-        bad = next((i for i, e in enumerate(pairs)
-                    if not isinstance(e, tuple | list) or len(e) != 2 or not isinstance(e[0], str)
-                    or isinstance(e[1], bool) or not isinstance(e[1], str | int)), None)
+    def fit(self, examples: Sequence[tuple[str, str | int] | Mapping[str, Any]], *, dry_run: bool = False
+            ) -> FitResult:
+        """Tune the route thresholds from labelled prompts, ``(prompt, task name or "none")`` pairs or
+        ``{"prompt", "label"}`` mappings (the labels file's lines; the ``POST /v1/route/fit`` semantics,
+        docs/SCORES.md "fit"); ``dry_run`` only reports them."""
+        pairs = [as_fit_example(e) for e in examples]
+        bad = next((i for i, e in enumerate(pairs) if e is None), None)
         if bad is not None:
-            raise InvalidInput(f"example {bad} is not a (prompt text, label) pair; a label is a task name or id, "
-                               "or \"none\"", {"example": bad})
-        result: FitResult = _run(self._c.thresholds.fit([(p, lb) for p, lb in pairs], dry_run=dry_run))
+            raise InvalidInput(f"example {bad}: {FIT_EXAMPLE_FORM}", {"example": bad})
+        result: FitResult = _run(self._c.thresholds.fit([e for e in pairs if e is not None], dry_run=dry_run))
         return result
 
     def routing(self, name: str) -> dict[str, Any]:

@@ -100,7 +100,7 @@ class ThresholdService:
 
     def _labels(self, space_ref: str | None, labels: Sequence[str | int]) -> tuple[int, list[int | None]]:
         """The space's id, and the task ids of ``fit`` labels (``None`` for ``"none"``): each names a ready task
-        of the space.
+        of the space (an error names the first bad label's example: ``detail["example"]``).
 
         Raises
         ------
@@ -114,8 +114,15 @@ class ThresholdService:
         with self.store.read() as session:
             space_id = int(self.store.resolve_space(session, space_ref).id)
             ids: dict[str | int, int | None] = {}
-            return space_id, [ids[lb] if lb in ids else ids.setdefault(lb, _label(session, space_id, lb))
-                              for lb in labels]
+            for i, lb in enumerate(labels):
+                if lb in ids:
+                    continue
+                try:
+                    ids[lb] = _label(session, space_id, lb)
+                except (NotFound, IncompatibleSpace, NotReady) as e:  # named by its example, as a bad prompt is
+                    detail = e.detail if isinstance(e.detail, dict) else {}
+                    raise type(e)(f"example {i}: {e.message}", {**detail, "example": i}) from None
+            return space_id, [ids[lb] for lb in labels]
 
     def patch(self, task_id: int, threshold: float | EllipsisType | None = ..., template: bool | None = None,
               false_reject_rate: float | None = None, novelty: bool | None = None) -> dict[str, Any]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -116,20 +117,34 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}:
     """Tune the route thresholds from labelled prompts ("none" for prompts that fit no task)."""
     import json as jsonlib
 
-    examples = []
+    from atlas.route_fit import as_fit_example
+    from service.client import AtlasClientError
+
+    examples, lines_of = [], []  # lines_of[i]: the file's line of example i (the API names examples from 0)
     for i, line in enumerate(file.read_text(encoding="utf-8-sig").split("\n"), start=1):  # -sig: a BOM is no text
         if not line.strip():
             continue
         try:
             rec = jsonlib.loads(line)
-            prompt, label = rec["prompt"], rec["label"]
-        except (ValueError, KeyError, TypeError):
-            raise fail(f"{file}:{i}: expected a JSON object with 'prompt' and 'label'", 2) from None
-        if not isinstance(prompt, str) or isinstance(label, bool) or not isinstance(label, str | int):
-            raise fail(f"{file}:{i}: 'prompt' must be a string and 'label' a task name, id or \"none\"", 2)
-        examples.append((prompt, label))
-    with client(url, api_key, timeout) as cl:
-        res = cl.fit(examples, space=space, dry_run=dry_run)
+        except ValueError:
+            raise fail(f"{file}:{i}: not JSON: expected an object with 'prompt' and 'label'") from None
+        example = as_fit_example(rec) if isinstance(rec, dict) else None
+        if example is None:
+            raise fail(f"{file}:{i}: expected an object with 'prompt' (a string) and 'label' (a task name or id, "
+                       "or \"none\")")
+        examples.append(example)
+        lines_of.append(i)
+    if not examples:
+        raise fail(f'{file}: no labelled prompts (one JSON object per line: {{"prompt": "...", "label": "..."}})')
+    try:
+        with client(url, api_key, timeout) as cl:
+            res = cl.fit(examples, space=space, dry_run=dry_run)
+    except AtlasClientError as exc:  # a bad label or prompt: named by its line of the file
+        at = exc.detail.get("example") if isinstance(exc.detail, dict) else None
+        if not isinstance(at, int) or not 0 <= at < len(lines_of):
+            raise
+        message = re.sub(r"^(example|prompt) \d+: ", "", exc.message)
+        raise fail(f"{file}:{lines_of[at]}: {exc.status} {exc.code}: {message}") from None
     lines = [f"accuracy on the labelled prompts: {res.accuracy_before:.3f} -> {res.accuracy_after:.3f}"
              + ("" if res.stored else " (dry run: nothing stored)")]
     lines += [f"  {name}: threshold " + (f"{res.previous[name]:.4f} -> " if name in res.previous else "") + f"{thr:.4f}"

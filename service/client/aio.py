@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
@@ -20,6 +20,7 @@ import httpx
 from httpx_sse import aconnect_sse
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from atlas.route_fit import FIT_EXAMPLE_FORM, as_fit_example
 from service.client import calls
 from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg, path_id
 from service.client.errors import AtlasClientError, ClientClosed, InvalidInput, RateLimited, Unavailable, Unreachable
@@ -272,11 +273,17 @@ class AsyncAtlasClient:
         """``POST /v1/route`` for one prompt (``str``) or a batch (a sequence)."""
         return await self._send(calls.route(prompt, k, threshold, candidates, space))
 
-    async def fit(self, examples: Sequence[tuple[str, str | int]], *, space: str | int | None = None,
-                  dry_run: bool = False) -> FitResponse:
-        """``POST /v1/route/fit``: tune route thresholds from ``(prompt, label)`` pairs (label: a task name,
-        a task id, or ``"none"``)."""
-        body: dict[str, Any] = {"examples": [{"prompt": p, "label": lab} for p, lab in examples], "dry_run": dry_run}
+    async def fit(self, examples: Sequence[tuple[str, str | int] | Mapping[str, Any]], *,
+                  space: str | int | None = None, dry_run: bool = False) -> FitResponse:
+        """``POST /v1/route/fit``: tune route thresholds from ``(prompt, label)`` pairs or ``{"prompt", "label"}``
+        mappings (the labels file's lines; label: a task name, a task id, or ``"none"``). An example of neither form
+        raises :class:`InvalidInput` before anything is sent."""
+        pairs = [as_fit_example(e) for e in examples]
+        bad = next((i for i, e in enumerate(pairs) if e is None), None)
+        if bad is not None:
+            raise InvalidInput(0, "invalid_input", f"example {bad}: {FIT_EXAMPLE_FORM}", {"example": bad})
+        body: dict[str, Any] = {"examples": [{"prompt": p, "label": lab} for p, lab in filter(None, pairs)],
+                                "dry_run": dry_run}
         if space is not None:
             body["space"] = str(space)
         return await self._send(Call("POST", "/v1/route/fit", FitResponse, json=body))

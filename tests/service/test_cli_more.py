@@ -313,9 +313,21 @@ def test_cli_fit_prints_each_threshold_before_and_after(serve: Any, tiny_lm: Any
     assert main(["fit", str(bom), "--dry-run", "--json", *url]) == 0
     assert _out(capsys)["thresholds"] == res["thresholds"]
     bad = tmp_path / "bad.jsonl"  # a null prompt was routed as the text "None"; a boolean label read as id 1
-    for line in ('{"prompt": null, "label": "none"}', '{"prompt": "x y z", "label": true}'):
-        bad.write_text(line + "\n", encoding="utf-8")
-        assert main(["fit", str(bad), "--dry-run", *url]) == 2
+    for line in ('{"prompt": null, "label": "none"}', '{"prompt": "x y z", "label": true}', "[1, 2]", "{"):
+        bad.write_text('{"prompt": "a b c", "label": "none"}\n\n' + line + "\n", encoding="utf-8")
+        assert main(["fit", str(bad), "--dry-run", *url]) == 1  # a data error, as add's (it was 2, a usage error)
+        assert capsys.readouterr().err.startswith(f"fisher-atlas: {bad}:3: "), line
+    # a label no task has, or a prompt the service refuses: named by its line (it was "404 no task named …")
+    bad.write_text('{"prompt": "a b c", "label": "none"}\n\n{"prompt": "d e f", "label": "nosuch"}\n',
+                   encoding="utf-8")
+    assert main(["fit", str(bad), "--dry-run", *url]) == 1
+    assert capsys.readouterr().err.strip() == f"fisher-atlas: {bad}:3: 404 not_found: no task named 'nosuch'"
+    bad.write_text('{"prompt": "a b c", "label": "none"}\n{"prompt": "   ", "label": "prose"}\n', encoding="utf-8")
+    assert main(["fit", str(bad), "--dry-run", *url]) == 1
+    assert capsys.readouterr().err.startswith(f"fisher-atlas: {bad}:2: 422 invalid_input: ")
+    bad.write_text("\n \n", encoding="utf-8")  # no labelled prompt: said so (it was the REST body's path)
+    assert main(["fit", str(bad), "--dry-run", *url]) == 1
+    assert "no labelled prompts" in capsys.readouterr().err
     listed = httpx.get(f"{svc.url}/v1/tasks", params={"limit": 10}).json()["items"]
     for task in listed:  # nothing stored: every task still on its calibrated threshold
         assert httpx.get(f"{svc.url}/v1/tasks/{task['id']}/routing").json()["source"] == "calibrated"

@@ -85,11 +85,24 @@ def test_fit_labels_must_name_ready_tasks_of_the_space(serve, tiny_lm) -> None:
                                                  "dry_run": True})
             assert r.status_code == 409, (label, r.text)
             assert r.json()["code"] in ("incompatible_space", "not_ready")
-        r = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": "nope"}]})
-        assert r.status_code == 404, r.text
+        r = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": "prose"},
+                                                          {"prompt": PROMPT, "label": "nope"}]})
+        assert r.status_code == 404, r.text  # named by its example (the CLI and the dashboard name its line)
+        assert r.json()["message"] == "example 1: no task named 'nope'" and r.json()["detail"]["example"] == 1
         ok = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": "prose"},
                                                            {"prompt": PROMPT, "label": prose["id"]}], "dry_run": True})
         assert ok.status_code == 200 and ok.json()["stored"] is False, ok.text
+    from service.client import AtlasClient
+    from service.client.errors import InvalidInput
+
+    with AtlasClient(svc.url) as client:  # the labels file's lines as they are: mappings, like pairs
+        as_dicts = client.fit([{"prompt": PROMPT, "label": "prose"}, {"prompt": PROMPT, "label": "none"}],
+                              dry_run=True)
+        as_pairs = client.fit([(PROMPT, "prose"), (PROMPT, "none")], dry_run=True)
+        assert as_dicts == as_pairs
+        for bad in ({"text": PROMPT, "label": "none"}, {"prompt": PROMPT}, PROMPT, (PROMPT, True), (None, "none")):
+            with pytest.raises(InvalidInput, match="example 1: a labelled prompt is"):  # before anything is sent
+                client.fit([(PROMPT, "none"), bad], dry_run=True)  # (it sent the mapping's keys: "no task 'label'")
 
 
 def test_find_task_by_id_stays_in_the_space_asked_for(serve, tiny_lm) -> None:
