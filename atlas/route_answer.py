@@ -36,7 +36,8 @@ class RouteMatch:
 class Rejection:
     """Which task answered ``none`` and why: ``reason`` is ``"threshold"`` (the answered task's score is below
     its threshold), ``"nearest"`` (the task nearest to the prompt, not the answered one, holds it below its
-    threshold) or ``"template"`` (the prompt lacks a term every sample of the answered task has)."""
+    threshold), ``"novelty"`` (the prompt is novel for the answered task) or ``"template"`` (the prompt lacks a term
+    every sample of the answered task has); ``also``: the other rules that reject it too."""
 
     task_id: int
     name: str
@@ -51,6 +52,9 @@ class Rejection:
     for the task: :func:`atlas.routing.prompt_threshold`)."""
     overridden: bool = False
     """Whether the task's threshold is an override (a user's or ``fit``'s) rather than its calibrated one."""
+    also: tuple[str, ...] = ()
+    """The other rules that reject the prompt too, in the order they are checked (``"nearest"``, ``"novelty"``,
+    ``"template"``): lowering the deciding threshold alone would still answer ``none``."""
 
     @property
     def short_prompt(self) -> bool:
@@ -63,7 +67,15 @@ class Rejection:
 
     @property
     def message(self) -> str:
-        """The sentence the CLI and the dashboard show after "none: "."""
+        """The sentence the CLI and the dashboard show after "none: ", naming the other rules that reject the
+        prompt too."""
+        text = self._decision()
+        if self.also:
+            text += "; " + ", and ".join(_ALSO[r] for r in self.also) + " too"
+        return text
+
+    def _decision(self) -> str:
+        """The deciding rule's sentence."""
         task = f"{self.name!r} (id {self.task_id})"
         if self.reason == "template":
             return f"the prompt lacks a term every sample of {task}, the answered task, has (its template)"
@@ -80,6 +92,12 @@ class Rejection:
             text += (f"; the prompt has {tokens}, the task's samples {self.sample_tokens:.0f} on "
                      "average: thresholds hold for prompts about as long as the samples (docs/SCORES.md)")
         return text
+
+
+_ALSO = {"nearest": "the task nearest to the prompt holds it below its threshold",
+         "novelty": "the answered task's novelty test rejects it",
+         "template": "it lacks the answered task's template"}
+"""How :attr:`Rejection.message` names a rule that rejects the prompt besides the deciding one."""
 
 
 @dataclass(frozen=True)

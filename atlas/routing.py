@@ -34,6 +34,7 @@ Confidence
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -445,14 +446,19 @@ def rerank_route(
             conf = max(conf if none else 0.0, 1.0 - confidence(_f(score[j]), thr_j, candidates[j].scale))
             none = True
             by = by or rejection(candidates[j], _f(score[j]), thr_j, "nearest", held_j.length_matched)
+    fired = ["nearest"] if rejects else []  # the rules besides the threshold that reject the prompt
     if novel and novelty is not None and dist is not None and dist_thr is not None:
         conf, none = max(conf if none else 0.0, novelty.nearer_share(first.task_id, dist)), True
         by = by or rejection(first, dist, dist_thr, "novelty")
+        fired.append("novelty")
     tpl = candidates[order[0]].template
     lacks = prompt_terms is not None and tpl is not None and tpl.missing(prompt_terms) > 0 and not short_first
-    if lacks:
+    if lacks and tpl is not None:
         conf, none = max(conf if none else 0.0, 1.0 - tpl.false_reject), True
         by = by or rejection(candidates[order[0]], best.score, best.threshold, "template")
+        fired.append("template")
+    if by is not None:  # the deciding rule alone does not make "none": name the others that reject it too
+        by = dataclasses.replace(by, also=tuple(r for r in fired if r != by.reason))
     return RouteAnswer(matches=top, none=none, best_score=best.score, threshold=best.threshold, confidence=conf,
                        nearest_rejects=rejects, template_rejects=lacks, novelty_rejects=novel, rejected_by=by)
 

@@ -104,8 +104,12 @@ class RouteRejection(_Out):
     overridden: bool = Field(default=False, description="Whether the deciding task's threshold is an override (a "
                              "user's or `fit`'s) rather than its calibrated one; for a short prompt, its length's "
                              "threshold moved by the override.")
+    also: list[Literal["nearest", "novelty", "template"]] = Field(
+        default_factory=list, description="The other rules that reject the prompt too (in the order they are checked): "
+        "lowering the deciding threshold alone would still answer `none`.")
     message: str = Field(description="The same in one sentence, naming the task (what the CLI and the dashboard "
-                                     "show), with a note on the prompt's length where it decided the threshold.")
+                                     "show), with a note on the prompt's length where it decided the threshold, and "
+                                     "the other rules that reject it too.")
 
 
 class RouteResult(_Out):

@@ -57,6 +57,15 @@ def test_novelty_catches_unseen_families_the_thresholds_let_through(tmp_path: Pa
         assert a.none and a.rejected_by is not None and a.matches[0].task_id == a.rejected_by.task_id
         if a.rejected_by.reason == "novelty":
             assert a.rejected_by.score > a.rejected_by.threshold and "novelty threshold" in a.rejected_by.message
+    for a in on:  # every rule that rejects is named: the deciding one, the others in ``also`` and the sentence (the
+        # threshold's sentence alone hid a novelty rejection: lowering that threshold would still answer none)
+        fired = {r for r, f in (("nearest", a.nearest_rejects), ("novelty", a.novelty_rejects),
+                                ("template", a.template_rejects)) if f}
+        if a.rejected_by is None:
+            assert not fired
+            continue
+        assert set(a.rejected_by.also) == fired - {a.rejected_by.reason}, (a.rejected_by, fired)
+        assert ("novelty test rejects it" in a.rejected_by.message) == ("novelty" in a.rejected_by.also)
     # the same ranking: the test decides only "none"
     assert [a.matches[0].name for a in on] == [a.matches[0].name for a in off]
     assert u_on >= u_off + 0.1  # measured 0.21 against 0.01 (2026-11-27)
