@@ -57,6 +57,20 @@ MIN_NOVELTY_SAMPLES = 20
 tested only at a rate its own distances can bound (:meth:`SpaceNovelty.tested`): at the default half of 5 % that
 takes 39 vectors, so a task of 20–38 has no test then (its route threshold stays at its full rate)."""
 
+
+def vectors_needed(test_rate: float) -> int:
+    """Fewest sample vectors with which a task's novelty test exists at ``test_rate`` (its share of the task's
+    false-reject rate: half of it, :func:`atlas.route_calibration.split_rates`): the split-conformal quantile's rank
+    ``⌈(n + 1)(1 − rate)⌉`` must not pass ``n`` (:meth:`SpaceNovelty.threshold`) — 39 at 2.5 %, 99 at 1 % — and at
+    least :data:`MIN_NOVELTY_SAMPLES`."""
+    if not 0.0 < test_rate < 1.0:
+        raise ValueError(f"a rate in (0, 1), not {test_rate!r}")
+    n = max(1, math.ceil(1.0 / test_rate - 1.0 - 1e-9))
+    while math.ceil((n + 1) * (1.0 - test_rate) - 1e-9) > n:
+        n += 1
+    return max(n, MIN_NOVELTY_SAMPLES)
+
+
 RIDGE = 0.05
 """Shrinkage of the pooled covariance towards ``tr(S)/r · I`` (bench 4d: 0.05 kept "none" on indexed prompts
 at 5 %, Ledoit-Wolf's estimate at 6.4 %)."""

@@ -269,6 +269,9 @@ class RoutingInfo(_Out):
                                  "docs/SCORES.md, 'Open set: novelty test').")
     novelty_test: bool = Field(default=True, description="Whether the task's novelty test is switched on (PATCH "
                                "`novelty`; it applies from 20 sample vectors on).")
+    novelty_samples_needed: int | None = Field(default=None, description="Sample vectors the novelty test needs at "
+                                               "the task's false-reject rate (39 at 5 %, 99 at 2 %; a task keeps at "
+                                               "most 128: below about 1.6 % it has no test).")
     novelty_active: bool = Field(default=False, description="Whether whole prompts are held to the novelty test now: "
                                  "switched on, on for the service, and enough sample vectors for the test's half of "
                                  "the task's false-reject rate (39 at the default 5 %); then `threshold`, when "

@@ -14,6 +14,7 @@ from atlas import lexicon_repo, repository, routing, routing_repo
 from atlas.analysis import ROUTE_POOL
 from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady, PayloadTooLarge
 from atlas.models import TASK_READY
+from atlas.novelty import vectors_needed
 from atlas.route_calibration import FALSE_REJECT_RATE, LengthViews, split_rates
 from atlas.route_candidates import short_view_scores, whole_threshold
 from atlas.route_fit import FitItem, accuracy_of, fit_thresholds, novelty_to_turn_off, templates_to_turn_off
@@ -81,6 +82,7 @@ class ThresholdService:
         # the test applies to whole prompts: switched on, on for the service, and enough vectors for its rate
         active = row.novelty_test is not False and task_id in self.queries.novelty_tested(space_id, {task_id: rate})
         template["novelty_active"] = active
+        template["novelty_samples_needed"] = vectors_needed(split_rates(rate)[1])
         thr, src = self.default, "default"
         views = LengthViews.from_records(row.cal_views)
         split = routing_repo.split_threshold(row.cal_scores, row.false_reject_rate) if active else None

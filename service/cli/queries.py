@@ -193,7 +193,8 @@ def routing(name: str,
              + f"); calibrated {auto} at false-reject rate {rate} from {info.calibration_scores} held-out scores",
              _length_line(info.length_views, info.short_prompt_tokens, info.source == "override"),
              f"template test {'on' if info.template_test else 'off'}{state}",
-             _novelty_line(info.novelty_samples, info.novelty_test, info.novelty_active)]
+             _novelty_line(info.novelty_samples, info.novelty_test, info.novelty_active,
+                           info.novelty_samples_needed)]
     emit(json, info, "\n".join(lines))
 
 
@@ -211,20 +212,24 @@ def _length_line(views: int, short_below: float | None, overridden: bool = False
             + ", and not to the novelty test")
 
 
-def _novelty_line(n: int, switch: bool = True, active: bool = False) -> str:
+def _novelty_line(n: int, switch: bool = True, active: bool = False, needed: int | None = None) -> str:
     """The routing output's line on the task's novelty test (docs/SCORES.md, "Open set: novelty test"): on, off by
-    its switch (``novelty_test``), or off for want of sample vectors (for its rate: ``novelty_active``)."""
-    from atlas.novelty import MIN_NOVELTY_SAMPLES
+    its switch (``novelty_test``), or off for want of sample vectors at its rate (``novelty_samples_needed``)."""
+    from atlas.novelty import MAX_NOVELTY_SAMPLES, MIN_NOVELTY_SAMPLES
 
     if not switch:
         return f"novelty test off (switched off: --novelty turns it on; {n} sample vectors)"
     if active:
         return (f"novelty test on ({n} sample vectors; half the false-reject rate each for it and the threshold, "
                 f"which is the threshold above)")
-    if n >= MIN_NOVELTY_SAMPLES:
-        return (f"novelty test off ({n} sample vectors: too few for half the task's false-reject rate, 39 at the "
-                f"default 5 %; or off for the service)")
-    return f"novelty test off ({n} sample vectors, {MIN_NOVELTY_SAMPLES} needed: a task of 20 samples or more)"
+    needed = MIN_NOVELTY_SAMPLES if needed is None else needed
+    if needed > MAX_NOVELTY_SAMPLES:
+        return (f"novelty test off (at this false-reject rate it needs {needed} sample vectors; a task keeps at most "
+                f"{MAX_NOVELTY_SAMPLES})")
+    if n >= needed:
+        return f"novelty test off ({n} sample vectors, {needed} needed at this rate: off for the service)"
+    return (f"novelty test off ({n} sample vectors: {needed} needed at half the task's false-reject rate, a task of "
+            f"{needed} samples or more)")
 
 
 @app.command()

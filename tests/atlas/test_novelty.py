@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atlas.baselines import BaselineSums
-from atlas.novelty import MAX_NOVELTY_SAMPLES, MIN_NOVELTY_SAMPLES, NOVELTY_DIM, SpaceNovelty, project
+from atlas.novelty import MAX_NOVELTY_SAMPLES, MIN_NOVELTY_SAMPLES, NOVELTY_DIM, SpaceNovelty, project, vectors_needed
 
 
 def _clusters(rng: np.random.Generator, n_tasks: int, n: int, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -311,3 +311,15 @@ def test_tasks_outside_the_fitted_sample_are_calibrated_on_first_use_once() -> N
     assert looked_up == n_calls + sum(t not in sample for t in (7, wide, n_tasks + 5))  # the sample's: fitted
     assert not any(model.tested(t) for t in (7, wide, n_tasks + 5))
     assert len(calls) == looked_up  # an untested task is remembered too
+
+
+@given(rate=st.floats(min_value=1e-3, max_value=0.5))
+def test_vectors_needed_is_the_fewest_with_a_finite_threshold(rate: float) -> None:
+    """``vectors_needed(b)``: the fewest own distances whose split-conformal quantile at ``b`` exists (what
+    ``GET …/routing`` reports as ``novelty_samples_needed``), never under ``MIN_NOVELTY_SAMPLES``."""
+    def exists(n: int) -> bool:  # SpaceNovelty.threshold's rank within n
+        return math.ceil((n + 1) * (1.0 - rate) - 1e-9) <= n
+
+    n = vectors_needed(rate)
+    assert exists(n) and n >= MIN_NOVELTY_SAMPLES
+    assert n == MIN_NOVELTY_SAMPLES or not exists(n - 1)

@@ -249,7 +249,14 @@ def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_
     assert main(["routing", "foxes", "--clear"]) == 0
     text = capsys.readouterr().out
     assert "(calibrated)" in text and "false-reject rate 0.3" in text and "template test off" in text
-    assert "novelty test off (7 sample vectors, 20 needed" in text  # 7 samples: too few for the novelty test
+    assert "novelty test off (7 sample vectors: 20 needed at half the task's false-reject rate" in text  # at 30 %
+    # the vectors needed follow the task's rate (the line said "39 at the default 5 %" whatever the rate)
+    for rate, said in (("0.05", "7 sample vectors: 39 needed"), ("0.02", "7 sample vectors: 99 needed"),
+                       ("0.01", "it needs 199 sample vectors; a task keeps at most 128")):
+        assert main(["routing", "foxes", "--false-reject-rate", rate]) == 0
+        assert said in capsys.readouterr().out, rate
+    assert main(["routing", "foxes", "--false-reject-rate", "0.3"]) == 0
+    capsys.readouterr()
     short = before["short_prompt_tokens"]  # 7 whole views and their prefixes (half, quarter, eighth)
     assert before["length_views"] > before["calibration_scores"] == 7 and short > 2
     longest = math.ceil(short) - 1  # the counted positions of the longest prompt short for the task

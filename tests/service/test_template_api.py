@@ -43,7 +43,8 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
         strict = atlas.route([OTHER], k=2, threshold=0.999)[0]
         export = atlas.export(tmp_path / "space.jsonl")
     assert strict.none and strict.rejected_by is not None and strict.rejected_by.reason == "threshold"
-    assert "template" in strict.rejected_by.also and "it lacks the answered task's template" in strict.rejected_by.message
+    assert "template" in strict.rejected_by.also
+    assert "it lacks the answered task's template" in strict.rejected_by.message
     assert own.matches[0].name == "native" and not own.none and not own.template_rejects
     assert other.matches[0].name == "native" and other.none and other.template_rejects
     assert 0.9 < other.confidence < 1.0  # 1 − (misses + 1) / (checks + 2)

@@ -1202,10 +1202,12 @@
       const on = r.template_test !== false;
       const noveltyOn = r.novelty_test !== false;
       const vectors = r.novelty_samples ?? 0;
+      const needed = r.novelty_samples_needed ?? 20;  // at the task's rate (39 at 5 %)
       const novelty = !noveltyOn ? `switched off (${fmtInt(vectors)} sample vectors kept)`
         : r.novelty_active ? `on (${fmtInt(vectors)} sample vectors; half the false-reject rate)`
-        : vectors >= 20 ? `not tested (${fmtInt(vectors)} sample vectors: too few for half the false-reject rate — 39 at 5 % — or off for the service)`
-        : `not tested (${fmtInt(vectors)} sample vectors; 20 needed — tasks of 20 samples or more)`;
+        : needed > 128 ? `not tested (at this false-reject rate it needs ${fmtInt(needed)} sample vectors; a task keeps at most 128)`
+        : vectors >= needed ? `not tested (${fmtInt(vectors)} sample vectors, ${fmtInt(needed)} needed at this rate: off for the service)`
+        : `not tested (${fmtInt(vectors)} sample vectors; ${fmtInt(needed)} needed at half the false-reject rate — tasks of ${fmtInt(needed)} samples or more)`;
       // A switch of one test (PATCH {field: bool}); its error replaces the button.
       const toggle = (testid, field, label, isOn) => {
         const button = h("button", { type: "button", class: "btn small ghost", "data-testid": testid,
