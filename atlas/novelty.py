@@ -63,8 +63,10 @@ def vectors_needed(test_rate: float) -> int:
     false-reject rate: half of it, :func:`atlas.route_calibration.split_rates`): the split-conformal quantile's rank
     ``⌈(n + 1)(1 − rate)⌉`` must not pass ``n`` (:meth:`SpaceNovelty.threshold`) — 39 at 2.5 %, 99 at 1 % — and at
     least :data:`MIN_NOVELTY_SAMPLES`."""
-    if not 0.0 < test_rate < 1.0:
-        raise ValueError(f"a rate in (0, 1), not {test_rate!r}")
+    if not 0.0 <= test_rate < 1.0:
+        raise ValueError(f"a rate in [0, 1), not {test_rate!r}")
+    if test_rate < 1e-12:  # half a subnormal rate is 0, and 1/rate overflows: more than any task keeps, said as 10^12
+        return 10**12
     n = max(1, math.ceil(1.0 / test_rate - 1.0 - 1e-9))
     while math.ceil((n + 1) * (1.0 - test_rate) - 1e-9) > n:
         n += 1

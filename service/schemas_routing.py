@@ -29,12 +29,13 @@ class RouteRequest(BaseModel):
 
     prompt: str | None = Field(default=None, min_length=1, description="One prompt.")
     prompts: list[str] | None = Field(default=None, min_length=1, max_length=64, description="A batch of prompts.")
-    k: int = Field(default=5, ge=1, le=MAX_ROUTE_K, description="Matches returned per prompt.")
+    k: StrictInt = Field(default=5, ge=1, le=MAX_ROUTE_K, description="Matches returned per prompt (a JSON integer: "
+                         "`true` or `\"3\"` is refused).")
     threshold: float | None = Field(
         default=None, ge=-1.0, le=1.0, allow_inf_nan=False,
         description="Open-set threshold on the best score; `none` is true below it. Default: the service's.",
     )
-    candidates: int | None = Field(
+    candidates: StrictInt | None = Field(
         default=None, ge=1, le=4096,
         description="FAISS candidates re-ranked exactly; default max(k, 32), so every k up to 32 gets the same answer."
     )
@@ -232,6 +233,17 @@ class ThresholdPatch(BaseModel):
         description="Re-calibrate the task's threshold so that at most this share of its own prompts is answered "
                     "`none` (default 0.05; from its stored held-out scores, no model run; later appends keep it). "
                     "An override still wins.")
+
+    @model_validator(mode="after")
+    def _null_only_clears_the_override(self) -> ThresholdPatch:
+        """``null`` clears the threshold override; for a switch or the rate it meant nothing and was taken silently
+        (answered 200, nothing changed)."""
+        nulls = sorted(f for f in ("template", "novelty", "false_reject_rate")
+                       if f in self.model_fields_set and getattr(self, f) is None)
+        if nulls:
+            raise ValueError(f"{', '.join(nulls)}: null is no value here (a switch is true or false; the default "
+                             f"false-reject rate is 0.05); only threshold takes null, to clear the override")
+        return self
 
 
 class RoutingInfo(_Out):

@@ -313,7 +313,7 @@ def test_tasks_outside_the_fitted_sample_are_calibrated_on_first_use_once() -> N
     assert len(calls) == looked_up  # an untested task is remembered too
 
 
-@given(rate=st.floats(min_value=1e-3, max_value=0.5))
+@given(rate=st.floats(min_value=1e-4, max_value=0.5))
 def test_vectors_needed_is_the_fewest_with_a_finite_threshold(rate: float) -> None:
     """``vectors_needed(b)``: the fewest own distances whose split-conformal quantile at ``b`` exists (what
     ``GET …/routing`` reports as ``novelty_samples_needed``), never under ``MIN_NOVELTY_SAMPLES``."""
@@ -323,3 +323,10 @@ def test_vectors_needed_is_the_fewest_with_a_finite_threshold(rate: float) -> No
     n = vectors_needed(rate)
     assert exists(n) and n >= MIN_NOVELTY_SAMPLES
     assert n == MIN_NOVELTY_SAMPLES or not exists(n - 1)
+
+
+def test_vectors_needed_for_a_vanishing_rate_is_finite() -> None:
+    """A task may be calibrated at any rate in (0, 0.5], 5e-324 included (its routing info answered 500: 1/rate
+    overflowed)."""
+    assert vectors_needed(5e-324 / 2) == vectors_needed(5e-324) == vectors_needed(1e-17) == 10**12  # half: 0.0
+    assert MAX_NOVELTY_SAMPLES < 10**12

@@ -160,3 +160,26 @@ def test_align_under_a_tight_matrix_cap(serve, tiny_lm) -> None:
             r = http.get("/v1/align", params={"a": x, "b": y})
             assert r.status_code == 200, r.text
             assert 0.0 <= r.json()["fisher"] <= 1.0
+
+
+def test_route_and_routing_patch_refuse_values_that_meant_something_else(serve, tiny_lm) -> None:
+    """``{"k": true}`` was taken as k = 1 and ``{"k": "3"}`` as 3; a PATCH of ``{"false_reject_rate": null}`` or
+    ``{"novelty": null}`` answered 200 and changed nothing (a user could expect null to reset the rate, as it clears
+    the override). Now 422 naming the field, nothing changed; ``threshold: null`` still clears the override."""
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        prose = _add(http, "prose", PROSE)
+        for body in ({"prompt": PROMPT, "k": True}, {"prompt": PROMPT, "k": "3"}, {"prompt": PROMPT, "k": 2.5},
+                     {"prompt": PROMPT, "candidates": False}):
+            r = http.post("/v1/route", json=body)
+            assert r.status_code == 422 and r.json()["code"] == "invalid_input", (body, r.text)
+        assert http.post("/v1/route", json={"prompt": PROMPT, "k": 2}).status_code == 200
+        path = f"/v1/tasks/{prose['id']}/routing"
+        assert http.patch(path, json={"threshold": 0.3, "false_reject_rate": 0.1}).status_code == 200
+        before = http.get(path).json()
+        for field in ("false_reject_rate", "novelty", "template"):
+            r = http.patch(path, json={field: None})
+            assert r.status_code == 422 and "only threshold takes null" in r.json()["message"], (field, r.text)
+        assert http.get(path).json() == before
+        cleared = http.patch(path, json={"threshold": None}).json()
+        assert cleared["threshold_override"] is None and cleared["false_reject_rate"] == 0.1
