@@ -64,8 +64,16 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
           url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
           json: Json = False) -> None:
     """Route a prompt to the nearest stored tasks ("none" below the threshold)."""
-    with client(url, api_key, timeout) as cl:
-        res = cl.route(prompt, k=k, threshold=threshold, space=space)
+    from service.client import AtlasClientError
+
+    try:
+        with client(url, api_key, timeout) as cl:
+            res = cl.route(prompt, k=k, threshold=threshold, space=space)
+    except AtlasClientError as exc:  # one prompt: the API's "prompt 0" names no place in anything the user gave
+        message = re.sub(r"^prompt 0(: | )", lambda m: "" if m.group(1) == ": " else "the prompt ", exc.message)
+        if message == exc.message:
+            raise
+        raise fail(f"{exc.status} {exc.code}: {message}") from None
     ranked = any(m.rank_score is not None for m in res.matches)  # what orders the matches
     lexical = any(m.lexical is not None for m in res.matches)  # fused with rank_score (docs/SCORES.md)
     lines = [f"{'rank':>4}  {'score':>8}  {'faiss':>7}  {'act':>6}  {'err':>6}  " + ("ranking  " if ranked else "")

@@ -88,6 +88,9 @@ def test_cli_matrix_with_keys(serve: Any, tiny_lm: Any, tmp_path: Path, capsys: 
     assert ("\nanswer: " in out or "\nnone: " in out) and "score: route score, a cosine in [-1, 1]" in out  # a legend
     assert main(["route", "The lazy fox", "-k", "1", "--json", *url]) == 0
     assert _json(capsys)["matches"][0]["name"] in ("prose", "code", "math")
+    assert main(["route", "   ", *url]) == 1  # one prompt: no "prompt 0" in the message
+    err = capsys.readouterr().err
+    assert err.startswith("fisher-atlas: 422 invalid_input: ") and "prompt 0" not in err, err
     assert main(["align", "prose", "code", "--json", *url]) == 0
     assert {"fisher", "fisher_shrunk", "activation", "error", "rho", "se", "activation_dark", "flags"} <= set(
         _json(capsys))
