@@ -342,7 +342,7 @@ def rerank_route(
         at half the rate: ``split_threshold``, reported as the match's ``threshold``); an override is kept. A
         task whose ``novelty_test`` is off is routed as one without a test (its full-rate threshold).
 
-    A prompt *short* for the answered task (under three quarters of the token positions of nine in ten of its
+    A prompt *short* for the answered task (under three quarters of the token positions of three in four of its
     samples: ``Candidate.length_views``) is judged by neither the novelty nor the template test — a prefix of a
     sample lacks its closing frame and its mean hidden state is atypical — but by the route threshold of the task's
     held-out views nearest its length, at the task's full rate, when that is lower than the threshold it holds whole

@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     )
     route_length_match: bool = Field(
         default=True,
-        description="Hold a prompt under 3/4 of the length of nine in ten of the answered task's samples to the "
+        description="Hold a prompt under 3/4 of the length of three in four of the answered task's samples to the "
         "threshold of the task's held-out sample prefixes of about its length, without the template and novelty "
         "tests (docs/SCORES.md, 'Prompts shorter than the samples'); false: every prompt is judged as a whole sample.",
     )

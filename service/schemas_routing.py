@@ -96,7 +96,7 @@ class RouteRejection(_Out):
     sample_tokens: float | None = Field(default=None, description="The deciding task's mean token positions per "
                                         "sample.")
     length_matched: bool = Field(default=False, description="Whether `threshold` was matched to the prompt's "
-                                 "length: for a prompt under 3/4 of the length of nine in ten of the task's samples, "
+                                 "length: for a prompt under 3/4 of the length of three in four of the task's samples, "
                                  "the threshold of its held-out sample prefixes of about the prompt's length "
                                  "(docs/SCORES.md, "
                                  "\"Prompts shorter than the samples\"). A task calibrated before such prefixes were "
@@ -258,7 +258,8 @@ class RoutingInfo(_Out):
     length_views: int = Field(default=0, description="Held-out views (whole calibration samples and their first half, "
                               "quarter and eighth of tokens) that a short prompt's threshold is calibrated on.")
     short_prompt_tokens: float | None = Field(default=None, description="A prompt with fewer token positions (under "
-                                              "3/4 of the length of nine in ten of the task's samples) is held to the "
+                                              "3/4 of the length of three in four of the task's samples) is held to "
+                                              "the "
                                               "threshold of the views nearest its length (moved by as much as an "
                                               "override moves whole prompts' threshold) and to neither the template "
                                               "nor the novelty test (docs/SCORES.md, 'Prompts shorter than the "
