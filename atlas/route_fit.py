@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +47,18 @@ def as_fit_example(example: object) -> tuple[str, str | int] | None:
     if not isinstance(prompt, str) or isinstance(label, bool) or not isinstance(label, str | int):
         return None
     return prompt, label
+
+
+def fit_examples(examples: Iterable[object]) -> tuple[list[tuple[str, str | int]], int | None]:
+    """``fit``'s labelled prompts as ``(prompt, label)`` pairs (:func:`as_fit_example`), and the index of the first
+    example of neither form (``None``: all are good; the caller raises its own error naming it)."""
+    pairs: list[tuple[str, str | int]] = []
+    for i, e in enumerate(examples):
+        pair = as_fit_example(e)
+        if pair is None:
+            return pairs, i
+        pairs.append(pair)
+    return pairs, None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from atlas import analysis
 from atlas.errors import AtlasError, InvalidInput
 from atlas.models import Job, Task
 from atlas.repository import check_mode
-from atlas.route_fit import FIT_EXAMPLE_FORM, as_fit_example
+from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples
 from atlas.sample_io import SampleLimits, parse_upload
 from atlas.samples import Sample, record_to_sample
 from atlas.services.jobs import is_final
@@ -226,11 +226,10 @@ class Atlas:
         """Tune the route thresholds from labelled prompts, ``(prompt, task name or "none")`` pairs or
         ``{"prompt", "label"}`` mappings (the labels file's lines; the ``POST /v1/route/fit`` semantics,
         docs/SCORES.md "fit"); ``dry_run`` only reports them."""
-        pairs = [as_fit_example(e) for e in examples]
-        bad = next((i for i, e in enumerate(pairs) if e is None), None)
+        pairs, bad = fit_examples(examples)
         if bad is not None:
             raise InvalidInput(f"example {bad}: {FIT_EXAMPLE_FORM}", {"example": bad})
-        result: FitResult = _run(self._c.thresholds.fit([e for e in pairs if e is not None], dry_run=dry_run))
+        result: FitResult = _run(self._c.thresholds.fit(pairs, dry_run=dry_run))
         return result
 
     def routing(self, name: str) -> dict[str, Any]:

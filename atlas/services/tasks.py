@@ -61,14 +61,16 @@ class TaskService:
                 f"{len(samples)} samples exceed the limit of {s.max_samples} per upload",
                 {"samples": len(samples), "max_samples": s.max_samples},
             )
+        filled = False  # a sample with something to sketch (its main field not blank)
         for i, smp in enumerate(samples):
+            filled = filled or not is_blank(main_field(smp))
             n = sum(len(v) for v in (smp.text, smp.prompt, smp.completion) if v is not None)
             if n > s.max_sample_chars:
                 raise PayloadTooLarge(
                     f"sample {i} has {n} characters; the limit is {s.max_sample_chars}",
                     {"sample": i, "chars": n, "max_sample_chars": s.max_sample_chars},
                 )
-        if all(is_blank(main_field(smp)) for smp in samples):  # nothing to sketch: its job could only fail
+        if not filled:  # nothing to sketch: its job could only fail
             raise InvalidInput(f"every sample is blank ({len(samples)} sample(s)): a text sample needs a non-blank "
                                "'text', a pair a non-blank 'completion'", {"samples": len(samples)})
 

@@ -20,7 +20,7 @@ import httpx
 from httpx_sse import aconnect_sse
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from atlas.route_fit import FIT_EXAMPLE_FORM, as_fit_example
+from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples
 from service.client import calls
 from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg, path_id
 from service.client.errors import AtlasClientError, ClientClosed, InvalidInput, RateLimited, Unavailable, Unreachable
@@ -278,12 +278,10 @@ class AsyncAtlasClient:
         """``POST /v1/route/fit``: tune route thresholds from ``(prompt, label)`` pairs or ``{"prompt", "label"}``
         mappings (the labels file's lines; label: a task name, a task id, or ``"none"``). An example of neither form
         raises :class:`InvalidInput` before anything is sent."""
-        pairs = [as_fit_example(e) for e in examples]
-        bad = next((i for i, e in enumerate(pairs) if e is None), None)
+        pairs, bad = fit_examples(examples)
         if bad is not None:
             raise InvalidInput(0, "invalid_input", f"example {bad}: {FIT_EXAMPLE_FORM}", {"example": bad})
-        body: dict[str, Any] = {"examples": [{"prompt": p, "label": lab} for p, lab in filter(None, pairs)],
-                                "dry_run": dry_run}
+        body: dict[str, Any] = {"examples": [{"prompt": p, "label": lab} for p, lab in pairs], "dry_run": dry_run}
         if space is not None:
             body["space"] = str(space)
         return await self._send(Call("POST", "/v1/route/fit", FitResponse, json=body))
