@@ -21,28 +21,38 @@ if TYPE_CHECKING:
 
 
 class PromptStates(list["SketchState"]):
-    """The states of a batch of prompts (a list, in order) with their novelty vectors beside them.
+    """The states of a batch of prompts (a list, in order) with their novelty vectors and truncation flags beside
+    them.
 
     Attributes
     ----------
     novelty : ndarray, shape (n, r), float32, or None
         Each prompt's projected mean head input (:mod:`atlas.novelty`); ``None`` when the sketcher did not
         send them (a worker of an earlier version): the novelty test is then skipped.
+    truncated : tuple of bool, length n, or None
+        Whether each prompt was cut to the worker's token limit (``max_tokens_per_sample``: its first tokens
+        were sketched); ``None`` when the sketcher did not say (a worker of an earlier version).
     """
 
     novelty: np.ndarray | None = None
+    truncated: tuple[bool, ...] | None = None
 
     @classmethod
-    def of(cls, states: Sequence[SketchState], novelty: np.ndarray | None) -> PromptStates:
-        """``states`` with ``novelty`` (rows in the same order; ``None`` or a row count that differs: none)."""
+    def of(cls, states: Sequence[SketchState], novelty: np.ndarray | None,
+           truncated: Sequence[bool] | None = None) -> PromptStates:
+        """``states`` with ``novelty`` and ``truncated`` (rows in the same order; ``None`` or a row count that
+        differs: none)."""
         out = cls(states)
         if novelty is not None and len(novelty) == len(out):
             out.novelty = np.asarray(novelty, dtype=np.float32)
+        if truncated is not None and len(truncated) == len(out):
+            out.truncated = tuple(bool(t) for t in truncated)
         return out
 
     def part(self, start: int, stop: int) -> PromptStates:
-        """Prompts ``start:stop`` with their vectors."""
-        return PromptStates.of(self[start:stop], None if self.novelty is None else self.novelty[start:stop])
+        """Prompts ``start:stop`` with their vectors and flags."""
+        return PromptStates.of(self[start:stop], None if self.novelty is None else self.novelty[start:stop],
+                               None if self.truncated is None else self.truncated[start:stop])
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,7 @@ class PromptSketcher(Protocol):
 
     async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
         """One state per prompt (text mode: every next-token position of the prompt); a :class:`PromptStates`
-        when the implementation also sends the prompts' novelty vectors."""
+        when the implementation also sends the prompts' novelty vectors and truncation flags."""
         ...
 
     def stats(self) -> dict[str, Any]:

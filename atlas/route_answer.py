@@ -124,3 +124,6 @@ class RouteAnswer:
     rejected_by: Rejection | None = None
     novelty_rejects: bool = False
     """The prompt is novel for the answered task (:mod:`atlas.novelty`) — then ``none`` too."""
+    truncated: bool = False
+    """The prompt was longer than the model's token limit (``max_tokens_per_sample``): only its first tokens were
+    sketched, so the answer is about that prefix."""

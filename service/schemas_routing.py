@@ -133,6 +133,9 @@ class RouteResult(_Out):
                                                "the task that decided it, its score, threshold and rule.")
     novelty_rejects: bool = Field(default=False, description="`none` because the prompt's mean hidden state is "
                                   "novel for the answered task (docs/SCORES.md, 'Open set: novelty test').")
+    truncated: bool = Field(default=False, description="The prompt was longer than the model's token limit (the "
+                            "service's `max_tokens_per_sample`, 512 by default): only its first tokens were read, "
+                            "so the answer is about that prefix.")
 
 
 class RouteResponse(_Out):
@@ -168,6 +171,7 @@ class RouteResponse(_Out):
     template_rejects: bool = False
     rejected_by: RouteRejection | None = None
     novelty_rejects: bool = False
+    truncated: bool = False
     results: list[RouteResult]
 
 

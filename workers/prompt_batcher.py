@@ -241,7 +241,8 @@ class PromptBatcher:
     def sketch_prepared(self, prepared: Sequence[PreparedSample],
                         sketched: Callable[[int], None] | None = None) -> PromptStates:
         """States of tokenised prompts, in order: one forward per length bucket, one batched sketch; with each
-        prompt's novelty vector (its mean head input, :func:`atlas.novelty.project`-ed).
+        prompt's novelty vector (its mean head input, :func:`atlas.novelty.project`-ed) and whether it was cut to
+        the token limit.
 
         Parameters
         ----------
@@ -297,7 +298,8 @@ class PromptBatcher:
                     flush()
             flush()
         assert all(s is not None for s in out)
-        return PromptStates.of([s for s in out if s is not None], project(hidden_means.numpy()))
+        return PromptStates.of([s for s in out if s is not None], project(hidden_means.numpy()),
+                               [p.truncated for p in prepared])
 
     # -- stats and shutdown -------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""The prompt service's reply format over Redis (:mod:`workers.prompt_remote`): a JSON header line, then each
-prompt's state as float32 sums of its non-empty splits, then the prompts' novelty vectors."""
+"""The prompt service's reply format over Redis (:mod:`workers.prompt_remote`): a JSON header line (with the
+positions of the prompts cut to the token limit), then each prompt's state as float32 sums of its non-empty splits,
+then the prompts' novelty vectors."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def encode_reply(request_id: str, states: Sequence[SketchState] | None = None,
     split: ``3 m`` floats, 48 KiB at m = 4096, a quarter of ``SketchState.to_bytes``), then ``sq_norms``
     (float64) and the token and sample counts (int64). float32 keeps the route scores to ~1e-7; the
     receiver accumulates nothing into these states. When ``states`` is a :class:`atlas.ports.PromptStates` with
-    novelty vectors, the header's ``novelty`` gives their shape ``[n, r]`` and they follow the states (float32).
+    novelty vectors, the header's ``novelty`` gives their shape ``[n, r]`` and they follow the states (float32);
+    with truncation flags, the header's ``truncated`` lists the positions of the prompts cut to the token limit.
     """
     header: dict[str, Any]
     if error is not None:
@@ -50,6 +52,9 @@ def encode_reply(request_id: str, states: Sequence[SketchState] | None = None,
                                st.token_counts.astype("<i8").tobytes(), st.sample_counts.astype("<i8").tobytes()]))
     header = {"id": request_id, "fingerprint": states[0].spec.fingerprint() if states else None,
               "splits": splits, "lengths": [len(b) for b in blobs]}
+    truncated = getattr(states, "truncated", None)
+    if truncated is not None:
+        header["truncated"] = [i for i, cut in enumerate(truncated) if cut]
     novelty = getattr(states, "novelty", None)
     if novelty is not None:
         header["novelty"] = list(novelty.shape)
@@ -99,4 +104,12 @@ def decode_reply(data: bytes, spec: SketchSpec) -> tuple[str, list[SketchState] 
             return header["id"], ModelUnavailable("the worker's reply is malformed; retry", {"novelty": shape},
                                                   retry_after_s=1.0)
         novelty = np.frombuffer(body, "<f4", shape[0] * shape[1], at).reshape(shape[0], shape[1]).copy()
-    return header["id"], PromptStates.of(states, novelty)
+    cut = header.get("truncated")
+    truncated = None
+    if cut is not None:
+        if not isinstance(cut, list) or not all(type(i) is int and 0 <= i < len(states) for i in cut):
+            return header["id"], ModelUnavailable("the worker's reply is malformed; retry", {"truncated": cut},
+                                                  retry_after_s=1.0)
+        cut_at = set(cut)
+        truncated = [i in cut_at for i in range(len(states))]
+    return header["id"], PromptStates.of(states, novelty, truncated)

@@ -156,6 +156,9 @@ class QueryService:
                                           per_task=threshold is None, texts=prompts)
         timings.search_s = time.perf_counter() - t1
         self.observe("route", timings.search_s)
+        cut = getattr(states, "truncated", None)  # None: a sketcher that does not say
+        if cut is not None:
+            answers = [replace(a, truncated=was_cut) for a, was_cut in zip(answers, cut, strict=True)]
         return answers, timings
 
     def search_states(self, space_id: int, states: Sequence[SketchState], *, k: int, threshold: float,

@@ -89,6 +89,8 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
         lines.append(f"none: {none_reason(res)}")
     else:
         lines.append(answer_line(res))
+    if getattr(res, "truncated", False):
+        lines.append(TRUNCATED_NOTE)
     if res.matches:
         lines.append(ROUTE_LEGEND + (" · ranking: what orders the matches" + (", fused with lexical (term overlap)"
                                                                              if lexical else "") if ranked else ""))
@@ -97,6 +99,10 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
 
 ROUTE_LEGEND = ("score: route score, a cosine in [-1, 1] held to the task's threshold · faiss: signature inner "
                 "product · act/err: activation and error factors in [0, 1] (docs/SCORES.md)")
+
+
+TRUNCATED_NOTE = ("note: the prompt is longer than the model's token limit (the service's max_tokens_per_sample): "
+                  "only its first tokens were read, so the answer is about that prefix")
 
 
 def answer_line(res: Any) -> str:

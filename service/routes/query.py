@@ -50,7 +50,7 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
                                 lexical=m.lexical, length_matched=m.length_matched) for m in a.matches],
             none=a.none, best_score=a.best_score, threshold=a.threshold, confidence=a.confidence,
             nearest_rejects=a.nearest_rejects, template_rejects=a.template_rejects,
-            novelty_rejects=a.novelty_rejects,
+            novelty_rejects=a.novelty_rejects, truncated=a.truncated,
             rejected_by=None if a.rejected_by is None else RouteRejection(**dataclasses.asdict(a.rejected_by),
                                                                           message=a.rejected_by.message),
         )
@@ -60,7 +60,8 @@ async def route(body: RouteRequest, response: Response, c: ContainerDep, _: Read
     return RouteResponse(matches=first.matches, none=first.none, best_score=first.best_score,
                          threshold=first.threshold, confidence=first.confidence,
                          nearest_rejects=first.nearest_rejects, template_rejects=first.template_rejects,
-                         novelty_rejects=first.novelty_rejects, rejected_by=first.rejected_by, results=results)
+                         novelty_rejects=first.novelty_rejects, rejected_by=first.rejected_by,
+                         truncated=first.truncated, results=results)
 
 
 @router.get(

@@ -66,6 +66,21 @@ def test_routing_playground_returns_matches_and_none(dashboard_service: Dashboar
     page.click("[data-testid=route-submit]")
     page.locator("[data-testid=route-results] [data-testid=error]", has_text="top k").wait_for()
     assert page.locator("[data-testid=route-match]").count() == 0
+    # a prompt over the model's token limit: the page says only its first tokens were read (as the API's
+    # `truncated` does); the short prompt's answer above said nothing of it
+    long_prompt = " ".join([prompt] * 120)
+    with httpx.Client(base_url=dashboard_service.base, timeout=30) as http:
+        assert http.post("/v1/route", json={"prompt": long_prompt}).json()["truncated"] is True
+    page.fill("#route-k", "3")
+    page.fill("[data-testid=route-prompt]", long_prompt)
+    page.click("[data-testid=route-submit]")
+    note = page.locator("[data-testid=route-truncated]")
+    note.wait_for()
+    assert "only its first tokens were read" in note.inner_text()
+    page.fill("[data-testid=route-prompt]", prompt)
+    page.click("[data-testid=route-submit]")
+    page.locator("[data-testid=route-match]").first.wait_for()
+    assert note.count() == 0
 
 
 def test_task_page_routing_side_template_switch_rate_and_override(

@@ -45,9 +45,18 @@ def test_skipped_and_cut_samples_are_reported_and_jobs_filter_by_space(serve: An
     assert main(["route", "the quick brown fox", "--threshold", "0.999", "--url", svc.url]) == 0
     out = capsys.readouterr().out
     assert "none: 'mixed' (id " in out and "the answered (first-ranked) task" in out and "threshold 0.9990" in out, out
+    # a prompt over the token limit is routed on its first CAP tokens, and the answer says so (it did not)
+    assert main(["route", LONG, "--url", svc.url]) == 0
+    out = capsys.readouterr().out
+    assert "note: the prompt is longer than the model's token limit" in out, out
+    assert main(["route", SAMPLES[0], "--url", svc.url]) == 0
+    assert "token limit" not in capsys.readouterr().out
 
     with AtlasClient(svc.url) as cl:
         task = cl.find_task("mixed")
+        answer = cl.route([LONG, SAMPLES[0]], threshold=-1)
+        assert answer.truncated and [r.truncated for r in answer.results] == [True, False]
+        assert answer.results[0].matches[0].name == "mixed"  # its first tokens still route like its sample
         assert task.n_samples == 3
         job = cl.list_jobs(task_id=task.id).items[0]
         assert job.result is not None
@@ -96,6 +105,7 @@ def test_the_library_logs_skipped_and_cut_samples(tmp_path: Path, tiny_model_dir
         caplog.clear()
         atlas.append("mixed", [SAMPLES[0]], progress=False)
         assert not [r for r in caplog.records if r.name.startswith("fisher_atlas")]
+        assert [a.truncated for a in atlas.route([LONG, SAMPLES[0], LONG[:CAP]])] == [True, False, False]
 
 
 def test_a_restart_on_another_sketch_spec_warns_that_the_tasks_are_elsewhere(

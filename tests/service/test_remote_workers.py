@@ -150,6 +150,7 @@ def test_remote_mode_equals_embedded(deployment: dict[str, Any], tiny_model_dir:
     w = deployment["worker"](tiny_model_dir, "worker")
     _until(lambda: _served(url), 90, "the worker to serve prompts", w)
     prompts = _prompts(20, seed=900)
+    prompts.append(" ".join(prompts))  # over the workers' 64-token limit: the answer says it was cut
     with httpx.Client(base_url=url, timeout=60) as http:
         for job in _add_tasks(http, 3):
             _wait_job(http, job)
@@ -166,6 +167,9 @@ def test_remote_mode_equals_embedded(deployment: dict[str, Any], tiny_model_dir:
         assert [m["task_id"] for m in got["matches"]] == [m["task_id"] for m in e["matches"]]
         np.testing.assert_allclose([m["score"] for m in got["matches"]], [m["score"] for m in e["matches"]],
                                    atol=1e-5)
+        assert got["truncated"] == e["truncated"]
+    cut = [r.json()["truncated"] for r in remote]
+    assert cut[-1] and not all(cut), cut
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:

@@ -106,3 +106,25 @@ def test_novelty_vectors_travel_beside_the_states(seed: int, n: int, r: int) -> 
     header["novelty"] = [n + 1, r]
     _, lying = decode_reply(json.dumps(header).encode() + b"\n" + body, SPEC)
     assert isinstance(lying, AtlasError) and "malformed" in lying.message
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), cut=st.lists(st.booleans(), max_size=6))
+def test_truncation_flags_travel_beside_the_states(seed: int, cut: list[bool]) -> None:
+    """A reply says which prompts were cut to the worker's token limit (a route answer's ``truncated``); a reply
+    without the flags (an older worker) decodes with ``truncated`` None; a position out of range is refused."""
+    rng = np.random.default_rng(seed)
+    n = len(cut)
+    states = PromptStates.of([_state(rng, [0]) for _ in range(n)], rng.standard_normal((n, 4)).astype(np.float32),
+                             cut)
+    _, got = decode_reply(encode_reply("t", states), SPEC)
+    assert isinstance(got, PromptStates) and got.truncated == tuple(cut)
+    assert got.part(1, 4).truncated == tuple(cut[1:4])
+    _, plain = decode_reply(encode_reply("u", PromptStates.of(list(states), states.novelty)), SPEC)
+    assert isinstance(plain, PromptStates) and plain.truncated is None
+    head, _, body = encode_reply("v", states).partition(b"\n")
+    for bad in ([n], [-1], ["0"], [True], 3):
+        header = json.loads(head)
+        header["truncated"] = bad
+        _, lying = decode_reply(json.dumps(header).encode() + b"\n" + body, SPEC)
+        assert isinstance(lying, AtlasError) and "malformed" in lying.message, bad

@@ -1403,6 +1403,8 @@
             : h("div", {}, h("strong", {}, "Routed. "), best ? `Best match: ${best} (score ${fmt(top)})` : "No tasks stored.",
               thrUsed !== undefined ? ` · threshold ${fmt(thrUsed)}` : ""),
           h("span", { class: "muted small" }, `${Math.round(ms)} ms`)),
+        res.truncated ? h("p", { class: "note small", "data-testid": "route-truncated" },
+          "This prompt is longer than the model's token limit: only its first tokens were read, so the answer is about that prefix.") : null,
         matches.length ? routeNote(matches) : null,
         matches.length ? h("ol", { class: "matches" }, matches.map((m, i) => {
           const fill = h("span", { class: "score-fill" });
