@@ -142,6 +142,13 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(safe_body(code, message, None), status_code=status, headers=exc.headers)
 
 
+def is_retryable(exc: BaseException) -> bool:
+    """Whether the same call may succeed when retried: the database busy or out of reach (what
+    :func:`_database_error` answers 503), or a domain error that answers 503 (for work outside a request's
+    handler, such as an event stream's polling, which must wait rather than fail)."""
+    return is_busy_error(exc) or (isinstance(exc, AtlasError) and exc.status_code == 503)
+
+
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     """A locked database, an exhausted pool or an unreachable server: 503 with Retry-After, never 500."""
     if is_busy_error(exc) and is_unreachable_error(exc):  # down or restarting: "busy" would mislead an operator

@@ -12,12 +12,12 @@ from fastapi import APIRouter, Path, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from atlas.db import is_busy_error
-from atlas.errors import AtlasError, NotFound
+from atlas.errors import NotFound
 from atlas.services.jobs import is_final
 from atlas.vocabulary import JobStatus
 from service.auth import key_gate
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
+from service.errors import is_retryable
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import JobList, JobOut
 from service.streams import SlotReleasingResponse, stream_client
@@ -113,7 +113,7 @@ async def job_events(job_id: JobId, request: Request, c: ContainerDep,
                 yield ServerSentEvent(data=json.dumps({"id": job_id, "deleted": True}), event="end")
                 return
             except Exception as exc:  # the database restarting or busy: poll again (a restart cut the stream)
-                if not (is_busy_error(exc) or (isinstance(exc, AtlasError) and exc.status_code == 503)):
+                if not is_retryable(exc):
                     raise
                 continue
             now_json = job.model_dump_json()
