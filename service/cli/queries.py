@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from pathlib import Path
@@ -124,32 +125,18 @@ def none_reason(res: Any) -> str:
 
 
 @app.command()
-def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}: a task name or "none".')],
+def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}, or CSV / TSV with a header row '
+                                                 'naming "prompt" and "label"; a label is a task name or "none".')],
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Report, do not store the thresholds.")] = False,
         url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
         json: Json = False) -> None:
     """Tune the route thresholds from labelled prompts ("none" for prompts that fit no task)."""
-    import json as jsonlib
-
-    from atlas.route_fit import as_fit_example
     from service.client import AtlasClientError
 
-    examples, lines_of = [], []  # lines_of[i]: the file's line of example i (the API names examples from 0)
-    for i, line in enumerate(file.read_text(encoding="utf-8-sig").split("\n"), start=1):  # -sig: a BOM is no text
-        if not line.strip():
-            continue
-        try:
-            rec = jsonlib.loads(line)
-        except ValueError:
-            raise fail(f"{file}:{i}: not JSON: expected an object with 'prompt' and 'label'") from None
-        example = as_fit_example(rec) if isinstance(rec, dict) else None
-        if example is None:
-            raise fail(f"{file}:{i}: expected an object with 'prompt' (a string) and 'label' (a task name or id, "
-                       "or \"none\")")
-        examples.append(example)
-        lines_of.append(i)
+    examples, lines_of = labelled_prompts(file)
     if not examples:
-        raise fail(f'{file}: no labelled prompts (one JSON object per line: {{"prompt": "...", "label": "..."}})')
+        raise fail(f'{file}: no labelled prompts (one JSON object per line: {{"prompt": "...", "label": "..."}}, '
+                   'or CSV rows under a "prompt,label" header)')
     try:
         with client(url, api_key, timeout) as cl:
             res = cl.fit(examples, space=space, dry_run=dry_run)
@@ -166,6 +153,64 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}:
     lines += [f"  {name}: template test off (its labelled prompts lack its template)" for name in res.template_off]
     lines += [f"  {name}: novelty test off (it rejected too many of its labelled prompts)" for name in res.novelty_off]
     emit(json, res, "\n".join(lines))
+
+
+def labelled_prompts(file: Path) -> tuple[list[tuple[str, str | int]], list[int]]:
+    """``fit``'s labelled prompts from ``file`` and each one's line in it (the API names examples from 0):
+    JSON Lines of ``{"prompt", "label"}`` objects, or ``.csv`` / ``.tsv`` with a header row naming ``prompt`` and
+    ``label`` (other columns ignored; a CSV label is a task name, or "none"). Blank lines are skipped; a BOM is no
+    text. A malformed line raises the CLI's failure naming it (exit 1)."""
+    import csv
+    import json as jsonlib
+
+    from atlas.route_fit import as_fit_example
+
+    text = file.read_text(encoding="utf-8-sig")
+    examples: list[tuple[str, str | int]] = []
+    lines_of: list[int] = []
+    suffix = file.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ",",
+                                strict=True)
+        try:
+            reader.fieldnames = [name.strip().lower() for name in reader.fieldnames or ()]  # " Label" is "label"
+        except csv.Error as exc:
+            raise fail(f"{file}:1: not CSV: {exc}") from None
+        if not {"prompt", "label"} <= set(reader.fieldnames):
+            raise fail(f"{file}:1: the header row must name the columns 'prompt' and 'label' "
+                       f"(it names {', '.join(map(repr, reader.fieldnames)) or 'none'})")
+        while True:  # a row's line: its last (a quoted prompt may span lines); a malformed one's: where it starts
+            start = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                raise fail(f"{file}:{start}: not CSV: {exc}") from None
+            prompt, label = row.get("prompt"), row.get("label")
+            if prompt is None or label is None:
+                raise fail(f"{file}:{reader.line_num}: the row has fewer columns than the header")
+            if not prompt.strip() and not label.strip():
+                continue
+            if not label.strip():
+                raise fail(f"{file}:{reader.line_num}: no label: a task name, or \"none\"")
+            examples.append((prompt, label.strip()))
+            lines_of.append(reader.line_num)
+        return examples, lines_of
+    for i, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = jsonlib.loads(line)
+        except ValueError:
+            raise fail(f"{file}:{i}: not JSON: expected an object with 'prompt' and 'label'") from None
+        example = as_fit_example(rec) if isinstance(rec, dict) else None
+        if example is None:
+            raise fail(f"{file}:{i}: expected an object with 'prompt' (a string) and 'label' (a task name or id, "
+                       "or \"none\")")
+        examples.append(example)
+        lines_of.append(i)
+    return examples, lines_of
 
 
 @app.command()

@@ -5,6 +5,7 @@ the plot commands (real PNG/SVG content, unknown suffix and missing matplotlib â
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.cli import main
 from tests.service.test_cli import CODE, PROSE, _jsonl
@@ -315,6 +318,25 @@ def test_cli_fit_prints_each_threshold_before_and_after(serve: Any, tiny_lm: Any
     assert "(dry run: nothing stored)" in text
     for name, thr in res["thresholds"].items():
         assert f"  {name}: threshold {res['previous'][name]:.4f} -> {thr:.4f}" in text, text
+    for suffix, delimiter in ((".csv", ","), (".tsv", "\t")):  # a spreadsheet's export: the same examples
+        sheet = tmp_path / f"labelled{suffix}"
+        with sheet.open("w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh, delimiter=delimiter)
+            writer.writerow(["id", "Prompt", "label "])  # other columns ignored, header names trimmed and folded
+            writer.writerows([i, e["prompt"], e["label"]] for i, e in enumerate(_examples()))
+        assert main(["fit", str(sheet), "--dry-run", "--json", *url]) == 0
+        assert _out(capsys)["thresholds"] == res["thresholds"], suffix
+    sheet = tmp_path / "bad.csv"  # a label no task has: named by its line, as in a JSONL file
+    sheet.write_text("prompt,label\na b c,none\n\nd e f,nosuch\n", encoding="utf-8")
+    assert main(["fit", str(sheet), "--dry-run", *url]) == 1
+    assert capsys.readouterr().err.strip() == f"fisher-atlas: {sheet}:4: 404 not_found: no task named 'nosuch'"
+    for body, line, said in (("text,label\na,none\n", 1, "must name the columns 'prompt' and 'label'"),
+                             ("prompt,label\na b c,none\nd e f,\n", 3, "no label"),
+                             ('prompt,label\n"a b c,none\n', 2, "not CSV")):
+        sheet.write_text(body, encoding="utf-8")
+        assert main(["fit", str(sheet), "--dry-run", *url]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"fisher-atlas: {sheet}:{line}: ") and said in err, (body, err)
     bom = tmp_path / "bom.jsonl"  # a BOM (Windows editors write one) is no text: the same examples
     bom.write_bytes(b"\xef\xbb\xbf" + examples.read_bytes())
     assert main(["fit", str(bom), "--dry-run", "--json", *url]) == 0
@@ -338,3 +360,24 @@ def test_cli_fit_prints_each_threshold_before_and_after(serve: Any, tiny_lm: Any
     listed = httpx.get(f"{svc.url}/v1/tasks", params={"limit": 10}).json()["items"]
     for task in listed:  # nothing stored: every task still on its calibrated threshold
         assert httpx.get(f"{svc.url}/v1/tasks/{task['id']}/routing").json()["source"] == "calibrated"
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.text(st.characters(blacklist_characters="\r"), min_size=1).filter(str.strip),
+                               st.text(st.characters(blacklist_characters="\r"), min_size=1)
+                               .filter(lambda t: t == t.strip() and bool(t))), max_size=8),
+       tsv=st.booleans())
+def test_labels_from_a_spreadsheet_read_back_as_written(tmp_path_factory: pytest.TempPathFactory,
+                                                        rows: list[tuple[str, str]], tsv: bool) -> None:
+    """Any prompts and labels a CSV / TSV writer quotes (commas, quotes, line breaks, tabs) read back as written,
+    each with the line its row ends on."""
+    from service.cli.queries import labelled_prompts
+
+    sheet = tmp_path_factory.mktemp("labels") / ("labels.tsv" if tsv else "labels.csv")
+    with sheet.open("w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh, delimiter="\t" if tsv else ",", lineterminator="\n")
+        writer.writerow(["prompt", "label"])
+        writer.writerows(rows)
+    got, lines = labelled_prompts(sheet)
+    assert got == rows
+    assert lines == sorted(lines) and len(set(lines)) == len(lines) and all(n >= 2 for n in lines)
