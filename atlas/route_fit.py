@@ -2,7 +2,8 @@
 
 semantic-router's ``RouteLayer.fit`` searches thresholds that maximise accuracy on labelled
 utterances; here the search is closed-form per task and bounded so that the documented
-false-reject rate holds (see :func:`fit_thresholds`).
+false-reject rate holds (see :func:`fit_thresholds`). The checks of ``route``'s and ``fit``'s inputs that the
+Python client and the library share are here too (:func:`prompts_problem`, :func:`fit_examples`).
 """
 
 from __future__ import annotations
@@ -49,9 +50,28 @@ def as_fit_example(example: object) -> tuple[str, str | int] | None:
     return prompt, label
 
 
-def fit_examples(examples: Iterable[object]) -> tuple[list[tuple[str, str | int]], int | None]:
+def prompts_problem(prompts: object) -> str | None:
+    """Why ``prompts`` are not what ``route`` takes — a string, or a list or tuple of strings — or ``None`` (a dict
+    was routed by its keys, bytes by their integers, and ``None`` raised a ``TypeError``)."""
+    if isinstance(prompts, str):
+        return None
+    if not isinstance(prompts, list | tuple):
+        return f"prompts are a string or a list of strings, not {type(prompts).__name__}"
+    bad = next((i for i, p in enumerate(prompts) if not isinstance(p, str)), None)
+    return None if bad is None else f"prompt {bad} is a {type(prompts[bad]).__name__}, not a string"
+
+
+def fit_examples(examples: object) -> tuple[list[tuple[str, str | int]], int | None]:
     """``fit``'s labelled prompts as ``(prompt, label)`` pairs (:func:`as_fit_example`), and the index of the first
-    example of neither form (``None``: all are good; the caller raises its own error naming it)."""
+    example of neither form (``None``: all are good; the caller raises its own error naming it).
+
+    Raises
+    ------
+    TypeError
+        ``examples`` is not a collection of examples (``None``, a string, a mapping: say what it is).
+    """
+    if isinstance(examples, str | bytes | Mapping) or not isinstance(examples, Iterable):
+        raise TypeError(f"examples are a list of labelled prompts, not {type(examples).__name__}")
     pairs: list[tuple[str, str | int]] = []
     for i, e in enumerate(examples):
         pair = as_fit_example(e)

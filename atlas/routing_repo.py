@@ -186,7 +186,7 @@ def set_threshold_override(session: Session, task_id: int, threshold: float | No
 def _routing_row(session: Session, task_id: int) -> TaskRouting:
     """The task's routing row, its version bumped (created when missing)."""
     if session.get(Task, int(task_id)) is None:
-        raise NotFound(f"task {task_id} not found", {"task_id": task_id})
+        raise NotFound(f"task {task_id} does not exist", {"task_id": task_id})
     row = get_routing(session, task_id)
     now = utcnow()
     if row is None:

@@ -15,7 +15,7 @@ from atlas import analysis
 from atlas.errors import AtlasError, InvalidInput
 from atlas.models import Job, Task
 from atlas.repository import check_mode
-from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples
+from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples, prompts_problem
 from atlas.sample_io import SampleLimits, parse_upload
 from atlas.samples import Sample, record_to_sample
 from atlas.services.jobs import is_final
@@ -213,10 +213,8 @@ class Atlas:
     def route(self, prompts: str | Sequence[str], *, k: int = 3, threshold: float | None = None
               ) -> analysis.RouteAnswer | list[analysis.RouteAnswer]:
         """Route one prompt (an answer) or several (a list of answers)."""
-        if not isinstance(prompts, str) and not (isinstance(prompts, list | tuple)
-                                                and all(isinstance(p, str) for p in prompts)):
-            # bytes were routed byte by byte, a dict by its keys, None raised a TypeError
-            raise InvalidInput(f"prompts are a string or a list of strings, not {type(prompts).__name__}")
+        if (problem := prompts_problem(prompts)) is not None:
+            raise InvalidInput(problem)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         answers: list[analysis.RouteAnswer] = _run(self._c.queries.route(texts, k=k, threshold=threshold))[0]
         return answers[0] if isinstance(prompts, str) else answers
@@ -226,7 +224,10 @@ class Atlas:
         """Tune the route thresholds from labelled prompts, ``(prompt, task name or "none")`` pairs or
         ``{"prompt", "label"}`` mappings (the labels file's lines; the ``POST /v1/route/fit`` semantics,
         docs/SCORES.md "fit"); ``dry_run`` only reports them."""
-        pairs, bad = fit_examples(examples)
+        try:
+            pairs, bad = fit_examples(examples)
+        except TypeError as exc:
+            raise InvalidInput(str(exc)) from None
         if bad is not None:
             raise InvalidInput(f"example {bad}: {FIT_EXAMPLE_FORM}", {"example": bad})
         result: FitResult = _run(self._c.thresholds.fit(pairs, dry_run=dry_run))

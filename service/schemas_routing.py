@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from atlas.routing import MAX_ROUTE_K
@@ -46,8 +46,9 @@ class RouteRequest(BaseModel):
     def _one_of(self) -> RouteRequest:
         if (self.prompt is None) == (self.prompts is None):
             raise ValueError("give exactly one of 'prompt' or 'prompts'")
-        if self.prompts is not None and any(not p for p in self.prompts):
-            raise ValueError("prompts must be non-empty strings")
+        empty = next((i for i, p in enumerate(self.prompts or ()) if not p), None)
+        if empty is not None:
+            raise ValueError(f"prompt {empty} is empty: prompts are non-empty strings")
         return self
 
     def texts(self) -> list[str]:
@@ -197,7 +198,8 @@ class FitRequest(BaseModel):
     examples: list[FitExample] = Field(min_length=1, max_length=2000)
     space: str | None = Field(default=None, max_length=SPACE_REF_MAX,
                               description="Space id or name; default: the loaded model's space.")
-    dry_run: bool = Field(default=False, description="Compute the thresholds without storing them.")
+    dry_run: StrictBool = Field(default=False, description="Compute the thresholds without storing them (a JSON "
+                                "boolean).")
 
 
 class FitResponse(_Out):
@@ -227,11 +229,11 @@ class ThresholdPatch(BaseModel):
     threshold: float | None = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False,
                                     description="The override; null clears it. Left as it is when the body does not "
                                     "name it.")
-    template: bool | None = Field(default=None, description="false: prompts lacking the task's template are no "
-                                  "longer answered `none` for it; true: they are again (docs/SCORES.md).")
-    novelty: bool | None = Field(default=None, description="false: the task's novelty test is off (its prompts are "
-                                 "held to its full-rate route threshold alone); true: on again (docs/SCORES.md, "
-                                 "'Open set: novelty test').")
+    template: StrictBool | None = Field(default=None, description="false: prompts lacking the task's template are "
+                                        "no longer answered `none` for it; true: they are again (docs/SCORES.md).")
+    novelty: StrictBool | None = Field(default=None, description="false: the task's novelty test is off (its prompts "
+                                       "are held to its full-rate route threshold alone); true: on again "
+                                       "(docs/SCORES.md, 'Open set: novelty test').")
     false_reject_rate: float | None = Field(
         default=None, gt=0.0, le=MAX_FALSE_REJECT_RATE,
         description="Re-calibrate the task's threshold so that at most this share of its own prompts is answered "

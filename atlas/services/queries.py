@@ -8,6 +8,7 @@ Every query reads the stored states of a few tasks through the :class:`~atlas.se
 from __future__ import annotations
 
 import asyncio
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -138,8 +139,10 @@ class QueryService:
         """
         if not prompts:
             raise InvalidInput("give at least one prompt")
-        if not 1 <= int(k) <= MAX_ROUTE_K:
-            raise InvalidInput(f"k must be in 1..{MAX_ROUTE_K}", {"k": k})
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_ROUTE_K:
+            # an int or a NumPy integer ("3" and 2.5 reached a slice: a TypeError)
+            raise InvalidInput(f"k must be an integer in 1..{MAX_ROUTE_K}, not {k!r}", {"k": repr(k)})
+        k = int(k)
         # a cosine in [-1, 1] (a NaN threshold answered every prompt, with a NaN confidence)
         thr = float(self.settings.route_threshold) if threshold is None else routing_repo.route_threshold(threshold)
         check_prompt_lengths(prompts, self.settings.max_prompt_chars)

@@ -28,11 +28,14 @@ app.add_typer(keys.app, name="keys")
 
 
 _HINTS = {
-    0: "\n  is the service running there? Start it with `fisher-atlas serve`, or point --url (FISHER_ATLAS_URL) at it",
-    401: "\n  pass a key with --api-key or set FISHER_ATLAS_API_KEY (`fisher-atlas keys create` makes one)",
-    403: "\n  this key lacks the scope named above: use a key that has it (`fisher-atlas keys list` shows scopes)",
+    "unreachable": "\n  is the service running there? Start it with `fisher-atlas serve`, or point --url "
+                   "(FISHER_ATLAS_URL) at it",
+    "unauthorized": "\n  pass a key with --api-key or set FISHER_ATLAS_API_KEY (`fisher-atlas keys create` makes one)",
+    "forbidden": "\n  this key lacks the scope named above: use a key that has it (`fisher-atlas keys list` shows "
+                 "scopes)",
 }
-"""What to do next, by the HTTP status of a client error (0: the service could not be reached)."""
+"""What to do next, by the code of a client error ("unreachable": the service could not be reached; the client's own
+checks of the caller's input, also without an HTTP status, get no hint)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = app(args=list(argv) if argv is not None else None, prog_name="fisher-atlas", standalone_mode=False)
     except AtlasClientError as exc:
         print(terminal_safe(f"fisher-atlas: {exc.status} {exc.code}: {exc.message}" if exc.status
-                            else f"fisher-atlas: {exc.message}") + _HINTS.get(exc.status, ""),
+                            else f"fisher-atlas: {exc.message}") + _HINTS.get(exc.code, ""),
               file=sys.stderr)
         return 1
     except AtlasError as exc:  # a server-side command (migrate, serve, keys --local): the database, a setting

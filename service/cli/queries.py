@@ -141,10 +141,9 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"},
         with client(url, api_key, timeout) as cl:
             res = cl.fit(examples, space=space, dry_run=dry_run)
     except AtlasClientError as exc:  # a bad label or prompt: named by its line of the file
-        at = exc.detail.get("example") if isinstance(exc.detail, dict) else None
-        if not isinstance(at, int) or not 0 <= at < len(lines_of):
+        at, message = example_at(exc)
+        if at is None or not 0 <= at < len(lines_of):
             raise
-        message = re.sub(r"^(example|prompt) \d+: ", "", exc.message)
         raise fail(f"{file}:{lines_of[at]}: {exc.status} {exc.code}: {message}") from None
     lines = [f"accuracy on the labelled prompts: {res.accuracy_before:.3f} -> {res.accuracy_after:.3f}"
              + ("" if res.stored else " (dry run: nothing stored)")]
@@ -153,6 +152,21 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"},
     lines += [f"  {name}: template test off (its labelled prompts lack its template)" for name in res.template_off]
     lines += [f"  {name}: novelty test off (it rejected too many of its labelled prompts)" for name in res.novelty_off]
     emit(json, res, "\n".join(lines))
+
+
+def example_at(exc: Any) -> tuple[int | None, str]:
+    """The example a ``fit`` error is about (from 0) and its message without the example's number: the service's
+    own errors name it in ``detail.example``, request validation in a ``loc`` of ``["body", "examples", i, …]`` (an
+    empty prompt)."""
+    detail = exc.detail
+    if isinstance(detail, dict) and isinstance(detail.get("example"), int):
+        return detail["example"], re.sub(r"^(example|prompt) \d+: ", "", exc.message)
+    first = detail[0] if isinstance(detail, list) and detail and isinstance(detail[0], dict) else {}
+    loc = first.get("loc") or []
+    if len(loc) >= 3 and loc[:2] == ["body", "examples"] and isinstance(loc[2], int):
+        field = f"{loc[3]}: " if len(loc) > 3 else ""
+        return loc[2], f"{field}{first.get('msg', exc.message)}"
+    return None, exc.message
 
 
 def labelled_prompts(file: Path) -> tuple[list[tuple[str, str | int]], list[int]]:

@@ -111,7 +111,9 @@ class AsyncAtlasClient:
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
         except (ValueError, TypeError) as exc:  # NaN or a set in a JSON body: the caller's input, said as such
-            raise InvalidInput(0, "invalid_input", f"the request cannot be sent as JSON: {exc}") from None
+            why = ("a number in it is NaN or infinite (give finite numbers: a threshold is in [-1, 1])"
+                   if "Out of range float" in str(exc) else str(exc))
+            raise InvalidInput(0, "invalid_input", f"the request cannot be sent as JSON: {why}") from None
         return calls.parse(call, resp)
 
     async def _send(self, call: Call[Any]) -> Any:
@@ -278,7 +280,10 @@ class AsyncAtlasClient:
         """``POST /v1/route/fit``: tune route thresholds from ``(prompt, label)`` pairs or ``{"prompt", "label"}``
         mappings (the labels file's lines; label: a task name, a task id, or ``"none"``). An example of neither form
         raises :class:`InvalidInput` before anything is sent."""
-        pairs, bad = fit_examples(examples)
+        try:
+            pairs, bad = fit_examples(examples)
+        except TypeError as exc:
+            raise InvalidInput(0, "invalid_input", str(exc)) from None
         if bad is not None:
             raise InvalidInput(0, "invalid_input", f"example {bad}: {FIT_EXAMPLE_FORM}", {"example": bad})
         body: dict[str, Any] = {"examples": [{"prompt": p, "label": lab} for p, lab in pairs], "dry_run": dry_run}

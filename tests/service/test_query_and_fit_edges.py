@@ -183,3 +183,57 @@ def test_route_and_routing_patch_refuse_values_that_meant_something_else(serve, 
         assert http.get(path).json() == before
         cleared = http.patch(path, json={"threshold": None}).json()
         assert cleared["threshold_override"] is None and cleared["false_reject_rate"] == 0.1
+        # a switch is a JSON boolean: "yes" and 1 were taken as true (200), as was a dry run of "yes"
+        for body in ({"template": "yes"}, {"novelty": 1}, {"template": "false"}):
+            r = http.patch(path, json=body)
+            assert r.status_code == 422 and r.json()["code"] == "invalid_input", (body, r.text)
+        r = http.post("/v1/route/fit", json={"examples": [{"prompt": PROMPT, "label": "prose"}], "dry_run": "yes"})
+        assert r.status_code == 422, r.text
+        assert http.get(path).json() == cleared
+        # the empty prompt of a batch is named by its place; a missing task reads as everywhere else
+        r = http.post("/v1/route", json={"prompts": [PROMPT, ""]})
+        assert r.status_code == 422 and "prompt 1 is empty" in r.json()["message"], r.text
+        r = http.patch("/v1/tasks/999999/routing", json={"threshold": 0.2})
+        assert r.status_code == 404 and r.json()["message"] == "task 999999 does not exist", r.text
+
+
+def test_clients_refuse_prompts_and_examples_of_the_wrong_kind(serve, tiny_lm, tiny_model_dir, tmp_path,
+                                                               capsys) -> None:
+    """The client routed a dict by its keys and bytes by their integers, and raised a TypeError on None (route and
+    fit); the library's ``k="3"`` raised a TypeError from a slice; the CLI's ``--threshold nan`` said "is the service
+    running there?"; an empty prompt in a ``fit`` labels file was not named by its line."""
+    import numpy as np
+
+    from atlas.errors import InvalidInput as AtlasInvalidInput
+    from fisher_atlas import Atlas
+    from service.cli import main
+    from service.client import AtlasClient
+    from service.client.errors import InvalidInput
+
+    svc = serve(lm=tiny_lm)
+    with AtlasClient(svc.url) as cl:
+        cl.add_task("prose", samples=PROSE, wait=True)
+        for bad, said in (({"a b c": 1}, "not dict"), (None, "not NoneType"), (b"a b c", "not bytes"),
+                          (["a b c", 5], "prompt 1 is a int")):
+            with pytest.raises(InvalidInput, match=said):
+                cl.route(bad)  # type: ignore[arg-type]
+        for bad in (None, "a b c", {"prompt": "a b c", "label": "prose"}):
+            with pytest.raises(InvalidInput, match="examples are a list of labelled prompts"):
+                cl.fit(bad)  # type: ignore[arg-type]
+        assert cl.route(("a b c", PROMPT)).results[1].matches[0].name == "prose"  # a tuple is a batch still
+    assert main(["route", PROMPT, "--threshold", "nan", "--url", svc.url]) == 1
+    err = capsys.readouterr().err
+    assert "NaN or infinite" in err and "is the service running" not in err, err
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text('{"prompt": "a b c", "label": "none"}\n\n{"prompt": "", "label": "prose"}\n', encoding="utf-8")
+    assert main(["fit", str(labels), "--dry-run", "--url", svc.url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"fisher-atlas: {labels}:3: 422 invalid_input: prompt: "), err
+    with Atlas(tmp_path / "lib", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        atlas.add("prose", PROSE, progress=False)
+        for k in ("3", 2.5, True, 0):
+            with pytest.raises(AtlasInvalidInput, match=r"k must be an integer in 1\.\.100"):
+                atlas.route(PROMPT, k=k)  # type: ignore[arg-type]
+        assert len(atlas.route(PROMPT, k=np.int64(1)).matches) == 1  # a NumPy integer is an integer
+        with pytest.raises(AtlasInvalidInput, match="examples are a list of labelled prompts, not NoneType"):
+            atlas.fit(None)  # type: ignore[arg-type]
