@@ -74,15 +74,15 @@ class ThresholdService:
             "template_terms": int(tpl.keys.size), "template_active": tpl.active,
             "template_false_reject": tpl.false_reject}
         template["novelty_samples"] = 0 if vectors is None else len(vectors)
+        rate = routing_repo.calibration_rate(None if row is None else row.false_reject_rate)
+        template["novelty_samples_needed"] = vectors_needed(split_rates(rate)[1])  # (a task without a row: the default)
         if row is None:
             return {"task_id": task_id, "threshold": self.default, "source": "default"} | template
         template["template_test"] = row.template_test is not False
         template["novelty_test"] = row.novelty_test is not False
-        rate = routing_repo.calibration_rate(row.false_reject_rate)
         # the test applies to whole prompts: switched on, on for the service, and enough vectors for its rate
         active = row.novelty_test is not False and task_id in self.queries.novelty_tested(space_id, {task_id: rate})
         template["novelty_active"] = active
-        template["novelty_samples_needed"] = vectors_needed(split_rates(rate)[1])
         thr, src = self.default, "default"
         views = LengthViews.from_records(row.cal_views)
         split = routing_repo.split_threshold(row.cal_scores, row.false_reject_rate) if active else None

@@ -288,14 +288,15 @@ def _length_line(views: int, short_below: float | None, overridden: bool = False
 def _novelty_line(n: int, switch: bool = True, active: bool = False, needed: int | None = None) -> str:
     """The routing output's line on the task's novelty test (docs/SCORES.md, "Open set: novelty test"): on, off by
     its switch (``novelty_test``), or off for want of sample vectors at its rate (``novelty_samples_needed``)."""
-    from atlas.novelty import MAX_NOVELTY_SAMPLES, MIN_NOVELTY_SAMPLES
+    from atlas.novelty import MAX_NOVELTY_SAMPLES, vectors_needed
+    from atlas.route_calibration import FALSE_REJECT_RATE, split_rates
 
     if not switch:
         return f"novelty test off (switched off: --novelty turns it on; {n} sample vectors)"
     if active:
         return (f"novelty test on ({n} sample vectors; half the false-reject rate each for it and the threshold, "
                 f"which is the threshold above)")
-    needed = MIN_NOVELTY_SAMPLES if needed is None else needed
+    needed = vectors_needed(split_rates(FALSE_REJECT_RATE)[1]) if needed is None else needed  # an older server's
     if needed > MAX_NOVELTY_SAMPLES:
         return (f"novelty test off (at this false-reject rate it needs {needed} sample vectors; a task keeps at most "
                 f"{MAX_NOVELTY_SAMPLES})")

@@ -148,6 +148,14 @@ def test_heatmaps_have_the_right_size(dashboard_service: DashboardService, page:
         act.press("Tab")
         assert act.input_value() == "0.8", bad
         assert "0 to 1" in page.locator("[data-testid=dark-hint]").inner_text()
+    # the page's own thresholds colour its matrix only: a task page keeps the API's rule, as its sources' badge does
+    # (it showed "Activation ≥ 0.95 … None" beside a source badged activation-dark, a dashboard review)
+    act.fill("0.95")
+    act.press("Tab")
+    assert "≥ 0.95" in page.locator(".matrix-legend").inner_text()
+    page.goto(f"{dashboard_service.base}/dashboard/#/task/{ready_ids(dashboard_service)[0]}")
+    rule = "Activation ≥ 0.8 but Fisher ≤ 0.3 (the API's rule"
+    page.locator("[data-testid=dark-neighbours]", has_text=rule).wait_for()
 
 
 def test_narrow_screen_keeps_every_page_within_the_viewport(dashboard_service: DashboardService, page: Any) -> None:
@@ -161,6 +169,12 @@ def test_narrow_screen_keeps_every_page_within_the_viewport(dashboard_service: D
         assert scroll <= client, (route, scroll, client)
         key = page.locator("#apikey").bounding_box()
         assert key is not None and key["x"] >= 0 and key["x"] + key["width"] <= client, (route, key)
+        if route == "matrix":  # one heatmap per row, each with its row labels and its whole title (the second and
+            # third wrapped below the first unlabelled, titles clipped: the layout took a 330 px card for 480 px)
+            page.locator("svg.heatmap-svg").first.wait_for()
+            labelled = page.locator("svg.heatmap-svg").evaluate_all(
+                "svgs => svgs.map(s => s.querySelectorAll('.row-label').length > 0)")
+            assert len(labelled) >= 2 and all(labelled), labelled
     shot(page, "narrow-jobs")
 
 

@@ -306,3 +306,32 @@ def test_a_task_deleted_while_its_upload_runs_ends_the_form_s_progress(serve: An
         assert http.delete(f"/v1/tasks/{task['id']}").status_code == 204
     page.locator("[data-testid=add-progress][data-status=cancelled]").wait_for(timeout=60_000)
     assert page.locator("[data-testid=add-message] [data-testid=error]").count() == 0
+
+
+def test_a_failed_delete_keeps_its_button_and_a_wrong_key_is_named(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """A task deleted elsewhere: the page's Delete answers 404 beside its button, which stays for a retry (the error
+    replaced the button, a dashboard review). A key the service does not know reads "not accepted" in the key field
+    (it read "saved" and every write control stayed on)."""
+    import httpx
+
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        r = http.post("/v1/tasks", json={"name": "prose", "samples": [{"text": t} for t in PROSE]})
+        task_id = r.json()["task"]["id"]
+        wait_job(http, r.json()["job"]["id"], timeout=120)
+        page.goto(f"{svc.url}/dashboard/#/task/{task_id}")
+        delete = page.locator("[data-testid=task-delete]")
+        delete.wait_for()
+        assert http.delete(f"/v1/tasks/{task_id}").status_code == 204
+        for _ in range(2):  # twice: a second error replaces the first
+            delete.click()
+            delete.click()
+            page.locator("[data-testid=task-delete] + [data-testid=error]", has_text="does not exist").wait_for()
+        assert delete.is_enabled() and delete.inner_text() == "Delete task"
+        assert page.locator("[data-testid=error]").count() == 1
+    r = httpx.post(f"{svc.url}/v1/keys", json={"name": "root", "scopes": ["admin"]})  # a key exists: keys checked
+    assert r.status_code == 201, r.text
+    page.fill("#apikey", "fa_not_a_key_of_this_service")
+    page.press("#apikey", "Enter")
+    page.locator("#keystate[data-refused=true]").wait_for()
+    assert "not accepted" in page.locator("#keystate").inner_text()

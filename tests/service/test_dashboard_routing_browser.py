@@ -108,9 +108,12 @@ def test_task_page_routing_side_template_switch_rate_and_override(
             assert "calibrated" in card.inner_text()
             shot(page, "task-routing")
             _sources_show_the_rho_bound(page, http, task_id)
-            card.locator("[data-testid=template-toggle]").click()
+            card.locator("[data-testid=template-toggle]").focus()  # by keyboard: the focus stays on the switch
+            page.keyboard.press("Enter")
             page.locator("[data-testid=template-toggle][data-on=false]").wait_for()
             assert card.locator("[data-testid=template-test]").inner_text() == "off"
+            assert page.evaluate("document.activeElement.dataset.testid") == "template-toggle"  # (it fell to body)
+            assert card.locator("[data-testid=routing-saved]").inner_text() == "Saved: the template test is off."
             assert http.get(f"/v1/tasks/{task_id}/routing").json()["template_test"] is False  # stored
             card.locator("[data-testid=template-toggle]").click()
             page.locator("[data-testid=template-toggle][data-on=true]").wait_for()
@@ -142,8 +145,10 @@ def _set_rate_and_override(page: Any, http: Any, task_id: int) -> None:
     assert before["false_reject_rate"] == 0.05 and before["source"] == "calibrated"
     assert card.locator("[data-testid=routing-rate]").input_value() == "5"
     card.locator("[data-testid=routing-rate]").fill("20")
-    card.locator("[data-testid=routing-apply]").click()
+    card.locator("[data-testid=routing-rate]").press("Enter")  # the field keeps the focus, and a line says saved
     page.locator("[data-testid=routing-rate-state]", has_text="20 %").wait_for()
+    assert page.evaluate("document.activeElement.dataset.testid") == "routing-rate"
+    assert "Saved" in card.locator("[data-testid=routing-saved]").inner_text()
     after = http.get(f"/v1/tasks/{task_id}/routing").json()
     assert after["false_reject_rate"] == 0.2 and after["source"] == "calibrated"
     assert after["threshold_auto"] >= before["threshold_auto"]  # a higher rate never lowers the bound

@@ -110,8 +110,18 @@ def test_form_shows_api_and_input_errors_as_messages(
         ok = write_jsonl(tmp_path / "ok.jsonl", ["CCO and CCN", "CC(=O)O"])
         pg.set_input_files("[data-testid=add-file]", str(ok))
         pg.fill("[data-testid=add-name]", "form-ok")
+        # scrolled down to the form in a short window: the page stays there while the job runs and after the atlas
+        # redraws with the new task (it jumped to the top mid-upload, a dashboard review)
+        pg.set_viewport_size({"width": 1360, "height": 420})
+        points = pg.locator("[data-testid=atlas-point]").count()
+        pg.locator("[data-testid=add-submit]").scroll_into_view_if_needed()
+        y0 = pg.evaluate("window.scrollY")
+        assert y0 > 0
         pg.click("[data-testid=add-submit]")
         pg.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        pg.wait_for_function(f"document.querySelectorAll('[data-testid=atlas-point]').length > {points}")
+        assert abs(pg.evaluate("window.scrollY") - y0) <= 2, (y0, pg.evaluate("window.scrollY"))
+        pg.set_viewport_size({"width": 1360, "height": 900})
         upload = write_jsonl(tmp_path / "s.jsonl", ["CCO and CCN", "c1ccccc1"])
         pg.set_input_files("[data-testid=add-file]", str(upload))
         pg.fill("[data-testid=add-name]", "smiles")  # taken: the API answers 409 {code: conflict}

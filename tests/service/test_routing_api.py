@@ -44,6 +44,15 @@ def test_calibration_override_and_fit(serve, tiny_lm, tmp_path: Path) -> None:
             # the ranking's typical score: 7 held-out scores shrunk towards the prior, inside (mean, prior]
             assert body["threshold"] < body["typical_score"] <= 1.0
 
+            assert body["novelty_samples_needed"] == 39  # at half of 5 %
+        # a task whose job failed has no routing row: the vectors its novelty test would need are still said (null,
+        # and the dashboard and the CLI fell back to 20)
+        failed = c.add_task("too-short", samples=["x", "y"], wait=True)
+        assert failed.job.status == "failed"
+        body = httpx.get(f"{svc.url}/v1/tasks/{failed.task.id}/routing").json()
+        assert body["source"] == "default" and body["novelty_samples_needed"] == 39, body
+        c.delete_task(failed.task.id)
+
         res = c.route(["The calm fox jumps over the lazy cat.", "Question: is salt sweet? Answer:"], k=3)
         for r in res.results:
             assert 0.0 <= r.confidence <= 1.0

@@ -111,16 +111,17 @@
   // The scopes of the key in the key field (GET /v1/keys/current), asked once per key: write controls are disabled
   // for a key without the write scope, with a title saying why. null while unknown (no answer: every control
   // stays on and the API's 401/403 says what is missing).
-  let keyScopes = { key: null, scopes: null };
+  // `refused`: the service answered 401 for the key (unknown or revoked: the field said "saved" for a wrong key).
+  let keyScopes = { key: null, scopes: null, refused: false };
   async function loadKeyScopes() {
     const key = apiKey();
     if (keyScopes.key === key) return keyScopes.scopes;
-    let scopes = null;
+    let scopes = null; let refused = false;
     try {
       const me = await api("/keys/current");
       scopes = me && Array.isArray(me.scopes) ? me.scopes : null;
-    } catch (_) { scopes = null; }
-    keyScopes = { key, scopes };
+    } catch (err) { scopes = null; refused = Boolean(key) && err instanceof ApiError && err.status === 401; }
+    keyScopes = { key, scopes, refused };
     return scopes;
   }
   const canWrite = () => !Array.isArray(keyScopes.scopes) || keyScopes.scopes.includes("write") ||
@@ -139,8 +140,10 @@
     const state = document.getElementById("keystate");
     if (!state || !apiKey()) return;
     const scopes = keyScopes.scopes;
-    state.textContent = Array.isArray(scopes) ? `saved · ${canWrite() ? scopes.join(", ") : "read only"}` : "saved";
+    state.textContent = keyScopes.refused ? "saved · not accepted: unknown or revoked key"
+      : Array.isArray(scopes) ? `saved · ${canWrite() ? scopes.join(", ") : "read only"}` : "saved";
     state.dataset.scopes = Array.isArray(scopes) ? scopes.join(",") : "";
+    state.dataset.refused = String(keyScopes.refused);
   }
   async function api(path, { method = "GET", body, signal } = {}) {
     const headers = { Accept: "application/json" };
@@ -310,7 +313,10 @@
     const [path, query = ""] = raw.split("?");
     return { path, query: new URLSearchParams(query) };
   }
-  function navigate() {
+  // keepScroll: a redraw of the page shown (its data changed), not a move to another page: the old content stays until
+  // the new is drawn and the scroll position is kept (a "Loading…" placeholder collapsed the page to the top mid-upload)
+  function navigate({ keepScroll = false } = {}) {
+    const scrollY = window.scrollY;
     navSeq += 1;
     for (const fn of cleanups.splice(0)) { try { fn(); } catch (_) { /* ignore */ } }
     tooltip.hide();
@@ -323,12 +329,14 @@
       else a.removeAttribute("aria-current");
     }
     const ctx = currentCtx();
-    view().replaceChildren(h("p", { class: "muted loading" }, "Loading…"));
+    if (!keepScroll) view().replaceChildren(h("p", { class: "muted loading" }, "Loading…"));
     // a view that throws before its first await (a malformed escape in #/task/%E0) is shown like a failed one
     loadKeyScopes().then(() => {
       if (!ctx.alive()) return undefined;
       showKeyScopes();
       return route[1](ctx, path.match(route[0]), query);
+    }).then(() => {
+      if (keepScroll && ctx.alive()) window.scrollTo(0, scrollY);
     }).catch((err) => {
       if (!ctx.alive()) return;
       view().replaceChildren(errorBox(err));
@@ -545,8 +553,10 @@
       let now = null;
       try { now = await listAllTasks(atlasState.space ? { space: atlasState.space } : {}); } catch (_) { now = null; }
       if (!ctx.alive()) return;
-      const typing = addPanelNode && addPanelNode.contains(document.activeElement);
-      if (now && taskStamp(now) !== drawn && !typing) { navigate(); return; }
+      // typing, or an upload running (its disabled button gave the focus back to the page): the form redraws the
+      // page when its job ends
+      const typing = addPanelNode && (addPanelNode.contains(document.activeElement) || addPanelNode.isBusy());
+      if (now && taskStamp(now) !== drawn && !typing) { navigate({ keepScroll: true }); return; }
       if (now) pending = now.some((t) => t.status === "pending");
       schedule();
     };
@@ -635,11 +645,13 @@
   }
 
   // ------------------------------------------------------------------ Matrix view
-  // Same rule as the API's `activation_dark` flag (activation >= 0.8 and fisher <= 0.3); adjustable on the page.
-  const matrixState = { selected: null, edited: false, order: "cluster", show: "all", darkAct: 0.8, darkFisher: 0.3 };
-  function isDark(fisher, activation, unestimated = false) {
+  // The API's `activation_dark` rule (activation >= 0.8 and fisher <= 0.3): the task page and the sources' badge keep
+  // it; the Alignment page's own thresholds (adjustable there) colour only that page's matrix.
+  const DARK_RULE = { darkAct: 0.8, darkFisher: 0.3 };
+  const matrixState = { selected: null, edited: false, order: "cluster", show: "all", ...DARK_RULE };
+  function isDark(fisher, activation, unestimated = false, rule = matrixState) {
     return !unestimated && Number.isFinite(activation) && Number.isFinite(fisher)
-      && activation >= matrixState.darkAct && fisher <= matrixState.darkFisher;
+      && activation >= rule.darkAct && fisher <= rule.darkFisher;
   }
   // Pairs of a matrix answer whose Fisher alignment is a placeholder (never activation-dark, as in the API).
   const UNESTIMATED = new Set(["zero_norm_ae", "zero_norm_a", "empty"]);
@@ -784,10 +796,11 @@
       const shown = matrixState.show === "all" ? kinds : kinds.filter(([k]) => k === matrixState.show);
       const single = shown.length === 1;
       const labelW = 150;
-      const avail = Math.max(480, (out.clientWidth || 900) - 30);
-      // Side by side while a row keeps room for its label (11 px); past that, one panel per row, each labelled.
+      const avail = Math.max(240, (out.clientWidth || 900) - 30);  // (a floor of 480 overflowed a phone's 330 px)
+      // Side by side while a row keeps room for its label (11 px) and a panel for its title (150 px); past that, one
+      // panel per row, each labelled.
       const sideBySide = (avail - labelW - shown.length * 22) / shown.length;
-      const stacked = !single && Math.floor(sideBySide / n) < 11;
+      const stacked = !single && (Math.floor(sideBySide / n) < 11 || sideBySide < 150);
       const wide = Math.min(Math.max(620, n * 11), avail - labelW - 20);
       const perPanel = single || stacked ? wide : sideBySide;
       const cell = Math.max(3, Math.min(single || stacked ? 56 : 44, Math.floor(perPanel / n)));
@@ -1109,7 +1122,7 @@
             sawActive = true;
             const t = setTimeout(jobRefresh, POLL_MS); ctx.onCleanup(() => clearTimeout(t));
           } else if ((task.status === "pending" || sawActive) && ["succeeded", "failed", "cancelled"].includes(job.status)) {
-            navigate();  // the task's status or counts changed with its job: draw the page again
+            navigate({ keepScroll: true });  // the task's status or counts changed with its job: draw the page again
           }
         } catch (_) { /* the job list is optional */ }
       };
@@ -1172,10 +1185,10 @@
           fisher: m.fisher[me][j], activation: m.activation[me][j], error: m.error[me][j],
           unestimated: unestimated.has(`${me},${j}`) })).filter((r) => r.id !== String(task.id));
         const nearest = [...rows].sort((a, b) => b.fisher - a.fisher).slice(0, 8);
-        const dark = rows.filter((r) => isDark(r.fisher, r.activation, r.unestimated)).sort((a, b) => (b.activation - b.fisher) - (a.activation - a.fisher)).slice(0, 8);
+        const dark = rows.filter((r) => isDark(r.fisher, r.activation, r.unestimated, DARK_RULE)).sort((a, b) => (b.activation - b.fisher) - (a.activation - a.fisher)).slice(0, 8);
         nearestCard.replaceChildren(h("h2", {}, "Nearest tasks"), h("p", { class: "muted small" }, "By Fisher alignment."), neighbourTable(nearest, "nearest-row"));
         darkCard.replaceChildren(h("h2", {}, "Activation-dark neighbours"),
-          h("p", { class: "muted small" }, `Activation ≥ ${matrixState.darkAct} but Fisher ≤ ${matrixState.darkFisher}: they look alike to the model's activations, yet fine-tuning on them moves the head differently.`),
+          h("p", { class: "muted small" }, `Activation ≥ ${DARK_RULE.darkAct} but Fisher ≤ ${DARK_RULE.darkFisher} (the API's rule, as the sources' badge): they look alike to the model's activations, yet fine-tuning on them moves the head differently.`),
           dark.length ? neighbourTable(dark, "dark-row") : h("p", { class: "muted" }, "None — every task whose activations resemble this one's also aligns in Fisher geometry."));
       } catch (err) {
         if (!ctx.alive()) return;
@@ -1195,6 +1208,16 @@
   // {"novelty": bool}).
   async function routingPanel(ctx, task, card) {
     const path = `/tasks/${encodeURIComponent(task.id)}/routing`;
+    // The control in use (its test id, read before a request disables it: the focus then fell to the page body).
+    const focused = () => (card.contains(document.activeElement) && document.activeElement.dataset.testid) || null;
+    // A change answered: the card drawn anew, the focus back on the control that made it, and a line saying so.
+    const changed = (r, focus, saved) => {
+      render(r);
+      const control = focus && card.querySelector(`[data-testid="${focus}"]`);
+      if (control && !control.disabled) control.focus();
+      const out = card.querySelector("[data-testid=routing-message]");
+      if (out) out.replaceChildren(h("span", { class: "muted small", "data-testid": "routing-saved" }, saved));
+    };
     const render = (r) => {
       const tpl = r.template_terms === undefined || r.template_terms === null ? "none stored (re-add the task to get one)"
         : !r.template_active ? `${fmtInt(r.template_terms)} terms in every sample; not active (estimated ${fmt(100 * r.template_false_reject, 2)} % of own prompts lack one; active at ≤ 2 %)`
@@ -1202,24 +1225,28 @@
       const on = r.template_test !== false;
       const noveltyOn = r.novelty_test !== false;
       const vectors = r.novelty_samples ?? 0;
-      const needed = r.novelty_samples_needed ?? 20;  // at the task's rate (39 at 5 %)
+      const needed = r.novelty_samples_needed ?? 39;  // at the task's rate (an older server: the default 5 %'s)
       const novelty = !noveltyOn ? `switched off (${fmtInt(vectors)} sample vectors kept)`
         : r.novelty_active ? `on (${fmtInt(vectors)} sample vectors; half the false-reject rate)`
         : needed > 128 ? `not tested (at this false-reject rate it needs ${fmtInt(needed)} sample vectors; a task keeps at most 128)`
         : vectors >= needed ? `not tested (${fmtInt(vectors)} sample vectors, ${fmtInt(needed)} needed at this rate: off for the service)`
         : `not tested (${fmtInt(vectors)} sample vectors; ${fmtInt(needed)} needed at half the false-reject rate — tasks of ${fmtInt(needed)} samples or more)`;
-      // A switch of one test (PATCH {field: bool}); its error replaces the button.
+      // A switch of one test (PATCH {field: bool}); its error is shown below the switches, the button kept for a retry.
+      const toggleError = h("div", { "data-testid": "routing-toggle-error", "aria-live": "polite" });
       const toggle = (testid, field, label, isOn) => {
         const button = h("button", { type: "button", class: "btn small ghost", "data-testid": testid,
           "data-on": String(isOn) }, isOn ? `Turn the ${label} off` : `Turn the ${label} on`);
         needsWrite(button);
         button.addEventListener("click", async () => {
+          const focus = focused();
           button.disabled = true;
+          toggleError.replaceChildren();
           try {
-            render(await api(path, { method: "PATCH", body: { [field]: !isOn } }));
+            changed(await api(path, { method: "PATCH", body: { [field]: !isOn } }), focus,
+              `Saved: the ${label} is ${isOn ? "off" : "on"}.`);
           } catch (err) {
             button.disabled = false;
-            button.replaceWith(errorBox(err, label));
+            toggleError.replaceChildren(errorBox(err, label));
           }
         });
         return button;
@@ -1242,6 +1269,7 @@
           ["novelty test", h("span", { "data-testid": "novelty-test", "data-on": String(noveltyOn) }, novelty)]]),
         h("div", { class: "btn-row" }, toggle("template-toggle", "template", "template test", on),
           toggle("novelty-toggle", "novelty", "novelty test", noveltyOn)),
+        toggleError,
         thresholdForm(r));
     };
     // The task's false-reject rate (its threshold re-calibrated from stored held-out scores, no model run) and a
@@ -1262,9 +1290,12 @@
         apply, clear, out);
       for (const control of [rate, override, apply, clear]) needsWrite(control);
       const send = async (body) => {
+        const focus = focused();
         for (const b of [apply, clear]) b.disabled = true;
         try {
-          render(await api(path, { method: "PATCH", body }));
+          changed(await api(path, { method: "PATCH", body }), focus === "routing-clear" ? "routing-override" : focus,
+            body.threshold === null && Object.keys(body).length === 1 ? "Saved: the override is cleared."
+              : "Saved: the threshold above is what prompts are held to now.");
         } catch (err) {
           apply.disabled = false;
           clear.disabled = r.threshold_override === undefined || r.threshold_override === null;
@@ -1688,6 +1719,7 @@
 
     const syncTarget = () => { for (const n of newOnly) n.hidden = target.value !== ""; };
     target.addEventListener("change", syncTarget);
+    card.isBusy = () => busy;  // an upload or its job is running
     card.setTasks = (tasks) => {
       // the panel outlives a view (an upload keeps going): the key's scopes are applied at each showing
       readOnly.hidden = canWrite();
@@ -1803,7 +1835,7 @@
           if (target.value === "") { name.value = ""; meta.value = ""; }
           file.value = "";
         }
-        if (parseHash().path === "/atlas") navigate();  // the atlas redraws: the new point, or the task's failure
+        if (parseHash().path === "/atlas") navigate({ keepScroll: true });  // the new point, or the task's failure
       } catch (err) {
         showError(err, "Upload");
       } finally {
@@ -1830,11 +1862,20 @@
         await api(`/tasks/${encodeURIComponent(task.id)}`, { method: "DELETE" });
         window.location.hash = "#/atlas";
       } catch (err) {
-        btn.disabled = false;
-        btn.replaceWith(errorBox(err, "Delete"));
+        btn.disabled = false; armed = false; btn.textContent = "Delete task"; delete btn.dataset.armed;
+        errorAfter(btn, err, "Delete");
       }
     });
     return btn;
+  }
+  // An action's error shown just after its button, which stays for a retry (the error replaced the button: a retry
+  // took a reload); a later error replaces the earlier one.
+  function errorAfter(btn, err, label) {
+    const old = btn.nextElementSibling;
+    if (old && old.dataset.actionError === "true") old.remove();
+    const box = errorBox(err, label);
+    box.dataset.actionError = "true";
+    btn.after(box);
   }
 
   // ------------------------------------------------------------------ Jobs
@@ -1875,7 +1916,7 @@
         btn.textContent = j.status === "cancelled" ? "Cancelled" : "Cancelling…";
       } catch (err) {
         btn.disabled = false;
-        if (onError) onError(err); else btn.replaceWith(errorBox(err, "Cancel"));
+        if (onError) onError(err); else errorAfter(btn, err, "Cancel");
       }
     });
     return btn;
@@ -1916,7 +1957,7 @@
   function finishedTable(jobs, taskById) {  // (in a scroll box: seven columns do not fit a phone)
     return h("div", { class: "table-wrap" }, h("table", { class: "table compact" },
       h("thead", {}, h("tr", {}, h("th", {}, "Status"), h("th", {}, "Task"), h("th", {}, "Job"), h("th", { class: "num" }, "Samples"),
-        h("th", { class: "num", title: "tokens streamed through the model" }, "Tokens"), h("th", { class: "num" }, "Tokens/s"), h("th", { class: "num" }, "Finished"))),
+        h("th", { class: "num", title: "every token streamed through the model, prompts included (a task's page counts its sketched tokens)" }, "Tokens through model"), h("th", { class: "num" }, "Tokens/s"), h("th", { class: "num" }, "Finished"))),
       h("tbody", {}, jobs.map((job) => {
         const p = job.progress || {};
         const task = taskById.get(String(job.task_id));
