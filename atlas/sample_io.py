@@ -8,7 +8,9 @@ Rules every reader keeps:
 
 * **Lines end at ``"\\n"`` only.** U+0085, U+2028, U+2029 and ``\\x1c``-``\\x1e`` are ordinary characters
   inside JSON strings (raw or escaped) and inside text lines; ``str.splitlines`` is never used. A
-  ``"\\r"`` before the ``"\\n"`` (CRLF files) is dropped in plain text and is whitespace in JSON Lines.
+  ``"\\r"`` before the ``"\\n"`` (CRLF files) is dropped in plain text and is whitespace in JSON Lines. CSV and
+  TSV rows too: a bare ``"\\r"`` inside a quoted field is kept, inside an unquoted one refused (422 naming the row:
+  Python's ``csv`` ended the row there). Each line is decoded on its own, so invalid UTF-8 is named by its line.
 * **Streaming with limits.** Records are read one at a time and the reader stops with
   :class:`~atlas.errors.PayloadTooLarge` (413) as soon as the sample count passes ``max_samples``, a
   sample passes ``max_sample_chars`` or the decoded content passes ``max_bytes`` (this also bounds
@@ -195,9 +197,12 @@ class _BoundedReader(io.RawIOBase):
         return n
 
 
-def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of each line, split on ``b"\\n"`` only (binary ``readline``); at most ``max_blank``
-    blank lines (a gzipped upload of 64 MB of newlines held no sample but cost 20 s of CPU to walk)."""
+def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
+           keep_ends: bool = False) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each line, split on ``b"\\n"`` only (binary ``readline``), each decoded on its own
+    so that invalid UTF-8 is named by its line; at most ``max_blank`` blank lines (a gzipped upload of 64 MB of
+    newlines held no sample but cost 20 s of CPU to walk); ``keep_ends``: each line with its line ending (for the CSV
+    reader: a quoted field keeps its line breaks)."""
     lineno = blank = 0
     while True:
         raw = stream.readline(max_line + 1)
@@ -213,7 +218,7 @@ def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int) -> I
                                   {"line": lineno, "max_line_bytes": max_line})
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
-        if raw.endswith(b"\n"):
+        if raw.endswith(b"\n") and not keep_ends:
             raw = raw[:-1]
         try:
             yield lineno, raw.decode("utf-8")
@@ -340,10 +345,14 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
     limit = counter.limits.max_sample_chars + 1
     if csv.field_size_limit() < limit:
         csv.field_size_limit(limit)
-    text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")  # type: ignore[type-var]
+    # Lines split on "\n" only, as every other format's, each decoded on its own (invalid UTF-8 named by its line: the
+    # text wrapper's error named a row and byte of its read-ahead chunk); a bare "\r" in an unquoted field is an error,
+    # not a row end (a sample was split in two where a .txt upload kept it whole).
+    lines = (line for _, line in _lines(stream, filename, counter.limits.max_line_bytes, counter.limits.max_samples,
+                                        keep_ends=True))
     # strict: a field opened by a quote must be closed by one (a lenient reader dropped the quotes of
     # '"Stop!" he cried' and merged every row after an unbalanced quote into one sample, silently)
-    reader = csv.reader(text, delimiter=delimiter, strict=True)
+    reader = csv.reader(lines, delimiter=delimiter, strict=True)
     row_no = 1
     try:
         header = next(reader, None)
@@ -376,11 +385,13 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
             raise PayloadTooLarge(f"{where}: a field is longer than {counter.limits.max_sample_chars} characters",
                                   {"max_sample_chars": counter.limits.max_sample_chars}) from None
         kind = "TSV" if delimiter == "\t" else "CSV"
+        if "new-line character seen in unquoted field" in str(exc):
+            raise InvalidInput(f"{where}: malformed {kind}: a carriage return (\\r) inside an unquoted field (rows end "
+                               f"at \\n only): quote the field, or upload the text as .txt or .jsonl",
+                               {"row": reader.line_num or row_no}) from None
         raise InvalidInput(f"{where}: malformed {kind}: {exc} (a field that starts with a double quote is a quoted "
                            f"field: close it, and double every quote inside it; or upload the text as .txt or .jsonl)",
                            {"row": reader.line_num or row_no}) from None
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{filename}: not valid UTF-8 near row {reader.line_num + 1} (byte {exc.start})") from None
 
 
 def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
@@ -389,8 +400,11 @@ def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counte
 
     keys = list(mode_fields(mode))
     lim = counter.limits
-    try:  # the columns first: read_dictionary raises a bare KeyError for a column the file lacks
-        check_columns(pq.read_schema(stream).names, mode, filename, "columns")
+    try:  # the columns first: read_dictionary raises a bare KeyError for a column the file lacks, or a nested one
+        schema = pq.read_schema(stream)
+        check_columns(schema.names, mode, filename, "columns")
+        for k in keys:  # (a list<string> column read as "not a readable Parquet file: b'text'")
+            _check_string_type(schema.field(k).type, filename, k)
         stream.seek(0)
         pf = pq.ParquetFile(stream, read_dictionary=keys)  # dictionary pages stay dictionaries until checked
         md = pf.metadata
@@ -436,17 +450,24 @@ def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counte
         raise InvalidInput(f"{filename}: unreadable Parquet data near row {row + 1}: {_short(exc)}") from None
 
 
+def _check_string_type(arrow_type: Any, filename: str, key: str) -> None:
+    """Raise ``InvalidInput`` unless a column of ``arrow_type`` holds strings (or only nulls), naming the type the
+    file declares (a dictionary column by its values' type: "binary", not "dictionary<values=binary, …>")."""
+    import pyarrow as pa
+
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+        raise InvalidInput(f"{filename}: column {key!r} must hold strings, not {t}", {"column": key, "type": str(t)})
+
+
 def _value_bytes(col: Any, filename: str, key: str) -> Any:
     """Byte length of every value of a string column, without decoding dictionary columns."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    _check_string_type(col.type, filename, key)
     if pa.types.is_dictionary(col.type):
-        if not (pa.types.is_string(col.type.value_type) or pa.types.is_large_string(col.type.value_type)):
-            raise InvalidInput(f"{filename}: column {key!r} must hold strings, not {col.type}")
         return pc.take(pc.binary_length(col.dictionary), col.indices)
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type)):
-        raise InvalidInput(f"{filename}: column {key!r} must hold strings, not {col.type}")
     return pc.binary_length(col) if not pa.types.is_null(col.type) else pa.array([], pa.int64())
 
 

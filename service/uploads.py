@@ -346,8 +346,9 @@ TASK_FORM_SCHEMA: dict[str, Any] = {
     "required": ["file", "name"],
     "properties": {
         "file": {"type": "string", "format": "binary",
-                 "description": "JSONL/JSON ({\"text\"} or {\"prompt\",\"completion\"} per record), CSV (same "
-                                "columns), Parquet, or plain text (one sample per line). The extension decides."},
+                 "description": "JSONL/JSON ({\"text\"} or {\"prompt\",\"completion\"} per record), CSV or TSV "
+                                "(same columns), Parquet, or plain text (one sample per line); any of them gzipped "
+                                "(.gz). The extension decides."},
         "name": {"type": "string", "minLength": 1, "maxLength": 300, "example": "smiles"},
         "mode": {"type": "string", "enum": ["text", "completion"], "default": "text"},
         "space": {"type": "string", "description": "Space id or name (default: the loaded model's)."},

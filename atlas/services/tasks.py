@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -193,8 +194,9 @@ class TaskService:
     def page(self, *, space_ref: str | None = None, name: str | None = None, name_prefix: str | None = None,
              status: str | None = None, offset: int = 0, limit: int = 50) -> repo.Page[Task]:
         """List tasks with filters (``name``: exact, normalised like a stored name — stripped; ``name_prefix``:
-        prefix)."""
+        prefix, in NFC as stored names are: a decomposed "cafe\u0301" finds "café")."""
         name = name.strip() if name is not None else None
+        name_prefix = unicodedata.normalize("NFC", name_prefix) if name_prefix else name_prefix
         with self.store.read() as session:
             read_snapshot(session)
             space_id = self.store.resolve_space(session, space_ref).id if space_ref is not None else None

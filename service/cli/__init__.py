@@ -31,8 +31,8 @@ _HINTS = {
     "unreachable": "\n  is the service running there? Start it with `fisher-atlas serve`, or point --url "
                    "(FISHER_ATLAS_URL) at it",
     "unauthorized": "\n  pass a key with --api-key or set FISHER_ATLAS_API_KEY (`fisher-atlas keys create` makes one)",
-    "forbidden": "\n  this key lacks the scope named above: use a key that has it (`fisher-atlas keys list` shows "
-                 "scopes)",
+    "forbidden": "\n  this key lacks the scope named above: use a key that has it (`fisher-atlas keys current` "
+                 "shows this key's scopes)",
 }
 """What to do next, by the code of a client error ("unreachable": the service could not be reached; the client's own
 checks of the caller's input, also without an HTTP status, get no hint)."""

@@ -29,7 +29,8 @@ app = typer.Typer()
 tasks_app = typer.Typer(help="List, show and delete tasks.", no_args_is_help=True)
 jobs_app = typer.Typer(help="List, show and cancel jobs.", no_args_is_help=True)
 
-FileArg = Annotated[Path, typer.Argument(help="JSONL, JSON, CSV, Parquet or plain text (one sample per line).")]
+FileArg = Annotated[Path, typer.Argument(help="JSONL, JSON, CSV, TSV, Parquet or plain text (one sample per line); "
+                                              "gzipped too (.gz).")]
 
 
 @app.command()

@@ -82,6 +82,7 @@ def test_scopes_progress_and_errors_over_http(keyed: dict[str, Any], tmp_path: P
     assert main(["tasks", "delete", "prose", "--yes", "--api-key", reader["key"]]) == 1
     err = capsys.readouterr().err
     assert "403 forbidden" in err and "this key lacks the scope named above" in err
+    assert "`fisher-atlas keys current`" in err  # a command this key may run (`keys list` takes admin)
     with monkeypatch.context() as no_terminal:  # asked with nothing to answer: said, not a silent exit 1
         no_terminal.setattr(sys, "stdin", io.StringIO(""))
         assert main(["tasks", "delete", "prose"]) == 1

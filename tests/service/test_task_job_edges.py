@@ -43,6 +43,11 @@ def test_name_prefix_is_case_sensitive_and_literal(serve, tiny_lm) -> None:
             assert got == want and r.json()["total"] == len(want), (prefix, exact, got)
 
         check()
+        # a decomposed prefix finds the name stored in NFC, as an exact name does (it found nothing)
+        assert _create(http, "caf\u00e9 au lait").status_code == 202
+        for prefix in ("cafe\u0301", "caf\u00e9", "cafe\u0301 au"):
+            got = [t["name"] for t in http.get("/v1/tasks", params={"name_prefix": prefix}).json()["items"]]
+            assert got == ["caf\u00e9 au lait"], (prefix, got)
 
 
 def test_replayed_request_whose_wakeup_fails_keeps_the_first_task(serve, tiny_lm) -> None:
