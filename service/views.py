@@ -14,8 +14,12 @@ from workers.job_progress import progress_view
 
 
 def job_out(job: Job) -> JobOut:
-    """A job row as ``JobOut``."""
-    progress = JobProgress(**progress_view(job.progress))
+    """A job row as ``JobOut``; a job that failed or was cancelled has no time left (``eta_s`` null: its last
+    heartbeat's estimate stayed)."""
+    view = progress_view(job.progress)
+    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        view["eta_s"] = None
+    progress = JobProgress(**view)
     return JobOut.model_validate({
         "id": job.id, "kind": JobKind(job.kind), "task_id": job.task_id, "status": JobStatus(job.status),
         "progress": progress, "result": job_result(job.result), "error": job.error, "created_at": job.created_at,

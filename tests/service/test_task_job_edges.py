@@ -250,3 +250,19 @@ def test_an_upload_whose_every_sample_is_blank_is_refused_at_once(serve, tiny_lm
         assert r.status_code == 422 and "every sample is blank" in r.json()["message"], r.text
         assert [t["name"] for t in http.get("/v1/tasks").json()["items"]] == ["k"]
         assert http.get("/v1/jobs").json()["total"] == 1
+
+
+@pytest.mark.parametrize("status", ["running", "succeeded", "failed", "cancelled"])
+def test_a_job_that_failed_or_was_cancelled_has_no_time_left(status: str) -> None:
+    """A cancelled job kept its last heartbeat's estimate (``eta_s`` 10.2 after it ended, a review)."""
+    import datetime as dt
+
+    from atlas.models import Job
+    from service.views import job_out
+
+    progress = {"samples_done": 20, "samples_total": 40, "tokens": 900, "tokens_per_s": 88.0, "eta_s": 10.156,
+                "tokens_streamed": 1500}
+    job = Job(id=7, kind="create", task_id=3, upload_id=1, status=status, progress=progress, attempts=1,
+              cancel_requested=status == "cancelled", created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    eta = job_out(job).progress.eta_s
+    assert eta == (None if status in ("failed", "cancelled") else 10.156), (status, eta)
