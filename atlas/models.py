@@ -247,6 +247,18 @@ class JobRequest(Base):
     request_sha256: Mapped[str] = mapped_column(String(64))
 
 
+class TaskUpload(Base):
+    """The content address (``Upload.sha256``) of an upload a task holds without a job of this store to say so: it
+    came with the task in a space export. Appending that upload again is refused as a repeat
+    (:func:`atlas.repository.create_append_job`), as for an upload a job of the task added; an export carries both.
+    Deleted with its task (since revision 0012)."""
+
+    __tablename__ = "task_uploads"
+
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
 class JobCheckpoint(Base):
     """Mergeable state of a running job after ``samples_done`` samples (deleted when it succeeds)."""
 

@@ -64,9 +64,9 @@ from atlas.task_names import normalize_name
 from atlas.upload_repository import decode_samples as decode_samples
 from atlas.upload_repository import encode_samples as encode_samples
 from atlas.upload_repository import get_or_create_upload as get_or_create_upload
+from atlas.upload_repository import held_by_import, purge_orphan_uploads_now
 from atlas.upload_repository import load_upload_samples as load_upload_samples
 from atlas.upload_repository import purge_orphan_uploads as purge_orphan_uploads
-from atlas.upload_repository import purge_orphan_uploads_now
 from atlas.vocabulary import Mode
 
 T = TypeVar("T")
@@ -245,11 +245,13 @@ def _refuse_repeated_upload(session: Session, task: Task, upload: Upload) -> Non
         select(Job.id).where(Job.task_id == task.id, Job.upload_id == upload.id,
                              Job.status.in_([JOB_QUEUED, JOB_RUNNING, JOB_SUCCEEDED])).limit(1)
     ).scalar_one_or_none()
-    if earlier is not None:
+    how = f"job {earlier} added the same upload" if earlier is not None else (
+        "it was imported with the same upload" if held_by_import(session, task.id, upload.sha256) else None)
+    if how is not None:
         raise Conflict(
-            f"task {task.name!r} already holds these {upload.n_samples} samples (job {earlier} added the same "
-            "upload: same samples, same order); appending them again would count each twice. To weight samples, "
-            "repeat them within one upload.", {"task_id": task.id, "job_id": int(earlier)})
+            f"task {task.name!r} already holds these {upload.n_samples} samples ({how}: same samples, same order); "
+            "appending them again would count each twice. To weight samples, repeat them within one upload.",
+            {"task_id": task.id, "job_id": None if earlier is None else int(earlier)})
 
 
 def get_task(session: Session, task_id: int) -> Task:

@@ -5,8 +5,9 @@ Format (version 2)::
     {"format": "fisher-atlas-space", "version": 2, "space": {...spec and fingerprints...}, "n_tasks": N}
     {"name": ..., "mode": ..., "metadata": {...}, "version": v, "n_samples": ..., "n_tokens": ...,
      "state": base64, "signature": base64, "baselines": base64 | null,
-     "routing": {...} | null, "terms": base64}       (one line per ready task; "terms", the lexical record,
-                                                      only when there is no routing record to carry it)
+     "routing": {...} | null, "terms": base64,       (one line per ready task; "terms", the lexical record,
+     "uploads": [sha256 hex, ...]}                    only when there is no routing record to carry it; "uploads",
+                                                      the content addresses of the uploads the task holds)
     {"trailer": true, "n_tasks": n, "sha256": hex of every byte before this line}
 
 Lines end at ``"\\n"`` only (JSON escapes every control character, so no record spans lines).
@@ -42,7 +43,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, BinaryIO, Literal, NamedTuple
+from typing import Annotated, Any, BinaryIO, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -51,6 +52,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import lexicon_repo, routing_repo
 from atlas import repository as repo
+from atlas import upload_repository as upload_repo
 from atlas.db import read_snapshot
 from atlas.errors import Conflict, InvalidInput, PayloadTooLarge
 from atlas.json_bounds import MAX_JSON_VALUES, first_line_over
@@ -70,6 +72,8 @@ MAX_M = 65_536
 MAX_DK = 1 << 21
 SIGNATURE_ATOL = 1e-5
 """Largest difference allowed between a line's signature and the one recomputed from its state."""
+MAX_HELD_UPLOADS = 100_000
+"""Most upload addresses one task line may carry (each append adds one)."""
 
 
 class ExportSpace(BaseModel):
@@ -125,6 +129,10 @@ class ExportTask(BaseModel):
     baselines: str | None = None
     routing: dict[str, Any] | None = None
     terms: str | None = None
+    uploads: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = Field(default_factory=list,
+                                                                            max_length=MAX_HELD_UPLOADS)
+    """Content addresses of the uploads the task holds (its jobs' and those it was imported with): an append of one
+    of them again after the import is refused as a repeat. Absent from exports written before 2026-12-02."""
 
 
 class ExportTrailer(BaseModel):
@@ -179,6 +187,7 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
             baselines = repo.get_baselines(session, part)
             sig_ids, vectors = repo.get_signatures(session, task_ids=part)
             routes = routing_repo.export_records(session, part)
+            held = upload_repo.held_uploads(session, part)
             # the lexical record of a task without a routing record (stored before routing existed, or whose
             # prompt-side pass failed) is not in ``routes``: carried on its own, else the import loses it
             orphan_terms = lexicon_repo.get_blobs(session, [t for t in part if t not in routes])
@@ -195,6 +204,7 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
                 "signature": base64.b64encode(sigs[tid].astype("<f4").tobytes()).decode(),
                 "baselines": base64.b64encode(baselines[tid]).decode() if tid in baselines else None,
                 "routing": routes.get(tid),
+                "uploads": held.get(tid, []),
             }
             if tid in orphan_terms:
                 line["terms"] = base64.b64encode(orphan_terms[tid]).decode()
@@ -384,7 +394,7 @@ def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]
         seen.add(name)
         tasks.append({"name": name, "mode": rec.mode, "metadata": rec.metadata, "version": rec.version,
                       "n_samples": state.n_samples, "n_tokens": state.n_tokens, "span": span,
-                      "created_at": rec.created_at})
+                      "created_at": rec.created_at, "uploads": rec.uploads})
     return spec, sp.model_fingerprint, sp.model_name, tasks
 
 
@@ -442,6 +452,7 @@ def import_space(write: sessionmaker[Session], data: ExportBytes, *, on_conflict
                 raise InvalidInput(f"task {t['name']!r}: {exc.message}", exc.detail) from None
             if terms is not None and not (isinstance(routing, dict) and routing.get("terms")):
                 lexicon_repo.put_record(session, task.id, terms)
+            upload_repo.record_held_uploads(session, task.id, t["uploads"])
             session.flush()
             session.expunge_all()  # the rows are in the transaction; their ORM copies (the state) need not stay
     return space_id, len(tasks) - len(skipped), skipped

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from sqlalchemy import delete, exists, select
@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from atlas.errors import InvalidInput, NotFound
-from atlas.models import Job, Upload
+from atlas.models import JOB_APPEND, JOB_CREATE, JOB_SUCCEEDED, Job, TaskUpload, Upload
 from atlas.sample_writers import decode_jsonl, write_jsonl
 from atlas.samples import Sample
 
@@ -91,3 +91,34 @@ def purge_orphan_uploads_now(session: Session) -> int:
             return purge_orphan_uploads(session)
     except IntegrityError:
         return 0
+
+
+def held_uploads(session: Session, task_ids: Sequence[int]) -> dict[int, list[str]]:
+    """The content addresses of the uploads each task holds (sorted; a task without any is left out): those its
+    succeeded create and append jobs added, and those it was imported with (``task_uploads``). A space export carries
+    them, so appending one of them again after an import is refused as a repeat, as it is here."""
+    ids = [int(t) for t in task_ids]
+    out: dict[int, set[str]] = {}
+    if not ids:
+        return {}
+    jobs = session.execute(
+        select(Job.task_id, Upload.sha256).join(Upload, Upload.id == Job.upload_id)
+        .where(Job.task_id.in_(ids), Job.kind.in_([JOB_CREATE, JOB_APPEND]), Job.status == JOB_SUCCEEDED)
+    ).all()
+    imported = session.execute(select(TaskUpload.task_id, TaskUpload.sha256).where(TaskUpload.task_id.in_(ids))).all()
+    for tid, sha in [*jobs, *imported]:
+        if tid is not None:
+            out.setdefault(int(tid), set()).add(str(sha))
+    return {tid: sorted(shas) for tid, shas in out.items()}
+
+
+def record_held_uploads(session: Session, task_id: int, digests: Iterable[str]) -> None:
+    """Remember that ``task_id`` holds the uploads of these content addresses without a job of this store (it was
+    imported with them)."""
+    for sha in sorted(set(digests)):
+        session.add(TaskUpload(task_id=int(task_id), sha256=sha))
+
+
+def held_by_import(session: Session, task_id: int, sha256: str) -> bool:
+    """Whether ``task_id`` was imported holding the upload of content address ``sha256``."""
+    return session.get(TaskUpload, (int(task_id), sha256)) is not None

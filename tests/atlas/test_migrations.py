@@ -127,7 +127,8 @@ def test_0003_backfills_the_term_counts_of_existing_tasks(empty_url: str) -> Non
         assert got.template.docs == len(texts)
 
 
-def test_0004_derives_the_templates_of_bare_records_and_downgrades_them(empty_url: str) -> None:
+def test_0004_derives_the_templates_of_bare_records_and_downgrades_them(empty_url: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from sqlalchemy import update
 
     from atlas import repository
@@ -141,6 +142,8 @@ def test_0004_derives_the_templates_of_bare_records_and_downgrades_them(empty_ur
     space = make_space(factory)
     jobs = [[Sample(text=f"The capital of {c} is ___ .") for c in ("France", "Peru", "Chad")],
             [Sample(text="The capital of Laos is ___ ."), Sample(text="Lima is the capital of ___ .")]]
+    # an append as 0003's code stored it: without the imported uploads' table (0012), which it did not consult
+    monkeypatch.setattr(repository, "held_by_import", lambda *_: False)
     with factory.begin() as s:
         task, j1 = repository.create_task_with_job(s, space.id, "capitals", "text", {}, jobs[0])
         j2 = repository.append_samples(s, task.id, jobs[1])
@@ -434,6 +437,48 @@ def test_0010_adds_the_request_digests_none_for_existing_jobs_and_drops_them_on_
     eng.dispose()
 
 
+def test_0012_adds_the_imported_uploads_none_for_existing_tasks_and_drops_them_on_downgrade(empty_url: str) -> None:
+    """0012 adds ``task_uploads``: a task stored before it has no row (its jobs say what it holds), an imported
+    task's addresses are stored and deleted with it, and the downgrade drops the table, tasks kept."""
+    from sqlalchemy import select, text
+
+    from atlas import repository, upload_repository
+    from atlas.models import TaskUpload
+    from atlas.samples import Sample
+    from tests.atlas.fixtures import make_space
+
+    migrations.upgrade(empty_url, "0011")
+    eng = db.make_engine(empty_url, pool_size=1)
+    space = make_space(db.session_factory(eng))
+    with db.session_factory(eng).begin() as s:
+        old, _ = repository.create_task_with_job(s, space.id, "old", "text", {}, [Sample(text="x y")])
+        old_id = int(old.id)
+    eng.dispose()
+    migrations.upgrade(empty_url)
+    eng = db.make_engine(empty_url, pool_size=1)
+    factory = db.session_factory(eng)
+    with factory.begin() as s:
+        assert upload_repository.held_uploads(s, [old_id]) == {}  # its job has not succeeded: nothing held yet
+        upload_repository.record_held_uploads(s, old_id, ["ab" * 32, "cd" * 32, "ab" * 32])
+    with factory() as s:
+        assert upload_repository.held_uploads(s, [old_id]) == {old_id: ["ab" * 32, "cd" * 32]}
+        assert upload_repository.held_by_import(s, old_id, "cd" * 32)
+    with factory.begin() as s:
+        repository.delete_task(s, old_id)
+    with factory() as s:
+        assert s.execute(select(TaskUpload)).scalars().all() == []  # deleted with its task
+    with factory.begin() as s:
+        kept, _ = repository.create_task_with_job(s, space.id, "kept", "text", {}, [Sample(text="x y")])
+        upload_repository.record_held_uploads(s, int(kept.id), ["ef" * 32])
+    eng.dispose()
+    migrations.downgrade(empty_url, "0011")
+    assert "task_uploads" not in _tables(empty_url)
+    eng = db.make_engine(empty_url, pool_size=1)
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT name FROM tasks")).scalars().all() == ["kept"]
+    eng.dispose()
+
+
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
 def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path: Path, capsys) -> None:
     """``alembic upgrade head --sql`` / ``downgrade head:base --sql`` (env.py's offline mode) render on both
@@ -450,7 +495,7 @@ def test_offline_sql_scripts_render_and_match_the_models(dialect: str, tmp_path:
     command.upgrade(cfg, "head", sql=True)
     script = capsys.readouterr().out
     assert "CREATE TABLE task_lexicon" in script and "template_test" in script and "novelty_test" in script
-    assert "CREATE TABLE job_requests" in script
+    assert "CREATE TABLE job_requests" in script and "CREATE TABLE task_uploads" in script
     command.downgrade(cfg, "head:base", sql=True)
     assert "DROP TABLE tasks" in capsys.readouterr().out
     if dialect == "sqlite":

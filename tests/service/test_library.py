@@ -174,3 +174,51 @@ def test_an_export_holding_a_name_with_an_invisible_character_still_imports(tmp_
     with Atlas(tmp_path / "new", **settings) as atlas:
         assert atlas.import_(export) == 1
         assert [t.name for t in atlas.tasks()] == ["chem\u200bistry"]
+
+
+def test_an_imported_task_still_refuses_its_own_upload_again(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """An export carries the content addresses of each task's uploads, so appending the file a task was made from
+    is refused after an export and import too (it was accepted there, counting every sample twice: a review); an
+    export without them (written before) still imports, and a malformed one is refused before anything is stored."""
+    import hashlib
+    import json
+
+    from atlas.errors import Conflict
+    from atlas.errors import InvalidInput as AtlasInvalidInput
+
+    first = ["the quick brown fox jumps", "a lazy dog sleeps all day", "rain falls on the quiet river"]
+    more = ["clouds gather over the hills"]
+    with Atlas(tmp_path / "a", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        atlas.add("prose", first, progress=False)
+        atlas.append("prose", more, progress=False)
+        export = atlas.export(tmp_path / "space.jsonl")
+    line = json.loads(export.read_text().splitlines()[1])
+    assert len(line["uploads"]) == 2 and all(len(u) == 64 for u in line["uploads"])
+    with Atlas(tmp_path / "b", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as copy:
+        assert copy.import_(export) == 1
+        for samples in (first, more):
+            with pytest.raises(Conflict, match="it was imported with the same upload"):
+                copy.append("prose", samples, progress=False)
+        copy.append("prose", ["new text about the sea"], progress=False)  # anything else is appended
+        again = copy.export(tmp_path / "again.jsonl")  # a re-export carries the imported ones and its own
+        assert len(json.loads(again.read_text().splitlines()[1])["uploads"]) == 3
+    lines = export.read_text().splitlines()
+    for uploads, ok in ((None, True), (["not-a-digest"], False)):
+        rec = json.loads(lines[1])
+        if uploads is None:
+            rec.pop("uploads")
+        else:
+            rec["uploads"] = uploads
+        body = [lines[0], json.dumps(rec)]
+        raw = "".join(x + "\n" for x in body).encode()
+        trailer = {"trailer": True, "n_tasks": 1, "sha256": hashlib.sha256(raw).hexdigest()}
+        edited = tmp_path / f"edited-{ok}.jsonl"
+        edited.write_bytes(raw + (json.dumps(trailer) + "\n").encode())
+        with Atlas(tmp_path / f"c-{ok}", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as other:
+            if ok:
+                assert other.import_(edited) == 1
+                other.append("prose", first, progress=False)  # nothing says it holds them: appended
+            else:
+                with pytest.raises(AtlasInvalidInput, match="invalid task record"):
+                    other.import_(edited)
+                assert other.tasks() == []
