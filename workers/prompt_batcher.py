@@ -249,7 +249,9 @@ class PromptBatcher:
         prepared : sequence of PreparedSample
             From :meth:`prepare` (any number; indices are ignored).
         sketched : callable, optional
-            Called with the number of prompts sketched so far after each batched sketch (a job's progress).
+            Called with the number of prompts through the model so far after each length bucket's forward (a job's
+            progress: the forwards take most of the time; their batched sketches follow every ``SKETCH_ROWS``
+            positions and at the end, and a pass that fits one sketch reported nothing until it ended).
 
         Returns
         -------
@@ -263,7 +265,7 @@ class PromptBatcher:
         out: list[SketchState | None] = [None] * len(prepared)
         hidden_means = torch.zeros((len(prepared), lm.hidden_size), dtype=torch.float64)
         rows: list[tuple[torch.Tensor, torch.Tensor, list[PreparedSample]]] = []
-        n_rows = n_done = 0
+        n_rows = n_done = n_forwarded = 0
 
         def flush() -> None:
             nonlocal n_rows, n_done
@@ -285,18 +287,20 @@ class PromptBatcher:
                 out[ps.index] = st
             rows.clear()
             n_rows, n_done = 0, n_done + len(group_of)
-            if sketched is not None:
-                sketched(n_done)
 
         with torch.inference_mode():
             for bucket in self.buckets(items):
                 tb = collate(bucket, ex.pad_id, ex.padding_side)
                 parts = list(iter_head_batches(lm, tb, logits_chunk=max(tb.n_positions, 1)))
                 rows.append((torch.cat([hb.a for hb in parts]), torch.cat([hb.e for hb in parts]), bucket))
-                n_rows += tb.n_positions
+                n_rows, n_forwarded = n_rows + tb.n_positions, n_forwarded + len(bucket)
                 if n_rows >= SKETCH_ROWS:
                     flush()
+                if sketched is not None and n_forwarded < len(items):  # the last one: once its sketch is done
+                    sketched(n_forwarded)
             flush()
+            if sketched is not None:
+                sketched(n_done)
         assert all(s is not None for s in out)
         return PromptStates.of([s for s in out if s is not None], project(hidden_means.numpy()),
                                [p.truncated for p in prepared])

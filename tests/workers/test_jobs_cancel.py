@@ -91,14 +91,18 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
         assert repository.get_state_blob(s, task_id) is not None  # the first task is untouched
 
 
+@pytest.mark.parametrize("sketch_rows", [32, None])
 def test_routing_phase_reports_progress_within_one_window(ctx: WorkerContext, space_id: int,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A completion job whose prompts fit one window (256) reports the routing phase as its batched sketches finish,
-    not only at its start and end (until 2026-12-01 a job of up to 256 pairs showed 0 of N until the pass ended)."""
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          sketch_rows: int | None) -> None:
+    """A completion job whose prompts fit one window (256) reports the routing phase as its length buckets go through
+    the model, not only at its start and end (until 2026-12-01 a job of up to 256 pairs showed 0 of N until the pass
+    ended; until 2026-12-02 a pass that fit one batched sketch did too: "routing prompts 0 / 32", a review)."""
     from workers import jobs as jobs_module
     from workers import prompt_batcher
 
-    monkeypatch.setattr(prompt_batcher, "SKETCH_ROWS", 32)  # a sketch every ~32 positions: several per window
+    if sketch_rows is not None:
+        monkeypatch.setattr(prompt_batcher, "SKETCH_ROWS", sketch_rows)  # a sketch every ~32 positions too
     seen: list[tuple[int, int]] = []
     set_progress = jobs_module._Heartbeat.set_progress
 
