@@ -8,6 +8,7 @@ sends the key and its progress streams with it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,38 @@ def test_add_append_and_delete_a_task_through_the_form(
     assert f"1 of {len(more) + 1} samples skipped (too_short: 1)" in notes.inner_text()
     with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
         assert http.get(f"/v1/tasks/{task['id']}").json()["n_samples"] == len(texts) + len(more)
+
+    # samples pasted instead of a file (the form took files only): one per line, appended to the task
+    pasted = [f"Sonnet {i}: so long as men can breathe or eyes can see." for i in range(75, 80)]
+    second_job = progress.get_attribute("data-job-id")
+    page.set_input_files("[data-testid=add-file]", str(write_jsonl(tmp_path / "both.jsonl", pasted)))
+    page.fill("[data-testid=add-paste]", "\n".join(pasted))
+    page.click("[data-testid=add-submit]")  # both a file and pasted text: which one was meant is said, not guessed
+    page.locator("[data-testid=add-message] [data-testid=error]", has_text="not both").wait_for()
+    page.set_input_files("[data-testid=add-file]", [])
+    page.click("[data-testid=add-submit]")
+    page.locator(
+        f"[data-testid=add-progress][data-status=succeeded]:not([data-job-id='{second_job}'])"
+    ).wait_for(timeout=JOB_TIMEOUT_S * 1000)
+    assert page.input_value("[data-testid=add-paste]") == ""
+    with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
+        total = len(texts) + len(more) + len(pasted)
+        assert http.get(f"/v1/tasks/{task['id']}").json()["n_samples"] == total
+    # pasted JSON lines make a completion task (its pairs read as a .jsonl file's)
+    pairs = [{"prompt": f"Question: is {w} a colour?\nAnswer:", "completion": " yes"} for w in ("red", "blue", "teal")]
+    page.select_option("[data-testid=add-target]", "")
+    page.fill("[data-testid=add-name]", "form-pasted-pairs")
+    page.select_option("[data-testid=add-mode]", "completion")
+    page.fill("[data-testid=add-paste]", "\n".join(json.dumps(p) for p in pairs))
+    third_job = progress.get_attribute("data-job-id")
+    page.click("[data-testid=add-submit]")
+    page.locator(
+        f"[data-testid=add-progress][data-status=succeeded]:not([data-job-id='{third_job}'])"
+    ).wait_for(timeout=JOB_TIMEOUT_S * 1000)
+    with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
+        made = http.get("/v1/tasks", params={"name": "form-pasted-pairs"}).json()["items"][0]
+        assert (made["mode"], made["n_samples"]) == ("completion", len(pairs))
+        assert http.delete(f"/v1/tasks/{made['id']}").status_code == 204
 
     # delete it from its page: the atlas is back to what it was
     page.goto(f"{dashboard_service.base}/dashboard/#/task/{task['id']}")

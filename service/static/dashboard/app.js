@@ -1687,7 +1687,7 @@
   }
   function buildAddPanel() {
     const target = h("select", { id: "add-target", "data-testid": "add-target" });
-    const file = h("input", { id: "add-file", type: "file", required: true, "data-testid": "add-file",
+    const file = h("input", { id: "add-file", type: "file", "data-testid": "add-file",
       accept: ".jsonl,.ndjson,.jsonlines,.json,.csv,.tsv,.parquet,.txt,.text,.gz,text/plain,application/json,text/csv,text/tab-separated-values,application/gzip" });
     const name = h("input", { id: "add-name", type: "text", maxlength: 300, autocomplete: "off", spellcheck: "false",
       placeholder: "e.g. legal-contracts", "data-testid": "add-name" });
@@ -1695,6 +1695,10 @@
       h("option", { value: "text" }, "text: every next token"), h("option", { value: "completion" }, "completion: prompt → completion"));
     const meta = h("textarea", { id: "add-metadata", rows: 2, spellcheck: "false", placeholder: '{"domain": "law"}',
       "data-testid": "add-metadata" });
+    // Samples typed or pasted instead of a file: sent as the file the service reads the same way (a .txt of one sample
+    // per line; JSON lines, {"text"} or {"prompt", "completion"}, when the first line is a JSON object).
+    const paste = h("textarea", { id: "add-paste", rows: 3, spellcheck: "false", "data-testid": "add-paste",
+      placeholder: "one sample per line — or JSON lines of {\"prompt\": …, \"completion\": …}" });
     const submit = h("button", { type: "submit", class: "btn primary", "data-testid": "add-submit" }, "Upload");
     const readOnly = h("span", { class: "muted small", "data-testid": "add-read-only", hidden: true }, READ_ONLY_TITLE);
     const message = h("div", { "data-testid": "add-message", "aria-live": "polite" });
@@ -1712,6 +1716,7 @@
     const form = h("form", { class: "add-form", "data-testid": "add-form", autocomplete: "off" },
       h("label", { class: "field", for: "add-target" }, h("span", {}, "Add to"), target),
       h("label", { class: "field", for: "add-file" }, h("span", {}, "File (JSONL, JSON, CSV, TSV, Parquet or .txt; gzipped too)"), file),
+      h("label", { class: "field", for: "add-paste" }, h("span", {}, "…or paste samples"), paste),
       newOnly, h("div", { class: "btn-row" }, submit, readOnly));
     const card = h("div", { class: "card add-card", "data-testid": "add-panel" }, h("h2", {}, "Add a task"), form, message, progressBox);
     let busy = false;
@@ -1768,8 +1773,12 @@
       if (busy) return;
       message.replaceChildren();
       resetProgress();
-      const f = file.files && file.files[0];
-      if (!f) { showError(new Error("choose a file to upload"), "Upload"); return; }
+      const chosen = file.files && file.files[0];
+      const pasted = paste.value.trim();
+      if (chosen && pasted) { showError(new Error("give a file or pasted samples, not both"), "Upload"); return; }
+      if (!chosen && !pasted) { showError(new Error("choose a file to upload, or paste samples"), "Upload"); return; }
+      const f = chosen || new File([paste.value], pasted.startsWith("{") ? "pasted.jsonl" : "pasted.txt",
+        { type: "text/plain" });
       const data = new FormData();
       data.append("file", f, f.name);
       let path = "/tasks";
@@ -1833,7 +1842,7 @@
             taskLink(final.task_id, "open the task")),
           ...(notes ? [h("p", { class: "note small", "data-testid": "add-notes" }, notes)] : []));
           if (target.value === "") { name.value = ""; meta.value = ""; }
-          file.value = "";
+          file.value = ""; paste.value = "";
         }
         if (parseHash().path === "/atlas") navigate({ keepScroll: true });  // the new point, or the task's failure
       } catch (err) {
