@@ -44,6 +44,20 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
+def _downgrade_drops(url: str, revision: str, table: str, query: str) -> list[Any]:
+    """Downgrade ``url`` to ``revision``, which drops ``table``; the first column of ``query`` over what stayed."""
+    from sqlalchemy import text
+
+    migrations.downgrade(url, revision)
+    assert table not in _tables(url)
+    engine = db.make_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text(query)).scalars().all())
+    finally:
+        engine.dispose()
+
+
 def _routing_row_at(url: str, revision: str, columns: str, values: str, params: dict[str, Any]) -> int:
     """A task and its ``task_routing`` row (``columns`` / ``values`` of the INSERT, ``:t`` the task id) stored at
     ``revision``; returns the task id."""
@@ -429,18 +443,13 @@ def test_0010_adds_the_request_digests_none_for_existing_jobs_and_drops_them_on_
     with factory() as s:
         assert s.get(JobRequest, job_id) is None  # deleted with its job
     eng.dispose()
-    migrations.downgrade(empty_url, "0009")
-    assert "job_requests" not in _tables(empty_url)
-    eng = db.make_engine(empty_url, pool_size=1)
-    with eng.connect() as conn:
-        assert conn.execute(text("SELECT idempotency_key FROM jobs")).scalars().all() == ["old"]
-    eng.dispose()
+    assert _downgrade_drops(empty_url, "0009", "job_requests", "SELECT idempotency_key FROM jobs") == ["old"]
 
 
 def test_0012_adds_the_imported_uploads_none_for_existing_tasks_and_drops_them_on_downgrade(empty_url: str) -> None:
     """0012 adds ``task_uploads``: a task stored before it has no row (its jobs say what it holds), an imported
     task's addresses are stored and deleted with it, and the downgrade drops the table, tasks kept."""
-    from sqlalchemy import select, text
+    from sqlalchemy import select
 
     from atlas import repository, upload_repository
     from atlas.models import TaskUpload
@@ -471,12 +480,7 @@ def test_0012_adds_the_imported_uploads_none_for_existing_tasks_and_drops_them_o
         kept, _ = repository.create_task_with_job(s, space.id, "kept", "text", {}, [Sample(text="x y")])
         upload_repository.record_held_uploads(s, int(kept.id), ["ef" * 32])
     eng.dispose()
-    migrations.downgrade(empty_url, "0011")
-    assert "task_uploads" not in _tables(empty_url)
-    eng = db.make_engine(empty_url, pool_size=1)
-    with eng.connect() as conn:
-        assert conn.execute(text("SELECT name FROM tasks")).scalars().all() == ["kept"]
-    eng.dispose()
+    assert _downgrade_drops(empty_url, "0011", "task_uploads", "SELECT name FROM tasks") == ["kept"]
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
