@@ -47,6 +47,23 @@ STATE_CACHE_BYTES = 512 * 1024 * 1024
 """Memory budget of the deserialised-state cache of a process."""
 
 
+def remote_mode_notes(settings: Settings) -> list[str]:
+    """What a front end without a model (prompts sketched by workers over Redis) does not do of what its settings
+    ask, said at start (both were ignored silently): it runs no job itself, so the in-process queue is replaced by
+    the workers' Celery queue, and it sketches nothing, so its sketch settings choose no space (each worker's do)."""
+    notes = []
+    if settings.queue != "celery":
+        notes.append("FISHER_ATLAS_QUEUE=inprocess is not used: with prompts sketched by workers over Redis "
+                     "(FISHER_ATLAS_PROMPT_SERVICE=redis) this process loads no model, so its jobs go to the "
+                     "workers' Celery queue (set FISHER_ATLAS_QUEUE=celery to say so)")
+    spec_fields = sorted({"sketch_dim", "sketch_seed", "error_projection"} & settings.model_fields_set)
+    if spec_fields:
+        names = ", ".join(f"FISHER_ATLAS_{f.upper()}" for f in spec_fields)
+        notes.append(f"{names} has no effect on a front end without a model: each worker's settings choose the "
+                     "space it sketches for, and this process serves the spaces the workers announce")
+    return notes
+
+
 class Container:
     """Everything one service process holds (see the module docstring).
 
@@ -111,7 +128,8 @@ class Container:
         self.tasks = TaskService(store, self.index, self.state_loader, self.queue, self.require_computable)
         self.jobs = JobService(store)
         self.queries = QueryService(store, self.index, self.state_loader, self.prompts,
-                                    observe=lambda kind, seconds: observe.labels(kind=kind).observe(seconds))
+                                    observe=lambda kind, seconds: observe.labels(kind=kind).observe(seconds),
+                                    observe_forward=self.metrics.forward_seconds.observe)
         self.spaces = SpaceService(store, self.index)
         self.thresholds = ThresholdService(store, self.queries)
         self.metrics.watch_store(self.store_stats)
@@ -177,6 +195,8 @@ class Container:
         from workers.prompt_remote import RedisPromptSketcher
 
         s = self.settings
+        for note in remote_mode_notes(s):
+            log.warning(note)
         self.prompts = RedisPromptSketcher(s.redis_url, timeout_s=s.prompt_timeout_s, max_pending=s.prompt_max_pending)
         self.queue = CeleryJobQueue(create_celery(s))
 
@@ -306,6 +326,8 @@ class Container:
             assert self.queries is not None and self.prompts is not None
             try:  # the default space first: a database that does not answer is not Redis's fault
                 space = self.queries.space_key(None)
+            except AtlasError as exc:  # no space yet (no worker ever announced one): said as the routes say it
+                return False, exc.message
             except Exception:
                 return False, "the default space cannot be read (see the database's check)"
             try:  # workers announce in Redis: ready when one serves the default space (and Redis answers)

@@ -10,9 +10,10 @@ Metrics
 ``fisher_atlas_http_requests_total{method,route,status}`` / ``fisher_atlas_http_request_duration_seconds``
     Every request, by route template.
 ``fisher_atlas_search_seconds{kind}``
-    Search + exact re-rank time, model forward excluded (``kind`` = route | sources | align | atlas).
+    Search + exact re-rank time, model forward excluded (``kind`` = route | sources | align | matrix | atlas).
 ``fisher_atlas_prompt_forward_seconds``
-    Prompt forward + sketch time of ``/v1/route`` (per prompt).
+    Per ``/v1/route`` request: the wait for its prompts' states (queue, model forward and sketch; in this process
+    or on a worker over Redis). It was declared but never observed until 2026-12-02.
 ``fisher_atlas_job_duration_seconds`` (summary from SQL), ``fisher_atlas_job_tokens_total``,
 ``fisher_atlas_job_tokens_per_second`` (last finished job), ``fisher_atlas_jobs{status}``,
 ``fisher_atlas_queue_depth``, ``fisher_atlas_index_size``.
@@ -93,7 +94,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
         self.forward_seconds = Histogram(
-            "fisher_atlas_prompt_forward_seconds", "Prompt forward + sketch time per prompt.",
+            "fisher_atlas_prompt_forward_seconds",
+            "Per route request: the wait for its prompts' states (queue, model forward and sketch).",
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 

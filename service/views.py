@@ -14,10 +14,10 @@ from workers.job_progress import progress_view
 
 
 def job_out(job: Job) -> JobOut:
-    """A job row as ``JobOut``; a job that failed or was cancelled has no time left (``eta_s`` null: its last
-    heartbeat's estimate stayed)."""
+    """A job row as ``JobOut``; a job that nothing runs — queued (again, after its worker died), failed or cancelled
+    — reports no time left (``eta_s`` null: its last heartbeat's estimate stayed)."""
     view = progress_view(job.progress)
-    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+    if job.status in (JobStatus.QUEUED, JobStatus.FAILED, JobStatus.CANCELLED):
         view["eta_s"] = None
     progress = JobProgress(**view)
     return JobOut.model_validate({

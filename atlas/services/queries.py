@@ -57,17 +57,21 @@ class QueryService:
     prompts
         Sketches routing prompts (in this process or on remote workers).
     observe
-        ``observe(kind, seconds)`` records a query's latency (``/metrics``); optional.
+        ``observe(kind, seconds)`` records a query's latency, model forward excluded (``/metrics``); optional.
+    observe_forward
+        ``observe_forward(seconds)`` records a route request's wait for its prompts' states (queue, forward and
+        sketch, in this process or on a worker); optional.
     """
 
     def __init__(self, store: Store, index: IndexManager, states: StateLoader, prompts: PromptSketcher,
-                 observe: Any = None) -> None:
+                 observe: Any = None, observe_forward: Any = None) -> None:
         self.store = store
         self.settings = store.settings
         self.index = index
         self.states = states
         self.prompts = prompts
         self.observe = observe or (lambda kind, seconds: None)
+        self.observe_forward = observe_forward or (lambda seconds: None)
         self._space_keys: dict[str, tuple[float, SpaceKey]] = {}
         self._prompt_side: dict[int, tuple[int, frozenset[int]]] = {}
         self.whitenings = WhiteningCache()
@@ -153,6 +157,7 @@ class QueryService:
         t0 = time.perf_counter()
         states = await self.prompts.sketch(key, prompts)
         timings.forward_s = time.perf_counter() - t0
+        self.observe_forward(timings.forward_s)
         t1 = time.perf_counter()
         answers = await asyncio.to_thread(self.search_states, key.space_id, states, k=k, threshold=thr,
                                           candidates=candidates or analysis.route_pool(k),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -185,6 +186,11 @@ def test_task_lifecycle_queries_and_export_import(serve, tiny_lm, tmp_path: Path
                  "fisher_atlas_job_duration_seconds_count", "fisher_atlas_job_tokens_per_second",
                  "fisher_atlas_queue_depth", "fisher_atlas_http_request_duration_seconds_bucket"):
         assert name in metrics, name
+    # one observation per route request (the forward histogram was declared and never observed: always 0)
+    routes = re.search(r'^fisher_atlas_http_requests_total\{method="POST",route="/v1/route",status="200"\} (\S+)$',
+                       metrics, re.M)
+    forward = re.search(r"^fisher_atlas_prompt_forward_seconds_count (\S+)$", metrics, re.M)
+    assert routes is not None and forward is not None and float(forward.group(1)) == float(routes.group(1)) >= 1
 
 
 def test_errors_share_one_body(serve, tiny_lm) -> None:

@@ -147,6 +147,10 @@ def test_remote_mode_equals_embedded(deployment: dict[str, Any], tiny_model_dir:
     # no worker yet: not ready (it answered ready while every route and upload was a 503)
     ready = httpx.get(url + "/readyz", timeout=10)
     assert ready.status_code == 503 and ready.json()["checks"]["model"] is False, ready.text
+    # the reason the routes give (it said "the default space cannot be read (see the database's check)" beside a
+    # database check that passed), and the sketch size this front end cannot apply is said in its log
+    assert ready.json()["detail"]["model"].startswith("no space exists yet: start a worker"), ready.text
+    assert "FISHER_ATLAS_SKETCH_DIM has no effect on a front end without a model" in (tmp_path / "api.log").read_text()
     w = deployment["worker"](tiny_model_dir, "worker")
     _until(lambda: _served(url), 90, "the worker to serve prompts", w)
     prompts = _prompts(20, seed=900)
@@ -256,3 +260,15 @@ def test_two_models_reach_their_workers(deployment: dict[str, Any], tiny_model_d
         r = http.post("/v1/tasks", json={"name": "late", "space": sb, "samples": [{"text": "no model for me"}]})
         assert r.status_code == 503, r.text
         assert _served(url, sa)
+
+
+def test_a_front_end_without_a_model_says_which_settings_it_does_not_apply() -> None:
+    """``FISHER_ATLAS_QUEUE=inprocess`` beside ``FISHER_ATLAS_PROMPT_SERVICE=redis`` sent jobs to Celery, and an API's
+    sketch size chose nothing, both silently (a review): :func:`service.container.remote_mode_notes` says so."""
+    from atlas.settings import Settings
+    from service.container import remote_mode_notes
+
+    assert remote_mode_notes(Settings(queue="celery")) == []
+    notes = remote_mode_notes(Settings(prompt_service="redis", sketch_dim=1024))
+    assert len(notes) == 2 and "FISHER_ATLAS_QUEUE=inprocess is not used" in notes[0]
+    assert notes[1].startswith("FISHER_ATLAS_SKETCH_DIM has no effect")

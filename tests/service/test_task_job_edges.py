@@ -252,9 +252,10 @@ def test_an_upload_whose_every_sample_is_blank_is_refused_at_once(serve, tiny_lm
         assert http.get("/v1/jobs").json()["total"] == 1
 
 
-@pytest.mark.parametrize("status", ["running", "succeeded", "failed", "cancelled"])
-def test_a_job_that_failed_or_was_cancelled_has_no_time_left(status: str) -> None:
-    """A cancelled job kept its last heartbeat's estimate (``eta_s`` 10.2 after it ended, a review)."""
+@pytest.mark.parametrize("status", ["queued", "running", "succeeded", "failed", "cancelled"])
+def test_a_job_that_nothing_runs_has_no_time_left(status: str) -> None:
+    """A cancelled job kept its last heartbeat's estimate (``eta_s`` 10.2 after it ended), and so did a job queued
+    again after its worker died (reviews)."""
     import datetime as dt
 
     from atlas.models import Job
@@ -265,4 +266,4 @@ def test_a_job_that_failed_or_was_cancelled_has_no_time_left(status: str) -> Non
     job = Job(id=7, kind="create", task_id=3, upload_id=1, status=status, progress=progress, attempts=1,
               cancel_requested=status == "cancelled", created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     eta = job_out(job).progress.eta_s
-    assert eta == (None if status in ("failed", "cancelled") else 10.156), (status, eta)
+    assert eta == (None if status in ("queued", "failed", "cancelled") else 10.156), (status, eta)
