@@ -398,8 +398,8 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
     side: calibration.PromptSide | None = None
     final = job_progress.of_result(res, final=True)
     if res.state.n_tokens:
-        if mode == "completion" and start < len(samples):  # a long pass: a stop during it keeps the extraction
-            on_checkpoint(res, last=True)
+        if start < len(samples):  # a pass that can be long (a text task's too: 32 long calibration samples and their
+            on_checkpoint(res, last=True)  # prefixes took 45 s after 20 s of extraction): a stop keeps the extraction
         side, final = _routing_pass(beat, extractor, samples, mode, final)
         if beat.lost.is_set():
             raise LeaseLost(claim.job_id)

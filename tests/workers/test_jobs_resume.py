@@ -77,17 +77,20 @@ def test_concurrent_duplicate_runs_merge_once(ctx: WorkerContext, space_id: int)
     assert stored_state(ctx, task_id) == expected.to_bytes()
 
 
+@pytest.mark.parametrize("mode", ["completion", "text"])
 def test_a_stop_during_the_routing_phase_keeps_the_extraction(ctx: WorkerContext, space_id: int,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner stops during a completion job's routing phase: the job is released with a checkpoint of its
-    finished extraction (it kept the last periodic one, or none: a restart re-ran the samples) and the next run
-    goes straight to the routing phase, storing what an uninterrupted run stores."""
+                                                             monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The runner stops during a job's routing phase: the job is released with a checkpoint of its finished
+    extraction (it kept the last periodic one, or none: a restart re-ran the samples; a text job until 2026-12-02,
+    whose calibration pass can outlast its extraction) and the next run goes straight to the routing phase, storing
+    what an uninterrupted run stores."""
     from workers import calibration
     from workers.prompt_batcher import PromptBatcher
 
     monkeypatch.setattr(calibration, "PROMPT_WINDOW", 4)
-    pairs = [Sample(prompt=s.text, completion=" yes") for s in make_samples(20, seed=31)]
-    task_id, job_id = create(ctx, space_id, "stopped-while-routing", pairs, mode="completion")
+    texts = make_samples(20, seed=31)
+    pairs = [Sample(prompt=s.text, completion=" yes") for s in texts] if mode == "completion" else texts
+    task_id, job_id = create(ctx, space_id, "stopped-while-routing", pairs, mode=mode)
     real = PromptBatcher.sketch_prepared
 
     def stop(self: PromptBatcher, prepared: Any, *args: Any) -> Any:
@@ -107,7 +110,7 @@ def test_a_stop_during_the_routing_phase_keeps_the_extraction(ctx: WorkerContext
     assert run_job(job_id, ctx) == "succeeded"
     assert starts == [20]  # no sample streamed again
     monkeypatch.setattr(Extractor, "extract", extract)
-    whole = reference(ctx, space_id, pairs, mode="completion")
+    whole = reference(ctx, space_id, pairs, mode=mode)
     assert stored_state(ctx, task_id) == whole.state.to_bytes()
     with ctx.factory() as s:  # the counts of the samples streamed before the stop are kept (they were 0)
         job = job_store.get_job(s, job_id)
