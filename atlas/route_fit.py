@@ -3,7 +3,7 @@
 semantic-router's ``RouteLayer.fit`` searches thresholds that maximise accuracy on labelled
 utterances; here the search is closed-form per task and bounded so that the documented
 false-reject rate holds (see :func:`fit_thresholds`). The checks of ``route``'s and ``fit``'s inputs that the
-Python client and the library share are here too (:func:`prompts_problem`, :func:`fit_examples`).
+Python client and the library share are here too (:func:`prompt_batch`, :func:`fit_examples`).
 """
 
 from __future__ import annotations
@@ -50,15 +50,23 @@ def as_fit_example(example: object) -> tuple[str, str | int] | None:
     return prompt, label
 
 
-def prompts_problem(prompts: object) -> str | None:
-    """Why ``prompts`` are not what ``route`` takes — a string, or a list or tuple of strings — or ``None`` (a dict
-    was routed by its keys, bytes by their integers, and ``None`` raised a ``TypeError``)."""
-    if isinstance(prompts, str):
-        return None
-    if not isinstance(prompts, list | tuple):
-        return f"prompts are a string or a list of strings, not {type(prompts).__name__}"
-    bad = next((i for i, p in enumerate(prompts) if not isinstance(p, str)), None)
-    return None if bad is None else f"prompt {bad} is a {type(prompts[bad]).__name__}, not a string"
+def prompt_batch(prompts: object) -> list[str]:
+    """A batch of prompts given to ``route`` as a list of ``str``: any iterable of strings (a list, a tuple, a NumPy
+    array or a pandas column of strings, a generator).
+
+    Raises
+    ------
+    TypeError
+        A string, bytes, a mapping (a dict was routed by its keys, bytes by their integers), ``None`` or anything
+        not iterable, or an element that is not a string; the message names it.
+    """
+    if isinstance(prompts, str | bytes | bytearray | Mapping) or not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts are a string or a list of strings, not {type(prompts).__name__}")
+    out = list(prompts)
+    bad = next((i for i, p in enumerate(out) if not isinstance(p, str)), None)
+    if bad is not None:
+        raise TypeError(f"prompt {bad} is a {type(out[bad]).__name__}, not a string")
+    return [str(p) for p in out]
 
 
 def fit_examples(examples: object) -> tuple[list[tuple[str, str | int]], int | None]:

@@ -348,7 +348,8 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
     # Lines split on "\n" only, as every other format's, each decoded on its own (invalid UTF-8 named by its line: the
     # text wrapper's error named a row and byte of its read-ahead chunk); a bare "\r" in an unquoted field is an error,
     # not a row end (a sample was split in two where a .txt upload kept it whole).
-    lines = (line for _, line in _lines(stream, filename, counter.limits.max_line_bytes, counter.limits.max_samples,
+    # (Blank rows are bounded below: a blank line inside a quoted field, a paragraph break, is no blank row.)
+    lines = (line for _, line in _lines(stream, filename, counter.limits.max_line_bytes, counter.limits.max_bytes,
                                         keep_ends=True))
     # strict: a field opened by a quote must be closed by one (a lenient reader dropped the quotes of
     # '"Stop!" he cried' and merged every row after an unbalanced quote into one sample, silently)

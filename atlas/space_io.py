@@ -72,8 +72,9 @@ MAX_M = 65_536
 MAX_DK = 1 << 21
 SIGNATURE_ATOL = 1e-5
 """Largest difference allowed between a line's signature and the one recomputed from its state."""
-MAX_HELD_UPLOADS = 100_000
-"""Most upload addresses one task line may carry (each append adds one)."""
+MAX_HELD_UPLOADS = 10_000
+"""Most upload addresses one task line carries (each append adds one; the line stays under the import's JSON value
+bound): a task of more uploads keeps this many of them, the smallest addresses (an arbitrary but stable choice)."""
 
 
 class ExportSpace(BaseModel):
@@ -204,7 +205,7 @@ def export_lines(read: sessionmaker[Session], space: Space, ids: list[int]) -> I
                 "signature": base64.b64encode(sigs[tid].astype("<f4").tobytes()).decode(),
                 "baselines": base64.b64encode(baselines[tid]).decode() if tid in baselines else None,
                 "routing": routes.get(tid),
-                "uploads": held.get(tid, []),
+                "uploads": held.get(tid, [])[:MAX_HELD_UPLOADS],
             }
             if tid in orphan_terms:
                 line["terms"] = base64.b64encode(orphan_terms[tid]).decode()

@@ -15,7 +15,7 @@ from atlas import analysis
 from atlas.errors import AtlasError, InvalidInput
 from atlas.models import Job, Task
 from atlas.repository import check_mode
-from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples, prompts_problem
+from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples, prompt_batch
 from atlas.sample_io import SampleLimits, parse_upload
 from atlas.samples import Sample, record_to_sample
 from atlas.services.jobs import is_final
@@ -213,9 +213,10 @@ class Atlas:
     def route(self, prompts: str | Sequence[str], *, k: int = 3, threshold: float | None = None
               ) -> analysis.RouteAnswer | list[analysis.RouteAnswer]:
         """Route one prompt (an answer) or several (a list of answers)."""
-        if (problem := prompts_problem(prompts)) is not None:
-            raise InvalidInput(problem)
-        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        try:
+            texts = [prompts] if isinstance(prompts, str) else prompt_batch(prompts)
+        except TypeError as exc:
+            raise InvalidInput(str(exc)) from None
         answers: list[analysis.RouteAnswer] = _run(self._c.queries.route(texts, k=k, threshold=threshold))[0]
         return answers[0] if isinstance(prompts, str) else answers
 

@@ -50,17 +50,16 @@ STATE_CACHE_BYTES = 512 * 1024 * 1024
 def remote_mode_notes(settings: Settings) -> list[str]:
     """What a front end without a model (prompts sketched by workers over Redis) does not do of what its settings
     ask, said at start (both were ignored silently): it runs no job itself, so the in-process queue is replaced by
-    the workers' Celery queue, and it sketches nothing, so its sketch settings choose no space (each worker's do)."""
+    the workers' Celery queue; and it sketches nothing, so its error projection chooses nothing (its sketch size and
+    seed still choose which of a model's announced spaces is the default, :meth:`atlas.store.Store.default_space`)."""
     notes = []
     if settings.queue != "celery":
         notes.append("FISHER_ATLAS_QUEUE=inprocess is not used: with prompts sketched by workers over Redis "
                      "(FISHER_ATLAS_PROMPT_SERVICE=redis) this process loads no model, so its jobs go to the "
                      "workers' Celery queue (set FISHER_ATLAS_QUEUE=celery to say so)")
-    spec_fields = sorted({"sketch_dim", "sketch_seed", "error_projection"} & settings.model_fields_set)
-    if spec_fields:
-        names = ", ".join(f"FISHER_ATLAS_{f.upper()}" for f in spec_fields)
-        notes.append(f"{names} has no effect on a front end without a model: each worker's settings choose the "
-                     "space it sketches for, and this process serves the spaces the workers announce")
+    if "error_projection" in settings.model_fields_set:
+        notes.append("FISHER_ATLAS_ERROR_PROJECTION has no effect on a front end without a model: each worker's "
+                     "settings choose how it sketches")
     return notes
 
 

@@ -12,8 +12,9 @@ Metrics
 ``fisher_atlas_search_seconds{kind}``
     Search + exact re-rank time, model forward excluded (``kind`` = route | sources | align | matrix | atlas).
 ``fisher_atlas_prompt_forward_seconds``
-    Per ``/v1/route`` request: the wait for its prompts' states (queue, model forward and sketch; in this process
-    or on a worker over Redis). It was declared but never observed until 2026-12-02.
+    Per routing call (a ``/v1/route`` request, each batch of 64 labelled prompts of ``POST /v1/route/fit``): the wait
+    for its prompts' states (queue, model forward and sketch; in this process or on a worker over Redis). It was
+    declared but never observed until 2026-12-02. ``search_seconds{kind="route"}`` counts the same calls.
 ``fisher_atlas_job_duration_seconds`` (summary from SQL), ``fisher_atlas_job_tokens_total``,
 ``fisher_atlas_job_tokens_per_second`` (last finished job), ``fisher_atlas_jobs{status}``,
 ``fisher_atlas_queue_depth``, ``fisher_atlas_index_size``.
@@ -95,7 +96,7 @@ class Metrics:
         )
         self.forward_seconds = Histogram(
             "fisher_atlas_prompt_forward_seconds",
-            "Per route request: the wait for its prompts' states (queue, model forward and sketch).",
+            "Per routing call (a route request, a batch of a fit): the wait for its prompts' states.",
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 

@@ -35,7 +35,9 @@ _HINTS = {
                  "shows this key's scopes)",
 }
 """What to do next, by the code of a client error ("unreachable": the service could not be reached; the client's own
-checks of the caller's input, also without an HTTP status, get no hint)."""
+checks of the caller's input, also without an HTTP status, get no hint). A 401 or 403 without the service's JSON
+body (a proxy's: code ``http_error``) gets its status's hint."""
+_HINTS_BY_STATUS = {401: _HINTS["unauthorized"], 403: _HINTS["forbidden"]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = app(args=list(argv) if argv is not None else None, prog_name="fisher-atlas", standalone_mode=False)
     except AtlasClientError as exc:
         print(terminal_safe(f"fisher-atlas: {exc.status} {exc.code}: {exc.message}" if exc.status
-                            else f"fisher-atlas: {exc.message}") + _HINTS.get(exc.code, ""),
+                            else f"fisher-atlas: {exc.message}")
+              + (_HINTS.get(exc.code) or (_HINTS_BY_STATUS.get(exc.status, "") if exc.code == "http_error" else "")),
               file=sys.stderr)
         return 1
     except AtlasError as exc:  # a server-side command (migrate, serve, keys --local): the database, a setting

@@ -13,7 +13,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from atlas.route_fit import prompts_problem
+from atlas.route_fit import prompt_batch
 from service.client.errors import AtlasClientError, InvalidInput, error_for
 from service.schemas import JobAccepted, JobOut, TaskCreated
 from service.schemas_routing import RouteResponse
@@ -162,13 +162,14 @@ def append(task_id: int, file: FileArg, samples: Sequence[SampleArg] | None, fil
 def route(prompt: str | Sequence[str], k: int, threshold: float | None, candidates: int | None,
           space: str | int | None) -> Call[Any]:
     """``POST /v1/route`` for one prompt or a batch (``InvalidInput`` before sending for anything else)."""
-    if (problem := prompts_problem(prompt)) is not None:
-        raise InvalidInput(0, "invalid_input", problem)
     body: dict[str, Any] = {"k": k}
     if isinstance(prompt, str):
         body["prompt"] = prompt
     else:
-        body["prompts"] = list(prompt)
+        try:
+            body["prompts"] = prompt_batch(prompt)
+        except TypeError as exc:
+            raise InvalidInput(0, "invalid_input", str(exc)) from None
     for key, value in (("threshold", threshold), ("candidates", candidates)):
         if value is not None:
             body[key] = value

@@ -328,6 +328,14 @@ def test_csv_names_the_line_of_invalid_utf8_and_splits_rows_at_newlines_only(suf
     assert read(b'text\r\n"first sample\rsecond part"\r\nthird sample here\r\n') == [
         "first sample\rsecond part", "third sample here"]
     assert read(b'\xef\xbb\xbftext\n"two\nlines"\nplain\n') == ["two\nlines", "plain"]  # BOM, quoted line break
+    # paragraph breaks inside quoted fields are no blank rows (they were counted against the blank-line bound: 413)
+    doc = '"para one\n\npara two\n\npara three\n\npara four"'
+    raw = ("text\n" + "\n".join([doc] * 40) + "\n").encode()
+    data = gzip.compress(raw) if suffix.endswith(".gz") else raw
+    got = read_samples(data, f"x{suffix}", "text", SampleLimits(max_samples=100))
+    assert len(got) == 40 and got[0].text == "para one\n\npara two\n\npara three\n\npara four"
+    with pytest.raises(PayloadTooLarge, match="blank rows"):  # a file of newlines is still bounded
+        read_samples(b"text\n" + b"\n" * 101, f"x{suffix.removesuffix('.gz')}", "text", SampleLimits(max_samples=100))
 
 
 def test_a_parquet_column_of_lists_or_bytes_is_named_by_its_type() -> None:

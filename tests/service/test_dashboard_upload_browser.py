@@ -80,7 +80,9 @@ def test_add_append_and_delete_a_task_through_the_form(
         assert http.get(f"/v1/tasks/{task['id']}").json()["n_samples"] == len(texts) + len(more)
 
     # samples pasted instead of a file (the form took files only): one per line, appended to the task
-    pasted = [f"Sonnet {i}: so long as men can breathe or eyes can see." for i in range(75, 80)]
+    # (a first line in braces is a text sample unless it is a JSON object: it was sent as JSON lines, a 422)
+    pasted = ["{{poet}} wrote: so long lives this, and this gives life to thee."]
+    pasted += [f"Sonnet {i}: so long as men can breathe or eyes can see." for i in range(75, 80)]
     second_job = progress.get_attribute("data-job-id")
     page.set_input_files("[data-testid=add-file]", str(write_jsonl(tmp_path / "both.jsonl", pasted)))
     page.fill("[data-testid=add-paste]", "\n".join(pasted))

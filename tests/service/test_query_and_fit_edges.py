@@ -221,6 +221,8 @@ def test_clients_refuse_prompts_and_examples_of_the_wrong_kind(serve, tiny_lm, t
             with pytest.raises(InvalidInput, match="examples are a list of labelled prompts"):
                 cl.fit(bad)  # type: ignore[arg-type]
         assert cl.route(("a b c", PROMPT)).results[1].matches[0].name == "prose"  # a tuple is a batch still
+        for batch in (np.array(["a b c", PROMPT]), (p for p in ["a b c", PROMPT])):  # any iterable of strings too
+            assert cl.route(batch).results[1].matches[0].name == "prose", type(batch)  # type: ignore[arg-type]
     assert main(["route", PROMPT, "--threshold", "nan", "--url", svc.url]) == 1
     err = capsys.readouterr().err
     assert "NaN or infinite" in err and "is the service running" not in err, err
@@ -235,5 +237,36 @@ def test_clients_refuse_prompts_and_examples_of_the_wrong_kind(serve, tiny_lm, t
             with pytest.raises(AtlasInvalidInput, match=r"k must be an integer in 1\.\.100"):
                 atlas.route(PROMPT, k=k)  # type: ignore[arg-type]
         assert len(atlas.route(PROMPT, k=np.int64(1)).matches) == 1  # a NumPy integer is an integer
+        assert len(atlas.route(np.array([PROMPT, "a b c"]))) == 2  # type: ignore[arg-type]
+        with pytest.raises(AtlasInvalidInput, match="not dict"):
+            atlas.route({PROMPT: 1})  # type: ignore[arg-type]
         with pytest.raises(AtlasInvalidInput, match="examples are a list of labelled prompts, not NoneType"):
             atlas.fit(None)  # type: ignore[arg-type]
+
+
+def test_a_proxy_s_401_without_the_service_s_body_still_gets_the_key_hint(capsys) -> None:
+    """Hints go by the service's error code; a 401 or 403 from a proxy (no JSON body: code ``http_error``) lost its
+    hint when they stopped going by status."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from service.cli import main
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(401)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>401 Authorization Required</html>")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert main(["route", PROMPT, "--url", f"http://127.0.0.1:{server.server_address[1]}"]) == 1
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert "401 http_error" in err and "pass a key with --api-key" in err, err

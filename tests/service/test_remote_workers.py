@@ -148,9 +148,8 @@ def test_remote_mode_equals_embedded(deployment: dict[str, Any], tiny_model_dir:
     ready = httpx.get(url + "/readyz", timeout=10)
     assert ready.status_code == 503 and ready.json()["checks"]["model"] is False, ready.text
     # the reason the routes give (it said "the default space cannot be read (see the database's check)" beside a
-    # database check that passed), and the sketch size this front end cannot apply is said in its log
+    # database check that passed)
     assert ready.json()["detail"]["model"].startswith("no space exists yet: start a worker"), ready.text
-    assert "FISHER_ATLAS_SKETCH_DIM has no effect on a front end without a model" in (tmp_path / "api.log").read_text()
     w = deployment["worker"](tiny_model_dir, "worker")
     _until(lambda: _served(url), 90, "the worker to serve prompts", w)
     prompts = _prompts(20, seed=900)
@@ -264,11 +263,12 @@ def test_two_models_reach_their_workers(deployment: dict[str, Any], tiny_model_d
 
 def test_a_front_end_without_a_model_says_which_settings_it_does_not_apply() -> None:
     """``FISHER_ATLAS_QUEUE=inprocess`` beside ``FISHER_ATLAS_PROMPT_SERVICE=redis`` sent jobs to Celery, and an API's
-    sketch size chose nothing, both silently (a review): :func:`service.container.remote_mode_notes` says so."""
+    error projection chose nothing, both silently (a review): :func:`service.container.remote_mode_notes` says so;
+    its sketch size is no such setting (it picks which announced space is the default)."""
     from atlas.settings import Settings
     from service.container import remote_mode_notes
 
-    assert remote_mode_notes(Settings(queue="celery")) == []
-    notes = remote_mode_notes(Settings(prompt_service="redis", sketch_dim=1024))
+    assert remote_mode_notes(Settings(queue="celery", sketch_dim=1024)) == []  # it picks the default space
+    notes = remote_mode_notes(Settings(prompt_service="redis", error_projection="dense"))
     assert len(notes) == 2 and "FISHER_ATLAS_QUEUE=inprocess is not used" in notes[0]
-    assert notes[1].startswith("FISHER_ATLAS_SKETCH_DIM has no effect")
+    assert notes[1].startswith("FISHER_ATLAS_ERROR_PROJECTION has no effect")

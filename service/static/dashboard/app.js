@@ -314,9 +314,13 @@
     return { path, query: new URLSearchParams(query) };
   }
   // keepScroll: a redraw of the page shown (its data changed), not a move to another page: the old content stays until
-  // the new is drawn and the scroll position is kept (a "Loading…" placeholder collapsed the page to the top mid-upload)
+  // the new is drawn, and the page keeps its height until the new page's cards have loaded (KEEP_HEIGHT_MS), so the
+  // browser keeps the scroll position (a "Loading…" placeholder collapsed the page to the top mid-upload; a task page
+  // drawn with its cards still loading was shorter than the scroll position).
+  const KEEP_HEIGHT_MS = 3000;
   function navigate({ keepScroll = false } = {}) {
-    const scrollY = window.scrollY;
+    const v = view();
+    v.style.minHeight = keepScroll ? `${v.offsetHeight}px` : "";
     navSeq += 1;
     for (const fn of cleanups.splice(0)) { try { fn(); } catch (_) { /* ignore */ } }
     tooltip.hide();
@@ -336,7 +340,9 @@
       showKeyScopes();
       return route[1](ctx, path.match(route[0]), query);
     }).then(() => {
-      if (keepScroll && ctx.alive()) window.scrollTo(0, scrollY);
+      if (!keepScroll) return;
+      const t = setTimeout(() => { if (ctx.alive()) v.style.minHeight = ""; }, KEEP_HEIGHT_MS);
+      ctx.onCleanup(() => clearTimeout(t));
     }).catch((err) => {
       if (!ctx.alive()) return;
       view().replaceChildren(errorBox(err));
@@ -1677,6 +1683,14 @@
     ].join("");
   }
 
+  // The service's rule for a text file (file_formats.check_plain_text): JSON lines when the first line is a JSON
+  // object ("{{user}} asked…" or "{ int x = 1; }" are text samples).
+  function firstLineIsObject(text) {
+    try {
+      const first = JSON.parse(text.split("\n", 1)[0]);
+      return first !== null && typeof first === "object" && !Array.isArray(first);
+    } catch (_) { return false; }
+  }
   let addPanelNode = null;
   // One panel for the whole page life, re-attached on each atlas render, so a running upload keeps its
   // progress while the atlas redraws around it.
@@ -1777,7 +1791,7 @@
       const pasted = paste.value.trim();
       if (chosen && pasted) { showError(new Error("give a file or pasted samples, not both"), "Upload"); return; }
       if (!chosen && !pasted) { showError(new Error("choose a file to upload, or paste samples"), "Upload"); return; }
-      const f = chosen || new File([paste.value], pasted.startsWith("{") ? "pasted.jsonl" : "pasted.txt",
+      const f = chosen || new File([paste.value], firstLineIsObject(pasted) ? "pasted.jsonl" : "pasted.txt",
         { type: "text/plain" });
       const data = new FormData();
       data.append("file", f, f.name);
