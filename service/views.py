@@ -14,12 +14,8 @@ from workers.job_progress import progress_view
 
 
 def job_out(job: Job) -> JobOut:
-    """A job row as ``JobOut``; a job that nothing runs — queued (again, after its worker died), failed or cancelled
-    — reports no time left (``eta_s`` null: its last heartbeat's estimate stayed)."""
-    view = progress_view(job.progress)
-    if job.status in (JobStatus.QUEUED, JobStatus.FAILED, JobStatus.CANCELLED):
-        view["eta_s"] = None
-    progress = JobProgress(**view)
+    """A job row as ``JobOut`` (its progress as :func:`workers.job_progress.progress_view` shows it)."""
+    progress = JobProgress(**progress_view(job.progress, job.status))
     return JobOut.model_validate({
         "id": job.id, "kind": JobKind(job.kind), "task_id": job.task_id, "status": JobStatus(job.status),
         "progress": progress, "result": job_result(job.result), "error": job.error, "created_at": job.created_at,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from atlas.vocabulary import JobStatus
 from workers.extraction_results import ExtractionResult, Progress
 
 
@@ -30,13 +31,20 @@ def of_result(res: ExtractionResult, *, final: bool = False) -> dict[str, Any]:
                    res.tokens_streamed_per_s, rate)
 
 
-def progress_view(progress: dict[str, Any] | None) -> dict[str, Any]:
+_NOT_RUNNING = frozenset({JobStatus.QUEUED, JobStatus.FAILED, JobStatus.CANCELLED})
+"""Job statuses no worker runs (their stored estimate is stale)."""
+
+
+def progress_view(progress: dict[str, Any] | None, status: str | None = None) -> dict[str, Any]:
     """A job row's stored progress as the API's ``JobProgress`` fields (missing ones zero, ETA null).
 
     Parameters
     ----------
     progress : dict or None
         ``Job.progress`` as written by the heartbeat, a checkpoint or the final update.
+    status : str, optional
+        ``Job.status``: a job that nothing runs — queued (again, after its worker died), failed or cancelled — has no
+        time left (``eta_s`` None: its last heartbeat's estimate stays in the row).
 
     Returns
     -------
@@ -51,6 +59,6 @@ def progress_view(progress: dict[str, Any] | None) -> dict[str, Any]:
     floats = ("tokens_per_s", "tokens_streamed_per_s", "samples_per_s")
     out: dict[str, Any] = {k: int(p.get(k, 0) or 0) for k in ints} | {k: float(p.get(k, 0.0) or 0.0) for k in floats}
     eta = p.get("eta_s")
-    out["eta_s"] = None if eta is None else float(eta)
+    out["eta_s"] = None if eta is None or status in _NOT_RUNNING else float(eta)
     out["phase"] = "routing" if p.get("phase") == "routing" else "sketch"
     return out
