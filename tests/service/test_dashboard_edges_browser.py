@@ -323,9 +323,11 @@ def test_a_failed_delete_keeps_its_button_and_a_wrong_key_is_named(serve: Any, t
         delete = page.locator("[data-testid=task-delete]")
         delete.wait_for()
         assert http.delete(f"/v1/tasks/{task_id}").status_code == 204
+        settled = page.locator("[data-testid=task-delete]:not([disabled])", has_text="Delete task")
         for _ in range(2):  # twice: a second error replaces the first
             delete.click()
-            delete.click()
+            delete.click()  # (disabled at once, until the answer: the wait below outlasts it)
+            settled.wait_for()
             page.locator("[data-testid=task-delete] + [data-testid=error]", has_text="does not exist").wait_for()
         assert delete.is_enabled() and delete.inner_text() == "Delete task"
         assert page.locator("[data-testid=error]").count() == 1
