@@ -154,7 +154,7 @@ def test_form_shows_api_and_input_errors_as_messages(
         assert y0 > 0
         pg.click("[data-testid=add-submit]")
         pg.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
-        pg.wait_for_function(f"document.querySelectorAll('[data-testid=atlas-point]').length > {points}")
+        pg.locator("[data-testid=atlas-point]").nth(points).wait_for()  # (a polled string is eval: the CSP refuses it)
         assert abs(pg.evaluate("window.scrollY") - y0) <= 2, (y0, pg.evaluate("window.scrollY"))
         pg.set_viewport_size({"width": 1360, "height": 900})
         upload = write_jsonl(tmp_path / "s.jsonl", ["CCO and CCN", "c1ccccc1"])
