@@ -155,8 +155,8 @@ class Container:
         from fishersketch import SketchSpec
         from workers.extraction import Extractor
         from workers.inprocess import InProcessRunner
-        from workers.jobs import WorkerContext, ensure_space
         from workers.prompt_batcher import InProcessPromptSketcher
+        from workers.worker_context import WorkerContext, ensure_space
 
         s = self.settings
         assert self.store is not None

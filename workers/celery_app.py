@@ -40,7 +40,8 @@ from atlas.models import JOB_RUNNING
 from atlas.ports import SpaceKey, serving_key
 from atlas.settings import Settings, get_settings
 from atlas.space_repository import get_space
-from workers.jobs import TransientJobError, WorkerContext, ensure_space, run_job
+from workers.jobs import TransientJobError, run_job
+from workers.worker_context import WorkerContext, ensure_space
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ import time
 from collections import OrderedDict
 
 from atlas import job_store
-from workers.jobs import TransientJobError, WorkerContext, run_job
+from workers.jobs import TransientJobError, run_job
+from workers.worker_context import WorkerContext
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ def test_default_staleness_is_seconds_and_heartbeats_are_well_inside_it(
 ) -> None:
     s = Settings(data_dir=tmp_path)
     assert s.job_stale_after_s <= 15.0
-    from workers.jobs import WorkerContext
+    from workers.worker_context import WorkerContext
 
     ctx = WorkerContext(settings=s, factory=factory)
     assert ctx.heartbeat_every_s <= s.job_stale_after_s / 4

@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from atlas.settings import Settings
 from tests.tiny_models import save_tiny_gpt2, save_tiny_llama
 from tests.workers.job_helpers import EVERY, M
-from workers.jobs import WorkerContext, ensure_space
 from workers.model_loading import LoadedModel, load_causal_lm
+from workers.worker_context import WorkerContext, ensure_space
 
 torch.set_num_threads(1)  # tiny models: intra-op threads only add contention on a shared 2-core box
 

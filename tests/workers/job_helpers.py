@@ -8,7 +8,7 @@ import numpy as np
 from atlas import repository
 from atlas.samples import Sample
 from workers.extraction import Extractor
-from workers.jobs import WorkerContext
+from workers.worker_context import WorkerContext
 
 M = 256
 EVERY = 4

@@ -23,8 +23,9 @@ from atlas.samples import Sample
 from tests.workers.job_helpers import M, create, make_samples, reference, stored_state
 from workers.extraction import Extractor
 from workers.inprocess import InProcessRunner
-from workers.jobs import WorkerContext, run_job
+from workers.jobs import run_job
 from workers.model_loading import LoadedModel
+from workers.worker_context import WorkerContext
 
 
 def test_create_job_end_to_end(ctx: WorkerContext, space_id: int) -> None:

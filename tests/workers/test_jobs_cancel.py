@@ -12,7 +12,8 @@ import pytest
 from atlas import job_store, repository
 from atlas.samples import Sample
 from tests.workers.job_helpers import create, make_samples, stored_state
-from workers.jobs import WorkerContext, run_job
+from workers.jobs import run_job
+from workers.worker_context import WorkerContext
 
 
 def _while_running(ctx: WorkerContext, job_id: int, action: Any) -> str:

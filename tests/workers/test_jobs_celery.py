@@ -26,8 +26,9 @@ from atlas.ports import SpaceKey
 from atlas.settings import Settings
 from tests.conftest import REDIS_URL
 from tests.workers.job_helpers import make_samples
-from workers.jobs import WorkerContext, ensure_space, run_job
+from workers.jobs import run_job
 from workers.model_loading import LoadedModel
+from workers.worker_context import WorkerContext, ensure_space
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -16,7 +16,8 @@ from atlas.models import Job, utcnow
 from atlas.samples import Sample
 from tests.workers.job_helpers import EVERY, create, make_samples, reference, stored_state
 from workers.extraction import Extractor
-from workers.jobs import WorkerContext, run_job
+from workers.jobs import run_job
+from workers.worker_context import WorkerContext
 
 
 def test_resume_after_worker_death_equals_uninterrupted(ctx: WorkerContext, space_id: int) -> None:

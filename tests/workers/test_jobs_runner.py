@@ -12,7 +12,7 @@ from atlas.errors import QueueFull
 from atlas.queue import JobQueue, ensure_capacity
 from tests.workers.job_helpers import create, make_samples, reference, stored_state
 from workers.inprocess import InProcessRunner
-from workers.jobs import WorkerContext
+from workers.worker_context import WorkerContext
 
 
 def test_inprocess_runner_recovers_and_resumes(ctx: WorkerContext, space_id: int) -> None:

@@ -17,7 +17,8 @@ import pytest
 from atlas import job_store
 from tests.store_helpers import pg_outage
 from tests.workers.job_helpers import create, make_samples
-from workers.jobs import TransientJobError, WorkerContext, run_job
+from workers.jobs import TransientJobError, run_job
+from workers.worker_context import WorkerContext
 
 OUTAGE_S = 3.0
 

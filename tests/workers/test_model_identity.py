@@ -24,9 +24,9 @@ from atlas.models import Space, Task
 from atlas.samples import Sample
 from atlas.settings import Settings
 from tests.tiny_models import build_tokenizer
-from workers.jobs import ensure_space
 from workers.model_identity import weights_sha256
 from workers.model_loading import LoadedModel, load_causal_lm
+from workers.worker_context import ensure_space
 
 REPO = Path(__file__).resolve().parents[2]
 
