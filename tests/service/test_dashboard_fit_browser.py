@@ -1,12 +1,14 @@
 """The routing page's ``fit`` card, in Debian's headless Chromium against a real service.
 
-Labelled prompts (the CLI's JSON lines) are checked in the page line by line, previewed as a dry run (the same
-thresholds the API's own dry run gives, nothing stored) and then stored as overrides; the API's errors (an
-unknown label) are shown as messages.
+Labelled prompts (the CLI's JSON lines, or CSV / TSV with a header row) are checked in the page line by line,
+previewed as a dry run (the same thresholds the API's own dry run gives, nothing stored) and then stored as
+overrides; the API's errors (an unknown label) are shown as messages.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -107,3 +109,29 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
         card.locator("[data-testid=fit-preview]").click()
         card.locator("[data-testid=error]", has_text="line 4").wait_for()
         assert "example 1" not in error.inner_text(), error.inner_text()
+
+        # CSV and TSV with a header naming prompt and label, as `fisher-atlas fit` reads them (other columns ignored;
+        # a quoted prompt holds commas, quotes and line breaks): the card sends the same examples
+        again = http.post("/v1/route/fit", json={"examples": examples, "dry_run": True}).json()
+        for name, delimiter in (("labelled.csv", ","), ("labelled.tsv", "\t")):
+            table = io.StringIO(newline="")
+            writer = csv.writer(table, delimiter=delimiter, lineterminator="\r\n")
+            writer.writerow([" Label", "note", "PROMPT"])
+            writer.writerows([[e["label"], 'say "hi", then', e["prompt"]] for e in examples])
+            (tmp_path / name).write_text("\ufeff" + table.getvalue(), encoding="utf-8", newline="")
+            card.locator("[data-testid=fit-file]").set_input_files(str(tmp_path / name))
+            card.get_by_text(f"Read {name}:").wait_for()
+            card.locator("[data-testid=fit-preview]").click()
+            card.locator("[data-testid=fit-summary][data-stored=false]").wait_for()
+            shown = {row.get_attribute("data-task"): float(row.get_attribute("data-threshold") or "nan")
+                     for row in card.locator("[data-testid=fit-threshold]").all()}
+            assert shown == pytest.approx(again["thresholds"], abs=1e-9), name
+            accuracy = card.locator("[data-testid=fit-accuracy]").inner_text()
+            assert f"{again['accuracy_before']:.3f} → {again['accuracy_after']:.3f}" in accuracy, (name, accuracy)
+        # a malformed row is named by its line, and nothing is sent
+        for text, line in (('prompt,label\n"an open quote, prose\n\nmore', "line 2"),
+                           ('prompt,label\nfine,prose\n"a"b,prose\n', "line 3"),
+                           ("prompt,label\n\nhello,\n", "line 3"), ("text,name\nhello,prose\n", "line 1")):
+            _fill(page, text)
+            card.locator("[data-testid=fit-preview]").click()
+            card.locator("[data-testid=error]", has_text=line).wait_for()

@@ -1477,8 +1477,20 @@
   const FIT_MAX_EXAMPLES = 2000;  // FitRequest.examples' max_length
   const FIT_MAX_FILE_BYTES = 32 << 20;  // read into the page whole: a larger file is not 2,000 prompts one wants to paste
   const fitState = { text: "" };
-  // The labelled prompts of the fit card's text, one JSON object a line; `.lines[i]`: the line (from 1) of example i.
+  // The labelled prompts of the fit card's text, `.lines[i]`: the line (from 1) of example i. As `fisher-atlas fit`
+  // reads them: one JSON object a line, or CSV / TSV with a header row naming "prompt" and "label" (other columns
+  // ignored, a label a task's name or "none"). Which one the first line tells, as a file's or pasted: JSON lines when it
+  // begins with "{", else a header row, of TSV when it holds a tab, of CSV otherwise.
   function parseFitExamples(text) {
+    text = text.replace(/^\ufeff/, "");  // a BOM is no text
+    const first = text.split(/\r?\n/).find((l) => l.trim()) || "";
+    const examples = !first || first.trimStart().startsWith("{") ? parseFitLines(text)
+      : parseFitTable(text, first.includes("\t") ? "\t" : ",");
+    if (!examples.length) throw new Error("give at least one labelled prompt: one JSON object per line, or CSV / TSV rows under a header naming prompt and label.");
+    if (examples.length > FIT_MAX_EXAMPLES) throw new Error(`at most ${FIT_MAX_EXAMPLES} labelled prompts per fit (${examples.length} given).`);
+    return examples;
+  }
+  function parseFitLines(text) {
     const examples = []; examples.lines = [];
     const lines = text.split(/\r?\n/);
     for (let i = 0; i < lines.length; i++) {
@@ -1490,15 +1502,63 @@
       if (!ok) throw new Error(`line ${i + 1}: expected a JSON object with a non-empty "prompt" and a "label" (a task name or id, or "none").`);
       examples.push({ prompt: rec.prompt, label: rec.label }); examples.lines.push(i + 1);
     }
-    if (!examples.length) throw new Error("give at least one labelled prompt, one JSON object per line.");
-    if (examples.length > FIT_MAX_EXAMPLES) throw new Error(`at most ${FIT_MAX_EXAMPLES} labelled prompts per fit (${examples.length} given).`);
+    return examples;
+  }
+  // CSV (RFC 4180: a field in double quotes may hold the delimiter, line breaks and "" for a quote) or TSV rows, each
+  // with the line it ends on; a malformed row (text after a closing quote, a quote left open) names the line it starts on.
+  function delimitedRows(text, delim) {
+    const rows = [];
+    let row = [], field = "", line = 1, start = 1, i = 0, quoted = false;
+    const endField = () => { row.push(field); field = ""; };
+    const endRow = () => { endField(); rows.push({ cells: row, line }); row = []; };
+    while (i < text.length) {
+      const c = text[i];
+      if (quoted) {
+        if (c === '"' && text[i + 1] === '"') { field += '"'; i += 2; continue; }
+        if (c === '"') {
+          quoted = false; i++;
+          const next = text[i];
+          if (next !== undefined && next !== delim && next !== "\n" && next !== "\r")
+            throw new Error(`line ${start}: not CSV: text after a closing quote (a quote inside a quoted field is written "").`);
+          continue;
+        }
+        if (c === "\n") line++;
+        field += c; i++; continue;
+      }
+      if (c === '"' && field === "") { quoted = true; i++; continue; }
+      if (c === delim) { endField(); i++; continue; }
+      if (c === "\n" || c === "\r") {
+        endRow(); i += c === "\r" && text[i + 1] === "\n" ? 2 : 1; line++; start = line; continue;
+      }
+      field += c; i++;
+    }
+    if (quoted) throw new Error(`line ${start}: not CSV: a quoted field is not closed.`);
+    if (field !== "" || row.length) endRow();
+    return rows.filter((r) => !(r.cells.length === 1 && r.cells[0] === ""));  // blank lines
+  }
+  function parseFitTable(text, delim) {
+    const rows = delimitedRows(text, delim);
+    const examples = []; examples.lines = [];
+    if (!rows.length) return examples;
+    const header = rows[0].cells.map((n) => n.trim().toLowerCase());  // " Label" is "label"
+    const p = header.indexOf("prompt"), l = header.indexOf("label");
+    if (p < 0 || l < 0)
+      throw new Error(`line ${rows[0].line}: expected a JSON object per line, or a header row naming the columns "prompt" and "label" (CSV, or TSV with tabs).`);
+    for (const { cells, line } of rows.slice(1)) {
+      if (cells.length <= Math.max(p, l)) throw new Error(`line ${line}: the row has fewer columns than the header.`);
+      const prompt = cells[p], label = cells[l].trim();
+      if (!prompt.trim() && !label) continue;
+      if (!label) throw new Error(`line ${line}: no label: a task name, or "none".`);
+      if (!prompt.trim()) throw new Error(`line ${line}: the prompt is empty.`);
+      examples.push({ prompt, label }); examples.lines.push(line);
+    }
     return examples;
   }
   function fitPanel() {
     const text = h("textarea", { id: "fit-examples", rows: 6, class: "input mono", "data-testid": "fit-examples",
       spellcheck: "false", value: fitState.text,
       placeholder: '{"prompt": "Question: is the sky blue? Answer:", "label": "questions"}\n{"prompt": "SELECT 1;", "label": "none"}' });
-    const file = h("input", { id: "fit-file", type: "file", accept: ".jsonl,.json,.txt,application/json,text/plain",
+    const file = h("input", { id: "fit-file", type: "file", accept: ".jsonl,.json,.txt,.csv,.tsv,application/json,text/plain,text/csv,text/tab-separated-values",
       class: "input", "data-testid": "fit-file" });
     const preview = h("button", { type: "button", class: "btn", "data-testid": "fit-preview" }, "Preview (dry run)");
     const apply = needsWrite(h("button", { type: "button", class: "btn primary", "data-testid": "fit-apply" }, "Fit and store"));
@@ -1539,7 +1599,8 @@
       h("h2", {}, "Tune thresholds from labelled prompts (fit)"),
       h("p", { class: "muted small" }, "One JSON object per line, as for ", h("code", {}, "fisher-atlas fit"), ": ",
         h("code", {}, '{"prompt": …, "label": …}'), ", the label a task's name or id, or ", h("code", {}, '"none"'),
-        " for a prompt that belongs to no task. Each task that answers prompts labelled otherwise gets the threshold with "
+        " for a prompt that belongs to no task; or CSV / TSV rows under a header naming ", h("code", {}, "prompt"), " and ",
+        h("code", {}, "label"), " (a spreadsheet's export). Each task that answers prompts labelled otherwise gets the threshold with "
         + "the most right answers, never above what its own false-reject rate allows; a task's template or novelty "
         + "test is turned off when its labelled prompts show that they do not fit it. Needs a write key to store."),
       h("label", { for: "fit-examples", class: "field block" }, h("span", {}, "Labelled prompts")), text,
