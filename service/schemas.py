@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from atlas.samples import METADATA_DOC as _META_DOC
 from atlas.samples import Metadata
@@ -318,7 +318,8 @@ class AlignMatrixRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"task_ids": [1, 2, 3]}]})
 
-    task_ids: list[int] = Field(min_length=1, description="Distinct task ids, all ready, all in one space.")
+    task_ids: list[StrictInt] = Field(min_length=1,
+                                      description="Distinct task ids (JSON integers), all ready, all in one space.")
 
 
 class PairFlags(_Out):

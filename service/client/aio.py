@@ -22,7 +22,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples
 from service.client import calls
-from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg, path_id
+from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg, id_list, path_id
 from service.client.errors import AtlasClientError, ClientClosed, InvalidInput, RateLimited, Unavailable, Unreachable
 from service.schemas import (
     AlignMatrixResponse,
@@ -324,13 +324,15 @@ class AsyncAtlasClient:
                                      params={"k": k, "candidates": candidates}))
 
     async def align(self, a: int, b: int) -> AlignResponse:
-        """``GET /v1/align?a=&b=``."""
-        return await self._send(Call("GET", "/v1/align", AlignResponse, params={"a": a, "b": b}))
+        """``GET /v1/align?a=&b=`` (``a`` and ``b`` task ids, checked before sending as a path's are)."""
+        return await self._send(Call("GET", "/v1/align", AlignResponse,
+                                     params={"a": path_id(a, "task id"), "b": path_id(b, "task id")}))
 
     async def align_matrix(self, task_ids: Sequence[int]) -> AlignMatrixResponse:
-        """``POST /v1/align/matrix``."""
+        """``POST /v1/align/matrix`` (``task_ids`` a sequence of task ids, in the matrix's order, checked before
+        sending: a set or a mapping has no order to keep)."""
         return await self._send(Call("POST", "/v1/align/matrix", AlignMatrixResponse,
-                                     json={"task_ids": list(task_ids)}))
+                                     json={"task_ids": id_list(task_ids, "task id")}))
 
     async def atlas(self, *, space: str | int | None = None) -> AtlasResponse:
         """``GET /v1/atlas``: the 2-D map of a space."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar, cast
 
 import httpx
 from pydantic import BaseModel
@@ -146,6 +146,19 @@ def path_id(value: object, what: str = "id") -> int:
         return int(value)
     hint = " (a task's numeric id; find one by name with find_task)" if what == "task id" else ""
     raise InvalidInput(0, "invalid_input", f"a {what} must be an integer, not {value!r}{hint}")
+
+
+def id_list(values: object, what: str = "id") -> list[int]:
+    """``values`` as a list of integer ids (each as :func:`path_id` takes it), in their order; ``InvalidInput`` for a
+    string, a set or a mapping (no order to keep: a matrix's rows follow the ids' order) or anything not iterable."""
+    refused = InvalidInput(0, "invalid_input", f"{what}s must be a list or tuple of integers, not {values!r}")
+    if isinstance(values, str | bytes | Mapping | set | frozenset):
+        raise refused
+    try:
+        items = list(cast(Iterable[object], values))
+    except TypeError:
+        raise refused from None
+    return [path_id(v, what) for v in items]
 
 
 def append(task_id: int, file: FileArg, samples: Sequence[SampleArg] | None, filename: str | None,

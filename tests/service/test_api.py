@@ -205,6 +205,9 @@ def test_errors_share_one_body(serve, tiny_lm) -> None:
         ("GET", "/v1/jobs/999", None, 404, "not_found"),
         ("GET", "/v1/align?a=1", None, 422, "invalid_input"),
         ("POST", "/v1/align/matrix", {"task_ids": []}, 422, "invalid_input"),
+        ("POST", "/v1/align/matrix", {"task_ids": [True, 2]}, 422, "invalid_input"),  # true was task 1
+        ("POST", "/v1/align/matrix", {"task_ids": [1.0, 2]}, 422, "invalid_input"),
+        ("POST", "/v1/align/matrix", {"task_ids": ["1", 2]}, 422, "invalid_input"),
         ("GET", "/v1/spaces/999/export", None, 404, "not_found"),
     ]
     for method, path, body, status, code in cases:

@@ -80,6 +80,16 @@ def test_ids_and_numbers_are_checked_before_anything_is_sent(serve: Any, tiny_lm
                 c.get_task(bad)  # type: ignore[arg-type]
         with pytest.raises(InvalidInput, match="must be an integer"):
             c.delete_task("3/../1")  # type: ignore[arg-type]
+        # the ids of a pair and of a matrix too: a name, a bool ("b=true"), or a collection without an order
+        for a, b in (("prose", 1), (1, True), (1, 2.0)):
+            with pytest.raises(InvalidInput, match="must be an integer"):
+                c.align(a, b)  # type: ignore[arg-type]
+        for ids in ([1, "prose"], [True, 2]):
+            with pytest.raises(InvalidInput, match="must be an integer"):
+                c.align_matrix(ids)  # type: ignore[arg-type]
+        for unordered in ({1, 2}, {1: 2}, "12", 12):
+            with pytest.raises(InvalidInput, match="must be a list or tuple of integers"):
+                c.align_matrix(unordered)  # type: ignore[arg-type]
         assert c.get_job  # a well-formed id string is taken: what a CLI argument gives
         for value in (math.nan, math.inf):
             with pytest.raises(InvalidInput, match="cannot be sent as JSON"):
