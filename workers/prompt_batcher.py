@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from atlas.errors import InvalidInput, ModelUnavailable, PayloadTooLarge, QueueFull
+from atlas.errors import IncompatibleSpace, InvalidInput, ModelUnavailable, PayloadTooLarge, QueueFull
 from atlas.novelty import project
 from atlas.ports import PromptStates, SpaceKey, serving_key
 from atlas.samples import Sample
@@ -350,7 +350,9 @@ class InProcessPromptSketcher:
             self.spec = extractor.sketcher.spec.to_dict()
 
     def check_served(self, space: SpaceKey) -> None:
-        """Raise ``ModelUnavailable`` unless the loaded model and spec are the space's."""
+        """Raise ``ModelUnavailable`` (503) when no model is loaded, ``IncompatibleSpace`` (409) when the loaded
+        model or sketch spec is not the space's: this process serves one model and spec, so waiting cannot help (a
+        remote prompt service answers 503 instead: a worker of the space's model may come up)."""
         if self.batcher is None:
             raise ModelUnavailable(
                 f"the model {self.model_name!r} is not loaded: {self.model_error or 'unknown reason'}",
@@ -363,10 +365,14 @@ class InProcessPromptSketcher:
                 why = (f"space {space.space_id} was sketched with {theirs}, this process sketches with {ours} "
                        "(the same model; start the service with the space's sketch settings to query it)")
             else:
-                why = (f"space {space.space_id} was sketched with the model {space.model_name!r}; this process "
-                       f"serves {self.model_name!r}")
-            raise ModelUnavailable(f"no model of this service serves space {space.space_id}: {why}",
-                                   {"space_id": space.space_id, "model": space.model_name})
+                theirs, ours = space.model_name, self.model_name
+                if theirs == ours:  # one name, other weights (an export of another service's model): name the weights
+                    theirs, ours = (f"{theirs} (fingerprint {space.model_fingerprint})",
+                                    f"{ours} (fingerprint {self.model_fingerprint})")
+                why = f"space {space.space_id} was sketched with the model {theirs!r}; this process serves {ours!r}"
+            raise IncompatibleSpace(f"no model of this service serves space {space.space_id}: {why}",
+                                    {"space_id": space.space_id, "model": space.model_name,
+                                     "space_model": space.model_fingerprint, "served_model": self.model_fingerprint})
 
     async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:
         """Tokenise (in a thread), queue, and await the batched states."""

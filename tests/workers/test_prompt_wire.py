@@ -60,10 +60,12 @@ def test_reply_of_another_spec_or_length_or_an_error_is_refused() -> None:
 
 def test_a_space_of_another_spec_or_model_is_refused_naming_what_differs(gpt2_lm: Any) -> None:
     """A space sketched with the same model but another sketch spec was refused as "no model … serves it;
-    this process serves 'the same model'" (a store reopened with another --sketch-dim)."""
+    this process serves 'the same model'" (a store reopened with another --sketch-dim). It is a 409: this process
+    serves one model and spec, so the 503 it answered (with a Retry-After) invited retries that could never succeed;
+    a model of the same name but other weights (an imported space) is named by its fingerprints."""
     import pytest
 
-    from atlas.errors import ModelUnavailable
+    from atlas.errors import IncompatibleSpace
     from atlas.ports import SpaceKey
     from workers.extraction import Extractor
     from workers.prompt_batcher import InProcessPromptSketcher
@@ -74,12 +76,17 @@ def test_a_space_of_another_spec_or_model_is_refused_naming_what_differs(gpt2_lm
         fp = gpt2_lm.fingerprint.key()
         sketcher.check_served(SpaceKey(1, "tiny", fp, served.fingerprint(), served.to_dict()))  # its own: served
         other = gpt2_lm.make_spec(m=1024, seed=0)
-        with pytest.raises(ModelUnavailable) as info:
+        with pytest.raises(IncompatibleSpace) as info:
             sketcher.check_served(SpaceKey(2, "tiny", fp, other.fingerprint(), other.to_dict()))
+        assert info.value.status_code == 409
         assert "space 2 was sketched with m=1024, this process sketches with m=256" in str(info.value)
-        with pytest.raises(ModelUnavailable) as info:
+        with pytest.raises(IncompatibleSpace) as info:
             sketcher.check_served(SpaceKey(3, "other/model", "0" * 20, served.fingerprint(), served.to_dict()))
         assert "space 3 was sketched with the model 'other/model'; this process serves 'tiny'" in str(info.value)
+        with pytest.raises(IncompatibleSpace) as info:
+            sketcher.check_served(SpaceKey(4, "tiny", "1" * 20, served.fingerprint(), served.to_dict()))
+        assert f"the model 'tiny (fingerprint {'1' * 20})'; this process serves 'tiny (fingerprint {fp})'" \
+            in str(info.value)
     finally:
         sketcher.close()
 
