@@ -271,9 +271,15 @@ def import_record(session: Session, task_id: int, record: object, spec: object) 
         blob = base64.b64decode(record["prompt_state"], validate=True) if record.get("prompt_state") else None
         if blob is not None:
             SketchState.from_bytes(blob, spec=spec)  # type: ignore[arg-type]  # a SketchSpec
-        scores = [float(x) for x in record.get("cal_scores") or []]
-        if not all(-1.0 <= x <= 1.0 for x in scores):  # route scores are cosines (1e308 overflowed calibrate)
-            raise ValueError("cal_scores must be route scores in [-1, 1]")
+        raw_scores = record.get("cal_scores") or []
+        if not isinstance(raw_scores, list) or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) and -1.0 <= float(x) <= 1.0 for x in raw_scores):
+            # route scores are cosines (1e308 overflowed calibrate; a string was read a character at a time)
+            raise ValueError("cal_scores must be a list of route scores in [-1, 1]")
+        scores = [float(x) for x in raw_scores]
+        for switch in ("template_test", "novelty_test"):  # a "false" or 0 was dropped: the test stayed on
+            if record.get(switch) is not None and not isinstance(record.get(switch), bool):
+                raise ValueError(f"{switch} must be true or false, not {record.get(switch)!r}")
         views = validate_views(record.get("cal_views"))  # absent from exports written before 2026-11-28
         override = record.get("threshold_override")
         if override is not None:

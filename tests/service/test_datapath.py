@@ -322,7 +322,11 @@ def test_import_verifies_never_trusts(serve, tiny_lm) -> None:
     routing = tasks[0]["routing"]  # a routing record out of its documented ranges is refused, not stored
     for field, value in (("false_reject_rate", 3.0), ("false_reject_rate", 0.9), ("false_reject_rate", 0),
                          ("false_reject_rate", "0.1"), ("threshold_override", "abc"), ("threshold_override", [0.1]),
-                         ("threshold_override", True), ("threshold_override", 2.0)):
+                         ("threshold_override", True), ("threshold_override", 2.0),
+                         # a switch that is not a JSON boolean was dropped (the test stayed on); a string of scores
+                         # was read a character at a time ("could not convert string to float: 'a'")
+                         ("template_test", "false"), ("novelty_test", 0), ("cal_scores", "abc"),
+                         ("cal_scores", [0.1, True]), ("cal_scores", {"a": 0.1})):
         bad[f"routing {field} {value!r}"] = _resign([header, dict(tasks[0], routing={**routing, field: value}),
                                                      tasks[1]])
     for why, lines in bad.items():

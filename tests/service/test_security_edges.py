@@ -88,12 +88,15 @@ def test_nul_in_names_and_space_refs_is_answered_alike_on_both_databases(bind: A
         (c.post("/v1/route", json={"prompt": "hello world", "space": "a\x00"}), 404),
         (c.post("/v1/route/fit", json={"examples": [{"prompt": "hello world there", "label": "a\x00"}]}), 404),
         (c.post("/v1/keys", json={"name": "k\x00", "scopes": ["read"]}), 422),
+        # control characters as in a task name: an escape sequence, a line separator, a bidirectional override
+        (c.post("/v1/keys", json={"name": "k\x1b[2J", "scopes": ["read"]}), 422),
+        (c.post("/v1/keys", json={"name": "\u202e\u2028", "scopes": ["write"]}), 422),
     ]
     for i, (r, status) in enumerate(expect):
         assert r.status_code == status, (i, r.status_code, r.text)
     for r, _status in expect[:2]:
         assert r.json()["items"] == [] and r.json()["total"] == 0
-    assert c.get("/v1/keys").json()["items"] == []  # no key named with a NUL was stored
+    assert c.get("/v1/keys").json()["items"] == []  # no key named with a NUL or a control character was stored
 
 
 
