@@ -65,3 +65,10 @@ class Scope(StrEnum):
     READ = "read"
     WRITE = "write"
     ADMIN = "admin"
+
+
+MAX_SOURCES = 100
+"""Sources one recommendation returns at most (REST, client, CLI and library alike)."""
+MATRIX_DEFAULT_TASKS = 40
+"""Tasks of an alignment matrix when none are named: the space's first ready tasks by id (CLI, library and dashboard
+alike; a heatmap of more has unreadable labels)."""

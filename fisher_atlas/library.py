@@ -21,7 +21,7 @@ from atlas.samples import Sample, record_to_sample
 from atlas.services.jobs import is_final
 from atlas.services.thresholds import FitResult
 from atlas.settings import Settings
-from atlas.vocabulary import JobStatus, TaskStatus
+from atlas.vocabulary import MATRIX_DEFAULT_TASKS, JobStatus, TaskStatus
 from service.container import Container
 from workers.extraction_results import sample_notes
 
@@ -268,15 +268,16 @@ class Atlas:
         return self._c.queries.align(self.task(a).id, self.task(b).id)[2]
 
     def matrix(self, names: Sequence[str] | None = None) -> analysis.Matrices:
-        """Alignment matrices of the named tasks (default: the default space's ready tasks, up to the matrix
-        bound; tasks of other spaces cannot be compared with them)."""
+        """Alignment matrices of the named tasks (default: the default space's first ready tasks by id, up to
+        :data:`atlas.vocabulary.MATRIX_DEFAULT_TASKS` as the CLI's ``matrix`` and the dashboard take; tasks of other
+        spaces cannot be compared with them)."""
         if isinstance(names, str):  # iterated by characters: "no task named 's'"
             raise InvalidInput("matrix takes a list of task names (two or more), not one string")
         if names is not None:
             ids = [self.task(n).id for n in names]
         else:
-            ids = [t.id for t in self._all_tasks(int(self.settings.max_matrix_tasks), space_ref="default",
-                                                 status=TaskStatus.READY)]
+            top = min(MATRIX_DEFAULT_TASKS, int(self.settings.max_matrix_tasks))
+            ids = [t.id for t in self._all_tasks(top, space_ref="default", status=TaskStatus.READY)]
         return self._c.queries.matrix(ids)
 
     def atlas(self) -> analysis.AtlasMap:

@@ -31,6 +31,7 @@ from atlas.routing import MAX_ROUTE_K, unit_means
 from atlas.services.states import Loaded, StateLoader
 from atlas.signature_repository import novelty_vectors
 from atlas.store import Store
+from atlas.vocabulary import MAX_SOURCES
 from atlas.whitening import WhiteningCache
 from fishersketch import SketchState
 
@@ -274,8 +275,11 @@ class QueryService:
                 ) -> tuple[Loaded, list[analysis.Source], int]:
         """Recommended fine-tuning sources for a target task: ``(target, sources, compared)``."""
         cap = max(1, self.settings.max_matrix_tasks - 1)
-        if not 1 <= k <= self.settings.max_matrix_tasks:
-            raise InvalidInput(f"k must be in 1..{self.settings.max_matrix_tasks}", {"k": k})
+        top = min(MAX_SOURCES, self.settings.max_matrix_tasks)
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= top:
+            # as REST's bound (the library took k = 200, and said "1..256" where REST said "≤ 100")
+            raise InvalidInput(f"k must be an integer in 1..{top}, not {k!r}", {"k": repr(k)})
+        k = int(k)
         n = min(candidates or analysis.default_candidates(k), cap)
         t0 = time.perf_counter()
         with self.store.read() as session:

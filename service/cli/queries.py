@@ -11,10 +11,10 @@ from typing import Annotated, Any
 
 import typer
 
+from atlas.vocabulary import MATRIX_DEFAULT_TASKS
 from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail
 
 app = typer.Typer()
-MATRIX_DEFAULT_MAX = 40
 """``matrix`` without names draws the first this-many ready tasks."""
 
 
@@ -360,7 +360,7 @@ def matrix(names: Annotated[list[str] | None, typer.Argument(help="Tasks (defaul
         else:
             # The space's own tasks: GET /v1/tasks without a space lists every space's (mixing them is a 409).
             ids = [t.id for t in cl.list_tasks(space=space if space is not None else "default", status="ready",
-                                               limit=MATRIX_DEFAULT_MAX).items]
+                                               limit=MATRIX_DEFAULT_TASKS).items]
         if len(ids) < 2:
             raise fail("a matrix needs at least two ready tasks")
         res = cl.align_matrix(ids)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from atlas.sample_io import SampleLimits
-from atlas.vocabulary import TaskStatus
+from atlas.vocabulary import MAX_SOURCES, TaskStatus
 from service.deps import ContainerDep, ReadPrincipal, UploadSlot, WritePrincipal
 from service.routes import MAX_ID, Limit, Offset, error_responses
 from service.schemas import (
@@ -158,7 +158,7 @@ def sources(
     task_id: TaskId,
     c: ContainerDep,
     _: ReadPrincipal,
-    k: Annotated[int, Query(ge=1, le=100, description="Sources returned.")] = 5,
+    k: Annotated[int, Query(ge=1, le=MAX_SOURCES, description="Sources returned.")] = 5,
     candidates: Annotated[
         int | None, Query(ge=1, le=4096, description="Nearest tasks compared (default max(4k, 32)); all when fewer.")
     ] = None,

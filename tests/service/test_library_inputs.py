@@ -79,6 +79,10 @@ def test_query_arguments_and_files_are_checked_as_rest_checks_them(tmp_path: Pat
         for k in (0, -1):
             with pytest.raises(InvalidInput):
                 atlas.recommend("weather", k=k)
+        for k in (101, 200, 2.0, "3", True):  # REST's bound and types: k = 200 was taken, "1..256" was said
+            with pytest.raises(InvalidInput, match=r"k must be an integer in 1\.\.100"):
+                atlas.recommend("weather", k=k)  # type: ignore[arg-type]
+        assert len(atlas.recommend("weather", k=100)) == 1
         bad_calls: list[Any] = [
             lambda: atlas.add("x", None, progress=False),  # type: ignore[arg-type]
             lambda: atlas.add("x", 5, progress=False),  # type: ignore[arg-type]

@@ -108,3 +108,18 @@ def test_a_space_named_with_slashes_is_read_and_exported_by_name(serve: Any, tin
         assert client.get_space(name).id == client.get_space("default").id
         lines = client.export_space(name).decode().splitlines()
         assert len(lines) == 3 and '"prose"' in lines[1]  # header, the task, the trailer
+
+
+def test_a_library_matrix_of_no_named_tasks_takes_the_first_40_as_the_cli_does(tmp_path: Path,
+                                                                              tiny_model_dir: Path) -> None:
+    """With no tasks named, the library's matrix took every ready task up to the service's matrix bound (256) and
+    the CLI's ``matrix`` (and the dashboard) the first 40: over 40 tasks the same question got two answers."""
+    from atlas.vocabulary import MATRIX_DEFAULT_TASKS
+
+    with Atlas(tmp_path / "a", model=str(tiny_model_dir), sketch_dim=256, device="cpu") as atlas:
+        for i in range(MATRIX_DEFAULT_TASKS + 2):
+            atlas.add(f"t{i:02d}", [f"{PROSE[i % len(PROSE)]} number {i}", f"another line {i} of words"],
+                      progress=False)
+        ids = [t.id for t in atlas.tasks()]
+        assert len(ids) == MATRIX_DEFAULT_TASKS + 2
+        assert atlas.matrix().ids == sorted(ids)[:MATRIX_DEFAULT_TASKS]

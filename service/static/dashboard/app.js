@@ -20,7 +20,7 @@
   const PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#7A5CC4",
     "#8C8C3C", "#1B9E9E", "#B24A6B", "#5A7D2B", "#C28A2C"];
   const NO_GROUP = "#a9b1bb";
-  const MATRIX_DEFAULT_MAX = 40;
+  const MATRIX_DEFAULT_MAX = 40;  // atlas.vocabulary.MATRIX_DEFAULT_TASKS: the CLI and the library take as many
   const POLL_MS = 1500;
   const DELETE_ARMED_MS = 5000;  // how long "Delete …? Click again" waits for the second click
 
