@@ -23,7 +23,7 @@ from atlas import space_repository as sql
 from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLarge
 from atlas.index import IndexManager
 from atlas.lexical import TermCounts
-from atlas.models import TASK_READY, Space, Task
+from atlas.models import TASK_FAILED, TASK_READY, Space, Task
 from atlas.novelty import NoveltyCache, SpaceNovelty
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
 from atlas.route_calibration import split_rates
@@ -109,9 +109,13 @@ class QueryService:
 
     def _ready_task(self, session: Session, task_id: int) -> Task:
         task = repo.get_task(session, task_id)
-        if task.status != TASK_READY:
-            raise NotReady(f"task {task_id} ({task.name}) has no signature yet (status {task.status})",
+        if task.status == TASK_FAILED:  # its first job failed or was cancelled: it never will have one
+            raise NotReady(f"task {task_id} ({task.name}) has no signature: it failed (its first job did not "
+                           "succeed); delete it and add it again",
                            {"task_id": task_id, "status": task.status})
+        if task.status != TASK_READY:
+            raise NotReady(f"task {task_id} ({task.name}) has no signature yet (status {task.status}: its job has "
+                           "not finished)", {"task_id": task_id, "status": task.status})
         return task
 
     def _neighbours(self, session: Session, space: Space, task_id: int, n: int) -> list[int]:

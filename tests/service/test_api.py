@@ -231,6 +231,9 @@ def test_cancel_a_queued_job(serve, tiny_lm) -> None:
         # a task that is not ready answers 409 not_ready to queries
         with pytest.raises(AtlasClientError) as exc:
             c.sources(created.task.id)
+        # it never will have a signature: the message says so and what to do ("has no signature yet" waited)
+        assert exc.value.code == "not_ready" and "failed" in exc.value.message, exc.value
+        assert "delete it and add it again" in exc.value.message, exc.value
         assert exc.value.status == 409 and exc.value.code == "not_ready"
 
 
