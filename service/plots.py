@@ -16,6 +16,7 @@ Example
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -111,6 +112,42 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+LABEL_STEP = 10
+"""Points (1/72 in) between the stacked labels of points drawn at nearly one place."""
+LABEL_NEAR = 0.03
+"""Points closer than this share of the map's larger side are "at nearly one place": their labels are stacked."""
+
+
+def label_lifts(xs: Sequence[float], ys: Sequence[float], near: float = LABEL_NEAR) -> list[int]:
+    """How many label steps each point's label is raised, so that points at nearly one place (tasks of identical or
+    near-identical signatures) do not print their names over each other: in ``(x, y)`` order, each point takes the
+    lowest lift that no earlier point within ``near`` times the map's larger side of it holds (a point alone: 0).
+
+    Parameters
+    ----------
+    xs, ys : sequence of float, length n
+        The points' map coordinates.
+    near : float
+
+    Returns
+    -------
+    list of int, length n
+    """
+    import numpy as np
+
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    if x.size == 0:
+        return []
+    span = max(float(np.ptp(x)), float(np.ptp(y)), 1e-12)
+    lifts = [0] * x.size
+    placed: list[int] = []
+    for i in np.lexsort((y, x)):
+        taken = {lifts[j] for j in placed if math.hypot(x[i] - x[j], y[i] - y[j]) < near * span}
+        lifts[i] = next(k for k in range(len(taken) + 1) if k not in taken)
+        placed.append(int(i))
+    return lifts
+
+
 @_literal_text
 def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -> Path:
     """Draw the 2-D atlas of a space (body of ``GET /v1/atlas``): labelled points coloured by cluster.
@@ -140,9 +177,10 @@ def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -
         ax.scatter([pt["x"] for pt in members], [pt["y"] for pt in members], s=70,
                    color=PALETTE[i % len(PALETTE)], edgecolor="white", linewidth=0.8, zorder=3,
                    label=f"cluster {c} ({len(members)})" if c >= 0 else f"no cluster ({len(members)})")
-    for pt in points:
-        ax.annotate(str(pt["name"]), (pt["x"], pt["y"]), xytext=(5, 4), textcoords="offset points", fontsize=8,
-                    color="#1f2933", zorder=4)
+    for pt, lift in zip(points, label_lifts([float(pt["x"]) for pt in points], [float(pt["y"]) for pt in points]),
+                        strict=True):
+        ax.annotate(str(pt["name"]), (pt["x"], pt["y"]), xytext=(5, 4 + LABEL_STEP * lift), textcoords="offset points",
+                    fontsize=8, color="#1f2933", zorder=4)
     if not points:
         ax.text(0.5, 0.5, "no ready tasks in this space", ha="center", va="center", transform=ax.transAxes,
                 color="#6b7280")

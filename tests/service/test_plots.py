@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,29 @@ def test_names_with_dollar_signs_drawn_as_written(bodies: dict[str, Any], kind: 
     texts = _svg_texts(fn(body, tmp_path / f"{kind}.svg", title=title)).replace("&amp;", "&")
     for name in [*shown, title]:
         assert name in texts, (name, texts[:400])
+
+
+@settings(max_examples=60, deadline=None)
+@given(pts=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=0, max_size=30))
+def test_labels_of_points_at_nearly_one_place_never_share_a_height(pts: list[tuple[int, int]]) -> None:
+    """Tasks of identical signatures sit at one place of the atlas: their names were printed over each other."""
+    xs, ys = [x / 6.0 for x, _ in pts], [y / 6.0 for _, y in pts]
+    lifts = plots.label_lifts(xs, ys, near=0.1)
+    assert len(lifts) == len(pts) and all(v >= 0 for v in lifts)
+    span = max(max(xs, default=0) - min(xs, default=0), max(ys, default=0) - min(ys, default=0), 1e-12)
+    for i in range(len(pts)):
+        near = [j for j in range(len(pts)) if j != i and math.hypot(xs[i] - xs[j], ys[i] - ys[j]) < 0.1 * span]
+        assert all(lifts[j] != lifts[i] for j in near), (i, near, lifts)
+        assert lifts[i] <= len(near)  # raised no higher than its crowd needs
+
+
+def test_names_of_one_place_are_stacked_in_the_svg(tmp_path: Path) -> None:
+    body = {"space_id": 1, "method": "mds", "total": 4, "sampled": False, "n_clusters": 1,
+            "points": [{"task_id": 1, "name": "bbbp", "x": 0.5, "y": 0.5, "cluster": 0},
+                       {"task_id": 2, "name": "bbbpcopy", "x": 0.5, "y": 0.5, "cluster": 0},
+                       {"task_id": 3, "name": "bbbp2", "x": 0.501, "y": 0.5, "cluster": 0},
+                       {"task_id": 4, "name": "esol", "x": 1.0, "y": 0.0, "cluster": 0}]}
+    svg = plots.save_atlas(body, tmp_path / "a.svg", title="t").read_text()
+    heights = {name: float(y) for y, name in re.findall(r'<text[^>]*\by="([-\d.]+)"[^>]*>(bbbp\w*|esol)</text>', svg)}
+    assert set(heights) == {"bbbp", "bbbpcopy", "bbbp2", "esol"}, heights
+    assert len({heights[n] for n in ("bbbp", "bbbpcopy", "bbbp2")}) == 3  # three names, three lines
