@@ -32,7 +32,10 @@ ANNOTATE_MAX = 15
 # Okabe–Ito (colour-blind safe) first, then further distinct hues (the dashboard uses the same).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#7A5CC4",
            "#8C8C3C", "#1B9E9E", "#B24A6B", "#5A7D2B", "#C28A2C")
-FACTOR_COLOURS = {"activation": "#0072B2", "error": "#E69F00", "fisher": "#009E73"}
+FACTOR_COLOURS = {"activation": "#0072B2", "error": "#E69F00", "fisher": "#009E73", "fisher_shrunk": "#7A5CC4"}
+FLAG_NOTES = {"rho_bounded": "ρ at bound", "cosine_clipped": "clipped to 1", "split_half_unavailable": "no SE",
+              "identical": "identical", "single_draw": "one draw", "clamped": "clamped"}
+"""How a source's estimator flags (docs/SCORES.md) are named under its bars; other flags by their own name."""
 
 
 class PlotError(ValueError):
@@ -258,7 +261,8 @@ def save_factors(sources_body: Mapping[str, Any], path: str | Path, *, title: st
     Parameters
     ----------
     sources_body : dict
-        ``{"target": {"task_id", "name"}, "sources": [{"name", "activation", "error", "fisher", ...}],
+        ``{"target": {"task_id", "name"}, "sources": [{"name", "activation", "error", "fisher", "fisher_shrunk",
+        "rho", "flags", ...}],
         "compared"}``.
     path : str or Path
         Output file; ``.png``, ``.svg`` or ``.pdf``.
@@ -268,14 +272,19 @@ def save_factors(sources_body: Mapping[str, Any], path: str | Path, *, title: st
     Returns
     -------
     Path
-        The written file: per source, bars for activation S_cov(M_a), error S_cov(Γ_e) and the Fisher
-        alignment (their coupling).
+        The written file: per source, bars for activation S_cov(M_a), error S_cov(Γ_e), the Fisher
+        alignment (their coupling) and its shrunk value (what orders the sources), with ρ and the estimator's flags
+        under the source's name.
     """
     p = check_suffix(path)
     sources = list(sources_body.get("sources") or [])
-    factors = [("activation", "activation S_cov(M_a)"), ("error", "error S_cov(Γ_e)"), ("fisher", "Fisher Â_F")]
-    groups = [f"{s['name']}\nρ = {float(s['rho']):.2f}" if s.get("rho") is not None else str(s["name"])
-              for s in sources]
+    factors = [("activation", "activation S_cov(M_a)"), ("error", "error S_cov(Γ_e)"), ("fisher", "Fisher Â_F"),
+               ("fisher_shrunk", "Fisher, shrunk (ranks the sources)")]
+    groups = []
+    for s in sources:  # name; ρ; the estimator's caveats (a source of a few samples looked as sure as the rest)
+        lines = [str(s["name"])] + ([f"ρ = {float(s['rho']):.2f}"] if s.get("rho") is not None else [])
+        flags = [FLAG_NOTES.get(str(f), str(f)) for f in s.get("flags") or []]
+        groups.append("\n".join(lines + ([", ".join(flags)] if flags else [])))
     series = {label: [float(s.get(key, 0.0)) for s in sources] for key, label in factors}
     colours = [FACTOR_COLOURS[key] for key, _ in factors]
     target = (sources_body.get("target") or {}).get("name")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -231,3 +232,14 @@ def test_names_of_one_place_are_stacked_in_the_svg(tmp_path: Path) -> None:
     heights = {name: float(y) for y, name in re.findall(r'<text[^>]*\by="([-\d.]+)"[^>]*>(bbbp\w*|esol)</text>', svg)}
     assert set(heights) == {"bbbp", "bbbpcopy", "bbbp2", "esol"}, heights
     assert len({heights[n] for n in ("bbbp", "bbbpcopy", "bbbp2")}) == 3  # three names, three lines
+
+
+def test_factor_bars_show_what_orders_the_sources_and_their_caveats(bodies: dict[str, Any], tmp_path: Path) -> None:
+    """The bars left out fisher_shrunk, the value that orders the sources, and the estimator's flags: a source of a
+    few samples (split_half_unavailable) or a near-copy (cosine_clipped) looked as sure as the rest."""
+    body = json.loads(json.dumps(bodies["sources"]))
+    body["sources"][0]["flags"] = ["cosine_clipped", "split_half_unavailable", "a_new_flag"]
+    texts = _svg_texts(plots.save_factors(body, tmp_path / "f.svg", title="f"))
+    assert "Fisher, shrunk (ranks the sources)" in texts
+    assert "clipped to 1, no SE, a_new_flag" in texts
+    assert f"ρ = {float(body['sources'][0]['rho']):.2f}" in texts
