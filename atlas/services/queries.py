@@ -329,7 +329,10 @@ class QueryService:
         if not ids:
             raise InvalidInput("give at least one ready task")
         if len(set(ids)) != len(ids):
-            raise InvalidInput("task_ids must be distinct", {"task_ids": ids})
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise InvalidInput(f"task_ids must be distinct: {', '.join(f'task {i}' for i in twice)} "
+                               f"{'is' if len(twice) == 1 else 'are'} given more than once",
+                               {"task_ids": ids, "repeated": twice})
         cap = self.settings.max_matrix_tasks
         if len(ids) > cap:
             raise PayloadTooLarge(f"{len(ids)} tasks exceed the matrix limit of {cap}", {"max_matrix_tasks": cap})
@@ -339,10 +342,14 @@ class QueryService:
             tasks = repo.get_tasks(session, ids)
             spaces = {t.space_id for t in tasks}
             if len(spaces) > 1:
-                raise IncompatibleSpace("the tasks belong to different spaces", {"space_ids": sorted(spaces)})
+                where = "; ".join(f"space {sp}: " + ", ".join(f"{t.id} ({t.name})" for t in tasks if t.space_id == sp)
+                                  for sp in sorted(spaces))
+                raise IncompatibleSpace(f"the tasks belong to different spaces ({where}); a matrix compares the "
+                                        "tasks of one space", {"space_ids": sorted(spaces)})
             not_ready = [t.id for t in tasks if t.status != TASK_READY]
             if not_ready:
-                raise NotReady(f"tasks without a signature yet: {not_ready}", {"task_ids": not_ready})
+                named = ", ".join(f"{t.id} ({t.name}, {t.status})" for t in tasks if t.status != TASK_READY)
+                raise NotReady(f"tasks without a signature: {named}", {"task_ids": not_ready})
             loaded = self.states.load(session, tasks[0].space, ids)
         mats = analysis.alignment_matrix([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded])
         self.observe("matrix", time.perf_counter() - t0)

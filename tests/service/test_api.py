@@ -217,6 +217,8 @@ def test_errors_share_one_body(serve, tiny_lm) -> None:
         assert set(data) == {"code", "message", "detail"} and data["code"] == code, (path, data)
     r = httpx.post(f"{svc.url}/v1/route", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json()["code"] == "invalid_input"
+    r = httpx.post(f"{svc.url}/v1/align/matrix", json={"task_ids": [3, 1, 3, 2, 1]})  # named: it said only "distinct"
+    assert r.status_code == 422 and "task 1, task 3 are given more than once" in r.json()["message"], r.text
 
 
 def test_cancel_a_queued_job(serve, tiny_lm) -> None:

@@ -153,8 +153,10 @@ def test_incompatible_space(kind: str, services: Any, tiny_lm: Any) -> None:
                                          n_samples=1, n_tokens=1)
             spaces.append(task.id)
     cl = c.AtlasClient if kind == "sync" else c.AsyncAtlasClient
-    with pytest.raises(c.IncompatibleSpace):
+    with pytest.raises(c.IncompatibleSpace) as info:
         _run(kind, lambda: cl(main.url), lambda x: x.align_matrix(spaces))
+    for task_id, key in zip(spaces, ("a", "b"), strict=True):  # each task named by its space (it said only "different")
+        assert f"{task_id} ({kind}-{key})" in info.value.message, info.value.message
 
 
 def test_reads_are_retried_after_retry_after(services: Any) -> None:
