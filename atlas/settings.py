@@ -55,7 +55,8 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 64 * 1024 * 1024
     max_import_bytes: int = Field(
         default=1024 * 1024 * 1024, ge=1024, description="Largest space export POST /v1/spaces/import reads "
-        "(an export line holds a whole task: about 75 bytes per signature dimension, ~309 KB at m = 4096). The "
+        "(an export line holds a whole task: at m = 4096 0.3-0.5 MB for a text task, up to ~0.8 MB for a completion "
+        "task with its prompt-side state; 1 GiB holds about 2,000 text tasks). The "
         "file is checked whole before one transaction stores it, read through a memory map of where the upload was "
         "spooled (not copied into memory) and stored one task at a time (bench/results/import_memory.md).",
     )
@@ -89,7 +90,8 @@ class Settings(BaseSettings):
     route_novelty: bool = Field(
         default=True,
         description="Answer none when the prompt's mean hidden state is farther from the answered task's samples than "
-        "the task's novelty threshold (atlas.novelty; tasks with at least 20 stored sample vectors).",
+        "the task's novelty threshold (atlas.novelty; a task is tested when its stored sample vectors can bound its "
+        "share of the false-reject rate: 39 at the default 5 %, 99 at 2 %; GET /v1/tasks/{id}/routing says).",
     )
     route_length_match: bool = Field(
         default=True,

@@ -210,7 +210,7 @@ class Atlas:
 
     # -- queries ---------------------------------------------------------------------------------
 
-    def route(self, prompts: str | Sequence[str], *, k: int = 3, threshold: float | None = None
+    def route(self, prompts: str | Sequence[str], *, k: int = 5, threshold: float | None = None
               ) -> analysis.RouteAnswer | list[analysis.RouteAnswer]:
         """Route one prompt (an answer) or several (a list of answers)."""
         try:

@@ -200,6 +200,10 @@ class JobOut(_Out):
     created_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
+    attempts: int = Field(default=0, description="Times a worker claimed the job (a job whose worker died is claimed "
+                          "again; it fails after the service's `job_max_attempts`).")
+    cancel_requested: bool = Field(default=False, description="Whether a cancel was asked for; a running job stops at "
+                                   "its next checkpoint window.")
 
     @property
     def done(self) -> bool:

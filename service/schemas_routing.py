@@ -119,8 +119,9 @@ class RouteResult(_Out):
 
     matches: list[RouteMatch]
     none: bool = Field(description="True when no stored task fits: the answered task's score is under its "
-                                   "threshold, the nearest task rejects the prompt, or it lacks the answered task's "
-                                   "template (`rejected_by` says which).")
+                                   "threshold, the nearest task rejects the prompt, it lacks the answered task's "
+                                   "template, or its mean hidden state is too far from the answered task's samples "
+                                   "(the novelty test; `rejected_by` says which).")
     best_score: float | None = Field(default=None, description="The answered task's (the first match's) route "
                                      "score. Matches are ordered by the ranking (Fisher, fused with the lexical "
                                      "score), so it need not be the highest score listed.")

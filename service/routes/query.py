@@ -32,9 +32,11 @@ router = APIRouter(prefix="/v1", tags=["queries"], route_class=BoundedJSONRoute)
 )
 async def route(body: RouteRequest, response: Response, c: ContainerDep, _: ReadPrincipal) -> RouteResponse:
     """Sketch each prompt (all its next-token positions) with the loaded model, take the FAISS top
-    ``candidates`` by signature, re-rank them exactly by the Fisher alignment of the prompt's and the
-    task's stored states, and return the top ``k``. ``none`` is true when the best score is below
-    ``threshold`` — the prompt fits no stored task.
+    ``candidates`` by signature (and the space's completion tasks), rank them by the whitened Fisher ranking fused
+    with the lexical score (``rank_score``, ``lexical``), and return the top ``k``. ``none`` is true when the prompt
+    fits no stored task: the answered task's route score is under its threshold (the request's ``threshold``, else
+    the task's calibrated or overridden one), the nearest task holds it under its threshold, or the answered task's
+    template or novelty test rejects it (``rejected_by`` says which; docs/SCORES.md).
 
     The ``Server-Timing`` header splits the server time into ``forward`` (model forward + sketch) and
     ``search`` (FAISS + state loading + exact re-rank).

@@ -67,9 +67,9 @@ async def create_task(
     """Create a task from a multipart upload (``file`` + ``name``, ``mode``, ``space``, ``metadata``)
     or a JSON body with ``samples``; its job is queued at once (202).
 
-    Files: JSONL (``{"text"}`` or ``{"prompt","completion"}`` per line), JSON array, CSV (same columns),
-    Parquet, or plain text (one sample per line). Limits: upload bytes, sample count and sample length
-    answer 413; malformed input 422; a full queue 429; no model, or every upload slot taken for
+    Files: JSONL (``{"text"}`` or ``{"prompt","completion"}`` per line), JSON array, CSV or TSV (same columns),
+    Parquet, or plain text (one sample per line); any of them gzipped (``.gz``). Limits: upload bytes, sample
+    count and sample length answer 413; malformed input 422; a full queue 429; no model, or every upload slot taken for
     ``upload_slot_wait_s`` (``max_concurrent_uploads``), 503. A rejected upload stores nothing.
     """
     up = await read_upload(request, max_upload_bytes=c.settings.max_upload_bytes, json_model=TaskCreate,
