@@ -149,15 +149,23 @@ def is_retryable(exc: BaseException) -> bool:
     return is_busy_error(exc) or (isinstance(exc, AtlasError) and exc.status_code == 503)
 
 
+def database_busy_or_down(exc: BaseException) -> AtlasError | None:
+    """The 503 of a database error a retry may cure (``None`` for any other): unreachable (down or restarting:
+    "busy" would mislead an operator) or busy (locked, pool exhausted, a lock or statement timeout). Shared by the
+    handlers and the key gate, which reads the database before any route."""
+    if is_busy_error(exc) and is_unreachable_error(exc):
+        return DatabaseUnavailable("the database cannot be reached; retry shortly", None, retry_after_s=2.0)
+    if is_busy_error(exc):
+        return DatabaseBusy("the database is busy; retry shortly", None)
+    return None
+
+
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     """A locked database, an exhausted pool or an unreachable server: 503 with Retry-After, never 500."""
-    if is_busy_error(exc) and is_unreachable_error(exc):  # down or restarting: "busy" would mislead an operator
-        logger.warning("database unreachable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-        return await _atlas_error(request, DatabaseUnavailable("the database cannot be reached; retry shortly",
-                                                               None, retry_after_s=2.0))
-    if is_busy_error(exc):  # locked, pool exhausted, a lock or statement timeout
-        logger.warning("database busy on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-        return await _atlas_error(request, DatabaseBusy("the database is busy; retry shortly", None))
+    if (retry := database_busy_or_down(exc)) is not None:
+        what = "unreachable" if isinstance(retry, DatabaseUnavailable) else "busy"
+        logger.warning("database %s on %s %s: %s", what, request.method, request.url.path, type(exc).__name__)
+        return await _atlas_error(request, retry)
     if (fault := storage_fault(exc)) is not None:  # a retry cannot cure it before an operator does: 60 s
         logger.error("database storage fault on %s %s: %s", request.method, request.url.path, fault)
         return await _atlas_error(request, DatabaseUnavailable(

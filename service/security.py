@@ -37,8 +37,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from atlas.db import is_busy_error
-from atlas.errors import AtlasError, DatabaseBusy, Unauthorized
+from atlas.errors import AtlasError, Unauthorized
 from atlas.redaction import truncate
 from atlas.settings import Settings
 from service.auth import (
@@ -51,6 +50,7 @@ from service.auth import (
     listening_publicly,
     presented_key,
 )
+from service.errors import database_busy_or_down
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "::1"})
@@ -170,9 +170,9 @@ class SecurityMiddleware:
             await _render(exc, scope, receive, send)
             return
         except Exception as exc:
-            if not is_busy_error(exc):
+            if (retry := database_busy_or_down(exc)) is None:
                 raise
-            await _render(DatabaseBusy("the database is busy; retry shortly", None), scope, receive, send)
+            await _render(retry, scope, receive, send)
             return
         await self.app(scope, receive, send)
 
