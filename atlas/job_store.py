@@ -386,15 +386,19 @@ def requeue_dead_jobs(session: Session, *, stale_after_s: float, except_model: s
     """Put back to ``queued`` the running jobs whose worker died (heartbeat older than ``stale_after_s``; the
     death stays counted as an attempt, and the job's ``error`` says why it waits), except those of the model
     with fingerprint ``except_model`` (the caller's own, which it re-runs itself). Without this, a dead worker's
-    job stayed ``running`` until a worker of its model came back, and a cancel waited for that worker. Returns
-    how many."""
+    job stayed ``running`` until a worker of its model came back, and a cancel waited for that worker. A job asked to
+    cancel (its worker died before it saw the request) is cancelled instead, as a queued job is at once: it stayed
+    ``queued`` with its cancel requested until a second cancel. Returns how many were put back or cancelled."""
     dead = (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None),
                                              Job.heartbeat_at < _stale_cutoff(stale_after_s))
-    stmt = update(Job).where(dead)
     if except_model is not None:
-        stmt = stmt.where(Job.space_id.in_(select(Space.id).where(Space.model_fingerprint != except_model)))
-    result = session.execute(stmt.values(status=JOB_QUEUED, lease=None, heartbeat_at=None, error=DEAD_WORKER_NOTE)
+        dead = dead & Job.space_id.in_(select(Space.id).where(Space.model_fingerprint != except_model))
+    to_cancel = list(session.execute(select(Job.id).where(dead, Job.cancel_requested.is_(True))).scalars())
+    result = session.execute(update(Job).where(dead).values(status=JOB_QUEUED, lease=None, heartbeat_at=None,
+                                                            error=DEAD_WORKER_NOTE)
                              .execution_options(synchronize_session=False))
+    for job_id in to_cancel:
+        request_cancel(session, int(job_id))
     return int(cast(CursorResult[Any], result).rowcount or 0)
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import job_store, repository
@@ -43,6 +43,8 @@ def test_cancelling_a_requeued_job_of_a_deleted_task_removes_it_and_its_samples(
     with factory.begin() as s:  # the task is deleted meanwhile: its running job stays, task-less
         repository.delete_task(s, task_id)
     time.sleep(0.3)
+    with factory.begin() as s:  # a job asked to cancel (the delete asked it): taken back as it was
+        s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=False))
     with factory.begin() as s:  # an API replica puts the dead worker's job back
         assert job_store.requeue_dead_jobs(s, stale_after_s=0.1, except_model="another-model") == 1
     assert _count(factory, Upload) == 1
@@ -50,8 +52,43 @@ def test_cancelling_a_requeued_job_of_a_deleted_task_removes_it_and_its_samples(
         answer = job_store.request_cancel(s, job_id)
     assert answer.status == JOB_CANCELLED and answer.id == job_id
     assert _count(factory, Job) == 0 and _count(factory, Upload) == 0
+    # as it happens (the delete asked the running job to cancel): putting it back carries the cancel out at once
+    with factory.begin() as s:
+        task, job = repository.create_task_with_job(s, space.id, "t", "text", {}, SAMPLES)
+        task_id, job_id = int(task.id), int(job.id)
+    with factory.begin() as s:
+        assert job_store.claim_job(s, job_id, worker="dead", stale_after_s=60.0) is not None
+    with factory.begin() as s:
+        repository.delete_task(s, task_id)
+    time.sleep(0.3)
+    with factory.begin() as s:
+        assert job_store.requeue_dead_jobs(s, stale_after_s=0.1, except_model="another-model") == 1
+    assert _count(factory, Job) == 0 and _count(factory, Upload) == 0
     with factory() as s, pytest.raises(NotFound):
         job_store.get_job(s, job_id)
+
+
+def test_a_cancel_sent_while_the_worker_was_dead_is_carried_out_when_its_job_is_put_back(
+        factory: sessionmaker[Session]) -> None:
+    """A running job asked to cancel after its worker died was put back to ``queued`` with its cancel requested and
+    stayed there (an operator review, 2026-12-07): only a second cancel ended it, and its task's name stayed taken."""
+    space = make_space(factory)
+    with factory.begin() as s:
+        task, job = repository.create_task_with_job(s, space.id, "t", "text", {}, SAMPLES)
+        _, other_job = repository.create_task_with_job(s, space.id, "u", "text", {}, SAMPLES)
+        task_id, job_id, other_job_id = int(task.id), int(job.id), int(other_job.id)
+    with factory.begin() as s:  # a worker takes both and dies; one is asked to cancel meanwhile
+        for j in (job_id, other_job_id):
+            assert job_store.claim_job(s, j, worker="dead", stale_after_s=60.0) is not None
+    with factory.begin() as s:
+        assert job_store.request_cancel(s, job_id).status == "running"  # asked: the worker would stop it
+    time.sleep(0.3)
+    with factory.begin() as s:
+        assert job_store.requeue_dead_jobs(s, stale_after_s=0.1, except_model="another-model") == 2
+    with factory() as s:
+        assert job_store.get_job(s, job_id).status == JOB_CANCELLED
+        assert job_store.get_job(s, other_job_id).status == "queued"  # not asked: put back to run again
+        assert repository.get_task(s, task_id).status == "failed"  # its create was cancelled: no signature
 
 
 @pytest.mark.postgres
