@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Annotated, Any
 
 import typer
@@ -13,10 +14,34 @@ app = typer.Typer()
 
 
 def settings(**flags: Any) -> Any:
-    """Settings from the environment with the given flags on top."""
+    """Settings from the environment with the given flags on top; a bad value exits 2 with one line naming each
+    setting by its environment variable (it printed pydantic's traceback, naming the field only)."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
     from atlas.settings import get_settings
 
-    return get_settings(**flags)
+    try:
+        return get_settings(**flags)
+    except ValidationError as exc:
+        raise fail("invalid settings: " + "; ".join(_setting_error(e) for e in exc.errors()), 2) from None
+    except SettingsError as exc:  # a list or mapping setting that is not JSON
+        found = re.search(r'field "(\w+)"', str(exc))
+        name = f"FISHER_ATLAS_{found[1].upper()}" if found else "a setting"
+        raise fail(f"invalid settings: {name} must be JSON (a list is written '[\"a\", \"b\"]')", 2) from None
+
+
+def _secret(field: str) -> bool:
+    """Whether an error line must not repeat the setting's value (a key, or a URL with its password)."""
+    return field.endswith("_key") or any(word in field for word in ("password", "secret", "url"))
+
+
+def _setting_error(error: Any) -> str:
+    """One pydantic error as ``FISHER_ATLAS_NAME: message (got value)``."""
+    field = str(error["loc"][0]) if error.get("loc") else ""
+    name = f"FISHER_ATLAS_{field.upper()}" if field else "settings"
+    shown = "" if _secret(field) or "input" not in error else f" (got {str(error['input'])[:80]!r})"
+    return f"{name}: {error['msg']}{shown}"
 
 
 def migrate_db(s: Any) -> None:

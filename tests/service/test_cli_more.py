@@ -214,6 +214,27 @@ def test_server_commands_answer_database_problems_in_one_line(tmp_path: Path,
     assert main(["tasks", "list", "--timeout", "0"]) == 2  # a usage error (it read as an unreachable server)
 
 
+@pytest.mark.parametrize(("env", "said"), [
+    ({"FISHER_ATLAS_QUEUE": "redis"}, "FISHER_ATLAS_QUEUE: Input should be 'inprocess' or 'celery' (got 'redis')"),
+    ({"FISHER_ATLAS_RATE_LIMIT_PER_S": "abc"}, "FISHER_ATLAS_RATE_LIMIT_PER_S: Input should be a valid number"),
+    ({"FISHER_ATLAS_REQUIRE_KEYS": "maybe"}, "FISHER_ATLAS_REQUIRE_KEYS: Input should be a valid boolean"),
+    ({"FISHER_ATLAS_ALLOWED_ORIGINS": "https://ui.example"}, "FISHER_ATLAS_ALLOWED_ORIGINS must be JSON"),
+    ({"FISHER_ATLAS_JOB_STALE_AFTER_S": "0"}, "FISHER_ATLAS_JOB_STALE_AFTER_S: Input should be greater than 0"),
+])
+def test_a_bad_setting_is_one_line_naming_its_variable(env: dict[str, str], said: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad FISHER_ATLAS_* value printed pydantic's traceback (~150 lines) naming the field, not the variable;
+    a list setting that is not JSON said only 'error parsing value for field "allowed_origins"'."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for command in (["serve", "--port", "9"], ["migrate"]):
+        assert main([*command, "--data-dir", str(tmp_path / "d")]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fisher-atlas: invalid settings: ") and said in err and "\n" not in err, err
+        assert "Traceback" not in err and not (tmp_path / "d").exists()
+
+
 def test_two_processes_migrating_one_postgresql_database_at_once(pg_database: Any, tmp_path: Path) -> None:
     """A service and a worker started together migrate the same fresh database: the second failed with a
     duplicate ``alembic_version`` table (a threading lock serialised only one process's migrations)."""
