@@ -6,6 +6,7 @@ factory (a snapshot on SQLite, never taking the write lock); writes use ``store.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,8 @@ from atlas.models import Space
 from atlas.samples import is_storable_text
 from atlas.settings import Settings
 from fishersketch import SketchSpec
+
+log = logging.getLogger(__name__)
 
 
 class Store:
@@ -52,6 +55,7 @@ class Store:
         self.model_error: str | None = None
         """Why the embedded model did not load (set by the composition root): no space can exist before it."""
         self._specs: dict[int, SketchSpec] = {}
+        self._said_fallback: set[str] = set()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -104,6 +108,7 @@ class Store:
         if self.default_space_id is not None:
             return spaces_sql.get_space(session, self.default_space_id)
         rows = spaces_sql.spaces_of_model(session, self.settings.model)
+        configured = bool(rows)
         if not rows:
             rows = spaces_sql.list_spaces(session)
         if not rows and self.model_error is not None:
@@ -118,7 +123,13 @@ class Store:
             raise Conflict("several spaces exist; pass the space id", {"ids": [r.id for r in rows]})
         # one model in several sketch specs: the one this process is configured for, if it exists
         same_spec = [r for r in rows if r.m == self.settings.sketch_dim and r.seed == self.settings.sketch_seed]
-        return (same_spec or rows)[-1]
+        chosen = (same_spec or rows)[-1]
+        if not configured and chosen.model_name not in self._said_fallback:  # once: a typo'd model name ran silently
+            self._said_fallback.add(chosen.model_name)
+            log.warning("no space holds the configured model %r (FISHER_ATLAS_MODEL); the default space is the only "
+                        "model's there, %r (space %s): set FISHER_ATLAS_MODEL to it if that is meant",
+                        self.settings.model, chosen.model_name, chosen.id)
+        return chosen
 
     def resolve_space(self, session: Session, ref: str | int | None) -> Space:
         """A space by id, ``"default"``/``None`` (see :meth:`default_space`) or model name (if unique)."""

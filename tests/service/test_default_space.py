@@ -83,3 +83,30 @@ def test_an_api_without_a_model_defaults_to_the_space_of_its_sketch_settings(tmp
             other.close()
     finally:
         store.close()
+
+
+def test_a_model_free_api_whose_model_has_no_space_says_which_it_answers_from(tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """An API configured with a mistyped model answered from the only space's model without a word (an operator
+    review, 2026-12-07): the fallback stays — a replica whose model name differs still serves — but it is logged."""
+    import logging
+
+    from atlas.settings import Settings
+    from atlas.store import Store
+    from migrations import upgrade
+
+    settings = Settings(data_dir=tmp_path, model="nosuch-org/no-such-model", device="cpu")
+    upgrade(settings.resolved_database_url())
+    store = Store(settings)
+    try:
+        _other_space_task(store)
+        with caplog.at_level(logging.WARNING, logger="atlas.store"):
+            for _ in range(3):
+                with store.read() as s:
+                    assert store.default_space(s).model_name == "another/model"
+        said = [r.getMessage() for r in caplog.records if r.name == "atlas.store"]
+        assert len(said) == 1, said  # once, not per request
+        assert "'nosuch-org/no-such-model'" in said[0] and "'another/model'" in said[0], said
+    finally:
+        store.engine.dispose()
+        store.read_engine.dispose()
