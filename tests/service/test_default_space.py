@@ -108,5 +108,4 @@ def test_a_model_free_api_whose_model_has_no_space_says_which_it_answers_from(tm
         assert len(said) == 1, said  # once, not per request
         assert "'nosuch-org/no-such-model'" in said[0] and "'another/model'" in said[0], said
     finally:
-        store.engine.dispose()
-        store.read_engine.dispose()
+        store.close()
