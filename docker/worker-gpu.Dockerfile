@@ -13,5 +13,7 @@ COPY workers ./workers
 COPY service ./service
 COPY fisher_atlas ./fisher_atlas
 COPY migrations ./migrations
-RUN pip install ".[scale,gpu]"
+# faiss-cpu (a base dependency) and faiss-gpu both install the `faiss` module: whichever went in last owned its
+# files. Remove both, then put the GPU build back alone.
+RUN pip install ".[scale,gpu]" && pip uninstall -y faiss-cpu faiss-gpu && pip install --no-deps "faiss-gpu>=1.8,<2"
 CMD ["fisher-atlas", "worker"]
