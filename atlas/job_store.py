@@ -17,7 +17,7 @@ import datetime as dt
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import case, delete, func, literal, or_, select, update
 from sqlalchemy.engine import CursorResult
@@ -382,24 +382,39 @@ def drop_final_checkpoints(session: Session) -> int:
     return int(cast(CursorResult[Any], result).rowcount or 0)
 
 
-def requeue_dead_jobs(session: Session, *, stale_after_s: float, except_model: str | None = None) -> int:
+class Requeued(NamedTuple):
+    """What :func:`requeue_dead_jobs` did: jobs put back to ``queued``, and jobs cancelled (their cancel was asked
+    while their worker was dead)."""
+
+    queued: int
+    cancelled: int
+
+
+def requeue_dead_jobs(session: Session, *, stale_after_s: float, except_model: str | None = None) -> Requeued:
     """Put back to ``queued`` the running jobs whose worker died (heartbeat older than ``stale_after_s``; the
     death stays counted as an attempt, and the job's ``error`` says why it waits), except those of the model
     with fingerprint ``except_model`` (the caller's own, which it re-runs itself). Without this, a dead worker's
     job stayed ``running`` until a worker of its model came back, and a cancel waited for that worker. A job asked to
     cancel (its worker died before it saw the request) is cancelled instead, as a queued job is at once: it stayed
-    ``queued`` with its cancel requested until a second cancel. Returns how many were put back or cancelled."""
+    ``queued`` with its cancel requested until a second cancel. Which jobs to cancel is read by the update itself
+    (``RETURNING``): the rows it put back, with their flag as it changed them."""
     dead = (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None),
                                              Job.heartbeat_at < _stale_cutoff(stale_after_s))
     if except_model is not None:
         dead = dead & Job.space_id.in_(select(Space.id).where(Space.model_fingerprint != except_model))
-    to_cancel = list(session.execute(select(Job.id).where(dead, Job.cancel_requested.is_(True))).scalars())
-    result = session.execute(update(Job).where(dead).values(status=JOB_QUEUED, lease=None, heartbeat_at=None,
-                                                            error=DEAD_WORKER_NOTE)
-                             .execution_options(synchronize_session=False))
-    for job_id in to_cancel:
-        request_cancel(session, int(job_id))
-    return int(cast(CursorResult[Any], result).rowcount or 0)
+    rows = session.execute(update(Job).where(dead).values(status=JOB_QUEUED, lease=None, heartbeat_at=None,
+                                                          error=DEAD_WORKER_NOTE)
+                           .returning(Job.id, Job.cancel_requested)
+                           .execution_options(synchronize_session=False)).all()
+    cancelled = 0
+    for job_id, asked in rows:
+        if asked:
+            try:
+                request_cancel(session, int(job_id))
+                cancelled += 1
+            except NotFound:  # gone meanwhile (another replica's sweep removed a deleted task's job)
+                pass
+    return Requeued(len(rows) - cancelled, cancelled)
 
 
 def recoverable_jobs(

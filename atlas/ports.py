@@ -98,14 +98,17 @@ class PromptSketcher(Protocol):
     """Turns prompts into FisherSketch states with a space's model.
 
     Implementations batch concurrent calls. Errors are domain errors: ``ModelUnavailable`` (503, no
-    model or worker serves the space — raised at once, never after a hang), ``QueueFull`` (429, with
+    model or worker serves the space — raised at once, never after a hang; a worker of its model may come up),
+    ``IncompatibleSpace`` (409, an in-process sketcher whose one model or sketch spec is not the space's: waiting
+    cannot help), ``QueueFull`` (429, with
     ``retry_after_s`` computed from the queue), ``PayloadTooLarge`` (413, more prompts in one request than
     the queue ever admits), ``InvalidInput`` (422, a prompt that cannot be sketched, e.g. under 2 tokens, its
     index in ``detail``).
     """
 
     def check_served(self, space: SpaceKey) -> None:
-        """Raise ``ModelUnavailable`` unless some model of this service can sketch for ``space``."""
+        """Raise ``ModelUnavailable`` (or ``IncompatibleSpace``, see the class) unless some model of this service can
+        sketch for ``space``."""
         ...
 
     async def sketch(self, space: SpaceKey, prompts: Sequence[str]) -> list[SketchState]:

@@ -124,7 +124,10 @@ class Store:
         # one model in several sketch specs: the one this process is configured for, if it exists
         same_spec = [r for r in rows if r.m == self.settings.sketch_dim and r.seed == self.settings.sketch_seed]
         chosen = (same_spec or rows)[-1]
-        if not configured and chosen.model_name not in self._said_fallback:  # once: a typo'd model name ran silently
+        # Once, for a model named on purpose (an API replica left at the default serves the workers' model, and a
+        # local directory is stored resolved): a mistyped FISHER_ATLAS_MODEL answered from another model silently.
+        named = "model" in self.settings.model_fields_set and not Path(self.settings.model).expanduser().is_dir()
+        if not configured and named and chosen.model_name not in self._said_fallback:
             self._said_fallback.add(chosen.model_name)
             log.warning("no space holds the configured model %r (FISHER_ATLAS_MODEL); the default space is the only "
                         "model's there, %r (space %s): set FISHER_ATLAS_MODEL to it if that is meant",

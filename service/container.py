@@ -278,12 +278,15 @@ class Container:
 
         try:
             with self.require_store().write.begin() as session:
-                n = job_store.requeue_dead_jobs(session, stale_after_s=self.settings.job_stale_after_s)
+                done = job_store.requeue_dead_jobs(session, stale_after_s=self.settings.job_stale_after_s)
         except Exception:
             log.warning("re-queueing dead workers' jobs failed (retried at the next period)", exc_info=True)
             return
-        if n:
-            log.warning("%d job(s) of a worker that stopped heartbeating are queued again", n)
+        if done.queued:
+            log.warning("%d job(s) of a worker that stopped heartbeating are queued again", done.queued)
+        if done.cancelled:
+            log.warning("%d job(s) of a worker that stopped heartbeating were asked to cancel: cancelled",
+                        done.cancelled)
 
     # -- policies shared by the services ---------------------------------------------------------
 

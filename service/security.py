@@ -278,7 +278,8 @@ REFUSALS = {
     401: "No valid API key (required on public binds and once any key exists).",
     403: "Foreign Origin on a state-changing request, Host not allowed, or the key lacks the scope.",
     429: "Rate limit of this key or client exceeded, or the queue is full; see Retry-After.",
-    503: "The database is busy (locked or out of connections) or the model is unavailable; see Retry-After.",
+    503: "The database cannot be reached or is busy (locked or out of connections), or no model serves the space; "
+         "see Retry-After.",
 }
 
 

@@ -365,11 +365,11 @@ class InProcessPromptSketcher:
                 why = (f"space {space.space_id} was sketched with {theirs}, this process sketches with {ours} "
                        "(the same model; start the service with the space's sketch settings to query it)")
             else:
-                theirs, ours = space.model_name, self.model_name
+                theirs, ours = repr(space.model_name), repr(self.model_name)
                 if theirs == ours:  # one name, other weights (an export of another service's model): name the weights
                     theirs, ours = (f"{theirs} (fingerprint {space.model_fingerprint})",
                                     f"{ours} (fingerprint {self.model_fingerprint})")
-                why = f"space {space.space_id} was sketched with the model {theirs!r}; this process serves {ours!r}"
+                why = f"space {space.space_id} was sketched with the model {theirs}; this process serves {ours}"
             raise IncompatibleSpace(f"no model of this service serves space {space.space_id}: {why}",
                                     {"space_id": space.space_id, "model": space.model_name,
                                      "space_model": space.model_fingerprint, "served_model": self.model_fingerprint})

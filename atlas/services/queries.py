@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import numbers
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -142,7 +143,9 @@ class QueryService:
         PayloadTooLarge, InvalidInput
             A prompt over ``max_prompt_chars`` or not sketchable.
         ModelUnavailable
-            No model serves the space (at once).
+            No model or worker serves the space (at once).
+        IncompatibleSpace
+            This process's one model or sketch spec is not the space's (embedded mode).
         QueueFull
             The prompt queue is full (``retry_after_s`` from its drain time).
         """
@@ -156,7 +159,7 @@ class QueryService:
         thr = float(self.settings.route_threshold) if threshold is None else routing_repo.route_threshold(threshold)
         check_prompt_lengths(prompts, self.settings.max_prompt_chars)
         key = await asyncio.to_thread(self.space_key, space_ref)
-        # sketch() checks that the space is served first (503 at once); a check here ran on the event loop,
+        # sketch() checks that the space is served first (503 or 409 at once); a check here ran on the event loop,
         # and the remote sketcher's check reads Redis (a silent Redis stalled every request of the process).
         timings = Timings()
         t0 = time.perf_counter()
@@ -328,14 +331,14 @@ class QueryService:
         ids = [int(i) for i in task_ids]
         if not ids:
             raise InvalidInput("give at least one ready task")
+        cap = self.settings.max_matrix_tasks
+        if len(ids) > cap:  # first: the checks below are bounded by the cap
+            raise PayloadTooLarge(f"{len(ids)} tasks exceed the matrix limit of {cap}", {"max_matrix_tasks": cap})
         if len(set(ids)) != len(ids):
-            twice = sorted({i for i in ids if ids.count(i) > 1})
+            twice = sorted(i for i, n in Counter(ids).items() if n > 1)
             raise InvalidInput(f"task_ids must be distinct: {', '.join(f'task {i}' for i in twice)} "
                                f"{'is' if len(twice) == 1 else 'are'} given more than once",
                                {"task_ids": ids, "repeated": twice})
-        cap = self.settings.max_matrix_tasks
-        if len(ids) > cap:
-            raise PayloadTooLarge(f"{len(ids)} tasks exceed the matrix limit of {cap}", {"max_matrix_tasks": cap})
         t0 = time.perf_counter()
         with self.store.read() as session:
             self._fresh_states(session)

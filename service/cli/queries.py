@@ -208,6 +208,8 @@ def labelled_prompts(file: Path) -> tuple[list[tuple[str, str | int]], list[int]
                 continue
             if not label.strip():
                 raise fail(f"{file}:{reader.line_num}: no label: a task name, or \"none\"")
+            if not prompt.strip():  # named by its line here (the service names it by its place among the examples)
+                raise fail(f"{file}:{reader.line_num}: the prompt is empty")
             examples.append((prompt, label.strip()))
             lines_of.append(reader.line_num)
         return examples, lines_of

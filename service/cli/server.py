@@ -40,7 +40,8 @@ def _setting_error(error: Any) -> str:
     """One pydantic error as ``FISHER_ATLAS_NAME: message (got value)``."""
     field = str(error["loc"][0]) if error.get("loc") else ""
     name = f"FISHER_ATLAS_{field.upper()}" if field else "settings"
-    shown = "" if _secret(field) or "input" not in error else f" (got {str(error['input'])[:80]!r})"
+    # a whole-model error (no field) carries every setting as its input: the keys and URLs among them
+    shown = "" if not field or _secret(field) or "input" not in error else f" (got {str(error['input'])[:80]!r})"
     return f"{name}: {error['msg']}{shown}"
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar, cast
@@ -140,8 +142,8 @@ def add_task(name: str, file: FileArg, samples: Sequence[SampleArg] | None, mode
 def path_id(value: object, what: str = "id") -> int:
     """``value`` as the integer id a URL path takes (``InvalidInput`` for anything else: ``"1/../2"`` reached task 2
     once httpx had collapsed the dot segments, and a delete would have removed another task than the one named)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # a NumPy integer too
+        return int(value)
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value)
     hint = " (a task's numeric id; find one by name with find_task)" if what == "task id" else ""
@@ -152,7 +154,7 @@ def id_list(values: object, what: str = "id") -> list[int]:
     """``values`` as a list of integer ids (each as :func:`path_id` takes it), in their order; ``InvalidInput`` for a
     string, a set or a mapping (no order to keep: a matrix's rows follow the ids' order) or anything not iterable."""
     refused = InvalidInput(0, "invalid_input", f"{what}s must be a list or tuple of integers, not {values!r}")
-    if isinstance(values, str | bytes | Mapping | set | frozenset):
+    if isinstance(values, str | bytes | Mapping | AbstractSet):
         raise refused
     try:
         items = list(cast(Iterable[object], values))

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -120,6 +121,9 @@ def test_task_lifecycle_queries_and_export_import(serve, tiny_lm, tmp_path: Path
         assert all(abs(mat.fisher[i][i] - 1.0) < 1e-6 for i in range(3))
         assert abs(mat.fisher[0][1] - mat.fisher[1][0]) < 1e-9
         assert abs(mat.fisher[0][1] - pair.fisher) < 1e-6
+        # ids from NumPy (a DataFrame's column): integers, as httpx sent them before the client checked ids
+        assert c.align(np.int64(ids["prose"]), ids["code"]).fisher == pair.fisher
+        assert c.align_matrix(np.array([ids["prose"], ids["code"], ids["smiles"]])).ids == mat.ids
         atlas = c.atlas()
         assert {p.name for p in atlas.points} == set(ids) and atlas.total == 4 and not atlas.sampled
         assert atlas.points == c.atlas().points  # deterministic

@@ -354,6 +354,7 @@ def test_cli_fit_prints_each_threshold_before_and_after(serve: Any, tiny_lm: Any
     assert capsys.readouterr().err.strip() == f"fisher-atlas: {sheet}:4: 404 not_found: no task named 'nosuch'"
     for body, line, said in (("text,label\na,none\n", 1, "must name the columns 'prompt' and 'label'"),
                              ("prompt,label\na b c,none\nd e f,\n", 3, "no label"),
+                             ("prompt,label\na b c,none\n\n  ,prose\n", 4, "the prompt is empty"),  # not "example 1"
                              ('prompt,label\n"a b c,none\n', 2, "not CSV")):
         sheet.write_text(body, encoding="utf-8")
         assert main(["fit", str(sheet), "--dry-run", *url]) == 1

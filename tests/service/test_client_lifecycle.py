@@ -87,7 +87,7 @@ def test_ids_and_numbers_are_checked_before_anything_is_sent(serve: Any, tiny_lm
         for ids in ([1, "prose"], [True, 2]):
             with pytest.raises(InvalidInput, match="must be an integer"):
                 c.align_matrix(ids)  # type: ignore[arg-type]
-        for unordered in ({1, 2}, {1: 2}, "12", 12):
+        for unordered in ({1, 2}, frozenset({1, 2}), {1: 2}.keys(), {1: 2}, "12", 12):
             with pytest.raises(InvalidInput, match="must be a list or tuple of integers"):
                 c.align_matrix(unordered)  # type: ignore[arg-type]
         assert c.get_job  # a well-formed id string is taken: what a CLI argument gives

@@ -109,3 +109,12 @@ def test_a_model_free_api_whose_model_has_no_space_says_which_it_answers_from(tm
         assert "'nosuch-org/no-such-model'" in said[0] and "'another/model'" in said[0], said
     finally:
         store.close()
+    # left at the default (an API replica serving its workers' model, as README's scale-out runs it): no warning
+    caplog.clear()
+    quiet = Store(Settings(data_dir=tmp_path, device="cpu"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="atlas.store"), quiet.read() as s:
+            assert quiet.default_space(s).model_name == "another/model"
+        assert not [r for r in caplog.records if r.name == "atlas.store"]
+    finally:
+        quiet.close()

@@ -85,7 +85,7 @@ def test_a_space_of_another_spec_or_model_is_refused_naming_what_differs(gpt2_lm
         assert "space 3 was sketched with the model 'other/model'; this process serves 'tiny'" in str(info.value)
         with pytest.raises(IncompatibleSpace) as info:
             sketcher.check_served(SpaceKey(4, "tiny", "1" * 20, served.fingerprint(), served.to_dict()))
-        assert f"the model 'tiny (fingerprint {'1' * 20})'; this process serves 'tiny (fingerprint {fp})'" \
+        assert f"the model 'tiny' (fingerprint {'1' * 20}); this process serves 'tiny' (fingerprint {fp})" \
             in str(info.value)
     finally:
         sketcher.close()

@@ -1541,7 +1541,7 @@
     const examples = []; examples.lines = [];
     if (!rows.length) return examples;
     const header = rows[0].cells.map((n) => n.trim().toLowerCase());  // " Label" is "label"
-    const p = header.indexOf("prompt"), l = header.indexOf("label");
+    const p = header.lastIndexOf("prompt"), l = header.lastIndexOf("label");  // a repeated column: its last, as csv.DictReader
     if (p < 0 || l < 0)
       throw new Error(`line ${rows[0].line}: expected a JSON object per line, or a header row naming the columns "prompt" and "label" (CSV, or TSV with tabs).`);
     for (const { cells, line } of rows.slice(1)) {
