@@ -158,6 +158,30 @@ def test_heatmaps_have_the_right_size(dashboard_service: DashboardService, page:
     page.locator("[data-testid=dark-neighbours]", has_text=rule).wait_for()
 
 
+TITLES_INSIDE = """svgs => svgs.map(s => {
+    const t = s.querySelector('.heatmap-title').getBBox();
+    return [t.x, t.x + t.width, s.viewBox.baseVal.width];
+})"""
+"""Each heatmap title's horizontal extent and its panel's width."""
+
+
+def _titles_inside(page: Any) -> None:
+    spans = page.locator("svg.heatmap-svg").evaluate_all(TITLES_INSIDE)
+    assert spans and all(lo >= -0.5 and hi <= width + 0.5 for lo, hi, width in spans), spans
+
+
+def test_heatmap_titles_fit_their_panels(dashboard_service: DashboardService, page: Any) -> None:
+    """A panel was sized for a 150 px title: "Activation only S_cov(M_a)" (~170 px) was clipped over a matrix of
+    a few tasks, on a wide screen and on a phone (a new-user review, 2026-12-07)."""
+    ids = ready_ids(dashboard_service)[:3]
+    for width in (1280, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(f"{dashboard_service.base}/dashboard/#/matrix?ids={','.join(ids)}")
+        page.locator("[data-testid=heatmap-cell]").first.wait_for()
+        assert page.locator("svg.heatmap-svg").count() == 3
+        _titles_inside(page)
+
+
 def test_narrow_screen_keeps_every_page_within_the_viewport(dashboard_service: DashboardService, page: Any) -> None:
     """At 390 px the top bar pushed the key field off-screen (the page was 749 px wide) and the heatmaps widened
     the alignment page: the bar wraps and a wide heatmap scrolls inside its card."""

@@ -802,11 +802,14 @@
       const shown = matrixState.show === "all" ? kinds : kinds.filter(([k]) => k === matrixState.show);
       const single = shown.length === 1;
       const labelW = 150;
+      // Room for the widest title over a panel (12 px bold words, then the symbol): "Activation only S_cov(M_a)" is
+      // ~170 px, and a panel sized for 150 clipped it.
+      const titleRoom = Math.max(...shown.map(([, t, , sym]) => Math.ceil(t.length * 7.2 + 6 + sym.length * 6.6))) + 8;
       const avail = Math.max(240, (out.clientWidth || 900) - 30);  // (a floor of 480 overflowed a phone's 330 px)
-      // Side by side while a row keeps room for its label (11 px) and a panel for its title (150 px); past that, one
-      // panel per row, each labelled.
+      // Side by side while a row keeps room for its label (11 px) and a panel for its title; past that, one panel per
+      // row, each labelled.
       const sideBySide = (avail - labelW - shown.length * 22) / shown.length;
-      const stacked = !single && (Math.floor(sideBySide / n) < 11 || sideBySide < 150);
+      const stacked = !single && (Math.floor(sideBySide / n) < 11 || sideBySide < titleRoom);
       const wide = Math.min(Math.max(620, n * 11), avail - labelW - 20);
       const perPanel = single || stacked ? wide : sideBySide;
       const cell = Math.max(3, Math.min(single || stacked ? 56 : 44, Math.floor(perPanel / n)));
@@ -818,12 +821,14 @@
       const panels = shown.map(([kind, title, M, symbol], pi) => {
         const withLabels = pi === 0 || stacked;
         const grid = n * cell;
-        const pad = Math.max(0, Math.ceil((150 - grid) / 2)); // keep room for the title over small grids
+        const bare = (withLabels ? labelW : 4) + grid + 4;  // a title may reach over the row labels, not past the panel
+        const pad = Math.max(0, Math.ceil((titleRoom - bare) / 2));
         const ox = (withLabels ? labelW : 4) + pad; const oy = 24;
         const w = ox + grid + 4 + pad; const hgt = oy + grid + 4;
+        const titleX = Math.min(Math.max(ox + grid / 2, titleRoom / 2), w - titleRoom / 2);
         const svg = s("svg", { viewBox: `0 0 ${w} ${hgt}`, width: w, height: hgt, class: "heatmap-svg",
           role: "group", "aria-label": `${title}: ${n} by ${n} heatmap; arrow keys move between cells` });
-        svg.append(s("text", { x: ox + grid / 2, y: 14, "text-anchor": "middle", class: "heatmap-title" }, title,
+        svg.append(s("text", { x: titleX, y: 14, "text-anchor": "middle", class: "heatmap-title" }, title,
           s("tspan", { class: "heatmap-symbol", dx: 6 }, symbol)));
         const g = s("g", {});
         const outlines = s("g", { class: "dark-outlines" });
