@@ -170,6 +170,15 @@ def _titles_inside(page: Any) -> None:
     assert spans and all(lo >= -0.5 and hi <= width + 0.5 for lo, hi, width in spans), spans
 
 
+def test_a_task_link_that_is_no_valid_escape_is_a_message_not_a_script_error(dashboard_service: DashboardService,
+                                                                           page: Any) -> None:
+    """``#/task/abc%E0`` showed "Error: URI malformed", JavaScript's own words (a new-user review, 2026-12-07)."""
+    page.goto(f"{dashboard_service.base}/dashboard/#/task/abc%E0")
+    box = page.locator("[data-testid=error]")
+    box.wait_for()
+    assert "URI malformed" not in box.inner_text() and "is not a task link" in box.inner_text(), box.inner_text()
+
+
 def test_heatmap_titles_fit_their_panels(dashboard_service: DashboardService, page: Any) -> None:
     """A panel was sized for a 150 px title: "Activation only S_cov(M_a)" (~170 px) was clipped over a matrix of
     a few tasks, on a wide screen and on a phone (a new-user review, 2026-12-07)."""

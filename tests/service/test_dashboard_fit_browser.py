@@ -64,7 +64,7 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
         labelled = tmp_path / "labelled.jsonl"  # read from a file, as the CLI's fit does
         labelled.write_text("\n".join(json.dumps(e) for e in examples) + "\n", encoding="utf-8")
         card.locator("[data-testid=fit-file]").set_input_files(str(labelled))
-        card.get_by_text(f"Read labelled.jsonl: {len(examples)} lines.").wait_for()
+        card.get_by_text(f"Read labelled.jsonl: {len(examples)} labelled prompts.").wait_for()
         assert page.locator("[data-testid=fit-examples]").input_value() == labelled.read_text(encoding="utf-8")
         card.locator("[data-testid=fit-preview]").click()
         summary = card.locator("[data-testid=fit-summary][data-stored=false]")
@@ -120,7 +120,8 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
             writer.writerows([[e["label"], 'say "hi", then', e["prompt"]] for e in examples])
             (tmp_path / name).write_text("\ufeff" + table.getvalue(), encoding="utf-8", newline="")
             card.locator("[data-testid=fit-file]").set_input_files(str(tmp_path / name))
-            card.get_by_text(f"Read {name}:").wait_for()
+            # prompts, not lines: the header and a quoted prompt's line breaks are no prompts (it said "19 lines")
+            card.get_by_text(f"Read {name}: {len(examples)} labelled prompts.").wait_for()
             card.locator("[data-testid=fit-preview]").click()
             card.locator("[data-testid=fit-summary][data-stored=false]").wait_for()
             shown = {row.get_attribute("data-task"): float(row.get_attribute("data-threshold") or "nan")

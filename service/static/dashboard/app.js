@@ -304,10 +304,15 @@
   const ROUTES = [
     [/^\/atlas$/, (ctx) => viewAtlas(ctx), "atlas"],
     [/^\/matrix$/, (ctx, m, q) => viewMatrix(ctx, q), "matrix"],
-    [/^\/task\/([^/]+)$/, (ctx, m) => viewTask(ctx, decodeURIComponent(m[1])), "atlas"],
+    [/^\/task\/([^/]+)$/, (ctx, m) => viewTask(ctx, decodedSegment(m[1])), "atlas"],
     [/^\/route$/, (ctx) => viewRoute(ctx), "route"],
     [/^\/jobs$/, (ctx) => viewJobs(ctx), "jobs"],
   ];
+  // A task link's id as written ("%E0" is no valid escape: decodeURIComponent threw "URI malformed" onto the page; the
+  // task page then says no such task exists).
+  function decodedSegment(text) {
+    try { return decodeURIComponent(text); } catch (_) { return text; }
+  }
   function parseHash() {
     const raw = window.location.hash.replace(/^#/, "") || "/atlas";
     const [path, query = ""] = raw.split("?");
@@ -1029,6 +1034,7 @@
 
   // ------------------------------------------------------------------ Task view
   async function viewTask(ctx, id) {
+    if (!/^[0-9]{1,18}$/.test(id)) throw new Error(`“${truncate(id, 40)}” is not a task link: a task page is #/task/ and the task's number (the atlas and the jobs list link to them).`);
     const task = await api(`/tasks/${encodeURIComponent(id)}`);
     if (!ctx.alive()) return;
     const root = h("section", { class: "page", "data-testid": "task-page", "data-task-id": task.id });
@@ -1578,7 +1584,11 @@
       }
       try {
         text.value = fitState.text = await f.text();
-        out.replaceChildren(h("p", { class: "muted small" }, `Read ${f.name}: ${text.value.split(/\r?\n/).filter((l) => l.trim()).length} lines.`));
+        // labelled prompts, not lines (a CSV's header, and a quoted prompt over several lines, are no prompts)
+        let count;
+        try { count = `${fmtInt(parseFitExamples(text.value).length)} labelled prompts`; } catch (_) { count = null; }
+        out.replaceChildren(h("p", { class: "muted small" }, count ? `Read ${f.name}: ${count}.`
+          : `Read ${f.name}; Preview names what is wrong with it.`));
       } catch (err) { out.replaceChildren(errorBox(err, "Fit")); }
       file.value = "";  // choosing the same file again (after editing the text) reads it again
     });
