@@ -190,10 +190,30 @@ def test_form_shows_api_and_input_errors_as_messages(
         pg.click("[data-testid=add-submit]")
         pg.locator("[data-testid=add-progress][data-status=failed]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
         pg.locator("[data-testid=atlas-not-ready]", has_text=f"{failed_before + 1} failed").wait_for(timeout=5_000)
+        # pasted samples the service refuses are named so, not by the file the form made of them ("pasted.txt: …")
+        pg.fill("[data-testid=add-name]", "form-pasted")
+        pg.set_input_files("[data-testid=add-file]", [])
+        pg.select_option("[data-testid=add-mode]", "completion")
+        pg.fill("[data-testid=add-paste]", "just a line of words\nanother line of words")
+        pg.click("[data-testid=add-submit]")
+        error = pg.locator("[data-testid=add-message] [data-testid=error]", has_text="the pasted samples: ")
+        error.wait_for()
+        assert "pasted.txt" not in error.inner_text(), error.inner_text()
+        # contact lost while the form follows an accepted upload's job: not "Upload: cannot reach the service" over
+        # a box still "running" with a live Cancel (a new-user review, 2026-12-07)
+        pg.select_option("[data-testid=add-mode]", "text")
+        pg.route("**/v1/jobs/**", lambda route: route.abort())
+        pg.fill("[data-testid=add-name]", "form-lost")
+        pg.click("[data-testid=add-submit]")
+        pg.locator("[data-testid=add-progress][data-status=unknown]").wait_for()
+        assert pg.locator("[data-testid=add-cancel]").is_hidden()
+        assert "Lost contact with job" in pg.locator("[data-testid=add-progress-text]").inner_text()
+        assert "Following job" in pg.locator("[data-testid=add-message]").inner_text()
+        pg.unroute("**/v1/jobs/**")
     finally:
         context.close()
         with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
-            for name in ("form-ok", "form-fails"):
+            for name in ("form-ok", "form-fails", "form-lost"):
                 for task in http.get("/v1/tasks", params={"name": name}).json()["items"]:
                     http.delete(f"/v1/tasks/{task['id']}")
     assert not problems, problems

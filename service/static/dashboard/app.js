@@ -1780,9 +1780,10 @@
     const file = h("input", { id: "add-file", type: "file", "data-testid": "add-file",
       accept: ".jsonl,.ndjson,.jsonlines,.json,.csv,.tsv,.parquet,.txt,.text,.gz,text/plain,application/json,text/csv,text/tab-separated-values,application/gzip" });
     const name = h("input", { id: "add-name", type: "text", maxlength: 300, autocomplete: "off", spellcheck: "false",
-      placeholder: "e.g. legal-contracts", "data-testid": "add-name" });
-    const mode = h("select", { id: "add-mode", "data-testid": "add-mode" },
-      h("option", { value: "text" }, "text: every next token"), h("option", { value: "completion" }, "completion: prompt → completion"));
+      placeholder: "e.g. legal-contracts", "data-testid": "add-name", class: "input" });  // styled as the selects beside it
+    const mode = h("select", { id: "add-mode", "data-testid": "add-mode" },  // short labels: a long one was clipped
+      h("option", { value: "text", title: "every next token of each sample counts" }, "text"),
+      h("option", { value: "completion", title: "prompt/completion pairs: only the completion's tokens count" }, "completion"));
     const meta = h("textarea", { id: "add-metadata", rows: 2, spellcheck: "false", placeholder: '{"domain": "law"}',
       "data-testid": "add-metadata" });
     // Samples typed or pasted instead of a file: sent as the file the service reads the same way (a .txt of one sample
@@ -1801,7 +1802,8 @@
       h("div", { class: "job-head" }, h("span", { class: "add-status" }), h("span", { class: "muted small add-job" }),
         h("span", { class: "grow" }), cancel), bar, statusLine);
     const newOnly = [h("label", { class: "field", for: "add-name" }, h("span", {}, "Name"), name),
-      h("label", { class: "field", for: "add-mode" }, h("span", {}, "Mode"), mode),
+      h("label", { class: "field", for: "add-mode", title: "text: every next token counts; completion: prompt/completion pairs, only the completions' tokens" },
+        h("span", {}, "Mode (text, or prompt → completion)"), mode),
       h("label", { class: "field", for: "add-metadata" }, h("span", {}, "Metadata (JSON object, optional)"), meta)];
     const form = h("form", { class: "add-form", "data-testid": "add-form", autocomplete: "off" },
       h("label", { class: "field", for: "add-target" }, h("span", {}, "Add to"), target),
@@ -1936,7 +1938,22 @@
         }
         if (parseHash().path === "/atlas") navigate({ keepScroll: true });  // the new point, or the task's failure
       } catch (err) {
-        showError(err, "Upload");
+        const jobId = progressBox.hidden ? null : progressBox.dataset.jobId;
+        if (jobId && ["queued", "running"].includes(progressBox.dataset.status)) {
+          // the upload was accepted and its job lives on in the service: contact was lost, not the upload (the box
+          // kept "running … 0 s left" with a live Cancel under "Upload: Cannot reach the service")
+          progressBox.dataset.status = "unknown";
+          cancel.hidden = true;
+          statusLine.textContent = `Lost contact with job ${jobId}: its state is unknown. The upload was accepted; `
+            + "the Jobs page shows the job once the service answers again.";
+          showError(err, `Following job ${jobId}`);
+        } else if (!chosen && err instanceof Error && /^pasted\.(txt|jsonl): /.test(err.message)) {
+          // named by the file the form made of them, which the user never saw
+          showError(new ApiError(err.code, err.message.replace(/^pasted\.(txt|jsonl): /, "the pasted samples: "),
+            err.status, err.detail), "Upload");
+        } else {
+          showError(err, "Upload");
+        }
       } finally {
         busy = false; submit.disabled = !canWrite();
       }
