@@ -160,9 +160,11 @@ def test_concurrent_routes_over_http(serve: Any, tiny_lm: Any, tmp_path: Path) -
     assert stats["batches"] < stats["prompts"], "concurrent prompts were never batched together"
 
 
-def test_http_queue_full_is_429_oversized_is_413_and_unserved_space_is_503(serve: Any, tiny_lm: Any) -> None:
+def test_http_queue_full_is_429_oversized_is_413_and_unserved_space_is_409(serve: Any, tiny_lm: Any) -> None:
     """A full queue answers 429 with Retry-After and serves again once drained; a request larger than the whole
-    queue answers 413 (no retry could admit it; it was a 429); a space no model serves answers 503."""
+    queue answers 413 (no retry could admit it; it was a 429); a space of another model answers 409
+    ``incompatible_space`` without Retry-After (this embedded process serves one model: it was a 503 inviting retries
+    that could never succeed; a scaled-out API still answers 503 while no worker serves it)."""
     import threading
 
     svc = serve(lm=tiny_lm, sketch_dim=256, prompt_max_pending=4)
@@ -196,8 +198,8 @@ def test_http_queue_full_is_429_oversized_is_413_and_unserved_space_is_503(serve
             )
             other_id = other.id
         r = http.post("/v1/route", json={"prompt": "route me somewhere", "space": str(other_id)})
-        assert r.status_code == 503, r.text
-        assert "other/model" in r.json()["message"]
+        assert r.status_code == 409 and r.json()["code"] == "incompatible_space", r.text
+        assert "other/model" in r.json()["message"] and "Retry-After" not in r.headers
 
 
 def _wait_job(http: httpx.Client, job_id: int, timeout: float = 120.0) -> dict[str, Any]:
