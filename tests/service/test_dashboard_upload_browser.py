@@ -45,6 +45,8 @@ def test_add_append_and_delete_a_task_through_the_form(
     page.click("[data-testid=add-submit]")
     progress = page.locator("[data-testid=add-progress]")
     page.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+    # the button pressed was disabled while busy (the focus fell to <body>): the outcome has it, for the keyboard
+    page.locator("[data-testid=add-message]:focus").wait_for(timeout=5_000)
 
     with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
         task = http.get("/v1/tasks", params={"name": "form-poems"}).json()["items"][0]
@@ -121,6 +123,7 @@ def test_add_append_and_delete_a_task_through_the_form(
     assert delete.get_attribute("data-armed") == "true"
     delete.click()
     page.locator("[data-testid=atlas-view]").wait_for()
+    page.locator("#view:focus").wait_for(timeout=5_000)  # the deleted page's button took the focus with it
     page.wait_for_function(f"document.querySelectorAll('[data-testid=atlas-point]').length === {before}")
     with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
         assert http.get(f"/v1/tasks/{task['id']}").status_code == 404

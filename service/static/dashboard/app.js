@@ -323,6 +323,8 @@
   // browser keeps the scroll position (a "Loading…" placeholder collapsed the page to the top mid-upload; a task page
   // drawn with its cards still loading was shorter than the scroll position).
   const KEEP_HEIGHT_MS = 3000;
+  let lastFocus = null;  // the element focused last (a redraw that moves it drops the focus: navigate gives it back)
+  document.addEventListener("focusin", (e) => { lastFocus = e.target; });
   function navigate({ keepScroll = false } = {}) {
     const v = view();
     v.style.minHeight = keepScroll ? `${v.offsetHeight}px` : "";
@@ -345,6 +347,14 @@
       showKeyScopes();
       return route[1](ctx, path.match(route[0]), query);
     }).then(() => {
+      // focus lost with the page it was on (a Delete button, a link of the old page): the new page takes it, so a
+      // keyboard user goes on from there and a screen reader announces it (it stayed on <body>); an element the
+      // redraw only moved (the add panel outlives the atlas page) gets it back
+      const lost = !document.activeElement || document.activeElement === document.body;
+      if (lost && ctx.alive()) {
+        const back = lastFocus && lastFocus.isConnected && view().contains(lastFocus) ? lastFocus : view();
+        back.focus({ preventScroll: true });
+      }
       if (!keepScroll) return;
       const t = setTimeout(() => { if (ctx.alive()) v.style.minHeight = ""; }, KEEP_HEIGHT_MS);
       ctx.onCleanup(() => clearTimeout(t));
@@ -1792,7 +1802,7 @@
       placeholder: "one sample per line — or JSON lines of {\"prompt\": …, \"completion\": …}" });
     const submit = h("button", { type: "submit", class: "btn primary", "data-testid": "add-submit" }, "Upload");
     const readOnly = h("span", { class: "muted small", "data-testid": "add-read-only", hidden: true }, READ_ONLY_TITLE);
-    const message = h("div", { "data-testid": "add-message", "aria-live": "polite" });
+    const message = h("div", { "data-testid": "add-message", "aria-live": "polite", tabindex: "-1" });
     const fill = h("span", { class: "progress-fill" });
     const bar = h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100, "aria-valuenow": 0,
       "aria-label": "upload progress" }, fill);
@@ -1956,6 +1966,10 @@
         }
       } finally {
         busy = false; submit.disabled = !canWrite();
+        // the button pressed was disabled while busy, which dropped the focus on <body>: the outcome takes it
+        if (!document.activeElement || document.activeElement === document.body) {
+          (message.childElementCount ? message : submit).focus({ preventScroll: true });
+        }
       }
     });
     return card;
