@@ -65,8 +65,10 @@ def test_atlas_draws_one_mark_per_task_and_click_opens_task_page(
     assert "smiles" in tip.inner_text()
     shot(page, "atlas")
 
+    # the legend says what its numbers are ("0 (1)" read as two numbers)
+    assert "cluster " in page.locator("[data-testid=atlas-legend]").inner_text()
     page.select_option("#atlas-colour", "meta:domain")
-    assert page.locator("[data-testid=atlas-legend]").inner_text().count("(1)") == len(dashboard_service.tasks)
+    assert page.locator("[data-testid=atlas-legend]").inner_text().count("· 1 task") == len(dashboard_service.tasks)
 
     mark.click()
     task_page = page.locator("[data-testid=task-page]")

@@ -82,6 +82,9 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
             assert expected["previous"][name] == pytest.approx(before[name]["threshold"], abs=1e-12)
         accuracy = card.locator("[data-testid=fit-accuracy]").inner_text()
         assert f"{expected['accuracy_before']:.3f} → {expected['accuracy_after']:.3f}" in accuracy, accuracy
+        n = len(examples)  # and as counts of the prompts
+        right = f"({round(expected['accuracy_before'] * n)} → {round(expected['accuracy_after'] * n)} of {n} right)"
+        assert right in accuracy, accuracy
         assert {name: http.get(f"/v1/tasks/{i}/routing").json() for name, i in ids.items()} == before  # dry run
 
         card.locator("[data-testid=fit-apply]").click()

@@ -518,7 +518,9 @@
         : groups.legend.map((g) => {
           const sw = h("span", { class: "swatch" });
           sw.style.background = g.colour;
-          return h("span", { class: "legend-item" }, sw, `${g.label} (${g.count})`);
+          // "0 (1)" read as two numbers: say what each is
+          const what = atlasState.colourBy === "cluster" && g.label !== "none" ? `cluster ${g.label}` : g.label;
+          return h("span", { class: "legend-item" }, sw, `${what} · ${g.count} task${g.count === 1 ? "" : "s"}`);
         });
       legendBox.replaceChildren(
         h("span", { class: "legend-title" }, atlasState.colourBy.replace(/^meta:/, "metadata · ")), ...legendItems);
@@ -1609,7 +1611,7 @@
       out.replaceChildren(h("p", { class: "muted loading" }, `Routing ${fmtInt(examples.length)} labelled prompts…`));
       try {
         const res = await api("/route/fit", { method: "POST", body: { examples: [...examples], dry_run: dryRun } });
-        out.replaceChildren(fitSummary(res || {}));
+        out.replaceChildren(fitSummary(res || {}, examples.length));
       } catch (err) {
         // the API numbers examples from 0 without blank lines; the card's own checks name lines from 1
         const at = err instanceof ApiError && err.detail && Number.isInteger(err.detail.example)
@@ -1634,7 +1636,7 @@
         h("span", { class: "grow" }), preview, apply),
       out);
   }
-  function fitSummary(res) {
+  function fitSummary(res, n) {
     const thresholds = Object.entries(res.thresholds || {}).sort(([a], [b]) => a.localeCompare(b));
     const off = (names, what) => (names || []).map((n) =>
       h("li", { "data-testid": "fit-switched-off", "data-test": what }, `${n}: ${what} test turned off`));
@@ -1642,7 +1644,8 @@
     return h("div", { "data-testid": "fit-summary", "data-stored": String(!!res.stored) },
       h("p", {}, h("strong", {}, res.stored ? "Stored. " : "Dry run: nothing stored. "),
         h("span", { "data-testid": "fit-accuracy" },
-          `Accuracy on the labelled prompts ${fmt(res.accuracy_before)} → ${fmt(res.accuracy_after)}.`)),
+          `Accuracy on the labelled prompts ${fmt(res.accuracy_before)} → ${fmt(res.accuracy_after)}`
+          + (n ? ` (${Math.round(res.accuracy_before * n)} → ${Math.round(res.accuracy_after * n)} of ${fmtInt(n)} right).` : "."))),
       thresholds.length
         ? h("table", { class: "table", "data-testid": "fit-thresholds" },
           h("thead", {}, h("tr", {}, h("th", {}, "task"), h("th", {}, "threshold before"),
