@@ -69,7 +69,7 @@ def test_colour_by_a_metadata_key_named_like_an_object_member(serve: Any, tiny_l
     page.locator("[data-testid=atlas-point]").nth(1).wait_for()
     page.select_option("#atlas-colour", "meta:constructor")
     legend = page.locator("[data-testid=atlas-legend]").inner_text()
-    assert "lab (1)" in legend and "none (1)" in legend and "function" not in legend, legend
+    assert "lab · 1 task" in legend and "none · 1 task" in legend and "function" not in legend, legend
 
 
 def test_identical_tasks_are_drawn_apart_on_the_map(serve: Any, tiny_lm: Any, page: Any) -> None:
@@ -337,3 +337,26 @@ def test_a_failed_delete_keeps_its_button_and_a_wrong_key_is_named(serve: Any, t
     page.press("#apikey", "Enter")
     page.locator("#keystate[data-refused=true]").wait_for()
     assert "not accepted" in page.locator("#keystate").inner_text()
+
+
+SPLIT_PARTS = """els => els.flatMap(el => [...el.childNodes].filter(n => n.nodeType === 3).map(n => {
+    const r = document.createRange(); r.selectNodeContents(n); return [n.textContent, r.getClientRects().length];
+}))"""
+"""Each text part of the given elements (a name between its <wbr>s) with the number of lines it is drawn on."""
+
+
+def test_long_task_names_break_between_their_parts_on_a_phone(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """Names in the atlas list and the alignment checklist broke every few letters ("lam a_tr ex_P") on a 390 px
+    screen, and mid-word on a wide one (a new-user review, 2026-12-07): they break after _ - . / now."""
+    svc = serve(lm=tiny_lm)
+    names = ["lama_trex_P19_capital_of_country", "agnews_topic_classification-v2.long"]
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        for name, texts in zip(names, (PROSE, CODE), strict=True):
+            _add(http, name, texts)
+    page.set_viewport_size({"width": 390, "height": 844})
+    for route, where in (("atlas", "[data-testid=atlas-list] td a"), ("matrix", "label.check > span")):
+        page.goto(f"{svc.url}/dashboard/#/{route}")
+        page.locator(where).first.wait_for()
+        parts = page.locator(where).evaluate_all(SPLIT_PARTS)
+        assert {"lama_", "trex_", "classification-"} <= {text for text, _ in parts}, parts
+        assert all(lines == 1 for _, lines in parts), parts

@@ -379,7 +379,15 @@
     return [...new Set(tasks.map(taskSpace).filter((v) => v !== undefined && v !== null))];
   }
   function taskLink(id, name, attrs = {}) {
-    return h("a", { href: `#/task/${encodeURIComponent(id)}`, ...attrs }, name ?? `task ${id}`);
+    return h("a", { href: `#/task/${encodeURIComponent(id)}`, ...attrs }, nameParts(name ?? `task ${id}`));
+  }
+  // A name with a line-break opportunity after each _ - . / (a <wbr>): a narrow column breaks
+  // "lama_trex_P19_capital" between its parts, not every few letters ("lam a_tr ex_P").
+  function nameParts(name) {
+    if (typeof name !== "string") return name;
+    const out = [];
+    for (const part of name.split(/(?<=[_\-./])/)) { if (out.length) out.push(h("wbr", {})); out.push(part); }
+    return out;
   }
 
   // ------------------------------------------------------------------ Atlas view
@@ -735,7 +743,7 @@
         return h("label", { class: "check" },
           h("input", { type: "checkbox", checked: matrixState.selected.has(id), "data-task-id": id,
             onchange: (e) => { if (e.target.checked) matrixState.selected.add(id); else matrixState.selected.delete(id); matrixState.edited = true; updateCount(); } }),
-          h("span", {}, truncate(p.name, 34)));
+          h("span", {}, nameParts(truncate(p.name, 34))));
       }));
       updateCount();
     }
