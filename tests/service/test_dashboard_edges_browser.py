@@ -337,6 +337,12 @@ def test_a_failed_delete_keeps_its_button_and_a_wrong_key_is_named(serve: Any, t
     page.press("#apikey", "Enter")
     page.locator("#keystate[data-refused=true]").wait_for()
     assert "not accepted" in page.locator("#keystate").inner_text()
+    # a key saved while the service cannot be reached is said to be unchecked (it read "saved" as if checked)
+    page.route("**/v1/**", lambda route: route.abort())
+    page.fill("#apikey", "fa_saved_while_the_service_is_away")
+    page.press("#apikey", "Enter")
+    page.locator("#keystate", has_text="not checked: the service cannot be reached").wait_for()
+    page.unroute("**/v1/**")
 
 
 SPLIT_PARTS = """els => els.flatMap(el => [...el.childNodes].filter(n => n.nodeType === 3).map(n => {

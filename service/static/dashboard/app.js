@@ -112,16 +112,21 @@
   // for a key without the write scope, with a title saying why. null while unknown (no answer: every control
   // stays on and the API's 401/403 says what is missing).
   // `refused`: the service answered 401 for the key (unknown or revoked: the field said "saved" for a wrong key).
-  let keyScopes = { key: null, scopes: null, refused: false };
+  // `unreachable`: no answer at all (asked again at the next page: the field said "saved" as if checked).
+  let keyScopes = { key: null, scopes: null, refused: false, unreachable: false };
   async function loadKeyScopes() {
     const key = apiKey();
     if (keyScopes.key === key) return keyScopes.scopes;
-    let scopes = null; let refused = false;
+    let scopes = null; let refused = false; let unreachable = false;
     try {
       const me = await api("/keys/current");
       scopes = me && Array.isArray(me.scopes) ? me.scopes : null;
-    } catch (err) { scopes = null; refused = Boolean(key) && err instanceof ApiError && err.status === 401; }
-    keyScopes = { key, scopes, refused };
+    } catch (err) {
+      scopes = null;
+      refused = Boolean(key) && err instanceof ApiError && err.status === 401;
+      unreachable = !(err instanceof ApiError) || err.code === "network";
+    }
+    keyScopes = { key: unreachable ? null : key, scopes, refused, unreachable };
     return scopes;
   }
   const canWrite = () => !Array.isArray(keyScopes.scopes) || keyScopes.scopes.includes("write") ||
@@ -141,7 +146,8 @@
     if (!state || !apiKey()) return;
     const scopes = keyScopes.scopes;
     state.textContent = keyScopes.refused ? "saved · not accepted: unknown or revoked key"
-      : Array.isArray(scopes) ? `saved · ${canWrite() ? scopes.join(", ") : "read only"}` : "saved";
+      : keyScopes.unreachable ? "saved · not checked: the service cannot be reached"
+        : Array.isArray(scopes) ? `saved · ${canWrite() ? scopes.join(", ") : "read only"}` : "saved";
     state.dataset.scopes = Array.isArray(scopes) ? scopes.join(",") : "";
     state.dataset.refused = String(keyScopes.refused);
   }
