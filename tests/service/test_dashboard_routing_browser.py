@@ -133,6 +133,13 @@ def test_task_page_routing_side_template_switch_rate_and_override(
                 f"under {math.floor(info['short_prompt_tokens'] + 0.5)} tokens: threshold of their length "
                 f"({info['length_views']} held-out views)")
             _set_rate_and_override(page, http, task_id)
+            # at 1 % the test needs 199 vectors, more than a task keeps: on but not tested, and its switch says
+            # what it does then (it offered "Turn the novelty test off" with no word)
+            assert http.patch(f"/v1/tasks/{task_id}/routing", json={"false_reject_rate": 0.01}).status_code == 200
+            page.reload()
+            card.locator("[data-testid=novelty-test]", has_text="not tested").wait_for()
+            title = card.locator("[data-testid=novelty-toggle]").get_attribute("title") or ""
+            assert "does not run for this task now" in title, title
         finally:
             assert http.delete(f"/v1/tasks/{task_id}").status_code == 204
 

@@ -1311,7 +1311,14 @@
           ["template test", h("span", { "data-testid": "template-test" }, on ? "on" : "off")],
           ["novelty test", h("span", { "data-testid": "novelty-test", "data-on": String(noveltyOn) }, novelty)]]),
         h("div", { class: "btn-row" }, toggle("template-toggle", "template", "template test", on),
-          toggle("novelty-toggle", "novelty", "novelty test", noveltyOn)),
+          (() => {
+            const b = toggle("novelty-toggle", "novelty", "novelty test", noveltyOn);
+            // on but not tested (too few sample vectors at this rate): what the switch does then is not obvious
+            if (noveltyOn && !r.novelty_active && !b.dataset.needsScope) {
+              b.title = "The test does not run for this task now (see above); switched off, it stays off once the task has enough sample vectors.";
+            }
+            return b;
+          })()),
         toggleError,
         thresholdForm(r));
     };
