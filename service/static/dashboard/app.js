@@ -602,7 +602,9 @@
 
   // Marks that would cover each other (tasks with identical or nearly identical signatures share a place on the
   // map, and one hid the others) are drawn on a small ring around their place, touching: [x, y, tasks there].
-  function stackedPlaces(xy, near = 3, r = 7) {
+  // near: marks (14 px across) closer than this overlap by more than a third and are drawn around one place (3 px left
+  // marks 5-10 px apart half hidden under each other).
+  function stackedPlaces(xy, near = 10, r = 7) {
     const groups = [];  // [x, y, indices]: the first point of a group is its place
     const groupOf = xy.map(([x, y], i) => {
       let g = groups.find(([gx, gy]) => Math.abs(gx - x) < near && Math.abs(gy - y) < near);
@@ -634,7 +636,7 @@
         ...meta.map(([k, v]) => [k, truncate(typeof v === "object" ? JSON.stringify(v) : String(v), 40)]),
       ]),
       stacked > 1 ? h("div", { class: "tip-hint", "data-testid": "tip-stacked" },
-        `${stacked} tasks share this place (near-identical signatures): drawn around it`) : null,
+        `${stacked} tasks share this place (near-identical signatures, or too close to tell apart at this size): drawn around it`) : null,
       h("div", { class: "tip-hint" }, "click to open"),
     ].filter(Boolean);
   }
