@@ -343,6 +343,8 @@ def test_a_failed_delete_keeps_its_button_and_a_wrong_key_is_named(serve: Any, t
     page.press("#apikey", "Enter")
     page.locator("#keystate", has_text="not checked: the service cannot be reached").wait_for()
     page.unroute("**/v1/**")
+    page.goto(f"{svc.url}/dashboard/#/jobs")  # back: checked again at the next page (not kept as unchecked)
+    page.locator("#keystate[data-refused=true]").wait_for()
 
 
 SPLIT_PARTS = """els => els.flatMap(el => [...el.childNodes].filter(n => n.nodeType === 3).map(n => {
@@ -355,14 +357,17 @@ def test_long_task_names_break_between_their_parts_on_a_phone(serve: Any, tiny_l
     """Names in the atlas list and the alignment checklist broke every few letters ("lam a_tr ex_P") on a 390 px
     screen, and mid-word on a wide one (a new-user review, 2026-12-07): they break after _ - . / now."""
     svc = serve(lm=tiny_lm)
-    names = ["lama_trex_P19_capital_of_country", "agnews_topic_classification-v2.long"]
+    names = ["lama_trex_P19_capital_of_country", "agnews_topic_classification-v2.long",
+             "averyveryverylongtasknamewithoutanyseparatorsinit"]  # wraps too, never widening the page
     with httpx.Client(base_url=svc.url, timeout=60) as http:
-        for name, texts in zip(names, (PROSE, CODE), strict=True):
+        for name, texts in zip(names, (PROSE, CODE, [t.upper() for t in PROSE]), strict=True):
             _add(http, name, texts)
     page.set_viewport_size({"width": 390, "height": 844})
     for route, where in (("atlas", "[data-testid=atlas-list] td a"), ("matrix", "label.check > span")):
         page.goto(f"{svc.url}/dashboard/#/{route}")
         page.locator(where).first.wait_for()
         parts = page.locator(where).evaluate_all(SPLIT_PARTS)
-        assert {"lama_", "trex_", "classification-"} <= {text for text, _ in parts}, parts
+        assert {"lama_", "trex_", "classification-", "averyveryverylon"} <= {text for text, _ in parts}, parts
         assert all(lines == 1 for _, lines in parts), parts
+        scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert scroll <= client, (route, scroll, client)

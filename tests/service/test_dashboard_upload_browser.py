@@ -209,6 +209,7 @@ def test_form_shows_api_and_input_errors_as_messages(
         pg.fill("[data-testid=add-name]", "form-lost")
         pg.click("[data-testid=add-submit]")
         pg.locator("[data-testid=add-progress][data-status=unknown]").wait_for()
+        assert pg.locator("[data-testid=add-progress] [data-testid=status-badge]").inner_text() == "unknown"
         assert pg.locator("[data-testid=add-cancel]").is_hidden()
         assert "Lost contact with job" in pg.locator("[data-testid=add-progress-text]").inner_text()
         assert "Following job" in pg.locator("[data-testid=add-message]").inner_text()

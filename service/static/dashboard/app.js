@@ -124,7 +124,8 @@
     } catch (err) {
       scopes = null;
       refused = Boolean(key) && err instanceof ApiError && err.status === 401;
-      unreachable = !(err instanceof ApiError) || err.code === "network";
+      // no answer, or a proxy's or a busy service's (502/503/504, 429): asked again, not shown as checked
+      unreachable = !(err instanceof ApiError) || err.code === "network" || err.status >= 500 || err.status === 429;
     }
     keyScopes = { key: unreachable ? null : key, scopes, refused, unreachable };
     return scopes;
@@ -315,7 +316,7 @@
     [/^\/jobs$/, (ctx) => viewJobs(ctx), "jobs"],
   ];
   // A task link's id as written ("%E0" is no valid escape: decodeURIComponent threw "URI malformed" onto the page; the
-  // task page then says no such task exists).
+  // task page then says it is no task link).
   function decodedSegment(text) {
     try { return decodeURIComponent(text); } catch (_) { return text; }
   }
@@ -329,8 +330,17 @@
   // browser keeps the scroll position (a "Loading…" placeholder collapsed the page to the top mid-upload; a task page
   // drawn with its cards still loading was shorter than the scroll position).
   const KEEP_HEIGHT_MS = 3000;
-  let lastFocus = null;  // the element focused last (a redraw that moves it drops the focus: navigate gives it back)
-  document.addEventListener("focusin", (e) => { lastFocus = e.target; });
+  // After a page is drawn, for `had`, the element of the old page that had the focus when navigate began (null: the
+  // focus was elsewhere — a first load, or a timed redraw of a page the user had left — and nothing moves it): a
+  // redraw that only moved it (the add panel outlives the atlas page) gives it back; one that removed it (a Delete
+  // button's page) gives it to the new page, from which a keyboard user goes on (it fell to <body>).
+  // `toPage`: an action of the old page asked for it (its button was disabled while it ran: the focus had fallen).
+  let focusPageNext = false;
+  function settleFocus(had, toPage) {
+    if ((!had && !toPage) || (document.activeElement && document.activeElement !== document.body)) return;
+    if (had && had.isConnected && view().contains(had)) had.focus({ preventScroll: true });
+    if (!had || document.activeElement !== had) view().focus({ preventScroll: true });
+  }
   function navigate({ keepScroll = false } = {}) {
     const v = view();
     v.style.minHeight = keepScroll ? `${v.offsetHeight}px` : "";
@@ -340,33 +350,31 @@
     showBanner(null);
     const { path, query } = parseHash();
     const route = ROUTES.find(([re]) => re.test(path));
-    if (!route) { window.location.replace("#/atlas"); return; }
+    if (!route) { window.location.replace("#/atlas"); return Promise.resolve(); }
     for (const a of document.querySelectorAll("[data-nav]")) {
       if (a.dataset.nav === route[2]) a.setAttribute("aria-current", "page");
       else a.removeAttribute("aria-current");
     }
     const ctx = currentCtx();
+    const had = document.activeElement !== view() && view().contains(document.activeElement)
+      ? document.activeElement : null;  // focus in the old page
+    const toPage = focusPageNext;
+    focusPageNext = false;
     if (!keepScroll) view().replaceChildren(h("p", { class: "muted loading" }, "Loading…"));
     // a view that throws before its first await (a malformed escape in #/task/%E0) is shown like a failed one
-    loadKeyScopes().then(() => {
+    return loadKeyScopes().then(() => {
       if (!ctx.alive()) return undefined;
       showKeyScopes();
       return route[1](ctx, path.match(route[0]), query);
     }).then(() => {
-      // focus lost with the page it was on (a Delete button, a link of the old page): the new page takes it, so a
-      // keyboard user goes on from there and a screen reader announces it (it stayed on <body>); an element the
-      // redraw only moved (the add panel outlives the atlas page) gets it back
-      const lost = !document.activeElement || document.activeElement === document.body;
-      if (lost && ctx.alive()) {
-        const back = lastFocus && lastFocus.isConnected && view().contains(lastFocus) ? lastFocus : view();
-        back.focus({ preventScroll: true });
-      }
+      if (ctx.alive()) settleFocus(had, toPage);  // it stayed on <body>: a keyboard user started over
       if (!keepScroll) return;
       const t = setTimeout(() => { if (ctx.alive()) v.style.minHeight = ""; }, KEEP_HEIGHT_MS);
       ctx.onCleanup(() => clearTimeout(t));
     }).catch((err) => {
       if (!ctx.alive()) return;
       view().replaceChildren(errorBox(err));
+      settleFocus(had, toPage);
     });
   }
 
@@ -387,12 +395,20 @@
   function taskLink(id, name, attrs = {}) {
     return h("a", { href: `#/task/${encodeURIComponent(id)}`, ...attrs }, nameParts(name ?? `task ${id}`));
   }
-  // A name with a line-break opportunity after each _ - . / (a <wbr>): a narrow column breaks
-  // "lama_trex_P19_capital" between its parts, not every few letters ("lam a_tr ex_P").
+  // A name with a line-break opportunity (a <wbr>) after each _ - . / and every NAME_RUN characters of a longer run:
+  // a narrow column breaks "lama_trex_P19_capital" between its parts, not every few letters ("lam a_tr ex_P"), and a
+  // name without separators still wraps instead of widening the page. (No lookbehind: older Safari cannot parse one,
+  // and the whole dashboard would not load.)
+  const NAME_RUN = 16;
   function nameParts(name) {
     if (typeof name !== "string") return name;
     const out = [];
-    for (const part of name.split(/(?<=[_\-./])/)) { if (out.length) out.push(h("wbr", {})); out.push(part); }
+    for (const part of name.match(/[^_\-./]*[_\-./]+|[^_\-./]+/g) || [name]) {
+      for (let i = 0; i < part.length; i += NAME_RUN) {
+        if (out.length) out.push(h("wbr", {}));
+        out.push(part.slice(i, i + NAME_RUN));
+      }
+    }
     return out;
   }
 
@@ -1062,7 +1078,7 @@
 
   // ------------------------------------------------------------------ Task view
   async function viewTask(ctx, id) {
-    if (!/^[0-9]{1,18}$/.test(id)) throw new Error(`“${truncate(id, 40)}” is not a task link: a task page is #/task/ and the task's number (the atlas and the jobs list link to them).`);
+    if (!/^[0-9]{1,19}$/.test(id)) throw new Error(`“${truncate(id, 40)}” is not a task link: a task page is #/task/ and the task's number (the atlas and the jobs list link to them).`);
     const task = await api(`/tasks/${encodeURIComponent(id)}`);
     if (!ctx.alive()) return;
     const root = h("section", { class: "page", "data-testid": "task-page", "data-task-id": task.id });
@@ -1621,7 +1637,10 @@
         text.value = fitState.text = await f.text();
         // labelled prompts, not lines (a CSV's header, and a quoted prompt over several lines, are no prompts)
         let count;
-        try { count = `${fmtInt(parseFitExamples(text.value).length)} labelled prompts`; } catch (_) { count = null; }
+        try {
+          const n = parseFitExamples(text.value).length;
+          count = `${fmtInt(n)} labelled prompt${n === 1 ? "" : "s"}`;
+        } catch (_) { count = null; }
         out.replaceChildren(h("p", { class: "muted small" }, count ? `Read ${f.name}: ${count}.`
           : `Read ${f.name}; Preview names what is wrong with it.`));
       } catch (err) { out.replaceChildren(errorBox(err, "Fit")); }
@@ -1668,7 +1687,8 @@
       h("p", {}, h("strong", {}, res.stored ? "Stored. " : "Dry run: nothing stored. "),
         h("span", { "data-testid": "fit-accuracy" },
           `Accuracy on the labelled prompts ${fmt(res.accuracy_before)} → ${fmt(res.accuracy_after)}`
-          + (n ? ` (${Math.round(res.accuracy_before * n)} → ${Math.round(res.accuracy_after * n)} of ${fmtInt(n)} right).` : "."))),
+          + (n && Number.isFinite(res.accuracy_before) && Number.isFinite(res.accuracy_after)
+            ? ` (${Math.round(res.accuracy_before * n)} → ${Math.round(res.accuracy_after * n)} of ${fmtInt(n)} right).` : "."))),
       thresholds.length
         ? h("table", { class: "table", "data-testid": "fit-thresholds" },
           h("thead", {}, h("tr", {}, h("th", {}, "task"), h("th", {}, "threshold before"),
@@ -1972,13 +1992,17 @@
           if (target.value === "") { name.value = ""; meta.value = ""; }
           file.value = ""; paste.value = "";
         }
-        if (parseHash().path === "/atlas") navigate({ keepScroll: true });  // the new point, or the task's failure
+        // the new point, or the task's failure; drawn before the outcome takes the focus (the redraw moves this panel)
+        if (parseHash().path === "/atlas") await navigate({ keepScroll: true });
       } catch (err) {
         const jobId = progressBox.hidden ? null : progressBox.dataset.jobId;
-        if (jobId && ["queued", "running"].includes(progressBox.dataset.status)) {
+        const noAnswer = !(err instanceof ApiError) || err.code === "network" || err.status >= 500;
+        if (jobId && noAnswer && ["queued", "running"].includes(progressBox.dataset.status)) {
           // the upload was accepted and its job lives on in the service: contact was lost, not the upload (the box
           // kept "running … 0 s left" with a live Cancel under "Upload: Cannot reach the service")
           progressBox.dataset.status = "unknown";
+          progressBox.querySelector(".add-status").replaceChildren(statusBadge("unknown"));
+          fill.className = "progress-fill st-unknown";
           cancel.hidden = true;
           statusLine.textContent = `Lost contact with job ${jobId}: its state is unknown. The upload was accepted; `
             + "the Jobs page shows the job once the service answers again.";
@@ -1994,7 +2018,7 @@
         busy = false; submit.disabled = !canWrite();
         // the button pressed was disabled while busy, which dropped the focus on <body>: the outcome takes it
         if (!document.activeElement || document.activeElement === document.body) {
-          (message.childElementCount ? message : submit).focus({ preventScroll: true });
+          (message.childElementCount || submit.disabled ? message : submit).focus({ preventScroll: true });
         }
       }
     });
@@ -2016,6 +2040,7 @@
       btn.disabled = true;
       try {
         await api(`/tasks/${encodeURIComponent(task.id)}`, { method: "DELETE" });
+        focusPageNext = true;  // this button goes with its page (and lost the focus when disabled)
         window.location.hash = "#/atlas";
       } catch (err) {
         btn.disabled = false; armed = false; btn.textContent = "Delete task"; delete btn.dataset.armed;
