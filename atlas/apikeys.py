@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from atlas.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from atlas.models import SCOPES, ApiKey, utcnow
-from atlas.samples import control_chars, is_storable_text
+from atlas.samples import is_storable_text, refuse_control_chars
 
 KEY_PREFIX = "fa_"
 _RANK: dict[str, int] = {str(scope): i for i, scope in enumerate(SCOPES)}
@@ -48,10 +48,7 @@ def create_api_key(session: Session, name: str, scopes: Sequence[str]) -> tuple[
         raise InvalidInput(f"scopes must be a non-empty subset of {', '.join(SCOPES)}", {"invalid": bad})
     if not is_storable_text(name):
         raise InvalidInput("a key name cannot hold NUL characters or lone surrogates")
-    if bad_chars := control_chars(name):  # as a task name: an escape sequence rewrote the terminal of `keys list`
-        raise InvalidInput("a key name cannot hold control characters (newlines, tabs, escape codes), bidirectional "
-                           "overrides or invisible characters", {"characters": sorted({f"U+{ord(c):04X}" for c in
-                                                                                       bad_chars})})
+    refuse_control_chars(name, "a key name")  # as a task name (it rewrote the terminal of `keys list`)
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(name=name[:200], prefix=plaintext[:10], key_hash=hash_key(plaintext),
                  scopes=sorted(set(scopes), key=_RANK.__getitem__))

@@ -174,6 +174,17 @@ def control_chars(text: str) -> list[str]:
     return [ch for ch in text if is_control_char(ch)]
 
 
+def refuse_control_chars(text: str, what: str, *, allowed: frozenset[str] = frozenset()) -> None:
+    """Raise :class:`InvalidInput` naming ``what`` (e.g. "a task name") and the code points when ``text`` holds a
+    control character (:func:`is_control_char`) not in ``allowed``: an escape sequence in a name rewrote the terminal
+    of whoever listed it."""
+    bad = [c for c in control_chars(text) if c not in allowed]
+    if bad:
+        raise InvalidInput(f"{what} cannot hold control characters (newlines, tabs, escape codes), bidirectional "
+                           "overrides or invisible characters (zero-width spaces, direction marks)",
+                           {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
+
+
 def _keys_for(mode: Mode) -> str:
     return "'text'" if mode == "text" else "'prompt' and 'completion'"
 

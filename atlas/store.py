@@ -126,8 +126,8 @@ class Store:
         chosen = (same_spec or rows)[-1]
         # Once, for a model named on purpose (an API replica left at the default serves the workers' model, and a
         # local directory is stored resolved): a mistyped FISHER_ATLAS_MODEL answered from another model silently.
-        named = "model" in self.settings.model_fields_set and not Path(self.settings.model).expanduser().is_dir()
-        if not configured and named and chosen.model_name not in self._said_fallback:
+        if (not configured and chosen.model_name not in self._said_fallback
+                and "model" in self.settings.model_fields_set and not Path(self.settings.model).expanduser().is_dir()):
             self._said_fallback.add(chosen.model_name)
             log.warning("no space holds the configured model %r (FISHER_ATLAS_MODEL); the default space is the only "
                         "model's there, %r (space %s): set FISHER_ATLAS_MODEL to it if that is meant",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import unicodedata
 
 from atlas.errors import InvalidInput
-from atlas.samples import INVISIBLE_CHARS, control_chars
+from atlas.samples import INVISIBLE_CHARS, refuse_control_chars
 
 RESERVED_NAME = "none"
 """The task name no new task may take (in any case): ``fit`` reads the label as "the prompt belongs to no task"."""
@@ -27,11 +27,7 @@ def normalize_name(name: str, *, imported: bool = False) -> str:
         raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
     if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
         raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
-    bad = [c for c in control_chars(clean) if not (imported and c in INVISIBLE_CHARS)]
-    if bad:  # an escape sequence in a name rewrote the terminal of whoever listed tasks
-        raise InvalidInput("a task name cannot hold control characters (newlines, tabs, escape codes), "
-                           "bidirectional overrides or invisible characters (zero-width spaces, direction marks)",
-                           {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
+    refuse_control_chars(clean, "a task name", allowed=INVISIBLE_CHARS if imported else frozenset())
     if not imported and clean.casefold() == RESERVED_NAME:
         raise InvalidInput(f'a task cannot be named {clean!r}: "{RESERVED_NAME}" labels a prompt of no task (fit)',
                            {"name": clean})

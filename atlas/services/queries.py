@@ -50,6 +50,13 @@ class Timings:
         return f"forward;dur={self.forward_s * 1e3:.3f}, search;dur={self.search_s * 1e3:.3f}"
 
 
+def _checked_k(k: object, top: int) -> int:
+    """``k`` as an int in ``1..top``: an int or a NumPy integer ("3" and 2.5 reached a slice: a TypeError)."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= int(k) <= top:
+        raise InvalidInput(f"k must be an integer in 1..{top}, not {k!r}", {"k": repr(k)})
+    return int(k)
+
+
 class QueryService:
     """Read-only questions about the stored tasks (see the module docstring).
 
@@ -151,10 +158,7 @@ class QueryService:
         """
         if not prompts:
             raise InvalidInput("give at least one prompt")
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_ROUTE_K:
-            # an int or a NumPy integer ("3" and 2.5 reached a slice: a TypeError)
-            raise InvalidInput(f"k must be an integer in 1..{MAX_ROUTE_K}, not {k!r}", {"k": repr(k)})
-        k = int(k)
+        k = _checked_k(k, MAX_ROUTE_K)
         # a cosine in [-1, 1] (a NaN threshold answered every prompt, with a NaN confidence)
         thr = float(self.settings.route_threshold) if threshold is None else routing_repo.route_threshold(threshold)
         check_prompt_lengths(prompts, self.settings.max_prompt_chars)
@@ -282,11 +286,7 @@ class QueryService:
                 ) -> tuple[Loaded, list[analysis.Source], int]:
         """Recommended fine-tuning sources for a target task: ``(target, sources, compared)``."""
         cap = max(1, self.settings.max_matrix_tasks - 1)
-        top = min(MAX_SOURCES, self.settings.max_matrix_tasks)
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= top:
-            # as REST's bound (the library took k = 200, and said "1..256" where REST said "≤ 100")
-            raise InvalidInput(f"k must be an integer in 1..{top}, not {k!r}", {"k": repr(k)})
-        k = int(k)
+        k = _checked_k(k, min(MAX_SOURCES, self.settings.max_matrix_tasks))  # REST's bound (the library took 200)
         n = min(candidates or analysis.default_candidates(k), cap)
         t0 = time.perf_counter()
         with self.store.read() as session:
@@ -349,10 +349,10 @@ class QueryService:
                                   for sp in sorted(spaces))
                 raise IncompatibleSpace(f"the tasks belong to different spaces ({where}); a matrix compares the "
                                         "tasks of one space", {"space_ids": sorted(spaces)})
-            not_ready = [t.id for t in tasks if t.status != TASK_READY]
+            not_ready = [t for t in tasks if t.status != TASK_READY]
             if not_ready:
-                named = ", ".join(f"{t.id} ({t.name}, {t.status})" for t in tasks if t.status != TASK_READY)
-                raise NotReady(f"tasks without a signature: {named}", {"task_ids": not_ready})
+                named = ", ".join(f"{t.id} ({t.name}, {t.status})" for t in not_ready)
+                raise NotReady(f"tasks without a signature: {named}", {"task_ids": [t.id for t in not_ready]})
             loaded = self.states.load(session, tasks[0].space, ids)
         mats = analysis.alignment_matrix([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded])
         self.observe("matrix", time.perf_counter() - t0)

@@ -15,7 +15,6 @@ from atlas.vocabulary import MATRIX_DEFAULT_TASKS
 from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail
 
 app = typer.Typer()
-"""``matrix`` without names draws the first this-many ready tasks."""
 
 
 def _check_out(out: Path, *, numbers: bool) -> None:
