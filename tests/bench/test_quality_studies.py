@@ -126,3 +126,26 @@ def _cut_state(extractor, text: str, k: int):  # type: ignore[no-untyped-def]
     (prepared,), _ = extractor.sample_tokenizer.prepare([Sample(text=text)], "text")
     cut = replace(prepared, input_ids=prepared.input_ids[:len(prepared.input_ids) - k])
     return PromptBatcher(extractor, token_budget=8192).sketch_prepared([cut])[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-0.5, 0.5, allow_nan=False), min_size=8, max_size=40, unique=True),
+       st.lists(st.tuples(st.floats(-0.3, 0.3), st.floats(0.05, 2.0)), min_size=2, max_size=6),
+       st.sampled_from([0.025, 0.05, 0.1]))
+def test_a_pooled_shape_threshold_moves_with_each_task_s_location_and_scale(
+        base: list[float], affine: list[tuple[float, float]], rate: float) -> None:
+    """Tasks whose held-out scores are one shape, shifted and scaled, share one standardized quantile: each task's
+    pooled-shape threshold is that quantile put back on the task's own location and scale (bench 4d's study)."""
+    from bench.quality.pooled_shape import thresholds
+
+    x = np.asarray(base)
+    cal = {f"t{i}": (shift + scale * x).tolist() for i, (shift, scale) in enumerate(affine)}
+    thr = thresholds(cal, "shape-sd", rate)
+    z = (x - x.mean()) / x.std(ddof=1)
+    expected = float(np.quantile(np.tile(z, len(affine)), rate))
+    base_threshold = x.mean() + x.std(ddof=1) * expected  # the base shape's own threshold
+    for i, (shift, scale) in enumerate(affine):
+        assert thr[f"t{i}"] == pytest.approx(shift + scale * base_threshold, abs=1e-9)
+    if len(x) * len(affine) * rate >= 1:  # a quantile inside the pool: between the task's own extremes
+        for name, scores in cal.items():
+            assert min(scores) - 1e-9 <= thr[name] <= max(scores) + 1e-9
