@@ -47,6 +47,10 @@ def test_add_append_and_delete_a_task_through_the_form(
     page.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
     # the button pressed was disabled while busy (the focus fell to <body>): the outcome has it, for the keyboard
     page.locator("[data-testid=add-message]:focus").wait_for(timeout=5_000)
+    # read once: by the focus, not by a live region too (the message was both, so it was announced twice)
+    assert page.get_attribute("[data-testid=add-message]", "aria-live") is None
+    assert "form-poems added" in page.locator("[data-testid=add-message]").inner_text()
+    assert page.locator("[data-testid=add-live]").text_content() == ""
 
     with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:
         task = http.get("/v1/tasks", params={"name": "form-poems"}).json()["items"][0]
@@ -90,6 +94,9 @@ def test_add_append_and_delete_a_task_through_the_form(
     page.fill("[data-testid=add-paste]", "\n".join(pasted))
     page.click("[data-testid=add-submit]")  # both a file and pasted text: which one was meant is said, not guessed
     page.locator("[data-testid=add-message] [data-testid=error]", has_text="not both").wait_for()
+    # the focus stays on the button pressed (nothing was sent): the live region reads the refusal
+    assert page.evaluate("document.activeElement.dataset.testid") == "add-submit"
+    assert "not both" in (page.locator("[data-testid=add-live][aria-live=polite]").text_content() or "")
     page.set_input_files("[data-testid=add-file]", [])
     page.click("[data-testid=add-submit]")
     page.locator(

@@ -1848,7 +1848,11 @@
       placeholder: "one sample per line — or JSON lines of {\"prompt\": …, \"completion\": …}" });
     const submit = h("button", { type: "submit", class: "btn primary", "data-testid": "add-submit" }, "Upload");
     const readOnly = h("span", { class: "muted small", "data-testid": "add-read-only", hidden: true }, READ_ONLY_TITLE);
-    const message = h("div", { "data-testid": "add-message", "aria-live": "polite", tabindex: "-1" });
+    // The outcome is read once: by taking the focus (the pressed button was disabled, the focus fell to <body>), or
+    // else through the hidden live region. A message both focused and live was announced twice.
+    const message = h("div", { "data-testid": "add-message", tabindex: "-1" });
+    const live = h("div", { class: "sr-only", "data-testid": "add-live", "aria-live": "polite" });
+    const announce = () => { live.textContent = message.textContent; };
     const fill = h("span", { class: "progress-fill" });
     const bar = h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100, "aria-valuenow": 0,
       "aria-label": "upload progress" }, fill);
@@ -1866,7 +1870,8 @@
       h("label", { class: "field", for: "add-file" }, h("span", {}, "File (JSONL, JSON, CSV, TSV, Parquet or .txt; gzipped too)"), file),
       h("label", { class: "field", for: "add-paste" }, h("span", {}, "…or paste samples"), paste),
       newOnly, h("div", { class: "btn-row" }, submit, readOnly));
-    const card = h("div", { class: "card add-card", "data-testid": "add-panel" }, h("h2", {}, "Add a task"), form, message, progressBox);
+    const card = h("div", { class: "card add-card", "data-testid": "add-panel" }, h("h2", {}, "Add a task"), form, message, live,
+      progressBox);
     let busy = false;
     let taskModes = new Map(); let jobMode = "text";  // the uploading task's mode: its job's bar (jobFraction)
 
@@ -1885,8 +1890,12 @@
       target.value = [...target.options].some((o) => o.value === keep) ? keep : "";
       syncTarget();
     };
-    const showError = (err, what) => message.replaceChildren(errorBox(
-      err instanceof ApiError && err.code && err.status ? new Error(`${err.message} (${err.code})`) : err, what));
+    // quiet: an upload's own outcome, announced or focused when it ends (the submit handler's finally)
+    const showError = (err, what, quiet = false) => {
+      message.replaceChildren(errorBox(
+        err instanceof ApiError && err.code && err.status ? new Error(`${err.message} (${err.code})`) : err, what));
+      if (!quiet) announce();
+    };
     const showJob = (job) => {
       const p = job.progress || {};
       const frac = jobFraction(job, jobMode);
@@ -1900,7 +1909,7 @@
       progressBox.querySelector(".add-job").textContent = ` job ${job.id} · ${job.kind || ""}`;
       statusLine.textContent = progressFigures(p, job.status);
       cancel.hidden = !(job.status === "queued" || job.status === "running");
-      if (job.status === "failed" && job.error) message.replaceChildren(errorBox(new Error(job.error), "Job failed"));
+      if (job.status === "failed" && job.error) showError(new Error(job.error), "Job failed", busy);
     };
     // a new submit starts without the last job's bar (a failed upload showed above its green "succeeded")
     const resetProgress = () => {
@@ -1919,7 +1928,7 @@
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       if (busy) return;
-      message.replaceChildren();
+      message.replaceChildren(); live.textContent = "";
       resetProgress();
       const chosen = file.files && file.files[0];
       const pasted = paste.value.trim();
@@ -1949,9 +1958,11 @@
       jobMode = target.value === "" ? mode.value : taskModes.get(target.value);
       busy = true; submit.disabled = true;
       try {
-        const accepted = await upload(path, data, (seconds, error) => message.replaceChildren(
-          h("p", { class: "muted small", "data-testid": "add-waiting" },
-            `${error.message} — trying again in ${seconds} s.`)));
+        const accepted = await upload(path, data, (seconds, error) => {
+          message.replaceChildren(h("p", { class: "muted small", "data-testid": "add-waiting" },
+            `${error.message} — trying again in ${seconds} s.`));
+          announce();
+        });
         message.replaceChildren();
         const job = accepted.job;
         progressBox.hidden = false;
@@ -2006,20 +2017,21 @@
           cancel.hidden = true;
           statusLine.textContent = `Lost contact with job ${jobId}: its state is unknown. The upload was accepted; `
             + "the Jobs page shows the job once the service answers again.";
-          showError(err, `Following job ${jobId}`);
+          showError(err, `Following job ${jobId}`, true);
         } else if (!chosen && err instanceof Error && /^pasted\.(txt|jsonl): /.test(err.message)) {
           // named by the file the form made of them, which the user never saw
           showError(new ApiError(err.code, err.message.replace(/^pasted\.(txt|jsonl): /, "the pasted samples: "),
-            err.status, err.detail), "Upload");
+            err.status, err.detail), "Upload", true);
         } else {
-          showError(err, "Upload");
+          showError(err, "Upload", true);
         }
       } finally {
         busy = false; submit.disabled = !canWrite();
         // the button pressed was disabled while busy, which dropped the focus on <body>: the outcome takes it
-        if (!document.activeElement || document.activeElement === document.body) {
-          (message.childElementCount || submit.disabled ? message : submit).focus({ preventScroll: true });
-        }
+        const focusTo = !document.activeElement || document.activeElement === document.body
+          ? (message.childElementCount || submit.disabled ? message : submit) : null;
+        if (focusTo) focusTo.focus({ preventScroll: true });
+        if (focusTo !== message) announce();  // the focus is elsewhere (the user moved on): the live region reads it
       }
     });
     return card;
