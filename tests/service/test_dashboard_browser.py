@@ -221,3 +221,36 @@ def test_skip_link_focuses_the_page_and_keeps_the_route(dashboard_service: Dashb
     page.wait_for_function("document.activeElement && document.activeElement.id === 'view'")
     assert page.url.endswith("#/jobs")  # it was taken for an unknown route and replaced by #/atlas
     assert page.locator("[data-testid=jobs-view]").count() == 1
+
+
+MARK_SIZES = """() => [...document.querySelectorAll('[data-testid=atlas-point]')].slice(0, 5).map(c => {
+    const r = c.getBoundingClientRect(); return r.width; })"""
+"""Drawn widths, in CSS pixels, of the atlas's first marks (14 units across, plus the stroke)."""
+
+
+def test_the_atlas_keeps_its_marks_and_names_readable_on_a_phone(dashboard_service: DashboardService,
+                                                                 page: Any) -> None:
+    """Drawn at 760 units and scaled to a 390 px screen's card, the atlas's marks were 6 px across and its names
+    about 5 px tall (a new-user review, 2026-12-07): it is drawn at the card's width, and drawn again when the
+    window is narrowed or widened."""
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{dashboard_service.base}/dashboard/#/atlas")
+    page.locator("[data-testid=atlas-point]").first.wait_for()
+    assert page.get_attribute("[data-testid=atlas-map]", "viewBox") == "0 0 760 520"  # a wide screen: as before
+    wide = page.evaluate(MARK_SIZES)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.locator("[data-testid=atlas-map]:not([viewBox='0 0 760 520'])").wait_for()  # redrawn at the new width
+    for narrowed in (True, False):
+        if not narrowed:
+            page.reload()
+            page.locator("[data-testid=atlas-point]").first.wait_for()
+        sizes = page.evaluate(MARK_SIZES)
+        assert sizes and all(13 <= w <= 18 for w in sizes), (sizes, wide)  # 14 px marks, as on a wide screen
+        label = page.locator(".point-label").first
+        if label.count():
+            assert label.bounding_box()["height"] >= 10  # 11 px text
+        box = page.locator("[data-testid=atlas-map]").bounding_box()
+        client = page.evaluate("document.documentElement.clientWidth")
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= client
+        assert box["width"] >= 250  # the card's width, not a thumbnail
+    shot(page, "atlas-phone")

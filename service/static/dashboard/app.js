@@ -466,7 +466,11 @@
     root.append(layout, addPanel(tasks));
     view().replaceChildren(root);
 
-    const W = 760; const H = 520; const PAD = 34;
+    // The map is drawn at the card's own width (one unit a CSS pixel, up to 760): scaled down from 760 on a 390 px
+    // screen, its marks were 3 px and its names 4 px tall. A resize of more than a tenth redraws it.
+    const PAD = 34;
+    const mapWidth = () => Math.round(Math.min(760, Math.max(280, (mapCard.clientWidth || 780) - 20)));
+    let W = 760; let H = 520;
     function groupValue(p) {
       const t = p.task || {};
       if (atlasState.colourBy === "cluster") return p.cluster === -1 ? null : p.cluster ?? null;
@@ -478,6 +482,7 @@
     }
 
     function draw() {
+      W = mapWidth(); H = Math.round(Math.max(W * 520 / 760, Math.min(W, 320)));
       const groups = colourGroups(points.map(groupValue));
       // equal-aspect scaling so distances on the map are honest
       const xs = points.map((p) => Number(p.x)); const ys = points.map((p) => Number(p.y));
@@ -587,6 +592,14 @@
       if (pt) pt.classList.toggle("hl", on);
     }
     draw();
+    const resized = new ResizeObserver(() => {
+      if (!mapCard.isConnected) { resized.disconnect(); return; }
+      if (Math.abs(mapWidth() - W) <= W / 10) return;  // its own redraw changes the card's height only
+      const had = mapCard.contains(document.activeElement) ? document.activeElement.dataset.taskId : null;
+      draw();
+      if (had) mapCard.querySelector(`circle[data-task-id="${CSS.escape(had)}"]`)?.focus({ preventScroll: true });
+    });
+    resized.observe(mapCard);
     watchTasks(ctx, tasks);
   }
 
