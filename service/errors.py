@@ -101,8 +101,9 @@ def _encodable(value: Any) -> Any:
     return value
 
 
-async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, AtlasError)
+def error_response(exc: AtlasError) -> JSONResponse:
+    """A domain error as its response: its status and body, with ``Retry-After`` on a 429 or 503 and
+    ``WWW-Authenticate`` on a 401 — what the handlers and the security middleware (before any route) both send."""
     headers = None
     if exc.status_code in (429, 503):
         wait = exc.retry_after_s if exc.retry_after_s is not None else 1.0
@@ -110,6 +111,11 @@ async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 401:
         headers = {"WWW-Authenticate": 'ApiKey header="X-API-Key"'}
     return JSONResponse(safe_body(exc.code, exc.message, exc.detail), status_code=exc.status_code, headers=headers)
+
+
+async def _atlas_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AtlasError)
+    return error_response(exc)
 
 
 async def _sketch_error(request: Request, exc: Exception) -> JSONResponse:

@@ -25,7 +25,6 @@ Every refusal is the usual ``{"code", "message", "detail"}`` body and stores not
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -34,7 +33,6 @@ from urllib.parse import urlsplit
 
 import anyio.to_thread
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from atlas.errors import AtlasError, Unauthorized
@@ -50,7 +48,7 @@ from service.auth import (
     listening_publicly,
     presented_key,
 )
-from service.errors import database_busy_or_down
+from service.errors import database_busy_or_down, error_response
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "::1"})
@@ -261,13 +259,8 @@ class _Refused(AtlasError):
 
 
 async def _render(exc: AtlasError, scope: Scope, receive: Receive, send: Send) -> None:
-    headers: dict[str, str] = {}
-    if exc.status_code in (429, 503):
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s or 1.0)))
-    if exc.status_code == 401:
-        headers["WWW-Authenticate"] = 'ApiKey header="X-API-Key"'
-    response = JSONResponse(exc.to_body(), status_code=exc.status_code, headers=headers)
-    await response(scope, receive, send)
+    """Send a domain error from the middleware, as the handlers render it (:func:`service.errors.error_response`)."""
+    await error_response(exc)(scope, receive, send)
 
 
 # --------------------------------------------------------------------------------------------------
