@@ -114,6 +114,16 @@ def test_an_unparsable_origin_is_refused_not_a_server_error(bind: Any) -> None: 
     assert app.state.container.tasks.page().total == 0
 
 
+def test_a_refusal_before_any_route_masks_a_secret_it_quotes(bind: Any) -> None:  # noqa: F811
+    """The middleware rendered its refusals itself, without the handlers' redaction: a foreign Origin carrying a
+    password was quoted back in full. It sends the handlers' response now (``service.errors.error_response``)."""
+    url, _ = bind()
+    r = httpx.post(f"{url}/v1/tasks", json={"name": "t", "samples": [{"text": "hello world"}]},
+                   headers={"Origin": "https://admin:hunter2secret@evil.example"})
+    assert r.status_code == 403 and r.json()["code"] == "forbidden_origin", r.text
+    assert "hunter2secret" not in r.text and "evil.example" in r.json()["message"], r.text
+
+
 # -- JSON bodies of the small routes ----------------------------------------------------------------------
 
 
