@@ -49,6 +49,34 @@ def json_token_count(data: bytes, stop_after: int) -> int:
     return n
 
 
+def first_item_over(data: bytes, limit: int) -> int | None:
+    """The index (0-based) of the first element of the top-level JSON array ``data`` holding more than ``limit``
+    structural tokens, or ``None``; one bounded pass (strings skipped whole). An array read element by element builds
+    one element at a time: it is each element, not the whole file, whose values must be bounded (a wide table of
+    40,000 rows, fields the reader ignores, passed a bound on the file's total and was refused)."""
+    depth, item, n = 0, 0, 0
+    for match in STRUCTURAL_TOKENS.finditer(data):
+        tok = match.group()
+        if tok[0] == 0x22:  # a string
+            continue
+        if tok in (b"[", b"{"):
+            depth += 1
+            inside = depth >= 2  # the top-level array's own bracket is no element's
+        elif tok in (b"]", b"}"):
+            depth -= 1
+            inside = depth >= 1
+        elif depth == 1:  # a comma between elements
+            item, n = item + 1, 0
+            continue
+        else:
+            inside = depth >= 2
+        if inside:
+            n += 1
+            if n > limit:
+                return item
+    return None
+
+
 def first_line_over(data: bytes | mmap.mmap, limit: int) -> int | None:
     """The number (1-based) of the first line of JSON Lines ``data`` holding more than ``limit`` structural tokens,
     or ``None``; one bounded pass (strings skipped whole, a string never spans lines in JSON Lines)."""

@@ -43,7 +43,7 @@ from typing import IO, Any, cast
 
 from atlas.errors import InvalidInput, PayloadTooLarge
 from atlas.file_formats import check_plain_text, file_format
-from atlas.json_bounds import json_token_count, upload_value_limit
+from atlas.json_bounds import MAX_JSON_VALUES, first_item_over, json_token_count, upload_value_limit
 from atlas.samples import Mode, Sample, check_columns, mode_fields, record_values, sample_of
 
 __all__ = [
@@ -214,7 +214,8 @@ def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
             if blank > max_blank:
                 raise PayloadTooLarge(f"{filename}: more than {max_blank} blank lines", {"max_blank_lines": max_blank})
         if len(raw) > max_line and not raw.endswith(b"\n"):
-            raise PayloadTooLarge(f"{filename}: line {lineno} is longer than {max_line} bytes",
+            raise PayloadTooLarge(f"{filename}: line {lineno} is longer than {max_line} bytes (its fields the reader "
+                                  "does not use count too)",
                                   {"line": lineno, "max_line_bytes": max_line})
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
@@ -223,18 +224,28 @@ def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
         try:
             yield lineno, raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidInput(f"{filename}: line {lineno} is not valid UTF-8 (byte {exc.start} of the line)",
+            raise InvalidInput(f"{filename}: line {lineno} is not valid UTF-8 (byte {exc.start} of the line)"
+                               + (_GZIP_HINT if lineno == 1 and raw.startswith(_GZIP_MAGIC) else ""),
                                {"line": lineno}) from None
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_GZIP_HINT = (": its bytes are gzip-compressed — a compressed upload's name ends in .gz (and it is compressed once: "
+              "a .gz whose content is gzip again reads as this)")
 
 
 @contextlib.contextmanager
 def _json_errors(where: str) -> Iterator[None]:
     """Every failure of the JSON decoder inside the block, deep nesting included, as an :class:`InvalidInput`
-    naming ``where``."""
+    naming ``where`` (and the line of a text of several: a JSON file's error was named by its column alone)."""
     try:
         yield
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{where} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+        lines = "\n" in exc.doc
+        at = f"line {exc.lineno}, column {exc.colno}" if lines else f"column {exc.colno}"
+        hint = "; one JSON value a line is a JSON-lines file, named .jsonl" if exc.msg == "Extra data" and lines else ""
+        raise InvalidInput(f"{where} is not valid JSON: {exc.msg} ({at}){hint}",
+                           {"line": exc.lineno} if lines else None) from None
     except RecursionError:
         raise InvalidInput(f"{where}: JSON nested too deeply") from None
     except UnicodeDecodeError as exc:
@@ -283,16 +294,26 @@ def parse_upload(data: bytes, filename: str, mode: Mode, limits: SampleLimits | 
 
 def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> list[tuple[str, ...]]:
     data = stream.read()
+    raw = data if isinstance(data, bytes) else data.encode()
     # Bounded before any value is built: one element (or the {"samples": …} object) of millions of values, say in
-    # an ignored field, took 1.7 GB for a 63 MB file and was then accepted.
-    limit = upload_value_limit(counter.limits.max_samples)
-    if json_token_count(data if isinstance(data, bytes) else data.encode(), limit) > limit:
-        raise PayloadTooLarge(f"{filename} holds more than {limit} JSON values ({counter.limits.max_samples} samples "
-                              "allowed)", {"max_json_values": limit, "max_samples": counter.limits.max_samples})
+    # an ignored field, took 1.7 GB for a 63 MB file and was then accepted. A top-level array is read one element
+    # at a time, so each element is bounded (MAX_JSON_VALUES, as a line of JSON lines); any other document at once.
+    if raw.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"[":
+        item = first_item_over(raw, MAX_JSON_VALUES)
+        if item is not None:
+            raise PayloadTooLarge(f"{filename}: item {item} holds more than {MAX_JSON_VALUES} JSON values",
+                                  {"item": item, "max_json_values": MAX_JSON_VALUES})
+    else:
+        limit = upload_value_limit(counter.limits.max_samples)
+        if json_token_count(raw, limit) > limit:
+            raise PayloadTooLarge(f"{filename} holds more than {limit} JSON values ({counter.limits.max_samples} "
+                                  "samples allowed; a top-level array of samples is read one at a time and has no "
+                                  "such bound)", {"max_json_values": limit, "max_samples": counter.limits.max_samples})
     try:
         text = data.decode("utf-8-sig", errors="strict") if isinstance(data, bytes) else data
     except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{filename} is not valid UTF-8 (byte {exc.start})") from None
+        raise InvalidInput(f"{filename} is not valid UTF-8 (byte {exc.start})"
+                           + (_GZIP_HINT if bytes(data[:2]) == _GZIP_MAGIC else "")) from None
     decoder = json.JSONDecoder()
     pos = _skip_ws(text, 0)
     if pos < len(text) and text[pos] == "[":  # stream the array element by element
@@ -359,7 +380,10 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
         header = next(reader, None)
         if header is None:
             return
-        twice = sorted(name for name, n in Counter(header).items() if n > 1)  # (header.count: quadratic)
+        # only a column the mode reads must be named once: a spreadsheet's export ends with empty names
+        # ("text,label,,") and other columns may repeat (which of two "text" columns is meant cannot be told)
+        needed = set(mode_fields(mode))
+        twice = sorted(name for name, n in Counter(header).items() if n > 1 and name in needed)
         if twice:
             raise InvalidInput(f"{filename}: the header names {', '.join(map(repr, twice))} more than once",
                                {"columns": twice})
@@ -374,6 +398,9 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
                                           {"max_blank_lines": counter.limits.max_samples})
                 continue
             where = f"{filename}: row {reader.line_num}"
+            if row == header:  # two files joined (cat a.csv b.csv): the header was read as a sample
+                raise InvalidInput(f"{where} repeats the header row (files joined together?): remove it",
+                                   {"row": reader.line_num})
             if len(row) > len(header) and any(f.strip() for f in row[len(header):]):  # an unquoted comma
                 what = "a tab" if delimiter == "\t" else "a comma"
                 raise InvalidInput(f"{where}: {len(row)} fields but the header has {len(header)} (quote a field "
@@ -383,7 +410,8 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
     except csv.Error as exc:
         where = f"{filename}: row {reader.line_num or row_no}"
         if "field larger than field limit" in str(exc):
-            raise PayloadTooLarge(f"{where}: a field is longer than {counter.limits.max_sample_chars} characters",
+            raise PayloadTooLarge(f"{where}: a field is longer than {counter.limits.max_sample_chars} characters (in "
+                                  "any column, read or not)",
                                   {"max_sample_chars": counter.limits.max_sample_chars}) from None
         kind = "TSV" if delimiter == "\t" else "CSV"
         if "new-line character seen in unquoted field" in str(exc):

@@ -159,8 +159,12 @@ not among them: they shape Persian, Indic and emoji text."""
 
 def is_control_char(ch: str) -> bool:
     """Whether ``ch`` would act on a terminal or on how text is displayed rather than print: a control character
-    (Unicode category Cc: newlines, tabs, ESC, DEL, C1), a bidirectional override or an invisible character."""
-    return unicodedata.category(ch) == "Cc" or ch in BIDI_CONTROLS or ch in INVISIBLE_CHARS
+    (Unicode category Cc: newlines, tabs, ESC, DEL, C1), a line or paragraph separator (U+2028, U+2029: a line break
+    wherever Unicode line breaking is followed), a bidirectional override or an invisible character."""
+    return unicodedata.category(ch) in _BREAKING or ch in BIDI_CONTROLS or ch in INVISIBLE_CHARS
+
+
+_BREAKING = frozenset({"Cc", "Zl", "Zp"})
 
 
 def name_forms(name: str) -> set[str]:
@@ -180,8 +184,8 @@ def refuse_control_chars(text: str, what: str, *, allowed: frozenset[str] = froz
     of whoever listed it."""
     bad = [c for c in control_chars(text) if c not in allowed]
     if bad:
-        raise InvalidInput(f"{what} cannot hold control characters (newlines, tabs, escape codes), bidirectional "
-                           "overrides or invisible characters (zero-width spaces, direction marks)",
+        raise InvalidInput(f"{what} cannot hold control characters (newlines, line separators, tabs, escape codes), "
+                           "bidirectional overrides or invisible characters (zero-width spaces, direction marks)",
                            {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
 
 

@@ -7,6 +7,9 @@ import unicodedata
 from atlas.errors import InvalidInput
 from atlas.samples import INVISIBLE_CHARS, refuse_control_chars
 
+_ONCE_ALLOWED = INVISIBLE_CHARS | frozenset("\u2028\u2029")
+"""Characters an exported name may hold (names could, until 2026-11-25 and 2026-12-07)."""
+
 RESERVED_NAME = "none"
 """The task name no new task may take (in any case): ``fit`` reads the label as "the prompt belongs to no task"."""
 
@@ -14,8 +17,9 @@ RESERVED_NAME = "none"
 def normalize_name(name: str, *, imported: bool = False) -> str:
     """A task name as stored: surrounding whitespace removed, NFC-normalised, 1-300 characters, no NUL, control
     or invisible characters, not ``none`` in any case (422 otherwise: ``fit`` labels read it as "no task").
-    ``imported``: an export's name, where invisible characters and ``none`` are kept (names could hold them before
-    2026-11-25 and 2026-11-28, and an import is all or nothing; such a task is labelled by its id).
+    ``imported``: an export's name, where invisible characters, line and paragraph separators and ``none`` are kept
+    (names could hold them before 2026-11-25, 2026-12-07 and 2026-11-28, and an import is all or nothing; such a task
+    is labelled by its id).
 
     Raises
     ------
@@ -27,7 +31,7 @@ def normalize_name(name: str, *, imported: bool = False) -> str:
         raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
     if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
         raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
-    refuse_control_chars(clean, "a task name", allowed=INVISIBLE_CHARS if imported else frozenset())
+    refuse_control_chars(clean, "a task name", allowed=_ONCE_ALLOWED if imported else frozenset())
     if not imported and clean.casefold() == RESERVED_NAME:
         raise InvalidInput(f'a task cannot be named {clean!r}: "{RESERVED_NAME}" labels a prompt of no task (fit)',
                            {"name": clean})

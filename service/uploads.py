@@ -12,6 +12,7 @@ upload is parsed and validated.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,6 +310,7 @@ async def _read_multipart(request: Request, max_upload_bytes: int, with_task_fie
     except (ValueError, KeyError, AssertionError) as exc:
         raise InvalidInput(f"malformed multipart body: {exc}") from None
     try:
+        _check_form_fields(form, TASK_FORM_FIELDS if with_task_fields else APPEND_FORM_FIELDS)
         file = form.get("file")
         if not isinstance(file, UploadFile):
             raise InvalidInput("the multipart body needs a 'file' part holding the samples")
@@ -339,6 +341,24 @@ async def _read_multipart(request: Request, max_upload_bytes: int, with_task_fie
         return up
     finally:
         await form.close()
+
+
+TASK_FORM_FIELDS = ("file", "name", "mode", "space", "metadata")
+APPEND_FORM_FIELDS = ("file",)
+
+
+def _check_form_fields(form: Any, allowed: tuple[str, ...]) -> None:
+    """Refuse a multipart field the route does not read, or one given twice: a typo ("metdata") lost the user's
+    metadata without a word, and of two "name" fields the last one silently won (a JSON body's unknown key is a 422
+    already)."""
+    counts = Counter(key for key, _ in form.multi_items())
+    unknown = sorted(k for k in counts if k not in allowed)
+    if unknown:
+        raise InvalidInput(f"unknown form field(s) {', '.join(map(repr, unknown))}: this upload takes "
+                           f"{', '.join(map(repr, allowed))}", {"fields": unknown, "allowed": list(allowed)})
+    twice = sorted(k for k, n in counts.items() if n > 1)
+    if twice:
+        raise InvalidInput(f"form field(s) {', '.join(map(repr, twice))} given more than once", {"fields": twice})
 
 
 TASK_FORM_SCHEMA: dict[str, Any] = {

@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             records.append({"task": t, "top": a.matches[0].name if a.matches else None, "none": a.none,
                             "score": a.best_score, "threshold": a.threshold, "nearest": a.nearest_rejects,
                             "template": a.template_rejects, "novelty": a.novelty_rejects,
-                            "reason": None if a.rejected_by is None else a.rejected_by.reason})
+                            "reason": None if a.rejected_by is None else a.rejected_by.reason,
+                            "matches": [[m.name, m.score, m.rank_score, m.lexical, m.activation] for m in a.matches]})
         draw = {"unseen": unseen, "indexed": indexed, "records": records, "cal": cal}
         draws.append(draw)
         log(f"draw {d}: " + "; ".join(f"{rule} {replay(draw, rule)['none_unseen']:.3f}" for rule in RULES))
@@ -154,6 +155,45 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(draws))
     print(table(draws, args.rates))
+    if all("matches" in r for d in draws for r in d["records"]):
+        print()
+        print(separation(draws))
+
+
+STATISTICS = ("route score", "rank score", "lexical score", "activation cosine", "route score margin",
+              "route score minus the task's threshold")
+
+
+def _statistics(record: dict[str, Any]) -> list[float]:
+    """A prompt's answer read as "none" scores (higher: more like an indexed task's prompt), in ``STATISTICS``
+    order: of its top match unless said otherwise; the margin is over the best route score of any other task."""
+    m = record["matches"]
+    route = [x[1] for x in m]
+    rest = max(route[1:], default=route[0] - 1.0)
+    return [m[0][1], m[0][2] if m[0][2] is not None else -2.0, m[0][3] or 0.0, m[0][4], m[0][1] - rest,
+            m[0][1] - (record["threshold"] or 0.0)]
+
+
+def separation(draws: list[dict[str, Any]]) -> str:
+    """Markdown rows: AUROC between indexed and unseen tasks' prompts of each statistic of the answer, and of a
+    logistic regression on all of them fitted on the other draws (leave one draw out); means over the draws."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    data = []
+    for d in draws:
+        rows = [r for r in d["records"] if r.get("matches")]
+        data.append((np.array([_statistics(r) for r in rows]), np.array([r["task"] not in d["unseen"] for r in rows])))
+    aucs = [[roc_auc_score(y, x[:, j]) for x, y in data] for j in range(len(STATISTICS))]
+    combined = []
+    for i, (x, y) in enumerate(data):
+        fit_x = np.concatenate([xx for j, (xx, _) in enumerate(data) if j != i])
+        fit_y = np.concatenate([yy for j, (_, yy) in enumerate(data) if j != i])
+        combined.append(roc_auc_score(y, LogisticRegression(max_iter=2000).fit(fit_x, fit_y).decision_function(x)))
+    lines = ["| statistic of the answer | AUROC, indexed vs unseen prompts |", "|:---|---:|"]
+    lines += [f"| {name} | {float(np.mean(a)):.3f} |" for name, a in zip(STATISTICS, aucs, strict=True)]
+    lines.append(f"| logistic regression on all of them (fitted on the other draws) | {float(np.mean(combined)):.3f} |")
+    return "\n".join(lines)
 
 
 def table(draws: list[dict[str, Any]], rates: list[float]) -> str:

@@ -215,14 +215,57 @@ def test_blank_lines_are_bounded_like_samples(name: str) -> None:
 
 def test_a_wide_csv_header_names_its_repeated_columns() -> None:
     """Repeated names are found with a Counter (``header.count`` per column was quadratic: a 9 MB header of 1M
-    columns kept a core busy for hours)."""
-    header = ",".join([f"c{i}" for i in range(5000)] + ["text", "c7", "c9", "c7"])
-    with pytest.raises(InvalidInput, match="the header names 'c7', 'c9' more than once"):
-        read_samples((header + "\n" + "," * 5003 + "\n").encode(), "w.csv", "text")
+    columns kept a core busy for hours). Only a column the mode reads must be named once (a review, 2026-12-07: a
+    spreadsheet's export "text,label,,", or a repeated unused column, refused the whole file)."""
+    header = ",".join([f"c{i}" for i in range(5000)] + ["text", "c7", "c9", "c7", "c9", "", ""])
+    row = "," * 5000 + "a sample" + "," * 6
+    assert read_samples((header + "\n" + row + "\n").encode(), "w.csv", "text") == [Sample(text="a sample")]
+    with pytest.raises(InvalidInput, match="the header names 'text' more than once"):
+        read_samples((header + ",text\n" + row + ",b\n").encode(), "w.csv", "text")
+    pairs = b"prompt,completion,,\nQ1,A one,,\n"
+    assert read_samples(pairs, "p.csv", "completion") == [Sample(prompt="Q1", completion="A one")]
+    with pytest.raises(InvalidInput, match="'completion' more than once"):
+        read_samples(b"prompt,completion,completion\nQ1,A,B\n", "p.csv", "completion")
+
+
+@pytest.mark.parametrize(("data", "name", "mode", "row"), [
+    (b"prompt,completion\nQ1,A one\nprompt,completion\nQ2,A two\n", "rh.csv", "completion", 3),
+    (b"text,label\nfirst sample text,a\ntext,label\nsecond sample text,b\n", "rh.csv", "text", 3),
+    (b"text\tlabel\nfirst sample\ta\ntext\tlabel\n", "rh.tsv", "text", 3),
+])
+def test_a_csv_row_repeating_the_header_is_refused_naming_it(data: bytes, name: str, mode: str, row: int) -> None:
+    """Two files joined with ``cat`` stored the second header as a sample ("prompt" → "completion"), or skipped it
+    as too short (a review, 2026-12-07): the row is named and nothing is stored."""
+    with pytest.raises(InvalidInput, match=f"row {row} repeats the header row") as err:
+        read_samples(data, name, mode)  # type: ignore[arg-type]
+    assert err.value.detail == {"row": row}
+    with pytest.raises(InvalidInput, match="repeats the header"):
+        read_samples(gzip.compress(data), name + ".gz", mode)  # type: ignore[arg-type]
+
+
+def test_json_errors_name_the_line_and_gzip_bytes_say_so() -> None:
+    """A JSON file's syntax error was named by its column alone, JSON lines uploaded as .json said "Extra data",
+    and gzip bytes under a name without .gz (or compressed twice) read "line 1 is not valid UTF-8" (a review,
+    2026-12-07)."""
+    with pytest.raises(InvalidInput, match=r"q.json is not valid JSON: .* \(line 3, column 17\)") as err:
+        read_samples(b'{"samples": [\n {"text": "a b"},\n {"text": "c d",}\n]}', "q.json", "text")
+    assert err.value.detail == {"line": 3}
+    with pytest.raises(InvalidInput, match=r"Extra data \(line 2, column 1\); one JSON value a line is a JSON-lines"):
+        read_samples(b'{"text": "a b"}\n{"text": "c d"}\n', "l.json", "text")
+    with pytest.raises(InvalidInput, match=r"l.jsonl: line 4 is not valid JSON: .* \(column \d+\)$"):
+        read_samples(b'{"text": "a"}\n{"text": "b"}\n{"text": "c"}\n{"text": \n', "l.jsonl", "text")
+    packed = gzip.compress(b'{"text": "a b"}\n')
+    for data, name in ((packed, "s.jsonl"), (packed, "s.txt"), (gzip.compress(packed), "s.jsonl.gz"),
+                       (gzip.compress(json.dumps([{"text": "a"}]).encode()), "s.json")):
+        with pytest.raises(InvalidInput, match=r"gzip-compressed — a compressed upload's name ends in \.gz"):
+            read_samples(data, name, "text")
+    with pytest.raises(InvalidInput) as plain:  # other invalid UTF-8: no such hint
+        read_samples(b"\xff\xfe broken\n", "s.txt", "text")
+    assert "gzip" not in plain.value.message
 
 
 def test_deeply_nested_json_is_422_not_recursion_error() -> None:
-    deep = b'{"text": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    deep = b'{"text": "a", "x": ' + b"[" * 40_000 + b"]" * 40_000 + b"}\n"  # (an item's 100,000 values: 413)
     with pytest.raises(InvalidInput, match="line 1: JSON nested too deeply"):
         read_samples(deep, "a.jsonl", "text")
     with pytest.raises(InvalidInput, match="nested too deeply"):
@@ -348,3 +391,32 @@ def test_a_parquet_column_of_lists_or_bytes_is_named_by_its_type() -> None:
         with pytest.raises(InvalidInput) as info:
             read_samples(buf.getvalue(), "x.parquet", "text")
         assert info.value.message == f"x.parquet: column 'text' must hold strings, not {kind}", info.value.message
+
+
+def test_a_json_array_is_bounded_per_item_not_in_total() -> None:
+    """A wide table as one JSON array (pandas' ``to_json(orient="records")``: 45,000 rows of 21 fields) passed a
+    bound on the whole file's values and was refused, though read one element at a time (a review, 2026-12-07):
+    each element is bounded now, as a line of JSON lines is; any other document still in total."""
+    rows = [{"text": f"molecule {i}", **{f"f{j}": j for j in range(40)}} for i in range(3_000)]
+    lim = SampleLimits(max_samples=3_000)  # 124,000 values in total: these rows hold about 246,000
+    assert len(read_samples(json.dumps(rows).encode(), "wide.json", "text", lim)) == 3_000
+    huge = [{"text": "a b"}, {"text": "c d", "ignored": list(range(150_000))}]
+    with pytest.raises(PayloadTooLarge, match=r"wide\.json: item 1 holds more than 100000 JSON values"):
+        read_samples(json.dumps(huge).encode(), "wide.json", "text", lim)
+    with pytest.raises(PayloadTooLarge, match="holds more than 124000 JSON values"):
+        read_samples(json.dumps({"samples": rows}).encode(), "wide.json", "text", lim)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.recursive(st.none() | st.integers() | st.text(max_size=5),
+                             lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=3), kids,
+                                                                                     max_size=4),
+                             max_leaves=30), max_size=8),
+       st.integers(0, 40))
+def test_first_item_over_counts_each_element_s_tokens(items: list[object], limit: int) -> None:
+    from atlas.json_bounds import first_item_over, json_token_count
+
+    data = json.dumps(items).encode()
+    counts = [json_token_count(json.dumps(x).encode(), 10**9) for x in items]
+    expected = next((i for i, n in enumerate(counts) if n > limit), None)
+    assert first_item_over(data, limit) == expected
