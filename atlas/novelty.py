@@ -315,11 +315,14 @@ class SpaceNovelty:
                           / self.dim)
 
     def nearer_share(self, task_id: int, distance: float) -> float:
-        """Share of the task's own cross-fitted distances below ``distance`` (the confidence of a rejection)."""
+        """The confidence of a rejection: the share of the task's ``n`` own cross-fitted distances below
+        ``distance``, counting the prompt itself among them — ``#{own < distance} / (n + 1)``, one minus its
+        split-conformal p-value, so at most ``n / (n + 1)``: a test that by design refuses a share of the task's own
+        prompts never claims certainty (it said 1.0 for any distance past the largest own one)."""
         fit = self.task(task_id)
         if fit is None or not len(fit.own_distances):
             return 0.0
-        return float(np.searchsorted(fit.own_distances, distance, side="left")) / len(fit.own_distances)
+        return float(np.searchsorted(fit.own_distances, distance, side="left")) / (len(fit.own_distances) + 1)
 
     def rejects(self, vector: np.ndarray | None, task_id: int, false_reject_rate: float | None = None
                 ) -> tuple[bool, float | None, float | None]:

@@ -131,6 +131,9 @@ class FitResult:
     thresholds: dict[int, float]
     accuracy_before: float
     accuracy_after: float
+    held_by_cap: dict[int, int] = field(default_factory=dict)
+    """Per task: the prompts labelled otherwise that it still answers because refusing them would take its
+    threshold past its cap (its false-reject rate on its own positives)."""
 
 
 def _predict(item: FitItem, thr: Mapping[int, float], default: float) -> int | None:
@@ -210,6 +213,7 @@ def fit_thresholds(
     """
     thr = {int(k): float(v) for k, v in current.items()}
     before = accuracy(items, thr, default)
+    held: dict[int, int] = {}
     # the tasks the labelled prompts concern: those a prompt is labelled with or answered by (the others keep
     # theirs, an override included: every task a prompt scores against is no reason to move its threshold)
     tasks = {it.label for it in items if it.label is not None} | {it.top() for it in items if it.scores}
@@ -234,9 +238,12 @@ def fit_thresholds(
             new = max(choices, key=lambda c: (_right_answers(answered, t, c), c))
         if new != old:
             thr[t] = new
+        kept = sum(1 for it, x in negs if x >= new and _just_above(it, t) > cap)  # only the cap keeps them
+        if kept:
+            held[t] = kept
     after = accuracy(items, thr, default)
     changed = {t: v for t, v in thr.items() if current.get(t) != v}
-    return FitResult(thresholds=changed, accuracy_before=before, accuracy_after=after)
+    return FitResult(thresholds=changed, accuracy_before=before, accuracy_after=after, held_by_cap=held)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -214,8 +214,16 @@ class FitResponse(_Out):
     stored: bool
     template_off: list[str] = Field(default_factory=list, description="Tasks whose template test was turned off: "
                                     "more than 2 % of the prompts labelled with them lack their template.")
-    previous: dict[str, float] = Field(default_factory=dict, description="For each task in `thresholds`: the "
-                                       "threshold its labelled prompts were held to before `fit`.")
+    previous: dict[str, float] = Field(default_factory=dict, description="For each task in `thresholds` or "
+                                       "`unsplit`: the threshold its labelled prompts were held to before `fit`.")
+    unsplit: dict[str, float] = Field(default_factory=dict, description="For each task of `novelty_off` that `fit` "
+                                      "set no threshold for: the threshold its prompts are held to now that its "
+                                      "novelty test is off (its calibrated one at its whole false-reject rate, no "
+                                      "longer half of it; or its override).")
+    held_by_cap: dict[str, int] = Field(default_factory=dict, description="For each task that still answers prompts "
+                                        "labelled otherwise because refusing them would take its threshold past its "
+                                        "false-reject rate on its own prompts (fit's cap): how many of the examples. "
+                                        "More of its own samples, or a higher false_reject_rate, lets fit go further.")
     novelty_off: list[str] = Field(default_factory=list, description="Tasks whose novelty test was turned off: it "
                                    "rejected at least 3 and more than 10 % (or the task's false-reject rate, when "
                                    "larger) of the prompts labelled with them (docs/SCORES.md, 'fit').")

@@ -38,8 +38,15 @@ class FitResult:
     """Tasks whose novelty test ``fit`` turned off (it rejected too many of their labelled prompts,
     :func:`atlas.route_fit.novelty_to_turn_off`)."""
     previous: dict[str, float] = field(default_factory=dict)
-    """For each task in ``thresholds``: the threshold its labelled prompts were held to before (its override, its
-    calibrated threshold — at its route share of the rate while its novelty test is on — or the default)."""
+    """For each task in ``thresholds`` or ``unsplit``: the threshold its labelled prompts were held to before (its
+    override, its calibrated threshold — at its route share of the rate while its novelty test is on — or the
+    default)."""
+    unsplit: dict[str, float] = field(default_factory=dict)
+    """For each task in ``novelty_off`` that ``fit`` set no threshold for: the threshold its prompts are held to once
+    the test is off — its calibrated one at its whole rate (the test's share is no longer spent), or its override."""
+    held_by_cap: dict[str, int] = field(default_factory=dict)
+    """For each task that still answers prompts labelled otherwise because refusing them would take its threshold past
+    its false-reject rate on its own positives (``fit``'s cap): how many of the labelled prompts."""
 
 
 MAX_TASK_ID = 2**62
@@ -175,7 +182,8 @@ class ThresholdService:
                                  default=self.default, false_reject_rate=problem.rates,
                                  short_held_out=problem.short_views, short_rate=problem.full_rates)
             # a task deleted since the prompts were routed is left out (its routing row went with it)
-            names = repository.task_names(session, [*res.thresholds, *problem.template_off, *problem.novelty_off])
+            names = repository.task_names(session, [*res.thresholds, *problem.template_off, *problem.novelty_off,
+                                                    *res.held_by_cap])
             thresholds = {t: v for t, v in res.thresholds.items() if t in names}
             off = {t for t in problem.template_off if t in names}
             novelty_off = {t for t in problem.novelty_off if t in names}
@@ -186,10 +194,13 @@ class ThresholdService:
                     routing_repo.set_template_test(session, t, False)
                 for t in novelty_off:
                     routing_repo.set_novelty_test(session, t, False)
+        unsplit = {t: v for t, v in problem.unsplit.items() if t in novelty_off and t not in thresholds}
         return FitResult({names[t]: v for t, v in thresholds.items()}, before,
                          res.accuracy_after, not dry_run, sorted(names[t] for t in off),
                          sorted(names[t] for t in novelty_off),
-                         {names[t]: float(problem.held_to.get(t, self.default)) for t in thresholds})
+                         {names[t]: float(problem.held_to.get(t, self.default)) for t in [*thresholds, *unsplit]},
+                         {names[t]: v for t, v in unsplit.items()},
+                         {names[t]: n for t, n in res.held_by_cap.items() if t in names})
 
     async def _route_examples(self, prompts: list[str], space_ref: str | None) -> list[Any]:
         """The answers users get for ``fit``'s prompts (the default candidate pool, as for any k up to
@@ -226,6 +237,8 @@ class _FitProblem:
     """The threshold each task's prompts were held to before (``FitResult.previous``)."""
     template_off: set[int]
     novelty_off: set[int]
+    unsplit: dict[int, float]
+    """Each task's threshold once its novelty test is off: its override or its full-rate calibrated one."""
 
 
 def _fit_problem(session: Any, labels: list[int | None], answers: list[Any], matched: list[int],
@@ -269,7 +282,9 @@ def _fit_problem(session: Any, labels: list[int | None], answers: list[Any], mat
     full_rates = dict(rates)
     whole_rates = {**rates, **{t: split_rates(rates.get(t, FALSE_REJECT_RATE))[0] for t in keeps_novelty}}
     current.update({t: thr for t, thr in split.items() if t not in novelty_off})
-    return _FitProblem(items, current, whole_rates, full_rates, short_views, held_to, set(off), set(novelty_off))
+    unsplit = {t: r.threshold for t, r in routes.items() if t in novelty_off and r.threshold is not None}
+    return _FitProblem(items, current, whole_rates, full_rates, short_views, held_to, set(off), set(novelty_off),
+                       unsplit)
 
 
 FIT_BATCH = 64

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from atlas.route_calibration import MIN_CALIBRATION
 from atlas.vocabulary import MATRIX_DEFAULT_TASKS
 from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail
 
@@ -149,7 +150,12 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"},
     lines += [f"  {name}: threshold " + (f"{res.previous[name]:.4f} -> " if name in res.previous else "") + f"{thr:.4f}"
               for name, thr in sorted(res.thresholds.items())]
     lines += [f"  {name}: template test off (its labelled prompts lack its template)" for name in res.template_off]
-    lines += [f"  {name}: novelty test off (it rejected too many of its labelled prompts)" for name in res.novelty_off]
+    lines += [f"  {name}: novelty test off (it rejected too many of its labelled prompts)"
+              + (f"; threshold {res.previous[name]:.4f} -> {res.unsplit[name]:.4f} (its whole false-reject rate, no "
+                 "longer half)" if name in res.unsplit and name in res.previous else "") for name in res.novelty_off]
+    lines += [f"  {name}: still answers {n} prompt{'' if n == 1 else 's'} labelled otherwise: refusing "
+              f"{'it' if n == 1 else 'them'} would pass its false-reject rate on its own prompts (more samples, or a "
+              "higher rate, let fit go further)" for name, n in sorted(res.held_by_cap.items())]
     emit(json, res, "\n".join(lines))
 
 
@@ -262,19 +268,34 @@ def routing(name: str,
         f" (template {'active' if info.template_active else 'inactive'}, {info.template_terms} terms)")
     split = (info.source == "calibrated" and info.novelty_active and info.threshold_auto is not None
              and info.threshold != info.threshold_auto)
+    if task.status != "ready":  # nothing is calibrated before its job ends: the lines below would mislead
+        lines = [f"{task.name} (id {task.id}) has status {task.status}: it is not routed to until a job of it "
+                 "succeeds, which stores its calibration, held-out views and novelty vectors (`fisher-atlas jobs "
+                 "list`)"]
+        lines += [f"threshold override {info.threshold_override:.4f}"] if info.threshold_override is not None else []
+        lines += [f"false-reject rate {rate}"] if info.false_reject_rate is not None else []
+        emit(json, info, "\n".join(lines))
+        return
     lines = [f"{task.name} (id {task.id}): threshold {info.threshold:.4f} ({info.source}"
              + (", at half the false-reject rate: the novelty test takes the other half" if split else "")
-             + f"); calibrated {auto} at false-reject rate {rate} from {info.calibration_scores} held-out scores",
-             _length_line(info.length_views, info.short_prompt_tokens, info.source == "override"),
+             + f"); calibrated {auto} at false-reject rate {rate} from {info.calibration_scores} held-out scores"
+             + ("" if info.threshold_auto is not None else
+                f" (too few to calibrate: {MIN_CALIBRATION} are needed, a task of {MIN_CALIBRATION} samples or "
+                "more; a false-reject rate applies from then on)"),
+             _length_line(info.length_views, info.short_prompt_tokens, info.source == "override",
+                          calibrated=info.threshold_auto is not None),
              f"template test {'on' if info.template_test else 'off'}{state}",
              _novelty_line(info.novelty_samples, info.novelty_test, info.novelty_active,
-                           info.novelty_samples_needed)]
+                           info.novelty_samples_needed, overridden=info.source == "override")]
     emit(json, info, "\n".join(lines))
 
 
-def _length_line(views: int, short_below: float | None, overridden: bool = False) -> str:
+def _length_line(views: int, short_below: float | None, overridden: bool = False, calibrated: bool = True) -> str:
     """The routing output's line on thresholds matched to a prompt's length (docs/SCORES.md, "Prompts shorter than
-    the samples"); with an override, that it moves every length's threshold by as much as it moves whole prompts'."""
+    the samples"); with an override, that it moves every length's threshold by as much as it moves whole prompts'; a
+    task without a calibrated threshold holds every prompt to the one it has."""
+    if not calibrated:
+        return "prompt length: not calibrated (every prompt is held to the threshold above)"
     if short_below is None:
         return "prompt length: no held-out views stored (every prompt judged on whole samples; re-add to store them)"
     longest = math.ceil(short_below) - 1  # the most counted positions (one per token after the first) of a short one
@@ -286,7 +307,8 @@ def _length_line(views: int, short_below: float | None, overridden: bool = False
             + ", and not to the novelty test")
 
 
-def _novelty_line(n: int, switch: bool = True, active: bool = False, needed: int | None = None) -> str:
+def _novelty_line(n: int, switch: bool = True, active: bool = False, needed: int | None = None,
+                  overridden: bool = False) -> str:
     """The routing output's line on the task's novelty test (docs/SCORES.md, "Open set: novelty test"): on, off by
     its switch (``novelty_test``), or off for want of sample vectors at its rate (``novelty_samples_needed``)."""
     from atlas.novelty import MAX_NOVELTY_SAMPLES, vectors_needed
@@ -295,6 +317,8 @@ def _novelty_line(n: int, switch: bool = True, active: bool = False, needed: int
     if not switch:
         return f"novelty test off (switched off: --novelty turns it on; {n} sample vectors)"
     if active:
+        if overridden:
+            return f"novelty test on ({n} sample vectors; it takes half the task's false-reject rate)"
         return (f"novelty test on ({n} sample vectors; half the false-reject rate each for it and the threshold, "
                 f"which is the threshold above)")
     needed = vectors_needed(split_rates(FALSE_REJECT_RATE)[1]) if needed is None else needed  # an older server's

@@ -111,8 +111,8 @@ class AsyncAtlasClient:
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
         except (ValueError, TypeError) as exc:  # NaN or a set in a JSON body: the caller's input, said as such
-            why = ("a number in it is NaN or infinite (give finite numbers: a threshold is in [-1, 1])"
-                   if "Out of range float" in str(exc) else str(exc))
+            why = ("a number in it is NaN or infinite (give finite numbers: a threshold is in [-1, 1], a "
+                   "false-reject rate in (0, 0.5])" if "Out of range float" in str(exc) else str(exc))
             raise InvalidInput(0, "invalid_input", f"the request cannot be sent as JSON: {why}") from None
         return calls.parse(call, resp)
 
@@ -272,7 +272,9 @@ class AsyncAtlasClient:
 
     async def route(self, prompt: str | Sequence[str], *, k: int = 5, threshold: float | None = None,
                     candidates: int | None = None, space: str | int | None = None) -> RouteResponse:
-        """``POST /v1/route`` for one prompt (``str``) or a batch (a sequence)."""
+        """``POST /v1/route`` for one prompt (``str``) or a batch (a sequence): for a batch, ``.results[i]`` answers
+        ``prompt[i]`` (the top-level fields answer the first prompt; the library's ``Atlas.route`` of a list returns
+        the list of answers itself)."""
         return await self._send(calls.route(prompt, k, threshold, candidates, space))
 
     async def fit(self, examples: Sequence[tuple[str, str | int] | Mapping[str, Any]], *,

@@ -49,4 +49,5 @@ async def fit(body: FitRequest, request: Request, c: ContainerDep, _: ReadPrinci
                                  dry_run=body.dry_run)
     return FitResponse(thresholds=res.thresholds, accuracy_before=res.accuracy_before,
                        accuracy_after=res.accuracy_after, stored=res.stored, template_off=res.template_off,
-                       novelty_off=res.novelty_off, previous=res.previous)
+                       novelty_off=res.novelty_off, previous=res.previous, unsplit=res.unsplit,
+                       held_by_cap=res.held_by_cap)

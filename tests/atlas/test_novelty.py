@@ -89,6 +89,9 @@ def test_threshold_is_monotone_in_the_rate_and_confidence_in_range(seed: int, ra
     assert model.tested(0, rates[0])
     assert d is not None and thr is not None and math.isfinite(thr) and novel == (d > thr)
     assert 0.0 <= model.nearer_share(0, d) <= 1.0
+    own = model.task(0).own_distances  # type: ignore[union-attr]
+    # one minus the split-conformal p-value: below 1 however far (a novelty "none" of an own prompt said 1.0)
+    assert model.nearer_share(0, float(own[-1]) * 10 + 1) == len(own) / (len(own) + 1)
 
 
 def test_small_tasks_and_foreign_vectors_are_not_tested() -> None:

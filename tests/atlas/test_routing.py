@@ -137,6 +137,13 @@ def test_fit_never_raises_a_threshold_past_the_false_reject_cap(rows: list, held
         pos = [it.scores[t] for it in items if it.label == t] + held
         cap = float(np.quantile(pos, routing.FALSE_REJECT_RATE, method="lower"))
         assert thr <= cap + 1e-12
+    # held_by_cap names, per task, the wrong prompts it still answers that only a threshold past its cap would refuse
+    for t in (0, 1):
+        pos = [it.scores[t] for it in items if it.label == t] + held
+        cap = float(np.quantile(pos, routing.FALSE_REJECT_RATE, method="lower"))
+        final = res.thresholds.get(t, current[t])
+        wrong = [it for it in items if it.top() == t and it.label != t and it.scores[t] >= final]
+        assert res.held_by_cap.get(t, 0) == sum(it.scores[t] >= cap for it in wrong), (t, res)
 
 
 @settings(max_examples=60, deadline=None)

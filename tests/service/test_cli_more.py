@@ -296,6 +296,23 @@ def test_routing_shows_and_changes_a_tasks_threshold(keyed: dict[str, Any], tmp_
     assert main(["routing", "foxes", "--threshold", "0.5", "--clear"]) == 2  # one or the other
     assert main(["routing", "foxes", "--false-reject-rate", "0.9"]) == 1  # the service's 422, said plainly
     assert "false_reject_rate" in capsys.readouterr().err
+    # a task too small to calibrate: its length line described a calibrated threshold it has not got, and a rate
+    # set for it had no effect without a word (a review, 2026-12-07)
+    assert main(["add", "rhymes", str(_jsonl(tmp_path / "r.jsonl", texts[:3])), "--wait"]) == 0
+    capsys.readouterr()
+    assert main(["routing", "rhymes", "--false-reject-rate", "0.2"]) == 0
+    text = capsys.readouterr().out
+    assert "(default); calibrated - at false-reject rate 0.2 from 3 held-out scores (too few to calibrate: 5" in text
+    assert "prompt length: not calibrated (every prompt is held to the threshold above)" in text
+    assert "when that is lower than the calibrated one" not in text
+    # a task no job of which succeeded (pending, or failed: every sample too short to sketch): said so, not
+    # "re-add to store them" and a novelty test "off for want of vectors"
+    main(["add", "broken", str(_jsonl(tmp_path / "b.jsonl", ["x", "y"])), "--wait"])
+    capsys.readouterr()
+    assert main(["routing", "broken"]) == 0
+    text = capsys.readouterr().out
+    assert "broken (id" in text and "has status failed: it is not routed to until a job of it succeeds" in text
+    assert "re-add to store them" not in text and "novelty test" not in text
 
 
 def test_prestart_gives_up_at_once_on_a_role_or_database_that_does_not_exist(pg_database: Any) -> None:

@@ -88,6 +88,15 @@ def test_the_novelty_switch_over_the_library_http_clients_export_and_fit(
         # fit: the task's labelled prompts rejected by its novelty test (the template test is off here)
         dry = client.fit([(p, "native") for p in PROMPTS], dry_run=True)
         assert dry.novelty_off == ["native"] and dry.template_off == [] and not dry.stored
+        # the threshold its prompts are held to moves with the switch (half rate -> whole rate): said, not silent
+        # (a review, 2026-12-07: `thresholds` and `previous` were empty)
+        # here fit lowers the threshold to its cap (the labelled prompts score low): said in `thresholds`
+        assert "native" in dry.thresholds and "native" not in dry.unsplit
+        client.set_threshold(tasks["native"], 0.0)  # below every labelled prompt: fit sets no threshold
+        kept = client.fit([(p, "native") for p in PROMPTS], dry_run=True)
+        assert kept.novelty_off == ["native"] and "native" not in kept.thresholds
+        assert kept.unsplit == {"native": 0.0} and kept.previous == {"native": 0.0}  # an override holds
+        client.set_threshold(tasks["native"], None)
         assert client.routing(tasks["native"]).novelty_test is True  # a dry run stores nothing
         labelled = tmp_path / "labelled.jsonl"
         labelled.write_text("".join(json.dumps({"prompt": p, "label": "native"}) + "\n" for p in PROMPTS))

@@ -1693,9 +1693,17 @@
   }
   function fitSummary(res, n) {
     const thresholds = Object.entries(res.thresholds || {}).sort(([a], [b]) => a.localeCompare(b));
+    // a task whose novelty test went off is held to its whole-rate threshold from then on (no override: said here)
+    const unsplit = (n) => res.unsplit && Object.hasOwn(res.unsplit, n) && res.previous && Object.hasOwn(res.previous, n)
+      ? `; threshold ${fmt(res.previous[n], 4)} → ${fmt(res.unsplit[n], 4)} (its whole false-reject rate, no longer half)` : "";
     const off = (names, what) => (names || []).map((n) =>
-      h("li", { "data-testid": "fit-switched-off", "data-test": what }, `${n}: ${what} test turned off`));
+      h("li", { "data-testid": "fit-switched-off", "data-test": what },
+        `${n}: ${what} test turned off${what === "novelty" ? unsplit(n) : ""}`));
     const switched = [...off(res.template_off, "template"), ...off(res.novelty_off, "novelty")];
+    const held = Object.entries(res.held_by_cap || {}).sort(([a], [b]) => a.localeCompare(b)).map(([name, n]) =>
+      h("li", { "data-testid": "fit-held-by-cap", "data-task": name },
+        `${name}: still answers ${fmtInt(n)} prompt${n === 1 ? "" : "s"} labelled otherwise — refusing ${n === 1 ? "it" : "them"} `
+        + "would pass its false-reject rate on its own prompts (more samples, or a higher rate, let fit go further)"));
     return h("div", { "data-testid": "fit-summary", "data-stored": String(!!res.stored) },
       h("p", {}, h("strong", {}, res.stored ? "Stored. " : "Dry run: nothing stored. "),
         h("span", { "data-testid": "fit-accuracy" },
@@ -1714,7 +1722,8 @@
               h("td", { class: "mono" }, fmt(thr, 4)));
           })))
         : h("p", { class: "muted", "data-testid": "fit-unchanged" }, "No threshold changes."),
-      switched.length ? h("ul", { class: "fit-switched" }, switched) : null);
+      switched.length ? h("ul", { class: "fit-switched" }, switched) : null,
+      held.length ? h("ul", { class: "fit-switched", "data-testid": "fit-held" }, held) : null);
   }
 
   // ------------------------------------------------------------------ Add / append a task (upload + live progress)
