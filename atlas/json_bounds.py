@@ -49,11 +49,13 @@ def json_token_count(data: bytes, stop_after: int) -> int:
     return n
 
 
-def first_item_over(data: bytes, limit: int) -> int | None:
+def first_item_over(data: bytes, limit: int, max_items: int | None = None) -> int | None:
     """The index (0-based) of the first element of the top-level JSON array ``data`` holding more than ``limit``
-    structural tokens, or ``None``; one bounded pass (strings skipped whole). An array read element by element builds
-    one element at a time: it is each element, not the whole file, whose values must be bounded (a wide table of
-    40,000 rows, fields the reader ignores, passed a bound on the file's total and was refused)."""
+    structural tokens, or ``None``; one pass (strings skipped whole) that stops there, or at element ``max_items``
+    (index ``max_items`` is returned: there are more elements than that, which a caller refuses anyway; without the
+    stop, 64 MB of ``[{},{},…]`` took 16 s of CPU to walk). An array read element by element builds one element at a
+    time: it is each element, not the whole file, whose values must be bounded (a wide table of 40,000 rows, fields
+    the reader ignores, passed a bound on the file's total and was refused)."""
     depth, item, n = 0, 0, 0
     for match in STRUCTURAL_TOKENS.finditer(data):
         tok = match.group()
@@ -67,6 +69,8 @@ def first_item_over(data: bytes, limit: int) -> int | None:
             inside = depth >= 1
         elif depth == 1:  # a comma between elements
             item, n = item + 1, 0
+            if max_items is not None and item >= max_items:
+                return item
             continue
         else:
             inside = depth >= 2

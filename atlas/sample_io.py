@@ -243,7 +243,8 @@ def _json_errors(where: str) -> Iterator[None]:
     except json.JSONDecodeError as exc:
         lines = "\n" in exc.doc
         at = f"line {exc.lineno}, column {exc.colno}" if lines else f"column {exc.colno}"
-        hint = "; one JSON value a line is a JSON-lines file, named .jsonl" if exc.msg == "Extra data" and lines else ""
+        hint = ("; one JSON value a line is a JSON-lines file, named .jsonl"
+                if exc.msg == "Extra data" and lines and where.removesuffix(".gz").endswith(".json") else "")
         raise InvalidInput(f"{where} is not valid JSON: {exc.msg} ({at}){hint}",
                            {"line": exc.lineno} if lines else None) from None
     except RecursionError:
@@ -299,7 +300,10 @@ def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) 
     # an ignored field, took 1.7 GB for a 63 MB file and was then accepted. A top-level array is read one element
     # at a time, so each element is bounded (MAX_JSON_VALUES, as a line of JSON lines); any other document at once.
     if raw.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"[":
-        item = first_item_over(raw, MAX_JSON_VALUES)
+        most = counter.limits.max_samples
+        item = first_item_over(raw, MAX_JSON_VALUES, max_items=most)
+        if item is not None and item >= most:
+            raise PayloadTooLarge(f"{filename} holds more than {most} samples", {"max_samples": most})
         if item is not None:
             raise PayloadTooLarge(f"{filename}: item {item} holds more than {MAX_JSON_VALUES} JSON values",
                                   {"item": item, "max_json_values": MAX_JSON_VALUES})
@@ -388,6 +392,10 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
             raise InvalidInput(f"{filename}: the header names {', '.join(map(repr, twice))} more than once",
                                {"columns": twice})
         check_columns(header, mode, filename)  # once, naming the header: not "row 2: missing field" per row
+        # A row that names the columns again is a second file's header (an Excel export's starts with a BOM, and may
+        # end in empty columns): refused, not stored as a sample. Only for a header of two named columns or more: a
+        # one-column file's row equal to its column's name is a sample as likely (a word list holding "text").
+        named_header = _header_like(header) if sum(1 for f in header if f.strip()) >= 2 else None
         blank = 0
         for row in reader:
             row_no = reader.line_num
@@ -398,7 +406,7 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
                                           {"max_blank_lines": counter.limits.max_samples})
                 continue
             where = f"{filename}: row {reader.line_num}"
-            if row == header:  # two files joined (cat a.csv b.csv): the header was read as a sample
+            if named_header and _header_like(row) == named_header:  # two files joined (cat a.csv b.csv)
                 raise InvalidInput(f"{where} repeats the header row (files joined together?): remove it",
                                    {"row": reader.line_num})
             if len(row) > len(header) and any(f.strip() for f in row[len(header):]):  # an unquoted comma
@@ -421,6 +429,14 @@ def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
         raise InvalidInput(f"{where}: malformed {kind}: {exc} (a field that starts with a double quote is a quoted "
                            f"field: close it, and double every quote inside it; or upload the text as .txt or .jsonl)",
                            {"row": reader.line_num or row_no}) from None
+
+
+def _header_like(row: list[str]) -> tuple[str, ...]:
+    """A CSV row as a header compares: without a leading BOM and trailing empty fields."""
+    fields = [row[0].removeprefix("\ufeff"), *row[1:]] if row else []
+    while fields and not fields[-1].strip():
+        fields.pop()
+    return tuple(fields)
 
 
 def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:

@@ -217,9 +217,9 @@ class FitResponse(_Out):
     previous: dict[str, float] = Field(default_factory=dict, description="For each task in `thresholds` or "
                                        "`unsplit`: the threshold its labelled prompts were held to before `fit`.")
     unsplit: dict[str, float] = Field(default_factory=dict, description="For each task of `novelty_off` that `fit` "
-                                      "set no threshold for: the threshold its prompts are held to now that its "
-                                      "novelty test is off (its calibrated one at its whole false-reject rate, no "
-                                      "longer half of it; or its override).")
+                                      "set no threshold for and that has no override: the threshold its prompts "
+                                      "are held to now that its novelty test is off (its calibrated one at its whole "
+                                      "false-reject rate, no longer half of it).")
     held_by_cap: dict[str, int] = Field(default_factory=dict, description="For each task that still answers prompts "
                                         "labelled otherwise because refusing them would take its threshold past its "
                                         "false-reject rate on its own prompts (fit's cap): how many of the examples. "

@@ -42,8 +42,9 @@ class FitResult:
     override, its calibrated threshold — at its route share of the rate while its novelty test is on — or the
     default)."""
     unsplit: dict[str, float] = field(default_factory=dict)
-    """For each task in ``novelty_off`` that ``fit`` set no threshold for: the threshold its prompts are held to once
-    the test is off — its calibrated one at its whole rate (the test's share is no longer spent), or its override."""
+    """For each task in ``novelty_off`` that ``fit`` set no threshold for and that had no override: the threshold its
+    prompts are held to once the test is off — its calibrated one at its whole rate (the test's share is no longer
+    spent; an override holds whatever the test)."""
     held_by_cap: dict[str, int] = field(default_factory=dict)
     """For each task that still answers prompts labelled otherwise because refusing them would take its threshold past
     its false-reject rate on its own positives (``fit``'s cap): how many of the labelled prompts."""
@@ -238,7 +239,8 @@ class _FitProblem:
     template_off: set[int]
     novelty_off: set[int]
     unsplit: dict[int, float]
-    """Each task's threshold once its novelty test is off: its override or its full-rate calibrated one."""
+    """Each task's threshold once its novelty test is off, where it was held to its half-rate one: its full-rate
+    calibrated threshold."""
 
 
 def _fit_problem(session: Any, labels: list[int | None], answers: list[Any], matched: list[int],
@@ -282,7 +284,8 @@ def _fit_problem(session: Any, labels: list[int | None], answers: list[Any], mat
     full_rates = dict(rates)
     whole_rates = {**rates, **{t: split_rates(rates.get(t, FALSE_REJECT_RATE))[0] for t in keeps_novelty}}
     current.update({t: thr for t, thr in split.items() if t not in novelty_off})
-    unsplit = {t: r.threshold for t, r in routes.items() if t in novelty_off and r.threshold is not None}
+    # held to its half-rate threshold before, its whole-rate one once the test is off (an override holds: no move)
+    unsplit = {t: r.threshold for t, r in routes.items() if t in novelty_off and t in split and r.threshold is not None}
     return _FitProblem(items, current, whole_rates, full_rates, short_views, held_to, set(off), set(novelty_off),
                        unsplit)
 

@@ -243,6 +243,19 @@ def test_a_csv_row_repeating_the_header_is_refused_naming_it(data: bytes, name: 
         read_samples(gzip.compress(data), name + ".gz", mode)  # type: ignore[arg-type]
 
 
+def test_a_repeated_header_is_found_behind_a_bom_and_empty_columns_and_one_column_files_keep_their_rows() -> None:
+    """Two Excel "CSV UTF-8" exports joined: the second header starts with a BOM; a spreadsheet's header may end in
+    empty columns — still the header (a review, 2026-12-07). A one-column file's row equal to its column's name is a
+    sample (a word list holding "text"): kept, as before."""
+    excel = b"\xef\xbb\xbftext,label\nhello,a\n"
+    with pytest.raises(InvalidInput, match="row 3 repeats the header row"):
+        read_samples(excel + excel, "joined.csv", "text")
+    with pytest.raises(InvalidInput, match="row 3 repeats the header row"):
+        read_samples(b"text,label,,\nhello,a,,\ntext,label\nworld,b,,\n", "j.csv", "text")
+    assert read_samples(b"text\nhello\ntext\nworld\n", "words.csv", "text") == [
+        Sample(text="hello"), Sample(text="text"), Sample(text="world")]
+
+
 def test_json_errors_name_the_line_and_gzip_bytes_say_so() -> None:
     """A JSON file's syntax error was named by its column alone, JSON lines uploaded as .json said "Extra data",
     and gzip bytes under a name without .gz (or compressed twice) read "line 1 is not valid UTF-8" (a review,
@@ -405,6 +418,13 @@ def test_a_json_array_is_bounded_per_item_not_in_total() -> None:
         read_samples(json.dumps(huge).encode(), "wide.json", "text", lim)
     with pytest.raises(PayloadTooLarge, match="holds more than 124000 JSON values"):
         read_samples(json.dumps({"samples": rows}).encode(), "wide.json", "text", lim)
+    # more elements than samples allowed: refused as soon as the scan counts them (the scan walked every token of
+    # a 64 MB file of {} first: 16 s of CPU; a review, 2026-12-07)
+    with pytest.raises(PayloadTooLarge, match=r"many\.json holds more than 3000 samples"):
+        read_samples(b"[" + b",".join([b"{}"] * 3_001) + b"]", "many.json", "text", lim)
+    from atlas.json_bounds import first_item_over
+    assert first_item_over(b"[" + b",".join([b"{}"] * 10) + b"]", 100, max_items=4) == 4
+    assert first_item_over(b"[" + b",".join([b"{}"] * 4) + b"]", 100, max_items=4) is None
 
 
 @settings(max_examples=150, deadline=None)

@@ -129,8 +129,8 @@ def _cut_state(extractor, text: str, k: int):  # type: ignore[no-untyped-def]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(-0.5, 0.5, allow_nan=False), min_size=8, max_size=40, unique=True),
-       st.lists(st.tuples(st.floats(-0.3, 0.3), st.floats(0.05, 2.0)), min_size=2, max_size=6),
+@given(st.lists(st.integers(-500, 500).map(lambda i: i / 1000), min_size=8, max_size=40, unique=True),  # sd > 2e-3
+       st.lists(st.tuples(st.floats(-0.3, 0.3), st.floats(0.5, 2.0)), min_size=2, max_size=6),
        st.sampled_from([0.025, 0.05, 0.1]))
 def test_a_pooled_shape_threshold_moves_with_each_task_s_location_and_scale(
         base: list[float], affine: list[tuple[float, float]], rate: float) -> None:

@@ -163,7 +163,6 @@ def test_nested_json_and_unbounded_metadata_are_refused(serve, tiny_lm) -> None:
                    f'{{"x": {deep}}}}}', headers={"content-type": "application/json"}),
         _upload(svc.url, "n", *ok, metadata=f'{{"x": {deep}}}'),
         _upload(svc.url, "n", "s.jsonl", f'{{"text": "a", "x": {deep}}}\n'.encode()),
-        _upload(svc.url, "n", "s.json", f'[{{"text": "a", "x": {deep}}}]'.encode()),
         _upload(svc.url, "n", *ok, metadata=json.dumps({"x": "y" * 20_000})),
         _upload(svc.url, "n", *ok, metadata=json.dumps(json.loads('{"a":' * 20 + "1" + "}" * 20))),
         httpx.post(f"{svc.url}/v1/tasks", json={"name": "n", "samples": [{"text": "ab"}],
@@ -172,6 +171,9 @@ def test_nested_json_and_unbounded_metadata_are_refused(serve, tiny_lm) -> None:
     for r in cases:
         assert r.status_code == 422, r.text
         assert len(r.content) < 4096  # bounded error bodies
+    # an element of a JSON array is bounded in values before it is built (100,000: this one holds 100,003)
+    r = _upload(svc.url, "n", "s.json", f'[{{"text": "a", "x": {deep}}}]'.encode())
+    assert r.status_code == 413 and "s.json: item 0 holds more than 100000 JSON values" in r.text, r.text
     assert _counts(svc) == (0, 0)
     r = _upload(svc.url, "meta", *ok, metadata=json.dumps({"a": "b"}))
     assert r.status_code == 202

@@ -95,8 +95,17 @@ def test_the_novelty_switch_over_the_library_http_clients_export_and_fit(
         client.set_threshold(tasks["native"], 0.0)  # below every labelled prompt: fit sets no threshold
         kept = client.fit([(p, "native") for p in PROMPTS], dry_run=True)
         assert kept.novelty_off == ["native"] and "native" not in kept.thresholds
-        assert kept.unsplit == {"native": 0.0} and kept.previous == {"native": 0.0}  # an override holds
+        assert kept.unsplit == {} and kept.previous == {}  # an override holds: no threshold moves, none is said
         client.set_threshold(tasks["native"], None)
+        client.set_false_reject_rate(tasks["native"], 0.3)  # labelled prompts above the cap at its rate's half
+        loose = client.fit([(p, "native") for p in PROMPTS], dry_run=True)
+        info = client.routing(tasks["native"])
+        assert loose.novelty_off == ["native"] and "native" not in loose.thresholds
+        # held to its threshold at half the rate before, at the whole rate once the test is off: said, not silent
+        assert loose.previous == {"native": pytest.approx(info.threshold)}
+        assert loose.unsplit == {"native": pytest.approx(info.threshold_auto)}
+        assert loose.unsplit["native"] > loose.previous["native"]
+        client.set_false_reject_rate(tasks["native"], 0.05)
         assert client.routing(tasks["native"]).novelty_test is True  # a dry run stores nothing
         labelled = tmp_path / "labelled.jsonl"
         labelled.write_text("".join(json.dumps({"prompt": p, "label": "native"}) + "\n" for p in PROMPTS))

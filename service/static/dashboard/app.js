@@ -481,7 +481,8 @@
       return Object.hasOwn(meta, key) ? meta[key] : null;
     }
 
-    function draw() {
+    // mapOnly: a resize redraws the map alone (the task list, which may hold the focus, is left as it is)
+    function draw({ mapOnly = false } = {}) {
       W = mapWidth(); H = Math.round(Math.max(W * 520 / 760, Math.min(W, 320)));
       const groups = colourGroups(points.map(groupValue));
       // equal-aspect scaling so distances on the map are honest
@@ -560,6 +561,7 @@
       legendBox.replaceChildren(
         h("span", { class: "legend-title" }, atlasState.colourBy.replace(/^meta:/, "metadata · ")), ...legendItems);
       mapCard.replaceChildren(svg, legendBox);
+      if (mapOnly) return;
 
       // task list beside the map
       const rows = [...points].sort((a, b) => String(a.cluster ?? "").localeCompare(String(b.cluster ?? ""), undefined, { numeric: true })
@@ -596,7 +598,7 @@
       if (!mapCard.isConnected) { resized.disconnect(); return; }
       if (Math.abs(mapWidth() - W) <= W / 10) return;  // its own redraw changes the card's height only
       const had = mapCard.contains(document.activeElement) ? document.activeElement.dataset.taskId : null;
-      draw();
+      draw({ mapOnly: true });
       if (had) mapCard.querySelector(`circle[data-task-id="${CSS.escape(had)}"]`)?.focus({ preventScroll: true });
     });
     resized.observe(mapCard);
