@@ -20,8 +20,14 @@ MAX_FALSE_REJECT_RATE = 0.5
 ``(0, MAX_FALSE_REJECT_RATE]``."""
 MIN_CALIBRATION = 5
 """Fewest held-out scores from which a task's threshold is estimated; fewer: the global default."""
-CALIBRATION_SAMPLES = 32
-"""Samples of one job scored leave-one-out (evenly spaced over the job's samples)."""
+CALIBRATION_SAMPLES = 64
+"""Samples of one job scored leave-one-out (evenly spaced over the job's samples). Until 2026-12-07 32: a 50-sample
+task's two lowest-scoring samples were among the 18 left out, and it refused 10 % of its own prompts at a 2.5 % route
+share; with 64 bench 4d answers "none" to 0.350 of unseen tasks' prompts at 0.024 on indexed ones, against 0.292 /
+0.025 (bench/results/quality.md, 4d, "More held-out samples a job")."""
+VIEW_SAMPLES = 32
+"""Of a job's calibration samples, those whose prefix views are scored too (:data:`PREFIX_FRACTIONS`; every other
+one of more than this): what a short prompt is calibrated on, at the cost it had before the whole samples doubled."""
 MAX_CAL_SCORES = 256
 """Held-out scores kept per task (appends add theirs; the oldest are dropped beyond this)."""
 NOVELTY_SHARE = 0.5
@@ -111,6 +117,14 @@ def calibration_pick(n: int, cap: int = CALIBRATION_SAMPLES) -> list[int]:
     return sorted(set(np.linspace(0, n - 1, cap).round().astype(int).tolist()))
 
 
+def view_pick(pick: list[int], cap: int = VIEW_SAMPLES) -> list[int]:
+    """Those of the calibration ``pick`` (ascending) whose prefix views are scored: at most ``cap``, evenly spaced
+    through it (all of a pick of ``cap`` or fewer)."""
+    if len(pick) <= cap:
+        return list(pick)
+    return [pick[i] for i in calibration_pick(len(pick), cap)]
+
+
 PREFIX_FRACTIONS = (0.5, 0.25, 0.125)
 """Besides each calibration sample whole, its first half, quarter and eighth of tokens are scored held out (a
 *view* of the sample): what a prompt shorter than the samples is calibrated on (:class:`LengthViews`)."""
@@ -128,7 +142,7 @@ The share keeps a prompt a few tokens shorter than a fixed-length template's sam
 language") a whole one, held to both tests. Until 2026-12-02 the quantile was the 10 % one (nine in ten): a prompt
 cut to half a long sample's words stayed "whole" for a task of samples of many lengths and met tests calibrated on
 whole samples — 11.7 % of half-length prompts whose top match was their own task were refused (bench 4f)."""
-LENGTH_NEIGHBOURS = CALIBRATION_SAMPLES
+LENGTH_NEIGHBOURS = 32
 """Held-out views, nearest a short prompt's length (in log tokens), that its threshold is calibrated on."""
 
 

@@ -14,10 +14,11 @@ Semantics (docs/SCORES.md):
   the routing state (their own contribution removed, so each is held out); the task's threshold is
   the lower tolerance bound at its false-reject rate (``FALSE_REJECT_RATE`` unless set for the task) of all
   its held-out scores (appends add theirs).
-* **Views by length**: each calibration sample's first half, quarter and eighth of tokens
-  (``PREFIX_FRACTIONS``) are sketched too and scored against the routing state without the whole sample; with
-  the whole samples' scores they are the task's held-out views (``task_routing.cal_views``), on which a prompt
-  shorter than the samples has its threshold calibrated (:class:`atlas.route_calibration.LengthViews`).
+* **Views by length**: the first half, quarter and eighth of tokens (``PREFIX_FRACTIONS``) of up to
+  ``VIEW_SAMPLES`` of the calibration samples (evenly spaced among them) are sketched too and scored against the
+  routing state without the whole sample; with the whole samples' scores they are the task's held-out views
+  (``task_routing.cal_views``), on which a prompt shorter than the samples has its threshold calibrated
+  (:class:`atlas.route_calibration.LengthViews`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from atlas import routing, routing_repo
 from atlas.baselines import BaselineSums
 from atlas.lexicon_repo import routing_text
-from atlas.route_calibration import MIN_VIEW_TOKENS, PREFIX_FRACTIONS
+from atlas.route_calibration import MIN_VIEW_TOKENS, PREFIX_FRACTIONS, view_pick
 from atlas.samples import Sample, sample_id
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
     from workers.prompt_batcher import PromptBatcher
 
     pick = set(routing.calibration_pick(len(samples)))
+    with_views = set(view_pick(sorted(pick)))
     wanted = [(i, routing_text(s, mode)) for i, s in enumerate(samples) if mode == "completion" or i in pick]
     texts = [(i, t) for i, t in wanted if t]
     # Logits of a whole length bucket are held at once: bound them to ~512 MiB of float32 (1,024 positions at a
@@ -112,7 +114,7 @@ def prompt_side(extractor: Any, samples: Sequence[Sample], mode: str, *,
         prepared, _skipped = extractor.sample_tokenizer.prepare([Sample(text=t) for _, t in window], "text")
         if not prepared:
             continue
-        views = {ps.index: prefixes(ps) for ps in prepared if window[ps.index][0] in pick}
+        views = {ps.index: prefixes(ps) for ps in prepared if window[ps.index][0] in with_views}
         extra = [v for ps in prepared for v in views.get(ps.index, [])]  # sketched in the same batches
         batch = [*prepared, *extra]
         every = batcher.sketch_prepared(batch, None if progress is None else _window_progress(

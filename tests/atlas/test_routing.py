@@ -320,3 +320,21 @@ def test_identical_twins_do_not_reject_each_others_prompts() -> None:
     ans = routing.rerank_route(prompt, cands, k=3, threshold=0.0, per_task=True, whitening=space)
     assert ans.matches[0].task_id == twin  # the tie goes to the name sorting first
     assert not ans.nearest_rejects and not ans.none, ans
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 5000), st.integers(1, 128), st.integers(1, 64))
+def test_calibration_and_view_picks_are_evenly_spaced_subsets(n: int, cap: int, views: int) -> None:
+    """A job holds out up to ``cap`` of its ``n`` samples, evenly spaced (the first and the last among them), and
+    scores the prefix views of up to ``views`` of those, evenly spaced through them (all when few)."""
+    from atlas.route_calibration import calibration_pick, view_pick
+
+    pick = calibration_pick(n, cap)
+    assert pick == sorted(set(pick)) and len(pick) == min(n, cap) and all(0 <= i < n for i in pick)
+    if n and cap >= 2:
+        assert pick[0] == 0 and pick[-1] == n - 1
+    if len(pick) > 1:  # evenly spaced: gaps differ by at most one
+        gaps = np.diff(pick)
+        assert gaps.max() - gaps.min() <= 1
+    sub = view_pick(pick, views)
+    assert set(sub) <= set(pick) and len(sub) == min(len(pick), views) and sub == sorted(sub)
