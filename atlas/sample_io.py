@@ -38,12 +38,13 @@ import json
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from atlas.errors import InvalidInput, PayloadTooLarge
 from atlas.file_formats import check_plain_text, file_format
 from atlas.json_bounds import MAX_JSON_VALUES, first_item_over, json_token_count, upload_value_limit
+from atlas.sample_limits import SampleCounter, SampleLimits
+from atlas.sample_parquet import read_parquet
 from atlas.samples import Mode, Sample, check_columns, mode_fields, record_values, sample_of
 
 __all__ = [
@@ -52,65 +53,6 @@ __all__ = [
     "parse_upload",
     "read_samples",
 ]
-
-PARQUET_BATCH_ROWS = 64
-"""Rows decoded per Parquet batch (bounds the memory of one batch)."""
-
-
-@dataclass(frozen=True)
-class SampleLimits:
-    """Bounds applied while reading an upload.
-
-    Attributes
-    ----------
-    max_samples
-        Most samples in one upload.
-    max_sample_chars
-        Most characters in one sample (text, or prompt + completion).
-    max_bytes
-        Most bytes of decoded content (after gzip/Parquet decompression).
-    """
-
-    max_samples: int = 200_000
-    max_sample_chars: int = 100_000
-    max_bytes: int = 64 * 1024 * 1024
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> SampleLimits:
-        """The limits of :class:`atlas.settings.Settings`."""
-        return cls(max_samples=int(settings.max_samples), max_sample_chars=int(settings.max_sample_chars),
-                   max_bytes=int(settings.max_upload_bytes))
-
-    @property
-    def max_line_bytes(self) -> int:
-        """Longest JSON line that can hold a sample within the limits (``\\uXXXX\\uXXXX`` per char)."""
-        return 2 * 12 * self.max_sample_chars + 4096
-
-
-class _Counter:
-    """Counts samples and characters against the limits."""
-
-    def __init__(self, limits: SampleLimits, filename: str) -> None:
-        self.limits = limits
-        self.filename = filename
-        self.n = 0
-
-    def add(self, sample: tuple[str, ...], where: str) -> tuple[str, ...]:
-        """Count one record's values (kept as plain strings: Samples are built once all limits passed)."""
-        self.n += 1
-        if self.n > self.limits.max_samples:
-            raise PayloadTooLarge(
-                f"{self.filename}: more than {self.limits.max_samples} samples (limit reached at {where})",
-                {"max_samples": self.limits.max_samples, "at": where},
-            )
-        chars = sum(len(v) for v in sample)
-        if chars > self.limits.max_sample_chars:
-            raise PayloadTooLarge(
-                f"{where}: the sample has {chars} characters; the limit is {self.limits.max_sample_chars}",
-                {"chars": chars, "max_sample_chars": self.limits.max_sample_chars, "at": where},
-            )
-        return sample
-
 
 def sample_chars(sample: Sample) -> int:
     """Characters of a sample (text, or prompt + completion)."""
@@ -148,7 +90,7 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
     lim = limits or SampleLimits()
     raw: IO[bytes] = io.BytesIO(source) if isinstance(source, bytes | bytearray | memoryview) else source
     fmt = file_format(filename)
-    counter = _Counter(lim, filename)
+    counter = SampleCounter(lim, filename)
     try:
         if filename.lower().endswith(".gz"):
             gz = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
@@ -156,7 +98,7 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
         else:
             stream = io.BufferedReader(_BoundedReader(raw, lim.max_bytes, filename), 1 << 16)
         if fmt == "parquet":  # needs a seekable file: the compressed bytes are bounded by the upload
-            return list(_read_parquet(io.BytesIO(stream.read()) if filename.lower().endswith(".gz") else raw,
+            return list(read_parquet(io.BytesIO(stream.read()) if filename.lower().endswith(".gz") else raw,
                                       filename, mode, counter))
         if fmt == "jsonl":
             return list(_read_jsonl(stream, filename, mode, counter))
@@ -261,7 +203,7 @@ def loads_json(text: str | bytes, where: str) -> Any:
         return json.loads(text)
 
 
-def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
+def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCounter) -> Iterator[tuple[str, ...]]:
     for lineno, line in _lines(stream, filename, counter.limits.max_line_bytes, counter.limits.max_samples):
         if not line.strip(" \t\r"):
             continue
@@ -293,7 +235,7 @@ def parse_upload(data: bytes, filename: str, mode: Mode, limits: SampleLimits | 
     return read_samples(data, filename, mode, limits)
 
 
-def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> list[tuple[str, ...]]:
+def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCounter) -> list[tuple[str, ...]]:
     data = stream.read()
     raw = data if isinstance(data, bytes) else data.encode()
     # Bounded before any value is built: one element (or the {"samples": …} object) of millions of values, say in
@@ -352,7 +294,7 @@ def _skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def _read_text(stream: IO[bytes], filename: str, counter: _Counter) -> Iterator[tuple[str, ...]]:
+def _read_text(stream: IO[bytes], filename: str, counter: SampleCounter) -> Iterator[tuple[str, ...]]:
     max_line = 4 * counter.limits.max_sample_chars + 2
     for lineno, line in _lines(stream, filename, max_line, counter.limits.max_samples):
         if line.endswith("\r"):
@@ -365,7 +307,7 @@ def _read_text(stream: IO[bytes], filename: str, counter: _Counter) -> Iterator[
         yield counter.add(record_values({"text": line}, "text", where), where)
 
 
-def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter,
+def _read_csv(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCounter,
               delimiter: str = ",") -> Iterator[tuple[str, ...]]:
     limit = counter.limits.max_sample_chars + 1
     if csv.field_size_limit() < limit:
@@ -437,85 +379,3 @@ def _header_like(row: list[str]) -> tuple[str, ...]:
     while fields and not fields[-1].strip():
         fields.pop()
     return tuple(fields)
-
-
-def _read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: _Counter) -> Iterator[tuple[str, ...]]:
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    keys = list(mode_fields(mode))
-    lim = counter.limits
-    try:  # the columns first: read_dictionary raises a bare KeyError for a column the file lacks, or a nested one
-        schema = pq.read_schema(stream)
-        check_columns(schema.names, mode, filename, "columns")
-        for k in keys:  # (a list<string> column read as "not a readable Parquet file: b'text'")
-            _check_string_type(schema.field(k).type, filename, k)
-        stream.seek(0)
-        pf = pq.ParquetFile(stream, read_dictionary=keys)  # dictionary pages stay dictionaries until checked
-        md = pf.metadata
-    except InvalidInput:
-        raise
-    except Exception as exc:  # pyarrow raises many types for a damaged footer
-        raise InvalidInput(f"{filename}: not a readable Parquet file: {_short(exc)}") from None
-    if md.num_rows > lim.max_samples:
-        raise PayloadTooLarge(f"{filename}: {md.num_rows} rows exceed the limit of {lim.max_samples} samples",
-                              {"rows": md.num_rows, "max_samples": lim.max_samples})
-    declared = 0
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        for c in range(rg.num_columns):
-            col = rg.column(c)
-            if col.path_in_schema in keys:
-                declared += max(int(col.total_uncompressed_size), 0)
-    if declared > lim.max_bytes:
-        raise PayloadTooLarge(f"{filename}: the columns hold {declared} bytes uncompressed; the limit is "
-                              f"{lim.max_bytes}", {"bytes": declared, "max_bytes": lim.max_bytes})
-    decoded = 0
-    row = 0
-    try:
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=keys, use_threads=False):
-            for k in keys:
-                lengths = _value_bytes(batch.column(k), filename, k)
-                longest = int(pc.max(lengths).as_py() or 0) if len(lengths) else 0
-                if longest > 4 * lim.max_sample_chars:
-                    raise PayloadTooLarge(f"{filename}: a value of column {k!r} near row {row + 1} has {longest} "
-                                          f"bytes; the limit is {lim.max_sample_chars} characters",
-                                          {"max_sample_chars": lim.max_sample_chars, "row": row + 1})
-                decoded += int(pc.sum(lengths).as_py() or 0)
-                if decoded > lim.max_bytes:
-                    raise PayloadTooLarge(f"{filename}: the decoded columns exceed {lim.max_bytes} bytes "
-                                          f"(at row {row + 1})", {"max_bytes": lim.max_bytes, "row": row + 1})
-            for record in batch.select(keys).to_pylist():
-                row += 1
-                where = f"{filename}: row {row}"
-                yield counter.add(record_values(record, mode, where), where)
-    except (InvalidInput, PayloadTooLarge):
-        raise
-    except Exception as exc:
-        raise InvalidInput(f"{filename}: unreadable Parquet data near row {row + 1}: {_short(exc)}") from None
-
-
-def _check_string_type(arrow_type: Any, filename: str, key: str) -> None:
-    """Raise ``InvalidInput`` unless a column of ``arrow_type`` holds strings (or only nulls), naming the type the
-    file declares (a dictionary column by its values' type: "binary", not "dictionary<values=binary, …>")."""
-    import pyarrow as pa
-
-    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
-        raise InvalidInput(f"{filename}: column {key!r} must hold strings, not {t}", {"column": key, "type": str(t)})
-
-
-def _value_bytes(col: Any, filename: str, key: str) -> Any:
-    """Byte length of every value of a string column, without decoding dictionary columns."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    _check_string_type(col.type, filename, key)
-    if pa.types.is_dictionary(col.type):
-        return pc.take(pc.binary_length(col.dictionary), col.indices)
-    return pc.binary_length(col) if not pa.types.is_null(col.type) else pa.array([], pa.int64())
-
-
-def _short(exc: BaseException, n: int = 300) -> str:
-    text = str(exc)
-    return text if len(text) <= n else text[:n] + "…"

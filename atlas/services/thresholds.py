@@ -239,7 +239,7 @@ class _FitProblem:
     template_off: set[int]
     novelty_off: set[int]
     unsplit: dict[int, float]
-    """Each task's threshold once its novelty test is off, where it was held to its half-rate one: its full-rate
+    """Each task's threshold once its novelty test is off, where it was held to another, half-rate one: its full-rate
     calibrated threshold."""
 
 
@@ -285,7 +285,8 @@ def _fit_problem(session: Any, labels: list[int | None], answers: list[Any], mat
     whole_rates = {**rates, **{t: split_rates(rates.get(t, FALSE_REJECT_RATE))[0] for t in keeps_novelty}}
     current.update({t: thr for t, thr in split.items() if t not in novelty_off})
     # held to its half-rate threshold before, its whole-rate one once the test is off (an override holds: no move)
-    unsplit = {t: r.threshold for t, r in routes.items() if t in novelty_off and t in split and r.threshold is not None}
+    unsplit = {t: r.threshold for t, r in routes.items()
+               if t in novelty_off and t in split and r.threshold is not None and r.threshold != split[t]}
     return _FitProblem(items, current, whole_rates, full_rates, short_views, held_to, set(off), set(novelty_off),
                        unsplit)
 

