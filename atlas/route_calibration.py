@@ -23,11 +23,13 @@ MIN_CALIBRATION = 5
 CALIBRATION_SAMPLES = 64
 """Samples of one job scored leave-one-out (evenly spaced over the job's samples). Until 2026-12-07 32: a 50-sample
 task's two lowest-scoring samples were among the 18 left out, and it refused 10 % of its own prompts at a 2.5 % route
-share; with 64 bench 4d answers "none" to 0.350 of unseen tasks' prompts at 0.024 on indexed ones, against 0.292 /
-0.025 (bench/results/quality.md, 4d, "More held-out samples a job")."""
+share (2 of 250 with 64). The product's benches with 64: 4b 0.438 "none" on unseen at 0.031 on indexed (0.038 with
+32), 4d's means 0.312 at 0.022 (0.257 / 0.021), 4e unchanged (bench/results/quality.md, 4b, 4d, "More held-out samples
+a job")."""
 VIEW_SAMPLES = 32
-"""Of a job's calibration samples, those whose prefix views are scored too (:data:`PREFIX_FRACTIONS`; every other
-one of more than this): what a short prompt is calibrated on, at the cost it had before the whole samples doubled."""
+"""Of a job's calibration samples, those whose prefix views are scored too (:data:`PREFIX_FRACTIONS`; evenly spaced
+among them, :func:`view_pick`): what a short prompt is calibrated on, at the cost it had before the whole samples
+doubled."""
 MAX_CAL_SCORES = 256
 """Held-out scores kept per task (appends add theirs; the oldest are dropped beyond this)."""
 NOVELTY_SHARE = 0.5
