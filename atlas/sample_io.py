@@ -45,7 +45,7 @@ from atlas.file_formats import check_plain_text, file_format
 from atlas.json_bounds import MAX_JSON_VALUES, first_item_over, json_token_count, upload_value_limit
 from atlas.sample_limits import SampleCounter, SampleLimits
 from atlas.sample_parquet import read_parquet
-from atlas.samples import Mode, Sample, check_columns, mode_fields, record_values, sample_of
+from atlas.samples import Mode, Sample, check_columns, json_object, mode_fields, record_values, sample_of
 
 __all__ = [
     "SampleLimits",
@@ -197,10 +197,18 @@ def _json_errors(where: str) -> Iterator[None]:
         raise InvalidInput(f"{where}: a number in it has too many digits") from None
 
 
+_DECODER = json.JSONDecoder(object_pairs_hook=json_object)
+"""The readers' JSON decoder: objects that repeat a key are :class:`atlas.samples.RepeatedKeys`, so that a record
+repeating a sample field is refused rather than read with its last value."""
+
+
 def loads_json(text: str | bytes, where: str) -> Any:
-    """``json.loads`` whose every failure is an :class:`InvalidInput` naming ``where``."""
+    """``json.loads`` whose every failure is an :class:`InvalidInput` naming ``where``; an object that repeats a
+    key is a :class:`atlas.samples.RepeatedKeys` (:func:`atlas.samples.json_object`)."""
     with _json_errors(where):
-        return json.loads(text)
+        if isinstance(text, bytes):
+            text = text.decode(json.detect_encoding(text), "surrogatepass")
+        return _DECODER.decode(text)
 
 
 def _read_jsonl(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCounter) -> Iterator[tuple[str, ...]]:
@@ -260,7 +268,7 @@ def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCoun
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{filename} is not valid UTF-8 (byte {exc.start})"
                            + (_GZIP_HINT if bytes(data[:2]) == _GZIP_MAGIC else "")) from None
-    decoder = json.JSONDecoder()
+    decoder = _DECODER
     pos = _skip_ws(text, 0)
     if pos < len(text) and text[pos] == "[":  # stream the array element by element
         out: list[tuple[str, ...]] = []

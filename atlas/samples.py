@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -74,11 +75,47 @@ def record_to_sample(record: object, mode: Mode, where: str) -> Sample:
     return Sample(**dict(zip(mode_fields(mode), values, strict=True)))
 
 
+class RepeatedKeys(dict[str, Any]):
+    """A decoded JSON object that was given some of its keys more than once (``repeated``): JSON allows it and a
+    decoder keeps the last value, so the earlier ones would be lost without a word. Built by
+    :func:`json_object` (the sample readers' ``object_pairs_hook``) only for such objects."""
+
+    __slots__ = ("repeated",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.repeated = [key for key, n in Counter(key for key, _ in pairs).items() if n > 1]
+
+
+def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` of the sample readers: a plain ``dict``, or a :class:`RepeatedKeys` when a key repeats
+    (a record whose sample field repeats is then refused by :func:`record_values`; other fields keep JSON's
+    last value)."""
+    obj = dict(pairs)
+    return obj if len(obj) == len(pairs) else RepeatedKeys(pairs)
+
+
+def unique_keys_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for JSON whose every key is read (a request body, task metadata): an object that
+    repeats a key raises :class:`InvalidInput` (422) naming it, instead of keeping JSON's last value."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        key = RepeatedKeys(pairs).repeated[0]
+        raise InvalidInput(f"key {key!r} is given more than once in one object (JSON decoders keep the last value "
+                           "and drop the others)", {"key": key})
+    return obj
+
+
 def record_values(record: object, mode: Mode, where: str) -> tuple[str, ...]:
-    """The validated values of a record: ``(text,)`` or ``(prompt, completion)`` (see :func:`record_to_sample`)."""
+    """The validated values of a record: ``(text,)`` or ``(prompt, completion)`` (see :func:`record_to_sample`).
+    A record decoded by :func:`json_object` that repeats one of these fields is refused: which value is the
+    sample cannot be told, and keeping the last would lose the others."""
     if not isinstance(record, dict):
         raise InvalidInput(f"{where}: expected an object with {_keys_for(mode)}, got {type(record).__name__}")
     keys = mode_fields(mode)
+    if isinstance(record, RepeatedKeys) and (twice := [k for k in keys if k in record.repeated]):
+        raise InvalidInput(f"{where}: field '{twice[0]}' is given more than once (which value is the sample "
+                           "cannot be told; JSON decoders keep the last and drop the others)", {"field": twice[0]})
     missing = [k for k in keys if k not in record or record[k] is None]
     if missing:
         raise InvalidInput(f"{where}: missing field(s) {missing} for mode '{mode}'"
@@ -246,6 +283,9 @@ def _check_node(node: object, depth: int, where: str) -> None:
         if depth > MAX_METADATA_DEPTH:
             raise InvalidInput(f"{where} is nested deeper than {MAX_METADATA_DEPTH} levels",
                                {"max_depth": MAX_METADATA_DEPTH})
+        if isinstance(node, RepeatedKeys):
+            raise InvalidInput(f"{where}: key {node.repeated[0]!r} is given more than once in one object (JSON "
+                               "decoders keep the last value and drop the others)", {"key": node.repeated[0]})
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in items:
             if isinstance(key, str):

