@@ -87,7 +87,7 @@ def count_active_keys(session: Session) -> int:
 
 
 CREATE_KEY_HINT = (
-    "create one with: fisher-atlas keys create --name admin --scopes admin, "
+    "create one on this machine with: fisher-atlas keys create --local --name admin --scopes admin, "
     "or set FISHER_ATLAS_BOOTSTRAP_ADMIN_KEY"
 )
 

@@ -4,7 +4,9 @@ Server-side commands (``serve``, ``worker``, ``migrate``, ``keys --local``) act 
 user commands (``add``, ``route``, ``tasks``, ``jobs``, ``keys``, ...) talk to a running service over HTTP
 through :class:`service.client.AtlasClient`. Every option has an environment twin ``FISHER_ATLAS_<NAME>``
 (options win), ``--json`` gives machine-readable output, and errors are one line on stderr with the
-service's code (exit status 1; 2 for usage errors).
+service's code. Exit status: 0 done; 1 the service refused the request (a 4xx) or a local file is wrong; 2 a usage
+error; 3 the service could not answer (unreachable, busy, failing: the same command may work later); 4 a job followed
+with ``--wait`` ended failed or cancelled; 130 interrupted (a followed job goes on in the service).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 import typer
 
 from service.cli import keys, queries, server, tasks
-from service.cli.common import terminal_safe
+from service.cli.common import exit_status, terminal_safe
 
 app = typer.Typer(name="fisher-atlas", no_args_is_help=True, add_completion=False,
                   help="FisherAtlas: a task-signature vector database (FisherSketch + FAISS + SQL).")
@@ -30,7 +32,9 @@ app.add_typer(keys.app, name="keys")
 _HINTS = {
     "unreachable": "\n  is the service running there? Start it with `fisher-atlas serve`, or point --url "
                    "(FISHER_ATLAS_URL) at it",
-    "unauthorized": "\n  pass a key with --api-key or set FISHER_ATLAS_API_KEY (`fisher-atlas keys create` makes one)",
+    "unauthorized": "\n  pass a key with --api-key or set FISHER_ATLAS_API_KEY (an admin key makes one with "
+                    "`fisher-atlas keys create`; the first one: `fisher-atlas keys create --local` on the service's "
+                    "machine)",
     "forbidden": "\n  this key lacks the scope named above: use a key that has it (`fisher-atlas keys current` "
                  "shows this key's scopes)",
 }
@@ -52,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             else f"fisher-atlas: {exc.message}")
               + (_HINTS.get(exc.code) or (_HINTS_BY_STATUS.get(exc.status, "") if exc.code == "http_error" else "")),
               file=sys.stderr)
-        return 1
+        return exit_status(exc)
     except AtlasError as exc:  # a server-side command (migrate, serve, keys --local): the database, a setting
         print(terminal_safe(f"fisher-atlas: {exc.code}: {exc.message}"), file=sys.stderr)
         return 1

@@ -6,6 +6,8 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -60,6 +62,37 @@ def terminal_safe(text: str) -> str:
     return "".join(f"\\u{ord(c):04x}" if c not in "\n\t" and is_control_char(c) else c for c in text)
 
 
+EXIT_REFUSED = 1
+"""The service refused the request (a 4xx: bad input, not found, a conflict, a key), or a local file is wrong."""
+EXIT_USAGE = 2
+"""A command line the CLI cannot run (options, their values)."""
+EXIT_UNAVAILABLE = 3
+"""The service could not answer: unreachable, busy (429, 503), failing (5xx), or not a FisherAtlas service; the same
+command may work later."""
+EXIT_JOB_FAILED = 4
+"""A job followed with ``--wait`` ended failed or cancelled."""
+
+
+def exit_status(exc: Any) -> int:
+    """The exit status of a client error (:class:`service.client.AtlasClientError`): :data:`EXIT_UNAVAILABLE` for
+    what may pass by itself, else :data:`EXIT_REFUSED`."""
+    from service.client import RateLimited, Unavailable, Unreachable
+
+    retry_later = isinstance(exc, Unreachable | Unavailable | RateLimited) or exc.status >= 500
+    return EXIT_UNAVAILABLE if retry_later or exc.code == "unexpected_answer" else EXIT_REFUSED
+
+
+def confirm(question: str) -> bool:
+    """Ask ``question`` on stderr and read the answer from stdin (click's prompt wrote a space to stdout, into a
+    ``--json`` pipe); ``typer.Abort`` when stdin has no answer."""
+    print(terminal_safe(question) + " [y/N]: ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    if not answer:
+        print(file=sys.stderr)
+        raise typer.Abort()
+    return answer.strip().lower() in ("y", "yes")
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one line on stderr and return the exit to raise."""
     print(terminal_safe(f"fisher-atlas: {message}"), file=sys.stderr)
@@ -70,13 +103,47 @@ def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
     """Parse a ``--flag '{...}'`` JSON object."""
     if not text:
         return None
+    from atlas.errors import InvalidInput
+    from atlas.samples import unique_keys_object
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=unique_keys_object)  # as the service: a repeated key is refused
     except json.JSONDecodeError as exc:
         raise fail(f"{flag} is not valid JSON: {exc.msg}", 2) from None
+    except InvalidInput as exc:
+        raise fail(f"{flag}: {exc.message}", 2) from None
     if not isinstance(value, dict):
         raise fail(f"{flag} must be a JSON object", 2)
     return value
+
+
+def read_prompts(file: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, prompt)`` of a prompt file: one prompt a line (lines end at ``"\\n"`` only; a ``"\\r"`` before
+    it is dropped), or for ``.jsonl`` / ``.ndjson`` an object with ``"prompt"`` a line (other fields ignored, so a
+    ``fit`` labels file routes as it is); blank lines skipped; ``-`` reads stdin."""
+    stream = sys.stdin.buffer if str(file) == "-" else file.open("rb")
+    jsonl = file.suffix.lower() in (".jsonl", ".ndjson", ".jsonlines")
+    try:
+        for lineno, raw in enumerate(stream, start=1):
+            try:
+                line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            except UnicodeDecodeError as exc:
+                raise fail(f"{file}:{lineno}: not valid UTF-8 (byte {exc.start} of the line)") from None
+            if not line.strip():
+                continue
+            if not jsonl:
+                yield lineno, line
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise fail(f"{file}:{lineno}: not JSON: expected an object with 'prompt'") from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise fail(f"{file}:{lineno}: expected an object with 'prompt' (a string)")
+            yield lineno, record["prompt"]
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
 
 
 def sample_notes(job: JobOut) -> str:
@@ -113,7 +180,13 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
             bar.update(tid, completed=p.samples_done, total=p.samples_total or None, tokens=p.tokens_streamed,
                        rate=f"{p.tokens_streamed_per_s:,.0f} tok/s · {p.samples_per_s:,.1f} samples/s{routing}{eta}")
 
-        job = cl.wait_job(job_id, on_progress=update)
+        try:
+            job = cl.wait_job(job_id, on_progress=update)
+        except KeyboardInterrupt:
+            bar.stop()
+            print(f"\nfisher-atlas: interrupted: job {job_id} goes on in the service (`fisher-atlas jobs show "
+                  f"{job_id}` follows it, `fisher-atlas jobs cancel {job_id}` stops it)", file=sys.stderr)
+            raise
         update(job)
     if not quiet:
         console.print(f"{label}: job {job.id} {job.status} in {time.monotonic() - t0:.1f} s"

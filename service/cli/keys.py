@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -17,11 +18,20 @@ Local = Annotated[bool, typer.Option("--local", help="Act on the database direct
 
 
 @contextmanager
-def _db(data_dir: str | None, database_url: str | None) -> Iterator[Any]:
+def _db(data_dir: str | None, database_url: str | None, *, create: bool = False) -> Iterator[Any]:
+    """A session of the store's database, migrated; only ``create`` (``keys create``) makes a SQLite store that is
+    not there (``keys list --local`` with a mistyped ``--data-dir`` made an empty store and said "no API keys")."""
+    from sqlalchemy.engine import make_url
+
     from atlas.db import make_engine, session_factory
     from service.cli.server import migrate_db, settings
 
     s = settings(data_dir=data_dir, database_url=database_url)
+    url = make_url(s.resolved_database_url())
+    if not create and url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not Path(url.database).is_file():
+        raise fail(f"no store at {url.database}: is --data-dir (FISHER_ATLAS_DATA_DIR) the service's? "
+                   "`keys create --local` makes a store there")
     migrate_db(s)
     engine = make_engine(s.resolved_database_url(), pool_size=1)
     try:
@@ -49,7 +59,7 @@ def create(name: Annotated[str, typer.Option(help="A name for the key.")],
         from atlas.errors import AtlasError
 
         try:
-            with _db(data_dir, database_url) as session:
+            with _db(data_dir, database_url, create=True) as session:
                 key, plaintext = apikeys.create_api_key(session, name, wanted)
                 out: dict[str, Any] = {"id": key.id, "name": key.name, "scopes": list(key.scopes), "key": plaintext}
         except AtlasError as exc:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import io
+import json as jsonlib
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,7 +15,7 @@ import typer
 
 from atlas.route_calibration import MIN_CALIBRATION
 from atlas.vocabulary import MATRIX_DEFAULT_TASKS
-from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail
+from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail, read_prompts, terminal_safe
 
 app = typer.Typer()
 
@@ -59,14 +61,30 @@ def _plot(kind: str, body: Any, out: Path, title: str) -> Path:
         raise fail(str(exc), 2) from None
 
 
+ROUTE_BATCH = 64
+"""Prompts of a file sent in one request (the API's most a request)."""
+
+
 @app.command()
-def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5,
+def route(prompt: Annotated[str | None, typer.Argument(help="The prompt (or --file).")] = None,
+          file: Annotated[Path | None, typer.Option(
+              "--file", "-f", help="Route every prompt of a file: one a line, or JSON lines with 'prompt' (.jsonl); "
+                                   "'-' reads stdin. One answer a line, as each batch of 64 is answered (--json: one "
+                                   "JSON object a line, with its 'line').")] = None,
+          k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5,
           threshold: Annotated[float | None, typer.Option(help="Open-set threshold.")] = None,
           url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
           json: Json = False) -> None:
-    """Route a prompt to the nearest stored tasks ("none" below the threshold)."""
+    """Route a prompt, or every prompt of a file, to the nearest stored tasks ("none" below the threshold)."""
     from service.client import AtlasClientError
 
+    if (prompt is None) == (file is None):
+        raise fail("give one prompt, or --file with a prompt a line", 2)
+    if file is not None:
+        _route_file(file, k, threshold, url, api_key, space, timeout, json)
+        return
+    if not prompt:
+        raise fail("the prompt is empty")
     try:
         with client(url, api_key, timeout) as cl:
             res = cl.route(prompt, k=k, threshold=threshold, space=space)
@@ -96,6 +114,48 @@ def route(prompt: str, k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5
         lines.append(ROUTE_LEGEND + (" · ranking: what orders the matches" + (", fused with lexical (term overlap)"
                                                                              if lexical else "") if ranked else ""))
     emit(json, res, "\n".join(lines))
+
+
+def _route_file(file: Path, k: int, threshold: float | None, url: str | None, api_key: str | None,
+                space: str | None, timeout: float, as_json: bool) -> None:
+    """``route --file``: the file's prompts in batches of :data:`ROUTE_BATCH`, each answer printed as its batch is
+    answered (``file:line: answer …`` / ``none: …``; ``--json``: a JSON object a line); a refused prompt is named by
+    its line; a count on stderr at the end."""
+    from service.client import AtlasClientError
+
+    counts = {"answered": 0, "none": 0}
+
+    def answer(cl: Any, batch: list[tuple[int, str]]) -> None:
+        try:
+            res = cl.route([p for _, p in batch], k=k, threshold=threshold, space=space)
+        except AtlasClientError as exc:
+            at = exc.detail.get("prompt") if isinstance(exc.detail, dict) else None
+            found = re.search(r"\bprompt (\d+)\b", exc.message) if at is None else None
+            at = int(found.group(1)) if found else at
+            if not isinstance(at, int) or not 0 <= at < len(batch):
+                raise
+            message = re.sub(r"\bprompt \d+ ", "the prompt ", re.sub(r"^prompt \d+: ", "", exc.message))
+            raise fail(f"{file}:{batch[at][0]}: {exc.status} {exc.code}: {message}") from None
+        for (lineno, _), r in zip(batch, res.results, strict=True):
+            counts["none" if r.none else "answered"] += 1
+            if as_json:
+                print(jsonlib.dumps({"line": lineno, **r.model_dump(mode="json")}), flush=True)
+                continue
+            said = (answer_line(r) if r.matches and not r.none else f"none: {none_reason(r)}" if r.matches
+                    else "none: the space has no ready task to route to (add one first)")
+            print(terminal_safe(f"{file}:{lineno}: {said}" + (" (truncated)" if r.truncated else "")), flush=True)
+
+    with client(url, api_key, timeout) as cl:
+        batch: list[tuple[int, str]] = []
+        for item in read_prompts(file):
+            batch.append(item)
+            if len(batch) == ROUTE_BATCH:
+                answer(cl, batch)
+                batch = []
+        if batch:
+            answer(cl, batch)
+    print(f"fisher-atlas: routed {sum(counts.values())} prompts: {counts['answered']} answered, {counts['none']} none",
+          file=sys.stderr)
 
 
 ROUTE_LEGEND = ("score: route score, a cosine in [-1, 1] held to the task's threshold · faiss: signature inner "
@@ -412,9 +472,15 @@ def atlas(out: Annotated[Path | None, typer.Option(
 @app.command("export")
 def export_space(out: Path, url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
                  json: Json = False) -> None:
-    """Export a space (states, signatures, metadata) to a JSON-lines file."""
-    with client(url, api_key, timeout) as cl:
-        written = cl.download_export(out, space)  # streamed to the file, not held in memory
+    """Export a space (states, signatures, metadata) to a JSON-lines file ('-': stdout)."""
+    to_stdout = str(out) == "-"
+    if to_stdout and json:
+        raise fail("--json and '-' both write to stdout: give the export a file", 2)
+    with client(url, api_key, timeout) as cl:  # streamed, not held in memory
+        written = cl.download_export(sys.stdout.buffer if to_stdout else out, space)
+    if to_stdout:
+        print(f"fisher-atlas: wrote {written:,} bytes to stdout", file=sys.stderr)
+        return
     emit(json, {"out": str(out), "bytes": written}, f"wrote {out} ({written:,} bytes)")
 
 

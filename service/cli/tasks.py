@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json as jsonlib
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,7 @@ import typer
 
 from atlas.vocabulary import JobStatus, Mode, TaskStatus
 from service.cli.common import (
+    EXIT_JOB_FAILED,
     ApiKey,
     Json,
     ListSpace,
@@ -16,12 +18,12 @@ from service.cli.common import (
     Timeout,
     Url,
     client,
+    confirm,
     emit,
     fail,
     follow,
     json_object,
     sample_notes,
-    terminal_safe,
     write_key,
 )
 
@@ -55,7 +57,7 @@ def add(name: str, file: FileArg,
          f"task {task.id} ({task.name}): {task.status}, {task.n_samples} samples, {task.n_tokens} tokens; "
          f"job {job.id} {job.status}" + (f": {job.error}" if job.error else "") + sample_notes(job))
     if job.status != JobStatus.SUCCEEDED:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_JOB_FAILED)
 
 
 @app.command()
@@ -72,7 +74,7 @@ def append(name: str, file: FileArg,
     emit(json, job, f"job {job.id} ({job.kind} to task {task.id}, {task.name}): {job.status}"
          + (f": {job.error}" if job.error else "") + sample_notes(job))
     if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_JOB_FAILED)
 
 
 @tasks_app.command("list")
@@ -86,9 +88,11 @@ def tasks_list(name_prefix: Annotated[str | None, typer.Option(help="Names start
     with client(url, api_key, timeout) as cl:
         page = cl.list_tasks(space=space, name_prefix=name_prefix, status=status.value if status else None,
                              offset=offset, limit=limit)
-    lines = [f"{'id':>6}  {'status':<8}  {'mode':<10}  {'samples':>8}  {'tokens':>9}  name"]
-    lines += [f"{t.id:>6}  {t.status:<8}  {t.mode:<10}  {t.n_samples:>8}  {t.n_tokens:>9}  {t.name}"
-              for t in page.items]
+    spaces = len({t.space_id for t in page.items}) > 1  # a space column where the page mixes spaces
+    lines = [f"{'id':>6}  " + (f"{'space':>5}  " if spaces else "") + f"{'status':<8}  {'mode':<10}  {'samples':>8}  "
+             f"{'tokens':>9}  name"]
+    lines += [f"{t.id:>6}  " + (f"{t.space_id:>5}  " if spaces else "") + f"{t.status:<8}  {t.mode:<10}  "
+              f"{t.n_samples:>8}  {t.n_tokens:>9}  {t.name}" for t in page.items]
     lines.append(f"{len(page.items)} of {page.total} tasks")
     emit(json, page, "\n".join(lines))
 
@@ -100,7 +104,7 @@ def tasks_show(name: str, url: Url = None, api_key: ApiKey = None, space: Space 
     with client(url, api_key, timeout) as cl:
         t = cl.find_task(name, space=space)
     emit(json, t, f"task {t.id} ({t.name}) in space {t.space_id}: {t.status}, mode {t.mode}, {t.n_samples} samples, "
-         f"{t.n_tokens} tokens, version {t.version}; metadata {t.metadata}")
+         f"{t.n_tokens} tokens, version {t.version}; metadata {jsonlib.dumps(t.metadata, ensure_ascii=False)}")
 
 
 @tasks_app.command("delete")
@@ -110,7 +114,7 @@ def tasks_delete(name: str, yes: Annotated[bool, typer.Option("--yes", "-y", hel
     """Delete a task (store and index)."""
     with client(url, api_key, timeout) as cl:
         t = cl.find_task(name, space=space)
-        if not yes and not typer.confirm(terminal_safe(f"delete task {t.id} ({t.name})?"), err=True):
+        if not yes and not confirm(f"delete task {t.id} ({t.name})?"):
             raise fail("not deleted")
         cl.delete_task(t.id)
     emit(json, {"deleted": t.id}, f"deleted task {t.id} ({t.name})")

@@ -10,7 +10,9 @@ followed over server-sent events (httpx-sse), with polling as the fallback.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import stat
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -78,6 +80,7 @@ class AsyncAtlasClient:
                  retries: int = 3, transport: httpx.AsyncBaseTransport | None = None,
                  limits: httpx.Limits | None = None) -> None:
         self.base_url = (base_url or os.environ.get("FISHER_ATLAS_URL") or calls.DEFAULT_URL).rstrip("/")
+        calls.check_url(self.base_url)
         self.api_key = api_key if api_key is not None else os.environ.get("FISHER_ATLAS_API_KEY")
         self.retries = max(1, retries)
         headers = {"X-API-Key": self.api_key} if self.api_key else {}
@@ -139,7 +142,7 @@ class AsyncAtlasClient:
             raise self._unreachable(exc) from exc
         if resp.status_code not in (200, 503):
             calls.raise_for(resp)
-        return Readiness.model_validate(resp.json())
+        return calls.decode(Call("GET", "/readyz", Readiness), resp)
 
     # -- tasks -------------------------------------------------------------------------------------
 
@@ -362,28 +365,57 @@ class AsyncAtlasClient:
             Path(os.fspath(out)).write_bytes(blob)
         return blob
 
-    async def download_export(self, out: str | os.PathLike[str], space: str | int | None = None) -> int:
-        """``GET /v1/spaces/{id}/export`` streamed into the file ``out`` (written whole or not at all: through a
-        temporary file beside it); returns the bytes written. Unlike :meth:`export_space`, the export is never held in
-        memory (an export may be as large as the service's ``max_import_bytes``, 1 GiB by default)."""
+    async def download_export(self, out: str | os.PathLike[str] | BinaryIO, space: str | int | None = None) -> int:
+        """``GET /v1/spaces/{id}/export`` streamed into ``out``; returns the bytes written. Unlike
+        :meth:`export_space`, the export is never held in memory (an export may be as large as the service's
+        ``max_import_bytes``, 1 GiB by default).
+
+        ``out`` is a path or a writable binary file (written as the export arrives). A path naming a regular file,
+        or none yet, is written whole or not at all, through a temporary file beside it; a symbolic link's target is
+        written so and the link kept; a FIFO, a terminal or another file that is not regular (``/dev/stdout``) is
+        written in place, as a shell's ``>`` would (it was replaced by a regular file)."""
         self._check_open()
-        target = Path(os.fspath(out))
         ref = quote(str(space if space is not None else "default"), safe="")
+        if not isinstance(out, str | os.PathLike):
+            return await self._stream_export(ref, out)
+        path = Path(os.fspath(out))
+        try:
+            mode: int | None = path.stat().st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
+        if mode is not None and not stat.S_ISREG(mode):
+            with path.open("wb") as stream:
+                return await self._stream_export(ref, stream)
+        target = Path(os.path.realpath(path))  # a symbolic link's target: the link stays
+        if not target.parent.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "no such directory", str(target.parent))
         partial = target.with_name(f".{target.name}.partial")
+        try:
+            with partial.open("wb") as stream:
+                written = await self._stream_export(ref, stream)
+            partial.replace(target)
+        except OSError as exc:
+            if exc.filename != str(partial):
+                raise
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from None  # named by the path given
+        finally:
+            partial.unlink(missing_ok=True)
+        return written
+
+    async def _stream_export(self, ref: str, stream: BinaryIO) -> int:
         written = 0
         try:
             async with self._http.stream("GET", f"/v1/spaces/{ref}/export") as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     calls.raise_for(resp)
-                with partial.open("wb") as file:
-                    async for chunk in resp.aiter_bytes():
-                        written += file.write(chunk)
-            partial.replace(target)
+                async for chunk in resp.aiter_bytes():
+                    written += stream.write(chunk)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
-        finally:
-            partial.unlink(missing_ok=True)
+        stream.flush()
         return written
 
     async def import_space(self, file: str | os.PathLike[str] | bytes, *, on_conflict: str = "fail") -> ImportResult:

@@ -62,28 +62,61 @@ class Call(Generic[T]):
         return out
 
 
+def check_url(url: str) -> None:
+    """Refuse (:class:`InvalidInput`, code ``invalid_url``) a service URL that names no possible port (a port past
+    65535 reached the socket's ``connect`` and raised ``OverflowError``, a traceback) or cannot be parsed."""
+    try:
+        port = httpx.URL(url).port
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise InvalidInput(0, "invalid_url", f"{url}: not a URL ({exc})") from None
+    if port is not None and not 0 < port < 65536:
+        raise InvalidInput(0, "invalid_url", f"{url}: port {port} is not a port (1 to 65535)")
+
+
+def _not_ours(resp: httpx.Response) -> str:
+    """What an answer that is not the service's JSON was, in one line: its content type and size, and the start of
+    a plain-text body (a proxy's "Bad Gateway"), never a whole HTML page."""
+    ctype = resp.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+    text = " ".join(resp.text.split())
+    snippet = f": {text[:120]}{'…' if len(text) > 120 else ''}" if text and ctype == "text/plain" else ""
+    return f"{resp.reason_phrase or 'answer'} ({ctype}, {len(resp.content):,} bytes){snippet}"
+
+
 def raise_for(resp: httpx.Response) -> None:
-    """Raise the typed error of an error answer."""
+    """Raise the typed error of an error answer (an answer without the service's JSON error body: code
+    ``http_error``, said in one line)."""
     if resp.status_code < 400:
         return
     try:
         body = resp.json()
         code, message, detail = body.get("code", "http_error"), body.get("message", resp.text), body.get("detail")
     except (ValueError, AttributeError):
-        code, message, detail = "http_error", resp.text or resp.reason_phrase, None
+        code, message, detail = "http_error", f"{_not_ours(resp)}; is {resp.url.copy_with(path='/', query=None)} " \
+            "a FisherAtlas service?", None
     retry = resp.headers.get("Retry-After")
     retry_after = float(retry) if retry and retry.replace(".", "", 1).isdigit() else None
     raise error_for(resp.status_code, str(code), str(message), detail, retry_after)
 
 
 def parse(call: Call[T], resp: httpx.Response) -> Any:
-    """The answer as ``call.model`` (raw bytes when it has none)."""
+    """The answer as ``call.model`` (raw bytes when it has none); an answer that is not the one this call expects
+    (another server at the URL) is :class:`AtlasClientError` ``unexpected_answer``, not a decoder's traceback."""
     raise_for(resp)
-    if call.model is None:
-        if call.as_json:
-            return resp.json() if resp.content else None
+    return decode(call, resp)
+
+
+def decode(call: Call[T], resp: httpx.Response) -> Any:
+    """:func:`parse` of an answer whose status was already judged."""
+    if call.model is None and not call.as_json:
         return resp.content
-    return call.model.model_validate(resp.json())
+    try:
+        if call.model is None:
+            return resp.json() if resp.content else None
+        return call.model.model_validate(resp.json())
+    except ValueError:  # invalid JSON, or JSON of another shape (pydantic's ValidationError is a ValueError)
+        raise AtlasClientError(resp.status_code, "unexpected_answer",
+                               f"{call.method} {call.path}: {_not_ours(resp)} is not a FisherAtlas answer; is "
+                               f"{resp.url.copy_with(path='/', query=None)} a FisherAtlas service?") from None
 
 
 SampleArg = str | Mapping[str, str]

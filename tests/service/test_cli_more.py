@@ -97,11 +97,11 @@ def test_scopes_progress_and_errors_over_http(keyed: dict[str, Any], tmp_path: P
     capsys.readouterr()
     assert main(["tasks", "list", "--api-key", reader["key"]]) == 1
     assert "401 unauthorized" in capsys.readouterr().err
-    # usage errors: exit 2 and no traceback; an unreachable service: exit 1 naming the URL
+    # usage errors: exit 2 and no traceback; an unreachable service: exit 3 naming the URL
     assert main(["route"]) == 2
     assert main(["add", "x", str(tmp_path / "p.jsonl"), "--metadata", "[1]"]) == 2
     assert "Traceback" not in capsys.readouterr().err
-    assert main(["tasks", "list", "--url", "http://127.0.0.1:9"]) == 1
+    assert main(["tasks", "list", "--url", "http://127.0.0.1:9"]) == 3
     assert "127.0.0.1:9" in capsys.readouterr().err
     # file errors other than "no such file": one line, exit 1 (they were tracebacks)
     binary = tmp_path / "bin.jsonl"

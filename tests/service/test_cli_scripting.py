@@ -1,0 +1,202 @@
+"""The CLI in scripts and pipelines (a review as a terminal user, 2026-12-07); each case failed before its fix.
+
+* ``export`` replaced a FIFO, a symbolic link or ``/dev/stdout`` with a regular file (``rename`` over it), wrote a
+  file named ``-``, and named its temporary file in errors.
+* Another server at ``--url`` (a 200 that is not FisherAtlas JSON) was a traceback; an HTML error page was printed
+  whole; a port past 65535 was a traceback.
+* Every failure exited 1: a script could not tell "the service refused this" from "try again later" or "the job
+  failed".
+* ``--metadata`` kept the last of a repeated key (the service refuses it); ``tasks show`` printed metadata as a
+  Python ``repr``; ``tasks delete``'s question wrote a space into stdout (a ``--json`` pipe).
+* ``keys list --local`` with a mistyped ``--data-dir`` made an empty store there and said "no API keys".
+* ``route`` took one prompt a process (1.1 s each); ``--file`` routes a file's prompts 64 a request.
+* Ctrl-C during ``--wait`` exited without saying that the job goes on.
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.cli import main
+
+PROSE = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps while the fox runs.",
+         "The brown fox and the dog are friends.", "The fox jumps over the fence by the road."]
+CODE = ["def add(a, b):\n    return a + b\n", "def sub(a, b):\n    return a - b\n",
+        "for i in range(3):\n    print(i)\n", "while True:\n    break\n"]
+
+
+def _jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def _tasks(export: bytes) -> list[bytes]:
+    """An export's task lines (its header holds the time it was written)."""
+    lines = export.splitlines()
+    assert lines[0].startswith(b'{"format"') and lines[-1].startswith(b'{"trailer"')
+    return lines[1:-1]
+
+
+@pytest.fixture
+def other_server() -> Iterator[Any]:
+    """A real HTTP server that is not FisherAtlas: ``start(status, body, content_type) -> url``."""
+    servers: list[http.server.HTTPServer] = []
+
+    def start(status: int, body: bytes, ctype: str) -> str:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET  # noqa: N815 - http.server names its handlers so
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_exit_statuses_and_one_line_errors_from_servers_that_are_not_the_service(
+        other_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    page = b"<!DOCTYPE HTML>\n<html>\n<head><title>Error</title></head>\n<body>\n<h1>Not Found</h1>\n</body>\n</html>\n"
+    cases = [(other_server(200, b"<html><body>welcome</body></html>", "text/html"), 3, "not a FisherAtlas answer"),
+             (other_server(200, b'{"ok": true}', "application/json"), 3, "not a FisherAtlas answer"),
+             (other_server(404, page, "text/html"), 1, "404 http_error: Not Found (text/html"),
+             (other_server(502, b"Bad Gateway", "text/plain"), 3, "502 http_error: Bad Gateway"),
+             ("http://127.0.0.1:99999", 1, "port 99999 is not a port"),
+             ("http://127.0.0.1:9", 3, "127.0.0.1:9")]
+    for url, status, says in cases:
+        for argv in (["tasks", "list"], ["route", "a prompt"]):
+            assert main([*argv, "--url", url, "--timeout", "10"]) == status, (url, argv)
+            err = capsys.readouterr().err
+            assert says in err and "Traceback" not in err and "<html" not in err.lower(), err
+            assert len(err.strip().splitlines()) <= 2, err  # the message, and a hint for an unreachable service
+
+
+def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    svc = serve(lm=tiny_lm)
+    url = ["--url", svc.url]
+    prose = _jsonl(tmp_path / "prose.jsonl", PROSE)
+    assert main(["add", "dup", str(prose), "--metadata", '{"a": 1, "a": 2}', *url]) == 2
+    assert "'a' is given more than once" in capsys.readouterr().err
+    assert main(["add", "prose", str(prose), "--metadata", '{"owner": "José", "tags": ["a", null, true]}',
+                 "--wait", *url]) == 0
+    assert main(["add", "code", str(_jsonl(tmp_path / "code.jsonl", CODE)), "--wait", *url]) == 0
+    capsys.readouterr()
+    assert main(["tasks", "show", "prose", *url]) == 0
+    assert 'metadata {"owner": "José", "tags": ["a", null, true]}' in capsys.readouterr().out
+
+    # route --file: a prompt a line (blank lines skipped, line numbers kept), JSON lines, stdin
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"{p}\n" for p in [*PROSE, "", "The dog and the fox.", "def f(x): return x"]))
+    lines_of = [i for i, line in enumerate(prompts.read_text().split("\n"), start=1) if line.strip()]
+    assert main(["route", "--file", str(prompts), *url]) == 0
+    out = capsys.readouterr()
+    said = out.out.splitlines()
+    assert [int(s.split(":")[1]) for s in said] == lines_of and all(": answer: " in s or ": none: " in s
+                                                                   for s in said), said
+    assert f"routed {len(lines_of)} prompts" in out.err
+    assert main(["route", "--file", str(prompts), "--json", *url]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["line"] for r in rows] == lines_of and all("matches" in r and "none" in r for r in rows)
+    labelled = tmp_path / "labels.jsonl"
+    labelled.write_text("".join(json.dumps({"prompt": p, "label": "prose"}) + "\n" for p in PROSE * 20))
+    assert main(["route", "-f", str(labelled), "--json", *url]) == 0  # 80 prompts: two requests
+    assert [json.loads(line)["line"] for line in capsys.readouterr().out.splitlines()] == list(range(1, 81))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"The lazy dog\n")))
+    assert main(["route", "-f", "-", *url]) == 0
+    assert capsys.readouterr().out.startswith("-:1: ")
+    long = tmp_path / "long.txt"
+    long.write_text("a short one\n" + "word " * 5000 + "\n")
+    assert main(["route", "--file", str(long), *url]) == 1
+    assert f"{long}:2: 413" in capsys.readouterr().err
+    assert main(["route", "x", "--file", str(long), *url]) == 2
+    assert main(["route", "", *url]) == 1
+    assert "the prompt is empty" in capsys.readouterr().err
+
+    # export: through a symbolic link (kept), into a FIFO, to stdout; errors name the path given
+    real = tmp_path / "real.jsonl"
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    assert main(["export", str(link), *url]) == 0
+    assert link.is_symlink() and real.read_bytes().startswith(b'{"format"')
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    assert main(["export", str(fifo), *url]) == 0
+    reader.join(30)
+    assert fifo.is_fifo() and got and _tasks(got[0]) == _tasks(real.read_bytes())
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO()))
+    assert main(["export", "-", *url]) == 0
+    assert _tasks(sys.stdout.buffer.getvalue()) == _tasks(real.read_bytes())  # type: ignore[attr-defined]
+    monkeypatch.undo()
+    assert not (Path.cwd() / "-").exists()
+    for target, says in ((tmp_path, "is a directory"), (tmp_path / "nodir" / "x.jsonl", "no such")):
+        assert main(["export", str(target), *url]) == 1
+        err = capsys.readouterr().err
+        assert str(target.parent if "nodir" in str(target) else target) in err and ".partial" not in err, err
+        assert says in err.lower(), err
+
+    # delete's question goes to stderr: stdout holds the JSON alone
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"y\n")))
+    assert main(["tasks", "delete", "code", "--json", *url]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["deleted"] and "delete task" in out.err
+
+
+def test_keys_list_local_does_not_make_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    typo = tmp_path / "typo-dir"
+    assert main(["keys", "list", "--local", "--data-dir", str(typo)]) == 1
+    assert main(["keys", "revoke", "--local", "1", "--data-dir", str(typo)]) == 1
+    assert "no store at" in capsys.readouterr().err and not typo.exists()
+    assert main(["keys", "create", "--local", "--name", "root", "--scopes", "admin", "--data-dir", str(typo)]) == 0
+    assert main(["keys", "list", "--local", "--data-dir", str(typo)]) == 0
+    assert "root" in capsys.readouterr().out
+
+
+def test_ctrl_c_during_wait_says_the_job_goes_on(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})  # no runner: the job waits in the queue
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "add", "waits", str(_jsonl(tmp_path / "w.jsonl",
+                             PROSE)), "--wait", "--url", svc.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env)
+    deadline = time.monotonic() + 60
+    import httpx
+
+    with httpx.Client(base_url=svc.url, timeout=10) as http:
+        while http.get("/v1/jobs").json()["total"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # the CLI follows the job now
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        job = http.get("/v1/jobs").json()["items"][0]
+    assert proc.returncode == 130, err
+    assert f"job {job['id']} goes on in the service" in err.decode() and job["status"] == "queued", err
