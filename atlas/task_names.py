@@ -16,7 +16,9 @@ RESERVED_NAME = "none"
 
 def normalize_name(name: str, *, imported: bool = False) -> str:
     """A task name as stored: surrounding whitespace removed, NFC-normalised, 1-300 characters, no NUL, control
-    or invisible characters, not ``none`` in any case (422 otherwise: ``fit`` labels read it as "no task").
+    or invisible characters, not ``none`` in any case (422 otherwise: ``fit`` labels read it as "no task"), not ASCII
+    digits alone (they read as a task id wherever a name or an id is taken: the CLI found the task named "3" for
+    ``tasks delete 3``, and task 3 could not be named).
     ``imported``: an export's name, where invisible characters, line and paragraph separators and ``none`` are kept
     (names could hold them before 2026-11-25, 2026-12-07 and 2026-11-28, and an import is all or nothing; such a task
     is labelled by its id).
@@ -35,4 +37,7 @@ def normalize_name(name: str, *, imported: bool = False) -> str:
     if not imported and clean.casefold() == RESERVED_NAME:
         raise InvalidInput(f'a task cannot be named {clean!r}: "{RESERVED_NAME}" labels a prompt of no task (fit)',
                            {"name": clean})
+    if not imported and clean.isascii() and clean.isdigit():
+        raise InvalidInput(f"a task cannot be named {clean!r}: a name of digits alone reads as a task id (the CLI, the "
+                           "client's find_task and fit labels take a name or an id); add a letter", {"name": clean})
     return unicodedata.normalize("NFC", clean)  # one stored form: a decomposed 'café' is the same name

@@ -9,6 +9,7 @@
 * ``--metadata`` kept the last of a repeated key (the service refuses it); ``tasks show`` printed metadata as a
   Python ``repr``; ``tasks delete``'s question wrote a space into stdout (a ``--json`` pipe).
 * ``keys list --local`` with a mistyped ``--data-dir`` made an empty store there and said "no API keys".
+* A task named ``3`` hid task 3 from every command taking a name or an id; a new name of digits alone is refused.
 * ``route`` took one prompt a process (1.1 s each); ``--file`` routes a file's prompts 64 a request.
 * Ctrl-C during ``--wait`` exited without saying that the job goes on.
 """
@@ -104,6 +105,8 @@ def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monk
     prose = _jsonl(tmp_path / "prose.jsonl", PROSE)
     assert main(["add", "dup", str(prose), "--metadata", '{"a": 1, "a": 2}', *url]) == 2
     assert "'a' is given more than once" in capsys.readouterr().err
+    assert main(["add", "3", str(prose), *url]) == 1  # it would read as task id 3 (`tasks delete 3` found it)
+    assert "digits alone reads as a task id" in capsys.readouterr().err
     assert main(["add", "prose", str(prose), "--metadata", '{"owner": "José", "tags": ["a", null, true]}',
                  "--wait", *url]) == 0
     assert main(["add", "code", str(_jsonl(tmp_path / "code.jsonl", CODE)), "--wait", *url]) == 0
