@@ -306,8 +306,10 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
     )
 
 
-_JSON_KEY = re.compile(rb'"(?:[^"\\]|\\.)*"\s*:')
-"""A JSON string followed by a colon: an object's key (a string value is never followed by one)."""
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?')
+"""A JSON string, matched whole, and the colon after it when it is an object's key. Every string is consumed whole, so
+the scan never restarts inside one: a pattern for keys alone restarted at each escaped quote of a value, and 4.8 MB
+of samples holding ``\\"`` took 2.4 s (quadratic in a string's length)."""
 
 
 def _keys_given(model: Any) -> int:
@@ -327,7 +329,8 @@ def _refuse_repeated_keys(body: bytes, keys_given: int) -> None:
     bodies: pydantic's parser keeps the last value (``{"text": "a", "text": "b"}`` was stored as ``"b"``). The body
     is decoded a second time only when it holds more key tokens (one regular expression, nothing built per value)
     than ``keys_given``, the keys the validated body holds: a repeated key, or a key's text inside a string."""
-    if len(_JSON_KEY.findall(body)) > keys_given:
+    strings = _JSON_STRING.findall(body)  # per string: b"" for a value, the colon for a key
+    if len(strings) - strings.count(b"") > keys_given:
         try:
             json.loads(body, object_pairs_hook=unique_keys_object)
         except InvalidInput as exc:

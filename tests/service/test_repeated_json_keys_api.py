@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def test_an_upload_repeating_a_field_stores_nothing_and_names_the_line(serve: Any, tiny_lm: Any) -> None:
@@ -51,3 +54,25 @@ def test_every_json_body_refuses_a_repeated_key(serve: Any, tiny_lm: Any) -> Non
         r = http.post("/v1/route", content=b'{"prompts": ["a"], "prompts": ["b"]}',
                       headers={"content-type": "application/json"})
         assert r.status_code == 422 and "'prompts'" in r.json()["message"], r.text
+
+
+_JSON_TREES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20)
+
+
+@given(tree=_JSON_TREES, indent=st.sampled_from([None, 1]), ascii_only=st.booleans())
+def test_the_key_count_of_a_json_body_is_exact(tree: Any, indent: int | None, ascii_only: bool) -> None:
+    """The cheap test's count of a body's keys (strings followed by a colon, every string matched whole) equals the
+    keys of its objects, whatever its strings hold (quotes, backslashes, colons): a body without a repeated key is
+    never decoded twice, and one with a repeat always is."""
+    from service.uploads import _JSON_STRING
+
+    def keys(node: Any) -> int:
+        if isinstance(node, dict):
+            return len(node) + sum(keys(v) for v in node.values())
+        return sum(keys(v) for v in node) if isinstance(node, list) else 0
+
+    body = json.dumps(tree, indent=indent, ensure_ascii=ascii_only).encode()
+    strings = _JSON_STRING.findall(body)
+    assert len(strings) - strings.count(b"") == keys(tree)
