@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from atlas import changes
 from atlas.errors import InvalidInput, NotFound
 from atlas.index_ann import TwoStageIndex, read_signatures, training_sample
-from atlas.index_files import FORMAT_VERSION, IndexFiles, IndexMeta, OpenReport, SpaceIndex
+from atlas.index_files import FORMAT_VERSION, NO_INDEX_DIR, IndexFiles, IndexMeta, OpenReport, SpaceIndex
 from atlas.models import CHANGE_DELETE, Space
 from atlas.repository import count_signatures, iter_signatures
 
@@ -167,7 +167,8 @@ class IndexManager:
                 report = OpenReport(space_id, "rebuilt", reason)
             report.seconds = time.perf_counter() - t0
             self.reports[space_id] = report
-            log.info("index of space %s: %s (%s)", space_id, report.action, report.reason)
+            log.log(logging.WARNING if report.damaged else logging.INFO, "index of space %s: %s (%s)", space_id,
+                    report.action, report.reason)
             return report
 
     def _install(self, si: SpaceIndex) -> None:
@@ -187,7 +188,7 @@ class IndexManager:
     def _try_load(self, session: Session, space: Space) -> tuple[SpaceIndex | None, str]:
         """Load a persisted index if it is valid and worth catching up; else say why not."""
         if self.directory is None or self.files is None:
-            return None, "no index directory"
+            return None, NO_INDEX_DIR
         meta, why = self.files.read_meta(space.id)
         if meta is None:
             return None, why

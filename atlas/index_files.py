@@ -95,6 +95,10 @@ class IndexMeta:
 _META: TypeAdapter[IndexMeta] = TypeAdapter(IndexMeta)
 
 
+NO_INDEX_DIR = "no index directory"
+NO_PERSISTED_INDEX = "no persisted index"
+
+
 @dataclass
 class OpenReport:
     """How a space's index was obtained by :meth:`IndexManager.open` / first use."""
@@ -104,6 +108,12 @@ class OpenReport:
     reason: str
     applied: int = 0
     seconds: float = 0.0
+
+    @property
+    def damaged(self) -> bool:
+        """Rebuilt from SQL because files were there and could not be used (corrupt, of another store, stale): worth
+        an operator's attention, unlike a first start or a removed index directory."""
+        return self.action == "rebuilt" and self.reason not in (NO_INDEX_DIR, NO_PERSISTED_INDEX)
 
 
 @dataclass
@@ -231,7 +241,7 @@ class IndexFiles:
         """The metadata of a space's files, or ``None`` and why not."""
         meta_path, index_path = self.meta_path(space_id), self.index_path(space_id)
         if not meta_path.exists() or not index_path.exists():
-            return None, "no persisted index"
+            return None, NO_PERSISTED_INDEX
         try:  # every field of its type: a valid JSON ``"count": null`` stopped the service from starting
             return _META.validate_json(meta_path.read_bytes(), strict=True), ""
         except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError

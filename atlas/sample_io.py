@@ -45,7 +45,16 @@ from atlas.file_formats import check_plain_text, file_format
 from atlas.json_bounds import MAX_JSON_VALUES, first_item_over, json_token_count, upload_value_limit
 from atlas.sample_limits import SampleCounter, SampleLimits
 from atlas.sample_parquet import read_parquet
-from atlas.samples import Mode, Sample, check_columns, json_object, mode_fields, record_values, sample_of
+from atlas.samples import (
+    Mode,
+    RepeatedKeys,
+    Sample,
+    check_columns,
+    json_object,
+    mode_fields,
+    record_values,
+    sample_of,
+)
 
 __all__ = [
     "SampleLimits",
@@ -288,6 +297,9 @@ def _read_json(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCoun
                 return out
             raise InvalidInput(f"{filename}: malformed JSON array after item {len(out) - 1}")
     records = loads_json(text, filename)
+    if isinstance(records, RepeatedKeys) and "samples" in records.repeated:
+        raise InvalidInput(f"{filename}: field 'samples' is given more than once (JSON decoders keep the last and drop "
+                           "the others)", {"field": "samples"})
     if isinstance(records, dict) and isinstance(records.get("samples"), list):
         records = records["samples"]
     if not isinstance(records, list):

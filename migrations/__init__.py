@@ -7,8 +7,10 @@ This package sits above ``atlas`` (it reads :mod:`atlas.models`); ``atlas`` neve
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,8 @@ from sqlalchemy.engine import URL
 from atlas.db import make_engine, normalize_url, redact_url
 from atlas.errors import DatabaseUnavailable
 
-__all__ = ["alembic_config", "current_revision", "downgrade", "head_revision", "migrations_dir", "upgrade"]
+__all__ = ["alembic_config", "current_revision", "downgrade", "head_revision", "migrations_dir", "require_current",
+           "upgrade"]
 
 _migrate_lock = threading.Lock()
 log = logging.getLogger(__name__)
@@ -53,21 +56,50 @@ def upgrade(url: str | URL, revision: str = "head") -> None:
     """
     from alembic import command
     from alembic.util import CommandError
-    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
     where = redact_url(url)
     try:
-        with _migrate_lock:
+        with _migrate_lock, _unusable(where):
             command.upgrade(alembic_config(url), revision)
     except CommandError as exc:
         raise DatabaseUnavailable(
             f"the database at {where} has a schema this FisherAtlas does not know ({_line(exc)}); it was written "
             f"by a newer version: upgrade FisherAtlas (its latest schema revision is {head_revision()})") from None
+
+
+def require_current(url: str | URL) -> None:
+    """Raise unless the database at ``url`` is at this version's latest schema, changing nothing: for commands that
+    only read it (``keys list --local`` upgraded a store under the old replicas of a rolling upgrade).
+
+    Raises
+    ------
+    DatabaseUnavailable
+        The database cannot be reached or used, or its schema is at another revision (named, with what to run).
+    """
+    where = redact_url(url)
+    with _unusable(where):
+        current = current_revision(url)
+    head = head_revision()
+    if current != head:
+        raise DatabaseUnavailable(f"the database at {where} has schema revision {current or '(none)'}, not this "
+                                  f"FisherAtlas's {head}: run `fisher-atlas migrate` first (a command that only reads "
+                                  "does not upgrade it)")
+
+
+@contextlib.contextmanager
+def _unusable(where: str) -> Iterator[None]:
+    """A database or URL error inside the block as one :class:`DatabaseUnavailable` line naming the database."""
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    try:
+        yield
     except (DBAPIError, ArgumentError, NoSuchModuleError, ValueError) as exc:  # ValueError: a URL's bad port
         # The one line below is what users read; the traceback (an error in a migration's own SQL, say) is kept
         # for whoever turns debug logging on.
         log.debug("schema upgrade of %s failed", where, exc_info=True)
         reason = _line(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
+        if "readonly database" in reason:  # SQLite: the file may be writable and its directory not (-wal, -shm)
+            reason += " (the file and its directory must both be writable: SQLite writes -wal and -shm files beside it)"
         raise DatabaseUnavailable(f"the database at {where} cannot be used: {reason}") from None
 
 

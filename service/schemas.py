@@ -424,6 +424,10 @@ class ImportResult(_Out):
     space_id: int
     imported: int
     skipped: list[str] = Field(default_factory=list)
+    served: bool = Field(default=True, description="Whether this service can sketch in the space (its model and "
+                         "sketch spec): routing to its tasks and appending to them need it; alignment, recommendation "
+                         "and export do not.")
+    note: str | None = Field(default=None, description="Why the space is not served, and what would serve it.")
 
 
 class Health(_Out):

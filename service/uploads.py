@@ -328,7 +328,8 @@ def _refuse_repeated_keys(body: bytes, keys_given: int) -> None:
     """Refuse (422) an upload body that repeats a key in one object, as :class:`BoundedJSONRequest` does for other
     bodies: pydantic's parser keeps the last value (``{"text": "a", "text": "b"}`` was stored as ``"b"``). The body
     is decoded a second time only when it holds more key tokens (one regular expression, nothing built per value)
-    than ``keys_given``, the keys the validated body holds: a repeated key, or a key's text inside a string."""
+    than ``keys_given``, the keys the validated body holds: only when a key repeats (every string is matched whole,
+    so a key's text inside a value does not count)."""
     strings = _JSON_STRING.findall(body)  # per string: b"" for a value, the colon for a key
     if len(strings) - strings.count(b"") > keys_given:
         try:

@@ -6,8 +6,6 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -74,12 +72,19 @@ EXIT_JOB_FAILED = 4
 
 
 def exit_status(exc: Any) -> int:
-    """The exit status of a client error (:class:`service.client.AtlasClientError`): :data:`EXIT_UNAVAILABLE` for
-    what may pass by itself, else :data:`EXIT_REFUSED`."""
+    """The exit status of a client error (:class:`service.client.AtlasClientError`): :data:`EXIT_USAGE` for a URL
+    that is none, :data:`EXIT_UNAVAILABLE` for what may pass by itself or is not the service answering, else
+    :data:`EXIT_REFUSED`."""
     from service.client import RateLimited, Unavailable, Unreachable
 
+    if exc.code == "invalid_url":
+        return EXIT_USAGE
     retry_later = isinstance(exc, Unreachable | Unavailable | RateLimited) or exc.status >= 500
-    return EXIT_UNAVAILABLE if retry_later or exc.code == "unexpected_answer" else EXIT_REFUSED
+    # an answer without the service's body: another server at the URL (exit 3), unless a proxy's refusal of the
+    # request itself (a key, its size)
+    proxy_refusal = exc.code == "http_error" and exc.status in (401, 403, 413)
+    not_the_service = exc.code == "unexpected_answer" or (exc.code == "http_error" and not proxy_refusal)
+    return EXIT_UNAVAILABLE if retry_later or not_the_service else EXIT_REFUSED
 
 
 def confirm(question: str) -> bool:
@@ -115,35 +120,6 @@ def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise fail(f"{flag} must be a JSON object", 2)
     return value
-
-
-def read_prompts(file: Path) -> Iterator[tuple[int, str]]:
-    """``(line number, prompt)`` of a prompt file: one prompt a line (lines end at ``"\\n"`` only; a ``"\\r"`` before
-    it is dropped), or for ``.jsonl`` / ``.ndjson`` an object with ``"prompt"`` a line (other fields ignored, so a
-    ``fit`` labels file routes as it is); blank lines skipped; ``-`` reads stdin."""
-    stream = sys.stdin.buffer if str(file) == "-" else file.open("rb")
-    jsonl = file.suffix.lower() in (".jsonl", ".ndjson", ".jsonlines")
-    try:
-        for lineno, raw in enumerate(stream, start=1):
-            try:
-                line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
-            except UnicodeDecodeError as exc:
-                raise fail(f"{file}:{lineno}: not valid UTF-8 (byte {exc.start} of the line)") from None
-            if not line.strip():
-                continue
-            if not jsonl:
-                yield lineno, line
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise fail(f"{file}:{lineno}: not JSON: expected an object with 'prompt'") from None
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise fail(f"{file}:{lineno}: expected an object with 'prompt' (a string)")
-            yield lineno, record["prompt"]
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
 
 
 def sample_notes(job: JobOut) -> str:
@@ -185,7 +161,7 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
         except KeyboardInterrupt:
             bar.stop()
             print(f"\nfisher-atlas: interrupted: job {job_id} goes on in the service (`fisher-atlas jobs show "
-                  f"{job_id}` follows it, `fisher-atlas jobs cancel {job_id}` stops it)", file=sys.stderr)
+                  f"{job_id}` shows how far it is, `fisher-atlas jobs cancel {job_id}` stops it)", file=sys.stderr)
             raise
         update(job)
     if not quiet:

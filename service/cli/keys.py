@@ -19,11 +19,13 @@ Local = Annotated[bool, typer.Option("--local", help="Act on the database direct
 
 @contextmanager
 def _db(data_dir: str | None, database_url: str | None, *, create: bool = False) -> Iterator[Any]:
-    """A session of the store's database, migrated; only ``create`` (``keys create``) makes a SQLite store that is
-    not there (``keys list --local`` with a mistyped ``--data-dir`` made an empty store and said "no API keys")."""
+    """A session of the store's database. Only ``create`` (``keys create``, the first admin key) makes a SQLite store
+    that is not there or upgrades a schema; the others change nothing but keys (``keys list --local`` made an empty
+    store under a mistyped ``--data-dir``, and upgraded an old one under a rolling upgrade's old replicas)."""
     from sqlalchemy.engine import make_url
 
     from atlas.db import make_engine, session_factory
+    from migrations import require_current
     from service.cli.server import migrate_db, settings
 
     s = settings(data_dir=data_dir, database_url=database_url)
@@ -32,7 +34,10 @@ def _db(data_dir: str | None, database_url: str | None, *, create: bool = False)
             and not Path(url.database).is_file():
         raise fail(f"no store at {url.database}: is --data-dir (FISHER_ATLAS_DATA_DIR) the service's? "
                    "`keys create --local` makes a store there")
-    migrate_db(s)
+    if create:
+        migrate_db(s)
+    else:
+        require_current(url)
     engine = make_engine(s.resolved_database_url(), pool_size=1)
     try:
         with session_factory(engine).begin() as session:

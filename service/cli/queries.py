@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import json as jsonlib
 import math
 import re
 import sys
@@ -15,7 +14,8 @@ import typer
 
 from atlas.route_calibration import MIN_CALIBRATION
 from atlas.vocabulary import MATRIX_DEFAULT_TASKS
-from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail, read_prompts, terminal_safe
+from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail, terminal_safe
+from service.cli.route_file import answer_line, none_reason, route_file
 
 app = typer.Typer()
 
@@ -61,10 +61,6 @@ def _plot(kind: str, body: Any, out: Path, title: str) -> Path:
         raise fail(str(exc), 2) from None
 
 
-ROUTE_BATCH = 64
-"""Prompts of a file sent in one request (the API's most a request)."""
-
-
 @app.command()
 def route(prompt: Annotated[str | None, typer.Argument(help="The prompt (or --file).")] = None,
           file: Annotated[Path | None, typer.Option(
@@ -81,7 +77,7 @@ def route(prompt: Annotated[str | None, typer.Argument(help="The prompt (or --fi
     if (prompt is None) == (file is None):
         raise fail("give one prompt, or --file with a prompt a line", 2)
     if file is not None:
-        _route_file(file, k, threshold, url, api_key, space, timeout, json)
+        route_file(file, k, threshold, url, api_key, space, timeout, json)
         return
     if not prompt:
         raise fail("the prompt is empty")
@@ -116,72 +112,12 @@ def route(prompt: Annotated[str | None, typer.Argument(help="The prompt (or --fi
     emit(json, res, "\n".join(lines))
 
 
-def _route_file(file: Path, k: int, threshold: float | None, url: str | None, api_key: str | None,
-                space: str | None, timeout: float, as_json: bool) -> None:
-    """``route --file``: the file's prompts in batches of :data:`ROUTE_BATCH`, each answer printed as its batch is
-    answered (``file:line: answer …`` / ``none: …``; ``--json``: a JSON object a line); a refused prompt is named by
-    its line; a count on stderr at the end."""
-    from service.client import AtlasClientError
-
-    counts = {"answered": 0, "none": 0}
-
-    def answer(cl: Any, batch: list[tuple[int, str]]) -> None:
-        try:
-            res = cl.route([p for _, p in batch], k=k, threshold=threshold, space=space)
-        except AtlasClientError as exc:
-            at = exc.detail.get("prompt") if isinstance(exc.detail, dict) else None
-            found = re.search(r"\bprompt (\d+)\b", exc.message) if at is None else None
-            at = int(found.group(1)) if found else at
-            if not isinstance(at, int) or not 0 <= at < len(batch):
-                raise
-            message = re.sub(r"\bprompt \d+ ", "the prompt ", re.sub(r"^prompt \d+: ", "", exc.message))
-            raise fail(f"{file}:{batch[at][0]}: {exc.status} {exc.code}: {message}") from None
-        for (lineno, _), r in zip(batch, res.results, strict=True):
-            counts["none" if r.none else "answered"] += 1
-            if as_json:
-                print(jsonlib.dumps({"line": lineno, **r.model_dump(mode="json")}), flush=True)
-                continue
-            said = (answer_line(r) if r.matches and not r.none else f"none: {none_reason(r)}" if r.matches
-                    else "none: the space has no ready task to route to (add one first)")
-            print(terminal_safe(f"{file}:{lineno}: {said}" + (" (truncated)" if r.truncated else "")), flush=True)
-
-    with client(url, api_key, timeout) as cl:
-        batch: list[tuple[int, str]] = []
-        for item in read_prompts(file):
-            batch.append(item)
-            if len(batch) == ROUTE_BATCH:
-                answer(cl, batch)
-                batch = []
-        if batch:
-            answer(cl, batch)
-    print(f"fisher-atlas: routed {sum(counts.values())} prompts: {counts['answered']} answered, {counts['none']} none",
-          file=sys.stderr)
-
-
 ROUTE_LEGEND = ("score: route score, a cosine in [-1, 1] held to the task's threshold · faiss: signature inner "
                 "product · act/err: activation and error factors in [0, 1] (docs/SCORES.md)")
 
 
 TRUNCATED_NOTE = ("note: the prompt is longer than the model's token limit (the service's max_tokens_per_sample): "
                   "only its first tokens were read, so the answer is about that prefix")
-
-
-def answer_line(res: Any) -> str:
-    """``answer: NAME (confidence …; score … ≥ threshold …)`` for a route answer that names a task."""
-    best = res.matches[0]
-    conf = f"confidence {res.confidence:.2f}; " if res.confidence is not None else ""
-    short = ", the threshold of a prompt of its length: shorter than the task's samples" if best.length_matched else ""
-    return f"answer: {best.name} ({conf}score {best.score:.4f} >= threshold {res.threshold:.4f}{short})"
-
-
-def none_reason(res: Any) -> str:
-    """Why a route answer is ``none``: the server's sentence naming the deciding task (``rejected_by``), else the
-    flags of an older server."""
-    if res.rejected_by is not None:
-        return str(res.rejected_by.message)
-    return ("the prompt lacks the answered task's template" if res.template_rejects else
-            "the task nearest to the prompt rejects it" if res.nearest_rejects else
-            f"the answered task's score is below its threshold {res.threshold:g}")
 
 
 @app.command()
@@ -472,8 +408,8 @@ def atlas(out: Annotated[Path | None, typer.Option(
 @app.command("export")
 def export_space(out: Path, url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
                  json: Json = False) -> None:
-    """Export a space (states, signatures, metadata) to a JSON-lines file ('-': stdout)."""
-    to_stdout = str(out) == "-"
+    """Export a space (states, signatures, metadata) to a JSON-lines file ('-' or /dev/stdout: stdout)."""
+    to_stdout = str(out) in ("-", "/dev/stdout")
     if to_stdout and json:
         raise fail("--json and '-' both write to stdout: give the export a file", 2)
     with client(url, api_key, timeout) as cl:  # streamed, not held in memory
@@ -496,3 +432,5 @@ def import_space(file: Path,
         res = cl.import_space(file, on_conflict=on_conflict)
     emit(json, res, f"imported {res.imported} tasks into space {res.space_id}"
          + (f"; skipped {len(res.skipped)} existing: {', '.join(res.skipped)}" if res.skipped else ""))
+    if res.note:
+        print(terminal_safe(f"fisher-atlas: warning: {res.note}"), file=sys.stderr)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import socket
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +31,37 @@ def settings(**flags: Any) -> Any:
         found = re.search(r'field "(\w+)"', str(exc))
         name = f"FISHER_ATLAS_{found[1].upper()}" if found else "a setting"
         raise fail(f"invalid settings: {name} must be JSON (a list is written '[\"a\", \"b\"]')", 2) from None
+
+
+APP_LOGGERS = ("atlas", "workers", "service", "fisher_atlas")
+"""The packages whose loggers ``serve`` writes to stderr beside uvicorn's."""
+
+
+def app_logging(level: str) -> None:
+    """Write the service's own loggers (:data:`APP_LOGGERS`) to stderr at uvicorn's ``--log-level``, in its format.
+    uvicorn configures its loggers only: an index rebuilt at start from a corrupt file, a job's outcome and the
+    sweep's re-queued jobs went unsaid (warnings reached stderr bare, through Python's last-resort handler)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+    numeric = logging.DEBUG if level.lower() == "trace" else logging.getLevelName(level.upper())
+    for name in APP_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.setLevel(numeric if isinstance(numeric, int) else logging.INFO)
+        logger.propagate = False
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Exit 3 at once when ``host:port`` cannot be listened on (a port in use): the service loaded its model, about
+    12 s with the bundled one and minutes with a large one, before uvicorn's bind failed."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another service there? choose --port)",
+                   3) from None
 
 
 def _secret(field: str) -> bool:
@@ -90,6 +123,8 @@ def serve(
         check_bind_allowed(s, n_keys)
     except RuntimeError as exc:
         raise fail(str(exc)) from None
+    check_port_free(s.host, s.port)
+    app_logging(log_level)
     uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=log_level, proxy_headers=False)
 
 

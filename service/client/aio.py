@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 import stat
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -46,6 +47,16 @@ from service.schemas_routing import FitResponse, RouteResponse, RoutingInfo
 
 STREAM_READ_TIMEOUT_S = 60.0
 """Longest silence of a progress stream before it counts as lost (the service pings every 15 s)."""
+
+
+_DESCRIPTOR_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
+
+
+def _descriptor_of(path: Path) -> int | None:
+    """The file descriptor of this process that ``path`` names (``/dev/stdout``, ``/dev/fd/3``), or ``None``."""
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
+    found = _DESCRIPTOR_PATH.match(str(path))
+    return named if named is not None else int(found.group(1)) if found else None
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -361,6 +372,9 @@ class AsyncAtlasClient:
                             f"argument is the space (id or name): write the export with out={str(space)!r}")
         ref = quote(str(space if space is not None else "default"), safe="")  # a model name may hold slashes
         blob: bytes = await self._send(Call("GET", f"/v1/spaces/{ref}/export", None))
+        if not blob.startswith(calls.EXPORT_START):  # another server's page at the URL, say
+            raise AtlasClientError(200, "unexpected_answer", f"GET /v1/spaces/{ref}/export: not a FisherAtlas answer: "
+                                   "its first bytes are not an export's header")
         if out is not None:
             Path(os.fspath(out)).write_bytes(blob)
         return blob
@@ -372,8 +386,11 @@ class AsyncAtlasClient:
 
         ``out`` is a path or a writable binary file (written as the export arrives). A path naming a regular file,
         or none yet, is written whole or not at all, through a temporary file beside it; a symbolic link's target is
-        written so and the link kept; a FIFO, a terminal or another file that is not regular (``/dev/stdout``) is
-        written in place, as a shell's ``>`` would (it was replaced by a regular file)."""
+        written so and the link kept. ``/dev/stdout``, ``/dev/stderr`` and ``/dev/fd/N`` are written through the
+        descriptor itself, at its offset (a shell's ``{ echo a; export; } > f`` keeps its ``a``); a FIFO, a terminal,
+        another file that is not regular and other paths under ``/dev`` or ``/proc`` are written in place, as a
+        shell's ``>`` would (they were replaced by a new regular file). An answer that does not begin as an export
+        (another server at the URL) is :class:`AtlasClientError` ``unexpected_answer``, nothing written."""
         self._check_open()
         ref = quote(str(space if space is not None else "default"), safe="")
         if not isinstance(out, str | os.PathLike):
@@ -385,8 +402,13 @@ class AsyncAtlasClient:
             mode = None
         if mode is not None and stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
-        if mode is not None and not stat.S_ISREG(mode):
-            with path.open("wb") as stream:
+        fd = _descriptor_of(path)
+        if fd is not None:  # this process's own stdout, say: written at its offset, never truncated
+            with os.fdopen(os.dup(fd), "wb") as stream:
+                return await self._stream_export(ref, stream)
+        if mode is not None and (not stat.S_ISREG(mode) or path.absolute().parts[1:2] in (("dev",), ("proc",))):
+            stream = await asyncio.to_thread(path.open, "wb")  # a FIFO's open waits for its reader
+            with stream:
                 return await self._stream_export(ref, stream)
         target = Path(os.path.realpath(path))  # a symbolic link's target: the link stays
         if not target.parent.is_dir():
@@ -405,6 +427,8 @@ class AsyncAtlasClient:
         return written
 
     async def _stream_export(self, ref: str, stream: BinaryIO) -> int:
+        """Write the export of space ``ref`` into ``stream`` as it arrives, once its first bytes show it is one;
+        the bytes written."""
         written = 0
         try:
             async with self._http.stream("GET", f"/v1/spaces/{ref}/export") as resp:
@@ -412,6 +436,8 @@ class AsyncAtlasClient:
                     await resp.aread()
                     calls.raise_for(resp)
                 async for chunk in resp.aiter_bytes():
+                    if not written and chunk and not chunk.startswith(calls.EXPORT_START[:len(chunk)]):
+                        raise calls.unexpected(resp, "its first bytes are not an export's header")
                     written += stream.write(chunk)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc

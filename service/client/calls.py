@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar, cast
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from atlas.route_fit import prompt_batch
 from service.client.errors import AtlasClientError, InvalidInput, error_for
@@ -63,12 +63,16 @@ class Call(Generic[T]):
 
 
 def check_url(url: str) -> None:
-    """Refuse (:class:`InvalidInput`, code ``invalid_url``) a service URL that names no possible port (a port past
-    65535 reached the socket's ``connect`` and raised ``OverflowError``, a traceback) or cannot be parsed."""
+    """Refuse (:class:`InvalidInput`, code ``invalid_url``) a service URL that is not ``http://`` or ``https://`` with
+    a host, or that names no possible port (a port past 65535 reached the socket's ``connect`` and raised
+    ``OverflowError``, a traceback)."""
     try:
-        port = httpx.URL(url).port
+        parsed = httpx.URL(url)
+        port = parsed.port
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
         raise InvalidInput(0, "invalid_url", f"{url}: not a URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidInput(0, "invalid_url", f"{url}: not a service URL: give it as http://HOST:PORT (or https://)")
     if port is not None and not 0 < port < 65536:
         raise InvalidInput(0, "invalid_url", f"{url}: port {port} is not a port (1 to 65535)")
 
@@ -82,6 +86,9 @@ def _not_ours(resp: httpx.Response) -> str:
     return f"{resp.reason_phrase or 'answer'} ({ctype}, {len(resp.content):,} bytes){snippet}"
 
 
+NOT_THE_SERVICE = "not the service's answer: another server at this URL, or a proxy in front of the service"
+
+
 def raise_for(resp: httpx.Response) -> None:
     """Raise the typed error of an error answer (an answer without the service's JSON error body: code
     ``http_error``, said in one line)."""
@@ -91,8 +98,7 @@ def raise_for(resp: httpx.Response) -> None:
         body = resp.json()
         code, message, detail = body.get("code", "http_error"), body.get("message", resp.text), body.get("detail")
     except (ValueError, AttributeError):
-        code, message, detail = "http_error", f"{_not_ours(resp)}; is {resp.url.copy_with(path='/', query=None)} " \
-            "a FisherAtlas service?", None
+        code, message, detail = "http_error", f"{_not_ours(resp)} from {resp.url} ({NOT_THE_SERVICE})", None
     retry = resp.headers.get("Retry-After")
     retry_after = float(retry) if retry and retry.replace(".", "", 1).isdigit() else None
     raise error_for(resp.status_code, str(code), str(message), detail, retry_after)
@@ -113,10 +119,23 @@ def decode(call: Call[T], resp: httpx.Response) -> Any:
         if call.model is None:
             return resp.json() if resp.content else None
         return call.model.model_validate(resp.json())
-    except ValueError:  # invalid JSON, or JSON of another shape (pydantic's ValidationError is a ValueError)
-        raise AtlasClientError(resp.status_code, "unexpected_answer",
-                               f"{call.method} {call.path}: {_not_ours(resp)} is not a FisherAtlas answer; is "
-                               f"{resp.url.copy_with(path='/', query=None)} a FisherAtlas service?") from None
+    except ValidationError as exc:  # JSON of another shape: another server, or another version of this one
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "the answer"
+        raise unexpected(resp, f"{where}: {first.get('msg', '')} (another server, or another version of the "
+                               "service)") from None
+    except ValueError:  # not JSON
+        raise unexpected(resp, f"{_not_ours(resp)}, {NOT_THE_SERVICE}") from None
+
+
+def unexpected(resp: httpx.Response, why: str) -> AtlasClientError:
+    """The error of a successful answer this client cannot read (code ``unexpected_answer``)."""
+    return AtlasClientError(resp.status_code, "unexpected_answer",
+                            f"{resp.request.method} {resp.url}: not a FisherAtlas answer: {why}")
+
+
+EXPORT_START = b'{"format"'
+"""How every export begins (its header line): what the client checks before writing one."""
 
 
 SampleArg = str | Mapping[str, str]

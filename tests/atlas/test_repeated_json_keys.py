@@ -62,6 +62,12 @@ def test_a_repeated_sample_field_is_refused_and_any_other_keeps_the_last_value(
         assert [tuple(getattr(s, k) for k in read) for s in samples[before:]] == [tuple(last[k] for k in read)]
 
 
+def test_a_json_file_repeating_its_samples_key_is_refused() -> None:
+    data = b'{"samples": [{"text": "a"}], "samples": [{"text": "b"}]}'
+    with pytest.raises(InvalidInput, match="'samples' is given more than once"):
+        parse_upload(data, "a.json", "text")
+
+
 def test_repeated_metadata_keys_are_refused_at_any_depth() -> None:
     for raw in ('{"a": 1, "a": 2}', '{"a": {"b": 1, "c": [{"d": 1, "d": 1}]}}'):
         with pytest.raises(InvalidInput, match="more than once"):

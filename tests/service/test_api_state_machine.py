@@ -233,7 +233,8 @@ class ApiAgainstOracle(RuleBasedStateMachine):
         clean = unicodedata.normalize("NFC", name.strip())  # names are stored in one Unicode form
         jobs = self._n_jobs()
         r = self.http.post("/v1/tasks", json={"name": name, "mode": mode, "samples": samples})
-        if not clean or "\x00" in clean or control_chars(clean):  # (NUL, newlines, ESC...: 422)
+        reserved = clean.casefold() == "none" or (clean.isascii() and clean.isdigit())  # a fit label; an id
+        if not clean or "\x00" in clean or control_chars(clean) or reserved:  # (NUL, newlines, ESC...: 422)
             assert r.status_code == 422, r.text
         elif _all_blank(samples, mode):  # nothing to sketch: refused at once (its job could only fail)
             assert r.status_code == 422 and "every sample is blank" in r.json()["message"], r.text

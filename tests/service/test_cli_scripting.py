@@ -86,9 +86,11 @@ def test_exit_statuses_and_one_line_errors_from_servers_that_are_not_the_service
     page = b"<!DOCTYPE HTML>\n<html>\n<head><title>Error</title></head>\n<body>\n<h1>Not Found</h1>\n</body>\n</html>\n"
     cases = [(other_server(200, b"<html><body>welcome</body></html>", "text/html"), 3, "not a FisherAtlas answer"),
              (other_server(200, b'{"ok": true}', "application/json"), 3, "not a FisherAtlas answer"),
-             (other_server(404, page, "text/html"), 1, "404 http_error: Not Found (text/html"),
+             (other_server(404, page, "text/html"), 3, "404 http_error: Not Found (text/html"),
              (other_server(502, b"Bad Gateway", "text/plain"), 3, "502 http_error: Bad Gateway"),
-             ("http://127.0.0.1:99999", 1, "port 99999 is not a port"),
+             (other_server(413, b"<html>413 Request Entity Too Large</html>", "text/html"), 1, "413 http_error"),
+             ("http://127.0.0.1:99999", 2, "port 99999 is not a port"),
+             ("127.0.0.1:8000", 2, "give it as http://HOST:PORT"),
              ("http://127.0.0.1:9", 3, "127.0.0.1:9")]
     for url, status, says in cases:
         for argv in (["tasks", "list"], ["route", "a prompt"]):
@@ -96,6 +98,10 @@ def test_exit_statuses_and_one_line_errors_from_servers_that_are_not_the_service
             err = capsys.readouterr().err
             assert says in err and "Traceback" not in err and "<html" not in err.lower(), err
             assert len(err.strip().splitlines()) <= 2, err  # the message, and a hint for an unreachable service
+    html = other_server(200, b"<html><body>welcome</body></html>", "text/html")
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"not-an-export-{os.getpid()}.jsonl"
+    assert main(["export", str(out), "--url", html]) == 3  # another server's page is not saved as an export
+    assert "not a FisherAtlas answer" in capsys.readouterr().err and not out.exists()
 
 
 def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -134,6 +140,14 @@ def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monk
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"The lazy dog\n")))
     assert main(["route", "-f", "-", *url]) == 0
     assert capsys.readouterr().out.startswith("-:1: ")
+    first_six = b"".join(labelled.read_bytes().splitlines(keepends=True)[:6])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(first_six)))
+    assert main(["route", "-f", "-", "--json", *url]) == 0  # JSON lines on stdin, told by the first line
+    assert {json.loads(line)["line"] for line in capsys.readouterr().out.splitlines()} == {1, 2, 3, 4, 5, 6}
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text('{"prompt": "The lazy dog"}\n{"prompt": "a", "prompt": "b"}\n')
+    assert main(["route", "-f", str(twice), *url]) == 1
+    assert f"{twice}:2: expected a JSON object with 'prompt'" in capsys.readouterr().err
     long = tmp_path / "long.txt"
     long.write_text("a short one\n" + "word " * 5000 + "\n")
     assert main(["route", "--file", str(long), *url]) == 1
@@ -151,10 +165,11 @@ def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monk
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
     assert main(["export", str(fifo), *url]) == 0
     reader.join(30)
+    assert not reader.is_alive()
     assert fifo.is_fifo() and got and _tasks(got[0]) == _tasks(real.read_bytes())
     capsys.readouterr()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO()))
@@ -167,6 +182,15 @@ def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monk
         err = capsys.readouterr().err
         assert str(target.parent if "nodir" in str(target) else target) in err and ".partial" not in err, err
         assert says in err.lower(), err
+
+    # /dev/stdout sent to a file by the shell is written in place (swapped for a new file, the lines around were lost)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    shell = tmp_path / "shell.out"
+    export = f'"{sys.executable}" -m service.cli export /dev/stdout --url {svc.url}'
+    subprocess.run(["bash", "-c", f'{{ echo head; {export}; echo tail; }} > "{shell}"'], env=env, check=True,
+                   timeout=120)
+    lines = shell.read_bytes().splitlines()
+    assert lines[0] == b"head" and lines[-1] == b"tail" and _tasks(b"\n".join(lines[1:-1])) == _tasks(real.read_bytes())
 
     # delete's question goes to stderr: stdout holds the JSON alone
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"y\n")))
@@ -195,9 +219,9 @@ def test_ctrl_c_during_wait_says_the_job_goes_on(serve: Any, tiny_lm: Any, tmp_p
     import httpx
 
     with httpx.Client(base_url=svc.url, timeout=10) as http:
-        while http.get("/v1/jobs").json()["total"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)  # the CLI follows the job now
+        while svc.container.event_streams.open == 0:  # the CLI follows the job's progress stream now
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         job = http.get("/v1/jobs").json()["items"][0]

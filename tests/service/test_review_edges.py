@@ -62,7 +62,9 @@ _FIELD = st.text(st.characters(blacklist_categories=("Cs",), blacklist_character
 @given(st.lists(_FIELD, min_size=1, max_size=6), st.sampled_from([("x.tsv", "\t"), ("x.csv", ",")]))
 def test_a_delimited_file_is_read_as_written_or_refused_never_altered(texts: list[str], kind: tuple[str, str]) -> None:
     """Written plainly, one text per row (no quoting): each row is read back as it is, or the file is refused
-    (a 422 naming the row) — never a sample whose quotes were dropped or rows merged."""
+    (a 422 naming the row), or — where rows happen to form well-formed quoted fields (`"a"`, or a row `"` then a row
+    `"`) — read as a strict RFC 4180 reader reads them; never leniently (a malformed field's quotes dropped, rows
+    merged)."""
     name, sep = kind
     if sep == "," and any("," in t for t in texts):
         return  # an unquoted comma is another error (more fields than the header), tested elsewhere

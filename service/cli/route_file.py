@@ -1,0 +1,121 @@
+"""``route``'s answers as text, and ``route --file``: every prompt of a file (or stdin) routed in batches, one answer a
+line as each batch returns."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from service.cli.common import client, fail, terminal_safe
+
+ROUTE_BATCH = 64
+"""Prompts of a file sent in one request (the API's most a request)."""
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
+
+
+def answer_line(res: Any) -> str:
+    """``answer: NAME (confidence …; score … ≥ threshold …)`` for a route answer that names a task."""
+    best = res.matches[0]
+    conf = f"confidence {res.confidence:.2f}; " if res.confidence is not None else ""
+    short = ", the threshold of a prompt of its length: shorter than the task's samples" if best.length_matched else ""
+    return f"answer: {best.name} ({conf}score {best.score:.4f} >= threshold {res.threshold:.4f}{short})"
+
+
+def none_reason(res: Any) -> str:
+    """Why a route answer is ``none``: the server's sentence naming the deciding task (``rejected_by``), else the
+    flags of an older server."""
+    if res.rejected_by is not None:
+        return str(res.rejected_by.message)
+    return ("the prompt lacks the answered task's template" if res.template_rejects else
+            "the task nearest to the prompt rejects it" if res.nearest_rejects else
+            f"the answered task's score is below its threshold {res.threshold:g}")
+
+
+def read_prompts(file: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, prompt)`` of a prompt file: one prompt a line (lines end at ``"\\n"`` only; a ``"\\r"`` before
+    it is dropped), or JSON lines of objects with ``"prompt"`` (other fields ignored, so a ``fit`` labels file routes
+    as it is); blank lines skipped. ``-`` reads stdin: JSON lines when its first non-blank line is an object with
+    ``"prompt"``, else a prompt a line; a file is JSON lines by its suffix (:data:`JSONL_SUFFIXES`)."""
+    stdin = str(file) == "-"
+    stream: BinaryIO = sys.stdin.buffer if stdin else file.open("rb")
+    jsonl: bool | None = None if stdin else file.suffix.lower() in JSONL_SUFFIXES
+    try:
+        for lineno, raw in enumerate(stream, start=1):
+            try:
+                line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            except UnicodeDecodeError as exc:
+                raise fail(f"{file}:{lineno}: not valid UTF-8 (byte {exc.start} of the line)") from None
+            if not line.strip():
+                continue
+            if jsonl is None:  # stdin's first prompt line decides
+                jsonl = line.lstrip().startswith("{") and _prompt_of(line) is not None
+            if not jsonl:
+                yield lineno, line
+                continue
+            prompt = _prompt_of(line)
+            if prompt is None:
+                raise fail(f"{file}:{lineno}: expected a JSON object with 'prompt' (a string), given once")
+            yield lineno, prompt
+    finally:
+        if not stdin:
+            stream.close()
+
+
+def _prompt_of(line: str) -> str | None:
+    """The ``"prompt"`` of a JSON-lines line, or ``None`` when it is not an object with one string ``"prompt"`` (a
+    repeated one is refused, as the service refuses repeated keys: which prompt was meant cannot be told)."""
+    from atlas.errors import InvalidInput
+    from atlas.samples import unique_keys_object
+
+    try:
+        record = json.loads(line, object_pairs_hook=unique_keys_object)
+    except (ValueError, InvalidInput, RecursionError):
+        return None
+    prompt = record.get("prompt") if isinstance(record, dict) else None
+    return prompt if isinstance(prompt, str) else None
+
+
+def route_file(file: Path, k: int, threshold: float | None, url: str | None, api_key: str | None,
+               space: str | None, timeout: float, as_json: bool) -> None:
+    """Route the prompts of ``file`` in batches of :data:`ROUTE_BATCH`, each answer printed as its batch is answered
+    (``file:line: answer …`` / ``none: …``; ``as_json``: a JSON object a line, with its ``line``); a refused prompt
+    is named by its line; a count on stderr at the end."""
+    from service.client import AtlasClientError
+
+    counts = {"answered": 0, "none": 0}
+
+    def answer(cl: Any, batch: list[tuple[int, str]]) -> None:
+        try:
+            res = cl.route([p for _, p in batch], k=k, threshold=threshold, space=space)
+        except AtlasClientError as exc:
+            at = exc.detail.get("prompt") if isinstance(exc.detail, dict) else None
+            found = re.search(r"\bprompt (\d+)\b", exc.message) if at is None else None
+            at = int(found.group(1)) if found else at
+            if not isinstance(at, int) or not 0 <= at < len(batch):
+                raise
+            message = re.sub(r"\bprompt \d+ ", "the prompt ", re.sub(r"^prompt \d+: ", "", exc.message))
+            raise fail(f"{file}:{batch[at][0]}: {exc.status} {exc.code}: {message}") from None
+        for (lineno, _), r in zip(batch, res.results, strict=True):
+            counts["none" if r.none else "answered"] += 1
+            if as_json:
+                print(json.dumps({"line": lineno, **r.model_dump(mode="json")}), flush=True)
+                continue
+            said = (answer_line(r) if r.matches and not r.none else f"none: {none_reason(r)}" if r.matches
+                    else "none: the space has no ready task to route to (add one first)")
+            print(terminal_safe(f"{file}:{lineno}: {said}" + (" (truncated)" if r.truncated else "")), flush=True)
+
+    with client(url, api_key, timeout) as cl:
+        batch: list[tuple[int, str]] = []
+        for item in read_prompts(file):
+            batch.append(item)
+            if len(batch) == ROUTE_BATCH:
+                answer(cl, batch)
+                batch = []
+        if batch:
+            answer(cl, batch)
+    print(f"fisher-atlas: routed {sum(counts.values())} prompts: {counts['answered']} answered, {counts['none']} none",
+          file=sys.stderr)
