@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -296,11 +297,17 @@ class Atlas:
         return path
 
     def import_(self, path: str | Path, *, on_conflict: str = "fail") -> int:
-        """Restore an export (all or nothing); returns the number of tasks imported."""
+        """Restore an export (all or nothing); returns the number of tasks imported. A space this atlas's model cannot
+        sketch in (another model or sketch dimension) is imported with a :class:`UserWarning` saying so: its tasks
+        are aligned and recommended, but prompts do not route to them here."""
         if not _is_file(path):
             raise InvalidInput(f"no such file: {str(path)[:200]!r}")
         with Path(path).open("rb") as file:
-            return self._c.spaces.import_file(file, on_conflict=on_conflict)[1]
+            space_id, imported, _ = self._c.spaces.import_file(file, on_conflict=on_conflict)
+        note = self._c.unserved_reason(space_id)
+        if note is not None:
+            warnings.warn(note, UserWarning, stacklevel=2)
+        return imported
 
 
 def _run(coro: Any) -> Any:

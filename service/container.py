@@ -309,6 +309,21 @@ class Container:
             return
         self.prompts.check_served(SpaceKey.of(space))
 
+    def unserved_reason(self, space_id: int) -> str | None:
+        """Why this deployment cannot sketch in space ``space_id`` (what an import into it must say: an import into
+        a service of another model or sketch dimension said only "imported", and its tasks then received no
+        prompt), or ``None`` when it can."""
+        store = self.require_store()
+        with store.read() as session:
+            space = store.resolve_space(session, space_id)
+            try:
+                self.require_computable(space)
+            except AtlasError as exc:
+                return (f"space {space_id} is not served by this service ({exc.message}): its tasks are stored, "
+                        "aligned and recommended, but prompts route to them, and samples append to them, only where "
+                        "a model of the space runs")
+        return None
+
     # -- health ----------------------------------------------------------------------------------
 
     def database_ready(self) -> tuple[bool, str | None]:

@@ -54,7 +54,7 @@ _DESCRIPTOR_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
 
 def _descriptor_of(path: Path) -> int | None:
     """The file descriptor of this process that ``path`` names (``/dev/stdout``, ``/dev/fd/3``), or ``None``."""
-    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
     found = _DESCRIPTOR_PATH.match(str(path))
     return named if named is not None else int(found.group(1)) if found else None
 

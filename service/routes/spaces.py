@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
+from atlas.errors import InvalidInput, PayloadTooLarge
 from service.deps import ContainerDep, ReadPrincipal, UploadSlot, WritePrincipal
 from service.routes import error_responses
 from service.schemas import ImportResult, SpaceList, SpaceOut
@@ -95,20 +95,5 @@ async def import_space(
                                                               on_conflict=on_conflict)
     finally:
         await form.close()
-    served, note = await run_in_threadpool(_served, c, space_id)
-    return ImportResult(space_id=space_id, imported=imported, skipped=skipped, served=served, note=note)
-
-
-def _served(c: Any, space_id: int) -> tuple[bool, str | None]:
-    """Whether this service can sketch in the space an import went to, and why not (an import into a service of
-    another model or sketch dimension said only "imported", and its tasks then received no prompt)."""
-    store = c.require_store()
-    with store.read() as session:
-        space = store.resolve_space(session, space_id)
-        try:
-            c.require_computable(space)
-        except AtlasError as exc:
-            return False, (f"space {space_id} is not served by this service ({exc.message}): its tasks are stored, "
-                           "aligned and recommended, but prompts route to them, and samples append to them, only "
-                           "where a model of the space runs")
-    return True, None
+    note = await run_in_threadpool(c.unserved_reason, space_id)
+    return ImportResult(space_id=space_id, imported=imported, skipped=skipped, served=note is None, note=note)

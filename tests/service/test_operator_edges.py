@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,8 @@ def test_keys_list_local_reads_an_old_schema_without_upgrading_it(tmp_path: Path
     assert "root" in capsys.readouterr().out
 
 
-def test_an_import_into_a_space_this_service_cannot_serve_says_so(serve: Any, tiny_lm: Any, tmp_path: Path,
+def test_an_import_into_a_space_this_service_cannot_serve_says_so(serve: Any, tiny_lm: Any, tiny_model_dir: Path,
+                                                                  tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     source = serve(lm=tiny_lm, sketch_dim=256)
     _add_ready(source.url)
@@ -136,6 +138,14 @@ def test_an_import_into_a_space_this_service_cannot_serve_says_so(serve: Any, ti
     with httpx.Client(base_url=other.url, timeout=60) as http:  # what the note is about
         r = http.post("/v1/route", json={"prompt": "The lazy fox.", "space": str(answer["space_id"])})
         assert r.status_code == 409, r.text
+    from fisher_atlas import Atlas
+
+    for dim, warned in ((256, False), (128, True)):  # library mode: the same note, as a warning
+        with Atlas(tmp_path / f"lib-{dim}", model=str(tiny_model_dir), sketch_dim=dim, device="cpu") as atlas:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert atlas.import_(export) == 1
+            assert any("is not served by this service" in str(w.message) for w in caught) is warned
 
 
 def test_an_unwritable_sqlite_database_says_what_must_be_writable(tmp_path: Path) -> None:
