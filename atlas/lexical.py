@@ -64,13 +64,26 @@ _TOKEN = regex.compile(rf"(?V1)([{_UNSPACED}][{_UNSPACED}\p{{M}}]*)|([[\w\p{{M}}
 _MAGIC = b"FALX1"
 
 
+_MARK_RUN = regex.compile(r"(\p{M}{30})\p{M}+")
+"""A run of more than 30 combining marks (its first 30 kept): Unicode's stream-safe bound (UAX #15)."""
+
+
+def nfc(text: str) -> str:
+    """``text`` in NFC, each run of combining marks cut to 30 first when it is not NFC already (the stream-safe
+    form, UAX #15): NFC reorders a run of marks in time quadratic in its length, and one route prompt of 20,000
+    marks in descending combining class took 0.9 s, against 0.04 s for plain text of that length."""
+    if unicodedata.is_normalized("NFC", text):
+        return text
+    return unicodedata.normalize("NFC", _MARK_RUN.sub(r"\1", text))
+
+
 def tokens(text: str) -> list[str]:
     """The tokens of ``text`` in order (see the module notes): words of two or more characters, and the
     character bigrams of each run of a script written without spaces."""
     if text.isascii():  # the common case, and the same tokens as below: no marks, no unspaced script
         return _ASCII_WORD.findall(text.lower())
     out: list[str] = []
-    for run, word in _TOKEN.findall(unicodedata.normalize("NFC", text).lower()):
+    for run, word in _TOKEN.findall(nfc(text).lower()):
         if word:
             if len(word) > 1:
                 out.append(word)

@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from atlas.db import is_busy_error, is_unreachable_error, storage_fault
 from atlas.errors import AtlasError, DatabaseBusy, DatabaseUnavailable, IncompatibleSpace, InvalidInput
-from atlas.redaction import bounded, redact_secrets, truncate
+from atlas.redaction import bounded, redact_cut, redact_secrets, truncate
 from fishersketch import CorruptState, SketchError, SpecMismatch
 
 logger = logging.getLogger("fisher_atlas.service")
@@ -86,7 +86,7 @@ def safe_body(code: str, message: str, detail: Any = None) -> dict[str, Any]:
     text = json.dumps(small, default=str)
     if len(text) > MAX_DETAIL_CHARS:
         small = truncate(text, MAX_DETAIL_CHARS)
-    return error_body(code, _encodable(truncate(redact_secrets(str(message)), MAX_MESSAGE_CHARS)), small)
+    return error_body(code, _encodable(redact_cut(str(message), MAX_MESSAGE_CHARS)), small)
 
 
 def _encodable(value: Any) -> Any:

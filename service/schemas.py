@@ -16,6 +16,9 @@ from atlas.samples import METADATA_DOC as _META_DOC
 from atlas.samples import Metadata
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 
+SPACE_REF_MAX = 300
+"""Longest space reference (an id, a model name or ``default``) a request may give."""
+
 _TASK_EXAMPLE: dict[str, Any] = {
     "id": 3, "name": "smiles", "space_id": 1, "mode": "text", "status": "ready", "metadata": {"domain": "chemistry"},
     "n_samples": 40, "n_tokens": 1873, "version": 1, "created_at": "2025-01-01T12:00:00Z",
@@ -90,7 +93,8 @@ class TaskCreate(BaseModel):
     name: str = Field(min_length=1, max_length=300, description="Task name, unique in its space.")
     mode: Mode = Field(default=Mode.TEXT,
                        description="`text`: every next token counts; `completion`: only completions.")
-    space: str | None = Field(default=None, description="Space id or name; default: the loaded model's space.")
+    space: str | None = Field(default=None, max_length=SPACE_REF_MAX,
+                              description="Space id or name; default: the loaded model's space.")
     metadata: Metadata = Field(default_factory=dict, description=f"Free-form user metadata (JSON object, {_META_DOC}).")
     samples: list[SampleIn] = Field(min_length=1, description="The samples of the task.")
 

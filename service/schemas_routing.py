@@ -8,9 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from atlas.routing import MAX_ROUTE_K
-from service.schemas import _Out
+from service.schemas import SPACE_REF_MAX, _Out
 
-SPACE_REF_MAX = 300
 """Longest space reference in a body, as in the ``space`` query and path parameters."""
 
 
@@ -183,8 +182,9 @@ class FitExample(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1)
-    label: StrictStr | StrictInt = Field(description='Task name or id, or "none" (the prompt belongs to no task); '
-                                         'a JSON string or integer (`true` or `1.0` is refused, not read as id 1).')
+    label: StrictStr | StrictInt = Field(
+        description='Task name or id, or "none" (the prompt belongs to no task); a JSON string or integer (`true` or '
+                    '`1.0` is refused, not read as id 1).')
 
 
 class FitRequest(BaseModel):

@@ -22,6 +22,7 @@ from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -196,13 +197,24 @@ def _content_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
+MAX_FORM_TEXT = {"name": 1000, "mode": 100, "space": 300}
+"""Longest value of each short form field (a name is refused past 300 characters after its whitespace is stripped;
+metadata is bounded by :func:`atlas.samples.check_metadata`): a megabyte of ``space`` was echoed into messages and
+logs."""
+
+
 def _field(form: Any, key: str) -> str | None:
     value = form.get(key)
     if value is None:
         return None
     if isinstance(value, UploadFile):
         raise InvalidInput(f"form field {key!r} must be a text field, not a file")
-    return str(value)
+    text = str(value)
+    most = MAX_FORM_TEXT.get(key)
+    if most is not None and len(text) > most:
+        raise InvalidInput(f"form field {key!r} has {len(text)} characters; at most {most}",
+                           {"field": key, "max_chars": most})
+    return text
 
 
 async def read_upload(request: Request, *, max_upload_bytes: int, json_model: Any, with_task_fields: bool,
@@ -249,13 +261,20 @@ class BoundedJSONRequest(Request):
             body = await self.body()
             settings = getattr(getattr(self.scope.get("app"), "state", None), "settings", None)
             limit = MAX_JSON_VALUES + 2 * int(getattr(settings, "max_matrix_tasks", 0))
-            if len(body) > limit and json_token_count(body, limit) > limit:
-                raise _TooManyJSONValues(limit)
-            try:
-                self._json = json.loads(body, object_pairs_hook=unique_keys_object)
-            except InvalidInput as exc:  # FastAPI turns any other exception of the body's parse into a 400
-                raise HTTPException(422, f"the request body: {exc.message}") from None
+            # off the event loop when large: a body may be up to max_upload_bytes, and its count and parse are seconds
+            self._json = (await run_in_threadpool(_bounded_json, body, limit) if len(body) > PRECOUNT_ABOVE_BYTES
+                          else _bounded_json(body, limit))
         return self._json
+
+
+def _bounded_json(body: bytes, limit: int) -> Any:
+    """``body`` parsed, once its structural tokens are counted (413 past ``limit``) and with no repeated key (422)."""
+    if len(body) > limit and json_token_count(body, limit) > limit:
+        raise _TooManyJSONValues(limit)
+    try:
+        return json.loads(body, object_pairs_hook=unique_keys_object)
+    except InvalidInput as exc:  # FastAPI turns any other exception of the body's parse into a 400
+        raise HTTPException(422, f"the request body: {exc.message}") from None
 
 
 class BoundedJSONRoute(APIRoute):
@@ -280,22 +299,10 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
         body = await request.body()
         if not body:
             raise InvalidInput("the request body is empty: send multipart/form-data with a file, or JSON")
-        bound = upload_value_limit(limits.max_samples)  # samples and their task's fields
-        too_many = len(body) > PRECOUNT_ABOVE_BYTES and json_array_length(
-            body, "samples", limits.max_samples, max_tokens=bound) > limits.max_samples
-        if too_many:
-            raise PayloadTooLarge(f"the request body holds more than {limits.max_samples} samples",
-                                  {"max_samples": limits.max_samples})
-        try:  # pydantic's own JSON parser: no Python dict tree, nesting bounded (422, never RecursionError)
-            model = json_model.model_validate_json(body)
-        except ValidationError as exc:
-            if any(e.get("type") == "json_invalid" for e in exc.errors(include_url=False)):
-                raise InvalidInput(f"the request body is not valid JSON: {exc.errors()[0].get('msg', '')}",
-                                   {"error": str(exc.errors()[0].get("ctx", {}).get("error", ""))[:200]}) from None
-            raise RequestValidationError(
-                [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
-            ) from None
-        _refuse_repeated_keys(body, _keys_given(model))
+        # the bounded count, pydantic's parse and the repeated-key check are linear, but 64 MB of them held the event
+        # loop (every other request) for seconds: a large body is read off it
+        model = (await run_in_threadpool(_json_upload, body, json_model, limits) if len(body) > PRECOUNT_ABOVE_BYTES
+                 else _json_upload(body, json_model, limits))
         up = Upload(records=[s.model_dump(exclude_none=True) for s in model.samples])
         if with_task_fields:
             up.name, up.mode, up.space = model.name, model.mode, model.space
@@ -306,10 +313,33 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
     )
 
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?')
+def _json_upload(body: bytes, json_model: Any, limits: SampleLimits) -> Any:
+    """A JSON upload body validated as ``json_model``: its samples counted first (413 past ``max_samples``, before
+    pydantic builds them), parsed by pydantic, and refused where it repeats a key (:func:`_refuse_repeated_keys`)."""
+    bound = upload_value_limit(limits.max_samples)  # samples and their task's fields
+    too_many = len(body) > PRECOUNT_ABOVE_BYTES and json_array_length(
+        body, "samples", limits.max_samples, max_tokens=bound) > limits.max_samples
+    if too_many:
+        raise PayloadTooLarge(f"the request body holds more than {limits.max_samples} samples",
+                              {"max_samples": limits.max_samples})
+    try:  # pydantic's own JSON parser: no Python dict tree, nesting bounded (422, never RecursionError)
+        model = json_model.model_validate_json(body)
+    except ValidationError as exc:
+        if any(e.get("type") == "json_invalid" for e in exc.errors(include_url=False)):
+            raise InvalidInput(f"the request body is not valid JSON: {exc.errors()[0].get('msg', '')}",
+                               {"error": str(exc.errors()[0].get("ctx", {}).get("error", ""))[:200]}) from None
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
+        ) from None
+    _refuse_repeated_keys(body, _keys_given(model))
+    return model
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?(\s*:)?', re.DOTALL)
 """A JSON string, matched whole, and the colon after it when it is an object's key. Every string is consumed whole, so
 the scan never restarts inside one: a pattern for keys alone restarted at each escaped quote of a value, and 4.8 MB
-of samples holding ``\\"`` took 2.4 s (quadratic in a string's length)."""
+of samples holding ``\\"`` took 2.4 s (quadratic in a string's length); the closing quote is optional for the same
+reason (:data:`atlas.json_bounds.STRUCTURAL_TOKENS`)."""
 
 
 def _keys_given(model: Any) -> int:
