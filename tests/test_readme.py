@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +50,7 @@ def test_readme_blocks_are_found() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str], Path]]:
-    from tests.service.conftest import free_port
+    from tests.service.conftest import free_port, wait_ready
 
     work = tmp_path_factory.mktemp("readme")
     (work / "examples").symlink_to(ROOT / "examples")
@@ -67,16 +66,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
         [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--log-level", "warning"],
         env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, (work / "server.log").read_text()
-            assert time.monotonic() < deadline, "serve did not become ready"
-            time.sleep(0.3)
+        wait_ready(port, proc, 60, (work / "server.log").read_text)
         yield f"127.0.0.1:{port}", env, work
     finally:
         proc.terminate()

@@ -59,6 +59,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_ready(port: int, proc: Any, timeout: float = 60.0, log: Callable[[], str] = lambda: "") -> None:
+    """Wait until a ``serve`` subprocess ``proc`` on ``port`` answers ``/readyz`` with 200 (``log``: what to show
+    when it exits or the time runs out)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, log()
+        assert time.monotonic() < deadline, f"serve did not become ready\n{log()}"
+        time.sleep(0.3)
+
+
 class LiveServer:
     """A uvicorn server running an app in a background thread.
 

@@ -46,7 +46,7 @@ def _add_ready(url: str, name: str = "prose") -> None:
 def test_a_corrupt_index_is_rebuilt_with_a_warning_that_serve_writes(serve: Any, tiny_lm: Any, tiny_model_dir: Path,
                                                                      tmp_path: Path,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    from tests.service.conftest import free_port
+    from tests.service.conftest import free_port, wait_ready
 
     data = tmp_path / "data"
     first = serve(lm=tiny_lm, data_dir=data, sketch_dim=128)
@@ -62,15 +62,7 @@ def test_a_corrupt_index_is_rebuilt_with_a_warning_that_serve_writes(serve: Any,
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--data-dir", str(data)], env=env,
                             cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.3)
+        wait_ready(port, proc, 90)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             r = http.post("/v1/route", json={"prompt": "The lazy fox and the dog."})
             assert r.status_code == 200 and r.json()["matches"][0]["name"] == "prose", r.text  # rebuilt from SQL
