@@ -15,12 +15,15 @@ the appends).
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
+
+from atlas.novelty import MAX_NOVELTY_SAMPLES, NOVELTY_DIM
 
 _MAGIC = b"FABL"
 _VERSION = 2
@@ -136,6 +139,7 @@ class BaselineSums:
         if version not in (1, _VERSION):
             raise ValueError(f"unsupported baseline blob version {version}")
         end = head + 16 * d
+        r = 0
         keys = np.zeros(0, dtype=np.int64)
         vecs = np.zeros((0, 0), dtype=np.float32)
         if version == 1:
@@ -145,8 +149,6 @@ class BaselineSums:
             if len(blob) < end + 12:
                 raise ValueError("baseline blob has the wrong length")
             n_v, r = struct.unpack("<II", blob[end:end + 8])
-            from atlas.novelty import MAX_NOVELTY_SAMPLES, NOVELTY_DIM
-
             if n_v > MAX_NOVELTY_SAMPLES or r > NOVELTY_DIM or (n_v == 0) != (r == 0) or r > d:
                 raise ValueError("baseline blob has novelty vectors of an impossible shape")
             if len(blob) != end + 8 + 8 * n_v + 4 * n_v * r + 4:
@@ -156,5 +158,10 @@ class BaselineSums:
             if n_v and (not np.all(np.isfinite(vecs)) or np.any(np.diff(keys) <= 0)):
                 raise ValueError("baseline blob has invalid novelty vectors")
         vec = np.frombuffer(blob[head:end], dtype="<f8").astype(np.float64)
+        if not (np.all(np.isfinite(vec)) and math.isfinite(sum_loss)) or n_tokens < 0 or n_samples < 0:
+            raise ValueError("baseline blob has non-finite sums or negative counts")
+        if r and r != min(d, NOVELTY_DIM):
+            raise ValueError(f"baseline blob has novelty vectors of width {r}; a model of width {d} makes "
+                             f"{min(d, NOVELTY_DIM)}")
         return cls(d=d, sum_hidden=vec[:d].copy(), sum_last_hidden=vec[d:].copy(), sum_loss=sum_loss,
                    n_tokens=n_tokens, n_samples=n_samples, sample_keys=keys, sample_vectors=vecs)

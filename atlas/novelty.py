@@ -35,8 +35,10 @@ Calibration (no labels)
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -45,6 +47,8 @@ import numpy as np
 
 from atlas.route_calibration import FALSE_REJECT_RATE
 from atlas.space_fit_cache import SpaceFitCache
+
+log = logging.getLogger(__name__)
 
 NOVELTY_DIM = 256
 """Largest dimension of the stored vectors (wider hidden states are projected)."""
@@ -221,10 +225,12 @@ class SpaceNovelty:
         groups = {t: np.asarray(x, dtype=np.float64) for t, x in vectors.items() if _valid(x)}
         if not groups:
             return None
-        dims = {x.shape[1] for x in groups.values()}
-        if len(dims) != 1:
-            raise ValueError(f"novelty vectors of different widths {sorted(dims)} in one space")
-        r = dims.pop()
+        widths = Counter(x.shape[1] for x in groups.values())
+        r = widths.most_common(1)[0][0]
+        if len(widths) > 1:  # an import checks the width (atlas.baselines); never let one task stop the space's routes
+            log.warning("novelty vectors of widths %s in one space: the tasks of width other than %s are left out",
+                        sorted(widths), r)
+            groups = {t: x for t, x in groups.items() if x.shape[1] == r}
         sums = np.zeros((len(groups), folds, r))
         counts = np.zeros((len(groups), folds))
         rows: list[list[np.ndarray]] = [[] for _ in range(folds)]

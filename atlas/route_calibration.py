@@ -40,8 +40,10 @@ two tests")."""
 
 def split_rates(rate: float) -> tuple[float, float]:
     """The false-reject rates of a novelty-tested task's route threshold and of its novelty test, at the task's
-    rate ``rate``: ``rate · (1 − NOVELTY_SHARE)`` and ``rate · NOVELTY_SHARE`` (they add up to ``rate``)."""
-    return rate * (1.0 - NOVELTY_SHARE), rate * NOVELTY_SHARE
+    rate ``rate``: ``rate · (1 − NOVELTY_SHARE)`` and ``rate · NOVELTY_SHARE`` (they add up to ``rate``; each at least
+    the smallest positive double)."""
+    smallest = math.ulp(0.0)  # neither underflows to 0 (a rate of 5e-324 gave 0.0 and a 500 on every route)
+    return max(rate * (1.0 - NOVELTY_SHARE), smallest), max(rate * NOVELTY_SHARE, smallest)
 
 
 def is_false_reject_rate(rate: object) -> bool:
@@ -197,12 +199,17 @@ class LengthViews:
         return self._memo[key]
 
 
+MAX_VIEW_TOKENS = 2**31
+"""Most token positions a held-out view may count (an imported ``10**30`` overflowed NumPy's int64: every route of
+its space answered 500)."""
+
+
 def _valid_view(record: object) -> bool:
-    """Whether ``record`` is a ``[tokens ≥ 1, score in [−1, 1], whole]`` view."""
+    """Whether ``record`` is a ``[1 ≤ tokens ≤ MAX_VIEW_TOKENS, score in [−1, 1], whole]`` view."""
     if not isinstance(record, list | tuple) or len(record) != 3:
         return False
     tokens, score, whole = record
-    return (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 1
+    return (isinstance(tokens, int) and not isinstance(tokens, bool) and 1 <= tokens <= MAX_VIEW_TOKENS
             and isinstance(score, int | float) and not isinstance(score, bool) and -1.0 <= float(score) <= 1.0
             and isinstance(whole, bool | int))
 

@@ -57,7 +57,7 @@ from atlas.db import read_snapshot
 from atlas.errors import Conflict, InvalidInput, PayloadTooLarge
 from atlas.json_bounds import MAX_JSON_VALUES, first_line_over
 from atlas.models import TASK_READY, Space, Task
-from atlas.samples import Metadata
+from atlas.samples import Metadata, refuse_control_chars
 from atlas.task_names import normalize_name
 
 _NEWLINE = re.compile(b"\n")
@@ -105,16 +105,18 @@ class ExportHeader(BaseModel):
 
 
 class ExportTask(BaseModel):
-    """One task line of an export."""
+    """One task line of an export. Counts and the version are bounded with room for appends (``2**53``, ``2**30``):
+    counts near ``2**63`` wrapped negative on the next append, and a version at ``2**31 − 1`` passed PostgreSQL's
+    integer after one."""
 
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(min_length=1, max_length=300)
     mode: Literal["text", "completion"]
     metadata: Metadata = Field(default_factory=dict)
-    version: int = Field(default=1, ge=1, lt=2**31)
-    n_samples: int = Field(ge=0, lt=2**63)
-    n_tokens: int = Field(ge=0, lt=2**63)
+    version: int = Field(default=1, ge=1, lt=2**30)
+    n_samples: int = Field(ge=0, lt=2**53)
+    n_tokens: int = Field(ge=0, lt=2**53)
     created_at: dt.datetime | None = None
     """When the task was created where it was exported (kept on import; a naive time is read as UTC)."""
 
@@ -317,6 +319,11 @@ def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]
     if header.version not in READABLE_VERSIONS:
         raise InvalidInput(f"unsupported export version {header.version} (this service reads {READABLE_VERSIONS})")
     sp = header.space
+    for what, text in (("the export's model name", sp.model_name), ("its model fingerprint", sp.model_fingerprint),
+                       ("its spec fingerprint", sp.spec_fingerprint)):
+        if "\x00" in text:  # stored in text columns: PostgreSQL refuses NUL (a 500), SQLite kept it
+            raise InvalidInput(f"{what} holds a NUL character")
+        refuse_control_chars(text, what)
     try:
         spec = SketchSpec.from_dict(sp.spec)
     except Exception as exc:
@@ -381,6 +388,11 @@ def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]
         recomputed = state.signature()
         if not np.all(np.isfinite(recomputed)):
             raise InvalidInput(f"line {lineno}: the state holds non-finite values")
+        if np.any(state.sq_norms < 0) or (state.n_tokens > 0 and not np.any(recomputed)):
+            raise InvalidInput(f"line {lineno}: the state is not one a sketch makes (negative squared norms, or "
+                               "tokens with an all-zero signature)")
+        if np.any(state.token_counts >= 2**53) or np.any(state.sample_counts >= 2**53):
+            raise InvalidInput(f"line {lineno}: the state's counts are past 2**53")
         if sig.shape != (spec.m,):
             raise InvalidInput(f"line {lineno}: signature has {sig.shape[0]} values, expected {spec.m}")
         if not np.all(np.isfinite(sig)) or float(np.max(np.abs(sig - recomputed))) > SIGNATURE_ATOL:

@@ -19,9 +19,9 @@ def normalize_name(name: str, *, imported: bool = False) -> str:
     or invisible characters, not ``none`` in any case (422 otherwise: ``fit`` labels read it as "no task"), not ASCII
     digits alone (they read as a task id wherever a name or an id is taken: the CLI found the task named "3" for
     ``tasks delete 3``, and task 3 could not be named).
-    ``imported``: an export's name, where invisible characters, line and paragraph separators and ``none`` are kept
-    (names could hold them before 2026-11-25, 2026-12-07 and 2026-11-28, and an import is all or nothing; such a task
-    is labelled by its id).
+    ``imported``: an export's name, where invisible characters, line and paragraph separators, ``none`` and digits
+    alone are kept (names could hold them before 2026-11-25, 2026-12-07, 2026-11-28 and 2026-12-07, and an import is
+    all or nothing; such a task is labelled, and found by the CLI, by its id).
 
     Raises
     ------
