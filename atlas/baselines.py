@@ -15,7 +15,6 @@ the appends).
 
 from __future__ import annotations
 
-import math
 import struct
 import zlib
 from dataclasses import dataclass, field, replace
@@ -73,8 +72,6 @@ class BaselineSums:
     def with_sample_vectors(self, keys: np.ndarray, vectors: np.ndarray) -> BaselineSums:
         """These sums with ``vectors`` (shape (n, r)) of the samples ``keys`` (shape (n,)) added to the kept ones
         (a key already kept is kept once; the :data:`atlas.novelty.MAX_NOVELTY_SAMPLES` smallest keys stay)."""
-        from atlas.novelty import MAX_NOVELTY_SAMPLES
-
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         if not len(keys):
             return replace(self)
@@ -104,6 +101,20 @@ class BaselineSums:
             n_samples=self.n_samples + other.n_samples,
         ).with_sample_vectors(self.sample_keys, self.sample_vectors).with_sample_vectors(other.sample_keys,
                                                                                     other.sample_vectors)
+
+    def check_imported(self) -> None:
+        """Raise ``ValueError`` unless these sums are ones a worker makes: finite hidden sums, counts ≥ 0, novelty
+        vectors of the width its model makes (``min(d, NOVELTY_DIM)``). An import checks them (a crafted blob's
+        narrower vectors made every route of its space answer 500); reading a stored blob does not (a worker's
+        ``sum_loss`` may be infinite where a target's probability rounded to 0, and nothing reads it)."""
+        if not (np.all(np.isfinite(self.sum_hidden)) and np.all(np.isfinite(self.sum_last_hidden))):
+            raise ValueError("baseline sums are not finite")
+        if self.n_tokens < 0 or self.n_samples < 0:
+            raise ValueError("baseline counts are negative")
+        r = self.sample_vectors.shape[1] if len(self.sample_keys) else 0
+        if r and r != min(self.d, NOVELTY_DIM):
+            raise ValueError(f"baseline novelty vectors of width {r}; a model of width {self.d} makes "
+                             f"{min(self.d, NOVELTY_DIM)}")
 
     def mean_hidden(self) -> np.ndarray:
         """Mean hidden state, shape (d,), float32 (zeros when empty)."""
@@ -139,7 +150,6 @@ class BaselineSums:
         if version not in (1, _VERSION):
             raise ValueError(f"unsupported baseline blob version {version}")
         end = head + 16 * d
-        r = 0
         keys = np.zeros(0, dtype=np.int64)
         vecs = np.zeros((0, 0), dtype=np.float32)
         if version == 1:
@@ -158,10 +168,5 @@ class BaselineSums:
             if n_v and (not np.all(np.isfinite(vecs)) or np.any(np.diff(keys) <= 0)):
                 raise ValueError("baseline blob has invalid novelty vectors")
         vec = np.frombuffer(blob[head:end], dtype="<f8").astype(np.float64)
-        if not (np.all(np.isfinite(vec)) and math.isfinite(sum_loss)) or n_tokens < 0 or n_samples < 0:
-            raise ValueError("baseline blob has non-finite sums or negative counts")
-        if r and r != min(d, NOVELTY_DIM):
-            raise ValueError(f"baseline blob has novelty vectors of width {r}; a model of width {d} makes "
-                             f"{min(d, NOVELTY_DIM)}")
         return cls(d=d, sum_hidden=vec[:d].copy(), sum_last_hidden=vec[d:].copy(), sum_loss=sum_loss,
                    n_tokens=n_tokens, n_samples=n_samples, sample_keys=keys, sample_vectors=vecs)

@@ -64,17 +64,35 @@ _TOKEN = regex.compile(rf"(?V1)([{_UNSPACED}][{_UNSPACED}\p{{M}}]*)|([[\w\p{{M}}
 _MAGIC = b"FALX1"
 
 
-_MARK_RUN = regex.compile(r"(\p{M}{30})\p{M}+")
-"""A run of more than 30 combining marks (its first 30 kept): Unicode's stream-safe bound (UAX #15)."""
+_LONG_MARK_RUN = regex.compile(r"\p{M}{31,}")
+"""A run of more than 30 combining marks (Unicode's stream-safe bound, UAX #15)."""
 
 
 def nfc(text: str) -> str:
-    """``text`` in NFC, each run of combining marks cut to 30 first when it is not NFC already (the stream-safe
-    form, UAX #15): NFC reorders a run of marks in time quadratic in its length, and one route prompt of 20,000
-    marks in descending combining class took 0.9 s, against 0.04 s for plain text of that length."""
+    """``unicodedata.normalize("NFC", text)``, in time linear in a run of combining marks. NFC puts each run of
+    non-starters in canonical order with an insertion sort: a run in descending class is quadratic (one route prompt
+    of 20,000 marks took 0.9 s against 0.04 s for plain text), a run already in order linear. A long run is put in
+    canonical order first — each mark decomposed, and each stretch of non-starters sorted stably by combining class,
+    which is canonical ordering itself — so NFC finds it in order; the result is NFC's, for every text."""
     if unicodedata.is_normalized("NFC", text):
         return text
-    return unicodedata.normalize("NFC", _MARK_RUN.sub(r"\1", text))
+    return unicodedata.normalize("NFC", _LONG_MARK_RUN.sub(_canonical_order, text))
+
+
+def _canonical_order(run: regex.Match[str]) -> str:
+    """A run of marks decomposed and put in canonical order (stable by combining class between starters)."""
+    marks = "".join(unicodedata.normalize("NFD", mark) for mark in run.group())
+    out: list[str] = []
+    stretch: list[str] = []
+    for mark in marks:
+        if unicodedata.combining(mark):
+            stretch.append(mark)
+            continue
+        out.extend(sorted(stretch, key=unicodedata.combining))
+        stretch = []
+        out.append(mark)
+    out.extend(sorted(stretch, key=unicodedata.combining))
+    return "".join(out)
 
 
 def tokens(text: str) -> list[str]:

@@ -11,13 +11,14 @@ from typing import Any
 
 MASK = "***"
 
-_URL_PASSWORD = re.compile(
-    r"(?<![A-Za-z0-9+.\-])(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
-"""A URL's password. A scheme starts only where a run of scheme characters starts: without the look-behind a match
-was tried from every letter of a long run, each scanning the run to its end (quadratic: 40,000 letters in a query
-string took 1.6 s of the event loop in the access log)."""
+_URL_PASSWORD = re.compile(r"(?P<scheme>://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
+"""A URL's password, found from its ``://`` (the scheme before it is kept as it is). A pattern starting at the
+scheme tried a match from every letter of a long run, each scanning the run to its end (quadratic: 40,000 letters in
+a query string took 1.6 s of the event loop in the access log)."""
+_OPEN_URL_PASSWORD = re.compile(r"(?P<scheme>://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)$")
+"""A URL's password that a cut left without its ``@`` (:func:`redact_cut`)."""
 REDACT_MARGIN = 512
-"""Characters past a cut that are still redacted before cutting (a secret straddling the cut is still found)."""
+"""Characters past a cut that are redacted with it (a secret straddling the cut is still found)."""
 _API_KEY = re.compile(r"\bfa_[A-Za-z0-9_\-]{8,}")
 _ASSIGNED = re.compile(r"(?i)\b(x-api-key|api[_-]?key|password|passwd|secret|token)(\s*[:=]\s*)(['\"]?)[^\s'\",;&]+")
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)()[^\s'\",;]+")
@@ -26,7 +27,7 @@ _PATH = re.compile(r"(?<![\w:/.\-])(?:~|\.{1,2})?/(?:[\w.\-+@%]+/)*[\w.\-+@%]+/?
 
 def redact_secrets(text: str) -> str:
     """``text`` with URL passwords, API keys (``fa_...``) and ``key=value`` style secrets masked."""
-    text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)  # "scheme" is its "://"
     text = _API_KEY.sub("fa_" + MASK, text)
     text = _ASSIGNED.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{MASK}", text)
     return _BEARER.sub(lambda m: f"{m[1]}{m[2]}{MASK}", text)
@@ -51,12 +52,18 @@ def truncate(text: str, limit: int = 300) -> str:
 
 
 def redact_cut(text: str, limit: int = 300) -> str:
-    """``text`` with its secrets masked (:func:`redact_secrets`), cut to ``limit`` characters (:func:`truncate`);
-    only its first ``limit`` + :data:`REDACT_MARGIN` characters are read, so a huge input costs no more than a short
-    one."""
-    if len(text) <= limit + REDACT_MARGIN:
-        return truncate(redact_secrets(text), limit)
-    return f"{redact_secrets(text[:limit + REDACT_MARGIN])[:limit]}... ({len(text) - limit} more characters)"
+    """``text`` with its secrets masked (:func:`redact_secrets`), cut to ``limit`` characters (:func:`truncate`),
+    reading no more of a long text than needed: a window of the cut plus :data:`REDACT_MARGIN` characters, widened
+    while masking shrinks it below the cut, so a huge input costs about what a short one does. A URL password the
+    window's end leaves without its ``@`` is masked too; the count said is of the whole text."""
+    window = limit + REDACT_MARGIN
+    while True:
+        if len(text) <= window:
+            return truncate(redact_secrets(text), limit)
+        shown = _OPEN_URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}", redact_secrets(text[:window]))
+        if len(shown) >= limit:
+            return f"{shown[:limit]}... (cut from {len(text):,} characters)"
+        window *= 2
 
 
 def bounded(value: Any, *, max_str: int = 300, max_items: int = 20, max_depth: int = 4) -> Any:

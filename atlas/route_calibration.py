@@ -40,8 +40,8 @@ two tests")."""
 
 def split_rates(rate: float) -> tuple[float, float]:
     """The false-reject rates of a novelty-tested task's route threshold and of its novelty test, at the task's
-    rate ``rate``: ``rate · (1 − NOVELTY_SHARE)`` and ``rate · NOVELTY_SHARE`` (they add up to ``rate``; each at least
-    the smallest positive double)."""
+    rate ``rate``: ``rate · (1 − NOVELTY_SHARE)`` and ``rate · NOVELTY_SHARE`` (they add up to ``rate``), each at least
+    the smallest positive double (then their sum is a little more)."""
     smallest = math.ulp(0.0)  # neither underflows to 0 (a rate of 5e-324 gave 0.0 and a 500 on every route)
     return max(rate * (1.0 - NOVELTY_SHARE), smallest), max(rate * NOVELTY_SHARE, smallest)
 

@@ -10,8 +10,6 @@ from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from atlas.routing import MAX_ROUTE_K
 from service.schemas import SPACE_REF_MAX, _Out
 
-"""Longest space reference in a body, as in the ``space`` query and path parameters."""
-
 
 class RouteRequest(BaseModel):
     """Route one prompt (``prompt``) or a batch (``prompts``) to the nearest stored tasks."""

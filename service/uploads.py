@@ -198,9 +198,9 @@ def _content_type(request: Request) -> str:
 
 
 MAX_FORM_TEXT = {"name": 1000, "mode": 100, "space": 300}
-"""Longest value of each short form field (a name is refused past 300 characters after its whitespace is stripped;
-metadata is bounded by :func:`atlas.samples.check_metadata`): a megabyte of ``space`` was echoed into messages and
-logs."""
+"""Longest value of each short form field, whitespace included (a name is refused past 300 characters once its
+surrounding whitespace is stripped; metadata is bounded by :func:`atlas.samples.check_metadata`): a megabyte of
+``space`` was echoed into messages and logs."""
 
 
 def _field(form: Any, key: str) -> str | None:
@@ -271,8 +271,16 @@ def _bounded_json(body: bytes, limit: int) -> Any:
     """``body`` parsed, once its structural tokens are counted (413 past ``limit``) and with no repeated key (422)."""
     if len(body) > limit and json_token_count(body, limit) > limit:
         raise _TooManyJSONValues(limit)
+    # UTF-8, as RFC 8259 says: the count reads UTF-8 bytes (json.loads decoded UTF-16 and UTF-32 too, past the count)
+    encoding = json.detect_encoding(body)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        raise HTTPException(422, f"the request body is not UTF-8 (it reads as {encoding}); JSON is sent as UTF-8")
     try:
-        return json.loads(body, object_pairs_hook=unique_keys_object)
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise HTTPException(422, f"the request body is not UTF-8 (byte {exc.start}); JSON is sent as UTF-8") from None
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys_object)
     except InvalidInput as exc:  # FastAPI turns any other exception of the body's parse into a 400
         raise HTTPException(422, f"the request body: {exc.message}") from None
 

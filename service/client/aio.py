@@ -54,7 +54,7 @@ _DESCRIPTOR_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
 
 def _descriptor_of(path: Path) -> int | None:
     """The file descriptor of this process that ``path`` names (``/dev/stdout``, ``/dev/fd/3``), or ``None``."""
-    named = {"/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
     found = _DESCRIPTOR_PATH.match(str(path))
     return named if named is not None else int(found.group(1)) if found else None
 
@@ -403,6 +403,8 @@ class AsyncAtlasClient:
         if mode is not None and stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
         fd = _descriptor_of(path)
+        if fd == 0:  # opened for writing, the file redirected into stdin was emptied
+            raise InvalidInput(0, "invalid_input", f"{path} is this process's standard input, not an output")
         if fd is not None:  # this process's own stdout, say: written at its offset, never truncated
             with os.fdopen(os.dup(fd), "wb") as stream:
                 return await self._stream_export(ref, stream)

@@ -199,6 +199,16 @@ def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monk
     assert json.loads(out.out)["deleted"] and "delete task" in out.err
 
 
+def test_an_export_never_opens_stdin_for_writing(tmp_path: Path) -> None:
+    """``/dev/stdin`` named as the export's file emptied the file redirected into stdin, before any request."""
+    from service.client import AtlasClient, InvalidInput
+
+    with AtlasClient("http://127.0.0.1:9") as cl:
+        for name in ("/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"):
+            with pytest.raises(InvalidInput, match="standard input, not an output"):
+                cl.download_export(name)
+
+
 def test_keys_list_local_does_not_make_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     typo = tmp_path / "typo-dir"
     assert main(["keys", "list", "--local", "--data-dir", str(typo)]) == 1

@@ -68,8 +68,8 @@ REFUSED: dict[str, tuple[Callable[[dict[str, Any], dict[str, Any]], None], str]]
     "a view of 10**30 tokens": (lambda h, t: t["routing"]["cal_views"][0].__setitem__(0, 10**30), "cal_views"),
     "novelty vectors of another width": (lambda h, t: _baselines(t, lambda b: dataclasses.replace(
         b, sample_vectors=np.ascontiguousarray(b.sample_vectors[:, : b.sample_vectors.shape[1] // 2]))), "width"),
-    "a NaN loss in the baselines": (lambda h, t: _baselines(t, lambda b: dataclasses.replace(b, sum_loss=float("nan"))),
-                                    "non-finite"),
+    "a NaN in the baselines' hidden sums": (lambda h, t: _baselines(t, lambda b: dataclasses.replace(
+        b, sum_hidden=np.full_like(b.sum_hidden, np.nan))), "not finite"),
     "counts near 2**63": (lambda h, t: t.update(n_samples=2**62, n_tokens=2**62), "less than 9007199254740992"),
     "a version that overflows on append": (lambda h, t: t.update(version=2**31 - 1), "less than 1073741824"),
     "negative squared norms": (lambda h, t: _state_sq_norms(t, -1.0), "not one a sketch makes"),
