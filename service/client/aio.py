@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import stat
+import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -45,6 +46,8 @@ from service.schemas import (
 )
 from service.schemas_routing import FitResponse, RouteResponse, RoutingInfo
 
+FINAL_POLL_S = 5.0
+"""Time a ``wait_job`` poll past its deadline still has to answer (it says whether the job has ended)."""
 STREAM_READ_TIMEOUT_S = 60.0
 """Longest silence of a progress stream before it counts as lost (the service pings every 15 s)."""
 
@@ -80,7 +83,7 @@ class AsyncAtlasClient:
     api_key
         Sent as ``X-API-Key`` (default ``$FISHER_ATLAS_API_KEY``).
     timeout
-        Request timeout in seconds.
+        Seconds each network operation may take (connect, each read: httpx's timeout); ``wait_job`` has its own.
     retries
         Attempts of a read, or of a write with an idempotency key, on connection errors, 429 and 503 (1: no retry).
     transport, limits
@@ -93,6 +96,10 @@ class AsyncAtlasClient:
         self.base_url = (base_url or os.environ.get("FISHER_ATLAS_URL") or calls.DEFAULT_URL).rstrip("/")
         calls.check_url(self.base_url)
         self.api_key = api_key if api_key is not None else os.environ.get("FISHER_ATLAS_API_KEY")
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()
+                                             and self.api_key.strip() == self.api_key):
+            raise InvalidInput(0, "invalid_api_key", "the API key holds whitespace or characters no header can carry "
+                               "(a key read from a file with its line break?)")
         self.retries = max(1, retries)
         headers = {"X-API-Key": self.api_key} if self.api_key else {}
         self._http = httpx.AsyncClient(
@@ -110,9 +117,16 @@ class AsyncAtlasClient:
         """Close the connection pool."""
         await self._http.aclose()
 
-    def _unreachable(self, exc: httpx.TransportError) -> Unreachable:
-        """The client's error for a transport failure (a read timeout's text is empty: its type is named)."""
-        return Unreachable(0, "unreachable", f"{self.base_url}: {str(exc) or type(exc).__name__}")
+    def _unreachable(self, exc: httpx.RequestError) -> AtlasClientError:
+        """The client's error for a failed request: :class:`Unreachable` for a transport failure (a read timeout's
+        text is empty: its type is named), ``unexpected_answer`` for an answer httpx could not read (a body that is
+        not the encoding it claims, endless redirects); secrets in the URL masked."""
+        from atlas.redaction import redact_secrets
+
+        said = redact_secrets(f"{self.base_url}: {str(exc) or type(exc).__name__}")
+        if isinstance(exc, httpx.TransportError):
+            return Unreachable(0, "unreachable", said)
+        return AtlasClientError(0, "unexpected_answer", f"{said} (not an answer the client can read)")
 
     def _check_open(self) -> None:
         if self._http.is_closed:
@@ -122,7 +136,7 @@ class AsyncAtlasClient:
         self._check_open()
         try:
             resp = await self._http.request(call.method, call.path, **call.kwargs())
-        except httpx.TransportError as exc:
+        except httpx.RequestError as exc:
             raise self._unreachable(exc) from exc
         except (ValueError, TypeError) as exc:  # NaN or a set in a JSON body: the caller's input, said as such
             why = ("a number in it is NaN or infinite (give finite numbers: a threshold is in [-1, 1], a "
@@ -147,9 +161,10 @@ class AsyncAtlasClient:
 
     async def ready(self) -> Readiness:
         """``GET /readyz`` (a 503 carries the same body: returned, not raised)."""
+        self._check_open()
         try:
             resp = await self._http.get("/readyz")
-        except httpx.TransportError as exc:
+        except httpx.RequestError as exc:
             raise self._unreachable(exc) from exc
         if resp.status_code not in (200, 503):
             calls.raise_for(resp)
@@ -249,8 +264,12 @@ class AsyncAtlasClient:
                     calls.raise_for(source.response)
                 async for event in source.aiter_sse():
                     if event.event == "progress":
-                        yield JobOut.model_validate_json(event.data)
-        except httpx.TransportError as exc:
+                        try:
+                            job = JobOut.model_validate_json(event.data)
+                        except ValueError:  # pydantic's ValidationError: another server, or another version
+                            raise calls.unexpected(source.response, "a progress event is not a job") from None
+                        yield job
+        except httpx.RequestError as exc:
             raise self._unreachable(exc) from exc
 
     async def wait_job(self, job_id: int, *, on_progress: ProgressCallback | None = None,
@@ -267,8 +286,10 @@ class AsyncAtlasClient:
         except AtlasClientError as exc:
             watch.stream_failed(exc)
         while not watch.finished:
-            try:  # each poll within the deadline too (its retries took three request timeouts past it)
-                async with asyncio.timeout(watch.remaining()):
+            try:  # each poll within the deadline too (its retries took three request timeouts past it), the one past
+                # it given FINAL_POLL_S (a timeout of 0 reported a finished job as still running)
+                remaining = watch.remaining()
+                async with asyncio.timeout(None if remaining is None else max(remaining, FINAL_POLL_S)):
                     job = await self.get_job(job_id)
             except TimeoutError:
                 raise TimeoutError(f"job {job_id}: still running when the {timeout} s wait ended (the service did "
@@ -313,6 +334,8 @@ class AsyncAtlasClient:
 
     async def set_threshold(self, task_id: int, threshold: float | None) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: override the task's route threshold (``None`` clears it)."""
+        if threshold is not None:
+            threshold = calls.real_number(threshold, "a threshold")
         return await self.patch_routing(task_id, threshold=threshold)
 
     async def patch_routing(self, task_id: int, **fields: Any) -> RoutingInfo:
@@ -324,7 +347,7 @@ class AsyncAtlasClient:
     async def set_false_reject_rate(self, task_id: int, rate: float) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: re-calibrate the task's route threshold at another false-reject rate
         (the share of its own prompts answered "none"; default 0.05)."""
-        return await self.patch_routing(task_id, false_reject_rate=float(rate))
+        return await self.patch_routing(task_id, false_reject_rate=calls.real_number(rate, "a false-reject rate"))
 
     async def set_template_test(self, task_id: int, enabled: bool) -> RoutingInfo:
         """``PATCH /v1/tasks/{id}/routing``: turn the task's template test on or off (docs/SCORES.md)."""
@@ -372,9 +395,13 @@ class AsyncAtlasClient:
                             f"argument is the space (id or name): write the export with out={str(space)!r}")
         ref = quote(str(space if space is not None else "default"), safe="")  # a model name may hold slashes
         blob: bytes = await self._send(Call("GET", f"/v1/spaces/{ref}/export", None))
-        if not blob.startswith(calls.EXPORT_START):  # another server's page at the URL, say
-            raise AtlasClientError(200, "unexpected_answer", f"GET /v1/spaces/{ref}/export: not a FisherAtlas answer: "
-                                   "its first bytes are not an export's header")
+        try:  # another server's page at the URL, say, or a body cut off
+            check = calls.ExportCheck()
+            check.feed(blob)
+            check.finish()
+        except ValueError as exc:
+            raise AtlasClientError(200, "unexpected_answer", f"GET /v1/spaces/{ref}/export: not a whole export: "
+                                   f"{exc}") from None
         if out is not None:
             Path(os.fspath(out)).write_bytes(blob)
         return blob
@@ -389,8 +416,9 @@ class AsyncAtlasClient:
         written so and the link kept. ``/dev/stdout``, ``/dev/stderr`` and ``/dev/fd/N`` are written through the
         descriptor itself, at its offset (a shell's ``{ echo a; export; } > f`` keeps its ``a``); a FIFO, a terminal,
         another file that is not regular and other paths under ``/dev`` or ``/proc`` are written in place, as a
-        shell's ``>`` would (they were replaced by a new regular file). An answer that does not begin as an export
-        (another server at the URL) is :class:`AtlasClientError` ``unexpected_answer``, nothing written."""
+        shell's ``>`` would (they were replaced by a new regular file). An answer that is not a whole export
+        (another server at the URL, a body cut off: ``calls.ExportCheck``) is :class:`AtlasClientError`
+        ``unexpected_answer``; a path written through a temporary file is then left as it was."""
         self._check_open()
         ref = quote(str(space if space is not None else "default"), safe="")
         if not isinstance(out, str | os.PathLike):
@@ -415,33 +443,40 @@ class AsyncAtlasClient:
         target = Path(os.path.realpath(path))  # a symbolic link's target: the link stays
         if not target.parent.is_dir():
             raise FileNotFoundError(errno.ENOENT, "no such directory", str(target.parent))
-        partial = target.with_name(f".{target.name}.partial")
-        try:
-            with partial.open("wb") as stream:
+        partial: Path | None = None
+        try:  # a temporary file of its own: two downloads to one path wrote one partial file
+            handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+            partial = Path(name)
+            with os.fdopen(handle, "wb") as stream:
                 written = await self._stream_export(ref, stream)
             partial.replace(target)
         except OSError as exc:
-            if exc.filename != str(partial):
+            if partial is not None and exc.filename not in (str(partial), None):
                 raise
             raise type(exc)(exc.errno, exc.strerror, str(path)) from None  # named by the path given
         finally:
-            partial.unlink(missing_ok=True)
+            if partial is not None:
+                partial.unlink(missing_ok=True)
         return written
 
     async def _stream_export(self, ref: str, stream: BinaryIO) -> int:
         """Write the export of space ``ref`` into ``stream`` as it arrives, once its first bytes show it is one;
         the bytes written."""
         written = 0
+        check = calls.ExportCheck()
         try:
             async with self._http.stream("GET", f"/v1/spaces/{ref}/export") as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     calls.raise_for(resp)
-                async for chunk in resp.aiter_bytes():
-                    if not written and chunk and not chunk.startswith(calls.EXPORT_START[:len(chunk)]):
-                        raise calls.unexpected(resp, "its first bytes are not an export's header")
-                    written += stream.write(chunk)
-        except httpx.TransportError as exc:
+                try:
+                    async for chunk in resp.aiter_bytes():
+                        check.feed(chunk)
+                        written += stream.write(chunk)
+                    check.finish()
+                except ValueError as exc:
+                    raise calls.unexpected(resp, f"not a whole export: {exc}") from None
+        except httpx.RequestError as exc:
             raise self._unreachable(exc) from exc
         stream.flush()
         return written
@@ -465,9 +500,11 @@ class AsyncAtlasClient:
         null and every scope when the service asks no key)."""
         return await self._send(Call("GET", "/v1/keys/current", None, as_json=True))
 
-    async def create_key(self, name: str, scopes: Sequence[str] = ("read",)) -> dict[str, Any]:
-        """``POST /v1/keys`` (admin): the new key, its plaintext shown this once."""
-        return await self._send(Call("POST", "/v1/keys", None, json={"name": name, "scopes": list(scopes)},
+    async def create_key(self, name: str, scopes: Sequence[str] | str = ("read",)) -> dict[str, Any]:
+        """``POST /v1/keys`` (admin): the new key, its plaintext shown this once (``scopes``: a list, or one string
+        ``"read,write"`` as the CLI takes it; ``"read"`` was sent as four scopes, one a letter)."""
+        wanted = [w.strip() for w in scopes.split(",") if w.strip()] if isinstance(scopes, str) else list(scopes)
+        return await self._send(Call("POST", "/v1/keys", None, json={"name": name, "scopes": wanted},
                                      as_json=True))
 
     async def list_keys(self, *, include_revoked: bool = False) -> dict[str, Any]:

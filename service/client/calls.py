@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 import os
@@ -60,6 +61,14 @@ class Call(Generic[T]):
             if value is not None:
                 out[key] = value
         return out
+
+
+def real_number(value: object, what: str) -> float:
+    """``value`` as a float when it is a real number (not a bool or a string: ``True`` was sent as a threshold of 1.0,
+    refusing every prompt), else :class:`InvalidInput` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInput(0, "invalid_input", f"{what} is a number, not {type(value).__name__}")
+    return float(value)
 
 
 def check_url(url: str) -> None:
@@ -138,6 +147,51 @@ EXPORT_START = b'{"format"'
 """How every export begins (its header line): what the client checks before writing one."""
 
 
+class ExportCheck:
+    """An export checked as it streams (:meth:`feed` each chunk, then :meth:`finish`): it begins as an export's header
+    and ends in a trailer whose task count and SHA-256 match the lines before it. An empty answer, another server's
+    page after a ``{``, and a body cut off by a dropped connection were each written out as an export. Raises
+    ``ValueError`` saying what is wrong; holds one line at a time."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.start = b""
+        self.pending = b""  # the unfinished line
+        self.held = b""  # the last whole line, not hashed yet: the trailer, if nothing follows it
+        self.lines = 0  # whole lines hashed
+
+    def feed(self, chunk: bytes) -> None:
+        """Take the next bytes of the answer (before they are written anywhere)."""
+        if len(self.start) < len(EXPORT_START):
+            self.start += chunk[:len(EXPORT_START) - len(self.start)]
+            if not EXPORT_START.startswith(self.start):
+                raise ValueError("its first bytes are not an export's header")
+        data = self.pending + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.pending = data
+            return
+        whole, self.pending = data[:cut + 1], data[cut + 1:]
+        last = whole.rfind(b"\n", 0, len(whole) - 1) + 1
+        self.digest.update(self.held)
+        self.digest.update(whole[:last])
+        self.lines += (1 if self.held else 0) + whole.count(b"\n", 0, last)
+        self.held = whole[last:]
+
+    def finish(self) -> None:
+        """Check the end: a trailer counting the task lines, with their SHA-256 (``ValueError`` otherwise)."""
+        if len(self.start) < len(EXPORT_START):
+            raise ValueError("it is not an export (too short)")
+        try:
+            trailer = json.loads(self.held + self.pending)
+        except ValueError:
+            trailer = None
+        if not isinstance(trailer, dict) or trailer.get("trailer") is not True:
+            raise ValueError("it ends without an export's trailer (cut off?)")
+        if trailer.get("n_tasks") != self.lines - 1 or trailer.get("sha256") != self.digest.hexdigest():
+            raise ValueError("its trailer does not match its lines (cut off or altered)")
+
+
 SampleArg = str | Mapping[str, str]
 """One sample of ``add_task``/``append``: a text, or a ``{"text"}`` / ``{"prompt", "completion"}`` mapping."""
 
@@ -163,8 +217,8 @@ def upload(file: FileArg, samples: Sequence[SampleArg] | None, filename: str | N
 def _record(sample: SampleArg, i: int) -> dict[str, str]:
     if isinstance(sample, str):
         return {"text": sample}
-    if isinstance(sample, Mapping):
-        return dict(sample)
+    if isinstance(sample, Mapping):  # the fields a sample has; others ignored, as a file's and the library's are
+        return {k: sample[k] for k in ("text", "prompt", "completion") if k in sample}
     raise TypeError(f"sample {i} is a {type(sample).__name__}; give a text or a {{'text'}} / "
                     "{'prompt', 'completion'} dict")
 
@@ -185,7 +239,10 @@ def add_task(name: str, file: FileArg, samples: Sequence[SampleArg] | None, mode
         if space is not None:
             body["space"] = str(space)
         return Call("POST", "/v1/tasks", TaskCreated, json=body, headers=headers)
-    data = {"name": name, "mode": mode, "metadata": json.dumps(metadata or {})}
+    try:
+        data = {"name": name, "mode": mode, "metadata": json.dumps(metadata or {}, allow_nan=False)}
+    except (TypeError, ValueError) as exc:  # a set, NaN: what the JSON body's path says too
+        raise InvalidInput(0, "invalid_input", f"the metadata cannot be sent as JSON: {exc}") from None
     if space is not None:
         data["space"] = str(space)
     return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers)

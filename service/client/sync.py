@@ -10,6 +10,8 @@ portal's worker thread kept such a process alive for good.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import functools
 import inspect
 import queue
@@ -62,14 +64,22 @@ class AtlasClient:
             raise _closed()
         if threading.current_thread() is self._thread:  # it would wait on itself for good
             coro.close()
-            raise RuntimeError("a progress callback runs on the client's event-loop thread and cannot call the client; "
-                               "use the job it is given, or hand the work to another thread")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+            raise _on_loop_thread()
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:  # close() from another thread cancelled it
+            raise _closed() from None
+        except KeyboardInterrupt:  # Ctrl-C in a notebook: the call stops too (it went on, calling back)
+            future.cancel()
+            raise
 
     def close(self) -> None:
         """Close the connection pool and stop the event-loop thread (again: nothing)."""
         if self._loop is None:
             return
+        if threading.current_thread() is self._thread:  # stopping the loop from a callback hung its caller
+            raise _on_loop_thread()
         try:
             self._call(self._async.aclose())
         finally:
@@ -82,6 +92,8 @@ class AtlasClient:
         service's progress-stream slots, until the job ended."""
         if self._loop is None:
             raise _closed()
+        if threading.current_thread() is self._thread:  # the pump would wait on the thread that runs it
+            raise _on_loop_thread()
         items: queue.Queue[Any] = queue.Queue()
 
         async def pump() -> None:
@@ -110,15 +122,33 @@ def _closed() -> ClientClosed:
     return ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
 
 
+def _on_loop_thread() -> RuntimeError:
+    return RuntimeError("a progress callback runs on the client's event-loop thread and cannot call the client; use "
+                        "the job it is given, or hand the work to another thread")
+
+
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """Stop the client's loop and its thread (a finalizer: it must not hold the client)."""
+    """Cancel the calls still running on the client's loop (their callers get :class:`ClientClosed`: a ``wait_job``
+    in another thread waited forever once the loop stopped), then stop the loop and its thread (a finalizer: it must
+    not hold the client)."""
     if loop.is_closed():
         return
+    if thread is not threading.current_thread() and loop.is_running():
+        with contextlib.suppress(concurrent.futures.TimeoutError, concurrent.futures.CancelledError, RuntimeError):
+            asyncio.run_coroutine_threadsafe(_cancel_running(), loop).result(timeout=5)
     loop.call_soon_threadsafe(loop.stop)
     if thread is not threading.current_thread():
         thread.join(timeout=5)
     if not loop.is_running():
         loop.close()
+
+
+async def _cancel_running() -> None:
+    """Cancel every other task of the running loop and let them finish."""
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 async def _make(base_url: str | None, api_key: str | None, timeout: float, retries: int,
