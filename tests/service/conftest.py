@@ -76,6 +76,41 @@ def wait_ready(port: int, proc: Any, timeout: float = 60.0, log: Callable[[], st
         time.sleep(0.3)
 
 
+@pytest.fixture
+def fake_http() -> Iterator[Callable[..., str]]:
+    """A real HTTP server that is not FisherAtlas: ``start(answers, default) -> url``, ``answers`` mapping a path to
+    ``(status, headers, body)`` for GET and POST alike, ``default`` for any other path (404 when not given)."""
+    import http.server
+
+    servers: list[http.server.HTTPServer] = []
+
+    def start(answers: dict[str, tuple[int, dict[str, str], bytes]] | None = None,
+              default: tuple[int, dict[str, str], bytes] = (404, {}, b"no")) -> str:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, headers, body = (answers or {}).get(self.path.split("?")[0], default)
+                self.send_response(status)
+                for key, value in {"content-length": str(len(body)), **headers}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET  # noqa: N815 - http.server names its handlers so
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
 class LiveServer:
     """A uvicorn server running an app in a background thread.
 

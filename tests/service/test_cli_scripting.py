@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import http.server
 import io
 import json
 import os
@@ -25,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,33 +50,9 @@ def _tasks(export: bytes) -> list[bytes]:
 
 
 @pytest.fixture
-def other_server() -> Iterator[Any]:
-    """A real HTTP server that is not FisherAtlas: ``start(status, body, content_type) -> url``."""
-    servers: list[http.server.HTTPServer] = []
-
-    def start(status: int, body: bytes, ctype: str) -> str:
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(status)
-                self.send_header("content-type", ctype)
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_POST = do_GET  # noqa: N815 - http.server names its handlers so
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+def other_server(fake_http: Any) -> Any:
+    """A real HTTP server that is not FisherAtlas, one answer for every path: ``start(status, body, ctype) -> url``."""
+    return lambda status, body, ctype: fake_http(default=(status, {"content-type": ctype}, body))
 
 
 def test_exit_statuses_and_one_line_errors_from_servers_that_are_not_the_service(

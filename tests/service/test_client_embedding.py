@@ -14,11 +14,9 @@
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,32 +29,9 @@ PROSE = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps whil
 
 
 @pytest.fixture
-def fake() -> Iterator[Any]:
-    """A real HTTP server that is not FisherAtlas: ``start({path: (status, headers, body)}) -> url``."""
-    servers: list[http.server.HTTPServer] = []
-
-    def start(answers: dict[str, tuple[int, dict[str, str], bytes]]) -> str:
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, headers, body = answers.get(self.path.split("?")[0], (404, {}, b"no"))
-                self.send_response(status)
-                for key, value in {"content-length": str(len(body)), **headers}.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+def fake(fake_http: Any) -> Any:
+    """A real HTTP server that is not FisherAtlas (``tests/service/conftest.fake_http``)."""
+    return fake_http
 
 
 def _in_thread(call: Any, seconds: float) -> BaseException | None:
