@@ -10,11 +10,7 @@ followed over server-sent events (httpx-sse), with polling as the fallback.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
-import re
-import stat
-import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -28,6 +24,7 @@ from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples
 from service.client import calls
 from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg, id_list, path_id
 from service.client.errors import AtlasClientError, ClientClosed, InvalidInput, RateLimited, Unavailable, Unreachable
+from service.client.exports import write_export
 from service.schemas import (
     AlignMatrixResponse,
     AlignResponse,
@@ -50,16 +47,6 @@ FINAL_POLL_S = 5.0
 """Time a ``wait_job`` poll past its deadline still has to answer (it says whether the job has ended)."""
 STREAM_READ_TIMEOUT_S = 60.0
 """Longest silence of a progress stream before it counts as lost (the service pings every 15 s)."""
-
-
-_DESCRIPTOR_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
-
-
-def _descriptor_of(path: Path) -> int | None:
-    """The file descriptor of this process that ``path`` names (``/dev/stdout``, ``/dev/fd/3``), or ``None``."""
-    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
-    found = _DESCRIPTOR_PATH.match(str(path))
-    return named if named is not None else int(found.group(1)) if found else None
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -418,46 +405,11 @@ class AsyncAtlasClient:
         another file that is not regular and other paths under ``/dev`` or ``/proc`` are written in place, as a
         shell's ``>`` would (they were replaced by a new regular file). An answer that is not a whole export
         (another server at the URL, a body cut off: ``calls.ExportCheck``) is :class:`AtlasClientError`
-        ``unexpected_answer``; a path written through a temporary file is then left as it was."""
+        ``unexpected_answer``; a path written through a temporary file is then left as it was
+        (:func:`service.client.exports.write_export`)."""
         self._check_open()
         ref = quote(str(space if space is not None else "default"), safe="")
-        if not isinstance(out, str | os.PathLike):
-            return await self._stream_export(ref, out)
-        path = Path(os.fspath(out))
-        try:
-            mode: int | None = path.stat().st_mode
-        except FileNotFoundError:
-            mode = None
-        if mode is not None and stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
-        fd = _descriptor_of(path)
-        if fd == 0:  # opened for writing, the file redirected into stdin was emptied
-            raise InvalidInput(0, "invalid_input", f"{path} is this process's standard input, not an output")
-        if fd is not None:  # this process's own stdout, say: written at its offset, never truncated
-            with os.fdopen(os.dup(fd), "wb") as stream:
-                return await self._stream_export(ref, stream)
-        if mode is not None and (not stat.S_ISREG(mode) or path.absolute().parts[1:2] in (("dev",), ("proc",))):
-            stream = await asyncio.to_thread(path.open, "wb")  # a FIFO's open waits for its reader
-            with stream:
-                return await self._stream_export(ref, stream)
-        target = Path(os.path.realpath(path))  # a symbolic link's target: the link stays
-        if not target.parent.is_dir():
-            raise FileNotFoundError(errno.ENOENT, "no such directory", str(target.parent))
-        partial: Path | None = None
-        try:  # a temporary file of its own: two downloads to one path wrote one partial file
-            handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
-            partial = Path(name)
-            with os.fdopen(handle, "wb") as stream:
-                written = await self._stream_export(ref, stream)
-            partial.replace(target)
-        except OSError as exc:
-            if partial is not None and exc.filename not in (str(partial), None):
-                raise
-            raise type(exc)(exc.errno, exc.strerror, str(path)) from None  # named by the path given
-        finally:
-            if partial is not None:
-                partial.unlink(missing_ok=True)
-        return written
+        return await write_export(out, lambda stream: self._stream_export(ref, stream))
 
     async def _stream_export(self, ref: str, stream: BinaryIO) -> int:
         """Write the export of space ``ref`` into ``stream`` as it arrives, once its first bytes show it is one;

@@ -1,0 +1,88 @@
+"""Where the client writes an export: a path (through a temporary file, or in place for what is not a regular
+file), a descriptor of this process, or an open binary file (:meth:`AsyncAtlasClient.download_export`)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from service.client.errors import InvalidInput
+
+_DESCRIPTOR_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
+
+
+def descriptor_of(path: Path) -> int | None:
+    """The file descriptor of this process that ``path`` names (``/dev/stdout``, ``/dev/fd/3``), or ``None``."""
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
+    found = _DESCRIPTOR_PATH.match(str(path))
+    return named if named is not None else int(found.group(1)) if found else None
+
+
+async def write_export(out: str | os.PathLike[str] | BinaryIO,
+                       stream_into: Callable[[BinaryIO], Awaitable[int]]) -> int:
+    """Write what ``stream_into(stream)`` streams into ``out``; the bytes written.
+
+    Parameters
+    ----------
+    out : path or writable binary file
+        A path naming a regular file, or none yet, is written whole or not at all, through a temporary file of its
+        own beside it (two downloads to one path shared one); a symbolic link's target is written so and the link
+        kept. ``/dev/stdout``, ``/dev/stderr`` and ``/dev/fd/N`` are written through the descriptor itself, at its
+        offset (a shell's ``{ echo a; export; } > f`` keeps its ``a``); descriptor 0 is refused (opened for writing,
+        the file redirected into stdin was emptied). A FIFO, a terminal, another file that is not regular and other
+        paths under ``/dev`` or ``/proc`` are written in place, as a shell's ``>`` would (they were replaced by a new
+        regular file). A binary file is written as the data arrives.
+    stream_into : callable
+        Writes the export into the stream it is given (raising leaves a temporary file's target as it was).
+
+    Raises
+    ------
+    InvalidInput
+        ``out`` names standard input.
+    OSError
+        ``out`` is a directory or in none, or cannot be written; named by the path given.
+    """
+    if not isinstance(out, str | os.PathLike):
+        return await stream_into(out)
+    path = Path(os.fspath(out))
+    try:
+        mode: int | None = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
+    fd = descriptor_of(path)
+    if fd == 0:
+        raise InvalidInput(0, "invalid_input", f"{path} is this process's standard input, not an output")
+    if fd is not None:  # this process's own stdout, say: written at its offset, never truncated
+        with os.fdopen(os.dup(fd), "wb") as stream:
+            return await stream_into(stream)
+    if mode is not None and (not stat.S_ISREG(mode) or path.absolute().parts[1:2] in (("dev",), ("proc",))):
+        stream = await asyncio.to_thread(path.open, "wb")  # a FIFO's open waits for its reader
+        with stream:
+            return await stream_into(stream)
+    target = Path(os.path.realpath(path))  # a symbolic link's target: the link stays
+    if not target.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such directory", str(target.parent))
+    partial: Path | None = None
+    try:
+        handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+        partial = Path(name)
+        with os.fdopen(handle, "wb") as stream:
+            written = await stream_into(stream)
+        partial.replace(target)
+    except OSError as exc:
+        if partial is not None and exc.filename not in (str(partial), None):
+            raise
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None  # named by the path given
+    finally:
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+    return written
