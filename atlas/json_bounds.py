@@ -33,6 +33,20 @@ the event loop)."""
 _LINE_TOKENS = re.compile(rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"?|[\[\]{},:\n]')
 
 
+_STRING_OR_KEY = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?(\s*:)?', re.DOTALL)
+"""A JSON string, matched whole (its closing quote optional, as in :data:`STRUCTURAL_TOKENS`), and the colon after
+it when it is an object's key: a pattern for keys alone restarted inside values at each escaped quote (4.8 MB of
+samples holding ``\\"`` took 2.4 s)."""
+
+
+def json_key_count(data: bytes) -> int:
+    """The number of object keys in JSON ``data`` (strings followed by a colon); linear, one regular expression, no
+    Python object per value (``service.uploads`` compares it with the keys a validated body holds: more means a
+    repeated key)."""
+    strings = _STRING_OR_KEY.findall(data)  # per string: b"" for a value, the colon for a key
+    return len(strings) - strings.count(b"")
+
+
 def upload_value_limit(max_samples: int) -> int:
     """Most structural tokens of a JSON upload allowed ``max_samples`` samples: its samples and its task's fields."""
     return MAX_JSON_VALUES + TOKENS_PER_SAMPLE * int(max_samples)

@@ -12,7 +12,6 @@ upload is parsed and validated.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +27,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
-from atlas.json_bounds import MAX_JSON_VALUES, json_array_length, json_token_count, upload_value_limit
+from atlas.json_bounds import (
+    MAX_JSON_VALUES,
+    json_array_length,
+    json_key_count,
+    json_token_count,
+    upload_value_limit,
+)
 from atlas.sample_io import SampleLimits, loads_json, read_samples
 from atlas.samples import Sample, check_metadata, samples_from_records, unique_keys_object
 from service.security import route_path
@@ -343,13 +348,6 @@ def _json_upload(body: bytes, json_model: Any, limits: SampleLimits) -> Any:
     return model
 
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?(\s*:)?', re.DOTALL)
-"""A JSON string, matched whole, and the colon after it when it is an object's key. Every string is consumed whole, so
-the scan never restarts inside one: a pattern for keys alone restarted at each escaped quote of a value, and 4.8 MB
-of samples holding ``\\"`` took 2.4 s (quadratic in a string's length); the closing quote is optional for the same
-reason (:data:`atlas.json_bounds.STRUCTURAL_TOKENS`)."""
-
-
 def _keys_given(model: Any) -> int:
     """The keys of the objects of a validated upload body (pydantic's fields set, the metadata's keys at every
     depth): each key of the body that was not repeated."""
@@ -368,8 +366,7 @@ def _refuse_repeated_keys(body: bytes, keys_given: int) -> None:
     is decoded a second time only when it holds more key tokens (one regular expression, nothing built per value)
     than ``keys_given``, the keys the validated body holds: only when a key repeats (every string is matched whole,
     so a key's text inside a value does not count)."""
-    strings = _JSON_STRING.findall(body)  # per string: b"" for a value, the colon for a key
-    if len(strings) - strings.count(b"") > keys_given:
+    if json_key_count(body) > keys_given:
         try:
             json.loads(body, object_pairs_hook=unique_keys_object)
         except InvalidInput as exc:
