@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from atlas.routing import MAX_ROUTE_K
 from service.schemas import SPACE_REF_MAX, _Out
+
+
+def _non_empty(prompt: str) -> str:
+    """A batch's prompt, refused when empty (the error's ``loc`` ends with the prompt's index)."""
+    if not prompt:
+        raise ValueError("the prompt is empty: prompts are non-empty strings")
+    return prompt
 
 
 class RouteRequest(BaseModel):
@@ -25,7 +32,9 @@ class RouteRequest(BaseModel):
     )
 
     prompt: str | None = Field(default=None, min_length=1, description="One prompt.")
-    prompts: list[str] | None = Field(default=None, min_length=1, max_length=64, description="A batch of prompts.")
+    prompts: list[Annotated[str, AfterValidator(_non_empty)]] | None = Field(
+        default=None, min_length=1, max_length=64,
+        description="A batch of non-empty prompts (an empty one is a 422 whose `loc` ends with its index).")
     k: StrictInt = Field(default=5, ge=1, le=MAX_ROUTE_K, description="Matches returned per prompt (a JSON integer: "
                          "`true` or `\"3\"` is refused).")
     threshold: float | None = Field(
@@ -43,9 +52,6 @@ class RouteRequest(BaseModel):
     def _one_of(self) -> RouteRequest:
         if (self.prompt is None) == (self.prompts is None):
             raise ValueError("give exactly one of 'prompt' or 'prompts'")
-        empty = next((i for i, p in enumerate(self.prompts or ()) if not p), None)
-        if empty is not None:
-            raise ValueError(f"prompt {empty} is empty: prompts are non-empty strings")
         return self
 
     def texts(self) -> list[str]:

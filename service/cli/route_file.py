@@ -79,6 +79,19 @@ def _prompt_of(line: str) -> str | None:
     return prompt if isinstance(prompt, str) else None
 
 
+def refused_prompt(detail: Any) -> int | None:
+    """The index of the prompt a refused batch names in its error's structured detail: ``{"prompt": i}`` (a domain
+    error) or a request-validation error located at ``["body", "prompts", i]``; ``None`` when it names none."""
+    if isinstance(detail, dict):
+        at = detail.get("prompt")
+        return at if isinstance(at, int) and not isinstance(at, bool) else None
+    first = detail[0] if isinstance(detail, list) and detail and isinstance(detail[0], dict) else {}
+    loc = first.get("loc")
+    if isinstance(loc, list) and len(loc) == 3 and loc[:2] == ["body", "prompts"] and type(loc[2]) is int:
+        return loc[2]
+    return None
+
+
 def route_file(file: Path, k: int, threshold: float | None, url: str | None, api_key: str | None,
                space: str | None, timeout: float, as_json: bool) -> None:
     """Route the prompts of ``file`` in batches of :data:`ROUTE_BATCH`, each answer printed as its batch is answered
@@ -92,12 +105,11 @@ def route_file(file: Path, k: int, threshold: float | None, url: str | None, api
         try:
             res = cl.route([p for _, p in batch], k=k, threshold=threshold, space=space)
         except AtlasClientError as exc:
-            at = exc.detail.get("prompt") if isinstance(exc.detail, dict) else None
-            found = re.search(r"\bprompt (\d+)\b", exc.message) if at is None else None
-            at = int(found.group(1)) if found else at
-            if not isinstance(at, int) or not 0 <= at < len(batch):
+            at = refused_prompt(exc.detail)
+            if at is None or not 0 <= at < len(batch):
                 raise
-            message = re.sub(r"\bprompt \d+ ", "the prompt ", re.sub(r"^prompt \d+: ", "", exc.message))
+            said = re.sub(r"^(invalid request: body\.prompts\.\d+: |prompt \d+: )", "", exc.message)
+            message = re.sub(r"\bprompt \d+ ", "the prompt ", said)
             raise fail(f"{file}:{batch[at][0]}: {exc.status} {exc.code}: {message}") from None
         for (lineno, _), r in zip(batch, res.results, strict=True):
             counts["none" if r.none else "answered"] += 1
