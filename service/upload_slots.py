@@ -1,4 +1,5 @@
-"""A cap on uploads handled at once: task adds, appends and space imports.
+"""A cap on uploads handled at once: task adds, appends and space imports, and any other request whose body is
+over 1 MiB or of undeclared length (a 64 MB route or ``fit`` body is parsed in memory as an upload is).
 
 Reading and parsing an upload holds it in memory several times over — 2–4 bytes per byte of JSONL, CSV or
 text, about 17 per decoded byte of Parquet (bench/results/upload_memory.md) —
@@ -15,6 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from atlas.errors import AtlasError
+
+SLOT_HELD = "fisher_atlas.upload_slot"
+"""Scope key set while a request holds an upload slot for its large body (its route's own slot dependency then takes
+none)."""
 
 RETRY_AFTER_S = 5.0
 """``Retry-After`` of a refused upload: about how long another upload takes to be parsed and stored."""
@@ -79,7 +84,8 @@ class UploadSlots:
                 await semaphore.acquire()
         except TimeoutError:
             raise UploadsBusy(
-                f"{self.total} uploads are being read and stored already (setting max_concurrent_uploads) and none "
+                f"{self.total} uploads or other large request bodies are being read already (setting "
+                f"max_concurrent_uploads) and none "
                 f"ended within {self.wait_s:g} s; nothing was stored: retry later",
                 {"max_concurrent_uploads": self.total, "waited_s": self.wait_s},
             ) from None

@@ -37,6 +37,7 @@ from atlas.json_bounds import (
 from atlas.sample_io import SampleLimits, loads_json, read_samples
 from atlas.samples import Sample, check_metadata, samples_from_records, unique_keys_object
 from service.security import route_path
+from service.upload_slots import SLOT_HELD
 
 ENVELOPE_BYTES = 256 * 1024
 """Allowance above ``max_upload_bytes`` for multipart headers and form fields."""
@@ -290,15 +291,41 @@ def _bounded_json(body: bytes, limit: int) -> Any:
         raise HTTPException(422, f"the request body: {exc.message}") from None
 
 
+LARGE_BODY_BYTES = 1024 * 1024
+"""A request body above this (or one of no declared length) holds an upload slot while it is read and answered."""
+
+def large_body(scope: Scope) -> bool:
+    """Whether a request sends a body above :data:`LARGE_BODY_BYTES`, or one whose length it does not declare
+    (chunked): such a body may be up to ``max_upload_bytes``, and is held in memory 2–4 times while it is parsed."""
+    if scope.get("method") not in ("POST", "PUT", "PATCH"):
+        return False
+    headers = dict(scope.get("headers", []))
+    declared = headers.get(b"content-length")
+    if declared is None:
+        return b"transfer-encoding" in headers
+    try:
+        return int(declared) > LARGE_BODY_BYTES
+    except ValueError:
+        return True
+
+
 class BoundedJSONRoute(APIRoute):
-    """``APIRoute`` whose endpoints parse JSON bodies through :class:`BoundedJSONRequest` (same OpenAPI)."""
+    """``APIRoute`` whose endpoints parse JSON bodies through :class:`BoundedJSONRequest` (same OpenAPI), and whose
+    large bodies (:func:`large_body`) share the process's upload slots (:mod:`service.upload_slots`): a route or
+    ``fit`` body of 64 MB costs memory as an upload does, and twenty at once were not bounded."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         """The route's handler, given the request as a :class:`BoundedJSONRequest`."""
         handler = super().get_route_handler()
 
         async def bounded(request: Request) -> Response:
-            return await handler(BoundedJSONRequest(request.scope, request.receive))
+            bounded_request = BoundedJSONRequest(request.scope, request.receive)
+            container = getattr(request.app.state, "container", None)
+            if container is None or not large_body(request.scope):
+                return await handler(bounded_request)
+            async with container.upload_slots.hold():
+                request.scope[SLOT_HELD] = True
+                return await handler(bounded_request)
 
         return bounded
 

@@ -110,6 +110,45 @@ def test_imports_share_the_slots(bind: Any, tmp_path: Any) -> None:  # noqa: F81
         assert held.finish() == 202
 
 
+def _large_route_body(prompt: str, size: int = 2 * 1024 * 1024) -> bytes:
+    """A route request padded with whitespace (valid JSON) past the 1 MiB at which a body takes an upload slot."""
+    body = json.dumps({"prompts": [prompt]}).encode()
+    return body[:-1] + b" " * (size - len(body)) + b"}"
+
+
+def test_large_route_bodies_share_the_upload_slots_and_small_ones_do_not_wait(bind: Any) -> None:  # noqa: F811
+    """A route body may be up to max_upload_bytes and is parsed in memory as an upload is: one over 1 MiB takes a
+    slot (twenty 64 MB route bodies at once took gigabytes unbounded); a small one never waits, and a large upload
+    alone still gets through (its body's slot is its route's slot, not a second one it would wait for)."""
+    url, app = bind(max_concurrent_uploads=1, upload_slot_wait_s=0.5)
+    host, port = url.removeprefix("http://").split(":")
+    big = _large_route_body("a prompt sent slowly")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"POST /v1/route HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(big)}\r\n\r\n".encode() + big[:100])
+    try:
+        _wait_held(app, 1)
+        with httpx.Client(base_url=url, timeout=30) as http:
+            r = http.post("/v1/route", content=_large_route_body("another"),
+                          headers={"content-type": "application/json"})
+            assert r.status_code == 503 and r.json()["code"] == "uploads_busy", r.text
+            r = http.post("/v1/route", json={"prompts": ["a small request"]})
+            assert r.status_code == 200, r.text  # not held up by the large one
+            r = http.post("/v1/tasks", content=_body("small-upload"), headers={"content-type": "application/json"})
+            assert r.status_code == 503, r.text  # uploads and large bodies share the slots
+            sock.sendall(big[100:])
+            assert int(sock.recv(65536).split(b" ", 2)[1]) == 200
+            _wait_held(app, 0)
+            large_upload = json.dumps({"name": "large", "samples": [{"text": f"sample {i} " + "w " * 400}
+                                                                   for i in range(1500)]}).encode()
+            assert len(large_upload) > 1024 * 1024
+            r = http.post("/v1/tasks", content=large_upload, headers={"content-type": "application/json"})
+            assert r.status_code == 202, r.text
+            _wait_held(app, 0)
+    finally:
+        sock.close()
+
+
 @contextlib.contextmanager
 def _busy_for(url: str, app: Any, name: str, seconds: float = 1.0) -> Iterator[None]:
     """Every slot (one) held by an upload named ``name`` that finishes ``seconds`` after the block starts."""
