@@ -89,10 +89,29 @@ class AsyncAtlasClient:
                                "(a key read from a file with its line break?)")
         self.retries = max(1, retries)
         headers = {"X-API-Key": self.api_key} if self.api_key else {}
-        self._http = httpx.AsyncClient(
+        self._pool_settings: dict[str, Any] = dict(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
             limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=100),
         )
+        self._http = httpx.AsyncClient(**self._pool_settings)
+        self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._ended = False
+
+    def _pool(self) -> httpx.AsyncClient:
+        """The connection pool, for the running event loop. A client used again after the loop it last ran on has
+        ended (``asyncio.run`` a notebook cell, each its own loop) gets a fresh pool: the old one's connections ended
+        with their loop, and reusing them raised a bare ``RuntimeError: Event loop is closed``. Used from a second
+        loop while the first still runs (another thread), it refuses with an :class:`AtlasClientError` saying so."""
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        if self._http_loop is not None and self._http_loop is not loop:
+            if not self._http_loop.is_closed():
+                raise AtlasClientError(0, "wrong_event_loop", "this AsyncAtlasClient is in use on another event loop "
+                                       "that still runs: make one client per event loop (or use the blocking "
+                                       "AtlasClient, which runs its own)")
+            self._http = httpx.AsyncClient(**self._pool_settings)
+        self._http_loop = loop
+        return self._http
 
     async def __aenter__(self) -> AsyncAtlasClient:
         return self
@@ -101,8 +120,12 @@ class AsyncAtlasClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._http.aclose()
+        """Close the connection pool (once the loop it last ran on has ended, its connections ended with it: the
+        client is only marked closed)."""
+        ended = self._http_loop is not None and self._http_loop.is_closed()
+        self._ended = True
+        if not ended:
+            await self._http.aclose()
 
     def _unreachable(self, exc: httpx.RequestError) -> AtlasClientError:
         """The client's error for a failed request: :class:`Unreachable` for a transport failure (a read timeout's
@@ -116,13 +139,13 @@ class AsyncAtlasClient:
         return AtlasClientError(0, "unexpected_answer", f"{said} (not an answer the client can read)")
 
     def _check_open(self) -> None:
-        if self._http.is_closed:
+        if self._ended or self._http.is_closed:
             raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
 
     async def _once(self, call: Call[Any]) -> Any:
         self._check_open()
         try:
-            resp = await self._http.request(call.method, call.path, **call.kwargs())
+            resp = await self._pool().request(call.method, call.path, **call.kwargs())
         except httpx.RequestError as exc:
             raise self._unreachable(exc) from exc
         except (ValueError, TypeError) as exc:  # NaN or a set in a JSON body: the caller's input, said as such
@@ -150,7 +173,7 @@ class AsyncAtlasClient:
         """``GET /readyz`` (a 503 carries the same body: returned, not raised)."""
         self._check_open()
         try:
-            resp = await self._http.get("/readyz")
+            resp = await self._pool().get("/readyz")
         except httpx.RequestError as exc:
             raise self._unreachable(exc) from exc
         if resp.status_code not in (200, 503):
@@ -244,7 +267,7 @@ class AsyncAtlasClient:
         four of the service's keep-alive pings, is :class:`Unreachable`: a hung service held it forever)."""
         self._check_open()
         try:
-            async with aconnect_sse(self._http, "GET", f"/v1/jobs/{path_id(job_id, 'job id')}/events",
+            async with aconnect_sse(self._pool(), "GET", f"/v1/jobs/{path_id(job_id, 'job id')}/events",
                                     timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S)) as source:
                 if source.response.status_code >= 400:
                     await source.response.aread()
@@ -417,7 +440,7 @@ class AsyncAtlasClient:
         written = 0
         check = calls.ExportCheck()
         try:
-            async with self._http.stream("GET", f"/v1/spaces/{ref}/export") as resp:
+            async with self._pool().stream("GET", f"/v1/spaces/{ref}/export") as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     calls.raise_for(resp)

@@ -173,3 +173,40 @@ def test_an_export_is_streamed_to_its_file_whole_or_not_at_all(serve: Any, tiny_
         with pytest.raises(NotFound):
             c.download_export(exports / "other.jsonl", space=999)
         assert sorted(p.name for p in exports.iterdir()) == ["space.jsonl"]  # nothing half-written
+
+
+def test_an_async_client_outlives_the_event_loops_it_is_used_on(serve: Any, tiny_lm: Any) -> None:
+    """``asyncio.run`` a call per notebook cell (each its own loop): the second call raised a bare ``RuntimeError:
+    Event loop is closed``. Now each new loop gets a fresh pool; a second loop while the first still runs is told
+    apart; ``aclose`` from a later loop closes it."""
+    from service.client import AtlasClientError
+
+    svc = serve(lm=tiny_lm)
+    client = AsyncAtlasClient(svc.url)
+    assert asyncio.run(client.health()).status == "ok"
+    assert asyncio.run(client.health()).status == "ok"  # a new loop: was RuntimeError('Event loop is closed')
+    assert asyncio.run(client.list_tasks()).total == 0
+    asyncio.run(client.aclose())  # from a later loop than the one its pool last ran on
+    with pytest.raises(ClientClosed):
+        asyncio.run(client.health())
+
+    shared = AsyncAtlasClient(svc.url)
+    started, finish = threading.Event(), threading.Event()
+
+    async def hold() -> None:  # a loop that keeps running in another thread, the client used on it
+        await shared.health()
+        started.set()
+        while not finish.is_set():
+            await asyncio.sleep(0.02)
+        await shared.aclose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(hold()))
+    thread.start()
+    try:
+        assert started.wait(30)
+        with pytest.raises(AtlasClientError) as other:
+            asyncio.run(shared.health())
+        assert other.value.code == "wrong_event_loop" and "one client per event loop" in other.value.message
+    finally:
+        finish.set()
+        thread.join(30)
