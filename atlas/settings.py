@@ -148,6 +148,13 @@ class Settings(BaseSettings):
     celery_visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
     job_max_attempts: int = Field(default=5, ge=1)
 
+    @field_validator("data_dir")
+    @classmethod
+    def _home_expanded(cls, value: Path) -> Path:
+        """``~/atlases/x`` is under the home directory, as a shell reads it (a folder named ``~`` was made in the
+        working directory: the store looked lost from anywhere else)."""
+        return value.expanduser()
+
     @field_validator("bootstrap_admin_key", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:

@@ -6,15 +6,15 @@ import asyncio
 import logging
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from pydantic import ValidationError
 
 from atlas import analysis
-from atlas.errors import AtlasError, InvalidInput
-from atlas.models import Job, Task
+from atlas.errors import AtlasError, InvalidInput, ModelUnavailable, PayloadTooLarge
 from atlas.repository import check_mode
 from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples, prompt_batch
 from atlas.sample_io import SampleLimits, parse_upload
@@ -24,6 +24,9 @@ from atlas.services.thresholds import FitResult
 from atlas.settings import Settings
 from atlas.vocabulary import MATRIX_DEFAULT_TASKS, JobStatus, TaskStatus
 from service.container import Container
+from service.schemas import JobOut, TaskOut
+from service.schemas_routing import RoutingInfo
+from service.views import job_out, task_out
 from workers.extraction_results import sample_notes
 
 log = logging.getLogger(__name__)
@@ -50,13 +53,18 @@ def _samples(samples: str | Path | Iterable[SampleLike], mode: str, limits: Samp
     ``mode`` as an upload is (:class:`InvalidInput` naming the sample, as REST answers 422); a file within the
     service's ``limits``, as an upload."""
     check_mode(mode)
-    if isinstance(samples, bytes | bytearray) or not isinstance(samples, str | Path | Iterable):
-        raise InvalidInput(f"samples are a file path or an iterable of texts, dicts or Samples, not "
+    if (isinstance(samples, bytes | bytearray | Mapping | set | frozenset)
+            or not isinstance(samples, str | Path | Iterable)):  # a dict was read by its keys, a set in no order
+        raise InvalidInput(f"samples are a file path or a list of texts, dicts or Samples, not "
                            f"{type(samples).__name__}")
     if isinstance(samples, str | Path):
         if not _is_file(samples):
             raise InvalidInput(f"no such file: {str(samples)[:200]!r} (give a file path, or a list of samples)")
         path = Path(samples)
+        size = path.stat().st_size
+        if size > limits.max_bytes:  # before reading it: a file of gigabytes was read whole, then refused
+            raise PayloadTooLarge(f"{path.name} has {size} bytes; the upload limit is {limits.max_bytes} (setting "
+                                  "max_upload_bytes)", {"bytes": size, "max_upload_bytes": limits.max_bytes})
         return parse_upload(path.read_bytes(), path.name, mode, limits)  # type: ignore[arg-type]
     out = []
     for i, s in enumerate(samples):
@@ -101,7 +109,14 @@ class Atlas:
             raise InvalidInput(f"invalid setting {where}: {first.get('msg', '')}", {"setting": where}) from None
         self._limits = SampleLimits.from_settings(self.settings)  # what a file may hold, as an upload
         self._closed = False
-        self._container = Container(self.settings).start()
+        self._container = container = Container(self.settings).start()
+        # an Atlas dropped unclosed (re-run in a notebook) kept its threads, files and ~50 MB for good: closed when
+        # collected, with a ResourceWarning as an unclosed file gives
+        self._finalizer = weakref.finalize(self, _close_unclosed, container, str(self.settings.data_dir))
+        if container.lm is None and self.settings.resolved_prompt_service() == "inprocess":
+            self.close()  # every add and route would fail: said now, with the reason
+            raise ModelUnavailable(f"the model {self.settings.model!r} cannot be loaded: "
+                                   f"{container.model_error or 'unknown reason'}", {"model": self.settings.model})
 
     @property
     def _c(self) -> Container:
@@ -120,47 +135,59 @@ class Atlas:
         any method raise :class:`AtlasClosed`)."""
         if not self._closed:
             self._closed = True
+            self._finalizer.detach()
             self._container.stop()
 
     # -- tasks -----------------------------------------------------------------------------------
 
     def add(self, name: str, samples: str | Path | Iterable[SampleLike], *, mode: str = "text",
             metadata: dict[str, Any] | None = None, wait: bool = True,
-            progress: bool | Callable[[Job], None] = True) -> Task:
+            progress: bool | Callable[[JobOut], None] = True) -> TaskOut:
         """Add a task from a file or samples; with ``wait`` (default) return once its signature is stored.
 
-        ``progress``: ``True`` shows a progress bar (rich, on stderr when it is a terminal), or a callable receiving
-        the job as it runs.
+        ``progress``: ``True`` shows a progress bar (rich, on stderr when it is a terminal), ``False`` none, or a
+        callable receiving the job (as the client's ``JobOut``) as it runs.
         """
+        _check_name(name)
+        _check_progress(progress)
         task, job = self._c.tasks.create(name, mode, metadata, _samples(samples, mode, self._limits))
         if wait:
-            self._wait(job, progress, f"add {name}")
+            self._wait(job.id, progress, f"add {name}")
             task = self._c.tasks.get(task.id)
-        return task
+        return task_out(task)
 
     def append(self, name: str, samples: str | Path | Iterable[SampleLike], *, wait: bool = True,
-               progress: bool | Callable[[Job], None] = True) -> Task:
+               progress: bool | Callable[[JobOut], None] = True) -> TaskOut:
         """Append samples to a task (its mode applies); with ``wait``, return once merged."""
-        task = self.task(name)
-        job = self._c.tasks.append(task.id, _samples(samples, task.mode, self._limits))
+        _check_progress(progress)
+        task_id, mode = self._find(name)
+        job = self._c.tasks.append(task_id, _samples(samples, mode, self._limits))
         if wait:
-            self._wait(job, progress, f"append {name}")
-        return self._c.tasks.get(task.id)
+            self._wait(job.id, progress, f"append {name}")
+        return task_out(self._c.tasks.get(task_id))
 
-    def task(self, name: str) -> Task:
-        """A task by name."""
-        if not isinstance(name, str):  # an id: AttributeError "'int' object has no attribute 'strip'"
-            raise InvalidInput(f"a task is named by its name (a string), not {type(name).__name__} {name!r:.40}")
+    def task(self, name: str) -> TaskOut:
+        """A task by name (the fields the REST API and the client give: ``id``, ``name``, ``mode``, ``status``,
+        ``metadata``, counts, times)."""
+        return task_out(self._task_row(name))
+
+    def _task_row(self, name: str) -> Any:
+        _check_name(name)
         return self._c.tasks.find(name)
 
-    def tasks(self) -> list[Task]:
-        """Every task, oldest first."""
-        return self._all_tasks()
+    def _find(self, name: str) -> tuple[int, str]:
+        """A task's id and mode by name."""
+        row = self._task_row(name)
+        return int(row.id), str(row.mode)
 
-    def _all_tasks(self, bound: int | None = None, **filters: Any) -> list[Task]:
+    def tasks(self) -> list[TaskOut]:
+        """Every task, oldest first."""
+        return [task_out(t) for t in self._all_tasks()]
+
+    def _all_tasks(self, bound: int | None = None, **filters: Any) -> list[Any]:
         """Tasks matching ``filters`` (:meth:`TaskService.page`'s), oldest first, at most ``bound``: read in pages
         of at most 1,000 (the page limit)."""
-        out: list[Task] = []
+        out: list[Any] = []
         while bound is None or len(out) < bound:
             page = self._c.tasks.page(offset=len(out), limit=1000 if bound is None else min(1000, bound - len(out)),
                                       **filters)
@@ -171,9 +198,9 @@ class Atlas:
 
     def delete(self, name: str) -> None:
         """Delete a task."""
-        self._c.tasks.delete(self.task(name).id)
+        self._c.tasks.delete(self._find(name)[0])
 
-    def _wait(self, job: Job, progress: bool | Callable[[Job], None], label: str) -> Job:
+    def _wait(self, job_id: int, progress: bool | Callable[[JobOut], None], label: str) -> None:
         bar = None
         if progress is True:
             from rich.console import Console
@@ -186,10 +213,10 @@ class Atlas:
             tid = bar.add_task(label, total=None)
         try:
             while True:
-                job = self._c.jobs.get(job.id)
+                job = self._c.jobs.get(job_id)
                 p = job.progress or {}
                 if callable(progress):
-                    progress(job)
+                    progress(job_out(job))
                 elif bar is not None and p.get("phase") == "routing":  # after the samples: the routed prompts
                     bar.update(tid, description=f"{label}: routing prompts", completed=int(p.get("routing_done", 0)),
                                total=int(p.get("routing_total", 0) or 0) or None)
@@ -207,13 +234,23 @@ class Atlas:
         notes = sample_notes(job.result)
         if notes:  # samples left out or cut are no error, but must not pass unseen
             log.warning("%s: %s", label, "; ".join(notes))
-        return job
 
     # -- queries ---------------------------------------------------------------------------------
 
+    @overload  # a str is a Sequence[str] too: the first overload wins for it
+    def route(self, prompts: str, *, k: int = 5,  # type: ignore[overload-overlap]
+              threshold: float | None = None) -> analysis.RouteAnswer: ...
+
+    @overload
+    def route(self, prompts: Sequence[str], *, k: int = 5, threshold: float | None = None
+              ) -> list[analysis.RouteAnswer]: ...
+
     def route(self, prompts: str | Sequence[str], *, k: int = 5, threshold: float | None = None
               ) -> analysis.RouteAnswer | list[analysis.RouteAnswer]:
-        """Route one prompt (an answer) or several (a list of answers)."""
+        """Route one prompt (an answer) or several (a list of answers, in the prompts' order)."""
+        if isinstance(prompts, set | frozenset | Mapping):  # no order to give the answers back in
+            raise InvalidInput(f"route takes a prompt or a list of prompts, not a {type(prompts).__name__} (its "
+                               "answers could not be matched to the prompts)")
         try:
             texts = [prompts] if isinstance(prompts, str) else prompt_batch(prompts)
         except TypeError as exc:
@@ -235,38 +272,40 @@ class Atlas:
         result: FitResult = _run(self._c.thresholds.fit(pairs, dry_run=dry_run))
         return result
 
-    def routing(self, name: str) -> dict[str, Any]:
+    def routing(self, name: str) -> RoutingInfo:
         """A task's effective route threshold and its source, calibration, template and novelty state
-        (``GET /v1/tasks/{id}/routing``)."""
-        return self._c.thresholds.info(self.task(name).id)
+        (``GET /v1/tasks/{id}/routing``, the client's ``RoutingInfo``)."""
+        return RoutingInfo(**self._c.thresholds.info(self._find(name)[0]))
 
-    def set_threshold(self, name: str, threshold: float | None) -> dict[str, Any]:
+    def set_threshold(self, name: str, threshold: float | None) -> RoutingInfo:
         """Override a task's route threshold (``None`` clears the override); returns :meth:`routing`."""
-        return self._c.thresholds.patch(self.task(name).id, threshold=threshold)
+        return RoutingInfo(**self._c.thresholds.patch(self._find(name)[0], threshold=threshold))
 
-    def set_false_reject_rate(self, name: str, rate: float) -> dict[str, Any]:
+    def set_false_reject_rate(self, name: str, rate: float) -> RoutingInfo:
         """Re-calibrate a task's route threshold so that at most ``rate`` of its own prompts are answered "none"
         (default 0.05; from its stored held-out scores; later appends keep it); returns :meth:`routing`."""
         if isinstance(rate, bool) or not isinstance(rate, int | float):
             raise InvalidInput("a false-reject rate is a number", {"false_reject_rate": str(rate)[:40]})
-        return self._c.thresholds.patch(self.task(name).id, false_reject_rate=float(rate))
+        return RoutingInfo(**self._c.thresholds.patch(self._find(name)[0], false_reject_rate=float(rate)))
 
-    def set_template_test(self, name: str, enabled: bool) -> dict[str, Any]:
+    def set_template_test(self, name: str, enabled: bool) -> RoutingInfo:
         """Turn a task's template test on or off (docs/SCORES.md "Open set: template test"); returns :meth:`routing`."""
-        return self._c.thresholds.patch(self.task(name).id, template=bool(enabled))
+        _check_switch(enabled, "enabled")
+        return RoutingInfo(**self._c.thresholds.patch(self._find(name)[0], template=enabled))
 
-    def set_novelty_test(self, name: str, enabled: bool) -> dict[str, Any]:
+    def set_novelty_test(self, name: str, enabled: bool) -> RoutingInfo:
         """Turn a task's novelty test on or off (docs/SCORES.md "Open set: novelty test"); returns :meth:`routing`."""
-        return self._c.thresholds.patch(self.task(name).id, novelty=bool(enabled))
+        _check_switch(enabled, "enabled")
+        return RoutingInfo(**self._c.thresholds.patch(self._find(name)[0], novelty=enabled))
 
     def recommend(self, name: str, *, k: int = 5) -> list[analysis.Source]:
         """Fine-tuning sources for a target task, best first."""
-        _, sources, _ = self._c.queries.sources(self.task(name).id, k=k)
+        _, sources, _ = self._c.queries.sources(self._find(name)[0], k=k)
         return sources
 
     def align(self, a: str, b: str) -> analysis.Factors:
         """Fisher alignment of two tasks with its factors."""
-        return self._c.queries.align(self.task(a).id, self.task(b).id)[2]
+        return self._c.queries.align(self._find(a)[0], self._find(b)[0])[2]
 
     def matrix(self, names: Sequence[str] | None = None) -> analysis.Matrices:
         """Alignment matrices of the named tasks (default: the default space's first ready tasks by id, up to
@@ -275,7 +314,9 @@ class Atlas:
         if isinstance(names, str):  # iterated by characters: "no task named 's'"
             raise InvalidInput("matrix takes a list of task names (two or more), not one string")
         if names is not None:
-            ids = [self.task(n).id for n in names]
+            ids = [self._find(n)[0] for n in names]
+            if len(ids) < 2:
+                raise InvalidInput(f"matrix takes two or more task names, not {len(ids)}")
         else:
             top = min(MATRIX_DEFAULT_TASKS, int(self.settings.max_matrix_tasks))
             ids = [t.id for t in self._all_tasks(top, space_ref="default", status=TaskStatus.READY)]
@@ -308,6 +349,28 @@ class Atlas:
         if note is not None:
             warnings.warn(note, UserWarning, stacklevel=2)
         return imported
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str):  # an id: AttributeError "'int' object has no attribute 'strip'"
+        raise InvalidInput(f"a task is named by its name (a string), not {type(name).__name__} {name!r:.40}")
+
+
+def _check_progress(progress: object) -> None:
+    if not (isinstance(progress, bool) or callable(progress)):  # "yes" showed no bar without a word
+        raise InvalidInput(f"progress is True, False or a callable receiving the job, not {progress!r:.40}")
+
+
+def _check_switch(value: object, what: str) -> None:
+    if not isinstance(value, bool):  # bool("false") is True: the test went on
+        raise InvalidInput(f"{what} is True or False, not {value!r:.40}", {what: str(value)[:40]})
+
+
+def _close_unclosed(container: Container, where: str) -> None:
+    """An :class:`Atlas` collected unclosed: warn as an unclosed file does, and close its container."""
+    warnings.warn(f"unclosed Atlas({where!r}): call close() or use it in a with block", ResourceWarning,
+                  stacklevel=2)
+    container.stop()
 
 
 def _run(coro: Any) -> Any:

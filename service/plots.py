@@ -1,7 +1,8 @@
 """Figures of API answers drawn with matplotlib: the atlas map, the alignment heatmap, the factor bars.
 
-Every function takes the JSON body of one API response (as a ``dict``), writes one figure to ``path``
-and returns the path. The format follows the suffix (:data:`PLOT_SUFFIXES`); any other suffix raises
+Every function takes one answer — the JSON body of an API response (a ``dict``), the Python client's answer, or
+library mode's (:func:`as_body`) — writes one figure to ``path`` and returns the path. The format follows the
+suffix (:data:`PLOT_SUFFIXES`); any other suffix raises
 :class:`PlotError` before anything is drawn. matplotlib is an optional extra (``fisher-atlas[plots]``)
 imported lazily with the Agg backend; when it is missing, :class:`PlotsUnavailable` says how to
 install it. The CLI (``atlas --out``, ``matrix --out``, ``recommend --plot``) and the benchmark
@@ -15,6 +16,7 @@ Example
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -151,8 +153,30 @@ def label_lifts(xs: Sequence[float], ys: Sequence[float], near: float = LABEL_NE
     return lifts
 
 
+def as_body(answer: Any) -> Mapping[str, Any]:
+    """An answer as the JSON body the figures read: a ``dict`` as it is; the client's answer (a pydantic model) as its
+    JSON; a library answer (``fisher_atlas.Atlas``'s :class:`~atlas.analysis.AtlasMap`,
+    :class:`~atlas.analysis.Matrices`, or ``recommend``'s list of :class:`~atlas.analysis.Source`) as the REST body it
+    stands for."""
+    if isinstance(answer, Mapping):
+        return answer
+    dump = getattr(answer, "model_dump", None)
+    if callable(dump):
+        return cast(Mapping[str, Any], dump(mode="json"))
+    if dataclasses.is_dataclass(answer) and not isinstance(answer, type):
+        body = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)}
+        if "points" in body:  # AtlasMap: its points as dicts, all of them drawn
+            body["points"] = [dataclasses.asdict(pt) for pt in body["points"]]
+            body.setdefault("total", len(body["points"]))
+        return body
+    if isinstance(answer, Sequence) and all(dataclasses.is_dataclass(s) and hasattr(s, "factors") for s in answer):
+        return {"sources": [{"task_id": s.task_id, "name": s.name, **dataclasses.asdict(s.factors)} for s in answer]}
+    raise PlotError(f"cannot draw a {type(answer).__name__}: give an API answer (dict), the client's answer or the "
+                    "library's (atlas(), matrix(), recommend())")
+
+
 @_literal_text
-def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -> Path:
+def save_atlas(atlas_body: Mapping[str, Any] | Any, path: str | Path, *, title: str) -> Path:
     """Draw the 2-D atlas of a space (body of ``GET /v1/atlas``): labelled points coloured by cluster.
 
     Parameters
@@ -171,6 +195,7 @@ def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -
         The written file.
     """
     p = check_suffix(path)
+    atlas_body = as_body(atlas_body)
     points = list(atlas_body.get("points") or [])
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 6.5))
@@ -205,7 +230,7 @@ def save_atlas(atlas_body: Mapping[str, Any], path: str | Path, *, title: str) -
 
 
 @_literal_text
-def save_matrix(matrix_body: Mapping[str, Any], path: str | Path, *, title: str, kind: str = "fisher") -> Path:
+def save_matrix(matrix_body: Mapping[str, Any] | Any, path: str | Path, *, title: str, kind: str = "fisher") -> Path:
     """Draw the Fisher alignment heatmap of a set of tasks (body of ``POST /v1/align/matrix``).
 
     Parameters
@@ -228,6 +253,7 @@ def save_matrix(matrix_body: Mapping[str, Any], path: str | Path, *, title: str,
     p = check_suffix(path)
     import numpy as np
 
+    matrix_body = as_body(matrix_body)
     names = [str(n) for n in matrix_body.get("names") or []]
     values = matrix_body.get(kind)
     if values is None:
@@ -255,7 +281,7 @@ def save_matrix(matrix_body: Mapping[str, Any], path: str | Path, *, title: str,
     return _save(fig, p)
 
 
-def save_factors(sources_body: Mapping[str, Any], path: str | Path, *, title: str) -> Path:
+def save_factors(sources_body: Mapping[str, Any] | Any, path: str | Path, *, title: str) -> Path:
     """Draw the three factors per source (body of ``GET /v1/tasks/{id}/sources``) as grouped bars.
 
     Parameters
@@ -277,6 +303,7 @@ def save_factors(sources_body: Mapping[str, Any], path: str | Path, *, title: st
         under the source's name.
     """
     p = check_suffix(path)
+    sources_body = as_body(sources_body)
     sources = list(sources_body.get("sources") or [])
     factors = [("activation", "activation S_cov(M_a)"), ("error", "error S_cov(Γ_e)"), ("fisher", "Fisher Â_F"),
                ("fisher_shrunk", "Fisher, shrunk (ranks the sources)")]

@@ -16,9 +16,12 @@ fingerprints never mix.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -195,6 +198,24 @@ class LoadedModel:
         return lm
 
 
+
+@contextlib.contextmanager
+def _quiet_unless_terminal() -> Iterator[None]:
+    """transformers' "Loading weights" bar only on a terminal: a service's log, a notebook or a script's redirected
+    stderr got a bar at every start."""
+    from transformers.utils import logging as hf_logging
+
+    if sys.stderr is not None and sys.stderr.isatty():
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
 def load_causal_lm(name: str, revision: str | None = None, device: str = "auto", dtype: str = "float32",
                    *, verify: bool = True, trust_remote_code: bool = False) -> LoadedModel:
     """Load a causal LM and its tokenizer by name, hub id or local directory.
@@ -253,7 +274,8 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
     if torch_device.type == "cuda" and importlib.util.find_spec("accelerate") is not None:
         load_kwargs["device_map"] = str(torch_device)  # load straight onto the GPU, no full CPU copy
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **load_kwargs)
+        with _quiet_unless_terminal():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **load_kwargs)
     except Exception as ex:
         raise _unavailable(name, revision, is_local, "model weights", ex) from ex
     cast(Any, model).to(torch_device)

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> str:
             atlas.add("boolq", pairs, mode="completion", progress=False)
             for name in TEXT_FAMILIES:
                 atlas.add(name, families[name][:n], progress=False)
-            vectors = atlas.routing("boolq")["novelty_samples"]
+            vectors = atlas.routing("boolq").novelty_samples
             rows.append(["with the novelty test (product)", *_rates(atlas.route(own, k=3), atlas.route(unseen, k=3))])
         with Atlas(tmp, route_novelty=False, **settings) as plain:
             rows.append(["without it (`route_novelty=False`, same store)",

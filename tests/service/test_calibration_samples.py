@@ -23,7 +23,7 @@ def test_a_fifty_sample_task_holds_its_rate_on_its_later_prompts(tmp_path: Path)
     assert len(texts) >= 250
     with Atlas(tmp_path / "atlas", model="bundled", device="cpu", max_tokens_per_sample=128) as atlas:
         atlas.add("native", texts[:50], progress=False)
-        assert atlas.routing("native")["calibration_scores"] == 50  # every sample of the job held out
+        assert atlas.routing("native").calibration_scores == 50  # every sample of the job held out
         answers = atlas.route(texts[50:250], k=1)
     refused = [a for a in answers if a.none and a.rejected_by is not None and a.rejected_by.reason == "threshold"]
     assert len(refused) <= FALSE_REJECT_RATE * len(answers), [(a.best_score, a.threshold) for a in refused]

@@ -26,11 +26,11 @@ def test_a_completion_task_is_novelty_tested_on_its_prompts(tmp_path: Path, tiny
         atlas.add("native", _pairs(40, seed=1), mode="completion", progress=False)
         atlas.add("free", _free(60, seed=3), progress=False)
         info = atlas.routing("native")
-        assert info["prompt_side"] is True
-        assert info["novelty_samples"] == len({sample_id(Sample(**p)) for p in _pairs(40, seed=1)})  # one a prompt
+        assert info.prompt_side is True
+        assert info.novelty_samples == len({sample_id(Sample(**p)) for p in _pairs(40, seed=1)})  # one a prompt
         atlas.append("native", _pairs(30, seed=2), progress=False)
         distinct = {sample_id(Sample(**p)) for p in _pairs(40, seed=1) + _pairs(30, seed=2)}
-        assert atlas.routing("native")["novelty_samples"] == len(distinct)  # appends merge (bottom-k, up to 128)
+        assert atlas.routing("native").novelty_samples == len(distinct)  # appends merge (bottom-k, up to 128)
 
         own = atlas.route(_native(30, seed=9), k=2)
         assert [a.matches[0].name for a in own].count("native") >= 27  # completion tasks receive their prompts

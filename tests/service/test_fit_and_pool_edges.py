@@ -59,7 +59,7 @@ def test_fit_moves_only_the_tasks_its_labelled_prompts_concern(tmp_path: Path, t
         res = atlas.fit(ex)
         assert "shakespeare" not in res.thresholds and "shakespeare" not in res.previous
         info = atlas.routing("shakespeare")
-        assert (info["threshold"], info["source"]) == (0.9, "override")
+        assert (info.threshold, info.source) == (0.9, "override")
 
 
 def test_fit_reports_the_accuracy_of_the_answers_users_got(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -69,7 +69,7 @@ def test_fit_reports_the_accuracy_of_the_answers_users_got(tmp_path: Path, tiny_
     with _atlas(tmp_path / "a", tiny_model_dir, route_length_match=False) as atlas:
         atlas.add("qa", qa, progress=False)
         atlas.add("chem", SMILES[:10], progress=False)
-        assert atlas.routing("qa")["template_active"]
+        assert atlas.routing("qa").template_active
         ex = [(f"Question: what colour is {t}?", "qa") for t in ["a violet", "a tulip", "a daisy", "a robin", "a fox"]]
         ex += [(f"Question: what colour is {t}?\nAnswer:", "qa") for t in ["a rose", "a lily", "a wolf", "a bee"]]
         answers = atlas.route([p for p, _ in ex], k=3)
@@ -162,13 +162,13 @@ def test_routing_reports_the_threshold_whole_prompts_are_held_to(tmp_path: Path,
         atlas.add("big", qa, progress=False)
         atlas.add("small", [f"{line} {t}." for line in LINES for t in THINGS[:4]][:30], progress=False)
         big, small = atlas.routing("big"), atlas.routing("small")
-        assert big["novelty_samples"] >= 39 and big["novelty_active"] and big["source"] == "calibrated"
+        assert big.novelty_samples >= 39 and big.novelty_active and big.source == "calibrated"
         # the half-rate bound is at or below the full-rate one (with all 60 samples held out both can be the lowest)
-        assert big["threshold"] <= big["threshold_auto"]
-        assert 20 <= small["novelty_samples"] < 39 and small["novelty_test"] and not small["novelty_active"]
-        assert small["threshold"] == small["threshold_auto"]
+        assert big.threshold <= big.threshold_auto
+        assert 20 <= small.novelty_samples < 39 and small.novelty_test and not small.novelty_active
+        assert small.threshold == small.threshold_auto
         for name, info, prompt in (("big", big, "Question: what colour is a violet?\nAnswer:"),
                                    ("small", small, f"{LINES[0]} {THINGS[9]}.")):
             match = atlas.route(prompt, k=2).matches[0]  # the answered task: the one the novelty test applies to
             assert match.name == name and match.length_drop is None
-            assert match.threshold == pytest.approx(info["threshold"])
+            assert match.threshold == pytest.approx(info.threshold)

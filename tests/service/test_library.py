@@ -86,35 +86,35 @@ def test_library_fit_and_per_task_routing_controls(tmp_path: Path, tiny_model_di
         for topic in WORDS:
             atlas.add(topic, _texts(topic, 25, seed=1), progress=False)
         before = {topic: atlas.routing(topic) for topic in WORDS}
-        assert all(r["source"] == "calibrated" and r["calibration_scores"] > 0 for r in before.values())
+        assert all(r.source == "calibrated" and r.calibration_scores > 0 for r in before.values())
         other = ["pencil paper stapler folder", "guitar drum violin piano", "train bus tram ferry bicycle"]
         examples = [(p, topic) for topic in WORDS for p in _texts(topic, 6, seed=7)] + [(p, "none") for p in other * 3]
         dry = atlas.fit(examples, dry_run=True)
         assert not dry.stored and set(dry.thresholds) <= set(WORDS)
         assert 0.0 <= dry.accuracy_before <= dry.accuracy_after <= 1.0
-        assert {t: atlas.routing(t)["source"] for t in WORDS} == {t: "calibrated" for t in WORDS}  # nothing stored
+        assert {t: atlas.routing(t).source for t in WORDS} == {t: "calibrated" for t in WORDS}  # nothing stored
         done = atlas.fit(examples)
         assert done.stored and done.thresholds == dry.thresholds
         for name, thr in done.thresholds.items():
             info = atlas.routing(name)
-            assert info["source"] == "override" and info["threshold"] == pytest.approx(thr)
+            assert info.source == "override" and info.threshold == pytest.approx(thr)
         info = atlas.set_threshold("cooking", 0.25)
-        assert info["source"] == "override" and info["threshold"] == pytest.approx(0.25)
+        assert info.source == "override" and info.threshold == pytest.approx(0.25)
         assert atlas.route(_texts("cooking", 1, seed=3)[0], threshold=None).threshold == pytest.approx(0.25)
         cleared = atlas.set_threshold("cooking", None)
-        assert cleared["source"] == "calibrated"
-        assert cleared["threshold"] == pytest.approx(before["cooking"]["threshold"])
+        assert cleared.source == "calibrated"
+        assert cleared.threshold == pytest.approx(before["cooking"].threshold)
         looser = atlas.set_false_reject_rate("cooking", 0.25)  # re-calibrated from the stored held-out scores
-        assert looser["source"] == "calibrated" and looser["false_reject_rate"] == 0.25
-        assert looser["threshold"] >= before["cooking"]["threshold"]
-        again = atlas.set_false_reject_rate("cooking", 0.05)["threshold"]
-        assert again == pytest.approx(before["cooking"]["threshold"])
+        assert looser.source == "calibrated" and looser.false_reject_rate == 0.25
+        assert looser.threshold >= before["cooking"].threshold
+        again = atlas.set_false_reject_rate("cooking", 0.05).threshold
+        assert again == pytest.approx(before["cooking"].threshold)
         for bad_rate in (0.0, 0.75, float("nan")):
             with pytest.raises(InvalidInput):
                 atlas.set_false_reject_rate("cooking", bad_rate)
-        assert atlas.set_template_test("weather", False)["template_test"] is False
-        assert atlas.routing("weather")["template_test"] is False
-        assert atlas.set_template_test("weather", True)["template_test"] is True
+        assert atlas.set_template_test("weather", False).template_test is False
+        assert atlas.routing("weather").template_test is False
+        assert atlas.set_template_test("weather", True).template_test is True
         for bad in (1.5, -2.0, float("nan")):
             with pytest.raises(InvalidInput):
                 atlas.set_threshold("cooking", bad)

@@ -103,14 +103,16 @@ def test_query_arguments_and_files_are_checked_as_rest_checks_them(tmp_path: Pat
 
 def test_a_model_that_does_not_load_is_named_as_the_cause(tmp_path: Path) -> None:
     """On a fresh directory, a model that fails to load made ``add`` say "start a worker for model … (or the
-    embedded service)" — in library mode the caller is the embedded service; the reason was only logged."""
+    embedded service)" — in library mode the caller is the embedded service; the reason was only logged. Since a
+    review of library mode (2026-12-07) ``Atlas(...)`` itself raises, with the reason: every add and route failed
+    after a constructor that returned."""
     from atlas.errors import ModelUnavailable
 
     missing = tmp_path / "no-such-model"
-    with Atlas(tmp_path / "atlas", model=str(missing), sketch_dim=256, device="cpu") as atlas:
-        with pytest.raises(ModelUnavailable, match=r"is not loaded: model directory .* does not exist") as raised:
-            atlas.add("t", ["rain and clouds over the hills"], progress=False)
-        assert "start a worker" not in str(raised.value)
+    with pytest.raises(ModelUnavailable, match=r"cannot be loaded: model directory .* does not exist") as raised:
+        Atlas(tmp_path / "atlas", model=str(missing), sketch_dim=256, device="cpu")
+    assert "start a worker" not in str(raised.value)
+    assert not any(t.name == "atlas-index-sync" and t.is_alive() for t in threading.enumerate())  # closed again
 
 
 def test_the_default_progress_bar_writes_nothing_to_stdout(tmp_path: Path, tiny_model_dir: Path,

@@ -38,7 +38,7 @@ def test_novelty_catches_unseen_families_the_thresholds_let_through(tmp_path: Pa
         for name in INDEXED:
             atlas.add(name, sig[name], progress=False)
         # one vector per sample, stored with the task (routing info reports them)
-        assert all(atlas.routing(name)["novelty_samples"] == N_SIGNATURE >= MIN_NOVELTY_SAMPLES for name in INDEXED)
+        assert all(atlas.routing(name).novelty_samples == N_SIGNATURE >= MIN_NOVELTY_SAMPLES for name in INDEXED)
         on = atlas.route([p for _, p in prompts], k=3)
     with Atlas(path, route_novelty=False, **settings) as atlas:
         off = atlas.route([p for _, p in prompts], k=3)

@@ -37,13 +37,13 @@ def test_the_novelty_switch_over_the_library_http_clients_export_and_fit(
                route_length_match=False) as atlas:
         atlas.add("native", _native(60, seed=1), progress=False)
         atlas.add("free", _free(60, seed=3), progress=False)
-        assert atlas.routing("native")["novelty_samples"] >= MIN_NOVELTY_SAMPLES
-        assert atlas.routing("native")["novelty_test"] is True
+        assert atlas.routing("native").novelty_samples >= MIN_NOVELTY_SAMPLES
+        assert atlas.routing("native").novelty_test is True
         lib_on = atlas.route(PROMPTS, k=2)
-        assert atlas.set_novelty_test("native", False)["novelty_test"] is False
-        assert atlas.routing("native")["novelty_test"] is False
+        assert atlas.set_novelty_test("native", False).novelty_test is False
+        assert atlas.routing("native").novelty_test is False
         assert not any(a.novelty_rejects for a in atlas.route(PROMPTS, k=2))
-        assert atlas.set_novelty_test("native", True)["novelty_test"] is True
+        assert atlas.set_novelty_test("native", True).novelty_test is True
     assert sum(a.novelty_rejects for a in lib_on) >= 3
 
     svc = serve(lm=tiny_lm, data_dir=data, route_template=False, route_length_match=False)

@@ -46,12 +46,12 @@ def test_prompts_cut_to_a_quarter_of_their_words_keep_the_false_reject_rate(tmp_
         _fit_on_whole_prompts_then_route_short_ones(atlas, held, {n: texts[n] for n in FOREIGN}, rng)
     with Atlas(tmp_path / "copy", model="bundled", device="cpu") as copy:  # an export carries the views
         copy.import_(exported)
-        assert {n: copy.routing(n)["length_views"] for n in FAMILIES} == {n: info[n]["length_views"] for n in FAMILIES}
+        assert {n: copy.routing(n).length_views for n in FAMILIES} == {n: info[n].length_views for n in FAMILIES}
         again = copy.route([p for _, p in short], k=3)
     assert [(a.none, a.matches[0].name, round(a.matches[0].threshold, 9)) for a in again] == [
         (a.none, a.matches[0].name, round(a.matches[0].threshold, 9)) for a in short_answers]
     for name, r in info.items():  # every job stored its views: whole samples and three prefixes of each
-        assert r["short_prompt_tokens"] is not None and r["length_views"] > r["calibration_scores"], (name, r)
+        assert r.short_prompt_tokens is not None and r.length_views > r.calibration_scores, (name, r)
     none_whole = np.mean([a.none for a in whole_answers])
     none_short = np.mean([a.none for a in short_answers])
     right_short = np.mean([not a.none and a.matches[0].name == n for (n, _), a in zip(short, short_answers,
@@ -69,7 +69,7 @@ def test_prompts_cut_to_a_quarter_of_their_words_keep_the_false_reject_rate(tmp_
     rejected = [a.rejected_by for a in short_answers if a.none and a.rejected_by is not None
                 and a.rejected_by.reason == "threshold"]
     assert all(r.length_matched and "held-out sample prefixes" in r.message for r in rejected
-               if r.prompt_tokens is not None and r.prompt_tokens < info[r.name]["short_prompt_tokens"])
+               if r.prompt_tokens is not None and r.prompt_tokens < info[r.name].short_prompt_tokens)
 
 
 def _fit_on_whole_prompts_then_route_short_ones(atlas: Atlas, held: dict[str, list[str]],
@@ -83,13 +83,13 @@ def _fit_on_whole_prompts_then_route_short_ones(atlas: Atlas, held: dict[str, li
 
     short = [(name, cut(p, 0.25)) for name in FAMILIES for p in held[name][N_HELD // 2:]]
     before = atlas.route([p for _, p in short], k=3)
-    whole = {n: atlas.routing(n)["threshold"] for n in FAMILIES}  # what whole prompts are held to, no override
+    whole = {n: atlas.routing(n).threshold for n in FAMILIES}  # what whole prompts are held to, no override
     examples = [(p, name) for name in FAMILIES for p in held[name][: N_HELD // 2]]
     examples += [(str(t), "none") for name in FOREIGN for t in rng.choice(foreign[name], N_FOREIGN, replace=False)]
     fitted = atlas.fit(examples)
     raised = dict(fitted.thresholds)
-    atlas.set_threshold("reviews", max(raised.get("reviews", -1.0), atlas.routing("reviews")["threshold"]) + 0.05)
-    raised["reviews"] = atlas.routing("reviews")["threshold"]  # a user's override, raised past fit's
+    atlas.set_threshold("reviews", max(raised.get("reviews", -1.0), atlas.routing("reviews").threshold) + 0.05)
+    raised["reviews"] = atlas.routing("reviews").threshold  # a user's override, raised past fit's
     answers = atlas.route([p for _, p in short], k=3)
     pairs = [(a.matches[0], b.matches[0]) for a, b in zip(answers, before, strict=True)
              if a.matches[0].name in raised and a.matches[0].length_matched and b.matches[0].name == a.matches[0].name]
