@@ -22,6 +22,7 @@
   const NO_GROUP = "#a9b1bb";
   const MATRIX_DEFAULT_MAX = 40;  // atlas.vocabulary.MATRIX_DEFAULT_TASKS: the CLI and the library take as many
   const POLL_MS = 1500;
+  const NEIGHBOUR_CHUNK = 127;  // other tasks per matrix of a task page's neighbours (max_matrix_tasks is 256)
   const DELETE_ARMED_MS = 5000;  // how long "Delete …? Click again" waits for the second click
 
   // ------------------------------------------------------------------ DOM helpers
@@ -113,22 +114,32 @@
   // stays on and the API's 401/403 says what is missing).
   // `refused`: the service answered 401 for the key (unknown or revoked: the field said "saved" for a wrong key).
   // `unreachable`: no answer at all (asked again at the next page: the field said "saved" as if checked).
-  let keyScopes = { key: null, scopes: null, refused: false, unreachable: false };
+  // `malformed`: the key holds characters no key has (a pasted zero-width space, a letter outside ASCII): fetch
+  // refused to send it and the field said the service could not be reached.
+  let keyScopes = { key: null, scopes: null, refused: false, unreachable: false, malformed: false };
   async function loadKeyScopes() {
     const key = apiKey();
     if (keyScopes.key === key) return keyScopes.scopes;
-    let scopes = null; let refused = false; let unreachable = false;
+    let scopes = null; let refused = false; let unreachable = false; let malformed = false;
     try {
       const me = await api("/keys/current");
       scopes = me && Array.isArray(me.scopes) ? me.scopes : null;
     } catch (err) {
       scopes = null;
-      refused = Boolean(key) && err instanceof ApiError && err.status === 401;
+      malformed = err instanceof ApiError && err.code === "malformed_key";
+      refused = Boolean(key) && err instanceof ApiError && (err.status === 401 || malformed);
       // no answer, or a proxy's or a busy service's (502/503/504, 429): asked again, not shown as checked
       unreachable = !(err instanceof ApiError) || err.code === "network" || err.status >= 500 || err.status === 429;
     }
-    keyScopes = { key: unreachable ? null : key, scopes, refused, unreachable };
+    keyScopes = { key: unreachable ? null : key, scopes, refused, unreachable, malformed };
     return scopes;
+  }
+  // A key refused by a later call (revoked while the page is open): the header says so at once (it kept "saved ·
+  // read, write" while every call answered 401).
+  function keyRefused(key) {
+    if (!key || keyScopes.key !== key || keyScopes.refused) return;
+    keyScopes = { key, scopes: null, refused: true, unreachable: false, malformed: false };
+    showKeyScopes();
   }
   const canWrite = () => !Array.isArray(keyScopes.scopes) || keyScopes.scopes.includes("write") ||
     keyScopes.scopes.includes("admin");
@@ -146,7 +157,8 @@
     const state = document.getElementById("keystate");
     if (!state || !apiKey()) return;
     const scopes = keyScopes.scopes;
-    state.textContent = keyScopes.refused ? "saved · not accepted: unknown or revoked key"
+    state.textContent = keyScopes.malformed ? "saved · not a key: it holds characters no key has"
+      : keyScopes.refused ? "saved · not accepted: unknown or revoked key"
       : keyScopes.unreachable ? "saved · not checked: the service cannot be reached"
         : Array.isArray(scopes) ? `saved · ${canWrite() ? scopes.join(", ") : "read only"}` : "saved";
     state.dataset.scopes = Array.isArray(scopes) ? scopes.join(",") : "";
@@ -155,6 +167,10 @@
   async function api(path, { method = "GET", body, signal } = {}) {
     const headers = { Accept: "application/json" };
     const key = apiKey();
+    if (key && !/^[\x21-\x7e]+$/.test(key)) {  // a header carries printable ASCII only: fetch threw a TypeError
+      throw new ApiError("malformed_key", "The API key holds characters no key has (a space, a letter outside "
+        + "ASCII, an invisible character pasted with it): enter the key again in the API key field above.", 0);
+    }
     if (key) headers["X-API-Key"] = key;
     if (body !== undefined) headers["Content-Type"] = "application/json";
     let res;
@@ -173,7 +189,10 @@
       let message = data && typeof data.message === "string" ? data.message : null;
       if (!message && data && typeof data.detail === "string") message = data.detail;
       if (!message) message = `${res.status} ${res.statusText || "error"}`;
-      if (res.status === 401) message += " — enter a read key in the API key field above.";
+      if (res.status === 401) {
+        message += " — enter a valid key in the API key field above.";
+        keyRefused(key);
+      }
       if (res.status === 403) message += " — enter a key with that scope in the API key field above.";
       throw new ApiError((data && data.code) || String(res.status), message, res.status, data && data.detail);
     }
@@ -254,10 +273,12 @@
   }
 
   // ------------------------------------------------------------------ colour
-  function colourGroups(values) {
+  function colourGroups(values, { categorical = false } = {}) {
     // values: array of raw group values (null = no group). Returns {colourOf(v), legend:[{label,colour,count}], numeric}
+    // categorical: numbers that name groups (cluster ids), never a ramp: more than 12 clusters were drawn from white
+    // (cluster 0, invisible on the card) to navy, with neighbouring ids in one colour
     const present = values.filter((v) => v !== null && v !== undefined && v !== "");
-    const numeric = present.length > 0 && present.every((v) => typeof v === "number");
+    const numeric = !categorical && present.length > 0 && present.every((v) => typeof v === "number");
     const distinct = [...new Set(present.map((v) => (typeof v === "object" ? JSON.stringify(v) : v)))];
     if (numeric && distinct.length > PALETTE.length) {
       const lo = Math.min(...present); const hi = Math.max(...present);
@@ -269,8 +290,9 @@
       const key = typeof v === "object" ? JSON.stringify(v) : v;
       counts.set(key, (counts.get(key) || 0) + 1);
     }
-    distinct.sort((a, b) => (typeof a === "number" && typeof b === "number" ? a - b
-      : (counts.get(b) - counts.get(a)) || String(a).localeCompare(String(b))));
+    distinct.sort((a, b) => (typeof a === "number" && typeof b === "number" && distinct.length <= PALETTE.length ? a - b
+      : (counts.get(b) - counts.get(a)) || (typeof a === "number" && typeof b === "number" ? a - b
+        : String(a).localeCompare(String(b)))));
     const shown = distinct.slice(0, PALETTE.length - (distinct.length > PALETTE.length ? 1 : 0));
     const map = new Map(shown.map((v, i) => [v, PALETTE[i]]));
     const other = distinct.length > shown.length;
@@ -484,7 +506,7 @@
     // mapOnly: a resize redraws the map alone (the task list, which may hold the focus, is left as it is)
     function draw({ mapOnly = false } = {}) {
       W = mapWidth(); H = Math.round(Math.max(W * 520 / 760, Math.min(W, 320)));
-      const groups = colourGroups(points.map(groupValue));
+      const groups = colourGroups(points.map(groupValue), { categorical: atlasState.colourBy === "cluster" });
       // equal-aspect scaling so distances on the map are honest
       const xs = points.map((p) => Number(p.x)); const ys = points.map((p) => Number(p.y));
       const xmin = Math.min(...xs); const xmax = Math.max(...xs);
@@ -835,7 +857,7 @@
     main.append(controls, out, pairCard);
 
     let result = null;
-    async function compute() {
+    async function compute(again = false) {
       const ids = points.map((p) => String(p.task_id)).filter((id) => matrixState.selected.has(id));
       if (ids.length < 2) { out.replaceChildren(emptyState("Select at least two tasks")); return; }
       out.replaceChildren(h("p", { class: "muted loading" }, `Computing the ${ids.length}×${ids.length} matrix…`));
@@ -848,6 +870,22 @@
         paint();
       } catch (err) {
         if (!ctx.alive()) return;
+        // tasks deleted since the page was drawn (another tab, another user): dropped, the others computed (the whole
+        // matrix failed with "tasks do not exist: [36]" until a reload)
+        const gone = err instanceof ApiError && err.status === 404 && err.detail && Array.isArray(err.detail.task_ids)
+          ? err.detail.task_ids.map(String) : [];
+        if (gone.length && !again) {
+          for (const id of gone) {
+            matrixState.selected.delete(id); pointById.delete(id);
+            const at = points.findIndex((p) => String(p.task_id) === id);
+            if (at >= 0) points.splice(at, 1);
+          }
+          renderList();
+          showBanner(`${gone.length === 1 ? "A selected task was" : `${gone.length} selected tasks were`} deleted since `
+            + `the page was drawn (id ${gone.slice(0, 5).join(", ")}${gone.length > 5 ? ", …" : ""}): the matrix shows the others.`);
+          await compute(true);
+          return;
+        }
         out.replaceChildren(errorBox(err, "Matrix"));
       }
     }
@@ -1084,7 +1122,8 @@
         g.append(s("line", { x1: one, x2: one, y1: y + 1, y2: y + rowH - 1, class: "ref-line" }));
       }
       const txt = cls === "f-rho"
-        ? (rhoBounded(src) ? (v >= 1 ? `≥ ${fmt(v, 0)}` : `≤ ${fmt(v, 2)}`) : `${fmt(v, 2)}${Number.isFinite(se) ? ` ±${fmt(se, 2)}` : ""}`) : fmt(v, 3);
+        // se is the standard error of log ρ: ρ ×/÷ e^se (read as "0.80 ±2.60" it said ρ ∈ [−1.8, 3.4])
+        ? (rhoBounded(src) ? (v >= 1 ? `≥ ${fmt(v, 0)}` : `≤ ${fmt(v, 2)}`) : `${fmt(v, 2)}${Number.isFinite(se) && se > 0 ? ` ×/÷ ${fmt(Math.exp(se), 2)}` : ""}`) : fmt(v, 3);
       g.append(s("text", { x: labelW + barW + 6, y: y + rowH * 0.68, class: "bar-value" }, txt));
       svg.append(g);
     });
@@ -1244,22 +1283,27 @@
     (async () => {
       try {
         const atlas = await api(`/atlas${qs({ space: taskSpace(task) })}`).catch(() => api("/atlas"));
-        const others = ((atlas && atlas.points) || []).filter((p) => String(p.task_id) !== String(task.id)).slice(0, 127);
+        const others = ((atlas && atlas.points) || []).filter((p) => String(p.task_id) !== String(task.id));
         if (!ctx.alive()) return;
         if (!others.length) {
           for (const c of [nearestCard, darkCard]) c.replaceChildren(c.firstChild, h("p", { class: "muted" }, "No other task in this space yet."));
           return;
         }
-        const ids = [task.id, ...others.map((p) => p.task_id)];
-        const m = await api("/align/matrix", { method: "POST", body: { task_ids: ids } });
-        if (!ctx.alive()) return;
-        const mids = (m.ids || ids).map(String);
-        const me = mids.indexOf(String(task.id));
+        // every task of the map, in matrices of this task and NEIGHBOUR_CHUNK others (the first 127 alone were
+        // compared: a twin past them was missing from "Nearest tasks" while the sources ranked it first)
         const names = new Map(others.map((p) => [String(p.task_id), p.name]));
-        const unestimated = unestimatedPairs(m);
-        const rows = mids.map((tid, j) => ({ id: tid, name: names.get(tid) ?? `task ${tid}`,
-          fisher: m.fisher[me][j], activation: m.activation[me][j], error: m.error[me][j],
-          unestimated: unestimated.has(`${me},${j}`) })).filter((r) => r.id !== String(task.id));
+        const rows = [];
+        for (let at = 0; at < others.length; at += NEIGHBOUR_CHUNK) {
+          const ids = [task.id, ...others.slice(at, at + NEIGHBOUR_CHUNK).map((p) => p.task_id)];
+          const m = await api("/align/matrix", { method: "POST", body: { task_ids: ids } });
+          if (!ctx.alive()) return;
+          const mids = (m.ids || ids).map(String);
+          const me = mids.indexOf(String(task.id));
+          const unestimated = unestimatedPairs(m);
+          rows.push(...mids.map((tid, j) => ({ id: tid, name: names.get(tid) ?? `task ${tid}`,
+            fisher: m.fisher[me][j], activation: m.activation[me][j], error: m.error[me][j],
+            unestimated: unestimated.has(`${me},${j}`) })).filter((r) => r.id !== String(task.id)));
+        }
         const nearest = [...rows].sort((a, b) => b.fisher - a.fisher).slice(0, 8);
         const dark = rows.filter((r) => isDark(r.fisher, r.activation, r.unestimated, DARK_RULE)).sort((a, b) => (b.activation - b.fisher) - (a.activation - a.fisher)).slice(0, 8);
         nearestCard.replaceChildren(h("h2", {}, "Nearest tasks"), h("p", { class: "muted small" }, "By Fisher alignment."), neighbourTable(nearest, "nearest-row"));
@@ -1296,6 +1340,7 @@
     };
     const render = (r) => {
       const tpl = r.template_terms === undefined || r.template_terms === null ? "none stored (re-add the task to get one)"
+        : !r.template_terms ? "no term is in every sample: not active (no prompt can lack the template)"
         : !r.template_active ? `${fmtInt(r.template_terms)} terms in every sample; not active (estimated ${fmt(100 * r.template_false_reject, 2)} % of own prompts lack one; active at ≤ 2 %)`
         : `${fmtInt(r.template_terms)} terms in every sample; active (estimated ${fmt(100 * r.template_false_reject, 2)} % of own prompts lack one)`;
       const on = r.template_test !== false;
@@ -2032,15 +2077,20 @@
       } catch (err) {
         const jobId = progressBox.hidden ? null : progressBox.dataset.jobId;
         const noAnswer = !(err instanceof ApiError) || err.code === "network" || err.status >= 500;
-        if (jobId && noAnswer && ["queued", "running"].includes(progressBox.dataset.status)) {
+        const refused = err instanceof ApiError && (err.status === 401 || err.status === 403);
+        if (jobId && (noAnswer || refused) && ["queued", "running"].includes(progressBox.dataset.status)) {
           // the upload was accepted and its job lives on in the service: contact was lost, not the upload (the box
           // kept "running … 0 s left" with a live Cancel under "Upload: Cannot reach the service")
           progressBox.dataset.status = "unknown";
           progressBox.querySelector(".add-status").replaceChildren(statusBadge("unknown"));
           fill.className = "progress-fill st-unknown";
           cancel.hidden = true;
-          statusLine.textContent = `Lost contact with job ${jobId}: its state is unknown. The upload was accepted; `
-            + "the Jobs page shows the job once the service answers again.";
+          // a key revoked mid-job: "Upload: invalid or revoked API key" read as a failed upload, and it had succeeded
+          statusLine.textContent = refused
+            ? `Cannot follow job ${jobId}: the API key was refused. The upload was accepted and its job goes on in `
+              + "the service; the Jobs page shows it with a valid key."
+            : `Lost contact with job ${jobId}: its state is unknown. The upload was accepted; `
+              + "the Jobs page shows the job once the service answers again.";
           showError(err, `Following job ${jobId}`, true);
         } else if (!chosen && err instanceof Error && /^pasted\.(txt|jsonl): /.test(err.message)) {
           // named by the file the form made of them, which the user never saw
@@ -2104,7 +2154,7 @@
         .map(([status, limit]) => api(`/jobs${qs({ status, limit })}`)));
       const items = pages.flatMap((res) => (Array.isArray(res) ? res : (res && (res.items || res.jobs)) || []));
       const total = (i) => Number(pages[i] && pages[i].total);
-      const totals = { running: total(0) + total(1), failed: total(2) };
+      const totals = { running: total(0) + total(1), failed: total(2), finished: total(3) + total(4) };
       return { jobs: items, source: "jobs", totals };
     } catch (err) {
       if (!(err instanceof ApiError) || (err.status !== 404 && err.status !== 405)) throw err;
@@ -2231,7 +2281,8 @@
         body.replaceChildren(
           section("Running and queued", running, "Nothing running.", "jobs-running", rowsOf, totals.running),
           section("Failed", failed, "No failed jobs.", "jobs-failed", rowsOf, totals.failed),
-          section("Recently finished", finished, "No finished jobs yet.", "jobs-finished", (list) => finishedTable(list, taskById)));
+          section("Recently finished", finished, "No finished jobs yet.", "jobs-finished", (list) => finishedTable(list, taskById),
+            totals.finished));
         stamp.textContent = `updated ${new Date().toLocaleTimeString()}${active ? " · live" : ""}`;
       } catch (err) {
         if (!ctx.alive()) return;
