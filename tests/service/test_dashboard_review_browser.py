@@ -119,3 +119,20 @@ def test_the_key_field_says_when_a_key_is_revoked_or_malformed(serve: Any, tiny_
     page.press("#apikey", "Enter")
     page.locator("#keystate", has_text="not a key").wait_for()
     assert "cannot be reached" not in state.inner_text()
+
+
+def test_a_focused_map_mark_keeps_the_focus_when_the_task_list_changes(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """The atlas redraws when a task is added elsewhere: the keyboard focus on a mark fell to the page (a keyboard
+    user then tabbed back through every mark); it now returns to the same task's mark."""
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=120) as http:
+        _add(http, "prose", PROSE)
+        _add(http, "code", CODE)
+        page.goto(f"{svc.url}/dashboard/#/atlas")
+        marks = page.locator("[data-testid=atlas-point]")
+        marks.nth(1).wait_for()
+        focused = marks.nth(1).get_attribute("data-task-id")
+        marks.nth(1).focus()
+        _add(http, "more prose", [t.replace("fox", "cat") for t in PROSE])
+        marks.nth(2).wait_for(timeout=30_000)  # the page redrew with the new task
+    assert page.evaluate("document.activeElement.getAttribute('data-task-id')") == focused

@@ -358,10 +358,21 @@
   // button's page) gives it to the new page, from which a keyboard user goes on (it fell to <body>).
   // `toPage`: an action of the old page asked for it (its button was disabled while it ran: the focus had fallen).
   let focusPageNext = false;
+  // The element of a redrawn page that stands where `had` stood: itself while connected, else the one of the same id,
+  // or of the same task and role (a map mark: focus fell to the page, 130 marks back, when the task list changed).
+  function counterpart(had) {
+    if (!had || had.isConnected) return had;
+    if (had.id) return document.getElementById(had.id);
+    const tid = had.getAttribute("data-task-id");
+    if (tid === null) return null;
+    const role = had.getAttribute("data-testid");
+    return view().querySelector(`[data-task-id="${CSS.escape(tid)}"]${role ? `[data-testid="${CSS.escape(role)}"]` : ""}`);
+  }
   function settleFocus(had, toPage) {
     if ((!had && !toPage) || (document.activeElement && document.activeElement !== document.body)) return;
-    if (had && had.isConnected && view().contains(had)) had.focus({ preventScroll: true });
-    if (!had || document.activeElement !== had) view().focus({ preventScroll: true });
+    const target = counterpart(had);
+    if (target && view().contains(target)) target.focus({ preventScroll: true });
+    if (!target || document.activeElement !== target) view().focus({ preventScroll: true });
   }
   function navigate({ keepScroll = false } = {}) {
     const v = view();
