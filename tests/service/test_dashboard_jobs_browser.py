@@ -101,6 +101,8 @@ def test_cancel_buttons_and_the_open_atlas_follow_queued_jobs(
         page.locator("[data-testid=add-progress][data-status=cancelled]").wait_for()
         assert page.locator("[data-testid=add-cancel]").is_hidden()
         assert http.get(f"/v1/jobs/{form_job}").json()["status"] == "cancelled"
+        # the outcome is said, not left to the badge (a review, 2026-12-07)
+        assert "Cancelled: nothing was added" in page.locator("[data-testid=add-cancelled]").inner_text()
 
         page.goto(f"{svc.url}/dashboard/#/jobs")
         page.locator(f"[data-testid=jobs-running] [data-testid=job-row][data-job-id='{job_id}'] "

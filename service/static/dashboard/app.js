@@ -2082,6 +2082,11 @@
           ...(notes ? [h("p", { class: "note small", "data-testid": "add-notes" }, notes)] : []));
           if (target.value === "") { name.value = ""; meta.value = ""; }
           file.value = ""; paste.value = "";
+        } else if (final.status === "cancelled" && !gone) {  // it ended with the badge alone
+          message.replaceChildren(h("p", { class: "note small", "data-testid": "add-cancelled" }, accepted.task
+            ? `Cancelled: nothing was added. The task ${taskName(accepted.task)} is kept, failed (no signature): `
+              + "upload to that name again to retry, or delete it."
+            : "Cancelled: no sample was appended; the task is as it was."));
         }
         // the new point, or the task's failure; drawn before the outcome takes the focus (the redraw moves this panel)
         if (parseHash().path === "/atlas") await navigate({ keepScroll: true });
