@@ -65,7 +65,6 @@ ACTIVATION_DARK_MIN_ACTIVATION = 0.8
 ACTIVATION_DARK_MAX_FISHER = 0.3
 """A Fisher alignment Â_F at most this low counts as 'updates not alike'."""
 
-_EPS = 1e-10
 
 DEFAULT_ROUTE_THRESHOLD: float = Settings.model_fields["route_threshold"].default
 """Default open-set threshold on the route score (``settings.route_threshold`` overrides it when set).

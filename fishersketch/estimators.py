@@ -3,7 +3,11 @@
 Kernel means. For tasks ``i != j`` and feature ``f`` in {ae, a, e}:
 ``S_f(i, j) = <μ_f,i, μ_f,j>`` with ``μ = Σψ / n`` — already unbiased because the two tasks' draws are
 independent. For ``i = j`` the U-statistic ``S_f(i, i) = (‖Σψ‖² − Σ‖ψ‖²) / (n (n − 1))`` removes the
-self-pairs. Every ``S`` is clamped at ``EPS = 1e-10`` before any ratio.
+self-pairs. Every ``S`` is clamped before any ratio at ``EPS = 1e-10`` relative to the tasks' own scale:
+``S_f(i, j) ≥ EPS · sqrt(q_f,i q_f,j)`` with ``q_f,i = Σ‖ψ_f‖² / n_i`` the task's mean squared feature norm
+per draw (the paper's fixed ε in units of the data, so that every estimate is invariant to the scale of ``a``
+and ``e``: with an absolute ε a gradient of a mean-reduced loss, ``e / n_tokens``, fell under it and the error
+factor read 0).
 
 Point estimates use the pooled A ∪ B sums (all ``n_i n_j`` cross pairs, the lowest-variance
 unbiased choice):
@@ -15,12 +19,15 @@ unbiased choice):
                   clipping), bounded to ``[1 / RHO_MAX, RHO_MAX]``
 
 Ranges (docs/SCORES.md): ``fisher``, ``activation``, ``error``, ``proxy`` and ``fisher_eb`` are cosines in
-``[0, 1]`` — the cross kernel mean of a pair is clamped at EPS below, and a ratio above 1 (the cross
+``[0, 1]`` — the cross kernel mean of a pair is clamped at its floor below, and a ratio above 1 (the cross
 term of a small task can exceed the unbiased self terms by noise) is clipped to 1 with the flag
 ``cosine_clipped``. Identical states (``align(a, a)``) give exactly 1 for every cosine and ρ = 1.
 
 Split-half diagnostics use within-split estimates (both tasks' split-A sums, then split-B sums):
-``log ρ^A``, ``log ρ^B``, ``log_rho_split = (log ρ^A + log ρ^B) / 2`` and
+``log ρ^A``, ``log ρ^B`` (each the log of that half's ρ as above — from cosines clipped to 1 and ρ bounded —
+where the paper writes ``log χ^s_ij − ½ log χ^s_ii − ½ log χ^s_jj`` of clamped S; they differ only where a half's
+cosine exceeds 1 by noise or its ρ hits a bound, and a review measured the same accuracy against exact log ρ,
+RMSE 0.1685 against 0.1690), ``log_rho_split = (log ρ^A + log ρ^B) / 2`` and
 ``se = |log ρ^A − log ρ^B| / 2``. :func:`align_matrix` adds the empirical-Bayes shrinkage over the
 off-diagonal pairs (``c = 1.5``): ``τ² = max(0, Var(ℓ̄) − c mean(SE²))``,
 ``w = τ² / (τ² + SE² + 1e-10)``, ``ρ^EB = exp(w ℓ̄)``, ``Â_F^EB = proxy · ρ^EB``, ``α_EB = mean w`` and
@@ -30,9 +37,9 @@ Degenerate inputs never give NaN or Inf; they give the documented neutral values
 
 * ``empty``           a task has no draws: every similarity is 0, ρ = 1.
 * ``single_draw``     a task has one draw: its self terms use ``‖ψ‖²`` (V-statistic) instead.
-* ``zero_norm_<f>``   a self term of feature f is ≤ EPS after the U-statistic (zero or noise-dominated
+* ``zero_norm_<f>``   a self term of feature f is ≤ EPS · q_f after the U-statistic (zero or noise-dominated
                       data): the cosines of f with that task are 0 and ρ = 1, χ = 0.
-* ``clamped``         a cross term was below EPS and clamped.
+* ``clamped``         a cross term was below its floor EPS · sqrt(q_f,i q_f,j) and clamped.
 * ``rho_bounded``     ρ hit its bound (proxy near 0).
 * ``cosine_clipped``  a cosine ratio above 1 was clipped to 1.
 * ``identical``       the two states are identical (all cosines and ρ exactly 1).
@@ -54,7 +61,8 @@ from fishersketch.state import SketchState
 __all__ = ["EB_C", "EPS", "RHO_MAX", "AlignmentResult", "MatrixResult", "align", "align_matrix"]
 
 EPS = 1e-10
-"""Clamp of every kernel mean before ratios (paper: fixed ε = 1e-10)."""
+"""Clamp of every kernel mean before ratios (paper: ε = 1e-10), relative to the tasks' mean squared feature norms
+per draw (module docstring)."""
 EB_C = 1.5
 """Noise inflation factor of the empirical-Bayes τ² (paper: c = 1.5)."""
 RHO_MAX = 100.0
@@ -74,7 +82,7 @@ class AlignmentResult:
     log_rho_split, se, log_rho_a, log_rho_b : float
         Split-half diagnostics.
     s_ae, s_a, s_e : float
-        Cross kernel means S_f(i, j) (clamped at EPS).
+        Cross kernel means S_f(i, j) (clamped at EPS · sqrt(q_i q_j); module docstring).
     n_i, n_j : int
         Draws of the two tasks.
     flags : tuple of str
@@ -118,7 +126,7 @@ class MatrixResult:
     rho_eb, fisher_eb : np.ndarray, float64 (T, T)
         ρ^EB = exp(w ℓ̄) and Â_F^EB = proxy · ρ^EB (diagonal 1 for valid tasks).
     s_ae, s_a, s_e : np.ndarray, float64 (T, T)
-        Kernel means (diagonal: U-statistics), clamped at EPS.
+        Kernel means (diagonal: U-statistics), clamped at EPS · sqrt(q_i q_j).
     n_draws : np.ndarray, int64 (T,)
     alpha_eb, tau2, reliability_r, v_total, v_noise, c : float
     flags : tuple of str
@@ -172,8 +180,9 @@ class _Kernels:
 
     S: np.ndarray  # (3, T, T) unclamped, diagonal = self term
     n: np.ndarray  # (T,) draws
-    self_ok: np.ndarray  # (3, T) self term > EPS
+    self_ok: np.ndarray  # (3, T) self term > its floor
     v_stat: np.ndarray  # (T,) self terms used the V-statistic (n == 1)
+    floor: np.ndarray  # (3, T, T) clamp of each kernel mean: EPS · sqrt(q_i q_j), q the mean squared norm per draw
 
 
 def _kernels(sums: np.ndarray, sq: np.ndarray, n: np.ndarray, *, allow_v: bool) -> _Kernels:
@@ -197,8 +206,14 @@ def _kernels(sums: np.ndarray, sq: np.ndarray, n: np.ndarray, *, allow_v: bool) 
         has = many
     idx = np.arange(T)
     S[:, idx, idx] = self_terms
-    self_ok = (self_terms > EPS) & has[None, :]
-    return _Kernels(S=S, n=n, self_ok=self_ok, v_stat=v_stat & allow_v)
+    # the clamp in the tasks' own units: q = mean squared feature norm per draw (1 for a task of no draws or of
+    # all-zero features, whose terms are 0 and invalid anyway)
+    per_draw = sq.T / safe[None, :]
+    q = np.where((n[None, :] > 0) & (per_draw > 0), per_draw, 1.0)  # (3, T)
+    root = np.sqrt(q)
+    floor = EPS * root[:, :, None] * root[:, None, :]  # (3, T, T); diagonal EPS · q
+    self_ok = (self_terms > floor[:, idx, idx]) & has[None, :]
+    return _Kernels(S=S, n=n, self_ok=self_ok, v_stat=v_stat & allow_v, floor=floor)
 
 
 def _cosines_and_rho(k: _Kernels, same: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -208,7 +223,7 @@ def _cosines_and_rho(k: _Kernels, same: np.ndarray | None = None) -> dict[str, n
     the unbiased self terms by sampling noise); ``same[i, j]`` marks identical states, whose cosines
     and ρ are exactly 1. ρ = fisher / proxy is bounded to ``[1 / RHO_MAX, RHO_MAX]``.
     """
-    C = np.maximum(k.S, EPS)
+    C = np.maximum(k.S, k.floor)
     T = C.shape[1]
     out: dict[str, np.ndarray] = {}
     valid_f = [k.self_ok[f][:, None] & k.self_ok[f][None, :] for f in range(3)]
@@ -235,7 +250,7 @@ def _cosines_and_rho(k: _Kernels, same: np.ndarray | None = None) -> dict[str, n
     out["rho_ok"] = rho_ok | (ident & (k.n[:, None] > 0) & (k.n[None, :] > 0) & ~eye)
     out["rho_bounded"] = bounded & ~ident
     out["cos_clipped"] = clipped
-    out["clamped"] = (k.S < EPS) & ~eye
+    out["clamped"] = (k.floor > k.S) & ~eye
     return out
 
 
@@ -322,7 +337,7 @@ def align_matrix(states: Sequence[SketchState], *, c: float = EB_C) -> MatrixRes
     cp = _cosines_and_rho(pooled, same)
     cp["same"] = same
     # Kernel matrices shared by every pair: S[f] with clamping, as reported.
-    C = np.maximum(pooled.S, EPS)
+    C = np.maximum(pooled.S, pooled.floor)
     # Split halves (within-split estimates, no V-statistic fallback).
     halves = [_kernels(sums[:, s], sq[:, s], n[:, s], allow_v=False) for s in (0, 1)]
     hcp = [_cosines_and_rho(h, same) for h in halves]
@@ -378,8 +393,9 @@ def align(state_i: SketchState, state_j: SketchState) -> AlignmentResult:
     Parameters
     ----------
     state_i, state_j : SketchState
-        States of one spec holding the draws of two different tasks (the cross terms assume the two
-        tasks' draws are independent; do not align a state with itself).
+        States of one spec. The cross terms assume the two tasks' draws are independent; a state aligned with
+        itself (or with a byte-identical copy) is flagged ``identical`` and every cosine and ρ is exactly 1 — an
+        empty one (no draws) gives 0 with the flag ``empty`` as well.
 
     Returns
     -------

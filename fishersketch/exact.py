@@ -15,7 +15,8 @@ population target of the sketch's U-statistic, for sketch-versus-exact compariso
 
 Sequence granularity (shared-parameter kernel): with sample ids, a draw is a sample with
 ``g = Σ_t a_t ⊗ e_t``; ``<g, g'> = Σ_{t∈s, t'∈s'} (a_t·a_t')(e_t·e_t')``, ``S_ae = mean over sample
-pairs of <g, g'>²``, ``S_a = mean ‖A_sᵀ A_s'‖_F²`` and ``S_e = mean ‖E_sᵀ E_s'‖_F²``.
+pairs of <g, g'>²``, ``S_a = mean ‖A_s A_s'ᵀ‖_F²`` and ``S_e = mean ‖E_s E_s'ᵀ‖_F²`` (the Gram matrix of the two
+samples' tokens, ``(n_s, n_s')``: defined for samples of different lengths).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class ExactMatrix:
 
 
 def _to64(x: Any, name: str, device: torch.device) -> torch.Tensor:
-    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+    t = x.detach() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
     if t.ndim != 2 or not t.is_floating_point():
         raise SketchError(f"{name} must be a 2-D floating array, got shape {tuple(t.shape)} dtype {t.dtype}")
     if not bool(torch.isfinite(t).all()):
@@ -223,6 +224,8 @@ def exact_matrix(tasks: Sequence[tuple[Any, Any]], *, statistic: Statistic = "v"
     """
     if statistic not in ("v", "u"):
         raise SketchError(f"statistic must be 'v' or 'u', got {statistic!r}")
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:  # range(0, n, 0) raised a bare ValueError
+        raise SketchError(f"tile must be a positive integer, got {tile!r}")
     dev = torch.device(device)
     ts = _prepare(tasks, sample_ids, dev)
     T = len(ts)

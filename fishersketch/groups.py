@@ -67,7 +67,13 @@ def sketch_groups(sketcher: Sketcher, a: Any, e: Any, group_ids: Any, n_groups: 
     if n_groups < 0 or (n and (groups.min() < 0 or groups.max() >= n_groups)):
         raise SketchError(f"group ids must lie in [0, {n_groups})")
     spec, device, m = sketcher.spec, sketcher.device, sketcher.spec.m
-    gsid = np.zeros(n_groups, dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
+    if sample_ids is None:
+        gsid = np.zeros(n_groups, dtype=np.int64)
+    else:  # ids decide the A/B split: 1.7 read as 1 moved a sample to another split without a word
+        given = np.asarray(sample_ids)
+        if given.size and not np.issubdtype(given.dtype, np.integer):
+            raise SketchError(f"sample_ids must be integers, got dtype {given.dtype}")
+        gsid = given.astype(np.int64)
     if gsid.shape != (n_groups,):
         raise SketchError(f"sample_ids must hold one id per group ({n_groups}), got shape {gsid.shape}")
     split_g = split_of_array(gsid, spec.seed).astype(np.int64)  # (G,)

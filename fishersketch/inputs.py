@@ -38,9 +38,11 @@ def all_finite(x: torch.Tensor) -> bool:
 
 
 def as_tensor(x: Any, name: str) -> torch.Tensor:
-    """``x`` as a tensor (numpy arrays share memory); a :class:`SketchError` for what is not array-like."""
+    """``x`` as a tensor (numpy arrays share memory; a tensor that requires grad detached: a sketch needs no
+    gradient, and head inputs captured by a hook during training raised torch's own errors); a
+    :class:`SketchError` for what is not array-like."""
     if isinstance(x, torch.Tensor):
-        return x
+        return x.detach()
     if isinstance(x, np.ndarray):
         return torch.from_numpy(x)
     try:

@@ -63,7 +63,12 @@ class Projector:
         if dtype not in _FLOAT_DTYPES:
             raise SketchError(f"dtype must be a floating dtype, got {dtype}")
         self.spec = spec
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise SketchError(f"device {device!r} is not a torch device: {exc}") from None
+        if self.device.type == "cuda" and not torch.cuda.is_available():  # torch's bare AssertionError before
+            raise SketchError(f"device {device!r}: CUDA is not available in this torch build or machine")
         self.dtype = dtype
         self.err_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self.projections: Projections = generate_projections(spec).to(self.device)

@@ -50,8 +50,10 @@ class Sketcher(Projector):
         bits). Error-side arithmetic and the products of projections are always float32 (float64 if
         ``dtype`` is float64); sums are float64.
     chunk_rows : int, optional
-        Rows per fixed-shape chunk (default 256 on CPU, 1024 on CUDA). States are bit-reproducible
-        across batchings only for the same ``chunk_rows`` and device.
+        Rows per fixed-shape chunk (default 256 on CPU, 1024 on CUDA); on the SRHT error path rounded up to a
+        multiple of its power-of-two token block (300 becomes 384, 5 becomes 8: read the used value from
+        ``.chunk_rows``). States are bit-reproducible across batchings only for the same used ``chunk_rows`` and
+        device.
     fwht_method : {"auto", "kron", "butterfly"}, default "auto"
         FWHT algorithm of the SRHT path (:func:`fishersketch.fwht.choose_plan`).
     cache_weights : bool, optional
@@ -109,7 +111,9 @@ class Sketcher(Projector):
         a : tensor or array, (n, d)
             Activations (head inputs).
         e : tensor or array, (n, K)
-            Errors (gradients of the loss with respect to the head outputs).
+            Errors: per token, the gradient of that token's loss with respect to the head outputs (softmax −
+            one-hot for cross-entropy, DESIGN.md). Any scale gives the same estimates (a mean-reduced loss's
+            gradient, divided by the token count, included): the estimators are scale-free.
         sample_ids : tensor or array of int, (n,), optional
             Only used for ``granularity="sequence"``: tokens with the same id form one sample
             (default: all tokens form one sample).

@@ -79,6 +79,8 @@ class SketchState:
 
     def __init__(self, spec: SketchSpec, sums: np.ndarray, sq_norms: np.ndarray, token_counts: np.ndarray,
                  sample_counts: np.ndarray) -> None:
+        if not isinstance(spec, SketchSpec):  # an AttributeError on spec.m before
+            raise SketchError(f"spec must be a SketchSpec, got {type(spec).__name__}")
         m = spec.m
         self.spec = spec
         self.sums = np.ascontiguousarray(sums, dtype=np.float64)
@@ -90,6 +92,12 @@ class SketchState:
                               f"expected (2, 3, {m}) and (2, 3)")
         if self.token_counts.shape != (2,) or self.sample_counts.shape != (2,):
             raise SketchError("state counts must have shape (2,)")
+        # what from_bytes refuses, refused here too: a NaN sum aligned as "zero data" (fisher 0, s_ae NaN), a
+        # negative count gave n = -10
+        if not (np.all(np.isfinite(self.sums)) and np.all(np.isfinite(self.sq_norms))):
+            raise SketchError("state sums and squared norms must be finite")
+        if np.any(self.sq_norms < 0) or np.any(self.token_counts < 0) or np.any(self.sample_counts < 0):
+            raise SketchError("state squared norms and counts must be ≥ 0")
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -342,7 +350,8 @@ class SketchState:
         off += 48
         tokens = np.frombuffer(body, dtype="<i8", count=2, offset=off)
         samples = np.frombuffer(body, dtype="<i8", count=2, offset=off + 16)
-        if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(sq))) or np.any(tokens < 0) or np.any(samples < 0):
+        if (not (np.all(np.isfinite(sums)) and np.all(np.isfinite(sq))) or np.any(sq < 0) or np.any(tokens < 0)
+                or np.any(samples < 0)):
             raise CorruptState("FisherSketch state payload holds invalid values")
         return cls(blob_spec, sums.astype(np.float64), sq.astype(np.float64), tokens.astype(np.int64),
                    samples.astype(np.int64))

@@ -227,3 +227,25 @@ def test_rho_is_finite_and_flagged_when_the_error_factor_is_near_zero(seed: int,
     assert 0.0 <= r.error <= 1.0
     if r.proxy < r.fisher / RHO_MAX:
         assert "rho_bounded" in r.flags
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.lists(st.sampled_from([1e-6, 1e-3, 1.0, 1e3]), min_size=6, max_size=6))
+def test_every_estimate_is_invariant_to_the_scale_of_a_and_e(seed: int, scales: list[float]) -> None:
+    """Cosines, ρ, the split halves and the shrinkage do not depend on the units of ``a`` or ``e`` (each task its
+    own): with an absolute ε of 1e-10 a gradient of a mean-reduced loss (``e / n_tokens``) fell under it and the error
+    factor read 0 (a review of fishersketch, 2026-12-07)."""
+    rng = np.random.default_rng(seed)
+    sk = Sketcher(SketchSpec(d=6, K=9, m=512, seed=11), chunk_rows=64)
+    raw = []
+    for t in range(3):
+        n = 24
+        a = rng.standard_normal((n, 6)) + 0.5 * t
+        e = rng.standard_normal((n, 9)) + 0.3 * (t - 1)
+        raw.append((a, e, np.arange(n) + 100 * t))
+    base = align_matrix([sk.sketch(a, e, ids) for a, e, ids in raw])
+    scaled = align_matrix([sk.sketch(scales[2 * t] * a, scales[2 * t + 1] * e, ids)
+                           for t, (a, e, ids) in enumerate(raw)])
+    for name in ("fisher", "activation", "error", "proxy", "rho", "log_rho_a", "log_rho_b", "se", "fisher_eb"):
+        np.testing.assert_allclose(getattr(scaled, name), getattr(base, name), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert scaled.pair_flags == base.pair_flags

@@ -186,3 +186,40 @@ def test_with_chunk_rows_shares_projections_and_agrees_to_float32(error_projecti
     assert s_small.n_tokens == s_big.n_tokens == 40 and s_small.n_samples == s_big.n_samples == 8
     with pytest.raises(SketchError):
         big.with_chunk_rows(0)
+
+
+def test_inputs_found_by_a_review_of_the_package(sk: Sketcher) -> None:
+    """A review of fishersketch (2026-12-07): a tensor requiring grad raised torch's own errors; a state built with
+    NaN sums aligned as "zero data" and negative counts gave n = -10; float sample ids of ``sketch_groups`` were cut to
+    integers (they decide the split); ``tile=0`` and a CUDA device on a CPU build raised non-domain errors."""
+    from fishersketch import align
+    from fishersketch.exact import exact_matrix
+    from fishersketch.groups import sketch_groups
+
+    a, e, ids = _good(6)
+    hooked = (a.clone().requires_grad_(True), e.clone().requires_grad_(True))
+    for granularity in ("token", "sequence"):
+        spec = SketchSpec(d=D, K=K, m=M, seed=0, granularity=granularity)
+        plain = Sketcher(spec, chunk_rows=8).sketch(a, e, ids)
+        grad = Sketcher(spec, chunk_rows=8).sketch(*hooked, ids)  # captured by a hook during training
+        np.testing.assert_array_equal(grad.sums, plain.sums)
+    good = sk.sketch(a, e, ids)
+    bad_states = [
+        (np.full((2, 3, M), np.nan), np.ones((2, 3)), np.array([5, 5]), np.array([1, 1])),
+        (np.ones((2, 3, M)), -np.ones((2, 3)), np.array([5, 5]), np.array([1, 1])),
+        (np.ones((2, 3, M)), np.ones((2, 3)), np.array([-5, 5]), np.array([1, 1])),
+    ]
+    for sums, sq, tokens, samples in bad_states:
+        with pytest.raises(SketchError):
+            SketchState(sk.spec, sums, sq, tokens, samples)
+    with pytest.raises(SketchError, match="SketchSpec"):
+        SketchState("x", *bad_states[0])  # type: ignore[arg-type]
+    assert np.isfinite(align(good, good).fisher)
+    with pytest.raises(SketchError, match="integers"):
+        sketch_groups(sk, a, e, np.array([0, 0, 0, 1, 1, 1]), 2, sample_ids=[1.7, 2.2])
+    assert len(sketch_groups(sk, a, e, np.array([0, 0, 0, 1, 1, 1]), 2, sample_ids=[1, 2])) == 2
+    with pytest.raises(SketchError, match="tile"):
+        exact_matrix([(a, e), (a, e)], tile=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(SketchError, match="CUDA is not available"):
+            Sketcher(sk.spec, device="cuda")
