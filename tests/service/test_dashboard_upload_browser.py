@@ -219,8 +219,11 @@ def test_form_shows_api_and_input_errors_as_messages(
         assert pg.locator("[data-testid=add-progress] [data-testid=status-badge]").inner_text() == "unknown"
         assert pg.locator("[data-testid=add-cancel]").is_hidden()
         assert "Lost contact with job" in pg.locator("[data-testid=add-progress-text]").inner_text()
-        assert "Following job" in pg.locator("[data-testid=add-message]").inner_text()
+        assert "asking again" in pg.locator("[data-testid=add-progress-text]").inner_text()
+        # the service answers again (a restart): the panel takes the job up (it said "unknown" for good before)
         pg.unroute("**/v1/jobs/**")
+        pg.locator("[data-testid=add-progress][data-status=succeeded]").wait_for(timeout=JOB_TIMEOUT_S * 1000)
+        pg.locator("[data-testid=add-done]").wait_for()
     finally:
         context.close()
         with httpx.Client(base_url=dashboard_service.base, timeout=10) as http:

@@ -22,6 +22,7 @@
   const NO_GROUP = "#a9b1bb";
   const MATRIX_DEFAULT_MAX = 40;  // atlas.vocabulary.MATRIX_DEFAULT_TASKS: the CLI and the library take as many
   const POLL_MS = 1500;
+  const RECONTACT_MS = 10 * 60 * 1000;  // how long an upload's panel asks again for a job it lost contact with
   const NEIGHBOUR_CHUNK = 127;  // other tasks per matrix of a task page's neighbours (max_matrix_tasks is 256)
   const DELETE_ARMED_MS = 5000;  // how long "Delete …? Click again" waits for the second click
 
@@ -1976,6 +1977,23 @@
         err instanceof ApiError && err.code && err.status ? new Error(`${err.message} (${err.code})`) : err, what));
       if (!quiet) announce();
     };
+    // The upload was accepted and its job lives on in the service: contact was lost, not the upload (the box kept
+    // "running … 0 s left" with a live Cancel under "Upload: Cannot reach the service"). retrying: the page asks
+    // again and takes the job up when the service answers (after a restart it said "unknown" for good).
+    const showLost = (jobId, refused, retrying) => {
+      progressBox.dataset.status = "unknown";
+      progressBox.querySelector(".add-status").replaceChildren(statusBadge("unknown"));
+      fill.className = "progress-fill st-unknown";
+      cancel.hidden = true;
+      // a key revoked mid-job: "Upload: invalid or revoked API key" read as a failed upload, and it had succeeded
+      statusLine.textContent = refused
+        ? `Cannot follow job ${jobId}: the API key was refused. The upload was accepted and its job goes on in `
+          + "the service; the Jobs page shows it with a valid key."
+        : retrying ? `Lost contact with job ${jobId}: asking again every few seconds. The upload was accepted; `
+          + "its job goes on once the service answers."
+          : `Lost contact with job ${jobId}: its state is unknown. The upload was accepted; `
+          + "the Jobs page shows the job once the service answers again.";
+    };
     const showJob = (job) => {
       const p = job.progress || {};
       const frac = jobFraction(job, jobMode);
@@ -2051,19 +2069,30 @@
         try {
           const { job: last } = await streamJob(job.id, showJob);
           if (last) final = last;
-        } catch (err) {
-          if (!(err instanceof ApiError)) throw err;
+        } catch (err) {  // a cut stream (a fetch that failed: TypeError) is followed by polling, which says why
+          if (!(err instanceof ApiError) && !(err instanceof TypeError)) throw err;
         }
         // the stream ends with the job; read the final row once (the stream may have been cut)
         let gone = false;  // the task was deleted while its job ran: the job went with it (404)
+        let lostSince = null;  // no answer since (a restart): asked again, the job taken up when the service is back
         if (!["succeeded", "failed", "cancelled"].includes(final.status)) {
           for (;;) {
             try {
               final = await api(`/jobs/${encodeURIComponent(job.id)}`);
             } catch (err) {
-              if (!(err instanceof ApiError && err.status === 404)) throw err;
-              gone = true; final = { ...final, status: "cancelled" }; break;
+              if (err instanceof ApiError && err.status === 404) {
+                gone = true; final = { ...final, status: "cancelled" }; break;
+              }
+              const noAnswer = !(err instanceof ApiError) || err.code === "network" || err.status >= 500;
+              if (!noAnswer || (lostSince !== null && Date.now() - lostSince > RECONTACT_MS)) throw err;
+              if (lostSince === null) {
+                lostSince = Date.now();
+                showLost(job.id, false, true);
+              }
+              await new Promise((r) => setTimeout(r, 2 * POLL_MS));
+              continue;
             }
+            if (lostSince !== null) { lostSince = null; message.replaceChildren(); cancel.hidden = false; }
             showJob(final);
             if (["succeeded", "failed", "cancelled"].includes(final.status)) break;
             await new Promise((r) => setTimeout(r, POLL_MS));
@@ -2094,19 +2123,8 @@
         const jobId = progressBox.hidden ? null : progressBox.dataset.jobId;
         const noAnswer = !(err instanceof ApiError) || err.code === "network" || err.status >= 500;
         const refused = err instanceof ApiError && (err.status === 401 || err.status === 403);
-        if (jobId && (noAnswer || refused) && ["queued", "running"].includes(progressBox.dataset.status)) {
-          // the upload was accepted and its job lives on in the service: contact was lost, not the upload (the box
-          // kept "running … 0 s left" with a live Cancel under "Upload: Cannot reach the service")
-          progressBox.dataset.status = "unknown";
-          progressBox.querySelector(".add-status").replaceChildren(statusBadge("unknown"));
-          fill.className = "progress-fill st-unknown";
-          cancel.hidden = true;
-          // a key revoked mid-job: "Upload: invalid or revoked API key" read as a failed upload, and it had succeeded
-          statusLine.textContent = refused
-            ? `Cannot follow job ${jobId}: the API key was refused. The upload was accepted and its job goes on in `
-              + "the service; the Jobs page shows it with a valid key."
-            : `Lost contact with job ${jobId}: its state is unknown. The upload was accepted; `
-              + "the Jobs page shows the job once the service answers again.";
+        if (jobId && (noAnswer || refused) && ["queued", "running", "unknown"].includes(progressBox.dataset.status)) {
+          showLost(jobId, refused, false);
           showError(err, `Following job ${jobId}`, true);
         } else if (!chosen && err instanceof Error && /^pasted\.(txt|jsonl): /.test(err.message)) {
           // named by the file the form made of them, which the user never saw
