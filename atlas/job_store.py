@@ -23,6 +23,7 @@ from sqlalchemy import case, delete, func, literal, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
+from atlas.db_clock import db_now
 from atlas.errors import InvalidInput, NotFound
 from atlas.models import (
     JOB_CANCELLED,
@@ -79,8 +80,10 @@ class Beat:
     cancel_requested: bool
 
 
-def _stale_cutoff(stale_after_s: float) -> dt.datetime:
-    return utcnow() - dt.timedelta(seconds=stale_after_s)
+def _stale_cutoff(session: Session, stale_after_s: float) -> dt.datetime:
+    """Heartbeats older than this are stale: on the database's clock, as heartbeats are written
+    (:mod:`atlas.db_clock`)."""
+    return db_now(session) - dt.timedelta(seconds=stale_after_s)
 
 
 def get_job(session: Session, job_id: int) -> Job:
@@ -183,10 +186,11 @@ def claim_job(
         ``None`` when the job does not exist, is finished, or is held by a live worker.
     """
     lease = secrets.token_hex(16)
-    now = utcnow()
+    now = db_now(session)
     claimable = or_(
         Job.status == JOB_QUEUED,
-        (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_cutoff(stale_after_s)),
+        (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None),
+                                          Job.heartbeat_at < now - dt.timedelta(seconds=stale_after_s)),
     )
     result = session.execute(
         update(Job).where(Job.id == job_id, claimable)
@@ -208,7 +212,7 @@ def claim_job(
 
 def heartbeat(session: Session, job_id: int, lease: str, progress: dict[str, Any] | None = None) -> Beat:
     """Refresh the heartbeat (and optionally the progress) of a held job."""
-    values: dict[str, Any] = {"heartbeat_at": utcnow()}
+    values: dict[str, Any] = {"heartbeat_at": db_now(session)}
     if progress is not None:
         values["progress"] = progress
     rows = session.execute(
@@ -343,10 +347,15 @@ def _remove_orphan_job(session: Session, job_id: int) -> None:
 
 
 def release_job(session: Session, job_id: int, lease: str, error: str | None = None, *,
-                count_attempt: bool = True) -> bool:
+                count_attempt: bool = True, worker: str | None = None) -> bool:
     """Give a held job back to the queue (``running -> queued``) after a transient failure, or — with
-    ``count_attempt=False`` — a graceful shutdown, whose claim does not count towards ``job_max_attempts``
-    (restarts during one long job would fail it as if its worker had died each time)."""
+    ``count_attempt=False`` — a graceful shutdown or a database outage, whose claim does not count towards
+    ``job_max_attempts`` (restarts during one long job would fail it as if its worker had died each time).
+
+    An outage longer than the stale window let another process's sweep re-queue the job first (its heartbeat could
+    not be written), counting the attempt: with ``count_attempt=False`` and its ``worker`` named, a job that sweep
+    put back and nobody has claimed since (still ``queued``, the sweep's note, this worker's name) gets its attempt
+    back too."""
     values: dict[str, Any] = {"status": JOB_QUEUED, "lease": None, "heartbeat_at": None}
     if not count_attempt:
         values["attempts"] = case((Job.attempts > 0, Job.attempts - 1), else_=0)
@@ -356,6 +365,13 @@ def release_job(session: Session, job_id: int, lease: str, error: str | None = N
         update(Job).where(Job.id == job_id, Job.lease == lease, Job.status == JOB_RUNNING).values(**values)
         .execution_options(synchronize_session=False)
     ).rowcount  # type: ignore[attr-defined]  # CursorResult
+    if rows == 0 and not count_attempt and worker is not None:
+        swept = (Job.id == job_id) & (Job.status == JOB_QUEUED) & Job.lease.is_(None) & (
+            Job.error == DEAD_WORKER_NOTE) & (Job.worker == worker[:200])
+        rows = session.execute(
+            update(Job).where(swept).values(attempts=values["attempts"], error=values.get("error", Job.error))
+            .execution_options(synchronize_session=False)
+        ).rowcount  # type: ignore[attr-defined]  # CursorResult
     return bool(rows == 1)
 
 
@@ -399,7 +415,7 @@ def requeue_dead_jobs(session: Session, *, stale_after_s: float, except_model: s
     ``queued`` with its cancel requested until a second cancel. Which jobs to cancel is read by the update itself
     (``RETURNING``): the rows it put back, with their flag as it changed them."""
     dead = (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None),
-                                             Job.heartbeat_at < _stale_cutoff(stale_after_s))
+                                             Job.heartbeat_at < _stale_cutoff(session, stale_after_s))
     if except_model is not None:
         dead = dead & Job.space_id.in_(select(Space.id).where(Space.model_fingerprint != except_model))
     rows = session.execute(update(Job).where(dead).values(status=JOB_QUEUED, lease=None, heartbeat_at=None,
@@ -443,7 +459,8 @@ def recoverable_job_statuses(
     failed another model's queued jobs, "run a worker with that model", when restarted on another model).
     """
     conds = [
-        (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_cutoff(stale_after_s))
+        (Job.status == JOB_RUNNING) & or_(Job.heartbeat_at.is_(None),
+                                          Job.heartbeat_at < _stale_cutoff(session, stale_after_s))
     ]
     if queued_older_than_s is not None:
         queued_cutoff = utcnow() - dt.timedelta(seconds=queued_older_than_s)

@@ -205,21 +205,25 @@ def _try_release(ctx: WorkerContext, claim: job_store.Claim, error: str, *, coun
 
 RELEASE_RETRY_S = 1.0
 """Seconds between a job's release attempts while the store is down (:func:`_release_after_store_error`)."""
+RELEASE_WAIT_S = 300.0
+"""Longest a worker keeps trying to give back a job whose store is down (then a sweep re-queues it, counted)."""
 
 
 def _release_after_store_error(ctx: WorkerContext, claim: job_store.Claim, exc: BaseException) -> None:
     """Give the job back to the queue after a store error, not counting an outage as an attempt: the error broke a
     connection (``connection_invalidated``: a restart) or the release cannot reach the store, and is then tried every
-    :data:`RELEASE_RETRY_S` for half the stale window. Before, five restarts during one job failed it ("the worker
-    stopped each time"), and a failed release left the job running under this lease: its retry was skipped until a
-    sweep found it stale. Another store error (a lock wait, a statement timeout) counts, as before."""
+    :data:`RELEASE_RETRY_S` while the outage lasts (:data:`RELEASE_WAIT_S` at most). Before, five restarts during one
+    job failed it ("the worker stopped each time"), and a failed release left the job running under this lease: its
+    retry was skipped until a sweep found it stale. An outage past the stale window, where another process's sweep
+    re-queued the job first, is not counted either (``release_job``'s ``worker``); retries stopped at half that
+    window, and it counted. Another store error (a lock wait, a statement timeout) counts, as before."""
     outage = db.is_unreachable_error(exc)  # a restart, a dropped link, a refused connection
-    deadline = time.monotonic() + ctx.settings.job_stale_after_s / 2
+    deadline = time.monotonic() + max(ctx.settings.job_stale_after_s / 2, RELEASE_WAIT_S)
     while True:
         try:
             with ctx.factory.begin() as s:
                 job_store.release_job(s, claim.job_id, claim.lease, f"store unavailable: {exc}",
-                                      count_attempt=not outage)
+                                      count_attempt=not outage, worker=ctx.worker_id)
             return
         except _TRANSIENT:
             outage = True

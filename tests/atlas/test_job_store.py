@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 
+import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -242,3 +243,61 @@ def test_finished_jobs_checkpoints_left_by_older_versions_are_dropped(factory: s
     with factory() as s:
         assert job_store.get_checkpoint(s, old) is None
         assert job_store.get_checkpoint(s, live) is not None  # a running job resumes from it
+
+
+def test_a_worker_whose_clock_runs_behind_keeps_its_jobs(factory: sessionmaker[Session],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heartbeats are written and judged on the database's clock: a worker 30 s behind the API host had every job
+    taken back as "its worker stopped" and, after the attempts, failed as killed (a multi-replica review, 2026-12-07).
+    On SQLite the database is a file on this host, its clock this host's."""
+    from atlas import db_clock
+
+    _, job_id = _job(factory)
+    real = db_clock.utcnow
+    db_clock.forget_offsets()
+    monkeypatch.setattr(db_clock, "utcnow", lambda: real() - dt.timedelta(seconds=30))  # the worker's host
+    with factory.begin() as s:
+        claim = job_store.claim_job(s, job_id, worker="slow-clock", stale_after_s=15)
+        assert claim is not None
+        assert job_store.heartbeat(s, job_id, claim.lease).alive
+    dialect = factory.kw["bind"].dialect.name
+    monkeypatch.setattr(db_clock, "utcnow", real)  # the API host's clock, right
+    db_clock.forget_offsets()
+    with factory.begin() as s:
+        requeued = job_store.requeue_dead_jobs(s, stale_after_s=15)
+    if dialect == "postgresql":
+        assert requeued == (0, 0)  # alive: its heartbeat is on the server's clock
+        with factory.begin() as s:
+            assert job_store.claim_job(s, job_id, worker="other", stale_after_s=15) is None
+    else:  # one host, one clock: a clock moved back 30 s is a heartbeat 30 s old
+        assert requeued == (1, 0)
+    db_clock.forget_offsets()
+
+
+def test_an_outage_past_the_stale_window_gives_the_attempt_back(factory: sessionmaker[Session]) -> None:
+    """A worker blocked by a database outage longer than the stale window: another process's sweep re-queues its
+    job first (the heartbeat could not be written), counting the attempt. The worker's release once the database is
+    back gives the attempt back while nobody has claimed the job since — never once another worker holds it."""
+    for claimed_since in (False, True):
+        _, job_id = _job(factory, name=f"outage-{claimed_since}")
+        with factory.begin() as s:
+            claim = job_store.claim_job(s, job_id, worker="w1", stale_after_s=15)
+            assert claim is not None and claim.attempts == 1
+        _age_heartbeat(factory, job_id, 60)
+        with factory.begin() as s:
+            assert job_store.requeue_dead_jobs(s, stale_after_s=15).queued == 1
+        if claimed_since:
+            with factory.begin() as s:
+                assert job_store.claim_job(s, job_id, worker="w2", stale_after_s=15) is not None
+        with factory.begin() as s:
+            assert not job_store.release_job(s, job_id, claim.lease, "store unavailable", count_attempt=False,
+                                             worker="someone-else")  # not its job to give back
+            given_back = job_store.release_job(s, job_id, claim.lease, "store unavailable: down",
+                                               count_attempt=False, worker="w1")
+        with factory() as s:
+            job = job_store.get_job(s, job_id)
+        if claimed_since:
+            assert not given_back and (job.status, job.attempts, job.worker) == ("running", 2, "w2")
+        else:
+            assert given_back and (job.status, job.attempts) == ("queued", 0)
+            assert "store unavailable" in (job.error or "")
