@@ -233,6 +233,10 @@ def append_samples(
     task = lock_task(session, task_id)  # a delete of the task waits for this job, which it then takes with it
     if task is None:
         raise NotFound(f"task {task_id} does not exist", {"task_id": task_id})
+    if idempotency_key is not None:  # the same request through another replica, stored while this one waited for
+        job = job_by_key(session, idempotency_key)  # the lock: its replay (it was refused as a repeated upload, 409)
+        if job is not None:
+            return replay(session, job, JOB_APPEND, samples, digest, id=task_id)[1]
     upload = get_or_create_upload(session, samples)
     _refuse_repeated_upload(session, task, upload)
     return _add_job(session, JOB_APPEND, task, upload, len(samples), idempotency_key, digest)

@@ -109,3 +109,37 @@ def _json(value: Any) -> str:
 
 
 _KEYS = count()
+
+
+@pytest.mark.parametrize("db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+def test_one_keyed_append_through_two_replicas_at_once_is_one_job(factory: sessionmaker[Session]) -> None:
+    """Two replicas take the same keyed append at once: the second waited for the task's lock, then refused the
+    first one's upload as a repeat (409) instead of replaying its job (a multi-replica review, 2026-12-07)."""
+    import threading
+
+    space = make_space(factory)
+    with factory.begin() as s:
+        task, _ = repository.create_task_with_job(s, space.id, "t", "text", {}, [Sample(text="alpha beta gamma")])
+        task_id = task.id
+    more = [Sample(text="delta epsilon"), Sample(text="zeta eta theta")]
+    first = factory()
+    first.begin()
+    job = repository.append_samples(first, task_id, more, idempotency_key="same-append")  # holds the task's lock
+    answers: list[Any] = []
+
+    def second() -> None:
+        try:
+            with factory.begin() as s:
+                answers.append(repository.append_samples(s, task_id, more, idempotency_key="same-append").id)
+        except Exception as exc:
+            answers.append(exc)
+
+    other = threading.Thread(target=second)
+    other.start()
+    other.join(1.0)
+    assert other.is_alive()  # waiting for the lock
+    job_id = job.id
+    first.commit()
+    first.close()
+    other.join(30)
+    assert answers == [job_id], answers  # the replay, not a 409
