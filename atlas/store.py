@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from atlas import space_repository as spaces_sql
 from atlas.db import make_engine, session_factory
-from atlas.errors import Conflict, DatabaseUnavailable, ModelUnavailable, NotFound
+from atlas.errors import AtlasError, Conflict, DatabaseUnavailable, ModelUnavailable, NotFound
 from atlas.models import Space
 from atlas.samples import is_storable_text
 from atlas.settings import Settings
@@ -156,9 +156,13 @@ class Store:
         """Every space with its task count and whether it is the default."""
         with self.read() as session:
             counts = spaces_sql.task_counts(session)
+            try:  # resolved as requests resolve it: a replica without a model has no default_space_id of its own,
+                default_id: int | None = int(self.default_space(session).id)  # and said "default": false for all
+            except AtlasError:  # none yet, or several and none the default
+                default_id = None
             return [
                 {"id": s.id, "model_name": s.model_name, "model_fingerprint": s.model_fingerprint,
                  "spec_fingerprint": s.spec_fingerprint, "d": s.d, "K": s.K, "m": s.m, "seed": s.seed,
-                 "spec": s.spec, "n_tasks": int(counts.get(s.id, 0)), "default": s.id == self.default_space_id}
+                 "spec": s.spec, "n_tasks": int(counts.get(s.id, 0)), "default": s.id == default_id}
                 for s in spaces_sql.list_spaces(session)
             ]

@@ -75,6 +75,10 @@ def test_an_api_without_a_model_defaults_to_the_space_of_its_sketch_settings(tmp
                 K=16, m=m, seed=0, spec={"d": 8, "K": 16, "m": m, "seed": 0}).id for m in (256, 512)]
         with store.read() as s:
             assert store.default_space(s).id == ids[0]  # its own m, though the m = 512 space is newer
+        # the space list says which is the default as requests resolve it (a model-free replica, which has no
+        # default_space_id of its own, listed "default": false for every space; a multi-replica review, 2026-12-07)
+        assert store.default_space_id is None
+        assert [(sp["id"], sp["default"]) for sp in store.list_spaces()] == [(ids[0], True), (ids[1], False)]
         other = Store(settings.model_copy(update={"sketch_dim": 1024}))
         try:
             with other.read() as s:
