@@ -142,6 +142,8 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
     tokens/s and the ETA (rich)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from service.client.errors import NotFound
+
     console = progress_console()
     columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
                TextColumn("samples · {task.fields[tokens]:,} tokens · {task.fields[rate]}"))
@@ -158,6 +160,10 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
 
         try:
             job = cl.wait_job(job_id, on_progress=update)
+        except NotFound:  # the task was deleted while its job ran: the job went with it ("404: job N does not exist")
+            bar.stop()
+            raise fail(f"{label}: the task was deleted while job {job_id} ran (the job went with it): nothing was "
+                       "added", EXIT_JOB_FAILED) from None
         except KeyboardInterrupt:
             bar.stop()
             print(f"\nfisher-atlas: interrupted: job {job_id} goes on in the service (`fisher-atlas jobs show "

@@ -215,3 +215,26 @@ def test_ctrl_c_during_wait_says_the_job_goes_on(serve: Any, tiny_lm: Any, tmp_p
         job = http.get("/v1/jobs").json()["items"][0]
     assert proc.returncode == 130, err
     assert f"job {job['id']} goes on in the service" in err.decode() and job["status"] == "queued", err
+
+
+def test_a_task_deleted_during_add_wait_is_said_so(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
+    """Another client deletes the task ``add --wait`` follows: the CLI said "404 not_found: job N does not exist"
+    (a multi-replica review, 2026-12-07); it says the task was deleted and nothing was added, exit 4."""
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})  # no runner: the job waits in the queue
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "add", "deleted", str(_jsonl(tmp_path / "d.jsonl",
+                             PROSE)), "--wait", "--url", svc.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env)
+    deadline = time.monotonic() + 60
+    import httpx
+
+    with httpx.Client(base_url=svc.url, timeout=10) as http:
+        while svc.container.event_streams.open == 0:  # the CLI follows the job's progress stream now
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        task = http.get("/v1/tasks").json()["items"][0]
+        assert http.delete(f"/v1/tasks/{task['id']}").status_code == 204
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err
+    said = err.decode()
+    assert "the task was deleted while job" in said and "nothing was added" in said and "404" not in said, said
