@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from atlas.db import probe_write_lock
 from atlas.redaction import redact_paths, redact_secrets, truncate
 from service.deps import ContainerDep
-from service.schemas import Health, Readiness
+from service.schemas import ErrorBody, Health, Readiness
 
 router = APIRouter(tags=["health"])
 
@@ -39,7 +39,15 @@ except PackageNotFoundError:
     _VERSION = None
 
 
-@router.get("/healthz", response_model=Health, summary="Liveness")
+PUBLIC_ERRORS: dict[int | str, dict[str, Any]] = {
+    403: {"model": ErrorBody, "description": "The request's Host (or Origin) is not one this service answers to "
+                                             "(`forbidden_host`, `forbidden_origin`)."},
+    429: {"model": ErrorBody, "description": "Too many requests from this client (`rate_limited`, with Retry-After)."},
+}
+"""What the security middleware answers on these key-free paths too (they were missing from the schema)."""
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness", responses=PUBLIC_ERRORS)
 async def healthz() -> Health:
     """The process is up and serving HTTP (touches neither the database nor a thread)."""
     return Health(status="ok", version=_VERSION)
@@ -67,7 +75,7 @@ def _clean(value: Any) -> Any:
 @router.get(
     "/readyz", response_model=Readiness, summary="Readiness",
     responses={503: {"model": Readiness, "description": "Not ready (the model is not loaded, the database is "
-                                                         "locked or unreachable)."}},
+                                                         "locked or unreachable)."}, **PUBLIC_ERRORS},
 )
 async def readyz(c: ContainerDep) -> JSONResponse:
     """Ready when the database answers and can take a write, the model (or a worker) serves the default space
@@ -96,7 +104,7 @@ async def readyz(c: ContainerDep) -> JSONResponse:
 @router.get(
     "/metrics", summary="Prometheus metrics", response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
-                     "description": "Prometheus text exposition format."}},
+                     "description": "Prometheus text exposition format."}, **PUBLIC_ERRORS},
 )
 async def metrics(c: ContainerDep) -> Response:
     """Job durations, tokens/s, queue depth, search latency, request latency."""
