@@ -197,19 +197,26 @@ def test_keys_list_local_does_not_make_a_store(tmp_path: Path, capsys: pytest.Ca
     assert "root" in capsys.readouterr().out
 
 
-def test_ctrl_c_during_wait_says_the_job_goes_on(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
-    svc = serve(lm=tiny_lm, overrides={"start_runner": False})  # no runner: the job waits in the queue
+def _add_waiting(svc: Any, tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
+    """``fisher-atlas add NAME … --wait`` in a process of its own, once it follows its queued job's progress stream
+    (the service runs no job: ``start_runner`` off)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "add", "waits", str(_jsonl(tmp_path / "w.jsonl",
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "add", name, str(_jsonl(tmp_path / f"{name}.jsonl",
                              PROSE)), "--wait", "--url", svc.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env)
     deadline = time.monotonic() + 60
+    while svc.container.event_streams.open == 0:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    return proc
+
+
+def test_ctrl_c_during_wait_says_the_job_goes_on(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})  # no runner: the job waits in the queue
     import httpx
 
+    proc = _add_waiting(svc, tmp_path, "waits")
     with httpx.Client(base_url=svc.url, timeout=10) as http:
-        while svc.container.event_streams.open == 0:  # the CLI follows the job's progress stream now
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         job = http.get("/v1/jobs").json()["items"][0]
@@ -221,17 +228,10 @@ def test_a_task_deleted_during_add_wait_is_said_so(serve: Any, tiny_lm: Any, tmp
     """Another client deletes the task ``add --wait`` follows: the CLI said "404 not_found: job N does not exist"
     (a multi-replica review, 2026-12-07); it says the task was deleted and nothing was added, exit 4."""
     svc = serve(lm=tiny_lm, overrides={"start_runner": False})  # no runner: the job waits in the queue
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "add", "deleted", str(_jsonl(tmp_path / "d.jsonl",
-                             PROSE)), "--wait", "--url", svc.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env)
-    deadline = time.monotonic() + 60
     import httpx
 
+    proc = _add_waiting(svc, tmp_path, "deleted")
     with httpx.Client(base_url=svc.url, timeout=10) as http:
-        while svc.container.event_streams.open == 0:  # the CLI follows the job's progress stream now
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
         task = http.get("/v1/tasks").json()["items"][0]
         assert http.delete(f"/v1/tasks/{task['id']}").status_code == 204
         _, err = proc.communicate(timeout=60)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 from atlas import apikeys
 from tests.service.conftest import wait_job
 from tests.service.dashboard_helpers import CHROMIUM
+from tests.service.test_dashboard_edges_browser import page  # noqa: F401  (fixture: console errors fail a test)
 
 pytestmark = [
     pytest.mark.browser,
@@ -30,15 +30,6 @@ pytestmark = [
 
 PROSE = [f"The quick brown fox number {i} jumps over the lazy dog near the river bank." for i in range(12)]
 CODE = [f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(12)]
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1360, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(30_000)
-    yield pg
-    context.close()
 
 
 def _add(http: httpx.Client, name: str, texts: list[str]) -> None:
@@ -60,7 +51,7 @@ def _many_tasks_export(http: httpx.Client, path: Path) -> None:
     path.write_bytes(body + (json.dumps(trailer) + "\n").encode())
 
 
-def test_neighbours_of_a_large_space_and_a_matrix_after_a_deletion(serve: Any, tiny_lm: Any, page: Any,
+def test_neighbours_of_a_large_space_and_a_matrix_after_a_deletion(serve: Any, tiny_lm: Any, page: Any,  # noqa: F811
                                                                    tmp_path: Path) -> None:
     source = serve(lm=tiny_lm)
     with httpx.Client(base_url=source.url, timeout=120) as http:
@@ -95,7 +86,8 @@ def test_neighbours_of_a_large_space_and_a_matrix_after_a_deletion(serve: Any, t
         assert page.locator("[data-testid=matrix-count]").inner_text().startswith("2 of 130")
 
 
-def test_the_key_field_says_when_a_key_is_revoked_or_malformed(serve: Any, tiny_lm: Any, page: Any) -> None:
+def test_the_key_field_says_when_a_key_is_revoked_or_malformed(serve: Any, tiny_lm: Any,
+                                                               page: Any) -> None:  # noqa: F811
     svc = serve(lm=tiny_lm)
     with svc.app.state.container.store.session() as s:
         _, admin = apikeys.create_api_key(s, "admin", ["admin"])
@@ -121,7 +113,8 @@ def test_the_key_field_says_when_a_key_is_revoked_or_malformed(serve: Any, tiny_
     assert "cannot be reached" not in state.inner_text()
 
 
-def test_a_focused_map_mark_keeps_the_focus_when_the_task_list_changes(serve: Any, tiny_lm: Any, page: Any) -> None:
+def test_a_focused_map_mark_keeps_the_focus_when_the_task_list_changes(serve: Any, tiny_lm: Any,
+                                                                      page: Any) -> None:  # noqa: F811
     """The atlas redraws when a task is added elsewhere: the keyboard focus on a mark fell to the page (a keyboard
     user then tabbed back through every mark); it now returns to the same task's mark."""
     svc = serve(lm=tiny_lm)
