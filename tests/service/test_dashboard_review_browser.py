@@ -38,12 +38,12 @@ def _add(http: httpx.Client, name: str, texts: list[str]) -> None:
     assert wait_job(http, r.json()["job"]["id"])["status"] == "succeeded"
 
 
-def _many_tasks_export(http: httpx.Client, path: Path) -> None:
-    """An export of 131 tasks made from two real ones: ``prose``, 129 copies of ``code``, then ``prose-twin`` (the
-    copies share their states: imports are the quick way to a large space)."""
+def _many_tasks_export(http: httpx.Client, path: Path, copies: int = 129) -> None:
+    """An export of ``copies`` + 2 tasks made from two real ones: ``prose``, the copies of ``code``, then
+    ``prose-twin`` (the copies share their states: imports are the quick way to a large space)."""
     lines = [json.loads(line) for line in http.get("/v1/spaces/default/export").text.splitlines()]
     header, tasks = lines[0], {t["name"]: t for t in lines[1:-1]}
-    out = [tasks["prose"]] + [{**tasks["code"], "name": f"code-{i:03d}", "uploads": []} for i in range(129)]
+    out = [tasks["prose"]] + [{**tasks["code"], "name": f"code-{i:03d}", "uploads": []} for i in range(copies)]
     out.append({**tasks["prose"], "name": "prose-twin", "uploads": []})
     header["n_tasks"] = len(out)
     body = "".join(json.dumps(line) + "\n" for line in [header, *out]).encode()
@@ -129,3 +129,35 @@ def test_a_focused_map_mark_keeps_the_focus_when_the_task_list_changes(serve: An
         _add(http, "more prose", [t.replace("fox", "cat") for t in PROSE])
         marks.nth(2).wait_for(timeout=30_000)  # the page redrew with the new task
     assert page.evaluate("document.activeElement.getAttribute('data-task-id')") == focused
+
+
+def test_a_large_matrix_on_a_phone_gives_the_label_column_to_the_cells(serve: Any, tiny_lm: Any, browser: Any,
+                                                                       tmp_path: Path) -> None:
+    """At 375 px a 40-task matrix drew 3 px cells beside an empty 150 px column (the row names dropped under 7 px
+    kept their room; a review in a real browser, 2026-12-07)."""
+    source = serve(lm=tiny_lm)
+    with httpx.Client(base_url=source.url, timeout=120) as http:
+        _add(http, "prose", PROSE)
+        _add(http, "code", CODE)
+        _many_tasks_export(http, tmp_path / "space.jsonl", copies=38)
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=300) as http:
+        r = http.post("/v1/spaces/import", files={"file": ("space.jsonl", (tmp_path / "space.jsonl").read_bytes())})
+        assert r.status_code in (200, 201), r.text
+    context = browser.new_context(viewport={"width": 375, "height": 800})
+    try:
+        phone = context.new_page()
+        phone.goto(f"{svc.url}/dashboard/#/matrix")
+        phone.locator("[data-testid=matrix-view]").wait_for()
+        phone.get_by_role("button", name="All").click()
+        phone.locator("[data-testid=matrix-compute]").click()
+        heatmap = phone.locator("[data-testid=heatmap]").first
+        heatmap.wait_for()
+        cells = phone.locator("[data-testid=heatmap] .heatmap-cell")
+        first = cells.first.bounding_box()
+        svg = phone.locator("[data-testid=heatmap] svg").first.bounding_box()
+        assert first is not None and svg is not None
+        assert first["x"] - svg["x"] < 40, (first, svg)  # the grid starts at the panel's edge, not 150 px in
+        assert phone.locator("[data-testid=heatmap] .row-label").count() == 0
+    finally:
+        context.close()

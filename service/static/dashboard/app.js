@@ -915,18 +915,23 @@
         ["error", "Error only", E, "S_cov(Γ_e)"]];
       const shown = matrixState.show === "all" ? kinds : kinds.filter(([k]) => k === matrixState.show);
       const single = shown.length === 1;
-      const labelW = 150;
+      let labelW = 150;
       // Room for the widest title over a panel (12 px bold words, then the symbol): "Activation only S_cov(M_a)" is
       // ~170 px, and a panel sized for 150 clipped it.
       const titleRoom = Math.max(...shown.map(([, t, , sym]) => Math.ceil(t.length * 7.2 + 6 + sym.length * 6.6))) + 8;
       const avail = Math.max(240, (out.clientWidth || 900) - 30);  // (a floor of 480 overflowed a phone's 330 px)
       // Side by side while a row keeps room for its label (11 px) and a panel for its title; past that, one panel per
       // row, each labelled.
-      const sideBySide = (avail - labelW - shown.length * 22) / shown.length;
-      const stacked = !single && (Math.floor(sideBySide / n) < 11 || sideBySide < titleRoom);
-      const wide = Math.min(Math.max(620, n * 11), avail - labelW - 20);
-      const perPanel = single || stacked ? wide : sideBySide;
-      const cell = Math.max(3, Math.min(single || stacked ? 56 : 44, Math.floor(perPanel / n)));
+      const layoutFor = (lw) => {
+        const sideBySide = (avail - lw - shown.length * 22) / shown.length;
+        const stacked = !single && (Math.floor(sideBySide / n) < 11 || sideBySide < titleRoom);
+        const wide = Math.min(Math.max(620, n * 11), avail - lw - 20);
+        const perPanel = single || stacked ? wide : sideBySide;
+        return { stacked, cell: Math.max(3, Math.min(single || stacked ? 56 : 44, Math.floor(perPanel / n))) };
+      };
+      let { stacked, cell } = layoutFor(labelW);
+      const rowLabels = cell >= 7;  // under 7 px a name cannot be read: its 150 px column went to the cells instead
+      if (!rowLabels) { labelW = 4; ({ stacked, cell } = layoutFor(labelW)); }
       let darkCount = 0;
       const unestimated = unestimatedPairs(result);
       const darkAt = (i, j) => i !== j && isDark(F[i][j], A[i][j], unestimated.has(`${i},${j}`));
@@ -947,11 +952,11 @@
         const g = s("g", {});
         const outlines = s("g", { class: "dark-outlines" });
         order.forEach((i, r) => {
-          if (withLabels) {
+          if (withLabels && rowLabels) {
             const lab = s("text", { x: ox - 8, y: oy + r * cell + cell / 2 + 4, "text-anchor": "end", class: "row-label" },
               truncate(names[i], 22));
             if (cell < 11) lab.setAttribute("class", "row-label tiny");
-            if (cell >= 7) svg.append(lab);
+            svg.append(lab);
           }
           order.forEach((j, c) => {
             const v = Number(M[i][j]);
@@ -965,7 +970,7 @@
             rect.addEventListener("mouseleave", () => { cross(i, j, false); tooltip.hide(); });
             rect.addEventListener("click", () => openCell(i, j));
             g.append(rect);
-            if (dark) {
+            if (dark && cell >= 5) {  // an outline in a smaller cell covered it whole: the panels looked orange
               outlines.append(s("rect", { x: ox + c * cell + 1, y: oy + r * cell + 1, width: Math.max(1, cell - 2),
                 height: Math.max(1, cell - 2), class: "dark-outline" }));
             }
