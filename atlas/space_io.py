@@ -395,8 +395,6 @@ def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]
         recomputed = state.signature()
         if not np.all(np.isfinite(recomputed)):
             raise InvalidInput(f"line {lineno}: the state holds non-finite values")
-        if np.any(state.sq_norms < 0):
-            raise InvalidInput(f"line {lineno}: the state is not one a sketch makes (negative squared norms)")
         if np.any(state.token_counts >= 2**53) or np.any(state.sample_counts >= 2**53):
             raise InvalidInput(f"line {lineno}: the state's counts are past 2**53")
         if sig.shape != (spec.m,):

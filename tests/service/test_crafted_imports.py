@@ -72,7 +72,7 @@ REFUSED: dict[str, tuple[Callable[[dict[str, Any], dict[str, Any]], None], str]]
         b, sum_hidden=np.full_like(b.sum_hidden, np.nan))), "not finite"),
     "counts near 2**63": (lambda h, t: t.update(n_samples=2**62, n_tokens=2**62), "less than 9007199254740992"),
     "a version that overflows on append": (lambda h, t: t.update(version=2**31 - 1), "less than 1073741824"),
-    "negative squared norms": (lambda h, t: _state_sq_norms(t, -1.0), "not one a sketch makes"),
+    "negative squared norms": (lambda h, t: _state_sq_norms(t, -1.0), "state payload holds invalid values"),
     "a NUL in the model name": (lambda h, t: h["space"].update(model_name="tiny\x00model"), "NUL"),
     "an escape code in the model name": (lambda h, t: h["space"].update(model_name="tiny\x1b[2Jmodel"),
                                          "control characters"),

@@ -239,7 +239,7 @@ def test_clients_refuse_prompts_and_examples_of_the_wrong_kind(serve, tiny_lm, t
                 atlas.route(PROMPT, k=k)  # type: ignore[arg-type]
         assert len(atlas.route(PROMPT, k=np.int64(1)).matches) == 1  # a NumPy integer is an integer
         assert len(atlas.route(np.array([PROMPT, "a b c"]))) == 2  # type: ignore[arg-type]
-        with pytest.raises(AtlasInvalidInput, match="not dict"):
+        with pytest.raises(AtlasInvalidInput, match="not a dict"):
             atlas.route({PROMPT: 1})  # type: ignore[arg-type]
         with pytest.raises(AtlasInvalidInput, match="examples are a list of labelled prompts, not NoneType"):
             atlas.fit(None)  # type: ignore[arg-type]
