@@ -149,3 +149,32 @@ def test_a_pooled_shape_threshold_moves_with_each_task_s_location_and_scale(
     if len(x) * len(affine) * rate >= 1:  # a quantile inside the pool: between the task's own extremes
         for name, scores in cal.items():
             assert min(scores) - 1e-9 <= thr[name] <= max(scores) + 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.text(alphabet="abc d", min_size=0, max_size=30), min_size=1, max_size=6),
+       st.text(alphabet="abc d", max_size=8), st.integers(1, 4))
+def test_the_character_language_model_is_a_distribution(texts: list[str], history: str, order: int) -> None:
+    """The char-LM study's Witten–Bell model: the next character's probabilities over the 256 byte values sum to 1
+    after any history, and a model's own training text is more typical of it than an unrelated one."""
+    import math
+
+    from bench.quality.char_lm_openset import CharLM
+
+    model = CharLM(texts, order)
+    padded = "\x02" * (order - 1) + history
+
+    def prob(char: str) -> float:  # one step of cross_entropy, from its definition
+        p = 1.0 / 256
+        hist = padded[len(padded) - (order - 1):] if order > 1 else ""
+        for k in range(1, order + 1):
+            context = hist[len(hist) - (k - 1):] if k > 1 else ""
+            seen = model.contexts[k].get(context, 0)
+            if seen:
+                keep = seen / (seen + len(model.followers[k][context]))
+                p = keep * model.grams[k].get(context + char, 0) / seen + (1 - keep) * p
+        return p
+
+    assert math.isclose(sum(prob(chr(c)) for c in range(256)), 1.0, rel_tol=1e-9)
+    own = max(texts, key=len)
+    assert model.cross_entropy(own) < model.cross_entropy("ZQXJ" * 8)
