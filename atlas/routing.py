@@ -358,7 +358,9 @@ def rerank_route(
         copy answer alike). Each
         match carries the prompt-task ``activation`` and ``error`` cosines, computed exactly as the
         pooled point estimates of ``fishersketch.align`` (cross kernel mean clamped at 1e-10 over the
-        root of both unbiased self-similarities; 0 when a self-similarity is not positive — a short
+        root of both unbiased self-similarities — an absolute floor here, where ``align``'s is relative to each
+        task's feature scale: the extractor's own features, softmax-minus-one-hot errors and hidden states, are far
+        above it; 0 when a self-similarity is not positive — a short
         prompt's own error self-similarity is often too noisy to estimate, then ``error`` is 0).
     """
     if not candidates:

@@ -61,8 +61,9 @@ class Settings(BaseSettings):
         "spooled (not copied into memory) and stored one task at a time (bench/results/import_memory.md).",
     )
     max_concurrent_uploads: int = Field(
-        default=4, ge=1, description="Uploads (task adds, appends, space imports) and other request bodies over 1 MiB "
-        "(route, fit) this API process reads, parses and stores at once; each holds 2-17 bytes of memory per upload "
+        default=4, ge=1, description="Uploads (task adds, appends, space imports) this API process reads, parses and "
+        "stores at once, and other JSON bodies over 1 MiB (route, fit) it reads and parses at once; each holds "
+        "2-17 bytes of memory per upload "
         "byte while it does (bench/results/"
         "upload_memory.md). The next one waits for a slot, its body unread.")
     upload_slot_wait_s: float = Field(

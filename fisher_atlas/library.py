@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import warnings
 import weakref
@@ -86,6 +87,10 @@ class Atlas:
     path : str or Path
         The data directory (SQLite file and FAISS files), the same one ``fisher-atlas serve --data-dir``
         uses.
+    require_model : bool, default True
+        Raise :class:`~atlas.errors.ModelUnavailable` at once when the model cannot be loaded. ``False`` opens the
+        store anyway, to list, align, recommend, plot, export or import without a model (an offline machine, a
+        copied data directory); adding, appending and routing then raise it, saying why.
     **settings
         Any :class:`atlas.settings.Settings` field (``model``, ``sketch_dim``, ``device``, ...); the
         environment's ``FISHER_ATLAS_*`` variables apply too.
@@ -93,7 +98,8 @@ class Atlas:
     Use it as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, path: str | Path = "./fisher-atlas-data", **settings: Any) -> None:
+    def __init__(self, path: str | Path = "./fisher-atlas-data", *, require_model: bool = True,
+                 **settings: Any) -> None:
         if "data_dir" in settings:
             raise InvalidInput("pass the data directory as the first argument, Atlas(path), not data_dir=")
         unknown = sorted(set(settings) - set(Settings.model_fields))
@@ -113,7 +119,7 @@ class Atlas:
         # an Atlas dropped unclosed (re-run in a notebook) kept its threads, files and ~50 MB for good: closed when
         # collected, with a ResourceWarning as an unclosed file gives
         self._finalizer = weakref.finalize(self, _close_unclosed, container, str(self.settings.data_dir))
-        if container.lm is None and self.settings.resolved_prompt_service() == "inprocess":
+        if require_model and container.lm is None and self.settings.resolved_prompt_service() == "inprocess":
             self.close()  # every add and route would fail: said now, with the reason
             raise ModelUnavailable(f"the model {self.settings.model!r} cannot be loaded: "
                                    f"{container.model_error or 'unknown reason'}", {"model": self.settings.model})
@@ -142,7 +148,7 @@ class Atlas:
 
     def add(self, name: str, samples: str | Path | Iterable[SampleLike], *, mode: str = "text",
             metadata: dict[str, Any] | None = None, wait: bool = True,
-            progress: bool | Callable[[JobOut], None] = True) -> TaskOut:
+            progress: bool | Callable[[JobOut], None] | None = True) -> TaskOut:
         """Add a task from a file or samples; with ``wait`` (default) return once its signature is stored.
 
         ``progress``: ``True`` shows a progress bar (rich, on stderr when it is a terminal), ``False`` none, or a
@@ -157,7 +163,7 @@ class Atlas:
         return task_out(task)
 
     def append(self, name: str, samples: str | Path | Iterable[SampleLike], *, wait: bool = True,
-               progress: bool | Callable[[JobOut], None] = True) -> TaskOut:
+               progress: bool | Callable[[JobOut], None] | None = True) -> TaskOut:
         """Append samples to a task (its mode applies); with ``wait``, return once merged."""
         _check_progress(progress)
         task_id, mode = self._find(name)
@@ -200,7 +206,7 @@ class Atlas:
         """Delete a task."""
         self._c.tasks.delete(self._find(name)[0])
 
-    def _wait(self, job_id: int, progress: bool | Callable[[JobOut], None], label: str) -> None:
+    def _wait(self, job_id: int, progress: bool | Callable[[JobOut], None] | None, label: str) -> None:
         bar = None
         if progress is True:
             from rich.console import Console
@@ -357,8 +363,8 @@ def _check_name(name: object) -> None:
 
 
 def _check_progress(progress: object) -> None:
-    if not (isinstance(progress, bool) or callable(progress)):  # "yes" showed no bar without a word
-        raise InvalidInput(f"progress is True, False or a callable receiving the job, not {progress!r:.40}")
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):  # "yes": no bar, no word
+        raise InvalidInput(f"progress is True, False (or None) or a callable receiving the job, not {progress!r:.40}")
 
 
 def _check_switch(value: object, what: str) -> None:
@@ -367,10 +373,15 @@ def _check_switch(value: object, what: str) -> None:
 
 
 def _close_unclosed(container: Container, where: str) -> None:
-    """An :class:`Atlas` collected unclosed: warn as an unclosed file does, and close its container."""
+    """An :class:`Atlas` collected unclosed: warn as an unclosed file does, and close its container — on a thread
+    of its own unless this is the main thread (a collection can run on any thread, the container's own included,
+    which would then wait on itself)."""
     warnings.warn(f"unclosed Atlas({where!r}): call close() or use it in a with block", ResourceWarning,
                   stacklevel=2)
-    container.stop()
+    if threading.current_thread() is threading.main_thread():
+        container.stop()
+    else:
+        threading.Thread(target=container.stop, name="atlas-close", daemon=True).start()
 
 
 def _run(coro: Any) -> Any:

@@ -176,13 +176,17 @@ class MatrixResult:
 
 @dataclass
 class _Kernels:
-    """Raw kernel means of one data view (pooled, split A or split B)."""
+    """Kernel means of one data view (pooled, split A or split B), in the tasks' own units.
 
-    S: np.ndarray  # (3, T, T) unclamped, diagonal = self term
+    Each task's features are divided by ``root = sqrt(q)``, ``q`` its mean squared feature norm per draw, before any
+    product: ``S`` is ``S_raw(i, j) / (root_i root_j)``, of order 1 whatever the scale of ``a`` and ``e``, so the
+    clamp at :data:`EPS` is relative and nothing underflows (raw kernel means of features near 1e-150 did)."""
+
+    S: np.ndarray  # (3, T, T) unclamped, normalized; diagonal = self term
     n: np.ndarray  # (T,) draws
-    self_ok: np.ndarray  # (3, T) self term > its floor
+    self_ok: np.ndarray  # (3, T) self term > EPS (normalized)
     v_stat: np.ndarray  # (T,) self terms used the V-statistic (n == 1)
-    floor: np.ndarray  # (3, T, T) clamp of each kernel mean: EPS · sqrt(q_i q_j), q the mean squared norm per draw
+    root: np.ndarray  # (3, T) sqrt(q): the raw kernel mean is S · root_i · root_j
 
 
 def _kernels(sums: np.ndarray, sq: np.ndarray, n: np.ndarray, *, allow_v: bool) -> _Kernels:
@@ -190,6 +194,13 @@ def _kernels(sums: np.ndarray, sq: np.ndarray, n: np.ndarray, *, allow_v: bool) 
     T = sums.shape[0]
     nf = n.astype(np.float64)
     safe = np.where(nf > 0, nf, 1.0)
+    # a task's own units: q = mean squared feature norm per draw (1 for a task of no draws or of all-zero features,
+    # whose terms are 0 and invalid anyway)
+    per_draw = sq.T / safe[None, :]
+    q = np.where((n[None, :] > 0) & (per_draw > 0) & np.isfinite(per_draw), per_draw, 1.0)  # (3, T)
+    root = np.sqrt(q)
+    sums = sums / root.T[:, :, None]
+    sq = sq / q.T
     mu = sums / safe[:, None, None]
     mu[n == 0] = 0.0
     S = np.stack([mu[:, f] @ mu[:, f].T for f in range(3)])  # (3, T, T) Gram matrices (BLAS)
@@ -206,14 +217,8 @@ def _kernels(sums: np.ndarray, sq: np.ndarray, n: np.ndarray, *, allow_v: bool) 
         has = many
     idx = np.arange(T)
     S[:, idx, idx] = self_terms
-    # the clamp in the tasks' own units: q = mean squared feature norm per draw (1 for a task of no draws or of
-    # all-zero features, whose terms are 0 and invalid anyway)
-    per_draw = sq.T / safe[None, :]
-    q = np.where((n[None, :] > 0) & (per_draw > 0), per_draw, 1.0)  # (3, T)
-    root = np.sqrt(q)
-    floor = EPS * root[:, :, None] * root[:, None, :]  # (3, T, T); diagonal EPS · q
-    self_ok = (self_terms > floor[:, idx, idx]) & has[None, :]
-    return _Kernels(S=S, n=n, self_ok=self_ok, v_stat=v_stat & allow_v, floor=floor)
+    self_ok = (self_terms > EPS) & has[None, :]
+    return _Kernels(S=S, n=n, self_ok=self_ok, v_stat=v_stat & allow_v, root=root)
 
 
 def _cosines_and_rho(k: _Kernels, same: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -223,7 +228,7 @@ def _cosines_and_rho(k: _Kernels, same: np.ndarray | None = None) -> dict[str, n
     the unbiased self terms by sampling noise); ``same[i, j]`` marks identical states, whose cosines
     and ρ are exactly 1. ρ = fisher / proxy is bounded to ``[1 / RHO_MAX, RHO_MAX]``.
     """
-    C = np.maximum(k.S, k.floor)
+    C = np.maximum(k.S, EPS)
     T = C.shape[1]
     out: dict[str, np.ndarray] = {}
     valid_f = [k.self_ok[f][:, None] & k.self_ok[f][None, :] for f in range(3)]
@@ -238,7 +243,12 @@ def _cosines_and_rho(k: _Kernels, same: np.ndarray | None = None) -> dict[str, n
         cos = np.where(ident & (k.n[:, None] > 0), 1.0, cos)
         out[name] = np.where(valid_f[f] | (ident & (k.n[:, None] > 0)), cos, 0.0)
     out["proxy"] = out["activation"] * out["error"]
-    chi = C[0] / (C[1] * C[2])
+    # χ in raw units (a diagnostic): the normalized ratio times root_ae,i root_ae,j / (root_a,i root_a,j root_e,i …)
+    lg = np.log(k.root)  # (3, T): the units' product in log space (roots near 1e-150 underflowed as products)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        units = np.exp((lg[0][:, None] + lg[0][None, :]) - (lg[1][:, None] + lg[1][None, :])
+                       - (lg[2][:, None] + lg[2][None, :]))
+        chi = np.nan_to_num(C[0] / (C[1] * C[2]) * units, nan=0.0, posinf=np.finfo(np.float64).max)
     rho_ok = valid_f[0] & valid_f[1] & valid_f[2]
     raw = out["fisher"] / np.maximum(out["proxy"], EPS)
     bounded = rho_ok & ((raw > RHO_MAX) | (raw < 1.0 / RHO_MAX))
@@ -250,7 +260,7 @@ def _cosines_and_rho(k: _Kernels, same: np.ndarray | None = None) -> dict[str, n
     out["rho_ok"] = rho_ok | (ident & (k.n[:, None] > 0) & (k.n[None, :] > 0) & ~eye)
     out["rho_bounded"] = bounded & ~ident
     out["cos_clipped"] = clipped
-    out["clamped"] = (k.floor > k.S) & ~eye
+    out["clamped"] = (k.S < EPS) & ~eye
     return out
 
 
@@ -337,7 +347,8 @@ def align_matrix(states: Sequence[SketchState], *, c: float = EB_C) -> MatrixRes
     cp = _cosines_and_rho(pooled, same)
     cp["same"] = same
     # Kernel matrices shared by every pair: S[f] with clamping, as reported.
-    C = np.maximum(pooled.S, pooled.floor)
+    with np.errstate(over="ignore", under="ignore"):  # the kernel means as reported: in raw units again
+        C = np.maximum(pooled.S, EPS) * (pooled.root[:, :, None] * pooled.root[:, None, :])
     # Split halves (within-split estimates, no V-statistic fallback).
     halves = [_kernels(sums[:, s], sq[:, s], n[:, s], allow_v=False) for s in (0, 1)]
     hcp = [_cosines_and_rho(h, same) for h in halves]

@@ -10,7 +10,6 @@ from sqlalchemy.orm import Session
 
 from service.auth import Principal, authorize
 from service.container import Container
-from service.upload_slots import SLOT_HELD
 
 
 def get_container(request: Request) -> Container:
@@ -50,13 +49,9 @@ WritePrincipal = Annotated[Principal, require_write]
 AdminPrincipal = Annotated[Principal, require_admin]
 
 
-async def hold_upload_slot(request: Request, container: ContainerDep) -> AsyncIterator[None]:
+async def hold_upload_slot(container: ContainerDep) -> AsyncIterator[None]:
     """Hold one of the process's upload slots for the request (:class:`service.upload_slots.UploadSlots`):
-    declared after the principal, so a refused caller never takes one; none more when the request holds one already
-    for its large body (:class:`service.uploads.BoundedJSONRoute`)."""
-    if request.scope.get(SLOT_HELD):
-        yield
-        return
+    declared after the principal, so a refused caller never takes one."""
     async with container.upload_slots.hold():
         yield
 

@@ -138,7 +138,19 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(safe_body("invalid_input", message, detail), status_code=422)
 
 
+class DomainErrorInBody(StarletteHTTPException):
+    """A domain error raised while FastAPI parses a request's body, which turns any other exception there into
+    "There was an error parsing the body" (400): carried through as an HTTP exception, rendered as the domain error
+    itself (an upload slot's 503 ``uploads_busy`` with its Retry-After)."""
+
+    def __init__(self, error: AtlasError) -> None:
+        super().__init__(error.status_code, error.message)
+        self.error = error
+
+
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, DomainErrorInBody):
+        return error_response(exc.error)
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
     if status == 400:  # FastAPI's "error parsing the body": malformed input, rendered as such

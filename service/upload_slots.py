@@ -1,5 +1,5 @@
-"""A cap on uploads handled at once: task adds, appends and space imports, and any other request whose body is
-over 1 MiB or of undeclared length (a 64 MB route or ``fit`` body is parsed in memory as an upload is).
+"""A cap on uploads handled at once: task adds, appends and space imports, and the reading and parsing of any other
+JSON body over 1 MiB or of undeclared length (a 64 MB route or ``fit`` body is parsed in memory as an upload is).
 
 Reading and parsing an upload holds it in memory several times over — 2–4 bytes per byte of JSONL, CSV or
 text, about 17 per decoded byte of Parquet (bench/results/upload_memory.md) —
@@ -16,10 +16,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from atlas.errors import AtlasError
-
-SLOT_HELD = "fisher_atlas.upload_slot"
-"""Scope key set while a request holds an upload slot for its large body (its route's own slot dependency then takes
-none)."""
 
 RETRY_AFTER_S = 5.0
 """``Retry-After`` of a refused upload: about how long another upload takes to be parsed and stored."""

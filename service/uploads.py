@@ -36,8 +36,8 @@ from atlas.json_bounds import (
 )
 from atlas.sample_io import SampleLimits, loads_json, read_samples
 from atlas.samples import Sample, check_metadata, samples_from_records, unique_keys_object
+from service.errors import DomainErrorInBody
 from service.security import route_path
-from service.upload_slots import SLOT_HELD
 
 ENVELOPE_BYTES = 256 * 1024
 """Allowance above ``max_upload_bytes`` for multipart headers and form fields."""
@@ -262,15 +262,30 @@ class BoundedJSONRequest(Request):
     ``"prompts"`` or metadata key lost the first without a word)."""
 
     async def json(self) -> Any:
-        """The parsed JSON body, after the bounded count of its values."""
+        """The parsed JSON body, after the bounded count of its values. A body over 1 MiB or of undeclared length
+        (:func:`large_body`) is read and parsed holding one of the process's upload slots
+        (:mod:`service.upload_slots`): a route or ``fit`` body may be up to ``max_upload_bytes`` and is held in
+        memory 2–4 times while it is parsed, and twenty at once were not bounded. The slot is given back once the
+        body is parsed, before the answer is computed."""
         if not hasattr(self, "_json"):
-            body = await self.body()
-            settings = getattr(getattr(self.scope.get("app"), "state", None), "settings", None)
-            limit = MAX_JSON_VALUES + 2 * int(getattr(settings, "max_matrix_tasks", 0))
-            # off the event loop when large: a body may be up to max_upload_bytes, and its count and parse are seconds
-            self._json = (await run_in_threadpool(_bounded_json, body, limit) if len(body) > PRECOUNT_ABOVE_BYTES
-                          else _bounded_json(body, limit))
+            state = getattr(self.scope.get("app"), "state", None)
+            container = getattr(state, "container", None)
+            if container is not None and large_body(self.scope):
+                try:
+                    async with container.upload_slots.hold():
+                        self._json = await self._parsed(getattr(state, "settings", None))
+                except AtlasError as exc:  # FastAPI would make it "There was an error parsing the body"
+                    raise DomainErrorInBody(exc) from None
+            else:
+                self._json = await self._parsed(getattr(state, "settings", None))
         return self._json
+
+    async def _parsed(self, settings: Any) -> Any:
+        body = await self.body()
+        limit = MAX_JSON_VALUES + 2 * int(getattr(settings, "max_matrix_tasks", 0))
+        # off the event loop when large: a body may be up to max_upload_bytes, and its count and parse are seconds
+        return (await run_in_threadpool(_bounded_json, body, limit) if len(body) > PRECOUNT_ABOVE_BYTES
+                else _bounded_json(body, limit))
 
 
 def _bounded_json(body: bytes, limit: int) -> Any:
@@ -296,7 +311,8 @@ LARGE_BODY_BYTES = 1024 * 1024
 
 def large_body(scope: Scope) -> bool:
     """Whether a request sends a body above :data:`LARGE_BODY_BYTES`, or one whose length it does not declare
-    (chunked): such a body may be up to ``max_upload_bytes``, and is held in memory 2–4 times while it is parsed."""
+    (chunked): such a body may be up to ``max_upload_bytes``, and is held in memory 2–4 times while it is parsed
+    (:meth:`BoundedJSONRequest.json` reads it holding an upload slot)."""
     if scope.get("method") not in ("POST", "PUT", "PATCH"):
         return False
     headers = dict(scope.get("headers", []))
@@ -310,22 +326,14 @@ def large_body(scope: Scope) -> bool:
 
 
 class BoundedJSONRoute(APIRoute):
-    """``APIRoute`` whose endpoints parse JSON bodies through :class:`BoundedJSONRequest` (same OpenAPI), and whose
-    large bodies (:func:`large_body`) share the process's upload slots (:mod:`service.upload_slots`): a route or
-    ``fit`` body of 64 MB costs memory as an upload does, and twenty at once were not bounded."""
+    """``APIRoute`` whose endpoints parse JSON bodies through :class:`BoundedJSONRequest` (same OpenAPI)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         """The route's handler, given the request as a :class:`BoundedJSONRequest`."""
         handler = super().get_route_handler()
 
         async def bounded(request: Request) -> Response:
-            bounded_request = BoundedJSONRequest(request.scope, request.receive)
-            container = getattr(request.app.state, "container", None)
-            if container is None or not large_body(request.scope):
-                return await handler(bounded_request)
-            async with container.upload_slots.hold():
-                request.scope[SLOT_HELD] = True
-                return await handler(bounded_request)
+            return await handler(BoundedJSONRequest(request.scope, request.receive))
 
         return bounded
 

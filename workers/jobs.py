@@ -206,7 +206,8 @@ def _try_release(ctx: WorkerContext, claim: job_store.Claim, error: str, *, coun
 RELEASE_RETRY_S = 1.0
 """Seconds between a job's release attempts while the store is down (:func:`_release_after_store_error`)."""
 RELEASE_WAIT_S = 300.0
-"""Longest a worker keeps trying to give back a job whose store is down (then a sweep re-queues it, counted)."""
+"""Longest a worker keeps trying to give back a job whose store is down (then a sweep re-queues it, counted); a worker
+asked to stop waits half the stale window only."""
 
 
 def _release_after_store_error(ctx: WorkerContext, claim: job_store.Claim, exc: BaseException) -> None:
@@ -218,7 +219,7 @@ def _release_after_store_error(ctx: WorkerContext, claim: job_store.Claim, exc: 
     re-queued the job first, is not counted either (``release_job``'s ``worker``); retries stopped at half that
     window, and it counted. Another store error (a lock wait, a statement timeout) counts, as before."""
     outage = db.is_unreachable_error(exc)  # a restart, a dropped link, a refused connection
-    deadline = time.monotonic() + max(ctx.settings.job_stale_after_s / 2, RELEASE_WAIT_S)
+    start = time.monotonic()
     while True:
         try:
             with ctx.factory.begin() as s:
@@ -227,9 +228,16 @@ def _release_after_store_error(ctx: WorkerContext, claim: job_store.Claim, exc: 
             return
         except _TRANSIENT:
             outage = True
-            if time.monotonic() >= deadline:
+            # a worker stopping (a deploy, Ctrl-C) waits half the stale window, as before, not the long wait
+            stopping = ctx.shutdown.is_set()
+            wait = ctx.settings.job_stale_after_s / 2 if stopping else max(ctx.settings.job_stale_after_s / 2,
+                                                                          RELEASE_WAIT_S)
+            if time.monotonic() - start >= wait:
                 return  # still down: the heartbeat goes stale and a sweep re-queues the job
-            time.sleep(RELEASE_RETRY_S)
+            if stopping:
+                time.sleep(RELEASE_RETRY_S)
+            else:
+                ctx.shutdown.wait(RELEASE_RETRY_S)  # a stop asked meanwhile ends the long wait at once
 
 
 def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> str:

@@ -249,3 +249,26 @@ def test_every_estimate_is_invariant_to_the_scale_of_a_and_e(seed: int, scales: 
     for name in ("fisher", "activation", "error", "proxy", "rho", "log_rho_a", "log_rho_b", "se", "fisher_eb"):
         np.testing.assert_allclose(getattr(scaled, name), getattr(base, name), rtol=1e-4, atol=1e-6, err_msg=name)
     assert scaled.pair_flags == base.pair_flags
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.lists(st.sampled_from([1e-150, 1e-60, 1e-6, 1.0, 1e60, 1e140]), min_size=3,
+                                        max_size=3))
+def test_states_of_extreme_scales_align_as_at_scale_one(seed: int, scales: list[float]) -> None:
+    """States whose features are scaled by c (sums · c, squared norms · c²), each task its own c: the same estimates,
+    no floating-point warning (a relative clamp computed in raw units underflowed near 1e-150: a cosine of 0.57 read
+    1.0, flagged clipped; a diff review, 2026-12-07)."""
+    import warnings
+
+    rng = np.random.default_rng(seed)
+    base = [_SK.sketch(rng.standard_normal((20, 6)) + 0.4 * t, rng.standard_normal((20, 9)) - 0.2 * t,
+                       np.arange(20) + 50 * t) for t in range(3)]
+    scaled = [SketchState(s.spec, s.sums * c, s.sq_norms * c * c, s.token_counts, s.sample_counts)
+              for s, c in zip(base, scales, strict=True)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no divide-by-zero, overflow or invalid value on the way
+        got = align_matrix(scaled)
+    want = align_matrix(base)
+    for name in ("fisher", "activation", "error", "proxy", "rho", "log_rho_a", "log_rho_b", "se", "fisher_eb"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-9, atol=1e-12, err_msg=name)
+    assert got.pair_flags == want.pair_flags

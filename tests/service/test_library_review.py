@@ -117,6 +117,12 @@ def test_home_paths_size_limits_and_a_bad_model(tmp_path: Path, tiny_model_dir: 
     (not_a_model / "config.json").write_text("{}")
     with pytest.raises(ModelUnavailable, match="cannot be loaded"):
         Atlas(tmp_path / "y", model=str(not_a_model), device="cpu")
+    # opened anyway for what needs no model (an offline machine, a copied directory); a write says why it fails
+    with Atlas(tmp_path / "home" / "atlases" / "x", model=str(not_a_model), device="cpu",
+               require_model=False) as offline:
+        assert offline.tasks() == []
+        with pytest.raises(ModelUnavailable, match="not loaded"):
+            offline.add("t", ["some words to add", "and a few more"], progress=None)
 
 
 def test_a_script_using_the_library_is_type_checked(tmp_path: Path) -> None:

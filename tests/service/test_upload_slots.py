@@ -117,33 +117,39 @@ def _large_route_body(prompt: str, size: int = 2 * 1024 * 1024) -> bytes:
 
 
 def test_large_route_bodies_share_the_upload_slots_and_small_ones_do_not_wait(bind: Any) -> None:  # noqa: F811
-    """A route body may be up to max_upload_bytes and is parsed in memory as an upload is: one over 1 MiB takes a
-    slot (twenty 64 MB route bodies at once took gigabytes unbounded); a small one never waits, and a large upload
-    alone still gets through (its body's slot is its route's slot, not a second one it would wait for)."""
+    """A route body may be up to max_upload_bytes and is parsed in memory as an upload is: one over 1 MiB is parsed
+    holding an upload slot (twenty 64 MB route bodies at once took gigabytes unbounded); a small one never waits. The
+    slot is taken for the parse only, once the body has arrived: a client sending a body slowly (any valid key, a read
+    key included) holds none (a security review: four slow chunked bodies to /v1/route blocked every upload)."""
     url, app = bind(max_concurrent_uploads=1, upload_slot_wait_s=0.5)
     host, port = url.removeprefix("http://").split(":")
-    big = _large_route_body("a prompt sent slowly")
     sock = socket.create_connection((host, int(port)), timeout=30)
+    slow = _large_route_body("a prompt sent slowly")
     sock.sendall(f"POST /v1/route HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(big)}\r\n\r\n".encode() + big[:100])
+                 f"Content-Length: {len(slow)}\r\n\r\n".encode() + slow[:100])
     try:
-        _wait_held(app, 1)
         with httpx.Client(base_url=url, timeout=30) as http:
+            time.sleep(0.3)
+            assert app.state.container.upload_slots.held == 0  # a body still arriving holds no slot
+            r = http.post("/v1/tasks", content=_body("not-blocked"), headers={"content-type": "application/json"})
+            assert r.status_code == 202, r.text
+            _wait_held(app, 0)
+            held = HeldUpload(url, "held")  # an upload holds the only slot
+            _wait_held(app, 1)
             r = http.post("/v1/route", content=_large_route_body("another"),
                           headers={"content-type": "application/json"})
-            assert r.status_code == 503 and r.json()["code"] == "uploads_busy", r.text
+            assert r.status_code == 503 and r.json()["code"] == "uploads_busy", r.text  # its parse waited for it
             r = http.post("/v1/route", json={"prompts": ["a small request"]})
-            assert r.status_code == 200, r.text  # not held up by the large one
-            r = http.post("/v1/tasks", content=_body("small-upload"), headers={"content-type": "application/json"})
-            assert r.status_code == 503, r.text  # uploads and large bodies share the slots
-            sock.sendall(big[100:])
-            assert int(sock.recv(65536).split(b" ", 2)[1]) == 200
+            assert r.status_code == 200, r.text  # not held up
+            assert held.finish() == 202
             _wait_held(app, 0)
+            sock.sendall(slow[100:])
+            assert int(sock.recv(65536).split(b" ", 2)[1]) == 200
             large_upload = json.dumps({"name": "large", "samples": [{"text": f"sample {i} " + "w " * 400}
                                                                    for i in range(1500)]}).encode()
             assert len(large_upload) > 1024 * 1024
             r = http.post("/v1/tasks", content=large_upload, headers={"content-type": "application/json"})
-            assert r.status_code == 202, r.text
+            assert r.status_code == 202, r.text  # one slot, its route's
             _wait_held(app, 0)
     finally:
         sock.close()
