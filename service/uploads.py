@@ -310,9 +310,8 @@ LARGE_BODY_BYTES = 1024 * 1024
 """A request body above this (or one of no declared length) holds an upload slot while it is read and answered."""
 
 def large_body(scope: Scope) -> bool:
-    """Whether a request sends a body above :data:`LARGE_BODY_BYTES`, or one whose length it does not declare
-    (chunked): such a body may be up to ``max_upload_bytes``, and is held in memory 2–4 times while it is parsed
-    (:meth:`BoundedJSONRequest.json` reads it holding an upload slot)."""
+    """Whether a request's body is over :data:`LARGE_BODY_BYTES` or of undeclared length (chunked): up to
+    ``max_upload_bytes``, held 2–4 times while parsed (:meth:`BoundedJSONRequest.json` parses it holding a slot)."""
     if scope.get("method") not in ("POST", "PUT", "PATCH"):
         return False
     headers = dict(scope.get("headers", []))
