@@ -52,6 +52,7 @@ def db_now(session: Session) -> dt.datetime:
     with _lock:
         known = _offsets.get(key)
     if known is None or time.monotonic() - known[1] >= REFRESH_S:
+        session.execute(select(1))  # the connection checked out and the transaction begun: not part of the round trip
         sent = utcnow().timestamp()  # the clock db_now corrects
         server = session.execute(select(func.clock_timestamp())).scalar_one()
         received = utcnow().timestamp()

@@ -329,8 +329,11 @@ class Atlas:
         return self._c.queries.matrix(ids)
 
     def atlas(self) -> analysis.AtlasMap:
-        """The 2-D map of the default space."""
-        return self._c.queries.atlas()[1]
+        """The 2-D map of the default space (an even subset of its ready tasks above ``max_matrix_tasks``: ``extra``
+        holds ``space_id``, ``total`` and ``sampled``, as the REST answer does)."""
+        space, amap, total, sampled = self._c.queries.atlas()
+        amap.extra.update(space_id=int(space.id), total=int(total), sampled=bool(sampled))
+        return amap
 
     def export(self, path: str | Path) -> Path:
         """Write the default space as JSON lines (the format of ``GET /v1/spaces/{id}/export``)."""

@@ -132,7 +132,8 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     detail = _validation_detail(exc)
     first = detail[0] if detail else {}
     loc = ".".join(str(p) for p in first.get("loc", []))
-    message = f"invalid request: {loc}: {first.get('msg', '')}" if first else "invalid request"
+    said = str(first.get("msg", "")).removeprefix("Value error, ")  # pydantic's prefix of our own validators' text
+    message = f"invalid request: {loc}: {said}" if first else "invalid request"
     if first.get("loc") == ["path", "task_id"] and first.get("type") == "int_parsing":  # a name where an id goes
         message += " (a task's numeric id; find one by name with GET /v1/tasks?name=..., or the client's find_task)"
     return JSONResponse(safe_body("invalid_input", message, detail), status_code=422)

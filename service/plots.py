@@ -165,9 +165,11 @@ def as_body(answer: Any) -> Mapping[str, Any]:
         return cast(Mapping[str, Any], dump(mode="json"))
     if dataclasses.is_dataclass(answer) and not isinstance(answer, type):
         body = {f.name: getattr(answer, f.name) for f in dataclasses.fields(answer)}
-        if "points" in body:  # AtlasMap: its points as dicts, all of them drawn
+        if "points" in body:  # AtlasMap: its points as dicts; the space, total and sampled the library put in extra
             body["points"] = [dataclasses.asdict(pt) for pt in body["points"]]
-            body.setdefault("total", len(body["points"]))
+            extra = body.get("extra") or {}
+            body.update(space_id=extra.get("space_id", "?"), total=extra.get("total", len(body["points"])),
+                        sampled=bool(extra.get("sampled", False)))
         return body
     if isinstance(answer, Sequence) and all(dataclasses.is_dataclass(s) and hasattr(s, "factors") for s in answer):
         return {"sources": [{"task_id": s.task_id, "name": s.name, **dataclasses.asdict(s.factors)} for s in answer]}

@@ -101,11 +101,13 @@ class AsyncAtlasClient:
         """The connection pool, for the running event loop. A client used again after the loop it last ran on has
         ended (``asyncio.run`` a notebook cell, each its own loop) gets a fresh pool: the old one's connections ended
         with their loop, and reusing them raised a bare ``RuntimeError: Event loop is closed``. Used from a second
-        loop while the first still runs (another thread), it refuses with an :class:`AtlasClientError` saying so."""
+        loop while the first still runs (another thread), it refuses with an :class:`AtlasClientError` saying so. A
+        ``transport`` given to the client is the caller's to make per loop (its connections are reused as they are).
+        """
         self._check_open()
         loop = asyncio.get_running_loop()
         if self._http_loop is not None and self._http_loop is not loop:
-            if not self._http_loop.is_closed():
+            if self._http_loop.is_running():  # a loop stopped but not closed has ended as well
                 raise AtlasClientError(0, "wrong_event_loop", "this AsyncAtlasClient is in use on another event loop "
                                        "that still runs: make one client per event loop (or use the blocking "
                                        "AtlasClient, which runs its own)")
@@ -120,12 +122,14 @@ class AsyncAtlasClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pool (once the loop it last ran on has ended, its connections ended with it: the
-        client is only marked closed)."""
-        ended = self._http_loop is not None and self._http_loop.is_closed()
+        """Close the connection pool: on the loop it last ran on when that loop still runs in another thread; once
+        that loop has ended its connections ended with it, and the client is only marked closed."""
         self._ended = True
-        if not ended:
+        old = self._http_loop
+        if old is None or old is asyncio.get_running_loop():
             await self._http.aclose()
+        elif old.is_running():
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._http.aclose(), old))
 
     def _unreachable(self, exc: httpx.RequestError) -> AtlasClientError:
         """The client's error for a failed request: :class:`Unreachable` for a transport failure (a read timeout's

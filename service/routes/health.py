@@ -39,15 +39,17 @@ except PackageNotFoundError:
     _VERSION = None
 
 
+FORBIDDEN_HOST: dict[int | str, dict[str, Any]] = {
+    403: {"model": ErrorBody, "description": "The request's Host is not one this service answers to "
+                                             "(`forbidden_host`)."}}
 PUBLIC_ERRORS: dict[int | str, dict[str, Any]] = {
-    403: {"model": ErrorBody, "description": "The request's Host (or Origin) is not one this service answers to "
-                                             "(`forbidden_host`, `forbidden_origin`)."},
+    **FORBIDDEN_HOST,
     429: {"model": ErrorBody, "description": "Too many requests from this client (`rate_limited`, with Retry-After)."},
 }
-"""What the security middleware answers on these key-free paths too (they were missing from the schema)."""
+"""What the security middleware answers on the key-free, rate-limited paths too (missing from the schema)."""
 
 
-@router.get("/healthz", response_model=Health, summary="Liveness", responses=PUBLIC_ERRORS)
+@router.get("/healthz", response_model=Health, summary="Liveness", responses=FORBIDDEN_HOST)
 async def healthz() -> Health:
     """The process is up and serving HTTP (touches neither the database nor a thread)."""
     return Health(status="ok", version=_VERSION)

@@ -125,7 +125,7 @@ def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monk
     empty = tmp_path / "empty.jsonl"  # an empty prompt is named by its line (the 422's loc), not by a message's words
     empty.write_text('{"prompt": "The lazy dog"}\n\n{"prompt": ""}\n')
     assert main(["route", "-f", str(empty), *url]) == 1
-    assert f"{empty}:3: 422 invalid_input: Value error, the prompt is empty" in capsys.readouterr().err
+    assert f"{empty}:3: 422 invalid_input: the prompt is empty" in capsys.readouterr().err
     long = tmp_path / "long.txt"
     long.write_text("a short one\n" + "word " * 5000 + "\n")
     assert main(["route", "--file", str(long), *url]) == 1

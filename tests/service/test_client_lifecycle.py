@@ -190,6 +190,17 @@ def test_an_async_client_outlives_the_event_loops_it_is_used_on(serve: Any, tiny
     with pytest.raises(ClientClosed):
         asyncio.run(client.health())
 
+    # loops made by hand and left unclosed: one that has stopped has ended too (it was told "still runs")
+    by_hand = AsyncAtlasClient(svc.url)
+    loops = [asyncio.new_event_loop() for _ in range(2)]
+    try:
+        for loop in loops:
+            assert loop.run_until_complete(by_hand.health()).status == "ok"
+        loops[1].run_until_complete(by_hand.aclose())
+    finally:
+        for loop in loops:
+            loop.close()
+
     shared = AsyncAtlasClient(svc.url)
     started, finish = threading.Event(), threading.Event()
 

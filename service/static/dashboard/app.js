@@ -1306,8 +1306,9 @@
           for (const c of [nearestCard, darkCard]) c.replaceChildren(c.firstChild, h("p", { class: "muted" }, "No other task in this space yet."));
           return;
         }
-        // every task of the map, in matrices of this task and NEIGHBOUR_CHUNK others (the first 127 alone were
-        // compared: a twin past them was missing from "Nearest tasks" while the sources ranked it first)
+        // every task of the map (the map itself is an even subset past max_matrix_tasks: said under the table), in
+        // matrices of this task and NEIGHBOUR_CHUNK others (the first 127 alone were compared: a twin past them was
+        // missing from "Nearest tasks" while the sources ranked it first)
         const names = new Map(others.map((p) => [String(p.task_id), p.name]));
         const rows = [];
         for (let at = 0; at < others.length; at += NEIGHBOUR_CHUNK) {
@@ -1323,7 +1324,9 @@
         }
         const nearest = [...rows].sort((a, b) => b.fisher - a.fisher).slice(0, 8);
         const dark = rows.filter((r) => isDark(r.fisher, r.activation, r.unestimated, DARK_RULE)).sort((a, b) => (b.activation - b.fisher) - (a.activation - a.fisher)).slice(0, 8);
-        nearestCard.replaceChildren(h("h2", {}, "Nearest tasks"), h("p", { class: "muted small" }, "By Fisher alignment."), neighbourTable(nearest, "nearest-row"));
+        const among = atlas && atlas.sampled ? ` Among the ${others.length} tasks of the map, an even sample of the `
+          + `space's ${atlas.total} ready tasks (see Recommended sources for all of them).` : "";
+        nearestCard.replaceChildren(h("h2", {}, "Nearest tasks"), h("p", { class: "muted small" }, `By Fisher alignment.${among}`), neighbourTable(nearest, "nearest-row"));
         darkCard.replaceChildren(h("h2", {}, "Activation-dark neighbours"),
           h("p", { class: "muted small" }, `Activation ≥ ${DARK_RULE.darkAct} but Fisher ≤ ${DARK_RULE.darkFisher} (the API's rule, as the sources' badge): they look alike to the model's activations, yet fine-tuning on them moves the head differently.`),
           dark.length ? neighbourTable(dark, "dark-row") : h("p", { class: "muted" }, "None — every task whose activations resemble this one's also aligns in Fisher geometry."));
@@ -2074,8 +2077,9 @@
         try {
           const { job: last } = await streamJob(job.id, showJob);
           if (last) final = last;
-        } catch (err) {  // a cut stream (a fetch that failed: TypeError) is followed by polling, which says why
-          if (!(err instanceof ApiError) && !(err instanceof TypeError)) throw err;
+        } catch (err) {  // a cut stream (a fetch that failed: a TypeError naming fetch) is followed by polling
+          const cut = err instanceof TypeError && /fetch|network/i.test(String(err.message));
+          if (!(err instanceof ApiError) && !cut) throw err;
         }
         // the stream ends with the job; read the final row once (the stream may have been cut)
         let gone = false;  // the task was deleted while its job ran: the job went with it (404)
@@ -2088,7 +2092,8 @@
               if (err instanceof ApiError && err.status === 404) {
                 gone = true; final = { ...final, status: "cancelled" }; break;
               }
-              const noAnswer = !(err instanceof ApiError) || err.code === "network" || err.status >= 500;
+              // no answer, or a proxy's or a restarting service's (502/503/504): asked again; a 500 is said at once
+              const noAnswer = !(err instanceof ApiError) || err.code === "network" || [502, 503, 504].includes(err.status);
               if (!noAnswer || (lostSince !== null && Date.now() - lostSince > RECONTACT_MS)) throw err;
               if (lostSince === null) {
                 lostSince = Date.now();
