@@ -106,7 +106,7 @@ class Container:
 
     def _start(self) -> None:
         s = self.settings
-        s.data_dir.mkdir(parents=True, exist_ok=True)
+        s.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # uploads and key hashes: owner only
         if self.overrides.get("migrate", True):
             from migrations import upgrade
 

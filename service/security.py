@@ -321,17 +321,23 @@ def serve_docs_offline(app: Any) -> None:
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ("/docs", "/redoc")]
     title = app.title
 
+    def unframed(page: Any) -> Any:
+        """A docs page no other site may frame (its "Try it out" sends same-origin requests: clickjacking)."""
+        page.headers["X-Frame-Options"] = "DENY"
+        page.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        return page
+
     async def docs(_: Any) -> Any:
-        return get_swagger_ui_html(
+        return unframed(get_swagger_ui_html(
             openapi_url=app.openapi_url, title=f"{title} - Swagger UI",
             swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js", swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
             swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
-        )
+        ))
 
     async def redoc(_: Any) -> Any:
-        return get_redoc_html(openapi_url=app.openapi_url, title=f"{title} - ReDoc",
-                              redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
-                              redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
+        return unframed(get_redoc_html(openapi_url=app.openapi_url, title=f"{title} - ReDoc",
+                                       redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+                                       redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False))
 
     app.router.routes.append(Route("/docs", docs, methods=["GET", "HEAD"], include_in_schema=False))
     app.router.routes.append(Route("/redoc", redoc, methods=["GET", "HEAD"], include_in_schema=False))

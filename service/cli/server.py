@@ -82,7 +82,7 @@ def migrate_db(s: Any) -> None:
     """Create the data directory and upgrade the schema."""
     from migrations import upgrade
 
-    s.data_dir.mkdir(parents=True, exist_ok=True)
+    s.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # uploads and key hashes: owner only
     upgrade(s.resolved_database_url())
 
 

@@ -111,6 +111,8 @@ def test_home_paths_size_limits_and_a_bad_model(tmp_path: Path, tiny_model_dir: 
         with pytest.raises(PayloadTooLarge, match="upload limit is 2000"):
             atlas.add("big", big)
     assert (tmp_path / "home" / "atlases" / "x" / "atlas.sqlite").is_file()
+    # made for its owner only: it holds every upload and the keys' hashes (a security review, 2026-12-07)
+    assert (tmp_path / "home" / "atlases" / "x").stat().st_mode & 0o077 == 0
     assert not (tmp_path / "~").exists()
     not_a_model = tmp_path / "not-a-model"
     not_a_model.mkdir()

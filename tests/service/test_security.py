@@ -379,6 +379,8 @@ def test_docs_are_served_without_a_cdn(bind) -> None:
     for page_path, asset in (("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")):
         page = httpx.get(f"{url}{page_path}", timeout=60)
         assert page.status_code == 200
+        assert page.headers["x-frame-options"] == "DENY"  # no other site frames "Try it out" (a security review)
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
         assert "cdn.jsdelivr" not in page.text and "unpkg" not in page.text and "googleapis" not in page.text
         assert f"/docs-assets/{asset}" in page.text
         js = httpx.get(f"{url}/docs-assets/{asset}", timeout=60)
