@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from atlas.errors import InvalidInput, PayloadTooLarge
+from atlas.parquet_pages import declared_page_bytes
 from atlas.sample_limits import SampleCounter
 from atlas.samples import Mode, check_columns, mode_fields, record_values
 
@@ -42,6 +43,8 @@ def read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCo
             col = rg.column(c)
             if col.path_in_schema in keys:
                 declared += max(int(col.total_uncompressed_size), 0)
+    if declared <= lim.max_bytes:  # the footer's sum may lie: what the page headers declare, before any is decoded
+        declared = max(declared, declared_page_bytes(stream, md, keys, filename))
     if declared > lim.max_bytes:
         raise PayloadTooLarge(f"{filename}: the columns hold {declared} bytes uncompressed; the limit is "
                               f"{lim.max_bytes}", {"bytes": declared, "max_bytes": lim.max_bytes})

@@ -342,6 +342,8 @@ MEMORY_SCRIPT = textwrap.dedent("""
         buf = io.BytesIO()
         pq.write_table(pa.table({"text": ["b" * 60_000] * 1200}), buf, compression="zstd", use_dictionary=False)
         data, name = buf.getvalue(), "bomb.parquet"
+    elif kind.endswith(".parquet"):  # a file made beforehand in another process (its making is no part of the peak)
+        data, name = open(kind, "rb").read(), "bomb.parquet"
     else:
         data, name = gzip.compress(b"c\\n" * 40_000_000), "bomb.txt.gz"
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -355,8 +357,46 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("kind", ["text", "jsonl", "json_element", "json_object", "zstd_dict", "zstd_plain", "gzip"])
-def test_bomb_uploads_keep_memory_bounded(kind: str) -> None:
+def _lying_footer(path: Path) -> str:
+    """One page of 8 × 25 MB of one letter, zstd (~6 KB), whose footer says its column holds 2,000 bytes: the decoder
+    allocates what the page header says (a security review, 2026-12-07: a 50 KB file took the API to 2.2 GB)."""
+    import pyarrow as pa
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": ["a" * 25_000_000] * 8}), buf, compression="zstd", use_dictionary=False,
+                   data_page_size=1 << 40, write_statistics=False)
+    raw = bytearray(buf.getvalue())
+    meta = pq.ParquetFile(io.BytesIO(bytes(raw))).metadata
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    footer = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
+    for true in {meta.row_group(0).column(0).total_uncompressed_size, meta.row_group(0).total_byte_size}:
+        enc = varint(2 * true)  # zigzag; 2,000 padded to the same varint length, so no offset moves
+        small = bytearray(varint(2 * 2000))
+        while len(small) < len(enc):
+            small[-1] |= 0x80
+            small.append(0)
+        at = raw.find(enc, footer)
+        while at >= 0:
+            raw[at:at + len(enc)] = small
+            at = raw.find(enc, at + len(enc))
+    assert pq.ParquetFile(io.BytesIO(bytes(raw))).metadata.row_group(0).column(0).total_uncompressed_size == 2000
+    path.write_bytes(bytes(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["text", "jsonl", "json_element", "json_object", "zstd_dict", "zstd_plain",
+                                  "lying_footer", "gzip"])
+def test_bomb_uploads_keep_memory_bounded(kind: str, tmp_path: Path) -> None:
+    if kind == "lying_footer":
+        kind = _lying_footer(tmp_path / "lying.parquet")
     out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, kind], capture_output=True, text=True, cwd=ROOT,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -440,3 +480,13 @@ def test_first_item_over_counts_each_element_s_tokens(items: list[object], limit
     counts = [json_token_count(json.dumps(x).encode(), 10**9) for x in items]
     expected = next((i for i, n in enumerate(counts) if n > limit), None)
     assert first_item_over(data, limit) == expected
+
+
+def test_a_parquet_footer_that_understates_its_pages_is_refused_before_a_page_is_decoded(tmp_path: Path) -> None:
+    """The page headers' sizes are summed before pyarrow decodes anything: the file is refused on what its pages
+    declare (8 × 25 MB), not after a batch of them was decompressed and a value found too long."""
+    data = Path(_lying_footer(tmp_path / "lying.parquet")).read_bytes()
+    with pytest.raises(PayloadTooLarge, match=r"the columns hold 2000\d{5} bytes uncompressed"):
+        read_samples(data, "bomb.parquet", "text")
+    good = std_parquet([Sample(text=f"sample number {i}") for i in range(300)], ["text"])
+    assert len(read_samples(good, "good.parquet", "text")) == 300  # a true footer reads as before
