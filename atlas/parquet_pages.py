@@ -16,10 +16,12 @@ from typing import IO, Any
 
 from atlas.errors import InvalidInput
 
-HEADER_READ = 64 * 1024
-"""Bytes read at a time for a page header (headers with statistics may be longer: read on as needed)."""
-MAX_HEADER_BYTES = 16 * 1024 * 1024
-"""Longest page header read (its statistics hold at most a value or two)."""
+HEADER_READ = 4 * 1024
+"""Bytes read first for a page header (one with long statistics is read again, 4 times as far, as needed)."""
+MAX_HEADER_BYTES = 1024 * 1024
+"""Longest page header read (writers bound its statistics: Arrow drops those over 4 KiB)."""
+MAX_PAGES = 200_000
+"""Most pages walked in one file (64 MB in pages of 1 KB is 64,000; a file of tiny headers was seconds of CPU)."""
 MAX_DEPTH = 16
 """Deepest Thrift struct nesting of a page header (a Parquet header nests three levels)."""
 
@@ -50,7 +52,7 @@ class _Compact:
             if not b & 0x80:
                 return result
             shift += 7
-            if shift > 70:
+            if shift > 63:
                 raise ValueError("a varint longer than 10 bytes")
 
     def zigzag(self) -> int:
@@ -64,11 +66,21 @@ class _Compact:
             raise _Truncated
         self.at += n
 
-    def skip(self, kind: int, depth: int) -> None:
-        """Skip one value of compact type ``kind`` (a list's boolean elements take a byte each)."""
+    def size(self, n: int) -> int:
+        """A container's element count, checked against the bytes left (each element takes one at least): a
+        count of 2**62 read nothing and looped for good."""
+        if n > len(self.data) - self.at:
+            raise _Truncated
+        return n
+
+    def skip(self, kind: int, depth: int, *, element: bool = False) -> None:
+        """Skip one value of compact type ``kind``; a boolean takes a byte as a container's element, none as a
+        field (its value is in the field's header)."""
         if depth > MAX_DEPTH:
             raise ValueError("nested too deep")
-        if kind in (1, 2):  # a boolean held in a field header
+        if kind in (1, 2):
+            if element:
+                self.skip_bytes(1)
             return
         if kind == 3:
             self.skip_bytes(1)
@@ -80,21 +92,18 @@ class _Compact:
             self.skip_bytes(self.varint())
         elif kind in (9, 10):
             head = self.byte()
-            size, element = head >> 4, head & 0x0F
-            if size == 15:
-                size = self.varint()
-            for _ in range(size):
-                if element in (1, 2):
-                    self.skip_bytes(1)
-                else:
-                    self.skip(element, depth + 1)
+            count, of = head >> 4, head & 0x0F
+            if count == 15:
+                count = self.varint()
+            for _ in range(self.size(count)):
+                self.skip(of, depth + 1, element=True)
         elif kind == 11:
-            size = self.varint()
+            size = self.size(self.varint())
             if size:
                 types = self.byte()
                 for _ in range(size):
-                    self.skip(types >> 4, depth + 1)
-                    self.skip(types & 0x0F, depth + 1)
+                    self.skip(types >> 4, depth + 1, element=True)
+                    self.skip(types & 0x0F, depth + 1, element=True)
         elif kind == 12:
             self.struct(depth + 1)
         else:
@@ -158,7 +167,9 @@ def declared_page_bytes(stream: IO[bytes], metadata: Any, columns: Sequence[str]
     InvalidInput
         A page header cannot be read, or declares a negative size.
     """
-    total = 0
+    stream.seek(0, 2)
+    size = stream.tell()
+    spans: list[tuple[int, int, str, int]] = []  # (start, end, column, row group) of each chunk read
     for g in range(metadata.num_row_groups):
         group = metadata.row_group(g)
         for c in range(group.num_columns):
@@ -167,16 +178,27 @@ def declared_page_bytes(stream: IO[bytes], metadata: Any, columns: Sequence[str]
                 continue
             starts = [int(x) for x in (chunk.dictionary_page_offset, chunk.data_page_offset)
                       if x is not None and int(x) > 0]
-            at = min(starts) if starts else 0
-            end = at + max(int(chunk.total_compressed_size), 0)
-            try:
-                while at < end:
-                    uncompressed, compressed, header = _page_header(stream, at)
-                    if uncompressed < 0 or compressed < 0:
-                        raise ValueError("a negative page size")
-                    total += uncompressed
-                    at += header + compressed
-            except (ValueError, OSError) as exc:
-                raise InvalidInput(f"{filename}: not a readable Parquet file: column {chunk.path_in_schema!r}, "
-                                   f"row group {g}: {exc}") from None
+            start = min(starts) if starts else 0
+            spans.append((start, start + max(int(chunk.total_compressed_size), 0), chunk.path_in_schema, g))
+    spans.sort()
+    total = pages = 0
+    previous_end = 4  # after the leading "PAR1"
+    for start, end, column, g in spans:
+        try:  # chunks lie in the file, apart: several row groups pointing at the same pages were walked again each
+            if start < previous_end or end > size - 8:
+                raise ValueError("its pages overlap another column chunk's or lie outside the file")
+            previous_end = at = start
+            while at < end:
+                uncompressed, compressed, header = _page_header(stream, at)
+                if uncompressed < 0 or compressed < 0:
+                    raise ValueError("a negative page size")
+                pages += 1
+                if pages > MAX_PAGES:
+                    raise ValueError(f"more than {MAX_PAGES} pages")
+                total += uncompressed
+                at += header + compressed
+            previous_end = max(at, end)
+        except (ValueError, OSError) as exc:
+            raise InvalidInput(f"{filename}: not a readable Parquet file: column {column!r}, row group {g}: "
+                               f"{exc}") from None
     return total

@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     )
     max_concurrent_uploads: int = Field(
         default=4, ge=1, description="Uploads (task adds, appends, space imports) this API process reads, parses and "
-        "stores at once, and other JSON bodies over 1 MiB (route, fit) it reads and parses at once; each holds "
+        "stores at once, and other JSON bodies over 1 MiB (route, fit) it parses at once; each holds "
         "2-17 bytes of memory per upload "
         "byte while it does (bench/results/"
         "upload_memory.md). The next one waits for a slot, its body unread.")

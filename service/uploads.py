@@ -263,10 +263,10 @@ class BoundedJSONRequest(Request):
 
     async def json(self) -> Any:
         """The parsed JSON body, after the bounded count of its values. A body over 1 MiB or of undeclared length
-        (:func:`large_body`) is read and parsed holding one of the process's upload slots
-        (:mod:`service.upload_slots`): a route or ``fit`` body may be up to ``max_upload_bytes`` and is held in
-        memory 2–4 times while it is parsed, and twenty at once were not bounded. The slot is given back once the
-        body is parsed, before the answer is computed."""
+        (:func:`large_body`) is parsed holding one of the process's upload slots (:mod:`service.upload_slots`): a
+        route or ``fit`` body may be up to ``max_upload_bytes`` and is held 2–4 times while it is parsed. FastAPI
+        has read the body whole before (so a slow sender holds no slot, and the raw bodies of requests waiting for
+        one are not bounded by the slots); the slot is given back before the answer is computed."""
         if not hasattr(self, "_json"):
             state = getattr(self.scope.get("app"), "state", None)
             container = getattr(state, "container", None)
