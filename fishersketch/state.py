@@ -350,11 +350,11 @@ class SketchState:
         off += 48
         tokens = np.frombuffer(body, dtype="<i8", count=2, offset=off)
         samples = np.frombuffer(body, dtype="<i8", count=2, offset=off + 16)
-        if (not (np.all(np.isfinite(sums)) and np.all(np.isfinite(sq))) or np.any(sq < 0) or np.any(tokens < 0)
-                or np.any(samples < 0)):
-            raise CorruptState("FisherSketch state payload holds invalid values")
-        return cls(blob_spec, sums.astype(np.float64), sq.astype(np.float64), tokens.astype(np.int64),
-                   samples.astype(np.int64))
+        try:  # the constructor refuses non-finite sums and negative norms or counts: in a blob, a corrupt state
+            return cls(blob_spec, sums.astype(np.float64), sq.astype(np.float64), tokens.astype(np.int64),
+                       samples.astype(np.int64))
+        except SketchError:
+            raise CorruptState("FisherSketch state payload holds invalid values") from None
 
     def __repr__(self) -> str:
         return (f"SketchState({self.spec.describe()}, tokens={self.token_counts.tolist()}, "

@@ -19,15 +19,7 @@ from hypothesis import strategies as st
 from atlas.errors import InvalidInput
 from atlas.parquet_pages import declared_page_bytes
 from atlas.sample_io import read_samples
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
+from tests.atlas.test_sample_io import varint
 
 
 @pytest.fixture
@@ -68,7 +60,7 @@ def test_a_map_of_booleans_counting_2_62_entries_is_refused_at_once(deadline: No
     pq.write_table(pa.table({"text": ["a" * 200]}), buf, use_dictionary=False, compression="none")
     data = bytearray(buf.getvalue())
     at = pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(0).column(0).data_page_offset
-    header = bytes([0x15, 0x00, 0x15]) + _varint(20) + bytes([0x15, 0x00, 0x6B]) + _varint(2**62) + bytes([0x11, 0x00])
+    header = bytes([0x15, 0x00, 0x15]) + varint(20) + bytes([0x15, 0x00, 0x6B]) + varint(2**62) + bytes([0x11, 0x00])
     data[at:at + len(header)] = header
     t0 = time.monotonic()
     with pytest.raises(InvalidInput, match="not a readable Parquet file"):
@@ -79,7 +71,7 @@ def test_a_map_of_booleans_counting_2_62_entries_is_refused_at_once(deadline: No
 def test_row_groups_pointing_at_the_same_pages_are_refused(deadline: None) -> None:
     """A footer of 300 row groups whose chunks all span one region of 2,000 empty page headers."""
     def zz(n: int) -> bytes:
-        return _varint((n << 1) ^ (n >> 63))
+        return varint((n << 1) ^ (n >> 63))
 
     class Footer:
         def __init__(self) -> None:
@@ -100,11 +92,11 @@ def test_row_groups_pointing_at_the_same_pages_are_refused(deadline: None) -> No
 
         def text(self, fid: int, v: str) -> None:
             self.field(fid, 8)
-            self.b += _varint(len(v)) + v.encode()
+            self.b += varint(len(v)) + v.encode()
 
         def structs(self, fid: int, n: int) -> None:
             self.field(fid, 9)
-            self.b += bytes([(n << 4) | 12]) if n < 15 else bytes([0xFC]) + _varint(n)
+            self.b += bytes([(n << 4) | 12]) if n < 15 else bytes([0xFC]) + varint(n)
 
         def begin(self, fid: int | None = None) -> None:
             if fid is not None:
@@ -131,7 +123,7 @@ def test_row_groups_pointing_at_the_same_pages_are_refused(deadline: None) -> No
         f.field(2, 9)
         f.b += bytes([0x15]) + zz(0)
         f.field(3, 9)
-        f.b += bytes([0x18]) + _varint(4) + b"text"
+        f.b += bytes([0x18]) + varint(4) + b"text"
         f.i32(4, 0), f.i64(5, 0), f.i64(6, 10), f.i64(7, len(region)), f.i64(9, 4), f.end()
         f.end()
         f.i64(2, 10), f.i64(3, 0), f.end()

@@ -357,6 +357,16 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+def varint(n: int) -> bytes:
+    """``n`` as a ULEB128 varint (Thrift's compact protocol, Parquet footers and page headers)."""
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
 def _lying_footer(path: Path) -> str:
     """One page of 8 × 25 MB of one letter, zstd (~6 KB), whose footer says its column holds 2,000 bytes: the decoder
     allocates what the page header says (a security review, 2026-12-07: a 50 KB file took the API to 2.2 GB)."""
@@ -367,15 +377,6 @@ def _lying_footer(path: Path) -> str:
                    data_page_size=1 << 40, write_statistics=False)
     raw = bytearray(buf.getvalue())
     meta = pq.ParquetFile(io.BytesIO(bytes(raw))).metadata
-
-    def varint(n: int) -> bytes:
-        out = bytearray()
-        while True:
-            out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
-            n >>= 7
-            if not n:
-                return bytes(out)
-
     footer = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
     for true in {meta.row_group(0).column(0).total_uncompressed_size, meta.row_group(0).total_byte_size}:
         enc = varint(2 * true)  # zigzag; 2,000 padded to the same varint length, so no offset moves
