@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,9 @@ class Store:
         """Earlier model fingerprints of the loaded model → its current one (an import maps through them)."""
         self.model_error: str | None = None
         """Why the embedded model did not load (set by the composition root): no space can exist before it."""
+        self.is_served: Callable[[Space], bool] | None = None
+        """Whether a live worker serves a space (set by the composition root of a replica without a model): among
+        spaces of one model and sketch spec, the default is a served one."""
         self._specs: dict[int, SketchSpec] = {}
         self._said_fallback: set[str] = set()
 
@@ -96,7 +99,8 @@ class Store:
 
     def default_space(self, session: Session) -> Space:
         """The default space: the embedded model's, else the served model's (of this process's ``sketch_dim`` and
-        ``sketch_seed`` when that model has several specs, else its newest), else the only one.
+        ``sketch_seed`` when that model has several specs; of those, the newest that a live worker serves, else the
+        newest), else the only one.
 
         Raises
         ------
@@ -123,7 +127,7 @@ class Store:
             raise Conflict("several spaces exist; pass the space id", {"ids": [r.id for r in rows]})
         # one model in several sketch specs: the one this process is configured for, if it exists
         same_spec = [r for r in rows if r.m == self.settings.sketch_dim and r.seed == self.settings.sketch_seed]
-        chosen = (same_spec or rows)[-1]
+        chosen = self._newest_served(same_spec or rows)
         # Once, for a model named on purpose (an API replica left at the default serves the workers' model, and a
         # local directory is stored resolved): a mistyped FISHER_ATLAS_MODEL answered from another model silently.
         if (not configured and chosen.model_name not in self._said_fallback
@@ -133,6 +137,20 @@ class Store:
                         "model's there, %r (space %s): set FISHER_ATLAS_MODEL to it if that is meant",
                         self.settings.model, chosen.model_name, chosen.id)
         return chosen
+
+    def _newest_served(self, rows: list[Space]) -> Space:
+        """The newest of ``rows`` that a live worker serves, else the newest: an import of another deployment's
+        export made a space of the same model name and another fingerprint, which a replica without a model then
+        took as its default, and every prompt without a space answered 503 "no worker serves" (a review,
+        2026-12-07)."""
+        if len(rows) > 1 and self.is_served is not None:
+            try:
+                served = [r for r in rows if self.is_served(r)]
+            except AtlasError:  # the registry does not answer: the newest, as before (the request says why next)
+                served = []
+            if served:
+                return served[-1]
+        return rows[-1]
 
     def resolve_space(self, session: Session, ref: str | int | None) -> Space:
         """A space by id, ``"default"``/``None`` (see :meth:`default_space`) or model name (if unique)."""

@@ -196,7 +196,9 @@ class Container:
         s = self.settings
         for note in remote_mode_notes(s):
             log.warning(note)
-        self.prompts = RedisPromptSketcher(s.redis_url, timeout_s=s.prompt_timeout_s, max_pending=s.prompt_max_pending)
+        self.prompts = prompts = RedisPromptSketcher(s.redis_url, timeout_s=s.prompt_timeout_s,
+                                                     max_pending=s.prompt_max_pending)
+        self.require_store().is_served = lambda space: bool(prompts.workers(SpaceKey.of(space).serving_key))
         self.queue = CeleryJobQueue(create_celery(s))
 
     def stop(self) -> None:

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -181,6 +183,33 @@ def test_remote_mode_equals_embedded(deployment: dict[str, Any], tiny_model_dir:
 
     answers = asyncio.run(burst())
     assert all(r.status_code == 200 and r.json()["matches"] for r in answers)
+    _import_a_twin_space_keeps_the_served_default(url)
+
+
+def _import_a_twin_space_keeps_the_served_default(url: str) -> None:
+    """An export of another deployment whose model has the workers' model name but other weights (another
+    fingerprint) makes a newer space of that name: the model-free API took it as its default space, and every
+    prompt without a space answered 503 "no worker serves" (a review, 2026-12-07)."""
+    with httpx.Client(base_url=url, timeout=60) as http:
+        served = http.get("/v1/spaces/default").json()
+        lines = http.get(f"/v1/spaces/{served['id']}/export").content.splitlines(keepends=True)
+        header = json.loads(lines[0])
+        header["space"]["model_fingerprint"] = "the-same-name-other-weights@1"
+        body = [(json.dumps(header) + "\n").encode(), *lines[1:-1]]
+        body.append((json.dumps({"trailer": True, "n_tasks": len(lines) - 2,
+                                 "sha256": hashlib.sha256(b"".join(body)).hexdigest()}) + "\n").encode())
+        r = http.post("/v1/spaces/import", files={"file": ("twin.jsonl", b"".join(body))})
+        assert r.status_code == 200, r.text
+        twin = r.json()
+        assert twin["space_id"] != served["id"] and twin["served"] is False, twin
+        time.sleep(5.1)  # the API's cache of the resolved default space
+        spaces = {s["id"]: s for s in http.get("/v1/spaces").json()["items"]}
+        assert spaces[twin["space_id"]]["model_name"] == served["model_name"]
+        assert spaces[served["id"]]["default"] and not spaces[twin["space_id"]]["default"], spaces
+        r = http.post("/v1/route", json={"prompt": "still routed to the served space", "threshold": -1})
+        assert r.status_code == 200, r.text
+        matched = [http.get(f"/v1/tasks/{m['task_id']}").json()["space_id"] for m in r.json()["matches"]]
+        assert matched and set(matched) == {served["id"]}, matched
 
 
 def test_worker_sigkill_bounded_and_recovered(deployment: dict[str, Any], tiny_model_dir: Path,
