@@ -24,6 +24,7 @@ from atlas import space_repository as sql
 from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLarge
 from atlas.index import IndexManager
 from atlas.lexical import TermCounts
+from atlas.lru import ContentLru
 from atlas.models import TASK_FAILED, TASK_READY, Space, Task
 from atlas.novelty import NoveltyCache, SpaceNovelty
 from atlas.ports import PromptSketcher, SpaceKey, check_prompt_lengths
@@ -85,6 +86,8 @@ class QueryService:
         self._prompt_side: dict[int, tuple[int, frozenset[int]]] = {}
         self.whitenings = WhiteningCache()
         self.novelties = NoveltyCache()
+        self._analyses: ContentLru[analysis.Matrices | analysis.AtlasMap] = ContentLru(ANALYSIS_CACHE_BYTES,
+                                                                                         _analysis_bytes)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -354,9 +357,12 @@ class QueryService:
                 named = ", ".join(f"{t.id} ({t.name}, {t.status})" for t in not_ready)
                 raise NotReady(f"tasks without a signature: {named}", {"task_ids": [t.id for t in not_ready]})
             loaded = self.states.load(session, tasks[0].space, ids)
-        mats = analysis.alignment_matrix([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded])
+        mats = self._analyses.get_or_make(
+            ("matrix", _states_key(loaded)),
+            lambda: analysis.alignment_matrix([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded]))
+        assert isinstance(mats, analysis.Matrices)
         self.observe("matrix", time.perf_counter() - t0)
-        return mats
+        return _copy(mats)
 
     def atlas(self, space_ref: str | None = None) -> tuple[Space, analysis.AtlasMap, int, bool]:
         """2-D map of a space's ready tasks (an even subset above ``max_matrix_tasks``):
@@ -369,9 +375,38 @@ class QueryService:
             chosen = analysis.even_sample(ids, self.settings.max_matrix_tasks)
             loaded = self.states.load(session, space, chosen)
             session.expunge(space)
-        amap = analysis.atlas_layout([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded])
+        amap = self._analyses.get_or_make(
+            ("atlas", _states_key(loaded)),
+            lambda: analysis.atlas_layout([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded]))
+        assert isinstance(amap, analysis.AtlasMap)
         self.observe("atlas", time.perf_counter() - t0)
-        return space, amap, len(ids), len(chosen) < len(ids)
+        return space, replace(amap, points=list(amap.points), extra=dict(amap.extra)), len(ids), len(chosen) < len(ids)
+
+
+ANALYSIS_CACHE_BYTES = 64 * 2**20
+"""Bytes of alignment matrices and maps kept (a matrix of 256 tasks holds 2.6 MB): the dashboard asks for the same
+map and matrix at every view, and each, of 256 tasks, cost about a second of CPU on a 2-core box."""
+
+
+def _states_key(loaded: Sequence[Loaded]) -> tuple[tuple[int, int], ...]:
+    """What a matrix or map is a function of: the states, in order, each named by its task and row version (task
+    ids are never reused; an append writes a new version)."""
+    return tuple((x.task_id, x.version) for x in loaded)
+
+
+def _copy(mats: analysis.Matrices) -> analysis.Matrices:
+    """A copy of a cached answer that its caller may change (a library user's notebook) without changing the
+    cache's."""
+    return replace(mats, ids=list(mats.ids), names=list(mats.names), fisher=mats.fisher.copy(),
+                   fisher_shrunk=mats.fisher_shrunk.copy(), activation=mats.activation.copy(),
+                   error=mats.error.copy(), rho=mats.rho.copy(), pair_flags=dict(mats.pair_flags))
+
+
+def _analysis_bytes(value: analysis.Matrices | analysis.AtlasMap) -> int:
+    """Approximate bytes held by a cached matrix or map."""
+    if isinstance(value, analysis.Matrices):
+        return sum(a.nbytes for a in (value.fisher, value.fisher_shrunk, value.activation, value.error, value.rho))
+    return 200 * len(value.points) + 1024
 
 
 def _cache_ref(space_ref: str | int | None) -> str:

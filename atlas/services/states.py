@@ -26,6 +26,8 @@ class Loaded:
     name: str
     state: SketchState
     view: Any = None
+    version: int = 0
+    """Version of the stored state row (a new one at every append): ``(task_id, version)`` names the state."""
 
 
 class StateLoader:
@@ -44,7 +46,7 @@ class StateLoader:
         IncompatibleSpace
             A task belongs to another space.
         """
-        return [Loaded(e.task_id, e.name, e.state, e.view)
+        return [Loaded(e.task_id, e.name, e.state, e.view, e.version)
                 for e in self.cache.get_many(self.store.read, space, [int(i) for i in task_ids])]
 
     def sync(self) -> int:
