@@ -33,7 +33,8 @@ def has_scope(granted: Sequence[str], required: str) -> bool:
     return any(_RANK.get(s, -1) >= _RANK[required] for s in granted)  # type: ignore[call-overload,index]
 
 
-def create_api_key(session: Session, name: str, scopes: Sequence[str]) -> tuple[ApiKey, str]:
+def create_api_key(session: Session, name: str, scopes: Sequence[str], *,
+                   keep_an_admin: bool = False) -> tuple[ApiKey, str]:
     """Create a key; return the row and the plaintext (shown once, never stored).
 
     Parameters
@@ -42,6 +43,16 @@ def create_api_key(session: Session, name: str, scopes: Sequence[str]) -> tuple[
         A label for humans.
     scopes
         Subset of ``("read", "write", "admin")``.
+    keep_an_admin
+        Refuse a key without ``admin`` while no active admin key exists (over HTTP: the first key switches key
+        checks on, and a first ``read`` key left no caller able to write or manage keys).
+
+    Raises
+    ------
+    InvalidInput
+        Bad scopes or name.
+    Conflict
+        ``keep_an_admin``, the key lacks ``admin`` and no active admin key exists.
     """
     bad = [s for s in scopes if s not in SCOPES]
     if not scopes or bad:
@@ -49,6 +60,13 @@ def create_api_key(session: Session, name: str, scopes: Sequence[str]) -> tuple[
     if not is_storable_text(name):
         raise InvalidInput("a key name cannot hold NUL characters or lone surrogates")
     refuse_control_chars(name, "a key name")  # as a task name (it rewrote the terminal of `keys list`)
+    if keep_an_admin and "admin" not in scopes:
+        # locked as revoke_api_key locks them: two concurrent first keys cannot both see "an admin exists"
+        active = session.execute(select(ApiKey).where(ApiKey.revoked_at.is_(None)).with_for_update()).scalars().all()
+        if not any("admin" in k.scopes for k in active):
+            raise Conflict("no admin key exists yet: the first key must have the admin scope (a first key switches "
+                           "key checks on for every request, and without an admin key no caller could manage keys)",
+                           {"scopes": list(scopes)})
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(name=name[:200], prefix=plaintext[:10], key_hash=hash_key(plaintext),
                  scopes=sorted(set(scopes), key=_RANK.__getitem__))

@@ -85,12 +85,13 @@ def current_key(principal: ReadPrincipal) -> CurrentKey:
 
 
 @router.post("", status_code=201, response_model=KeyCreated, summary="Create an API key",
-             responses=error_responses(401, 403, 422))
+             responses=error_responses(401, 403, 409, 422))
 async def create_key(body: KeyCreate, c: ContainerDep, _: AdminPrincipal) -> KeyCreated:
-    """Create a key; its plaintext is returned once and stored only as a sha256 hash."""
+    """Create a key; its plaintext is returned once and stored only as a sha256 hash. While no admin key exists
+    (the first key, which switches key checks on) only an admin key can be created (409)."""
     def run() -> KeyCreated:
         with _store(c).session() as session:
-            key, plaintext = apikeys.create_api_key(session, body.name, list(body.scopes))
+            key, plaintext = apikeys.create_api_key(session, body.name, list(body.scopes), keep_an_admin=True)
             created = KeyCreated(**_out(key), key=plaintext)
         _keys_changed(c)
         return created

@@ -96,10 +96,18 @@ def test_keys_are_honoured_on_loopback_once_one_exists(bind) -> None:
     me = httpx.get(f"{url}/v1/keys/current")  # anonymous: no key id, every scope
     assert me.status_code == 200 and me.json() == {"key_id": None, "name": "anonymous",
                                                    "scopes": ["read", "write", "admin"]}, me.text
-    created = httpx.post(f"{url}/v1/keys", json={"name": "r", "scopes": ["read"]})
+    # a first key without admin would lock every caller out of writes and key management (the OpenAPI example
+    # body, sent from /docs, did: an API review, 2026-12-07): refused, and nothing changes
+    first = httpx.post(f"{url}/v1/keys", json={"name": "r", "scopes": ["read", "write"]})
+    assert first.status_code == 409 and "admin" in first.json()["message"], first.text
+    assert httpx.get(f"{url}/v1/tasks").status_code == 200  # still no key
+    admin = httpx.post(f"{url}/v1/keys", json={"name": "root", "scopes": ["admin"]})
+    assert admin.status_code == 201, admin.text
+    assert httpx.get(f"{url}/v1/tasks").status_code == 401
+    root = {"X-API-Key": admin.json()["key"]}
+    created = httpx.post(f"{url}/v1/keys", json={"name": "r", "scopes": ["read"]}, headers=root)
     assert created.status_code == 201
     key = created.json()["key"]
-    assert httpx.get(f"{url}/v1/tasks").status_code == 401
     assert httpx.get(f"{url}/v1/tasks", headers={"X-API-Key": key}).status_code == 200
     r = httpx.post(f"{url}/v1/tasks", json=SAMPLES, headers={"X-API-Key": key})
     assert r.status_code == 403 and r.json()["code"] == "forbidden"  # a read key cannot write
