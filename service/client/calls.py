@@ -347,8 +347,9 @@ class JobWatch:
 
     def stream_failed(self, exc: AtlasClientError) -> None:
         """An unreachable or missing progress stream, or one refused for the moment (429: too many open streams
-        of this key or service), falls back to polling; anything else is raised."""
-        if exc.status not in (0, 404, 405, 429):
+        of this key or service; 502, 503, 504: the service or a proxy busy or restarting, which polling rides out
+        for ``WAIT_OUTAGE_S``), falls back to polling; anything else is raised."""
+        if exc.status not in (0, 404, 405, 429, 502, 503, 504):
             raise exc
 
     def polled(self, job: JobOut) -> bool:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -241,3 +242,36 @@ def test_the_client_waits_by_polling_when_its_stream_is_refused(bind: Any) -> No
             assert _open_stream(stack, http, held).status_code == 200  # the one stream this client may open
             with AtlasClient(url) as client:
                 assert client.wait_job(done, timeout=30).status == "cancelled"
+
+
+def test_the_client_waits_by_polling_when_its_stream_is_unavailable(bind: Any, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+                                                                    ) -> None:
+    """A stream refused with a 503 (the database busy or restarting as it opened) made ``wait_job`` raise at once,
+    though polling rides out such outages (an API review, 2026-12-07)."""
+    from atlas.errors import DatabaseBusy
+    from service.client import AsyncAtlasClient, AtlasClient
+
+    url, app = bind()
+    with httpx.Client(base_url=url, timeout=30) as http:
+        job_id = http.post("/v1/tasks", json=_samples("busy")).json()["job"]["id"]
+        assert http.post(f"/v1/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    jobs = app.state.container.jobs
+    real_get, refused = jobs.get, []
+
+    def busy_once(job_id: int) -> Any:
+        if not refused:  # the first read of the job: the stream's open
+            refused.append(job_id)
+            raise DatabaseBusy("the database is busy", None)
+        return real_get(job_id)
+
+    monkeypatch.setattr(jobs, "get", busy_once)
+    with AtlasClient(url) as client:
+        assert client.wait_job(job_id, timeout=30).status == "cancelled"
+    assert refused == [job_id]
+    refused.clear()
+
+    async def wait() -> str:
+        async with AsyncAtlasClient(url) as client:
+            return (await client.wait_job(job_id, timeout=30)).status
+
+    assert asyncio.run(wait()) == "cancelled" and refused == [job_id]
