@@ -8,13 +8,16 @@ Field names are part of the public contract: extend, never rename.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from atlas.samples import METADATA_DOC as _META_DOC
 from atlas.samples import Metadata
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
+
+MAX_ID = 2**53 - 1
+"""Largest accepted id in paths, queries and bodies (JSON-safe, fits every database's BIGINT)."""
 
 SPACE_REF_MAX = 300
 """Longest space reference (an id, a model name or ``default``) a request may give."""
@@ -326,8 +329,8 @@ class AlignMatrixRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"task_ids": [1, 2, 3]}]})
 
-    task_ids: list[StrictInt] = Field(min_length=1,
-                                      description="Distinct task ids (JSON integers), all ready, all in one space.")
+    task_ids: list[Annotated[StrictInt, Field(ge=1, le=MAX_ID)]] = Field(
+        min_length=1, description="Distinct task ids (JSON integers), all ready, all in one space.")
 
 
 class PairFlags(_Out):

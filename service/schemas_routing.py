@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from atlas.route_calibration import MAX_FALSE_REJECT_RATE
 from atlas.routing import MAX_ROUTE_K
@@ -233,6 +243,15 @@ class FitResponse(_Out):
                                    "larger) of the prompts labelled with them (docs/SCORES.md, 'fit').")
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field that is absent or a value, never ``null``, in its schema: ``anyOf [X, null]`` becomes ``X``, without
+    ``default: null`` (absent means unchanged)."""
+    schema.pop("default", None)
+    kinds = schema.pop("anyOf", None)
+    if kinds is not None:
+        schema.update(next(k for k in kinds if k.get("type") != "null"))
+
+
 class ThresholdPatch(BaseModel):
     """Set or clear (``null``) a task's route-threshold override; turn its template or novelty test on or off; set
     the false-reject rate its threshold is calibrated at."""
@@ -242,27 +261,30 @@ class ThresholdPatch(BaseModel):
     threshold: float | None = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False,
                                     description="The override; null clears it. Left as it is when the body does not "
                                     "name it.")
-    template: StrictBool | None = Field(default=None, description="false: prompts lacking the task's template are "
-                                        "no longer answered `none` for it; true: they are again (docs/SCORES.md).")
-    novelty: StrictBool | None = Field(default=None, description="false: the task's novelty test is off (its prompts "
-                                       "are held to its full-rate route threshold alone); true: on again "
-                                       "(docs/SCORES.md, 'Open set: novelty test').")
+    template: StrictBool | None = Field(
+        default=None, json_schema_extra=_no_default,
+        description="false: prompts lacking the task's template are no longer answered `none` for it; true: they are "
+                    "again (docs/SCORES.md).")
+    novelty: StrictBool | None = Field(
+        default=None, json_schema_extra=_no_default,
+        description="false: the task's novelty test is off (its prompts are held to its full-rate route threshold "
+                    "alone); true: on again (docs/SCORES.md, 'Open set: novelty test').")
     false_reject_rate: float | None = Field(
-        default=None, gt=0.0, le=MAX_FALSE_REJECT_RATE,
+        default=None, gt=0.0, le=MAX_FALSE_REJECT_RATE, json_schema_extra=_no_default,
         description="Re-calibrate the task's threshold so that at most this share of its own prompts is answered "
                     "`none` (default 0.05; from its stored held-out scores, no model run; later appends keep it). "
                     "An override still wins.")
 
-    @model_validator(mode="after")
-    def _null_only_clears_the_override(self) -> ThresholdPatch:
+    @field_validator("template", "novelty", "false_reject_rate", mode="before")
+    @classmethod
+    def _null_only_clears_the_override(cls, value: object) -> object:
         """``null`` clears the threshold override; for a switch or the rate it meant nothing and was taken silently
-        (answered 200, nothing changed)."""
-        nulls = sorted(f for f in ("template", "novelty", "false_reject_rate")
-                       if f in self.model_fields_set and getattr(self, f) is None)
-        if nulls:
-            raise ValueError(f"{', '.join(nulls)}: null is no value here (a switch is true or false; the default "
-                             f"false-reject rate is 0.05); only threshold takes null, to clear the override")
-        return self
+        (answered 200, nothing changed). Not nullable in the schema either: a generated client sending an unset
+        field as null was refused by a body its schema allowed (an API review, 2026-12-07)."""
+        if value is None:
+            raise ValueError("null is no value here (a switch is true or false; the default false-reject rate is "
+                             "0.05); only threshold takes null, to clear the override")
+        return value
 
 
 class RoutingInfo(_Out):

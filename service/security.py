@@ -25,6 +25,7 @@ Every refusal is the usual ``{"code", "message", "detail"}`` body and stores not
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -276,8 +277,14 @@ REFUSALS = {
 }
 
 
+TOO_LARGE = "The request body exceeds the service's limit for it (see the message)."
+NOT_JSON = "The body is not declared as JSON (Content-Type: application/json)."
+
+
 def document_security_responses(schema: dict[str, Any]) -> None:
-    """Add the middleware's refusals (401, 403, 429, 503) to every ``/v1`` operation of an OpenAPI ``schema``.
+    """Add the middleware's refusals (401, 403, 429, 503; 413 where a body is taken, 415 where it must be JSON) to
+    every ``/v1`` operation of an OpenAPI ``schema``, and give every 422 the service's error body (its handler
+    renders FastAPI's validation errors as one; two operations said ``HTTPValidationError``).
 
     Works on the generated document, not on the route objects: FastAPI ≥ 0.165 keeps included routers
     lazily (``app.routes`` no longer lists their ``APIRoute`` objects), and the document is what clients
@@ -290,8 +297,19 @@ def document_security_responses(schema: dict[str, Any]) -> None:
         for operation in item.values():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
+            responses = operation["responses"]
             for status, text in REFUSALS.items():
-                operation["responses"].setdefault(str(status), {"description": text, "content": error_body})
+                responses.setdefault(str(status), {"description": text, "content": error_body})
+            if "requestBody" in operation:  # the body limit answers before any route
+                responses.setdefault("413", {"description": TOO_LARGE, "content": error_body})
+                if set(operation["requestBody"].get("content", {})) == {"application/json"}:
+                    responses.setdefault("415", {"description": NOT_JSON, "content": error_body})
+            if "422" in responses:
+                responses["422"]["content"] = error_body
+    components = schema.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):  # referenced by nothing now
+        if f'"#/components/schemas/{unused}"' not in json.dumps(schema):
+            components.pop(unused, None)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,10 +6,9 @@ from typing import Annotated, Any
 
 from fastapi import Query
 
-from service.schemas import ErrorBody
+from service.schemas import MAX_ID, ErrorBody
 
-MAX_ID = 2**53 - 1
-"""Largest accepted id in paths, queries and bodies (JSON-safe, fits every database's BIGINT)."""
+__all__ = ["MAX_ID", "Limit", "Offset", "error_responses"]
 
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 """``offset`` query parameter of the paginated lists."""

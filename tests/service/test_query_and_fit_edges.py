@@ -180,7 +180,14 @@ def test_route_and_routing_patch_refuse_values_that_meant_something_else(serve, 
         for field in ("false_reject_rate", "novelty", "template"):
             r = http.patch(path, json={field: None})
             assert r.status_code == 422 and "only threshold takes null" in r.json()["message"], (field, r.text)
+            assert r.json()["detail"][0]["loc"] == ["body", field], r.text  # the field, not the whole body
         assert http.get(path).json() == before
+        # and the schema says so: a generated client that sends unset fields as null was refused by a body its
+        # schema allowed (an API review, 2026-12-07)
+        schema = http.get("/openapi.json").json()["components"]["schemas"]["ThresholdPatch"]["properties"]
+        assert schema["threshold"]["anyOf"][1] == {"type": "null"}
+        for field, kind in (("false_reject_rate", "number"), ("novelty", "boolean"), ("template", "boolean")):
+            assert schema[field]["type"] == kind and "anyOf" not in schema[field] and "default" not in schema[field]
         cleared = http.patch(path, json={"threshold": None}).json()
         assert cleared["threshold_override"] is None and cleared["false_reject_rate"] == 0.1
         # a switch is a JSON boolean: "yes" and 1 were taken as true (200), as was a dry run of "yes"
@@ -271,3 +278,35 @@ def test_a_proxy_s_401_without_the_service_s_body_still_gets_the_key_hint(capsys
         server.shutdown()
     err = capsys.readouterr().err
     assert "401 http_error" in err and "pass a key with --api-key" in err, err
+
+
+def test_json_bodies_and_the_schema_agree_with_what_the_server_does(serve, tiny_lm) -> None:
+    """An API review (2026-12-07) of the schema against the server: a form-encoded or undeclared body of a JSON
+    endpoint answered 422 "Input should be a valid dictionary" (now 415, as uploads answer); ``task_ids: [0]`` was
+    refused by a check the schema did not state (now its bound, with the item's place); two operations documented
+    their 422 as FastAPI's ``HTTPValidationError`` though every 422 is an error body; a body's 413 was documented on
+    some operations only."""
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        for headers in ({"content-type": "application/x-www-form-urlencoded"}, {"content-type": "text/plain"}, {}):
+            r = http.post("/v1/route", content=b'{"prompt": "hello there"}', headers=headers)
+            assert r.status_code == 415 and r.json()["code"] == "unsupported_media_type", (headers, r.text)
+        r = http.post("/v1/route", content=b'{"prompt": "hello there"}',
+                      headers={"content-type": "application/json; charset=utf-8"})
+        assert r.status_code == 200, r.text
+        for bad in (0, -1, 2**53):
+            r = http.post("/v1/align/matrix", json={"task_ids": [bad]})
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "task_ids", 0], (bad, r.text)
+        schema = http.get("/openapi.json").json()
+    assert "HTTPValidationError" not in json.dumps(schema)
+    items = schema["components"]["schemas"]["AlignMatrixRequest"]["properties"]["task_ids"]["items"]
+    assert items["minimum"] == 1 and items["maximum"] == 2**53 - 1
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            if "422" in op["responses"]:
+                assert op["responses"]["422"]["content"]["application/json"]["schema"] == error_body, (method, path)
+            if "requestBody" in op:
+                assert "413" in op["responses"], (method, path)
+                if list(op["requestBody"]["content"]) == ["application/json"]:
+                    assert "415" in op["responses"], (method, path)
