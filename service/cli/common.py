@@ -6,6 +6,7 @@ import json
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +30,38 @@ DatabaseUrl = Annotated[str | None, typer.Option("--database-url", envvar="FISHE
                                                  help="SQLAlchemy URL, e.g. postgresql+psycopg://...")]
 Model = Annotated[str | None, typer.Option("--model", envvar="FISHER_ATLAS_MODEL",
                                            help="'bundled', a hub name or a local directory.")]
+
+
+FileFormat = Annotated[str | None, typer.Option(
+    "--format", help="The file's format when its name does not say it, as a suffix: jsonl, json, csv, tsv, parquet "
+                     "or txt, optionally gzipped (jsonl.gz); needed to read JSON lines or CSV from stdin (-).")]
+
+
+def sample_file(file: Path, fmt: str | None) -> tuple[Path | bytes, str | None]:
+    """What ``add``/``append`` upload and under which name: ``file``, or standard input's bytes for ``-``; named
+    ``<name>.<fmt>`` with ``--format`` (the service reads a file by its suffix). Standard input without ``--format``
+    is plain text, one sample a line, and refused (exit 2) when its first line is a JSON object, as the service
+    refuses such a file without a suffix."""
+    from atlas.file_formats import FILE_FORMATS
+
+    if fmt is not None:
+        fmt = fmt.strip().lower().lstrip(".")
+        known = [k[1:] for k in FILE_FORMATS if k]
+        if fmt.removesuffix(".gz") not in known:
+            raise fail(f"--format {fmt!r}: one of {', '.join(known)} (each optionally .gz)", 2)
+    if str(file) != "-":
+        return file, None if fmt is None else f"{file.name}.{fmt}"
+    data = sys.stdin.buffer.read()
+    if fmt is None:
+        first = next((line for line in data[:1 << 16].splitlines() if line.strip()), b"")
+        try:
+            is_object = isinstance(json.loads(first.decode("utf-8-sig")), dict)
+        except ValueError:
+            is_object = False
+        if is_object:
+            raise fail("standard input starts with a JSON object: pass --format jsonl (or --format txt to take each "
+                       "line as a text)", 2)
+    return data, f"stdin.{fmt or 'txt'}"
 
 
 def client(url: str | None, api_key: str | None, timeout: float = 120.0) -> Any:

@@ -122,14 +122,20 @@ TRUNCATED_NOTE = ("note: the prompt is longer than the model's token limit (the 
 
 @app.command()
 def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"}, or CSV / TSV with a header row '
-                                                 'naming "prompt" and "label"; a label is a task name or "none".')],
+                                                 'naming "prompt" and "label"; a label is a task name or "none"; - '
+                                                 'reads standard input (JSONL unless --format).')],
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Report, do not store the thresholds.")] = False,
+        file_format: Annotated[str | None, typer.Option("--format", help="jsonl, csv or tsv where the file's name "
+                                                        "does not say it.")] = None,
         url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
         json: Json = False) -> None:
     """Tune the route thresholds from labelled prompts ("none" for prompts that fit no task)."""
     from service.client import AtlasClientError
 
-    examples, lines_of = labelled_prompts(file)
+    fmt = None if file_format is None else file_format.strip().lower().lstrip(".")
+    if fmt not in (None, "jsonl", "csv", "tsv"):
+        raise fail(f"--format {file_format!r}: jsonl, csv or tsv", 2)
+    examples, lines_of = labelled_prompts(file, fmt)
     if not examples:
         raise fail(f'{file}: no labelled prompts (one JSON object per line: {{"prompt": "...", "label": "..."}}, '
                    'or CSV rows under a "prompt,label" header)')
@@ -170,20 +176,30 @@ def example_at(exc: Any) -> tuple[int | None, str]:
     return None, exc.message
 
 
-def labelled_prompts(file: Path) -> tuple[list[tuple[str, str | int]], list[int]]:
+def labelled_prompts(file: Path, fmt: str | None = None) -> tuple[list[tuple[str, str | int]], list[int]]:
     """``fit``'s labelled prompts from ``file`` and each one's line in it (the API names examples from 0):
     JSON Lines of ``{"prompt", "label"}`` objects, or ``.csv`` / ``.tsv`` with a header row naming ``prompt`` and
-    ``label`` (other columns ignored; a CSV label is a task name, or "none"). Blank lines are skipped; a BOM is no
+    ``label`` (other columns ignored; a CSV label is a task name, or "none"); ``-`` reads standard input, ``fmt``
+    (``jsonl``, ``csv``, ``tsv``) says the format where the name does not. Blank lines are skipped; a BOM is no
     text. A malformed line raises the CLI's failure naming it (exit 1)."""
     import csv
     import json as jsonlib
 
+    from atlas.errors import InvalidInput
     from atlas.route_fit import as_fit_example
+    from atlas.samples import unique_keys_object
 
-    text = file.read_text(encoding="utf-8-sig")
+    raw = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:  # named by its line, as route --file and add name it
+        newline = b"\n"
+        line_start = raw.rfind(newline, 0, exc.start) + 1
+        raise fail(f"{file}:{raw.count(newline, 0, exc.start) + 1}: not valid UTF-8 (byte {exc.start - line_start} "
+                   "of the line)") from None
     examples: list[tuple[str, str | int]] = []
     lines_of: list[int] = []
-    suffix = file.suffix.lower()
+    suffix = f".{fmt}" if fmt else file.suffix.lower()
     if suffix in (".csv", ".tsv"):
         reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if suffix == ".tsv" else ",",
                                 strict=True)
@@ -194,6 +210,9 @@ def labelled_prompts(file: Path) -> tuple[list[tuple[str, str | int]], list[int]
         if not {"prompt", "label"} <= set(reader.fieldnames):
             raise fail(f"{file}:1: the header row must name the columns 'prompt' and 'label' "
                        f"(it names {', '.join(map(repr, reader.fieldnames)) or 'none'})")
+        twice = sorted({n for n in ("prompt", "label") if reader.fieldnames.count(n) > 1})
+        if twice:  # the last column of the name was read
+            raise fail(f"{file}:1: the header row names {' and '.join(map(repr, twice))} more than once")
         while True:  # a row's line: its last (a quoted prompt may span lines); a malformed one's: where it starts
             start = reader.line_num + 1
             try:
@@ -205,6 +224,9 @@ def labelled_prompts(file: Path) -> tuple[list[tuple[str, str | int]], list[int]
             prompt, label = row.get("prompt"), row.get("label")
             if prompt is None or label is None:
                 raise fail(f"{file}:{reader.line_num}: the row has fewer columns than the header")
+            if any(str(extra).strip() for extra in row.get(None) or ()):
+                raise fail(f"{file}:{reader.line_num}: the row has more columns than the header (quote a field that "
+                           "holds the delimiter)")  # an unquoted comma cut the prompt there, without a word
             if not prompt.strip() and not label.strip():
                 continue
             if not label.strip():
@@ -217,9 +239,11 @@ def labelled_prompts(file: Path) -> tuple[list[tuple[str, str | int]], list[int]
     for i, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            rec = jsonlib.loads(line)
-        except ValueError:
+        try:  # a repeated key is refused, as the service refuses one (the last "label" was taken)
+            rec = jsonlib.loads(line, object_pairs_hook=unique_keys_object)
+        except InvalidInput as exc:
+            raise fail(f"{file}:{i}: {exc.message}") from None
+        except (ValueError, RecursionError):
             raise fail(f"{file}:{i}: not JSON: expected an object with 'prompt' and 'label'") from None
         example = as_fit_example(rec) if isinstance(rec, dict) else None
         if example is None:
@@ -421,15 +445,15 @@ def export_space(out: Path, url: Url = None, api_key: ApiKey = None, space: Spac
 
 
 @app.command("import")
-def import_space(file: Path,
+def import_space(file: Annotated[Path, typer.Argument(help="An export file, a pipe, or - for standard input.")],
                  on_conflict: Annotated[str, typer.Option(help="Existing task names: fail (nothing imported) or skip.")]
                  = "fail",
                  url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
-    """Import a space exported with 'export'."""
+    """Import a space exported with 'export' (export - | import - moves one between services)."""
     if on_conflict not in ("fail", "skip"):
         raise fail("--on-conflict must be 'fail' or 'skip'", 2)
     with client(url, api_key, timeout) as cl:
-        res = cl.import_space(file, on_conflict=on_conflict)
+        res = cl.import_space(sys.stdin.buffer if str(file) == "-" else file, on_conflict=on_conflict)
     emit(json, res, f"imported {res.imported} tasks into space {res.space_id}"
          + (f"; skipped {len(res.skipped)} existing: {', '.join(res.skipped)}" if res.skipped else ""))
     if res.note:

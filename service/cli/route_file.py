@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import typer
+
 from service.cli.common import client, fail, terminal_safe
 
 ROUTE_BATCH = 64
@@ -49,10 +51,12 @@ def read_prompts(file: Path) -> Iterator[tuple[int, str]]:
                 line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
             except UnicodeDecodeError as exc:
                 raise fail(f"{file}:{lineno}: not valid UTF-8 (byte {exc.start} of the line)") from None
+            if lineno == 1:  # a byte-order mark is no text (a .jsonl file that began with one was refused)
+                line = line.removeprefix("\ufeff")
             if not line.strip():
                 continue
-            if jsonl is None:  # stdin's first prompt line decides
-                jsonl = line.lstrip().startswith("{") and _prompt_of(line) is not None
+            if jsonl is None:  # stdin's first prompt line decides; an object without a prompt is a mistake, as in a
+                jsonl = _is_object(line)  # .jsonl file (it routed each line's JSON text, exit 0)
             if not jsonl:
                 yield lineno, line
                 continue
@@ -63,6 +67,16 @@ def read_prompts(file: Path) -> Iterator[tuple[int, str]]:
     finally:
         if not stdin:
             stream.close()
+
+
+def _is_object(line: str) -> bool:
+    """Whether ``line`` is a JSON object."""
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _prompt_of(line: str) -> str | None:
@@ -95,22 +109,36 @@ def refused_prompt(detail: Any) -> int | None:
 def route_file(file: Path, k: int, threshold: float | None, url: str | None, api_key: str | None,
                space: str | None, timeout: float, as_json: bool) -> None:
     """Route the prompts of ``file`` in batches of :data:`ROUTE_BATCH`, each answer printed as its batch is answered
-    (``file:line: answer …`` / ``none: …``; ``as_json``: a JSON object a line, with its ``line``); a refused prompt
-    is named by its line; a count on stderr at the end."""
+    (``file:line: answer …`` / ``none: …``; ``as_json``: a JSON object a line, with its ``line``). A prompt the
+    service refuses (too short, too long) is reported by its line — on stderr, or with ``as_json`` as a line
+    ``{"line", "error": {"status", "code", "message"}}`` — and the rest of its batch is routed (one bad line of a
+    large file lost every answer after its batch); a count on stderr at the end, and exit 1 when any was refused."""
     from service.client import AtlasClientError
 
-    counts = {"answered": 0, "none": 0}
+    counts = {"answered": 0, "none": 0, "refused": 0}
 
     def answer(cl: Any, batch: list[tuple[int, str]]) -> None:
-        try:
-            res = cl.route([p for _, p in batch], k=k, threshold=threshold, space=space)
-        except AtlasClientError as exc:
-            at = refused_prompt(exc.detail)
-            if at is None or not 0 <= at < len(batch):
-                raise
-            said = re.sub(r"^(invalid request: body\.prompts\.\d+: |prompt \d+: )", "", exc.message)
-            message = re.sub(r"\bprompt \d+ ", "the prompt ", said)
-            raise fail(f"{file}:{batch[at][0]}: {exc.status} {exc.code}: {message}") from None
+        while batch:
+            try:
+                res = cl.route([p for _, p in batch], k=k, threshold=threshold, space=space)
+                break
+            except AtlasClientError as exc:
+                at = refused_prompt(exc.detail)
+                if at is None or not 0 <= at < len(batch):
+                    raise
+                said = re.sub(r"^(invalid request: body\.prompts\.\d+: |prompt \d+: )", "", exc.message)
+                message = re.sub(r"\bprompt \d+ ", "the prompt ", said)
+                counts["refused"] += 1
+                lineno = batch[at][0]
+                if as_json:
+                    print(json.dumps({"line": lineno, "error": {"status": exc.status, "code": exc.code,
+                                                                "message": message}}), flush=True)
+                else:
+                    print(terminal_safe(f"fisher-atlas: {file}:{lineno}: {exc.status} {exc.code}: {message}"),
+                          file=sys.stderr, flush=True)
+                batch = batch[:at] + batch[at + 1:]
+        else:
+            return
         for (lineno, _), r in zip(batch, res.results, strict=True):
             counts["none" if r.none else "answered"] += 1
             if as_json:
@@ -129,5 +157,9 @@ def route_file(file: Path, k: int, threshold: float | None, url: str | None, api
                 batch = []
         if batch:
             answer(cl, batch)
-    print(f"fisher-atlas: routed {sum(counts.values())} prompts: {counts['answered']} answered, {counts['none']} none",
+    routed = counts["answered"] + counts["none"]
+    refused = f"; {counts['refused']} refused (named above)" if counts["refused"] else ""
+    print(f"fisher-atlas: routed {routed} prompts: {counts['answered']} answered, {counts['none']} none{refused}",
           file=sys.stderr)
+    if counts["refused"]:
+        raise typer.Exit(1)

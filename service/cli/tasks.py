@@ -12,6 +12,7 @@ from atlas.vocabulary import JobStatus, Mode, TaskStatus
 from service.cli.common import (
     EXIT_JOB_FAILED,
     ApiKey,
+    FileFormat,
     Json,
     ListSpace,
     Space,
@@ -23,6 +24,7 @@ from service.cli.common import (
     fail,
     follow,
     json_object,
+    sample_file,
     sample_notes,
     write_key,
 )
@@ -32,7 +34,7 @@ tasks_app = typer.Typer(help="List, show and delete tasks.", no_args_is_help=Tru
 jobs_app = typer.Typer(help="List, show and cancel jobs.", no_args_is_help=True)
 
 FileArg = Annotated[Path, typer.Argument(help="JSONL, JSON, CSV, TSV, Parquet or plain text (one sample per line); "
-                                              "gzipped too (.gz).")]
+                                              "gzipped too (.gz); - reads standard input (see --format).")]
 
 
 @app.command()
@@ -41,11 +43,14 @@ def add(name: str, file: FileArg,
         = Mode.TEXT,
         metadata: Annotated[str | None, typer.Option(help="Task metadata as a JSON object.")] = None,
         wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
+        file_format: FileFormat = None,
         url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
         json: Json = False) -> None:
     """Add a task from a file and (with --wait) follow its job to the end."""
+    meta = json_object(metadata, "--metadata")
+    upload, filename = sample_file(file, file_format)
     with client(url, api_key, timeout) as cl:
-        created = cl.add_task(name, file, mode=mode.value, metadata=json_object(metadata, "--metadata"), space=space,
+        created = cl.add_task(name, upload, mode=mode.value, metadata=meta, space=space, filename=filename,
                               idempotency_key=write_key())
         if not wait:
             emit(json, created, f"task {created.task.id} ({created.task.name}) created; job {created.job.id} "
@@ -63,12 +68,14 @@ def add(name: str, file: FileArg,
 @app.command()
 def append(name: str, file: FileArg,
            wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
+           file_format: FileFormat = None,
            url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
            json: Json = False) -> None:
     """Append samples from a file to an existing task (the task's mode applies)."""
+    upload, filename = sample_file(file, file_format)
     with client(url, api_key, timeout) as cl:
         task = cl.find_task(name, space=space)
-        job = cl.append(task.id, file, idempotency_key=write_key())
+        job = cl.append(task.id, upload, filename=filename, idempotency_key=write_key())
         if wait:
             job = follow(cl, job.id, name, quiet=json)
     emit(json, job, f"job {job.id} ({job.kind} to task {task.id}, {task.name}): {job.status}"

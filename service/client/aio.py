@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+import shutil
+import stat
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
@@ -460,13 +464,23 @@ class AsyncAtlasClient:
         stream.flush()
         return written
 
-    async def import_space(self, file: str | os.PathLike[str] | bytes, *, on_conflict: str = "fail") -> ImportResult:
+    async def import_space(self, file: str | os.PathLike[str] | bytes | BinaryIO, *,
+                           on_conflict: str = "fail") -> ImportResult:
         """``POST /v1/spaces/import`` of a file written by :meth:`export_space` (a path is streamed from disk, not
-        read into memory: an export may be up to the service's ``max_import_bytes``, 1 GiB by default)."""
+        read into memory: an export may be up to the service's ``max_import_bytes``, 1 GiB by default). A pipe,
+        FIFO or open binary stream (``sys.stdin.buffer``) is copied to a temporary file first: the upload is sized
+        by the file's length, which a pipe does not have (its import failed with "Too much data for declared
+        Content-Length")."""
         if isinstance(file, bytes):
             return await self._import(file, on_conflict)
+        if not isinstance(file, str | os.PathLike):
+            with spooled(file) as copy:
+                return await self._import(copy, on_conflict)
         with Path(os.fspath(file)).open("rb") as stream:
-            return await self._import(stream, on_conflict)
+            if stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                return await self._import(stream, on_conflict)
+            with spooled(stream) as copy:
+                return await self._import(copy, on_conflict)
 
     async def _import(self, data: bytes | BinaryIO, on_conflict: str) -> ImportResult:
         return await self._send(Call("POST", "/v1/spaces/import", ImportResult, params={"on_conflict": on_conflict},
@@ -495,3 +509,12 @@ class AsyncAtlasClient:
     async def revoke_key(self, key_id: int) -> None:
         """``DELETE /v1/keys/{id}`` (admin)."""
         await self._send(Call("DELETE", f"/v1/keys/{path_id(key_id, 'key id')}", None))
+
+
+@contextmanager
+def spooled(stream: BinaryIO) -> Iterator[BinaryIO]:
+    """The rest of ``stream`` (a pipe, a FIFO, standard input) in a temporary file, at its start."""
+    with tempfile.TemporaryFile() as copy:
+        shutil.copyfileobj(stream, copy, 1 << 20)
+        copy.seek(0)
+        yield copy

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -238,3 +239,77 @@ def test_a_task_deleted_during_add_wait_is_said_so(serve: Any, tiny_lm: Any, tmp
     assert proc.returncode == 4, err
     said = err.decode()
     assert "the task was deleted while job" in said and "nothing was added" in said and "404" not in said, said
+
+
+def _cli(args: list[str], stdin: bytes = b"", shell: str | None = None) -> subprocess.CompletedProcess[bytes]:
+    """``fisher-atlas ARGS`` in a process of its own (or a shell pipeline of ``$FA`` commands), with ``stdin``."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    fa = f"{shlex.quote(sys.executable)} -m service.cli"
+    cmd = ["bash", "-c", shell.replace("$FA", fa)] if shell is not None else [sys.executable, "-m", "service.cli",
+                                                                             *args]
+    return subprocess.run(cmd, input=stdin, capture_output=True, env=env, timeout=180)
+
+
+def test_pipelines_read_standard_input_and_keep_going(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
+    """A review as a scripting user (2026-12-07), each failing before its fix: ``export - | import /dev/stdin`` was a
+    300-line traceback ("Too much data for declared Content-Length": a pipe has no length) and ``import -``, ``add -``,
+    ``append -`` and ``fit -`` said "no such file: -"; one short line of a ``route --file`` stopped the run (every
+    later line unanswered); a ``.jsonl`` file that began with a byte-order mark was refused; JSON lines without a
+    prompt on stdin were routed as their JSON text, exit 0; ``fit`` read a CSV row with an unquoted comma as a cut
+    prompt, and a repeated JSON key as its last value."""
+    import httpx
+
+    svc = serve(lm=tiny_lm)
+    url = ["--url", svc.url]
+    jsonl = "".join(json.dumps({"text": t}) + "\n" for t in PROSE).encode()
+    # add and append from stdin: JSON lines with --format, plain text without it
+    r = _cli(["add", "prose", "-", "--format", "jsonl", "--wait", "--json", *url], stdin=jsonl)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["task"]["n_samples"] == len(PROSE)
+    r = _cli(["add", "wrong", "-", *url], stdin=jsonl)  # would store each line's JSON syntax as a text
+    assert r.returncode == 2 and b"pass --format jsonl" in r.stderr, r.stderr
+    r = _cli(["add", "code", "-", "--wait", *url], stdin="\n".join(CODE).encode())
+    assert r.returncode == 0, r.stderr
+    r = _cli(["append", "prose", "-", "--format", "csv", "--wait", *url],
+             stdin=b'text\n"The fox, the dog."\nA dog barks at night.\n')
+    assert r.returncode == 0, r.stderr
+    prose = httpx.get(f"{svc.url}/v1/tasks", params={"name": "prose"}).json()["items"][0]
+    assert prose["n_samples"] == len(PROSE) + 2
+    r = _cli(["add", "bad-format", "-", "--format", "xlsx", *url], stdin=jsonl)
+    assert r.returncode == 2 and b"--format 'xlsx'" in r.stderr, r.stderr
+
+    # route --file: a refused line is named and the others are answered; exit 1 at the end
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"{p}\n" for p in [PROSE[0], "", "x", PROSE[1], "word " * 5000, PROSE[2]]))
+    r = _cli(["route", "--file", str(prompts), "--json", *url])
+    assert r.returncode == 1, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["line"] for row in rows if "matches" in row] == [1, 4, 6], rows
+    assert sorted((row["line"], row["error"]["status"]) for row in rows if "error" in row) == [(3, 422), (5, 413)]
+    assert b"refused" in r.stderr
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt": PROSE[0]}).encode() + b"\n")
+    assert _cli(["route", "-f", str(bom), *url]).returncode == 0
+    r = _cli(["route", "-f", "-", *url], stdin=jsonl)  # {"text"} lines: not prompts
+    assert r.returncode == 1 and b"-:1: expected a JSON object with 'prompt'" in r.stderr, r.stderr
+
+    # fit from stdin; a CSV row with more fields than its header, a repeated key: refused, naming the line
+    labels = "".join(json.dumps({"prompt": p, "label": "prose"}) + "\n" for p in PROSE).encode()
+    r = _cli(["fit", "-", "--dry-run", "--json", *url], stdin=labels)
+    assert r.returncode == 0 and "accuracy_after" in json.loads(r.stdout), r.stderr
+    r = _cli(["fit", "-", "--format", "csv", "--dry-run", *url], stdin=b"prompt,label\nThe fox, the dog,prose\n")
+    assert r.returncode == 1 and b"-:2: the row has more columns than the header" in r.stderr, r.stderr
+    r = _cli(["fit", "-", "--dry-run", *url], stdin=b'{"prompt": "The fox", "label": "prose", "label": "none"}\n')
+    assert r.returncode == 1 and b"-:1: key 'label' is given more than once" in r.stderr, r.stderr
+
+    # export | import through pipes, into a second service: the same tasks
+    other = serve(lm=tiny_lm)
+    for target in ("/dev/stdin", "-"):
+        r = _cli([], shell=f'$FA export - --url {svc.url} | $FA import {target} --on-conflict skip --json '
+                           f'--url {other.url}')
+        assert r.returncode == 0, r.stderr[-2000:]
+        said = json.loads(r.stdout)
+        assert said["imported"] + len(said["skipped"]) == 2, said
+    names = {t["name"]: t["n_samples"] for t in httpx.get(f"{other.url}/v1/tasks").json()["items"]}
+    assert names == {t["name"]: t["n_samples"] for t in httpx.get(f"{svc.url}/v1/tasks").json()["items"]}
+    assert names["prose"] == len(PROSE) + 2
