@@ -43,8 +43,8 @@ from typing import IO, Any, cast
 from atlas.errors import InvalidInput, PayloadTooLarge
 from atlas.file_formats import check_plain_text, file_format
 from atlas.json_bounds import MAX_JSON_VALUES, first_item_over, json_token_count, upload_value_limit
+from atlas.parquet_child import read_parquet_isolated
 from atlas.sample_limits import SampleCounter, SampleLimits
-from atlas.sample_parquet import read_parquet
 from atlas.samples import (
     Mode,
     RepeatedKeys,
@@ -106,9 +106,10 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
             stream: IO[bytes] = io.BufferedReader(_BoundedReader(gz, lim.max_bytes, filename), 1 << 16)
         else:
             stream = io.BufferedReader(_BoundedReader(raw, lim.max_bytes, filename), 1 << 16)
-        if fmt == "parquet":  # needs a seekable file: the compressed bytes are bounded by the upload
-            return list(read_parquet(io.BytesIO(stream.read()) if filename.lower().endswith(".gz") else raw,
-                                      filename, mode, counter))
+        if fmt == "parquet":  # in a child process (a crafted footer aborted the process that read it); the
+            # compressed bytes are bounded by the upload, the decompressed ones by the reader
+            return read_parquet_isolated(stream.read() if filename.lower().endswith(".gz") else raw.read(),
+                                         filename, mode, lim)
         if fmt == "jsonl":
             return list(_read_jsonl(stream, filename, mode, counter))
         if fmt == "json":

@@ -27,22 +27,24 @@ def read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCo
         for k in keys:  # (a list<string> column read as "not a readable Parquet file: b'text'")
             _check_string_type(schema.field(k).type, filename, k)
         stream.seek(0)
-        pf = pq.ParquetFile(stream, read_dictionary=keys)  # dictionary pages stay dictionaries until checked
+        # dictionary pages stay dictionaries until checked; a page whose checksum fails is refused (a flipped byte of
+        # a data page was stored as altered text)
+        pf = pq.ParquetFile(stream, read_dictionary=keys, page_checksum_verification=True)
         md = pf.metadata
-    except InvalidInput:
+        if md.num_rows > lim.max_samples:
+            raise PayloadTooLarge(f"{filename}: {md.num_rows} rows exceed the limit of {lim.max_samples} samples",
+                                  {"rows": md.num_rows, "max_samples": lim.max_samples})
+        declared = 0
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                if col.path_in_schema in keys:  # a path that is not UTF-8 raised here, outside the try: a 500
+                    declared += max(int(col.total_uncompressed_size), 0)
+    except (InvalidInput, PayloadTooLarge):
         raise
     except Exception as exc:  # pyarrow raises many types for a damaged footer
         raise InvalidInput(f"{filename}: not a readable Parquet file: {short_error(exc)}") from None
-    if md.num_rows > lim.max_samples:
-        raise PayloadTooLarge(f"{filename}: {md.num_rows} rows exceed the limit of {lim.max_samples} samples",
-                              {"rows": md.num_rows, "max_samples": lim.max_samples})
-    declared = 0
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        for c in range(rg.num_columns):
-            col = rg.column(c)
-            if col.path_in_schema in keys:
-                declared += max(int(col.total_uncompressed_size), 0)
     if declared <= lim.max_bytes:  # the footer's sum may lie: what the page headers declare, before any is decoded
         declared = max(declared, declared_page_bytes(stream, md, keys, filename))
     if declared > lim.max_bytes:
@@ -71,6 +73,9 @@ def read_parquet(stream: IO[bytes], filename: str, mode: Mode, counter: SampleCo
         raise
     except Exception as exc:
         raise InvalidInput(f"{filename}: unreadable Parquet data near row {row + 1}: {short_error(exc)}") from None
+    if row != md.num_rows:  # a column chunk that declares fewer values than its row group lost those rows silently
+        raise InvalidInput(f"{filename}: not a readable Parquet file: its footer declares {md.num_rows} rows, its "
+                           f"columns hold {row}", {"rows": md.num_rows, "read": row})
 
 
 def _check_string_type(arrow_type: Any, filename: str, key: str) -> None:
@@ -79,7 +84,7 @@ def _check_string_type(arrow_type: Any, filename: str, key: str) -> None:
     import pyarrow as pa
 
     t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t) or pa.types.is_null(t)):
         raise InvalidInput(f"{filename}: column {key!r} must hold strings, not {t}", {"column": key, "type": str(t)})
 
 

@@ -4,7 +4,7 @@ The lifespan builds and starts the :class:`service.container.Container` — the 
 index, prompt service, job queue and the services (the app starts even if the model fails to load,
 answering 503 where a model is needed) — and stops it on shutdown. One router per resource under
 ``/v1``; every error is rendered as ``{"code", "message", "detail"}`` (:mod:`service.errors`); request
-bodies are size-limited while they stream (:class:`service.uploads.BodyLimitMiddleware`); request
+bodies are size-limited while they stream (:class:`service.body_limit.BodyLimitMiddleware`); request
 latency goes to the app's own Prometheus registry.
 """
 
@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.settings import Settings, get_settings
 from service.auth import check_origins_allowed
+from service.body_limit import ENVELOPE_BYTES, BodyLimit, BodyLimitMiddleware
 from service.container import Container
 from service.dashboard import mount_dashboard
 from service.errors import install_error_handlers
@@ -30,7 +31,6 @@ from service.metrics import Metrics
 from service.routes import fit, health, jobs, keys, query, spaces, tasks
 from service.schemas import SamplesAppend, TaskCreate
 from service.security import SecurityMiddleware, document_security_responses, serve_docs_offline
-from service.uploads import ENVELOPE_BYTES, BodyLimit, BodyLimitMiddleware
 
 API_DESCRIPTION = """
 FisherAtlas is a **task-signature vector database**. Upload a task (texts, or prompt/completion pairs);

@@ -1,9 +1,7 @@
 """Reading task uploads: multipart files or JSON bodies, with size limits enforced while streaming.
 
-:class:`BodyLimitMiddleware` caps every request body at the upload limit (plus a small allowance for
-the multipart envelope): a declared ``Content-Length`` above it is refused at once with 413, and an
-undeclared (chunked) body is counted as it arrives and cut off with 413 as soon as it crosses the
-limit — a 10 GB upload is never read into memory or onto disk. Parsing into samples uses
+:class:`service.body_limit.BodyLimitMiddleware` caps every request body before it reaches these readers (413 on a
+declared or counted size over the limit; nothing read into memory or onto disk). Parsing into samples uses
 :func:`atlas.sample_io.read_samples` (streaming, stopping at the sample-count, sample-length and
 decoded-byte limits) / :func:`atlas.samples.samples_from_records`; nothing is stored before the whole
 upload is parsed and validated.
@@ -13,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +22,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
 from atlas.json_bounds import (
@@ -37,10 +35,6 @@ from atlas.json_bounds import (
 from atlas.sample_io import SampleLimits, loads_json, read_samples
 from atlas.samples import Sample, check_metadata, samples_from_records, unique_keys_object
 from service.errors import DomainErrorInBody
-from service.security import route_path
-
-ENVELOPE_BYTES = 256 * 1024
-"""Allowance above ``max_upload_bytes`` for multipart headers and form fields."""
 
 
 class UnsupportedMediaType(AtlasError):
@@ -48,129 +42,6 @@ class UnsupportedMediaType(AtlasError):
 
     status_code = 415
     code = "unsupported_media_type"
-
-
-@dataclass(frozen=True)
-class BodyLimit:
-    """A cap on request bodies.
-
-    Attributes
-    ----------
-    max_bytes : int
-        The cap enforced: the setting's value plus the multipart envelope (:data:`ENVELOPE_BYTES`).
-    setting : str
-        The setting that sets it (named in the 413).
-    setting_value : int or None
-        The setting's own value, reported in the 413 (default: ``max_bytes``).
-    """
-
-    max_bytes: int
-    setting: str = "max_upload_bytes"
-    setting_value: int | None = None
-
-    @property
-    def reported(self) -> int:
-        """The value of the setting the 413 reports (what the operator configured)."""
-        return self.max_bytes if self.setting_value is None else self.setting_value
-
-    def message(self) -> str:
-        """The 413 message naming the setting and its value."""
-        what = "upload" if self.setting == "max_upload_bytes" else "import"
-        return f"the request body exceeds the {what} limit of {self.reported} bytes (setting {self.setting})"
-
-
-class _BodyTooLarge(HTTPException):
-    def __init__(self, cap: BodyLimit) -> None:
-        super().__init__(413, cap.message())
-
-
-class BodyLimitMiddleware:
-    """Pure ASGI middleware refusing request bodies above their limit (413) without buffering them.
-
-    ``limit`` applies to every request but those named in ``by_route`` (``(method, path)`` → its own limit:
-    a space import is an export of whole tasks, far larger than any sample upload). The path is the one the
-    app routes on (:func:`service.security.route_path`: without the ``root_path`` of ``--root-path``)."""
-
-    def __init__(self, app: ASGIApp, limit: BodyLimit,
-                 by_route: Mapping[tuple[str, str], BodyLimit] | None = None) -> None:
-        self.app = app
-        self.limit = limit
-        self.by_route = dict(by_route or {})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        cap = self.by_route.get((scope.get("method", ""), route_path(scope)), self.limit)
-        declared, expects_continue = None, False
-        for key, value in scope.get("headers", []):
-            if key == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
-            elif key == b"expect" and value.lower() == b"100-continue":
-                expects_continue = True
-        if declared is not None and declared > cap.max_bytes:
-            # A client waiting for "100 Continue" has not sent its body: refuse it unread (reading would invite it).
-            if declared <= cap.max_bytes + DRAIN_BYTES and not expects_continue:
-                await _drain(receive, DRAIN_BYTES + cap.max_bytes)
-            await _send_413(send, cap, declared)
-            return
-        received = 0
-        limit = cap.max_bytes
-        started = False
-
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise _BodyTooLarge(cap)
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:  # the body is flowing (a "100 Continue" was sent, if asked): read it off first
-                await _drain(receive, DRAIN_BYTES)
-                await _send_413(send, cap, None)
-
-
-DRAIN_BYTES = 256 * 1024 * 1024
-"""Most bytes of a refused body read (and dropped) before the 413 is sent. An HTTP/1.1 client sends its whole body
-before it reads the answer: refused unread, its upload met a closed connection and the client reported the
-service unreachable instead of the 413. Bodies further past the limit are refused unread."""
-
-
-async def _drain(receive: Receive, budget: int) -> None:
-    """Read and drop the rest of a request body, at most ``budget`` bytes (one chunk at a time)."""
-    while budget > 0:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        budget -= len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return
-
-
-async def _send_413(send: Send, cap: BodyLimit, declared: int | None) -> None:
-    body = json.dumps({
-        "code": "payload_too_large",
-        "message": cap.message(),
-        "detail": {cap.setting: cap.reported, "content_length": declared},
-    }).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
 
 
 @dataclass

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import stat
-import tempfile
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
@@ -28,7 +24,7 @@ from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples
 from service.client import calls
 from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg, id_list, path_id
 from service.client.errors import AtlasClientError, ClientClosed, InvalidInput, RateLimited, Unavailable, Unreachable
-from service.client.exports import write_export
+from service.client.exports import import_source, write_export
 from service.schemas import (
     AlignMatrixResponse,
     AlignResponse,
@@ -471,16 +467,8 @@ class AsyncAtlasClient:
         FIFO or open binary stream (``sys.stdin.buffer``) is copied to a temporary file first: the upload is sized
         by the file's length, which a pipe does not have (its import failed with "Too much data for declared
         Content-Length")."""
-        if isinstance(file, bytes):
-            return await self._import(file, on_conflict)
-        if not isinstance(file, str | os.PathLike):
-            with spooled(file) as copy:
-                return await self._import(copy, on_conflict)
-        with Path(os.fspath(file)).open("rb") as stream:
-            if stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-                return await self._import(stream, on_conflict)
-            with spooled(stream) as copy:
-                return await self._import(copy, on_conflict)
+        with import_source(file) as data:
+            return await self._import(data, on_conflict)
 
     async def _import(self, data: bytes | BinaryIO, on_conflict: str) -> ImportResult:
         return await self._send(Call("POST", "/v1/spaces/import", ImportResult, params={"on_conflict": on_conflict},
@@ -509,12 +497,3 @@ class AsyncAtlasClient:
     async def revoke_key(self, key_id: int) -> None:
         """``DELETE /v1/keys/{id}`` (admin)."""
         await self._send(Call("DELETE", f"/v1/keys/{path_id(key_id, 'key id')}", None))
-
-
-@contextmanager
-def spooled(stream: BinaryIO) -> Iterator[BinaryIO]:
-    """The rest of ``stream`` (a pipe, a FIFO, standard input) in a temporary file, at its start."""
-    with tempfile.TemporaryFile() as copy:
-        shutil.copyfileobj(stream, copy, 1 << 20)
-        copy.seek(0)
-        yield copy

@@ -1,5 +1,6 @@
 """Where the client writes an export: a path (through a temporary file, or in place for what is not a regular
-file), a descriptor of this process, or an open binary file (:meth:`AsyncAtlasClient.download_export`)."""
+file), a descriptor of this process, or an open binary file (:meth:`AsyncAtlasClient.download_export`); and what it
+sends of one to import (:func:`import_source`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import asyncio
 import errno
 import os
 import re
+import shutil
 import stat
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -86,3 +89,32 @@ async def write_export(out: str | os.PathLike[str] | BinaryIO,
         if partial is not None:
             partial.unlink(missing_ok=True)
     return written
+
+
+@contextmanager
+def import_source(file: str | os.PathLike[str] | bytes | BinaryIO) -> Iterator[bytes | BinaryIO]:
+    """What an import sends of ``file``: bytes as they are, a regular file open (streamed from disk), and a pipe, FIFO
+    or open binary stream (``sys.stdin.buffer``) copied to a temporary file first — an upload is sized by its file's
+    length, which a pipe does not have (its import failed with "Too much data for declared Content-Length")."""
+    if isinstance(file, bytes):
+        yield file
+        return
+    if not isinstance(file, str | os.PathLike):
+        with _spooled(file) as copy:
+            yield copy
+        return
+    with Path(os.fspath(file)).open("rb") as stream:
+        if stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            yield stream
+            return
+        with _spooled(stream) as copy:
+            yield copy
+
+
+@contextmanager
+def _spooled(stream: BinaryIO) -> Iterator[BinaryIO]:
+    """The rest of ``stream`` in a temporary file, at its start."""
+    with tempfile.TemporaryFile() as copy:
+        shutil.copyfileobj(stream, copy, 1 << 20)
+        copy.seek(0)
+        yield copy

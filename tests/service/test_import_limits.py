@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
+from service.body_limit import ENVELOPE_BYTES
 from service.client import AtlasClient
-from service.uploads import ENVELOPE_BYTES
 from tests.service.conftest import wait_job
 
 PROSE = ["The quick brown fox jumps over the lazy dog near the barn.",
