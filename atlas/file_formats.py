@@ -39,25 +39,35 @@ def file_format(filename: str) -> str:
 
 
 def check_plain_text(filename: str, first_line: str) -> None:
-    """Refuse a file without a suffix whose first non-blank line is a JSON object: read as plain text, every sample kept
-    its JSON syntax (``{"text": …}``) — a JSONL file that lost its name's suffix became a task of wrong samples,
-    silently (a dashboard review, 2026-12-01). A suffix-less file of other text is read as plain text.
+    """Refuse a file without a suffix whose first non-blank line is JSON — an object, an array, or the lone ``{`` or
+    ``[`` that opens a pretty-printed document: read as plain text, every sample kept its JSON syntax (``{"text": …}``,
+    or a ``.json`` file's ``[`` and ``  {`` lines) — a JSON file that lost its name's suffix became a task of wrong
+    samples, silently (reviews, 2026-12-01 and 2026-12-07). A suffix-less file of other text is read as plain text.
 
     Raises
     ------
     InvalidInput
         (422) naming the suffixes to give it.
     """
-    if _suffix(filename) or not first_line.lstrip().startswith("{"):
+    line = first_line.strip()
+    if _suffix(filename) or not line.startswith(("{", "[")):
         return
-    try:
-        is_object = isinstance(json.loads(first_line), dict)
-    except ValueError:
-        return
-    if is_object:
-        raise InvalidInput(f"{filename}: a file without a suffix is read as plain text, but its first line is a JSON "
-                           "object; name it .jsonl (one JSON object a line), or .txt to take each line as a text",
-                           {"filename": filename, "suffix": "", "supported": [k for k in FILE_FORMATS if k]})
+    if line in ("{", "["):
+        what = "opens a JSON document; name it .json"
+    else:
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(parsed, dict):
+            what = "is a JSON object; name it .jsonl (one JSON object a line)"
+        elif isinstance(parsed, list):
+            what = "is a JSON array; name it .json"
+        else:
+            return
+    raise InvalidInput(f"{filename}: a file without a suffix is read as plain text, but its first line {what}, or "
+                       ".txt to take each line as a text",
+                       {"filename": filename, "suffix": "", "supported": [k for k in FILE_FORMATS if k]})
 
 
 def _suffix(filename: str) -> str:

@@ -171,6 +171,8 @@ def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
                                   {"line": lineno, "max_line_bytes": max_line})
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
+        if lineno == 1:
+            _refuse_utf16(raw, filename)
         if raw.endswith(b"\n") and not keep_ends:
             raw = raw[:-1]
         try:
@@ -179,6 +181,20 @@ def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
             raise InvalidInput(f"{filename}: line {lineno} is not valid UTF-8 (byte {exc.start} of the line)"
                                + (_GZIP_HINT if lineno == 1 and raw.startswith(_GZIP_MAGIC) else ""),
                                {"line": lineno}) from None
+
+
+def _refuse_utf16(first_line: bytes, filename: str) -> None:
+    """Refuse a file whose first line is UTF-16: one without a byte-order mark read as valid UTF-8 with a
+    NUL after every character (a sample ``f\\x00i\\x00r\\x00…``, and a sample ``\\x00`` of each line end's
+    second byte), stored silently; one with a mark was said "not valid UTF-8 (byte 0)"."""
+    head = first_line.removesuffix(b"\n")[:64]
+    marked = head.startswith((b"\xff\xfe", b"\xfe\xff"))
+    even = len(head) - len(head) % 2
+    interleaved = even >= 4 and any(not any(head[i:even:2]) and all(head[1 - i:even:2]) for i in (0, 1))
+    if marked or interleaved:
+        raise InvalidInput(f"{filename}: line 1 is UTF-16 text ("
+                           + ("its byte-order mark" if marked else "a NUL byte beside every character")
+                           + "); FisherAtlas reads UTF-8: re-encode the file as UTF-8", {"line": 1})
 
 
 _GZIP_MAGIC = b"\x1f\x8b"

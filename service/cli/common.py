@@ -40,8 +40,8 @@ FileFormat = Annotated[str | None, typer.Option(
 def sample_file(file: Path, fmt: str | None) -> tuple[Path | bytes, str | None]:
     """What ``add``/``append`` upload and under which name: ``file``, or standard input's bytes for ``-``; named
     ``<name>.<fmt>`` with ``--format`` (the service reads a file by its suffix). Standard input without ``--format``
-    is plain text, one sample a line, and refused (exit 2) when its first line is a JSON object, as the service
-    refuses such a file without a suffix."""
+    is plain text, one sample a line, and refused (exit 2) when its first line is JSON, as the service refuses such a
+    file without a suffix (:func:`atlas.file_formats.check_plain_text`)."""
     from atlas.file_formats import FILE_FORMATS
 
     if fmt is not None:
@@ -53,14 +53,15 @@ def sample_file(file: Path, fmt: str | None) -> tuple[Path | bytes, str | None]:
         return file, None if fmt is None else f"{file.name}.{fmt}"
     data = sys.stdin.buffer.read()
     if fmt is None:
+        from atlas.errors import InvalidInput
+        from atlas.file_formats import check_plain_text
+
         first = next((line for line in data[:1 << 16].splitlines() if line.strip()), b"")
         try:
-            is_object = isinstance(json.loads(first.decode("utf-8-sig")), dict)
-        except ValueError:
-            is_object = False
-        if is_object:
-            raise fail("standard input starts with a JSON object: pass --format jsonl (or --format txt to take each "
-                       "line as a text)", 2)
+            check_plain_text("stdin", first.decode("utf-8-sig", errors="replace"))
+        except InvalidInput:
+            raise fail("standard input starts with JSON: pass --format jsonl (one object a line) or --format json (a "
+                       "document), or --format txt to take each line as a text", 2) from None
     return data, f"stdin.{fmt or 'txt'}"
 
 

@@ -491,3 +491,31 @@ def test_a_parquet_footer_that_understates_its_pages_is_refused_before_a_page_is
         read_samples(data, "bomb.parquet", "text")
     good = std_parquet([Sample(text=f"sample number {i}") for i in range(300)], ["text"])
     assert len(read_samples(good, "good.parquet", "text")) == 300  # a true footer reads as before
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(st.text(alphabet=st.characters(codec="latin-1", exclude_categories=("Cc", "Zs")), min_size=2,
+                              max_size=40), min_size=1, max_size=4),
+       encoding=st.sampled_from(["utf-16-le", "utf-16-be", "utf-16"]), suffix=st.sampled_from([".txt", ".jsonl", ""]))
+def test_utf16_text_is_refused_not_stored_with_a_nul_per_character(lines: list[str], encoding: str,
+                                                                   suffix: str) -> None:
+    """A UTF-16 ``.txt`` without a byte-order mark is valid UTF-8 with a NUL beside every character: it was stored as
+    ``f\\x00i\\x00r\\x00…`` plus a sample ``\\x00`` per line end (a data-integrity review, 2026-12-07); with a mark it
+    was "not valid UTF-8 (byte 0)". The same lines in UTF-8 read as they are. (Without a mark, text of Latin-1
+    characters is what is told: a NUL beside every character.)"""
+    text = "".join(f"{line}\n" for line in lines)
+    with pytest.raises(InvalidInput, match="line 1 is UTF-16 text"):
+        read_samples(text.encode(encoding), f"notes{suffix}", "text")
+    if suffix == ".txt":
+        assert read_samples(text.encode(), "notes.txt", "text") == [Sample(text=line) for line in lines]
+
+
+def test_a_json_document_without_a_suffix_is_refused() -> None:
+    """A ``.json`` file that lost its suffix was stored a line a sample — ``[``, ``  {``, ``    "text": …`` (a
+    data-integrity review, 2026-12-07); a first line of JSON object, array, or a lone ``{`` / ``[`` is refused."""
+    for data in (json.dumps([{"text": "first sample"}], indent=2), json.dumps({"samples": [{"text": "a b"}]}, indent=1),
+                 '[{"text": "one"}]\n', '{"text": "one"}\n'):
+        with pytest.raises(InvalidInput, match="a file without a suffix is read as plain text"):
+            read_samples(data.encode(), "samples", "text")
+    assert read_samples(b"[citation needed] is text\n{braces} too\n", "notes", "text") == [
+        Sample(text="[citation needed] is text"), Sample(text="{braces} too")]

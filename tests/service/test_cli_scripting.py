@@ -268,6 +268,8 @@ def test_pipelines_read_standard_input_and_keep_going(serve: Any, tiny_lm: Any, 
     assert json.loads(r.stdout)["task"]["n_samples"] == len(PROSE)
     r = _cli(["add", "wrong", "-", *url], stdin=jsonl)  # would store each line's JSON syntax as a text
     assert r.returncode == 2 and b"pass --format jsonl" in r.stderr, r.stderr
+    r = _cli(["add", "wrong", "-", *url], stdin=json.dumps([{"text": t} for t in PROSE], indent=2).encode())
+    assert r.returncode == 2 and b"--format json" in r.stderr, r.stderr
     r = _cli(["add", "code", "-", "--wait", *url], stdin="\n".join(CODE).encode())
     assert r.returncode == 0, r.stderr
     r = _cli(["append", "prose", "-", "--format", "csv", "--wait", *url],
