@@ -6,6 +6,7 @@ prompt/completion pair (``mode="completion"``: only completion tokens count).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import unicodedata
@@ -104,6 +105,26 @@ def unique_keys_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         raise InvalidInput(f"key {key!r} is given more than once in one object (JSON decoders keep the last value "
                            "and drop the others)", {"key": key})
     return obj
+
+
+def nested_keys(node: object) -> int:
+    """The keys of every object within a decoded JSON value (dicts and lists, at every depth)."""
+    if isinstance(node, dict):
+        return len(node) + sum(nested_keys(v) for v in node.values())
+    return sum(nested_keys(v) for v in node) if isinstance(node, list) else 0
+
+
+def refuse_repeated_keys(body: bytes, keys_given: int) -> None:
+    """Refuse (422) a JSON text that repeats a key in one object, once a model parser that keeps the last value has
+    read it: ``keys_given`` is the keys the parsed value holds. The text is decoded a second time only when it holds
+    more key tokens (one regular expression, nothing built per value) than that — only when a key repeats, or fields
+    the model ignores are there (every string is matched whole: a key's text inside a value does not count)."""
+    from atlas.json_bounds import json_key_count
+
+    if json_key_count(body) > keys_given:
+        # a repeated key raises InvalidInput; what the model parser read and Python's cannot leaves nothing to judge by
+        with contextlib.suppress(ValueError, RecursionError):
+            json.loads(body, object_pairs_hook=unique_keys_object)
 
 
 def record_values(record: object, mode: Mode, where: str) -> tuple[str, ...]:

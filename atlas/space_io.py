@@ -57,7 +57,7 @@ from atlas.db import read_snapshot
 from atlas.errors import Conflict, InvalidInput, PayloadTooLarge
 from atlas.json_bounds import MAX_JSON_VALUES, first_line_over
 from atlas.models import TASK_READY, Space, Task
-from atlas.samples import Metadata, refuse_control_chars
+from atlas.samples import Metadata, nested_keys, refuse_control_chars, refuse_repeated_keys
 from atlas.task_names import normalize_name
 
 _NEWLINE = re.compile(b"\n")
@@ -314,8 +314,12 @@ def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]
         raise InvalidInput("the import file is empty")
     try:
         header = ExportHeader.model_validate_json(data[:head_end])
+        refuse_repeated_keys(bytes(data[:head_end]), len(header.model_fields_set) + len(header.space.model_fields_set)
+                             + nested_keys(header.space.spec))
     except ValidationError as exc:
         raise InvalidInput(f"line 1 is not a FisherAtlas space export header ({_errors(exc)})") from None
+    except InvalidInput as exc:
+        raise InvalidInput(f"line 1: {exc.message}", exc.detail) from None
     if header.version not in READABLE_VERSIONS:
         raise InvalidInput(f"unsupported export version {header.version} (this service reads {READABLE_VERSIONS})")
     sp = header.space
@@ -362,8 +366,13 @@ def parse_export(data: ExportBytes) -> tuple[Any, str, str, list[dict[str, Any]]
             continue
         try:
             rec = ExportTask.model_validate_json(line)
+            # a repeated key kept its last value (a name, a metadata key), as the service refuses elsewhere
+            refuse_repeated_keys(line, len(rec.model_fields_set) + nested_keys(rec.metadata)
+                                 + nested_keys(rec.routing))
         except ValidationError as exc:
             raise InvalidInput(f"line {lineno}: invalid task record ({_errors(exc)})") from None
+        except InvalidInput as exc:
+            raise InvalidInput(f"line {lineno}: {exc.message}", exc.detail) from None
         try:
             state_blob = _b64(rec.state, "state")
             sig = np.frombuffer(_b64(rec.signature, "signature"), dtype="<f4")

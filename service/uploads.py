@@ -28,12 +28,18 @@ from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
 from atlas.json_bounds import (
     MAX_JSON_VALUES,
     json_array_length,
-    json_key_count,
     json_token_count,
     upload_value_limit,
 )
 from atlas.sample_io import SampleLimits, loads_json, read_samples
-from atlas.samples import Sample, check_metadata, samples_from_records, unique_keys_object
+from atlas.samples import (
+    Sample,
+    check_metadata,
+    nested_keys,
+    refuse_repeated_keys,
+    samples_from_records,
+    unique_keys_object,
+)
 from service.errors import DomainErrorInBody
 
 
@@ -265,28 +271,17 @@ def _json_upload(body: bytes, json_model: Any, limits: SampleLimits) -> Any:
 def _keys_given(model: Any) -> int:
     """The keys of the objects of a validated upload body (pydantic's fields set, the metadata's keys at every
     depth): each key of the body that was not repeated."""
-    def keys(node: object) -> int:
-        if isinstance(node, dict):
-            return len(node) + sum(keys(v) for v in node.values())
-        return sum(keys(v) for v in node) if isinstance(node, list) else 0
-
     return (len(model.model_fields_set) + sum(len(s.model_fields_set) for s in model.samples)
-            + keys(getattr(model, "metadata", None)))
+            + nested_keys(getattr(model, "metadata", None)))
 
 
 def _refuse_repeated_keys(body: bytes, keys_given: int) -> None:
     """Refuse (422) an upload body that repeats a key in one object, as :class:`BoundedJSONRequest` does for other
-    bodies: pydantic's parser keeps the last value (``{"text": "a", "text": "b"}`` was stored as ``"b"``). The body
-    is decoded a second time only when it holds more key tokens (one regular expression, nothing built per value)
-    than ``keys_given``, the keys the validated body holds: only when a key repeats (every string is matched whole,
-    so a key's text inside a value does not count)."""
-    if json_key_count(body) > keys_given:
-        try:
-            json.loads(body, object_pairs_hook=unique_keys_object)
-        except InvalidInput as exc:
-            raise InvalidInput(f"the request body: {exc.message}", exc.detail) from None
-        except (ValueError, RecursionError):  # what pydantic read and Python's decoder cannot: nothing to judge by
-            pass
+    bodies: pydantic's parser keeps the last value (``{"text": "a", "text": "b"}`` was stored as ``"b"``)."""
+    try:
+        refuse_repeated_keys(body, keys_given)
+    except InvalidInput as exc:
+        raise InvalidInput(f"the request body: {exc.message}", exc.detail) from None
 
 
 async def _read_multipart(request: Request, max_upload_bytes: int, with_task_fields: bool) -> Upload:

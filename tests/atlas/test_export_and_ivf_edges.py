@@ -230,3 +230,36 @@ def test_a_creation_time_out_of_range_in_utc_is_refused_with_its_line(factory, r
     for when in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:30:00-02:00"):
         with pytest.raises(space_io.InvalidInput, match="line 2"):
             space_io.parse_export(_resealed(data, lambda line, w=when: {**line, "created_at": w}))
+
+
+def test_a_key_repeated_in_an_export_line_is_refused(factory, ro_factory) -> None:
+    """An export line naming a key twice (``"name"``, a metadata key) was imported with the last value: the task got
+    the second name and the first metadata value was lost without a word (a data-integrity review, 2026-12-07), where
+    every other JSON the service reads refuses a repeated key. Fields it does not read are still ignored."""
+    import hashlib
+    import json
+
+    space = _spec_space(factory)
+    tid = _ready(factory, space, "a", 1)
+    with factory.begin() as s:
+        task = s.get(Task, tid)
+        assert task is not None
+        task.meta = {"owner": "first", "tags": {"k": 1}}
+    data = _resealed(b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), [tid])),
+                     lambda line: {**line, "future_field": {"x": 1}})  # read by a later version: ignored
+    assert space_io.parse_export(data)[3][0]["name"] == "a"
+
+    def twice(line: bytes, key: bytes, value: bytes) -> bytes:
+        """``data`` with ``key`` given a second time, first, in its object of ``line`` (the trailer recomputed)."""
+        lines = data.split(b"\n")[:-2]
+        lines[line] = lines[line].replace(key + b": ", key + b": " + value + b", " + key + b": ", 1)
+        body = b"".join(ln + b"\n" for ln in lines)
+        trailer = {"trailer": True, "n_tasks": len(lines) - 1, "sha256": hashlib.sha256(body).hexdigest()}
+        return body + (json.dumps(trailer) + "\n").encode()
+
+    for line, key, value, where in ((1, b'"name"', b'"b"', "line 2"), (1, b'"owner"', b'"second"', "line 2"),
+                                    (1, b'"k"', b"2", "line 2"), (0, b'"model_name"', b'"other"', "line 1")):
+        edited = twice(line, key, value)
+        assert edited.count(key) == data.count(key) + 1
+        with pytest.raises(space_io.InvalidInput, match=f"{where}: key {key.decode()[1:-1]!r} is given more than once"):
+            space_io.parse_export(edited)
