@@ -229,7 +229,7 @@ async def _read_any(request: Request, max_upload_bytes: int, json_model: Any, wi
     if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
         return await _read_multipart(request, max_upload_bytes, with_task_fields)
     if ctype in ("application/json", "") or ctype.endswith("+json"):
-        body = await request.body()
+        body = (await request.body()).removeprefix(b"\xef\xbb\xbf")  # a BOM is no JSON (read so by the other routes)
         if not body:
             raise InvalidInput("the request body is empty: send multipart/form-data with a file, or JSON")
         # the bounded count, pydantic's parse and the repeated-key check are linear, but 64 MB of them held the event
