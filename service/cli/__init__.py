@@ -6,11 +6,15 @@ through :class:`service.client.AtlasClient`. Every option has an environment twi
 (options win), ``--json`` gives machine-readable output, and errors are one line on stderr with the
 service's code. Exit status: 0 done; 1 the service refused the request (a 4xx) or a local file is wrong; 2 a usage
 error; 3 the service could not answer (unreachable, busy, failing: the same command may work later); 4 a job followed
-with ``--wait`` ended failed or cancelled; 130 interrupted (a followed job goes on in the service).
+with ``--wait`` ended failed or cancelled; 130 interrupted (a followed job goes on in the service); 141 the reader of
+stdout went away (a pipe into ``head``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +36,7 @@ app.add_typer(keys.app, name="keys")
 _HINTS = {
     "unreachable": "\n  is the service running there? Start it with `fisher-atlas serve`, or point --url "
                    "(FISHER_ATLAS_URL) at it",
+    "timed_out": "\n  the service is there but did not answer in time: raise --timeout (FISHER_ATLAS_TIMEOUT)",
     "unauthorized": "\n  pass a key with --api-key or set FISHER_ATLAS_API_KEY (an admin key makes one with "
                     "`fisher-atlas keys create`; the first one: `fisher-atlas keys create --local` on the service's "
                     "machine)",
@@ -62,6 +67,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except typer.Exit as exc:
         return int(exc.exit_code)
+    except (BrokenPipeError, SystemExit) as exc:  # the reader of stdout went away (`| head`): quietly, as a shell
+        # tool ends on SIGPIPE (typer turns the EPIPE into a bare exit 1, which read as "the service refused")
+        cause = exc if isinstance(exc, BrokenPipeError) else exc.__context__
+        if not (isinstance(cause, OSError) and cause.errno == errno.EPIPE):
+            raise
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 141
     except FileNotFoundError as exc:
         print(f"fisher-atlas: no such file: {exc.filename}", file=sys.stderr)
         return 1

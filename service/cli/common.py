@@ -22,7 +22,8 @@ Space = Annotated[str | None, typer.Option("--space", envvar="FISHER_ATLAS_SPACE
 ListSpace = Annotated[str | None, typer.Option("--space", envvar="FISHER_ATLAS_SPACE",
                                                help="Only this space, by id or model name (default: every space).")]
 Timeout = Annotated[float, typer.Option("--timeout", envvar="FISHER_ATLAS_TIMEOUT", min=0.1,
-                                         help="Request timeout, s.")]
+                                         help="Timeout of one request, s (a read that times out or meets a busy "
+                                              "service is tried up to 3 times, waiting as it says, at most 30 s).")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 DataDir = Annotated[str | None, typer.Option("--data-dir", envvar="FISHER_ATLAS_DATA_DIR",
                                              help="SQLite, FAISS and upload files.")]
@@ -145,8 +146,11 @@ def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
     from atlas.errors import InvalidInput
     from atlas.samples import unique_keys_object
 
-    try:
-        value = json.loads(text, object_pairs_hook=unique_keys_object)  # as the service: a repeated key is refused
+    def no_constant(name: str) -> None:  # NaN and Infinity are not JSON (the service refused them: exit 1, not 2)
+        raise json.JSONDecodeError(f"{name} is not a JSON value", text, text.find(name))
+
+    try:  # as the service: a repeated key is refused
+        value = json.loads(text, object_pairs_hook=unique_keys_object, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
         raise fail(f"{flag} is not valid JSON: {exc.msg}", 2) from None
     except InvalidInput as exc:
@@ -171,9 +175,20 @@ def progress_console() -> Any:
     return console if console.is_terminal else Console(stderr=True, width=max(console.width, 200))
 
 
-def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
+PLAIN_PROGRESS_S = 30.0
+"""Seconds between the plain progress lines of a job followed where stderr is not a terminal (a CI log): rich draws
+nothing there until the end, and a silent log of minutes is killed by some CI systems."""
+
+WaitTimeout = Annotated[float | None, typer.Option(
+    "--wait-timeout", min=0.0, help="With --wait: stop following after this many seconds (exit 3; the job goes on).")]
+
+
+def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False, timeout: float | None = None,
+           interrupted: Any = None) -> JobOut:
     """Follow a job to its end with a progress bar on stderr: samples, tokens streamed through the model,
-    tokens/s and the ETA (rich)."""
+    tokens/s and the ETA (rich; a plain line every :data:`PLAIN_PROGRESS_S` where stderr is not a terminal). Past
+    ``timeout`` seconds: exit 3, the job going on. Interrupted (Ctrl-C): said on stderr, and with ``quiet`` (``--json``)
+    ``interrupted`` (a JSON-able value: what was created) printed on stdout with ``"interrupted": true``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from service.client.errors import NotFound
@@ -181,6 +196,7 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
     console = progress_console()
     columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
                TextColumn("samples · {task.fields[tokens]:,} tokens · {task.fields[rate]}"))
+    plain_at = [time.monotonic()]
     with Progress(*columns, console=console, disable=quiet, transient=False) as bar:
         tid = bar.add_task(label, total=None, tokens=0, rate="- tok/s")
         t0 = time.monotonic()
@@ -189,19 +205,31 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False) -> JobOut:
             p = job.progress  # tokens streamed through the model (prompts included), as the job reports
             eta = f" · ETA {p.eta_s:,.0f} s" if p.eta_s is not None and not job.done else ""
             routing = f" · routing prompts {p.routing_done:,}/{p.routing_total:,}" if p.phase == "routing" else ""
+            rate = f"{p.tokens_streamed_per_s:,.0f} tok/s · {p.samples_per_s:,.1f} samples/s{routing}{eta}"
             bar.update(tid, completed=p.samples_done, total=p.samples_total or None, tokens=p.tokens_streamed,
-                       rate=f"{p.tokens_streamed_per_s:,.0f} tok/s · {p.samples_per_s:,.1f} samples/s{routing}{eta}")
+                       rate=rate)
+            if not quiet and not console.is_terminal and not job.done and time.monotonic() - plain_at[0] >= \
+                    PLAIN_PROGRESS_S:
+                plain_at[0] = time.monotonic()
+                print(f"{label}: job {job.id} {job.status}: {p.samples_done:,}/{p.samples_total or '?'} samples · "
+                      f"{p.tokens_streamed:,} tokens · {rate}", file=sys.stderr, flush=True)
 
         try:
-            job = cl.wait_job(job_id, on_progress=update)
+            job = cl.wait_job(job_id, on_progress=update, timeout=timeout)
         except NotFound:  # the task was deleted while its job ran: the job went with it ("404: job N does not exist")
             bar.stop()
             raise fail(f"{label}: the task was deleted while job {job_id} ran (the job went with it): nothing was "
                        "added", EXIT_JOB_FAILED) from None
+        except TimeoutError:
+            bar.stop()
+            raise fail(f"{label}: job {job_id} still runs after --wait-timeout {timeout:g} s: it goes on in the "
+                       f"service (`fisher-atlas jobs wait {job_id}` follows it again)", EXIT_UNAVAILABLE) from None
         except KeyboardInterrupt:
             bar.stop()
-            print(f"\nfisher-atlas: interrupted: job {job_id} goes on in the service (`fisher-atlas jobs show "
-                  f"{job_id}` shows how far it is, `fisher-atlas jobs cancel {job_id}` stops it)", file=sys.stderr)
+            print(f"\nfisher-atlas: interrupted: job {job_id} goes on in the service (`fisher-atlas jobs wait "
+                  f"{job_id}` follows it again, `fisher-atlas jobs cancel {job_id}` stops it)", file=sys.stderr)
+            if quiet and interrupted is not None:  # a script reads the ids it may cancel, not a sentence
+                print(json.dumps({**interrupted, "interrupted": True}, indent=2), flush=True)
             raise
         update(job)
     if not quiet:

@@ -18,6 +18,7 @@ from service.cli.common import (
     Space,
     Timeout,
     Url,
+    WaitTimeout,
     client,
     confirm,
     emit,
@@ -43,7 +44,7 @@ def add(name: str, file: FileArg,
         = Mode.TEXT,
         metadata: Annotated[str | None, typer.Option(help="Task metadata as a JSON object.")] = None,
         wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
-        file_format: FileFormat = None,
+        wait_timeout: WaitTimeout = None, file_format: FileFormat = None,
         url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
         json: Json = False) -> None:
     """Add a task from a file and (with --wait) follow its job to the end."""
@@ -56,7 +57,8 @@ def add(name: str, file: FileArg,
             emit(json, created, f"task {created.task.id} ({created.task.name}) created; job {created.job.id} "
                  f"{created.job.status}")
             return
-        job = follow(cl, created.job.id, name, quiet=json)
+        job = follow(cl, created.job.id, name, quiet=json, timeout=wait_timeout,
+                     interrupted=created.model_dump(mode="json"))
         task = cl.get_task(created.task.id)
     emit(json, {"task": task.model_dump(mode="json"), "job": job.model_dump(mode="json")},
          f"task {task.id} ({task.name}): {task.status}, {task.n_samples} samples, {task.n_tokens} tokens; "
@@ -68,7 +70,7 @@ def add(name: str, file: FileArg,
 @app.command()
 def append(name: str, file: FileArg,
            wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
-           file_format: FileFormat = None,
+           wait_timeout: WaitTimeout = None, file_format: FileFormat = None,
            url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
            json: Json = False) -> None:
     """Append samples from a file to an existing task (the task's mode applies)."""
@@ -77,7 +79,8 @@ def append(name: str, file: FileArg,
         task = cl.find_task(name, space=space)
         job = cl.append(task.id, upload, filename=filename, idempotency_key=write_key())
         if wait:
-            job = follow(cl, job.id, name, quiet=json)
+            job = follow(cl, job.id, name, quiet=json, timeout=wait_timeout,
+                         interrupted={"job": job.model_dump(mode="json")})
     emit(json, job, f"job {job.id} ({job.kind} to task {task.id}, {task.name}): {job.status}"
          + (f": {job.error}" if job.error else "") + sample_notes(job))
     if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
@@ -130,13 +133,15 @@ def tasks_delete(name: str, yes: Annotated[bool, typer.Option("--yes", "-y", hel
 @jobs_app.command("list")
 def jobs_list(task: Annotated[str | None, typer.Option(help="Only jobs of this task (name or id).")] = None,
               status: Annotated[JobStatus | None, typer.Option(help="Only this status.")] = None,
-              limit: Annotated[int, typer.Option(min=1, max=1000)] = 50, url: Url = None, api_key: ApiKey = None,
+              limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+              offset: Annotated[int, typer.Option(min=0)] = 0, url: Url = None, api_key: ApiKey = None,
               space: ListSpace = None, timeout: Timeout = 120.0, json: Json = False) -> None:
     """List jobs, newest first (of every space unless --space; --task names a task of that space, default the
     service's)."""
     with client(url, api_key, timeout) as cl:
         task_id = cl.find_task(task, space=space).id if task is not None else None
-        page = cl.list_jobs(task_id=task_id, status=status.value if status else None, space=space, limit=limit)
+        page = cl.list_jobs(task_id=task_id, status=status.value if status else None, space=space, limit=limit,
+                            offset=offset)
     lines = [f"{'id':>6}  {'kind':<7}  {'status':<10}  {'task':>6}  progress"]
     lines += [f"{j.id:>6}  {j.kind:<7}  {j.status:<10}  {j.task_id or '-':>6}  "
               f"{j.progress.samples_done}/{j.progress.samples_total} samples, {j.progress.tokens:,} tokens"
@@ -156,6 +161,19 @@ def jobs_show(job_id: int, url: Url = None, api_key: ApiKey = None, timeout: Tim
          f"samples, {p.tokens_streamed:,} tokens streamed ({p.tokens_streamed_per_s:,.0f} tok/s), {p.tokens:,} "
          f"counted; attempts {j.attempts}"
          + (f"; error: {j.error}" if j.error else "") + sample_notes(j))
+
+
+@jobs_app.command("wait")
+def jobs_wait(job_id: int, wait_timeout: WaitTimeout = None, url: Url = None, api_key: ApiKey = None,
+              timeout: Timeout = 120.0, json: Json = False) -> None:
+    """Follow a job to its end (one whose --wait was interrupted, or added without it); exit 4 when it failed or was
+    cancelled."""
+    with client(url, api_key, timeout) as cl:
+        job = follow(cl, job_id, f"job {job_id}", quiet=json, timeout=wait_timeout, interrupted={"job": {"id": job_id}})
+    emit(json, job, f"job {job.id} ({job.kind}, task {job.task_id}): {job.status}"
+         + (f": {job.error}" if job.error else "") + sample_notes(job))
+    if job.status != JobStatus.SUCCEEDED:
+        raise typer.Exit(EXIT_JOB_FAILED)
 
 
 @jobs_app.command("cancel")

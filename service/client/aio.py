@@ -132,12 +132,15 @@ class AsyncAtlasClient:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._http.aclose(), old))
 
     def _unreachable(self, exc: httpx.RequestError) -> AtlasClientError:
-        """The client's error for a failed request: :class:`Unreachable` for a transport failure (a read timeout's
-        text is empty: its type is named), ``unexpected_answer`` for an answer httpx could not read (a body that is
-        not the encoding it claims, endless redirects); secrets in the URL masked."""
+        """The client's error for a failed request: :class:`Unreachable` for a transport failure (code ``timed_out``
+        when connected and no answer came in time; a read timeout's text is empty: its type is named),
+        ``unexpected_answer`` for an answer httpx could not read (a body that is not the encoding it claims, endless
+        redirects); secrets in the URL masked."""
         from atlas.redaction import redact_secrets
 
         said = redact_secrets(f"{self.base_url}: {str(exc) or type(exc).__name__}")
+        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):  # connected: the service is there, and slow
+            return Unreachable(0, "timed_out", f"{said} (no answer within the client's timeout)")
         if isinstance(exc, httpx.TransportError):
             return Unreachable(0, "unreachable", said)
         return AtlasClientError(0, "unexpected_answer", f"{said} (not an answer the client can read)")

@@ -5,16 +5,19 @@ sends of one to import (:func:`import_source`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import gzip
 import os
 import re
 import shutil
 import stat
 import tempfile
+import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from service.client.errors import InvalidInput
 
@@ -41,7 +44,7 @@ async def write_export(out: str | os.PathLike[str] | BinaryIO,
         offset (a shell's ``{ echo a; export; } > f`` keeps its ``a``); descriptor 0 is refused (opened for writing,
         the file redirected into stdin was emptied). A FIFO, a terminal, another file that is not regular and other
         paths under ``/dev`` or ``/proc`` are written in place, as a shell's ``>`` would (they were replaced by a new
-        regular file). A binary file is written as the data arrives.
+        regular file). A binary file is written as the data arrives. A regular file named ``*.gz`` is gzipped.
     stream_into : callable
         Writes the export into the stream it is given (raising leaves a temporary file's target as it was).
 
@@ -79,7 +82,14 @@ async def write_export(out: str | os.PathLike[str] | BinaryIO,
         handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
         partial = Path(name)
         with os.fdopen(handle, "wb") as stream:
-            written = await stream_into(stream)
+            if target.name.lower().endswith(".gz"):  # named so, compressed so (an import reads either)
+                with gzip.GzipFile(fileobj=stream, mode="wb", filename="", mtime=0) as packed:
+                    written = await stream_into(cast(BinaryIO, packed))
+            else:
+                written = await stream_into(stream)
+        # the mode a file written with open() would have (an existing target's own): mkstemp's 0600 replaced a
+        # shared backup's 0664 and ignored the umask
+        partial.chmod(stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
         partial.replace(target)
     except OSError as exc:
         if partial is not None and exc.filename not in (str(partial), None):
@@ -95,20 +105,31 @@ async def write_export(out: str | os.PathLike[str] | BinaryIO,
 def import_source(file: str | os.PathLike[str] | bytes | BinaryIO) -> Iterator[bytes | BinaryIO]:
     """What an import sends of ``file``: bytes as they are, a regular file open (streamed from disk), and a pipe, FIFO
     or open binary stream (``sys.stdin.buffer``) copied to a temporary file first — an upload is sized by its file's
-    length, which a pipe does not have (its import failed with "Too much data for declared Content-Length")."""
+    length, which a pipe does not have (its import failed with "Too much data for declared Content-Length"). A gzipped
+    export (its first bytes say so, whatever its name) is sent decompressed (it was "not a FisherAtlas space export
+    header")."""
     if isinstance(file, bytes):
-        yield file
+        yield gzip.decompress(file) if file.startswith(GZIP_MAGIC) else file
         return
-    if not isinstance(file, str | os.PathLike):
-        with _spooled(file) as copy:
-            yield copy
-        return
-    with Path(os.fspath(file)).open("rb") as stream:
-        if stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-            yield stream
-            return
-        with _spooled(stream) as copy:
-            yield copy
+    with contextlib.ExitStack() as stack:
+        if isinstance(file, str | os.PathLike):
+            stream: BinaryIO = stack.enter_context(Path(os.fspath(file)).open("rb"))
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                stream = stack.enter_context(_spooled(stream))
+        else:
+            stream = stack.enter_context(_spooled(file))
+        if stream.read(len(GZIP_MAGIC)) == GZIP_MAGIC:
+            stream.seek(0)
+            try:
+                stream = stack.enter_context(_spooled(cast(BinaryIO, gzip.GzipFile(fileobj=stream, mode="rb"))))
+            except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # cut short or damaged, as the service says it
+                raise InvalidInput(0, "invalid_input", f"the export is gzipped but cannot be decompressed ({exc})"
+                                   ) from None
+        stream.seek(0)
+        yield stream
+
+
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 @contextmanager
@@ -118,3 +139,10 @@ def _spooled(stream: BinaryIO) -> Iterator[BinaryIO]:
         shutil.copyfileobj(stream, copy, 1 << 20)
         copy.seek(0)
         yield copy
+
+
+def _umask() -> int:
+    """This process's umask (read by setting it, then put back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

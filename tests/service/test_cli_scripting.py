@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -198,13 +199,13 @@ def test_keys_list_local_does_not_make_a_store(tmp_path: Path, capsys: pytest.Ca
     assert "root" in capsys.readouterr().out
 
 
-def _add_waiting(svc: Any, tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
-    """``fisher-atlas add NAME … --wait`` in a process of its own, once it follows its queued job's progress stream
-    (the service runs no job: ``start_runner`` off)."""
+def _add_waiting(svc: Any, tmp_path: Path, name: str, *more: str) -> subprocess.Popen[bytes]:
+    """``fisher-atlas add NAME … --wait [MORE]`` in a process of its own, once it follows its queued job's progress
+    stream (the service runs no job: ``start_runner`` off)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "add", name, str(_jsonl(tmp_path / f"{name}.jsonl",
-                             PROSE)), "--wait", "--url", svc.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env)
+                             PROSE)), "--wait", "--url", svc.url, *more], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 60
     while svc.container.event_streams.open == 0:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -223,6 +224,31 @@ def test_ctrl_c_during_wait_says_the_job_goes_on(serve: Any, tiny_lm: Any, tmp_p
         job = http.get("/v1/jobs").json()["items"][0]
     assert proc.returncode == 130, err
     assert f"job {job['id']} goes on in the service" in err.decode() and job["status"] == "queued", err
+    # with --json, the ids a script may cancel are on stdout (it had nothing but a sentence on stderr)
+    proc = _add_waiting(svc, tmp_path, "waits-json", "--json")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    said = json.loads(out)
+    assert said["interrupted"] is True and said["task"]["name"] == "waits-json" and said["job"]["status"] == "queued"
+
+
+def test_a_wait_in_a_log_says_how_far_and_ends_at_its_timeout(serve: Any, tiny_lm: Any, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Where stderr is not a terminal (a CI log) the progress bar drew nothing until the job ended, and ``--wait``
+    had no limit of its own (a scripting review, 2026-12-07)."""
+    from service.cli import common
+
+    svc = serve(lm=tiny_lm, overrides={"start_runner": False})  # no runner: the job stays queued
+    monkeypatch.setattr(common, "PLAIN_PROGRESS_S", 0.0)
+    t0 = time.monotonic()
+    assert main(["add", "slow", str(_jsonl(tmp_path / "slow.jsonl", PROSE)), "--wait", "--wait-timeout", "2",
+                 "--url", svc.url]) == 3
+    assert time.monotonic() - t0 < 30
+    err = capsys.readouterr().err
+    assert "slow: job 1 queued: 0/" in err, err  # a plain line, in a log
+    assert "still runs after --wait-timeout 2 s" in err and "jobs wait 1" in err, err
 
 
 def test_a_task_deleted_during_add_wait_is_said_so(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
@@ -315,3 +341,72 @@ def test_pipelines_read_standard_input_and_keep_going(serve: Any, tiny_lm: Any, 
     names = {t["name"]: t["n_samples"] for t in httpx.get(f"{other.url}/v1/tasks").json()["items"]}
     assert names == {t["name"]: t["n_samples"] for t in httpx.get(f"{svc.url}/v1/tasks").json()["items"]}
     assert names["prose"] == len(PROSE) + 2
+
+
+def test_waits_timeouts_pipes_and_files_as_scripts_need_them(serve: Any, tiny_lm: Any, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The rest of the scripting review (2026-12-07), each failing before its fix: a service that accepts and never
+    answers got "is the service running there? Start it" (it is: raise --timeout); ``| head`` exited 1; ``export``
+    made a file mode 0600 whatever the umask or the file's mode; a ``.gz`` export was neither written gzipped nor
+    imported ("not a FisherAtlas space export header"); ``--metadata '{"a": NaN}'`` exited 1, not 2 (a usage error);
+    ``jobs list`` had no ``--offset`` and an interrupted ``--wait`` no way back (``jobs wait``)."""
+    import socket
+
+    import httpx
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections wait in the backlog: connected, never answered
+    try:
+        assert main(["tasks", "list", "--url", f"http://127.0.0.1:{silent.getsockname()[1]}", "--timeout", "0.5"]) == 3
+    finally:
+        silent.close()
+    err = capsys.readouterr().err
+    assert "did not answer in time: raise --timeout" in err and "Start it with" not in err, err
+
+    svc = serve(lm=tiny_lm)
+    url = ["--url", svc.url]
+    assert main(["add", "meta", str(_jsonl(tmp_path / "m.jsonl", PROSE)), "--metadata", '{"a": NaN}', *url]) == 2
+    assert "NaN is not a JSON value" in capsys.readouterr().err
+    assert main(["add", "prose", str(_jsonl(tmp_path / "p.jsonl", PROSE)), "--wait", *url]) == 0
+    capsys.readouterr()
+    created = []
+    for i in range(3):
+        assert main(["add", f"t{i}", str(_jsonl(tmp_path / f"t{i}.jsonl", CODE)), "--json", *url]) == 0
+        created.append(json.loads(capsys.readouterr().out))
+    assert main(["jobs", "wait", str(created[-1]["job"]["id"]), "--json", *url]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "succeeded"
+    assert main(["jobs", "list", "--limit", "2", "--offset", "2", "--json", *url]) == 0
+    page = json.loads(capsys.readouterr().out)
+    assert page["offset"] == 2 and len(page["items"]) == 2 and page["total"] == 4
+
+    # export: the mode an open() would give (an existing file keeps its own); .gz gzipped, and imported as it is
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("old")
+    kept.chmod(0o664)
+    assert main(["export", str(kept), *url]) == 0
+    assert kept.stat().st_mode & 0o777 == 0o664
+    old_mask = os.umask(0o027)
+    try:
+        assert main(["export", str(tmp_path / "new.jsonl"), *url]) == 0
+    finally:
+        os.umask(old_mask)
+    assert (tmp_path / "new.jsonl").stat().st_mode & 0o777 == 0o640
+    packed = tmp_path / "space.jsonl.gz"
+    assert main(["export", str(packed), *url]) == 0
+    assert packed.read_bytes()[:2] == b"\x1f\x8b" and _tasks(gzip.decompress(packed.read_bytes())) == _tasks(
+        kept.read_bytes())
+    other = serve(lm=tiny_lm)
+    capsys.readouterr()
+    assert main(["import", str(packed), "--json", "--url", other.url]) == 0
+    assert json.loads(capsys.readouterr().out)["imported"] == 4
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed.read_bytes()[:-20])
+    assert main(["import", str(cut), "--url", other.url]) == 1
+    assert "gzipped but cannot be decompressed" in capsys.readouterr().err
+    assert len(httpx.get(f"{other.url}/v1/tasks").json()["items"]) == 4
+
+    # a reader that goes away: quietly, 141
+    r = _cli([], shell=f"$FA tasks list --url {svc.url}; $FA export - --url {svc.url} | head -c 10 > /dev/null; "
+                       "echo ${PIPESTATUS[0]}")
+    assert r.stdout.splitlines()[-1] == b"141" and b"Traceback" not in r.stderr and b"Broken pipe" not in r.stderr, r
