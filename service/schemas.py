@@ -19,6 +19,10 @@ from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 MAX_ID = 2**53 - 1
 """Largest accepted id in paths, queries and bodies (JSON-safe, fits every database's BIGINT)."""
 
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.",
+                               "schema": {"type": "integer", "minimum": 1}}}
+"""OpenAPI ``headers`` of every 429 and 503 answer (``service.errors.error_response`` sends it)."""
+
 SPACE_REF_MAX = 300
 """Longest space reference (an id, a model name or ``default``) a request may give."""
 

@@ -50,6 +50,7 @@ from service.auth import (
     presented_key,
 )
 from service.errors import database_busy_or_down, error_response
+from service.schemas import RETRY_AFTER
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "::1"})
@@ -300,6 +301,8 @@ def document_security_responses(schema: dict[str, Any]) -> None:
             responses = operation["responses"]
             for status, text in REFUSALS.items():
                 responses.setdefault(str(status), {"description": text, "content": error_body})
+                if status in (429, 503):
+                    responses[str(status)].setdefault("headers", RETRY_AFTER)
             if "requestBody" in operation:  # the body limit answers before any route
                 responses.setdefault("413", {"description": TOO_LARGE, "content": error_body})
                 if set(operation["requestBody"].get("content", {})) == {"application/json"}:

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import Query
 
-from service.schemas import MAX_ID, ErrorBody
+from service.schemas import MAX_ID, RETRY_AFTER, ErrorBody
 
 __all__ = ["MAX_ID", "Limit", "Offset", "error_responses"]
 
@@ -24,11 +24,15 @@ _DESCRIPTIONS = {
     413: "An upload, sample count, sample, prompt or matrix exceeds a limit.",
     415: "Unsupported content type.",
     422: "Malformed input.",
-    429: "The job queue or the model is overloaded; retry later.",
-    503: "The model is not loaded.",
+    429: "Too many requests (`rate_limited`), a full job queue (`queue_full`) or too many progress streams; retry "
+         "after Retry-After.",
+    503: "Unavailable for the moment: no model or worker serves the space (`model_unavailable`), the database "
+         "(`database_unavailable`, `database_busy`), the job queue (`queue_unavailable`) or the upload slots "
+         "(`uploads_busy`); retry after Retry-After.",
 }
 
-
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` entries rendering the shared error body for ``codes``."""
-    return {code: {"model": ErrorBody, "description": _DESCRIPTIONS.get(code, "Error.")} for code in codes}
+    """OpenAPI ``responses`` entries rendering the shared error body for ``codes`` (429 and 503 with their
+    ``Retry-After``)."""
+    return {code: {"model": ErrorBody, "description": _DESCRIPTIONS.get(code, "Error."),
+                   **({"headers": RETRY_AFTER} if code in (429, 503) else {})} for code in codes}

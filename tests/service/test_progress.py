@@ -61,7 +61,7 @@ def test_completion_job_counts_every_token_streamed(serve, tiny_lm, tiny_model_d
         with http.stream("GET", f"/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": ids[0]}) as events:
             lines = list(events.iter_lines())
         assert not [line for line in lines if line.startswith(("id:", "event: progress"))], lines
-        assert 'data: {"id": %d, "status": "succeeded"}' % job["id"] in lines
+        assert f'data: {{"id": {job["id"]}, "status": "succeeded"}}' in lines
 
         # text mode: every token counts, so both counts agree
         texts = [p + c for p, c in PAIRS]

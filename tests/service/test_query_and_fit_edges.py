@@ -306,6 +306,9 @@ def test_json_bodies_and_the_schema_agree_with_what_the_server_does(serve, tiny_
         for method, op in item.items():
             if "422" in op["responses"]:
                 assert op["responses"]["422"]["content"]["application/json"]["schema"] == error_body, (method, path)
+            for status in ("429", "503"):  # the header every such answer carries
+                if status in op["responses"] and path.startswith("/v1"):
+                    assert "Retry-After" in op["responses"][status].get("headers", {}), (method, path, status)
             if "requestBody" in op:
                 assert "413" in op["responses"], (method, path)
                 if list(op["requestBody"]["content"]) == ["application/json"]:
