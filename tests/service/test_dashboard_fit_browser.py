@@ -132,18 +132,16 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
             assert shown == pytest.approx(again["thresholds"], abs=1e-9), name
             accuracy = card.locator("[data-testid=fit-accuracy]").inner_text()
             assert f"{again['accuracy_before']:.3f} → {again['accuracy_after']:.3f}" in accuracy, (name, accuracy)
-        # a repeated column is read as the CLI reads it (csv.DictReader: the last one)
-        _fill(page, "prompt,label,label\n" + "\n".join(f'"{e["prompt"].replace(chr(34), chr(34) * 2)}",x,{e["label"]}'
-                                                        for e in examples))
-        card.locator("[data-testid=fit-preview]").click()
-        card.locator("[data-testid=fit-summary][data-stored=false]").wait_for()
-        assert card.locator("[data-testid=fit-accuracy]").inner_text() == accuracy
-        # a malformed row is named by its line, and nothing is sent
+        # a malformed row is named by its line, and nothing is sent; as `fisher-atlas fit` (a data-integrity review,
+        # 2026-12-07): a repeated column (its last was read) and a row wider than the header (an unquoted comma cut
+        # the prompt there) are refused
         sent: list[str] = []
         page.on("request", lambda req: sent.append(req.url) if req.url.endswith("/route/fit") else None)
         for text, line in (('prompt,label\n"an open quote, prose\n\nmore', "line 2"),
                            ('prompt,label\nfine,prose\n"a"b,prose\n', "line 3"),
-                           ("prompt,label\n\nhello,\n", "line 3"), ("text,name\nhello,prose\n", "line 1")):
+                           ("prompt,label\n\nhello,\n", "line 3"), ("text,name\nhello,prose\n", "line 1"),
+                           ("prompt,label,label\nhello there,x,prose\n", "line 1"),
+                           ("prompt,label\nfine,prose\nthe fox, the dog,prose\n", "line 3")):
             _fill(page, text)
             card.locator("[data-testid=fit-preview]").click()
             card.locator("[data-testid=error]", has_text=line).wait_for()

@@ -1683,11 +1683,16 @@
     const examples = []; examples.lines = [];
     if (!rows.length) return examples;
     const header = rows[0].cells.map((n) => n.trim().toLowerCase());  // " Label" is "label"
-    const p = header.lastIndexOf("prompt"), l = header.lastIndexOf("label");  // a repeated column: its last, as csv.DictReader
+    const p = header.indexOf("prompt"), l = header.indexOf("label");
     if (p < 0 || l < 0)
       throw new Error(`line ${rows[0].line}: expected a JSON object per line, or a header row naming the columns "prompt" and "label" (CSV, or TSV with tabs).`);
+    const twice = ["prompt", "label"].filter((n) => header.indexOf(n) !== header.lastIndexOf(n));
+    if (twice.length)  // which column is meant cannot be told (the last was read), as the CLI says
+      throw new Error(`line ${rows[0].line}: the header row names ${twice.map((n) => `"${n}"`).join(" and ")} more than once.`);
     for (const { cells, line } of rows.slice(1)) {
       if (cells.length <= Math.max(p, l)) throw new Error(`line ${line}: the row has fewer columns than the header.`);
+      if (cells.slice(header.length).some((c) => c.trim()))  // an unquoted comma cut the prompt there, without a word
+        throw new Error(`line ${line}: the row has more columns than the header (quote a field that holds the delimiter).`);
       const prompt = cells[p], label = cells[l].trim();
       if (!prompt.trim() && !label) continue;
       if (!label) throw new Error(`line ${line}: no label: a task name, or "none".`);
