@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atlas.settings import Settings, get_settings
 from service.auth import check_origins_allowed
-from service.body_limit import ENVELOPE_BYTES, BodyLimit, BodyLimitMiddleware
+from service.body_limit import ENVELOPE_BYTES, BodyLimit, BodyLimitMiddleware, BufferedBytes
 from service.container import Container
 from service.dashboard import mount_dashboard
 from service.errors import install_error_handlers
@@ -168,6 +168,8 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
     app.add_middleware(
         BodyLimitMiddleware,
         limit=BodyLimit(settings.max_upload_bytes + ENVELOPE_BYTES, "max_upload_bytes", settings.max_upload_bytes),
+        # JSON bodies held at once: as many whole bodies as the uploads parsed at once, and one more being read
+        buffered=BufferedBytes((settings.max_concurrent_uploads + 1) * (settings.max_upload_bytes + ENVELOPE_BYTES)),
         by_route={("POST", "/v1/spaces/import"): BodyLimit(settings.max_import_bytes + ENVELOPE_BYTES,
                                                            "max_import_bytes", settings.max_import_bytes)},
     )

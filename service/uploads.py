@@ -40,6 +40,7 @@ from atlas.samples import (
     samples_from_records,
     unique_keys_object,
 )
+from service.body_limit import LARGE_BODY_BYTES
 from service.errors import DomainErrorInBody
 
 
@@ -183,8 +184,6 @@ def _bounded_json(body: bytes, limit: int) -> Any:
         raise HTTPException(422, f"the request body: {exc.message}") from None
 
 
-LARGE_BODY_BYTES = 1024 * 1024
-"""A request body above this (or one of no declared length) holds an upload slot while it is read and answered."""
 
 def large_body(scope: Scope) -> bool:
     """Whether a request's body is over :data:`LARGE_BODY_BYTES` or of undeclared length (chunked): up to

@@ -275,3 +275,42 @@ def test_the_client_waits_by_polling_when_its_stream_is_unavailable(bind: Any, m
             return (await client.wait_job(job_id, timeout=30)).status
 
     assert asyncio.run(wait()) == "cancelled" and refused == [job_id]
+
+
+def test_json_bodies_held_at_once_are_bounded(bind: Any) -> None:  # noqa: F811
+    """A route or fit body of up to ``max_upload_bytes`` is read whole before it waits for a parse slot: bodies
+    waiting were bounded by nothing but connections (a review, 2026-12-07). Past 1 MiB a JSON body counts against
+    ``(max_concurrent_uploads + 1) x (max_upload_bytes + envelope)``; one more is a 503 with Retry-After, and small
+    bodies (prompts) never wait on it. Real sockets hold real partial bodies."""
+    import socket
+
+    url, _app = bind(max_upload_bytes=2 << 20, max_concurrent_uploads=1)  # budget: 2 x 2.25 MiB
+    port = int(url.rsplit(":", 1)[1])
+    chunk = b'{"prompt": "' + b"a" * 2_000_000
+
+    def partial(declared: int = len(chunk) + 2) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"POST /v1/route HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {declared}\r\n\r\n".encode() + chunk)
+        return sock
+
+    def status(sock: socket.socket) -> int:
+        head = sock.recv(4096)
+        return int(head.split(b" ", 2)[1])
+
+    held = [partial(), partial()]  # 4 MB of unfinished bodies: within the budget
+    time.sleep(0.5)
+    third = partial()
+    answer = third.recv(4096)
+    third.close()
+    assert answer.startswith(b"HTTP/1.1 503") and b"uploads_busy" in answer and b"retry-after" in answer.lower(), answer
+    r = httpx.post(f"{url}/v1/route", json={"prompt": "hello there", "threshold": -1}, timeout=30)
+    assert r.status_code == 200, r.text  # a prompt never waits on the budget
+    for sock in held:
+        sock.close()
+    time.sleep(0.5)  # the server sees them gone and gives their bytes back
+    fourth = partial()
+    fourth.sendall(b'"}')
+    code = status(fourth)
+    fourth.close()
+    assert code == 413, code  # past the budget now: judged as a body (a prompt over max_prompt_chars)
