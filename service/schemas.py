@@ -8,6 +8,7 @@ Field names are part of the public contract: extend, never rename.
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
@@ -144,6 +145,13 @@ class TaskOut(_Out):
     version: int = Field(default=0, description="Increases with every merged job.")
     created_at: dt.datetime | None = None
     updated_at: dt.datetime | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Deprecated: :attr:`metadata` (the library's ``Atlas.task()`` returned the stored row before 2026-12-07,
+        whose user metadata was ``.meta``; kept one release with a warning)."""
+        warnings.warn("TaskOut.meta is deprecated: read .metadata", DeprecationWarning, stacklevel=2)
+        return self.metadata
 
 
 class TaskList(_Out):

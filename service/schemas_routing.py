@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -330,3 +331,11 @@ class RoutingInfo(_Out):
                                  "switched on, on for the service, and enough sample vectors for the test's half of "
                                  "the task's false-reject rate (39 at the default 5 %); then `threshold`, when "
                                  "calibrated, is the route threshold at the other half.")
+
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated: ``info[key]`` (the library returned a dict before 2026-12-07; kept one release with a
+        warning). Read the attribute."""
+        warnings.warn(f"RoutingInfo[{key!r}] is deprecated: read .{key}", DeprecationWarning, stacklevel=2)
+        if key not in type(self).model_fields:
+            raise KeyError(key)
+        return getattr(self, key)

@@ -66,6 +66,13 @@ def test_answers_are_the_api_types_and_library_answers_plot(tmp_path: Path, tiny
         assert [t.name for t in atlas.tasks()] == ["prose", "code"]
         info = atlas.routing("prose")
         assert isinstance(info, RoutingInfo) and info.source == "calibrated"
+        # the shapes before 2026-12-07 (a stored row's .meta, a routing dict) still read, with a warning, one release
+        with pytest.warns(DeprecationWarning, match="read .metadata"):
+            assert task.meta == {"source": "review"}
+        with pytest.warns(DeprecationWarning, match="read .threshold"):
+            assert info["threshold"] == info.threshold
+        with pytest.raises(KeyError), pytest.warns(DeprecationWarning):
+            info["no_such_field"]
         assert atlas.set_threshold("prose", 0.2).threshold == pytest.approx(0.2)
         for switch in (atlas.set_template_test, atlas.set_novelty_test):
             for bad in ("false", 0, None):
