@@ -42,6 +42,8 @@ ENTRY_OVERHEAD_BYTES = 512
 """Bytes charged per entry on top of its arrays (Python objects, dict slots)."""
 
 _IN_CHUNK = 500
+_DIGEST = 32
+"""Bytes of the digest a state blob ends with (``SketchState.to_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class LoadedState:
         Change sequence number read before the state: every change ``<= loaded_seq`` is reflected.
     nbytes
         Bytes charged to the cache for this entry.
+    digest
+        The stored blob's trailing BLAKE2b digest (:meth:`SketchState.to_bytes`): names the state's content, whatever
+        the store (a database restored under a running process reuses task ids and versions).
     """
 
     task_id: int
@@ -72,6 +77,7 @@ class LoadedState:
     view: tuple[Any, ...]
     loaded_seq: int
     nbytes: int = field(default=0, compare=False)
+    digest: bytes = b""
 
 
 @dataclass
@@ -205,7 +211,7 @@ class StateCache:
                     state = SketchState.from_bytes(blob, spec=spec)
                     view = analysis.state_view(state)
                     loaded[int(tid)] = LoadedState(int(tid), str(name), int(sid), int(version), state, view, seq,
-                                                   _entry_bytes(state, view, str(name)))
+                                                   _entry_bytes(state, view, str(name)), bytes(blob[-_DIGEST:]))
         with self._lock:
             if seq >= self._watermark >= 0:  # else a sync moved past `seq` meanwhile: do not cache
                 for entry in loaded.values():
@@ -305,6 +311,11 @@ class StateCache:
             self._clears += 1
 
     # -- introspection ---------------------------------------------------------------------------
+
+    @property
+    def mark(self) -> str:
+        """:func:`atlas.changes.mark` of the change at the watermark, as the last sync read it."""
+        return self._mark
 
     @property
     def watermark(self) -> int:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from atlas import analysis, changes, routing_repo
 from atlas import repository as repo
 from atlas import space_repository as sql
-from atlas.errors import IncompatibleSpace, InvalidInput, NotReady, PayloadTooLarge
+from atlas.errors import IncompatibleSpace, InvalidInput, NotFound, NotReady, PayloadTooLarge
 from atlas.index import IndexManager
 from atlas.lexical import TermCounts
 from atlas.lru import ContentLru
@@ -112,11 +112,7 @@ class QueryService:
         stale = not log_head.unchanged(mark)
         if stale:
             self.index.catch_up(space_id)
-        self.states.catch_up(log_head.seq, check=stale)
-
-    def _fresh_states(self, session: Session) -> None:
-        """Read-your-writes for queries that read states without the index (matrix, atlas)."""
-        self.states.catch_up(changes.last_seq(session))
+        self.states.catch_up(log_head.seq, mark=log_head.mark, check=stale)
 
     def _ready_task(self, session: Session, task_id: int) -> Task:
         task = repo.get_task(session, task_id)
@@ -213,7 +209,7 @@ class QueryService:
             base = {c.task_id: c if keep and by_length else replace(c, template=c.template if keep else None,
                                                                     length_views=c.length_views if by_length else None)
                     for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
-            mark = self.index.content_mark(space_id)
+            mark = self._snapshot_mark(session, space_id)
             whitening = self.whitenings.get(space_id, mark,
                                             lambda: self.index.ids(space_id),
                                             lambda ids: self._routing_means(session, space, ids))
@@ -240,9 +236,16 @@ class QueryService:
         if not self.settings.route_novelty:
             return frozenset()
         with self.store.read() as session:
-            model = self._novelty_model(session, space_id, self.index.content_mark(space_id))
+            model = self._novelty_model(session, space_id, self._snapshot_mark(session, space_id))
         return frozenset() if model is None else frozenset(
             t for t, rate in rates.items() if model.tested(int(t), split_rates(float(rate))[1]))
+
+    def _snapshot_mark(self, session: Session, space_id: int) -> int:
+        """The space's content mark as ``session`` sees it: the index's, unless the session's snapshot began before
+        the index caught up past it (the background sync, or another request's catch-up) — then the snapshot's last
+        change. A fit read from an older snapshot was cached under the newer mark and kept: a task added in the window
+        was fitted without its routing record (a concurrency review, 2026-12-07)."""
+        return min(self.index.content_mark(space_id), changes.last_seq(session))
 
     def _novelty_model(self, session: Session, space_id: int, mark: int) -> SpaceNovelty | None:
         """The space's novelty model at content mark ``mark`` (re-fitted when stale from ``session``; a task outside
@@ -344,7 +347,6 @@ class QueryService:
                                {"task_ids": ids, "repeated": twice})
         t0 = time.perf_counter()
         with self.store.read() as session:
-            self._fresh_states(session)
             tasks = repo.get_tasks(session, ids)
             spaces = {t.space_id for t in tasks}
             if len(spaces) > 1:
@@ -356,7 +358,14 @@ class QueryService:
             if not_ready:
                 named = ", ".join(f"{t.id} ({t.name}, {t.status})" for t in not_ready)
                 raise NotReady(f"tasks without a signature: {named}", {"task_ids": [t.id for t in not_ready]})
+            # the index's history check too: a database restored under this process (the same change number in
+            # another history) left the state cache's entries of reused task ids as they were
+            self._fresh_index(session, tasks[0].space_id)
             loaded = self.states.load(session, tasks[0].space, ids)
+        gone = sorted(set(ids) - {x.task_id for x in loaded})
+        if gone:  # deleted since the check above: a matrix without them answered 200 with fewer rows than asked
+            raise NotFound(f"task(s) {', '.join(map(str, gone))} were deleted while the matrix was read",
+                           {"task_ids": gone})
         mats = self._analyses.get_or_make(
             ("matrix", _states_key(loaded)),
             lambda: analysis.alignment_matrix([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded]))
@@ -370,17 +379,18 @@ class QueryService:
         t0 = time.perf_counter()
         with self.store.read() as session:
             space = self.store.resolve_space(session, space_ref)
-            self._fresh_states(session)
+            self._fresh_index(session, space.id)
             ids = sql.ready_task_ids(session, space.id)
             chosen = analysis.even_sample(ids, self.settings.max_matrix_tasks)
             loaded = self.states.load(session, space, chosen)
             session.expunge(space)
+        total = len(ids) - (len(chosen) - len(loaded))  # less those deleted since the list was read
         amap = self._analyses.get_or_make(
             ("atlas", _states_key(loaded)),
             lambda: analysis.atlas_layout([analysis.TaskState(x.task_id, x.name, x.state) for x in loaded]))
         assert isinstance(amap, analysis.AtlasMap)
         self.observe("atlas", time.perf_counter() - t0)
-        return space, replace(amap, points=list(amap.points), extra=dict(amap.extra)), len(ids), len(chosen) < len(ids)
+        return space, replace(amap, points=list(amap.points), extra=dict(amap.extra)), total, len(chosen) < len(ids)
 
 
 ANALYSIS_CACHE_BYTES = 64 * 2**20
@@ -388,10 +398,11 @@ ANALYSIS_CACHE_BYTES = 64 * 2**20
 map and matrix at every view, and each, of 256 tasks, cost about a second of CPU on a 2-core box."""
 
 
-def _states_key(loaded: Sequence[Loaded]) -> tuple[tuple[int, int], ...]:
-    """What a matrix or map is a function of: the states, in order, each named by its task and row version (task
-    ids are never reused; an append writes a new version)."""
-    return tuple((x.task_id, x.version) for x in loaded)
+def _states_key(loaded: Sequence[Loaded]) -> tuple[tuple[int, bytes], ...]:
+    """What a matrix or map is a function of: the states, in order, each named by its task and its content digest
+    (task id and row version named them until a database restored under a running process reused both: a
+    concurrency review, 2026-12-07)."""
+    return tuple((x.task_id, x.digest) for x in loaded)
 
 
 def _copy(mats: analysis.Matrices) -> analysis.Matrices:

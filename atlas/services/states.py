@@ -27,7 +27,10 @@ class Loaded:
     state: SketchState
     view: Any = None
     version: int = 0
-    """Version of the stored state row (a new one at every append): ``(task_id, version)`` names the state."""
+    """Version of the stored state row (a new one at every append)."""
+    digest: bytes = b""
+    """The stored state's content digest (what names the state, in any store: a restored database reuses task ids
+    and versions)."""
 
 
 class StateLoader:
@@ -46,19 +49,21 @@ class StateLoader:
         IncompatibleSpace
             A task belongs to another space.
         """
-        return [Loaded(e.task_id, e.name, e.state, e.view, e.version)
+        return [Loaded(e.task_id, e.name, e.state, e.view, e.version, e.digest)
                 for e in self.cache.get_many(self.store.read, space, [int(i) for i in task_ids])]
 
     def sync(self) -> int:
         """Apply new change-log rows to the cache (the background loop calls this)."""
         return self.cache.sync(self.store.read, wait=False)
 
-    def catch_up(self, head: int, *, check: bool = False) -> None:
+    def catch_up(self, head: int, *, mark: str | None = None, check: bool = False) -> None:
         """Apply the change log now if the cache has not seen change ``head`` (read-your-writes: a
         change the caller's snapshot shows is never answered from a stale entry, whatever the cache's
-        sync interval), or is ahead of it (a database restored under this replica), or when ``check``
-        (the index found another history at the same number); no SQL when the cache is current."""
-        if check or head != self.cache.watermark:
+        sync interval), or is ahead of it (a database restored under this replica), or the change there is another
+        one than the cache saw (``mark``, :func:`atlas.changes.mark` of ``head``: a database restored and written
+        up to the same number again — the index, caught up by another thread, no longer said so), or when
+        ``check``; no SQL when the cache is current."""
+        if check or head != self.cache.watermark or (mark is not None and mark != self.cache.mark):
             self.cache.sync(self.store.read)
 
     def drop(self, task_id: int) -> None:
