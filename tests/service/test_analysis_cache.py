@@ -149,7 +149,7 @@ def test_a_fit_read_from_an_older_snapshot_is_not_kept_under_the_newer_mark(tmp_
         for w in words:
             atlas.add(w, [f"{w} {w} sample {j} about {w}s and more {w}" for j in range(6)], progress=False)
         c = atlas._c
-        space = atlas.task("cat").space_id
+        space = atlas.task(words[0]).space_id
         atlas.route("a cat story")
         go, paused, armed = threading.Event(), threading.Event(), [True]
         real = QueryService._fresh_index
