@@ -466,12 +466,14 @@ def create_ready_task(
     baselines: bytes | None,
     n_samples: int,
     n_tokens: int,
+    keep_form: bool = False,
 ) -> Task:
-    """Create a task that already has its results (import/restore): no upload, no job.
+    """Create a task that already has its results (import/restore): no upload, no job. ``keep_form``: the name is
+    not NFC-normalised (:func:`atlas.task_names.normalize_name`).
 
     Raises :class:`Conflict` when the name exists in the space; logs the ``upsert`` change.
     """
-    name = normalize_name(name, imported=True)  # an export's names
+    name = normalize_name(name, imported=True, keep_form=keep_form)  # an export's names
     check_mode(mode)
     get_space(session, space_id)
     task = Task(space_id=space_id, name=name, mode=mode, meta=check_metadata(metadata), status=TASK_PENDING,

@@ -5,23 +5,22 @@ from __future__ import annotations
 import unicodedata
 
 from atlas.errors import InvalidInput
-from atlas.samples import INVISIBLE_CHARS, refuse_control_chars
-
-_ONCE_ALLOWED = INVISIBLE_CHARS | frozenset("\u2028\u2029")
-"""Characters an exported name may hold (names could, until 2026-11-25 and 2026-12-07)."""
+from atlas.samples import refuse_control_chars
 
 RESERVED_NAME = "none"
 """The task name no new task may take (in any case): ``fit`` reads the label as "the prompt belongs to no task"."""
 
 
-def normalize_name(name: str, *, imported: bool = False) -> str:
+def normalize_name(name: str, *, imported: bool = False, keep_form: bool = False) -> str:
     """A task name as stored: surrounding whitespace removed, NFC-normalised, 1-300 characters, no NUL, control
     or invisible characters, not ``none`` in any case (422 otherwise: ``fit`` labels read it as "no task"), not ASCII
     digits alone (they read as a task id wherever a name or an id is taken: the CLI found the task named "3" for
     ``tasks delete 3``, and task 3 could not be named).
-    ``imported``: an export's name, where invisible characters, line and paragraph separators, ``none`` and digits
-    alone are kept (names could hold them before 2026-11-25, 2026-12-07, 2026-11-28 and 2026-12-07, and an import is
-    all or nothing; such a task is labelled, and found by the CLI, by its id).
+    ``imported``: an export's name, where control and invisible characters, ``none`` and digits alone are kept (names
+    could hold them before 2026-11-25, 2026-12-07, 2026-11-28 and 2026-12-07, a store keeps them, and an import is
+    all or nothing: an old store's own export was refused by its import; such a task is labelled, and found by the
+    CLI, by its id; the CLI writes a control character as its escape). ``keep_form``: not NFC-normalised (an import
+    of two names of one normal form, which a store of names from before normalisation holds apart).
 
     Raises
     ------
@@ -33,11 +32,14 @@ def normalize_name(name: str, *, imported: bool = False) -> str:
         raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
     if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
         raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
-    refuse_control_chars(clean, "a task name", allowed=_ONCE_ALLOWED if imported else frozenset())
+    if not imported:  # an export's name may hold any: new names could until 2026-11-25, and a store keeps them
+        refuse_control_chars(clean, "a task name")
     if not imported and clean.casefold() == RESERVED_NAME:
         raise InvalidInput(f'a task cannot be named {clean!r}: "{RESERVED_NAME}" labels a prompt of no task (fit)',
                            {"name": clean})
     if not imported and clean.isascii() and clean.isdigit():
         raise InvalidInput(f"a task cannot be named {clean!r}: a name of digits alone reads as a task id (the CLI, the "
                            "client's find_task and fit labels take a name or an id); add a letter", {"name": clean})
+    if keep_form:  # an import's name whose normal form another of its tasks has (both were stored apart)
+        return clean
     return unicodedata.normalize("NFC", clean)  # one stored form: a decomposed 'café' is the same name
