@@ -527,3 +527,33 @@ def test_a_failed_upgrade_is_one_line_and_keeps_its_traceback_at_debug(tmp_path:
     assert "\n" not in str(info.value) and info.value.__cause__ is None
     kept = [r for r in caplog.records if r.name == "migrations" and r.exc_info is not None]
     assert kept and "not a database" in str(kept[0].exc_info[1]), caplog.records
+
+
+def test_0013_hides_the_secret_start_of_bootstrap_keys_stored_before(empty_url: str) -> None:
+    """A bootstrap key stored before 2026-12-07 listed its plaintext's first 10 characters until a start with the
+    bootstrap setting rewrote it; an operator who set it for the first start alone kept it listed (an upgrade review,
+    2026-12-07). 0013 rewrites it from the stored hash; a generated key's prefix and other keys stay."""
+    from sqlalchemy import text
+
+    from atlas import apikeys
+
+    migrations.upgrade(empty_url, "0012")
+    passphrase = "correct horse battery staple, twice over"
+    generated = "fa_" + "A" * 43
+    rows = [("bootstrap-admin", passphrase[:10], apikeys.hash_key(passphrase)),
+            ("bootstrap-admin", generated[:10], apikeys.hash_key(generated)),
+            ("ci", "fa_BBBBBBB", apikeys.hash_key("fa_" + "B" * 43))]
+    eng = db.make_engine(empty_url, pool_size=1)
+    with eng.begin() as conn:
+        for name, prefix, digest in rows:
+            conn.execute(text("INSERT INTO api_keys (name, prefix, key_hash, scopes, created_at) "
+                              "VALUES (:n, :p, :h, '[\"admin\"]', CURRENT_TIMESTAMP)"),
+                         {"n": name, "p": prefix, "h": digest})
+    eng.dispose()
+    migrations.upgrade(empty_url)
+    eng = db.make_engine(empty_url, pool_size=1)
+    with eng.connect() as conn:
+        prefixes = [r[0] for r in conn.execute(text("SELECT prefix FROM api_keys ORDER BY id"))]
+    eng.dispose()
+    assert prefixes == [apikeys.bootstrap_prefix(passphrase), generated[:10], "fa_BBBBBBB"]
+    assert prefixes[0].startswith("boot:") and passphrase[:4] not in prefixes[0]
