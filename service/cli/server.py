@@ -151,7 +151,13 @@ def migrate(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
     """Upgrade the database schema to the latest revision."""
     from sqlalchemy.engine import make_url
 
+    from migrations import current_revision, head_revision
+
     s = settings(data_dir=data_dir, database_url=database_url)
+    url = s.resolved_database_url()
+    before = current_revision(url) if s.data_dir.exists() or not url.startswith("sqlite") else None
     migrate_db(s)
-    shown = make_url(s.resolved_database_url()).render_as_string(hide_password=True)
-    print(f"database at {shown} is at the latest schema revision")
+    shown = make_url(url).render_as_string(hide_password=True)
+    head = head_revision()
+    said = ("was at it already" if before == head else f"upgraded from {before}" if before else "created")
+    print(f"database at {shown} is at the latest schema revision, {head} ({said})")

@@ -152,9 +152,18 @@ def _check_png(path: Path) -> None:
 
 
 def test_local_keys_and_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import migrations
+
     data = ["--data-dir", str(tmp_path)]
+    head = migrations.head_revision()
     assert main(["migrate", *data]) == 0
-    assert "latest schema revision" in capsys.readouterr().out
+    assert f"latest schema revision, {head} (created)" in capsys.readouterr().out
+    # what it did, said (an upgrade review, 2026-12-07: the same sentence whether it ran ten revisions or none)
+    migrations.downgrade(f"sqlite:///{tmp_path / 'atlas.sqlite'}", "0011")
+    assert main(["migrate", *data]) == 0
+    assert f"{head} (upgraded from 0011)" in capsys.readouterr().out
+    assert main(["migrate", *data]) == 0
+    assert f"{head} (was at it already)" in capsys.readouterr().out
     assert main(["keys", "create", "--local", "--name", "ops", "--scopes", "read,write", "--json", *data]) == 0
     created = _json(capsys)
     assert main(["keys", "list", "--local", *data]) == 0
