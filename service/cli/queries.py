@@ -441,6 +441,8 @@ def export_space(out: Path, url: Url = None, api_key: ApiKey = None, space: Spac
     if to_stdout:
         print(f"fisher-atlas: wrote {written:,} bytes to stdout", file=sys.stderr)
         return
+    if out.is_file():  # what is on disk (a .gz export is smaller than the export it holds)
+        written = out.stat().st_size
     emit(json, {"out": str(out), "bytes": written}, f"wrote {out} ({written:,} bytes)")
 
 

@@ -393,7 +393,9 @@ def test_waits_timeouts_pipes_and_files_as_scripts_need_them(serve: Any, tiny_lm
         os.umask(old_mask)
     assert (tmp_path / "new.jsonl").stat().st_mode & 0o777 == 0o640
     packed = tmp_path / "space.jsonl.gz"
-    assert main(["export", str(packed), *url]) == 0
+    capsys.readouterr()
+    assert main(["export", str(packed), "--json", *url]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes"] == packed.stat().st_size  # the file's, not the export's
     assert packed.read_bytes()[:2] == b"\x1f\x8b" and _tasks(gzip.decompress(packed.read_bytes())) == _tasks(
         kept.read_bytes())
     other = serve(lm=tiny_lm)
