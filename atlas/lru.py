@@ -57,3 +57,9 @@ class ContentLru(Generic[V]):
             hit = make()
             self.put(key, hit)
         return hit
+
+    def clear(self) -> None:
+        """Forget every value."""
+        with self._lock:
+            self._items.clear()
+            self._held = 0

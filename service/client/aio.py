@@ -466,10 +466,8 @@ class AsyncAtlasClient:
     async def import_space(self, file: str | os.PathLike[str] | bytes | BinaryIO, *,
                            on_conflict: str = "fail") -> ImportResult:
         """``POST /v1/spaces/import`` of a file written by :meth:`export_space` (a path is streamed from disk, not
-        read into memory: an export may be up to the service's ``max_import_bytes``, 1 GiB by default). A pipe,
-        FIFO or open binary stream (``sys.stdin.buffer``) is copied to a temporary file first: the upload is sized
-        by the file's length, which a pipe does not have (its import failed with "Too much data for declared
-        Content-Length")."""
+        read into memory: an export may be up to the service's ``max_import_bytes``, 1 GiB by default); a pipe, an
+        open binary stream or a gzipped export as :func:`service.client.exports.import_source` sends it."""
         with import_source(file) as data:
             return await self._import(data, on_conflict)
 
