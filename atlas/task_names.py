@@ -5,7 +5,11 @@ from __future__ import annotations
 import unicodedata
 
 from atlas.errors import InvalidInput
-from atlas.samples import refuse_control_chars
+from atlas.samples import INVISIBLE_CHARS, is_control_char, refuse_control_chars
+
+_ONCE_ALLOWED = INVISIBLE_CHARS | frozenset("\u2028\u2029")
+"""Characters an imported name keeps as they are (names could hold them until 2026-11-25 and 2026-12-07; they move
+no cursor). Any other control character of an imported name is written as its ``\\uXXXX`` escape."""
 
 RESERVED_NAME = "none"
 """The task name no new task may take (in any case): ``fit`` reads the label as "the prompt belongs to no task"."""
@@ -16,10 +20,12 @@ def normalize_name(name: str, *, imported: bool = False, keep_form: bool = False
     or invisible characters, not ``none`` in any case (422 otherwise: ``fit`` labels read it as "no task"), not ASCII
     digits alone (they read as a task id wherever a name or an id is taken: the CLI found the task named "3" for
     ``tasks delete 3``, and task 3 could not be named).
-    ``imported``: an export's name, where control and invisible characters, ``none`` and digits alone are kept (names
-    could hold them before 2026-11-25, 2026-12-07, 2026-11-28 and 2026-12-07, a store keeps them, and an import is
-    all or nothing: an old store's own export was refused by its import; such a task is labelled, and found by the
-    CLI, by its id; the CLI writes a control character as its escape). ``keep_form``: not NFC-normalised (an import
+    ``imported``: an export's name, where invisible characters, line and paragraph separators, ``none`` and digits
+    alone are kept (names could hold them before 2026-11-25, 2026-12-07, 2026-11-28 and 2026-12-07, and an import is
+    all or nothing; such a task is labelled, and found by the CLI, by its id), and any other control character (a
+    newline, ESC, a bidirectional override: taken before 2026-11-25) is written as its ``\\uXXXX`` escape — an old
+    store's own export was refused by its import, and kept as they were, a name's newline forged rows of ``tasks
+    list``. ``keep_form``: not NFC-normalised (an import
     of two names of one normal form, which a store of names from before normalisation holds apart).
 
     Raises
@@ -28,11 +34,13 @@ def normalize_name(name: str, *, imported: bool = False, keep_form: bool = False
         A name that breaks one of these rules.
     """
     clean = name.strip()
-    if not clean or len(clean) > 300:
-        raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
     if "\x00" in clean or any(0xD800 <= ord(ch) <= 0xDFFF for ch in clean):
         raise InvalidInput("a task name cannot hold NUL characters or lone surrogates")
-    if not imported:  # an export's name may hold any: new names could until 2026-11-25, and a store keeps them
+    if imported:  # a store keeps the names taken before they were refused (2026-11-25): its export imports
+        clean = "".join(f"\\u{ord(c):04x}" if is_control_char(c) and c not in _ONCE_ALLOWED else c for c in clean)
+    if not clean or len(clean) > 300:
+        raise InvalidInput("a task name must have 1 to 300 characters", {"name": name[:300]})
+    if not imported:
         refuse_control_chars(clean, "a task name")
     if not imported and clean.casefold() == RESERVED_NAME:
         raise InvalidInput(f'a task cannot be named {clean!r}: "{RESERVED_NAME}" labels a prompt of no task (fit)',

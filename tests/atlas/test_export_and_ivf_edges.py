@@ -268,21 +268,22 @@ def test_a_key_repeated_in_an_export_line_is_refused(factory, ro_factory) -> Non
 def test_an_old_stores_names_import_as_they_are(factory, ro_factory) -> None:
     """A store of names taken before they were refused — a newline, a bidirectional override (before 2026-11-25), a
     decomposed and a composed 'café' (kept apart by revision 0007) — had its export refused by its own import, all
-    or nothing (an upgrade review, 2026-12-07): control characters said no line, and the two 'café' were one name."""
+    or nothing (an upgrade review, 2026-12-07): control characters said no line, and the two 'café' were one name.
+    The control characters are written as escapes (kept, a newline forged rows of ``tasks list``)."""
     space = _spec_space(factory)
     ids = [_ready(factory, space, f"t{i}", i + 1) for i in range(4)]
     data = b"".join(space_io.export_lines(ro_factory, _detached(ro_factory, space.id), ids))
     names = iter(["two\nlines", "\u202eevil", "cafe\u0301", "caf\u00e9"])
     old = _resealed(data, lambda line: {**line, "name": next(names)})
-    assert [t["name"] for t in space_io.parse_export(old)[3]] == ["two\nlines", "\u202eevil", "cafe\u0301",
-                                                                  "caf\u00e9"]
+    expected = ["two\\u000alines", "\\u202eevil", "cafe\u0301", "caf\u00e9"]
+    assert [t["name"] for t in space_io.parse_export(old)[3]] == expected
     with factory.begin() as s:
         for tid in ids:
             repository.delete_task(s, tid)
     space_io.import_space(factory, old)
     with ro_factory() as s:
         stored = s.execute(select(Task.name).where(Task.space_id == space.id).order_by(Task.id)).scalars().all()
-    assert stored == ["two\nlines", "\u202eevil", "cafe\u0301", "caf\u00e9"]
+    assert stored == expected
     one_form = iter(["caf\u00e9", "t1", "caf\u00e9", "t3"])  # the same name twice: still a duplicate, by its line
     with pytest.raises(space_io.InvalidInput, match="line 4: duplicate task name"):
         space_io.parse_export(_resealed(data, lambda line: {**line, "name": next(one_form)}))
