@@ -12,11 +12,13 @@ The byte offsets are found in the file pyarrow writes (its footer's ``text`` nam
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from tests.service.conftest import wait_job
 
@@ -65,3 +67,17 @@ def test_crafted_parquet_footers_are_refused_and_the_service_lives(serve: Any, t
         pq.write_table(pa.table({"text": pa.array(["a string view column", "of two rows"], pa.string_view())}), view)
         r = _upload(http, "view", view.getvalue())
         assert r.status_code == 202, r.text
+
+
+def test_the_reader_process_never_imports_from_the_working_directory(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m atlas.parquet_child`` put the server's working directory first on the child's path: an ``atlas``
+    folder there ran for every Parquet upload (a diff review, 2026-12-07). The child runs with ``-P``."""
+    from atlas.parquet_child import read_parquet_isolated
+    from atlas.sample_limits import SampleLimits
+
+    (tmp_path / "atlas").mkdir()
+    (tmp_path / "atlas" / "__init__.py").write_text("raise SystemExit('the wrong atlas was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    data, _ = _file()
+    assert len(read_parquet_isolated(data, "a.parquet", "text", SampleLimits())) == ROWS
