@@ -106,6 +106,8 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
             stream: IO[bytes] = io.BufferedReader(_BoundedReader(gz, lim.max_bytes, filename), 1 << 16)
         else:
             stream = io.BufferedReader(_BoundedReader(raw, lim.max_bytes, filename), 1 << 16)
+        if fmt != "parquet":  # the file's first bytes, whatever its lines (a first line blank or of one character)
+            _refuse_utf16(stream.peek(64)[:64], filename)
         if fmt == "parquet":  # in a child process (a crafted footer aborted the process that read it); the
             # compressed bytes are bounded by the upload, the decompressed ones by the reader
             return read_parquet_isolated(stream.read() if filename.lower().endswith(".gz") else raw.read(),
@@ -171,8 +173,6 @@ def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
                                   {"line": lineno, "max_line_bytes": max_line})
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
-        if lineno == 1:
-            _refuse_utf16(raw, filename)
         if raw.endswith(b"\n") and not keep_ends:
             raw = raw[:-1]
         try:
@@ -183,18 +183,17 @@ def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
                                {"line": lineno}) from None
 
 
-def _refuse_utf16(first_line: bytes, filename: str) -> None:
-    """Refuse a file whose first line is UTF-16: one without a byte-order mark read as valid UTF-8 with a
+def _refuse_utf16(head: bytes, filename: str) -> None:
+    """Refuse a file whose first bytes (``head``) are UTF-16: one without a byte-order mark read as valid UTF-8 with a
     NUL after every character (a sample ``f\\x00i\\x00r\\x00…``, and a sample ``\\x00`` of each line end's
     second byte), stored silently; one with a mark was said "not valid UTF-8 (byte 0)"."""
-    head = first_line.removesuffix(b"\n")[:64]
     marked = head.startswith((b"\xff\xfe", b"\xfe\xff"))
     even = len(head) - len(head) % 2
     interleaved = even >= 4 and any(not any(head[i:even:2]) and all(head[1 - i:even:2]) for i in (0, 1))
     if marked or interleaved:
-        raise InvalidInput(f"{filename}: line 1 is UTF-16 text ("
+        raise InvalidInput(f"{filename}: the file is UTF-16 text ("
                            + ("its byte-order mark" if marked else "a NUL byte beside every character")
-                           + "); FisherAtlas reads UTF-8: re-encode the file as UTF-8", {"line": 1})
+                           + "); FisherAtlas reads UTF-8: re-encode the file as UTF-8", {"encoding": "utf-16"})
 
 
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -504,8 +504,9 @@ def test_utf16_text_is_refused_not_stored_with_a_nul_per_character(lines: list[s
     was "not valid UTF-8 (byte 0)". The same lines in UTF-8 read as they are. (Without a mark, text of Latin-1
     characters is what is told: a NUL beside every character.)"""
     text = "".join(f"{line}\n" for line in lines)
-    with pytest.raises(InvalidInput, match="line 1 is UTF-16 text"):
-        read_samples(text.encode(encoding), f"notes{suffix}", "text")
+    for head in ("", "\n", "a\n"):  # a first line blank or of one character passed a check of line 1 alone
+        with pytest.raises(InvalidInput, match="the file is UTF-16 text"):
+            read_samples((head + text).encode(encoding), f"notes{suffix}", "text")
     if suffix == ".txt":
         assert read_samples(text.encode(), "notes.txt", "text") == [Sample(text=line) for line in lines]
 
