@@ -103,7 +103,7 @@ def _read_values(source: bytes | IO[bytes], filename: str, mode: Mode,
     try:
         if filename.lower().endswith(".gz"):
             gz = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
-            stream: IO[bytes] = io.BufferedReader(_BoundedReader(gz, lim.max_bytes, filename), 1 << 16)
+            stream = io.BufferedReader(_BoundedReader(gz, lim.max_bytes, filename), 1 << 16)
         else:
             stream = io.BufferedReader(_BoundedReader(raw, lim.max_bytes, filename), 1 << 16)
         if fmt != "parquet":  # the file's first bytes, whatever its lines (a first line blank or of one character)

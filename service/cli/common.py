@@ -180,15 +180,19 @@ PLAIN_PROGRESS_S = 30.0
 nothing there until the end, and a silent log of minutes is killed by some CI systems."""
 
 WaitTimeout = Annotated[float | None, typer.Option(
-    "--wait-timeout", min=0.0, help="With --wait: stop following after this many seconds (exit 3; the job goes on).")]
+    "--wait-timeout", min=0.0, help="Stop following the job after this many seconds (exit 3; the job goes on).")]
 
 
 def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False, timeout: float | None = None,
            interrupted: Any = None) -> JobOut:
     """Follow a job to its end with a progress bar on stderr: samples, tokens streamed through the model,
-    tokens/s and the ETA (rich; a plain line every :data:`PLAIN_PROGRESS_S` where stderr is not a terminal). Past
-    ``timeout`` seconds: exit 3, the job going on. Interrupted (Ctrl-C): said on stderr, and with ``quiet`` (``--json``)
-    ``interrupted`` (a JSON-able value: what was created) printed on stdout with ``"interrupted": true``."""
+    tokens/s and the ETA (rich; where stderr is not a terminal, a plain line every :data:`PLAIN_PROGRESS_S`, from a
+    timer: a job quiet in its queue sends no update). ``label`` names what is followed ("prose", "job 7"). Past
+    ``timeout`` seconds: exit 3, the job going on. Interrupted (Ctrl-C) or timed out with ``quiet`` (``--json``):
+    ``interrupted`` (a JSON-able value: what was created) printed on stdout with ``"interrupted": true`` or
+    ``"timed_out": true`` (a script reads the ids it may cancel, not a sentence)."""
+    import threading
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from service.client.errors import NotFound
@@ -196,7 +200,14 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False, timeout: fl
     console = progress_console()
     columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
                TextColumn("samples · {task.fields[tokens]:,} tokens · {task.fields[rate]}"))
-    plain_at = [time.monotonic()]
+    last: list[str] = []
+    stop = threading.Event()
+
+    def plain_lines() -> None:
+        while not stop.wait(PLAIN_PROGRESS_S):
+            if last:
+                print(last[-1], file=sys.stderr, flush=True)
+
     with Progress(*columns, console=console, disable=quiet, transient=False) as bar:
         tid = bar.add_task(label, total=None, tokens=0, rate="- tok/s")
         t0 = time.monotonic()
@@ -208,12 +219,12 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False, timeout: fl
             rate = f"{p.tokens_streamed_per_s:,.0f} tok/s · {p.samples_per_s:,.1f} samples/s{routing}{eta}"
             bar.update(tid, completed=p.samples_done, total=p.samples_total or None, tokens=p.tokens_streamed,
                        rate=rate)
-            if not quiet and not console.is_terminal and not job.done and time.monotonic() - plain_at[0] >= \
-                    PLAIN_PROGRESS_S:
-                plain_at[0] = time.monotonic()
-                print(f"{label}: job {job.id} {job.status}: {p.samples_done:,}/{p.samples_total or '?'} samples · "
-                      f"{p.tokens_streamed:,} tokens · {rate}", file=sys.stderr, flush=True)
+            last.append(terminal_safe(f"{_job_label(label, job.id)} {job.status}: {p.samples_done:,}/"
+                                      f"{p.samples_total or '?'} samples · {p.tokens_streamed:,} tokens · {rate}"))
+            del last[:-1]
 
+        if not quiet and not console.is_terminal:
+            threading.Thread(target=plain_lines, name="plain-progress", daemon=True).start()
         try:
             job = cl.wait_job(job_id, on_progress=update, timeout=timeout)
         except NotFound:  # the task was deleted while its job ran: the job went with it ("404: job N does not exist")
@@ -222,17 +233,26 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False, timeout: fl
                        "added", EXIT_JOB_FAILED) from None
         except TimeoutError:
             bar.stop()
-            raise fail(f"{label}: job {job_id} still runs after --wait-timeout {timeout:g} s: it goes on in the "
-                       f"service (`fisher-atlas jobs wait {job_id}` follows it again)", EXIT_UNAVAILABLE) from None
+            if quiet and interrupted is not None:
+                print(json.dumps({**interrupted, "timed_out": True}, indent=2), flush=True)
+            raise fail(f"{_job_label(label, job_id)} still runs after --wait-timeout {timeout:g} s: it goes on in "
+                       f"the service (`fisher-atlas jobs wait {job_id}` follows it again)", EXIT_UNAVAILABLE) from None
         except KeyboardInterrupt:
             bar.stop()
             print(f"\nfisher-atlas: interrupted: job {job_id} goes on in the service (`fisher-atlas jobs wait "
                   f"{job_id}` follows it again, `fisher-atlas jobs cancel {job_id}` stops it)", file=sys.stderr)
-            if quiet and interrupted is not None:  # a script reads the ids it may cancel, not a sentence
+            if quiet and interrupted is not None:
                 print(json.dumps({**interrupted, "interrupted": True}, indent=2), flush=True)
             raise
+        finally:
+            stop.set()
         update(job)
     if not quiet:
-        console.print(f"{label}: job {job.id} {job.status} in {time.monotonic() - t0:.1f} s"
+        console.print(f"{_job_label(label, job.id)} {job.status} in {time.monotonic() - t0:.1f} s"
                       + (f": {job.error}" if job.error else ""))
     return job
+
+
+def _job_label(label: str, job_id: int) -> str:
+    """``"prose: job 7"``, or ``"job 7"`` where the label is the job itself (it said "job 7: job 7 failed")."""
+    return f"job {job_id}" if label == f"job {job_id}" else f"{label}: job {job_id}"

@@ -32,7 +32,7 @@ from service.cli.common import (
 
 app = typer.Typer()
 tasks_app = typer.Typer(help="List, show and delete tasks.", no_args_is_help=True)
-jobs_app = typer.Typer(help="List, show and cancel jobs.", no_args_is_help=True)
+jobs_app = typer.Typer(help="List, show, follow and cancel jobs.", no_args_is_help=True)
 
 FileArg = Annotated[Path, typer.Argument(help="JSONL, JSON, CSV, TSV, Parquet or plain text (one sample per line); "
                                               "gzipped too (.gz); - reads standard input (see --format).")]
@@ -169,7 +169,9 @@ def jobs_wait(job_id: int, wait_timeout: WaitTimeout = None, url: Url = None, ap
     """Follow a job to its end (one whose --wait was interrupted, or added without it); exit 4 when it failed or was
     cancelled."""
     with client(url, api_key, timeout) as cl:
-        job = follow(cl, job_id, f"job {job_id}", quiet=json, timeout=wait_timeout, interrupted={"job": {"id": job_id}})
+        first = cl.get_job(job_id)  # a job that does not exist is a 404 (exit 1), not "deleted while it ran"
+        job = follow(cl, job_id, f"job {job_id}", quiet=json, timeout=wait_timeout,
+                     interrupted={"job": first.model_dump(mode="json")})
     emit(json, job, f"job {job.id} ({job.kind}, task {job.task_id}): {job.status}"
          + (f": {job.error}" if job.error else "") + sample_notes(job))
     if job.status != JobStatus.SUCCEEDED:

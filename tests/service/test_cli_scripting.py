@@ -241,14 +241,22 @@ def test_a_wait_in_a_log_says_how_far_and_ends_at_its_timeout(serve: Any, tiny_l
     from service.cli import common
 
     svc = serve(lm=tiny_lm, overrides={"start_runner": False})  # no runner: the job stays queued
-    monkeypatch.setattr(common, "PLAIN_PROGRESS_S", 0.0)
+    monkeypatch.setattr(common, "PLAIN_PROGRESS_S", 0.5)
     t0 = time.monotonic()
     assert main(["add", "slow", str(_jsonl(tmp_path / "slow.jsonl", PROSE)), "--wait", "--wait-timeout", "2",
                  "--url", svc.url]) == 3
     assert time.monotonic() - t0 < 30
     err = capsys.readouterr().err
-    assert "slow: job 1 queued: 0/" in err, err  # a plain line, in a log
+    # plain lines, in a log, though the queued job sends no update (from a timer)
+    assert err.count("slow: job 1 queued: 0/") >= 2, err
     assert "still runs after --wait-timeout 2 s" in err and "jobs wait 1" in err, err
+    # with --json, what was created is on stdout (a script may cancel it); a job that is not there is a 404
+    assert main(["add", "slower", str(_jsonl(tmp_path / "slower.jsonl", CODE)), "--wait", "--wait-timeout", "0.5",
+                 "--json", "--url", svc.url]) == 3
+    said = json.loads(capsys.readouterr().out)
+    assert said["timed_out"] is True and said["task"]["name"] == "slower" and said["job"]["id"] == 2
+    assert main(["jobs", "wait", "999", "--url", svc.url]) == 1
+    assert "404 not_found" in capsys.readouterr().err
 
 
 def test_a_task_deleted_during_add_wait_is_said_so(serve: Any, tiny_lm: Any, tmp_path: Path) -> None:
