@@ -10,6 +10,7 @@ followed over server-sent events (httpx-sse), with polling as the fallback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -424,16 +425,13 @@ class AsyncAtlasClient:
         return blob
 
     async def download_export(self, out: str | os.PathLike[str] | BinaryIO, space: str | int | None = None) -> int:
-        """``GET /v1/spaces/{id}/export`` streamed into ``out``; returns the bytes written. Unlike
-        :meth:`export_space`, the export is never held in memory (an export may be as large as the service's
-        ``max_import_bytes``, 1 GiB by default).
+        """``GET /v1/spaces/{id}/export`` streamed into ``out``; returns the export's bytes (before a ``.gz`` path's
+        compression). Unlike :meth:`export_space`, the export is never held in memory (an export may be as large as
+        the service's ``max_import_bytes``, 1 GiB by default).
 
-        ``out`` is a path or a writable binary file (written as the export arrives). A path naming a regular file,
-        or none yet, is written whole or not at all, through a temporary file beside it; a symbolic link's target is
-        written so and the link kept. ``/dev/stdout``, ``/dev/stderr`` and ``/dev/fd/N`` are written through the
-        descriptor itself, at its offset (a shell's ``{ echo a; export; } > f`` keeps its ``a``); a FIFO, a terminal,
-        another file that is not regular and other paths under ``/dev`` or ``/proc`` are written in place, as a
-        shell's ``>`` would (they were replaced by a new regular file). An answer that is not a whole export
+        ``out`` is a path or a writable binary file, written as :func:`service.client.exports.write_export` says (a
+        path whole or not at all; ``/dev/stdout`` and descriptors in place; ``*.gz`` gzipped). An answer that is not
+        a whole export
         (another server at the URL, a body cut off: ``calls.ExportCheck``) is :class:`AtlasClientError`
         ``unexpected_answer``; a path written through a temporary file is then left as it was
         (:func:`service.client.exports.write_export`)."""
@@ -468,7 +466,8 @@ class AsyncAtlasClient:
         """``POST /v1/spaces/import`` of a file written by :meth:`export_space` (a path is streamed from disk, not
         read into memory: an export may be up to the service's ``max_import_bytes``, 1 GiB by default); a pipe, an
         open binary stream or a gzipped export as :func:`service.client.exports.import_source` sends it."""
-        with import_source(file) as data:
+        with contextlib.ExitStack() as stack:  # a pipe copied, a gzipped export decompressed: off the event loop
+            data = await asyncio.to_thread(stack.enter_context, import_source(file))
             return await self._import(data, on_conflict)
 
     async def _import(self, data: bytes | BinaryIO, on_conflict: str) -> ImportResult:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import errno
 import gzip
+import io
 import os
 import re
 import shutil
@@ -108,10 +109,12 @@ def import_source(file: str | os.PathLike[str] | bytes | BinaryIO) -> Iterator[b
     length, which a pipe does not have (its import failed with "Too much data for declared Content-Length"). A gzipped
     export (its first bytes say so, whatever its name) is sent decompressed (it was "not a FisherAtlas space export
     header")."""
-    if isinstance(file, bytes):
-        yield gzip.decompress(file) if file.startswith(GZIP_MAGIC) else file
+    if isinstance(file, bytes) and not file.startswith(GZIP_MAGIC):
+        yield file
         return
     with contextlib.ExitStack() as stack:
+        if isinstance(file, bytes):  # gzipped: decompressed to a file, as a stream's is (not into memory)
+            file = io.BytesIO(file)
         if isinstance(file, str | os.PathLike):
             stream: BinaryIO = stack.enter_context(Path(os.fspath(file)).open("rb"))
             if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
@@ -142,7 +145,12 @@ def _spooled(stream: BinaryIO) -> Iterator[BinaryIO]:
 
 
 def _umask() -> int:
-    """This process's umask (read by setting it, then put back)."""
+    """This process's umask: read from ``/proc/self/status`` where there is one (setting it to read it, then putting it
+    back, races with other threads creating files meanwhile), else so."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -410,6 +410,10 @@ def test_waits_timeouts_pipes_and_files_as_scripts_need_them(serve: Any, tiny_lm
     capsys.readouterr()
     assert main(["import", str(packed), "--json", "--url", other.url]) == 0
     assert json.loads(capsys.readouterr().out)["imported"] == 4
+    from service.client import AtlasClient
+
+    with AtlasClient(other.url) as cl:  # gzipped bytes, as a library caller hands them
+        assert len(cl.import_space(packed.read_bytes(), on_conflict="skip").skipped) == 4
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(packed.read_bytes()[:-20])
     assert main(["import", str(cut), "--url", other.url]) == 1
