@@ -63,6 +63,7 @@ __all__ = [
     "read_samples",
 ]
 
+
 def sample_chars(sample: Sample) -> int:
     """Characters of a sample (text, or prompt + completion)."""
     return sum(len(v) for v in (sample.text, sample.prompt, sample.completion) if v is not None)

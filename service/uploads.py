@@ -184,7 +184,6 @@ def _bounded_json(body: bytes, limit: int) -> Any:
         raise HTTPException(422, f"the request body: {exc.message}") from None
 
 
-
 def large_body(scope: Scope) -> bool:
     """Whether a request's body is over :data:`LARGE_BODY_BYTES` or of undeclared length (chunked): up to
     ``max_upload_bytes``, held 2–4 times while parsed (:meth:`BoundedJSONRequest.json` parses it holding a slot)."""

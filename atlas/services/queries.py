@@ -103,9 +103,10 @@ class QueryService:
         self._space_keys[ref] = (now, key)
         return key
 
-    def _fresh_index(self, session: Session, space_id: int) -> None:
+    def _fresh_index(self, session: Session, space_id: int) -> int:
         """Apply committed changes the index and the state cache have not seen (read-your-writes for
-        queries: the exact re-rank never reads a state older than the FAISS entry that found it)."""
+        queries: the exact re-rank never reads a state older than the FAISS entry that found it); the last change
+        ``session``'s snapshot holds."""
         watermark, mark = self.index.history(space_id)
         log_head = changes.head(session, watermark)
         # behind, ahead (a database restored under this replica) or at the same number in another history
@@ -113,6 +114,7 @@ class QueryService:
         if stale:
             self.index.catch_up(space_id)
         self.states.catch_up(log_head.seq, mark=log_head.mark, check=stale)
+        return log_head.seq
 
     def _ready_task(self, session: Session, task_id: int) -> Task:
         task = repo.get_task(session, task_id)
@@ -195,7 +197,7 @@ class QueryService:
         queries = np.stack([np.asarray(st.signature(), dtype=np.float32) for st in states])
         with self.store.read() as session:
             space = sql.get_space(session, space_id)
-            self._fresh_index(session, space_id)
+            snapshot = self._fresh_index(session, space_id)
             scores, ids = self.index.search(space_id, queries, candidates)
             hits = [{int(t): float(sc) for t, sc in zip(ids[qi], scores[qi], strict=True) if t >= 0}
                     for qi in range(len(states))]
@@ -209,7 +211,7 @@ class QueryService:
             base = {c.task_id: c if keep and by_length else replace(c, template=c.template if keep else None,
                                                                     length_views=c.length_views if by_length else None)
                     for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
-            mark = self._snapshot_mark(session, space_id)
+            mark = self._snapshot_mark(session, space_id, snapshot)
             whitening = self.whitenings.get(space_id, mark,
                                             lambda: self.index.ids(space_id),
                                             lambda ids: self._routing_means(session, space, ids))
@@ -240,12 +242,13 @@ class QueryService:
         return frozenset() if model is None else frozenset(
             t for t, rate in rates.items() if model.tested(int(t), split_rates(float(rate))[1]))
 
-    def _snapshot_mark(self, session: Session, space_id: int) -> int:
+    def _snapshot_mark(self, session: Session, space_id: int, snapshot: int | None = None) -> int:
         """The space's content mark as ``session`` sees it: the index's, unless the session's snapshot began before
         the index caught up past it (the background sync, or another request's catch-up) — then the snapshot's last
         change. A fit read from an older snapshot was cached under the newer mark and kept: a task added in the window
-        was fitted without its routing record (a concurrency review, 2026-12-07)."""
-        return min(self.index.content_mark(space_id), changes.last_seq(session))
+        was fitted without its routing record (a concurrency review, 2026-12-07). ``snapshot``: the session's last
+        change when already read (:meth:`_fresh_index`), else read here."""
+        return min(self.index.content_mark(space_id), changes.last_seq(session) if snapshot is None else snapshot)
 
     def _novelty_model(self, session: Session, space_id: int, mark: int) -> SpaceNovelty | None:
         """The space's novelty model at content mark ``mark`` (re-fitted when stale from ``session``; a task outside
@@ -398,11 +401,11 @@ ANALYSIS_CACHE_BYTES = 64 * 2**20
 map and matrix at every view, and each, of 256 tasks, cost about a second of CPU on a 2-core box."""
 
 
-def _states_key(loaded: Sequence[Loaded]) -> tuple[tuple[int, bytes], ...]:
-    """What a matrix or map is a function of: the states, in order, each named by its task and its content digest
-    (task id and row version named them until a database restored under a running process reused both: a
-    concurrency review, 2026-12-07)."""
-    return tuple((x.task_id, x.digest) for x in loaded)
+def _states_key(loaded: Sequence[Loaded]) -> tuple[tuple[int, str, bytes], ...]:
+    """What a matrix or map is a function of: the tasks, in order, each named by its id, its name (shown in the
+    answer) and its state's content digest (task id and row version named them until a database restored under a
+    running process reused both: a concurrency review, 2026-12-07)."""
+    return tuple((x.task_id, x.name, x.digest) for x in loaded)
 
 
 def _copy(mats: analysis.Matrices) -> analysis.Matrices:

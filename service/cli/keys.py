@@ -115,7 +115,7 @@ def revoke(key_id: int, local: Local = False, data_dir: DataDir = None, database
 
 @app.command()
 def current(url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
-    """Show the key in use (``--api-key`` or FISHER_ATLAS_API_KEY) and its scopes (any key may ask)."""
+    """Show the key in use (--api-key or FISHER_ATLAS_API_KEY) and its scopes (any key may ask)."""
     with client(url, api_key, timeout) as cl:
         me = cl.current_key()
     who = "anonymous (the service asks no key)" if me.get("key_id") is None else f"key {me['key_id']} ({me['name']})"

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import socket
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -155,7 +156,10 @@ def migrate(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
 
     s = settings(data_dir=data_dir, database_url=database_url)
     url = s.resolved_database_url()
-    before = current_revision(url) if s.data_dir.exists() or not url.startswith("sqlite") else None
+    sqlite_file = make_url(url).database if url.startswith("sqlite") else None
+    exists = sqlite_file is None or (sqlite_file not in ("", ":memory:")
+                                     and Path(sqlite_file.removeprefix("file:")).exists())
+    before = current_revision(url) if exists else None  # (reading a missing SQLite file would make it)
     migrate_db(s)
     shown = make_url(url).render_as_string(hide_password=True)
     head = head_revision()

@@ -31,6 +31,7 @@ _DESCRIPTIONS = {
          "(`uploads_busy`); retry after Retry-After.",
 }
 
+
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries rendering the shared error body for ``codes`` (429 and 503 with their
     ``Retry-After``)."""

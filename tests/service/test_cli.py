@@ -164,6 +164,10 @@ def test_local_keys_and_migrate(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert f"{head} (upgraded from 0011)" in capsys.readouterr().out
     assert main(["migrate", *data]) == 0
     assert f"{head} (was at it already)" in capsys.readouterr().out
+    elsewhere = ["--database-url", f"sqlite:///{tmp_path / 'other.sqlite'}", "--data-dir", str(tmp_path / "new")]
+    for said in ("created", "was at it already"):  # a database of its own: "created" twice, before
+        assert main(["migrate", *elsewhere]) == 0
+        assert f"{head} ({said})" in capsys.readouterr().out
     assert main(["keys", "create", "--local", "--name", "ops", "--scopes", "read,write", "--json", *data]) == 0
     created = _json(capsys)
     assert main(["keys", "list", "--local", *data]) == 0

@@ -20,8 +20,6 @@ PAIRS = [
 ]
 
 
-
-
 def test_completion_job_counts_every_token_streamed(serve, tiny_lm, tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
