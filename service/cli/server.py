@@ -159,7 +159,10 @@ def migrate(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
     sqlite_file = make_url(url).database if url.startswith("sqlite") else None
     exists = sqlite_file is None or (sqlite_file not in ("", ":memory:")
                                      and Path(sqlite_file.removeprefix("file:")).exists())
-    before = current_revision(url) if exists else None  # (reading a missing SQLite file would make it)
+    try:  # (reading a missing SQLite file would make it)
+        before = current_revision(url) if exists else None
+    except Exception:  # a database that does not answer: the upgrade below says so, in one line
+        before = None
     migrate_db(s)
     shown = make_url(url).render_as_string(hide_password=True)
     head = head_revision()
