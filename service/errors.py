@@ -149,7 +149,7 @@ class DomainErrorInBody(StarletteHTTPException):
         self.error = error
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, DomainErrorInBody):
         return error_response(exc.error)
     assert isinstance(exc, StarletteHTTPException)
@@ -158,7 +158,30 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
         status = 422
     code = _CODES_BY_STATUS.get(status, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-    return JSONResponse(safe_body(code, message, None), status_code=status, headers=exc.headers)
+    headers = exc.headers
+    if status == 405 and (allowed := _allowed_methods(request)):
+        headers = {**(headers or {}), "Allow": allowed}
+    return JSONResponse(safe_body(code, message, None), status_code=status, headers=headers)
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """Every method the OpenAPI document gives the request's path: Starlette's 405 named those of the first route
+    matching the path alone (``OPTIONS /v1/tasks`` said ``Allow: POST``, its GET left out: an API review, 2026-12-07).
+    ``None`` for a path the document does not hold."""
+    from starlette.routing import compile_path
+
+    templates = getattr(request.app.state, "method_templates", None)
+    if templates is None:
+        templates = [(compile_path(path)[0], {m.upper() for m in item if m in _HTTP_METHODS})
+                     for path, item in request.app.openapi().get("paths", {}).items()]
+        request.app.state.method_templates = templates
+    path, root = request.scope.get("path", ""), request.scope.get("root_path", "")
+    path = path[len(root):] if root and path.startswith(root) else path
+    methods = set().union(*(m for regex, m in templates if regex.match(path)))  # (HEAD is not served)
+    return ", ".join(sorted(methods)) or None
+
+
+_HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
 
 
 def is_retryable(exc: BaseException) -> bool:

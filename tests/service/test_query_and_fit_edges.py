@@ -294,6 +294,11 @@ def test_json_bodies_and_the_schema_agree_with_what_the_server_does(serve, tiny_
         r = http.post("/v1/route", content=b'{"prompt": "hello there"}',
                       headers={"content-type": "application/json; charset=utf-8"})
         assert r.status_code == 200, r.text
+        # a 405 names every method of the path (the first route's alone: OPTIONS /v1/tasks said "Allow: POST")
+        for method, path, allowed in (("OPTIONS", "/v1/tasks", "GET, POST"), ("DELETE", "/v1/route", "POST"),
+                                      ("PUT", "/v1/tasks/1/routing", "GET, PATCH")):
+            r = http.request(method, path)
+            assert r.status_code == 405 and r.headers["allow"] == allowed, (method, path, r.headers.get("allow"))
         for bad in (0, -1, 2**53):
             r = http.post("/v1/align/matrix", json={"task_ids": [bad]})
             assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "task_ids", 0], (bad, r.text)
