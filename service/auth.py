@@ -193,6 +193,14 @@ def _process_listens_publicly(port: int) -> bool | None:
     return any(not is_loopback(str(c.laddr.ip)) for c in mine)
 
 
+def forget_listening() -> None:
+    """Forget what was found of this process's listening sockets: a new app may be served on a port an earlier one of
+    this process used (a loopback server's "not public" was kept for the port, and a wildcard bind on the same port,
+    later, asked no key: a test in CI, 2026-12-07). Called when an app's security middleware is built."""
+    with _listen_lock:
+        _listen_cache.clear()
+
+
 def listening_publicly(server: tuple[str, int | None] | list[Any] | None) -> bool:
     """Whether the connection came through a socket reachable from other machines.
 

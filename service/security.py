@@ -43,6 +43,7 @@ from service.auth import (
     ANONYMOUS,
     PRINCIPAL_STATE,
     KeyGate,
+    forget_listening,
     is_loopback,
     is_proxied,
     key_gate,
@@ -129,6 +130,7 @@ class SecurityMiddleware:
         self.app = app
         self.settings = settings
         self.container = container
+        forget_listening()  # a port this process served before may be bound otherwise now
         self.allowed_hosts = {h.strip().lower() for h in settings.allowed_hosts if h.strip()}
         self.allowed_origins = {_normal_origin(o) for o in settings.allowed_origins if o.strip()}
         self.local_hosts = set(LOCAL_NAMES) | {settings.host.strip().lower()}

@@ -420,3 +420,26 @@ def test_locked_postgres_table_answers_503_in_bounded_time(bind, pg_database) ->
         holder.rollback()
     assert _counts(app.state.container) == (0, 0)
     assert httpx.post(f"{url}/v1/tasks", json=SAMPLES, timeout=30).status_code == 202
+
+
+def test_a_wildcard_bind_on_a_port_a_loopback_server_used_still_requires_keys(tmp_path: Path, tiny_lm: Any) -> None:
+    """What was found of the process's listening sockets was kept per port for good: a loopback server's "not public"
+    outlived it, and a wildcard bind on the same port later in the process (a restart in place, or the next test)
+    asked no key — a CI run saw a 202 where the 401 is due (2026-12-07)."""
+    def serve_on(host: str, port: int, data: str) -> LiveServer:
+        app = create_app(Settings(data_dir=tmp_path / data, sketch_dim=256, device="cpu"),
+                         overrides={"lm": tiny_lm, "start_runner": False})
+        return LiveServer(app, host=host, port=port).start()
+
+    loopback = serve_on("127.0.0.1", 0, "a")
+    port = loopback.port
+    try:
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/tasks", json=SAMPLES).status_code == 202  # no key: loopback
+    finally:
+        loopback.stop()
+    wildcard = serve_on("0.0.0.0", port, "b")
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/tasks", json=SAMPLES)
+        assert r.status_code == 401, r.text
+    finally:
+        wildcard.stop()
