@@ -38,6 +38,17 @@ FileFormat = Annotated[str | None, typer.Option(
                      "or txt, optionally gzipped (jsonl.gz); needed to read JSON lines or CSV from stdin (-).")]
 
 
+def format_option(fmt: str | None, known: list[str], *, gz: bool = False) -> str | None:
+    """A ``--format`` value as a suffix without its dot (``".JSONL"`` is ``jsonl``), one of ``known`` (each optionally
+    ``.gz`` with ``gz``); a usage error (exit 2) otherwise."""
+    if fmt is None:
+        return None
+    name = fmt.strip().lower().lstrip(".")
+    if (name.removesuffix(".gz") if gz else name) not in known:
+        raise fail(f"--format {fmt!r}: one of {', '.join(known)}" + (" (each optionally .gz)" if gz else ""), 2)
+    return name
+
+
 def sample_file(file: Path, fmt: str | None) -> tuple[Path | bytes, str | None]:
     """What ``add``/``append`` upload and under which name: ``file``, or standard input's bytes for ``-``; named
     ``<name>.<fmt>`` with ``--format`` (the service reads a file by its suffix). Standard input without ``--format``
@@ -45,11 +56,7 @@ def sample_file(file: Path, fmt: str | None) -> tuple[Path | bytes, str | None]:
     file without a suffix (:func:`atlas.file_formats.check_plain_text`)."""
     from atlas.file_formats import FILE_FORMATS
 
-    if fmt is not None:
-        fmt = fmt.strip().lower().lstrip(".")
-        known = [k[1:] for k in FILE_FORMATS if k]
-        if fmt.removesuffix(".gz") not in known:
-            raise fail(f"--format {fmt!r}: one of {', '.join(known)} (each optionally .gz)", 2)
+    fmt = format_option(fmt, [k[1:] for k in FILE_FORMATS if k], gz=True)
     if str(file) != "-":
         return file, None if fmt is None else f"{file.name}.{fmt}"
     data = sys.stdin.buffer.read()

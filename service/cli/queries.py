@@ -14,7 +14,7 @@ import typer
 
 from atlas.route_calibration import MIN_CALIBRATION
 from atlas.vocabulary import MATRIX_DEFAULT_TASKS
-from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail, terminal_safe
+from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail, format_option, terminal_safe
 from service.cli.route_file import answer_line, none_reason, route_file
 
 app = typer.Typer()
@@ -132,10 +132,7 @@ def fit(file: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "label"},
     """Tune the route thresholds from labelled prompts ("none" for prompts that fit no task)."""
     from service.client import AtlasClientError
 
-    fmt = None if file_format is None else file_format.strip().lower().lstrip(".")
-    if fmt not in (None, "jsonl", "csv", "tsv"):
-        raise fail(f"--format {file_format!r}: jsonl, csv or tsv", 2)
-    examples, lines_of = labelled_prompts(file, fmt)
+    examples, lines_of = labelled_prompts(file, format_option(file_format, ["jsonl", "csv", "tsv"]))
     if not examples:
         raise fail(f'{file}: no labelled prompts (one JSON object per line: {{"prompt": "...", "label": "..."}}, '
                    'or CSV rows under a "prompt,label" header)')

@@ -39,6 +39,11 @@ CODE = ["def add(a, b):\n    return a + b\n", "def sub(a, b):\n    return a - b\
         "for i in range(3):\n    print(i)\n", "while True:\n    break\n"]
 
 
+def _env() -> dict[str, str]:
+    """The environment of a ``fisher-atlas`` process of the tests: this checkout importable."""
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+
 def _jsonl(path: Path, texts: list[str]) -> Path:
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return path
@@ -164,7 +169,7 @@ def test_scripting_a_served_store(serve: Any, tiny_lm: Any, tmp_path: Path, monk
         assert says in err.lower(), err
 
     # /dev/stdout sent to a file by the shell is written in place (swapped for a new file, the lines around were lost)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = _env()
     shell = tmp_path / "shell.out"
     export = f'"{sys.executable}" -m service.cli export /dev/stdout --url {svc.url}'
     subprocess.run(["bash", "-c", f'{{ echo head; {export}; echo tail; }} > "{shell}"'], env=env, check=True,
@@ -202,7 +207,7 @@ def test_keys_list_local_does_not_make_a_store(tmp_path: Path, capsys: pytest.Ca
 def _add_waiting(svc: Any, tmp_path: Path, name: str, *more: str) -> subprocess.Popen[bytes]:
     """``fisher-atlas add NAME … --wait [MORE]`` in a process of its own, once it follows its queued job's progress
     stream (the service runs no job: ``start_runner`` off)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = _env()
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "add", name, str(_jsonl(tmp_path / f"{name}.jsonl",
                              PROSE)), "--wait", "--url", svc.url, *more], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
@@ -277,7 +282,7 @@ def test_a_task_deleted_during_add_wait_is_said_so(serve: Any, tiny_lm: Any, tmp
 
 def _cli(args: list[str], stdin: bytes = b"", shell: str | None = None) -> subprocess.CompletedProcess[bytes]:
     """``fisher-atlas ARGS`` in a process of its own (or a shell pipeline of ``$FA`` commands), with ``stdin``."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = _env()
     fa = f"{shlex.quote(sys.executable)} -m service.cli"
     cmd = ["bash", "-c", shell.replace("$FA", fa)] if shell is not None else [sys.executable, "-m", "service.cli",
                                                                              *args]
