@@ -153,11 +153,13 @@ class _BoundedReader(io.RawIOBase):
 
 
 def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
-           keep_ends: bool = False) -> Iterator[tuple[int, str]]:
+           keep_ends: bool = False, max_chars: int | None = None) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of each line, split on ``b"\\n"`` only (binary ``readline``), each decoded on its own
     so that invalid UTF-8 is named by its line; at most ``max_blank`` blank lines (a gzipped upload of 64 MB of
     newlines held no sample but cost 20 s of CPU to walk); ``keep_ends``: each line with its line ending (for the CSV
-    reader: a quoted field keeps its line breaks)."""
+    reader: a quoted field keeps its line breaks); ``max_chars``: a line is one sample of at most that many characters
+    (plain text), and a line over ``max_line`` bytes is refused by that limit (a CJK line was told of bytes and
+    "fields")."""
     lineno = blank = 0
     while True:
         raw = stream.readline(max_line + 1)
@@ -169,6 +171,9 @@ def _lines(stream: IO[bytes], filename: str, max_line: int, max_blank: int, *,
             if blank > max_blank:
                 raise PayloadTooLarge(f"{filename}: more than {max_blank} blank lines", {"max_blank_lines": max_blank})
         if len(raw) > max_line and not raw.endswith(b"\n"):
+            if max_chars is not None:
+                raise PayloadTooLarge(f"{filename}: line {lineno}: the sample has more than {max_chars} characters; "
+                                      f"the limit is {max_chars}", {"line": lineno, "max_sample_chars": max_chars})
             raise PayloadTooLarge(f"{filename}: line {lineno} is longer than {max_line} bytes (its fields the reader "
                                   "does not use count too)",
                                   {"line": lineno, "max_line_bytes": max_line})
@@ -333,7 +338,8 @@ def _skip_ws(text: str, pos: int) -> int:
 
 def _read_text(stream: IO[bytes], filename: str, counter: SampleCounter) -> Iterator[tuple[str, ...]]:
     max_line = 4 * counter.limits.max_sample_chars + 2
-    for lineno, line in _lines(stream, filename, max_line, counter.limits.max_samples):
+    for lineno, line in _lines(stream, filename, max_line, counter.limits.max_samples,
+                               max_chars=counter.limits.max_sample_chars):
         if line.endswith("\r"):
             line = line[:-1]
         if not line.strip():

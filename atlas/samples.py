@@ -240,11 +240,16 @@ def refuse_control_chars(text: str, what: str, *, allowed: frozenset[str] = froz
     """Raise :class:`InvalidInput` naming ``what`` (e.g. "a task name") and the code points when ``text`` holds a
     control character (:func:`is_control_char`) not in ``allowed``: an escape sequence in a name rewrote the terminal
     of whoever listed it."""
-    bad = [c for c in control_chars(text) if c not in allowed]
-    if bad:
+    bad = [(i, c) for i, c in enumerate(text) if is_control_char(c) and c not in allowed]
+    if bad:  # each character named with its first place: a direction mark is invisible where it was typed
+        first = {c: i for i, c in reversed(bad)}
+        found = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'control character')} at character {i + 1}"
+                          for c, i in sorted(first.items(), key=lambda kv: kv[1])[:3])
+        more = f" and {len(first) - 3} more" if len(first) > 3 else ""
         raise InvalidInput(f"{what} cannot hold control characters (newlines, line separators, tabs, escape codes), "
-                           "bidirectional overrides or invisible characters (zero-width spaces, direction marks)",
-                           {"characters": sorted({f"U+{ord(c):04X}" for c in bad})})
+                           "bidirectional overrides or invisible characters (zero-width spaces, direction marks): "
+                           f"found {found}{more}",
+                           {"characters": sorted({f"U+{ord(c):04X}" for c in first})})
 
 
 def _keys_for(mode: Mode) -> str:

@@ -159,7 +159,8 @@ def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
     try:  # as the service: a repeated key is refused
         value = json.loads(text, object_pairs_hook=unique_keys_object, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
-        raise fail(f"{flag} is not valid JSON: {exc.msg}", 2) from None
+        at = f"line {exc.lineno}, column {exc.colno}" if "\n" in text else f"column {exc.colno}"
+        raise fail(f"{flag} is not valid JSON: {exc.msg} ({at})", 2) from None
     except InvalidInput as exc:
         raise fail(f"{flag}: {exc.message}", 2) from None
     if not isinstance(value, dict):

@@ -381,6 +381,9 @@ def test_waits_timeouts_pipes_and_files_as_scripts_need_them(serve: Any, tiny_lm
     url = ["--url", svc.url]
     assert main(["add", "meta", str(_jsonl(tmp_path / "m.jsonl", PROSE)), "--metadata", '{"a": NaN}', *url]) == 2
     assert "NaN is not a JSON value" in capsys.readouterr().err
+    # where the JSON breaks is said, as the service says it (the message ended "starting at")
+    assert main(["add", "meta", str(_jsonl(tmp_path / "m.jsonl", PROSE)), "--metadata", '{"描述": "未闭合}', *url]) == 2
+    assert "Unterminated string starting at (column 8)" in capsys.readouterr().err
     assert main(["add", "prose", str(_jsonl(tmp_path / "p.jsonl", PROSE)), "--wait", *url]) == 0
     capsys.readouterr()
     created = []

@@ -372,3 +372,31 @@ def test_long_task_names_break_between_their_parts_on_a_phone(serve: Any, tiny_l
         assert all(lines == 1 for _, lines in parts), parts
         scroll, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
         assert scroll <= client, (route, scroll, client)
+
+
+def test_names_break_between_graphemes_and_keep_short_words_whole(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """A name's break opportunities fell every 16 UTF-16 units: an emoji's two halves were drawn as "��", a Hindi
+    conjunct and the "2024" of an Arabic name were cut (an i18n review, 2026-12-07). Breaks now fall between
+    graphemes, only in a run of 16 or more without a space; and the add form takes a name of 200 emoji (its
+    maxlength counted UTF-16 units: 150 of them were kept)."""
+    svc = serve(lm=tiny_lm)
+    emoji = "a" + "\U0001F44D" * 20 + " emoji"
+    words = ["हिन्दी कविता संग्रह और गीत", "مجموعة أسئلة 2024 عربية"]
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        for name, texts in zip([emoji, *words], (PROSE, CODE, [t.upper() for t in PROSE]), strict=True):
+            _add(http, name, texts)
+    page.goto(f"{svc.url}/dashboard/#/atlas")
+    links = page.locator("[data-testid=atlas-list] td a")
+    links.nth(2).wait_for()
+    by_name: dict[str, list[str]] = {}
+    for i in range(3):
+        parts = [text for text, _ in links.nth(i).evaluate(f"el => ({SPLIT_PARTS})([el])")]
+        by_name["".join(parts)] = parts
+    assert set(by_name) == {emoji, *words}, by_name
+    for word in words:
+        assert by_name[word] == [word]  # no break inside a word shorter than the run
+    emoji_parts = by_name[emoji]
+    assert len(emoji_parts) == 2 and all("\ufffd" not in p for p in emoji_parts), emoji_parts
+    assert emoji_parts[0] == "a" + "\U0001F44D" * 15, emoji_parts  # 16 graphemes, then a break
+    page.fill("[data-testid=add-name]", "\U0001F44D" * 200)  # the add form is on the atlas page
+    assert page.locator("[data-testid=add-name]").input_value() == "\U0001F44D" * 200

@@ -181,10 +181,17 @@ def test_a_task_name_with_control_characters_is_refused(serve, tiny_lm, name: st
 
 @pytest.mark.parametrize("name", ["chem\u200b", "\ufeffchem", "chem\u2060", "rlm\u200fx", "soft\u00adhyphen"])
 def test_a_task_name_with_invisible_characters_is_refused(serve, tiny_lm, name: str) -> None:
-    """``chem`` and ``chem\\u200b`` looked the same in every listing and were two tasks."""
+    """``chem`` and ``chem\\u200b`` looked the same in every listing and were two tasks. The message names the
+    character and its place (the CLI and the client show the message alone, and a direction mark that an RTL
+    keyboard typed cannot be seen: an i18n review, 2026-12-07)."""
+    import unicodedata
+
     svc = serve(lm=tiny_lm, sketch_dim=256, overrides={"start_runner": False})
     r = httpx.post(f"{svc.url}/v1/tasks", json={"name": name, "samples": [{"text": "hello there friend"}]})
     assert r.status_code == 422 and "invisible characters" in r.json()["message"], r.text
+    bad = next(c for c in name if not c.isalnum())
+    said = f"U+{ord(bad):04X} {unicodedata.name(bad)} at character {name.index(bad) + 1}"
+    assert said in r.json()["message"], r.text
 
 
 def test_none_is_no_task_name(serve, tiny_lm) -> None:

@@ -79,8 +79,16 @@
     return `${Math.floor(seconds / 3600)} h ${Math.round((seconds % 3600) / 60)} min`;
   }
   const capitalise = (text) => text.charAt(0).toUpperCase() + text.slice(1);
-  function truncate(text, n) {  // by characters (code points): a cut in UTF-16 units split surrogate pairs
-    const chars = Array.from(String(text ?? ""));
+  // A text's user-perceived characters (grapheme clusters: an emoji sequence joined by ZWJ, a letter with its
+  // combining marks, a Devanagari conjunct where the browser's ICU knows them); code points where Intl.Segmenter is
+  // missing. A cut in UTF-16 units split surrogate pairs ("��"); a cut between code points splits a 👩‍💻 or a क्ष.
+  const GRAPHEMES = typeof Intl !== "undefined" && Intl.Segmenter ? new Intl.Segmenter(undefined, { granularity: "grapheme" }) : null;
+  function graphemes(text) {
+    const s = String(text ?? "");
+    return GRAPHEMES ? Array.from(GRAPHEMES.segment(s), (g) => g.segment) : Array.from(s);
+  }
+  function truncate(text, n) {  // by graphemes
+    const chars = graphemes(text);
     return chars.length > n ? chars.slice(0, n - 1).join("") + "…" : chars.join("");
   }
   function pick(obj, ...names) {
@@ -429,19 +437,30 @@
   function taskLink(id, name, attrs = {}) {
     return h("a", { href: `#/task/${encodeURIComponent(id)}`, ...attrs }, nameParts(name ?? `task ${id}`));
   }
-  // A name with a line-break opportunity (a <wbr>) after each _ - . / and every NAME_RUN characters of a longer run:
-  // a narrow column breaks "lama_trex_P19_capital" between its parts, not every few letters ("lam a_tr ex_P"), and a
-  // name without separators still wraps instead of widening the page. (No lookbehind: older Safari cannot parse one,
-  // and the whole dashboard would not load.)
+  // A name with a line-break opportunity (a <wbr>) after each _ - . / and every NAME_RUN graphemes of a longer run
+  // without spaces: a narrow column breaks "lama_trex_P19_capital" between its parts, not every few letters ("lam
+  // a_tr ex_P"), and a name without separators still wraps instead of widening the page. Words shorter than the run
+  // are never cut ("2024" in an Arabic name, a Hindi word: spaces wrap already), and a cut falls between graphemes,
+  // never inside an emoji or a conjunct. (No lookbehind: older Safari cannot parse one, and the whole dashboard would
+  // not load.)
   const NAME_RUN = 16;
   function nameParts(name) {
     if (typeof name !== "string") return name;
     const out = [];
     for (const part of name.match(/[^_\-./]*[_\-./]+|[^_\-./]+/g) || [name]) {
-      for (let i = 0; i < part.length; i += NAME_RUN) {
-        if (out.length) out.push(h("wbr", {}));
-        out.push(part.slice(i, i + NAME_RUN));
+      if (out.length) out.push(h("wbr", {}));
+      let piece = "";
+      let run = 0;  // graphemes since the last space or break
+      for (const g of graphemes(part)) {
+        if (/\s/.test(g)) run = 0;
+        else if (run === NAME_RUN) {
+          out.push(piece, h("wbr", {}));
+          piece = "";
+          run = 1;
+        } else run += 1;
+        piece += g;
       }
+      if (piece) out.push(piece);
     }
     return out;
   }
@@ -1929,7 +1948,7 @@
     const target = h("select", { id: "add-target", "data-testid": "add-target" });
     const file = h("input", { id: "add-file", type: "file", "data-testid": "add-file",
       accept: ".jsonl,.ndjson,.jsonlines,.json,.csv,.tsv,.parquet,.txt,.text,.gz,text/plain,application/json,text/csv,text/tab-separated-values,application/gzip" });
-    const name = h("input", { id: "add-name", type: "text", maxlength: 300, autocomplete: "off", spellcheck: "false",
+    const name = h("input", { id: "add-name", type: "text", autocomplete: "off", spellcheck: "false",
       placeholder: "e.g. legal-contracts", "data-testid": "add-name", class: "input" });  // styled as the selects beside it
     const mode = h("select", { id: "add-mode", "data-testid": "add-mode" },  // short labels: a long one was clipped
       h("option", { value: "text", title: "every next token of each sample counts" }, "text"),
