@@ -321,8 +321,8 @@ def test_limits_stop_the_readers() -> None:
     # a plain-text line is one sample: over its bound in bytes it is said over the character limit, whatever its
     # script (a CJK line was told "longer than 202 bytes (its fields the reader does not use count too)")
     for line in ("长" * 70, "长" * 600, "x" * 600):
-        with pytest.raises(PayloadTooLarge, match="line 2: the sample has (70 characters|more than 50 characters); "
-                                                  "the limit is 50") as info:
+        with pytest.raises(PayloadTooLarge, match=r"line 2: the sample has (70 characters|more than 50 characters); "
+                                                  r"the limit is 50") as info:
             read_samples(f"a\n{line}\nb\n".encode(), "a.txt", "text", lim)
         assert "bytes" not in info.value.message and "fields" not in info.value.message
 
