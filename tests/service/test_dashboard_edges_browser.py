@@ -400,3 +400,69 @@ def test_names_break_between_graphemes_and_keep_short_words_whole(serve: Any, ti
     assert emoji_parts[0] == "a" + "\U0001F44D" * 15, emoji_parts  # 16 graphemes, then a break
     page.fill("[data-testid=add-name]", "\U0001F44D" * 200)  # the add form is on the atlas page
     assert page.locator("[data-testid=add-name]").input_value() == "\U0001F44D" * 200
+
+
+def test_keyboard_focus_escape_titles_and_links_that_keep_the_view(serve: Any, tiny_lm: Any, page: Any) -> None:
+    """A dashboard review (2026-12-07): the Jobs page's timed redraw threw the focus to <body> every few seconds (a
+    keyboard user could not reach a Cancel lower down), and a task link of the atlas list lost it when a job ended;
+    Escape neither hid a mark's tooltip nor disarmed "Delete …? Click again", and a delete went to the atlas without
+    a word; every page was titled "FisherAtlas dashboard"; a matrix of chosen tasks was lost on reload. Each fixed."""
+    svc = serve(lm=tiny_lm)
+    with httpx.Client(base_url=svc.url, timeout=60) as http:
+        ids = [_add(http, name, texts) for name, texts in (("prose", PROSE), ("code", CODE),
+                                                            ("shout", [t.upper() for t in PROSE]))]
+        # the Jobs page: the focus stays on a finished job's task link across the page's timed refresh (5 s)
+        page.goto(f"{svc.url}/dashboard/#/jobs")
+        link = page.locator(f"[data-testid=jobs-finished] a[href='#/task/{ids[0]}']")
+        link.focus()
+        tools = "document.querySelector('[data-testid=jobs-view] .page-head .page-tools').textContent"
+        page.wait_for_function(f"{tools}.startsWith('updated')")
+        before = page.evaluate(tools)  # "updated 16:02:07": the refresh's time
+        page.wait_for_function(f"(t) => {tools} !== t", arg=before, timeout=15_000)
+        assert page.evaluate("document.activeElement.getAttribute('href')") == f"#/task/{ids[0]}"
+        assert page.title() == "Jobs · FisherAtlas"
+        # the atlas list: a task link keeps the focus when the page redraws for a new task
+        page.goto(f"{svc.url}/dashboard/#/atlas")
+        page.locator("[data-testid=atlas-point]").nth(2).wait_for()
+        page.locator(f"[data-testid=atlas-list] a[href='#/task/{ids[1]}']").focus()
+        ids.append(_add(http, "W" * 26 + "-late", [f"{t} Again." for t in CODE]))  # wide letters: cut to fit
+        page.locator("[data-testid=atlas-point]").nth(3).wait_for(timeout=30_000)
+        page.wait_for_timeout(300)
+        assert page.evaluate("document.activeElement.getAttribute('href')") == f"#/task/{ids[1]}"
+    # Escape hides a focused mark's tooltip
+    page.locator("[data-testid=atlas-point]").first.focus()
+    page.locator("#tooltip").wait_for(state="visible")
+    page.keyboard.press("Escape")
+    page.locator("#tooltip").wait_for(state="hidden")
+    # Escape disarms the delete; the delete is said on the page it goes to
+    page.goto(f"{svc.url}/dashboard/#/task/{ids[2]}")
+    delete = page.locator("[data-testid=task-delete]")
+    delete.focus()
+    page.keyboard.press("Enter")
+    assert delete.get_attribute("data-armed") == "true"
+    page.keyboard.press("Escape")
+    assert delete.get_attribute("data-armed") is None and delete.inner_text() == "Delete task"
+    page.keyboard.press("Enter")
+    page.keyboard.press("Enter")
+    page.locator("[data-testid=notice]", has_text="Deleted task shout.").wait_for()
+    assert httpx.get(f"{svc.url}/v1/tasks/{ids[2]}").status_code == 404
+    # a matrix of chosen tasks is in the page's link: a reload shows it again
+    page.goto(f"{svc.url}/dashboard/#/matrix")
+    page.locator("[data-testid=matrix-compute]").wait_for()
+    page.get_by_role("button", name="None", exact=True).click()
+    chosen = [ids[0], ids[1], ids[3]]
+    for tid in chosen:
+        page.locator(f"input[type=checkbox][data-task-id='{tid}']").check()
+    page.locator("[data-testid=matrix-compute]").click()
+    page.locator("[data-testid=heatmap-cell]").first.wait_for()
+    assert page.url.endswith("#/matrix?ids=" + ",".join(map(str, chosen))), page.url
+    page.reload()
+    page.locator("[data-testid=heatmap-cell]").first.wait_for()
+    checked = page.locator("input[type=checkbox]:checked").evaluate_all("els => els.map((e) => e.dataset.taskId)")
+    assert sorted(checked) == sorted(str(t) for t in chosen)
+    # every row label inside its heatmap (22 characters of wide letters ran out of its left edge), cut with "…"
+    outside = page.locator("text.row-label").evaluate_all(
+        "els => els.filter((e) => e.getBoundingClientRect().left < e.ownerSVGElement.getBoundingClientRect().left - 0.5)"
+        ".map((e) => e.textContent)")
+    assert outside == [], outside
+    assert any(t.startswith("WWW") and "…" in t for t in page.locator("text.row-label").all_text_contents())

@@ -92,6 +92,36 @@ def test_routing_phase_reports_progress_and_honours_cancel(ctx: WorkerContext, s
         assert repository.get_state_blob(s, task_id) is not None  # the first task is untouched
 
 
+def test_a_cancel_stops_the_routing_pass_within_its_window(ctx: WorkerContext, space_id: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completion job whose prompts fit one window (256) stops its prompt-side pass at the next length bucket
+    after a cancel (it ran the whole window: a dashboard review, 2026-12-07, saw a cancelled 60-pair job route its
+    prompts 59 / 60 first)."""
+    from workers import jobs as jobs_module
+    from workers.prompt_batcher import PromptBatcher
+
+    real, beats, calls = PromptBatcher.sketch_prepared, [], []
+    enter = jobs_module._Heartbeat.__enter__
+    monkeypatch.setattr(jobs_module._Heartbeat, "__enter__", lambda self: beats.append(self) or enter(self))
+
+    def watched(self: PromptBatcher, prepared: Any, sketched: Any = None) -> Any:
+        def after_bucket(n: int) -> None:
+            calls.append(n)
+            if len(calls) == 1:  # cancel after the first bucket; wait until the job's heartbeat has seen it
+                with ctx.factory.begin() as s:
+                    job_store.request_cancel(s, job_id)
+                assert beats[-1].cancel.wait(30)
+            if sketched is not None:
+                sketched(n)
+        return real(self, prepared, after_bucket)
+
+    monkeypatch.setattr(PromptBatcher, "sketch_prepared", watched)
+    pairs = [Sample(prompt=s.text, completion=" yes") for s in make_samples(24, seed=32)]
+    _, job_id = create(ctx, space_id, "cancelled-in-its-window", pairs, mode="completion")
+    assert run_job(job_id, ctx) == "cancelled"
+    assert calls and len(calls) == 1, calls  # no bucket went through the model after the cancel
+
+
 @pytest.mark.parametrize("sketch_rows", [32, None])
 def test_routing_phase_reports_progress_within_one_window(ctx: WorkerContext, space_id: int,
                                                           monkeypatch: pytest.MonkeyPatch,

@@ -91,6 +91,25 @@
     const chars = graphemes(text);
     return chars.length > n ? chars.slice(0, n - 1).join("") + "…" : chars.join("");
   }
+  // Text drawn in SVG at `px` pixels in the page's font: its width, and the text cut (by graphemes, with "…") to fit
+  // `maxWidth` (a cut by a count of characters let wide names run out of the heatmap's label column).
+  let measureCtx = null;
+  function textWidth(text, px) {
+    if (!measureCtx) measureCtx = document.createElement("canvas").getContext("2d");
+    if (!measureCtx) return String(text).length * px * 0.6;
+    measureCtx.font = `${px}px ${getComputedStyle(document.body).fontFamily}`;
+    return measureCtx.measureText(String(text)).width;
+  }
+  function fitText(text, px, maxWidth) {
+    const chars = graphemes(text);
+    if (textWidth(chars.join(""), px) <= maxWidth) return chars.join("");
+    let lo = 0; let hi = chars.length;  // the most graphemes that fit with the ellipsis
+    while (lo < hi) {
+      const mid = Math.ceil((lo + hi) / 2);
+      if (textWidth(chars.slice(0, mid).join("") + "…", px) <= maxWidth) lo = mid; else hi = mid - 1;
+    }
+    return chars.slice(0, lo).join("") + "…";
+  }
   function pick(obj, ...names) {
     if (!obj) return undefined;
     for (const n of names) if (obj[n] !== undefined && obj[n] !== null) return obj[n];
@@ -237,6 +256,13 @@
 
   // ------------------------------------------------------------------ page chrome
   const view = () => $("#view");
+  // A short confirmation for the next page drawn (a deleted task), in a polite live region.
+  let noticeNext = null;
+  function showNotice(message) {
+    const n = $("#notice");
+    n.textContent = message || "";
+    n.hidden = !message;
+  }
   function showBanner(message) {
     const b = $("#banner");
     if (!message) { b.hidden = true; b.textContent = ""; return; }
@@ -277,6 +303,8 @@
     },
     hide() { $("#tooltip").hidden = true; },
   };
+  // Escape dismisses the tooltip a focused or hovered mark opened (it covered the marks beside it: WCAG 1.4.13).
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") tooltip.hide(); });
   function kv(rows) {
     return h("dl", { class: "kv" }, rows.filter(Boolean).map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
   }
@@ -369,13 +397,26 @@
   let focusPageNext = false;
   // The element of a redrawn page that stands where `had` stood: itself while connected, else the one of the same id,
   // or of the same task and role (a map mark: focus fell to the page, 130 marks back, when the task list changed).
+  // A control inside a task's or a job's row (a task link of the atlas list, a job's Cancel: the Jobs page's timed
+  // redraw threw the focus to <body> every 1.5 s, and a keyboard user could not reach a lower Cancel) is found as the
+  // element of the same tag, role and link in the redrawn row.
   function counterpart(had) {
     if (!had || had.isConnected) return had;
     if (had.id) return document.getElementById(had.id);
-    const tid = had.getAttribute("data-task-id");
-    if (tid === null) return null;
+    const row = had.closest("[data-task-id], [data-job-id]");
+    if (!row) return null;
     const role = had.getAttribute("data-testid");
-    return view().querySelector(`[data-task-id="${CSS.escape(tid)}"]${role ? `[data-testid="${CSS.escape(role)}"]` : ""}`);
+    const roleSel = role ? `[data-testid="${CSS.escape(role)}"]` : "";
+    const attr = row.hasAttribute("data-task-id") ? "data-task-id" : "data-job-id";
+    const rowSel = `[${attr}="${CSS.escape(row.getAttribute(attr))}"]`;
+    if (row === had) return view().querySelector(`${rowSel}${roleSel}`);
+    const href = had.getAttribute("href");
+    const inner = `${had.tagName.toLowerCase()}${roleSel}${href ? `[href="${CSS.escape(href)}"]` : ""}`;
+    for (const r of view().querySelectorAll(rowSel)) {
+      const el = r.querySelector(inner);
+      if (el) return el;
+    }
+    return null;
   }
   function settleFocus(had, toPage) {
     if ((!had && !toPage) || (document.activeElement && document.activeElement !== document.body)) return;
@@ -390,6 +431,8 @@
     for (const fn of cleanups.splice(0)) { try { fn(); } catch (_) { /* ignore */ } }
     tooltip.hide();
     showBanner(null);
+    showNotice(noticeNext);
+    noticeNext = null;
     const { path, query } = parseHash();
     const route = ROUTES.find(([re]) => re.test(path));
     if (!route) { window.location.replace("#/atlas"); return Promise.resolve(); }
@@ -409,7 +452,10 @@
       showKeyScopes();
       return route[1](ctx, path.match(route[0]), query);
     }).then(() => {
-      if (ctx.alive()) settleFocus(had, toPage);  // it stayed on <body>: a keyboard user started over
+      if (!ctx.alive()) return;
+      const heading = view().querySelector("h1");  // each page its own title (history, tabs, screen readers)
+      document.title = heading && heading.textContent.trim() ? `${heading.textContent.trim()} · FisherAtlas` : "FisherAtlas dashboard";
+      settleFocus(had, toPage);  // it stayed on <body>: a keyboard user started over
       if (!keepScroll) return;
       const t = setTimeout(() => { if (ctx.alive()) v.style.minHeight = ""; }, KEEP_HEIGHT_MS);
       ctx.onCleanup(() => clearTimeout(t));
@@ -899,6 +945,9 @@
         if (!ctx.alive()) return;
         result = body;
         paint();
+        // a chosen selection goes into the page's link (a reload or a shared link showed the first 40 again); the
+        // router reads it back, and replaceState moves neither the history nor the page
+        if (matrixState.edited) history.replaceState(history.state, "", `#/matrix?ids=${ids.map(encodeURIComponent).join(",")}`);
       } catch (err) {
         if (!ctx.alive()) return;
         // tasks deleted since the page was drawn (another tab, another user): dropped, the others computed (the whole
@@ -972,8 +1021,9 @@
         const outlines = s("g", { class: "dark-outlines" });
         order.forEach((i, r) => {
           if (withLabels && rowLabels) {
+            const shown = fitText(names[i], cell < 11 ? 8 : 11, ox - 12);
             const lab = s("text", { x: ox - 8, y: oy + r * cell + cell / 2 + 4, "text-anchor": "end", class: "row-label" },
-              truncate(names[i], 22));
+              shown, shown === names[i] ? null : s("title", {}, names[i]));  // a cut name whole on hover
             if (cell < 11) lab.setAttribute("class", "row-label tiny");
             svg.append(lab);
           }
@@ -1118,7 +1168,7 @@
   const RHO_BOUND_TITLE = "ρ hit its bound (1/100 or 100): the activation × error proxy is near 0, so ρ carries no information (flag rho_bounded, docs/SCORES.md)";
   function rhoBounded(src) { return Array.isArray(src && src.flags) && src.flags.includes("rho_bounded"); }
   function factorBars(src, { big = false } = {}) {
-    const W = big ? 420 : 300; const rowH = big ? 20 : 16; const labelW = 92; const barW = W - labelW - 74;
+    const rowH = big ? 20 : 16; const labelW = 92; const barW = (big ? 420 : 300) - labelW - 74;
     const rho = Number(pick(src, "rho"));
     const se = Number(pick(src, "se", "rho_se", "se_log_rho"));
     const shrunk = pick(src, "fisher_shrunk", "fisher_eb");
@@ -1130,6 +1180,11 @@
       ["error", Number(pick(src, "error")), "f-err", "S_cov(Γ_e): error-only similarity"],
       ["coupling ρ", rho, "f-rho", "coupling ratio ρ (log axis 0.1–10, centre ρ = 1); whisker: ρ ×/÷ e^SE, SE of log ρ"],
     ];
+    const valueText = (cls, v) => (cls === "f-rho"
+      // se is the standard error of log ρ: ρ ×/÷ e^se (read as "0.80 ±2.60" it said ρ ∈ [−1.8, 3.4])
+      ? (rhoBounded(src) ? (v >= 1 ? `≥ ${fmt(v, 0)}` : `≤ ${fmt(v, 2)}`) : `${fmt(v, 2)}${Number.isFinite(se) && se > 0 ? ` ×/÷ ${fmt(Math.exp(se), 2)}` : ""}`) : fmt(v, 3));
+    // wide enough for its longest value ("18.64 ×/÷ 1.08" ran out of a fixed 300)
+    const W = labelW + barW + 6 + Math.max(68, ...rows.map(([, v, cls]) => Math.ceil(textWidth(valueText(cls, v), 11)) + 4));
     const svg = s("svg", { viewBox: `0 0 ${W} ${rows.length * rowH + 4}`, width: W, height: rows.length * rowH + 4,
       class: "factor-bars", role: "img", "aria-label": rows.map(([l, v]) => `${l} ${fmt(v)}`).join(", ") });
     const rhoX = (r) => labelW + clamp01((Math.log10(Math.max(r, 1e-12)) / RHO_LOG_SPAN + 1) / 2) * barW;
@@ -1157,10 +1212,7 @@
         }
         g.append(s("line", { x1: one, x2: one, y1: y + 1, y2: y + rowH - 1, class: "ref-line" }));
       }
-      const txt = cls === "f-rho"
-        // se is the standard error of log ρ: ρ ×/÷ e^se (read as "0.80 ±2.60" it said ρ ∈ [−1.8, 3.4])
-        ? (rhoBounded(src) ? (v >= 1 ? `≥ ${fmt(v, 0)}` : `≤ ${fmt(v, 2)}`) : `${fmt(v, 2)}${Number.isFinite(se) && se > 0 ? ` ×/÷ ${fmt(Math.exp(se), 2)}` : ""}`) : fmt(v, 3);
-      g.append(s("text", { x: labelW + barW + 6, y: y + rowH * 0.68, class: "bar-value" }, txt));
+      g.append(s("text", { x: labelW + barW + 6, y: y + rowH * 0.68, class: "bar-value" }, valueText(cls, v)));
       svg.append(g);
     });
     return svg;
@@ -1924,7 +1976,9 @@
       Number.isFinite(sps) && sps > 0 ? ` · ${fmt(sps, 1)} samples/s` : "",
       p.phase === "routing" && status === "running"  // after the samples: the prompts that route to the task
         ? ` · routing prompts ${fmtInt(Number(p.routing_done) || 0)} / ${fmtInt(Number(p.routing_total) || 0)}` : "",
-      status === "running" && Number.isFinite(eta) ? ` · about ${fmtDuration(eta)} left` : "",
+      // the job's estimate is of its samples' pass, which the routing pass follows (3x it in completion mode): said
+      // as such, and not shown once that pass is over ("about 0 s left" with three quarters of the bar to go)
+      status === "running" && p.phase !== "routing" && Number.isFinite(eta) ? ` · about ${fmtDuration(eta)} left for the samples` : "",
     ].join("");
   }
 
@@ -2039,6 +2093,7 @@
       progressBox.querySelector(".add-job").textContent = ` job ${job.id} · ${job.kind || ""}`;
       statusLine.textContent = progressFigures(p, job.status);
       cancel.hidden = !(job.status === "queued" || job.status === "running");
+      if (cancel.hidden || !cancelAsked.has(String(job.id))) { cancel.textContent = "Cancel"; cancel.disabled = false; }
       if (job.status === "failed" && job.error) showError(new Error(job.error), "Job failed", busy);
     };
     // a new submit starts without the last job's bar (a failed upload showed above its green "succeeded")
@@ -2048,11 +2103,21 @@
     };
     cancel.addEventListener("click", async () => {
       cancel.disabled = true;
+      const id = progressBox.dataset.jobId;
       try {
-        showJob(await cancelJob(progressBox.dataset.jobId));
+        const job = await cancelJob(id);
+        showJob(job);
+        // a running job stops at its next step: the button says so until the job ends (it came back as "Cancel", as
+        // if the click had not been taken)
+        if (job.status === "queued" || job.status === "running") {
+          cancelAsked.add(String(id));
+          cancel.textContent = "Cancelling…";
+          return;
+        }
       } catch (err) {
         showError(err, "Cancel");
-      } finally { cancel.disabled = false; }
+      }
+      cancel.disabled = false;
     });
 
     form.addEventListener("submit", async (e) => {
@@ -2182,12 +2247,14 @@
   function deleteButton(task) {
     const btn = needsWrite(h("button", { type: "button", class: "btn small ghost danger", "data-testid": "task-delete" }, "Delete task"));
     let armed = false;
+    const disarm = () => { armed = false; btn.textContent = "Delete task"; delete btn.dataset.armed; };
+    btn.addEventListener("keydown", (e) => { if (e.key === "Escape" && armed && !btn.disabled) disarm(); });
     btn.addEventListener("click", async () => {
       if (!armed) {
         armed = true; btn.textContent = `Delete ${truncate(taskName(task), 24)}? Click again`;
         btn.dataset.armed = "true";
         setTimeout(() => {  // a click much later is not the confirmation of this one
-          if (!btn.disabled && btn.isConnected) { armed = false; btn.textContent = "Delete task"; delete btn.dataset.armed; }
+          if (!btn.disabled && btn.isConnected) disarm();
         }, DELETE_ARMED_MS);
         return;
       }
@@ -2195,9 +2262,10 @@
       try {
         await api(`/tasks/${encodeURIComponent(task.id)}`, { method: "DELETE" });
         focusPageNext = true;  // this button goes with its page (and lost the focus when disabled)
+        noticeNext = `Deleted task ${taskName(task)}.`;  // said on the page it goes to (it went there silently)
         window.location.hash = "#/atlas";
       } catch (err) {
-        btn.disabled = false; armed = false; btn.textContent = "Delete task"; delete btn.dataset.armed;
+        btn.disabled = false; disarm();
         errorAfter(btn, err, "Delete");
       }
     });
@@ -2238,9 +2306,10 @@
     return api(`/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
   }
   const cancelAsked = new Set();  // job ids: their rows say "Cancelling…" until the job ends
-  function cancelButton(job, onError) {
+  function cancelButton(job, onError, taskLabel) {
     const asked = cancelAsked.has(String(job.id));
     const btn = h("button", { type: "button", class: "btn small ghost danger", "data-testid": "job-cancel",
+      "aria-label": `Cancel job ${job.id}${taskLabel ? ` of ${taskLabel}` : ""}`,  // one of many "Cancel"s
       disabled: asked ? true : null }, asked ? "Cancelling…" : "Cancel");
     needsWrite(btn);
     btn.addEventListener("click", async () => {
@@ -2279,7 +2348,7 @@
         h("span", { class: "muted small" }, `job ${job.id}${job.kind ? ` · ${job.kind}` : ""}${job.attempts ? ` · attempt ${job.attempts}` : ""}`),
         h("span", { class: "grow" }),
         h("span", { class: "muted small" }, fmtDate(pick(job, "finished_at", "started_at", "created_at"))),
-        active ? cancelButton(job, onCancelError) : null),
+        active ? cancelButton(job, onCancelError, task ? taskName(task) : pick(job, "task_name", "name")) : null),
       h("div", { class: "progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100,
         "aria-valuenow": Math.round(frac * 100), "aria-label": `progress of job ${job.id}` }, fill),
       h("div", { class: "job-stats muted small" },
@@ -2346,11 +2415,13 @@
           list.length ? render(list) : h("p", { class: "muted" }, emptyText));
         const onCancelError = (err) => notice.replaceChildren(errorBox(err, "Cancel"));
         const rowsOf = (list) => list.map((j) => jobRow(j, taskById, onCancelError));
+        const had = body.contains(document.activeElement) ? document.activeElement : null;
         body.replaceChildren(
           section("Running and queued", running, "Nothing running.", "jobs-running", rowsOf, totals.running),
           section("Failed", failed, "No failed jobs.", "jobs-failed", rowsOf, totals.failed),
           section("Recently finished", finished, "No finished jobs yet.", "jobs-finished", (list) => finishedTable(list, taskById),
             totals.finished));
+        settleFocus(had, false);  // the same control of the same job or task, else the page
         stamp.textContent = `updated ${new Date().toLocaleTimeString()}${active ? " · live" : ""}`;
       } catch (err) {
         if (!ctx.alive()) return;
