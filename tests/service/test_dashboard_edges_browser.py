@@ -462,7 +462,7 @@ def test_keyboard_focus_escape_titles_and_links_that_keep_the_view(serve: Any, t
     assert sorted(checked) == sorted(str(t) for t in chosen)
     # every row label inside its heatmap (22 characters of wide letters ran out of its left edge), cut with "…"
     outside = page.locator("text.row-label").evaluate_all(
-        "els => els.filter((e) => e.getBoundingClientRect().left < e.ownerSVGElement.getBoundingClientRect().left - 0.5)"
-        ".map((e) => e.textContent)")
+        "els => els.filter((e) => e.getBoundingClientRect().left"
+        " < e.ownerSVGElement.getBoundingClientRect().left - 0.5).map((e) => e.textContent)")
     assert outside == [], outside
     assert any(t.startswith("WWW") and "…" in t for t in page.locator("text.row-label").all_text_contents())
