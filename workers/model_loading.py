@@ -172,6 +172,14 @@ class LoadedModel:
             )
         bias = getattr(head, "bias", None)
         K, H = int(weight.shape[0]), int(weight.shape[1])
+        embeddings = model.get_input_embeddings()
+        rows = int(getattr(embeddings, "num_embeddings", 0) or getattr(getattr(embeddings, "weight", None), "shape",
+                                                                         (K,))[0])
+        if len(tokenizer) > min(rows, K):  # its highest ids would index past the model: samples dropped, jobs failed
+            raise ModelUnavailable(
+                f"model {name!r}: its tokenizer has {len(tokenizer)} tokens but the model has {min(rows, K)} rows of "
+                "vocabulary (input embeddings or output head); the tokenizer is not this model's",
+                detail={"model": name, "tokenizer_tokens": len(tokenizer), "model_vocabulary": min(rows, K)})
         try:
             transform = detect_logit_transform(model.config)
         except ValueError as ex:
@@ -275,9 +283,18 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
         load_kwargs["device_map"] = str(torch_device)  # load straight onto the GPU, no full CPU copy
     try:
         with _quiet_unless_terminal():
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **load_kwargs)
+            model, loading = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, output_loading_info=True,
+                                                                  **load_kwargs)
     except Exception as ex:
         raise _unavailable(name, revision, is_local, "model weights", ex) from ex
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:  # transformers fills them with random values: a random head gave a new fingerprint at every start
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ModelUnavailable(
+            f"cannot load the weights of model {name!r}: the checkpoint lacks {len(missing)} of the model's tensors "
+            f"({shown}); a base model saved without its language-model head, or a damaged checkpoint, cannot be "
+            "served", detail={"model": name, "revision": revision, "missing": "model weights",
+                              "missing_tensors": missing[:50]})
     cast(Any, model).to(torch_device)
     resolved = None if is_local else _cached_commit(source, revision)
     if fp_revision is None and not is_local:  # as the key of before took it (set by transformers 4, not 5)

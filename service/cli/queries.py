@@ -15,7 +15,7 @@ import typer
 from atlas.route_calibration import MIN_CALIBRATION
 from atlas.vocabulary import MATRIX_DEFAULT_TASKS
 from service.cli.common import ApiKey, Json, Space, Timeout, Url, client, emit, fail, format_option, terminal_safe
-from service.cli.route_file import answer_line, none_reason, route_file
+from service.cli.route_file import EMPTY_SPACE, answer_line, none_reason, route_file
 
 app = typer.Typer()
 
@@ -99,7 +99,7 @@ def route(prompt: Annotated[str | None, typer.Argument(help="The prompt (or --fi
         lines.append(f"{i:>4}  {m.score:8.4f}  {m.faiss_score:7.4f}  {m.activation:6.3f}  {m.error:6.3f}  {rank}{lex}"
                      f"{m.name} (id {m.task_id})")
     if not res.matches:
-        lines = ["none: the space has no ready task to route to (add one first)"]
+        lines = [EMPTY_SPACE]
     elif res.none:
         lines.append(f"none: {none_reason(res)}")
     else:

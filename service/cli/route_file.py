@@ -19,6 +19,12 @@ ROUTE_BATCH = 64
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
 
 
+
+EMPTY_SPACE = ("none: the space has no ready task to route to (add one first; tasks made with another model are in "
+               "that model's space, which `tasks list` shows: route there with --space)")
+"""What a route answer without matches says: its space holds no ready task (a store opened with another model
+serves an empty space of its own, and "add one first" alone misled)."""
+
 def answer_line(res: Any) -> str:
     """``answer: NAME (confidence …; score … ≥ threshold …)`` for a route answer that names a task."""
     best = res.matches[0]
@@ -145,7 +151,7 @@ def route_file(file: Path, k: int, threshold: float | None, url: str | None, api
                 print(json.dumps({"line": lineno, **r.model_dump(mode="json")}), flush=True)
                 continue
             said = (answer_line(r) if r.matches and not r.none else f"none: {none_reason(r)}" if r.matches
-                    else "none: the space has no ready task to route to (add one first)")
+                    else EMPTY_SPACE)
             print(terminal_safe(f"{file}:{lineno}: {said}" + (" (truncated)" if r.truncated else "")), flush=True)
 
     with client(url, api_key, timeout) as cl:

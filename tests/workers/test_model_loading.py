@@ -46,6 +46,21 @@ def test_dtypes(gpt2_dir: Path, gpt2_lm: LoadedModel) -> None:
         load_causal_lm(str(gpt2_dir), dtype="int8")
 
 
+def test_a_checkpoint_whose_values_a_dtype_holds_keeps_its_key_in_it(gpt2_dir: Path, tmp_path: Path) -> None:
+    """The documented rule (docs/ARCHITECTURE.md, "Mixing is an error"): weights are hashed as loaded, so a
+    bfloat16 checkpoint has one key in float32 and bfloat16, and a float32 one a key per dtype that rounds it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    saved = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(gpt2_dir, dtype=torch.bfloat16).save_pretrained(saved)
+    AutoTokenizer.from_pretrained(gpt2_dir).save_pretrained(saved)
+    keys = {dt: load_causal_lm(str(saved), device="cpu", dtype=dt).fingerprint.key() for dt in ("float32", "bfloat16")}
+    assert keys["float32"] == keys["bfloat16"]
+    rounded = {dt: load_causal_lm(str(gpt2_dir), device="cpu", dtype=dt).fingerprint.key()
+               for dt in ("float32", "bfloat16")}
+    assert rounded["float32"] != rounded["bfloat16"]
+
+
 def test_device_resolution(gpt2_dir: Path) -> None:
     assert ml.resolve_device("cpu") == torch.device("cpu")
     assert ml.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -150,3 +165,51 @@ def test_sketch_gemm_dtype_is_bf16_only_for_a_bf16_model_on_a_gpu() -> None:
         Sketcher(spec, dtype=torch.float16).sketch(a, e, np.arange(4))
     for dtype in (torch.float32, torch.bfloat16):
         assert np.isfinite(Sketcher(spec, dtype=dtype).sketch(a.to(dtype), e, np.arange(4)).signature()).all()
+
+
+def test_a_checkpoint_without_its_head_or_a_layer_is_refused(tmp_path: Path) -> None:
+    """transformers fills a checkpoint's missing tensors with random values and loads: a base model saved without
+    its LM head was served with a random head, a new fingerprint at every start (every restart an empty space),
+    and a checkpoint short of a layer sketched with random weights (a model review, 2026-12-07)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModel
+
+    from tests.tiny_models import save_tiny_llama
+
+    full = save_tiny_llama(tmp_path / "llama")
+    base = tmp_path / "base"
+    AutoModel.from_pretrained(full).save_pretrained(base)  # the decoder alone: no lm_head
+    for f in full.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy(f, base / f.name)
+    shutil.copy(full / "config.json", base / "config.json")  # a causal-LM config, as a hub base model has
+    with pytest.raises(ModelUnavailable, match=r"lacks 1 of the model's tensors \(lm_head\.weight\)") as info:
+        load_causal_lm(str(base), device="cpu")
+    assert info.value.detail["missing_tensors"] == ["lm_head.weight"]
+    short = tmp_path / "short"
+    shutil.copytree(full, short)
+    weights = load_file(short / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, short / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(ModelUnavailable, match=r"lacks \d+ of the model's tensors \(model\.layers\.1\."):
+        load_causal_lm(str(short), device="cpu")
+    assert load_causal_lm(str(full), device="cpu").K > 0  # the whole checkpoint loads
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path: Path) -> None:
+    """Its highest ids index past the model: jobs dropped those samples ("token_out_of_range") or failed saying
+    each sample needs two tokens, and prompts were refused, while the model said it was ready."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from tests.tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    small = tmp_path / "small-vocab"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer) - 40, hidden_size=16, intermediate_size=32,
+                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                 max_position_embeddings=64)).save_pretrained(small)
+    tokenizer.save_pretrained(small)
+    with pytest.raises(ModelUnavailable, match=rf"tokenizer has {len(tokenizer)} tokens but the model has "
+                                               rf"{len(tokenizer) - 40} rows"):
+        load_causal_lm(str(small), device="cpu")
+    assert len(AutoTokenizer.from_pretrained(small)) == len(tokenizer)
