@@ -434,6 +434,16 @@ def test_keyboard_focus_escape_titles_and_links_that_keep_the_view(serve: Any, t
     page.locator("#tooltip").wait_for(state="visible")
     page.keyboard.press("Escape")
     page.locator("#tooltip").wait_for(state="hidden")
+    # a legend entry shows its group alone (groups were told apart by colour only), and again shows every group
+    item = page.locator("[data-testid=legend-item]").first
+    group = item.get_attribute("data-group")
+    item.click()
+    dims = "els => els.map((e) => [e.dataset.group, e.classList.contains('dim')])"
+    states = page.locator("[data-testid=atlas-point]").evaluate_all(dims)
+    assert all(dim == (g != group) for g, dim in states) and any(not dim for _, dim in states), (group, states)
+    assert page.locator("[data-testid=legend-item]").first.get_attribute("aria-pressed") == "true"
+    page.locator("[data-testid=legend-item]").first.click()
+    assert not any(dim for _, dim in page.locator("[data-testid=atlas-point]").evaluate_all(dims))
     # Escape disarms the delete; the delete is said on the page it goes to
     page.goto(f"{svc.url}/dashboard/#/task/{ids[2]}")
     delete = page.locator("[data-testid=task-delete]")

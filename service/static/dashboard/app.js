@@ -345,7 +345,12 @@
     }
     const none = values.length - present.length;
     if (none) legend.push({ label: "none", colour: NO_GROUP, count: none });
-    return { colourOf, legend, numeric: null };
+    const groupOf = (v) => {  // the legend entry of a value
+      if (v === null || v === undefined || v === "") return "none";
+      const key = typeof v === "object" ? JSON.stringify(v) : v;
+      return map.has(key) ? String(key) : "other";
+    };
+    return { colourOf, groupOf, legend, numeric: null };
   }
   // Sequential scale for alignments (0 → pale, 1 → deep blue), interpolated in RGB between stops.
   const SEQ_STOPS = [[247, 251, 255], [208, 225, 242], [148, 196, 223], [74, 152, 201], [23, 100, 171], [8, 48, 107]];
@@ -512,7 +517,7 @@
   }
 
   // ------------------------------------------------------------------ Atlas view
-  const atlasState = { colourBy: "cluster", space: "" };
+  const atlasState = { colourBy: "cluster", space: "", pickedGroup: null };
 
   async function viewAtlas(ctx) {
     const [atlas, tasks, spaceList] = await Promise.all([
@@ -539,7 +544,7 @@
       ...metaKeys.map((k) => [`meta:${k}`, `metadata · ${k}`])];
     if (!colourOptions.some(([v]) => v === atlasState.colourBy)) atlasState.colourBy = "cluster";
     tools.push(select("atlas-colour", "Colour by", colourOptions, atlasState.colourBy,
-      (v) => { atlasState.colourBy = v; draw(); }));
+      (v) => { atlasState.colourBy = v; atlasState.pickedGroup = null; draw(); }));
     const sampled = atlas && atlas.sampled ? ` (a sample of ${points.length} of ${atlas.total})` : "";
     root.append(pageHeader("Task atlas",
       `${points.length} task${points.length === 1 ? "" : "s"}${sampled} placed in 2-D` +
@@ -632,6 +637,7 @@
           tabindex: 0, role: "link", "aria-label": `${p.name ?? taskName(p.task)}, cluster ${p.cluster ?? "none"}` +
             (stacked > 1 ? `, one of ${stacked} tasks at one place` : ""),
           "data-testid": "atlas-point", "data-task-id": p.task_id, "data-cluster": p.cluster ?? "",
+          "data-group": groups.groupOf ? groups.groupOf(groupValue(p)) : null,
           "data-stacked": stacked > 1 ? String(stacked) : null,
         });
         const open = () => { window.location.hash = `#/task/${encodeURIComponent(p.task_id)}`; };
@@ -655,8 +661,18 @@
           sw.style.background = g.colour;
           // "0 (1)" read as two numbers: say what each is
           const what = atlasState.colourBy === "cluster" && g.label !== "none" ? `cluster ${g.label}` : g.label;
-          return h("span", { class: "legend-item" }, sw, `${what} · ${g.count} task${g.count === 1 ? "" : "s"}`);
+          // a toggle that dims every other group's marks: a group is told by more than its colour (WCAG 1.4.1; twelve
+          // hues, some close, and no labels past 60 tasks)
+          const picked = atlasState.pickedGroup === g.label;
+          return h("button", { type: "button", class: `legend-item${picked ? " picked" : ""}`, "aria-pressed": String(picked),
+            "data-testid": "legend-item", "data-group": g.label, title: picked ? "show every group" : "show this group alone",
+            onclick: () => { atlasState.pickedGroup = picked ? null : g.label; draw({ mapOnly: true }); } },
+          sw, `${what} · ${g.count} task${g.count === 1 ? "" : "s"}`);
         });
+      if (atlasState.pickedGroup !== null && !groups.legend.some((g) => g.label === atlasState.pickedGroup)) atlasState.pickedGroup = null;
+      for (const mark of marks.children) {
+        mark.classList.toggle("dim", atlasState.pickedGroup !== null && mark.getAttribute("data-group") !== atlasState.pickedGroup);
+      }
       legendBox.replaceChildren(
         h("span", { class: "legend-title" }, atlasState.colourBy.replace(/^meta:/, "metadata · ")), ...legendItems);
       mapCard.replaceChildren(svg, legendBox);
