@@ -217,8 +217,12 @@ def _release_after_store_error(ctx: WorkerContext, claim: job_store.Claim, exc: 
     job failed it ("the worker stopped each time"), and a failed release left the job running under this lease: its
     retry was skipped until a sweep found it stale. An outage past the stale window, where another process's sweep
     re-queued the job first, is not counted either (``release_job``'s ``worker``); retries stopped at half that
-    window, and it counted. Another store error (a lock wait, a statement timeout) counts, as before."""
-    outage = db.is_unreachable_error(exc)  # a restart, a dropped link, a refused connection
+    window, and it counted. A storage fault (a full disk, a read-only data directory: :func:`atlas.db.storage_fault`)
+    is an outage too — an operator mends it and the job resumes from its checkpoint; each failed checkpoint counted,
+    and two minutes of a full disk failed a job for good, "out of memory or killed?". Another store error (a lock
+    wait, a statement timeout) counts, as before."""
+    # a restart, a dropped link, a refused connection; a full or read-only disk
+    outage = db.is_unreachable_error(exc) or db.storage_fault(exc) is not None
     start = time.monotonic()
     while True:
         try:
@@ -268,6 +272,10 @@ def _execute(ctx: WorkerContext, claim: job_store.Claim, beat: _Heartbeat) -> st
         baselines = BaselineSums.from_bytes(resume[2]) if resume[2] is not None else None
         counts = resume[3]
         log.info("job %s: resuming after %s of %s samples", claim.job_id, start, len(samples))
+    with ctx.factory.begin() as s:  # the progress starts where this attempt does (never ahead of it)
+        if not job_store.heartbeat(s, claim.job_id, claim.lease, job_progress.of_start(
+                start, len(samples), counts.tokens if counts else 0, counts.tokens_streamed if counts else 0)).alive:
+            raise LeaseLost(claim.job_id)
 
     def on_checkpoint(res: ExtractionResult, *, last: bool = False) -> None:
         if res.samples_done >= res.samples_total and not last:

@@ -175,10 +175,14 @@ class LoadedModel:
         embeddings = model.get_input_embeddings()
         rows = int(getattr(embeddings, "num_embeddings", 0) or getattr(getattr(embeddings, "weight", None), "shape",
                                                                          (K,))[0])
-        if len(tokenizer) > min(rows, K):  # its highest ids would index past the model: samples dropped, jobs failed
+        # a text token the model has no row for: samples dropped ("token_out_of_range"), jobs failed, prompts refused
+        # (special tokens are not counted: a pad token added without resizing the model is never fed to it)
+        special = set(getattr(tokenizer, "all_special_ids", None) or [])
+        highest = max((i for i in tokenizer.get_vocab().values() if i not in special), default=-1)
+        if highest >= min(rows, K):
             raise ModelUnavailable(
-                f"model {name!r}: its tokenizer has {len(tokenizer)} tokens but the model has {min(rows, K)} rows of "
-                "vocabulary (input embeddings or output head); the tokenizer is not this model's",
+                f"model {name!r}: its tokenizer has text tokens up to id {highest} but the model has {min(rows, K)} "
+                "rows of vocabulary (input embeddings or output head); the tokenizer is not this model's",
                 detail={"model": name, "tokenizer_tokens": len(tokenizer), "model_vocabulary": min(rows, K)})
         try:
             transform = detect_logit_transform(model.config)

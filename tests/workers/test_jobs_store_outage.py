@@ -58,3 +58,46 @@ def _run(job_id: int, ctx: WorkerContext) -> object:
         return run_job(job_id, ctx)
     except TransientJobError as exc:
         return exc
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_full_disk_requeues_the_job_without_counting_an_attempt(ctx: WorkerContext, space_id: int) -> None:
+    """A full disk is an outage an operator mends, not the job's fault: each failed checkpoint counted an attempt,
+    and two minutes of a full disk failed a job for good as if its worker had died (a chaos review, 2026-12-07).
+    SQLite's own "database or disk is full", made by capping the file's pages (``max_page_count``) at its size."""
+    from sqlalchemy import event, text
+
+    engine = ctx.factory.kw["bind"]
+    full = threading.Event()
+
+    @event.listens_for(engine, "checkout")
+    def cap(dbapi_conn: object, _record: object, _proxy: object) -> None:
+        cur = dbapi_conn.cursor()  # type: ignore[attr-defined]
+        pages = cur.execute("PRAGMA page_count").fetchone()[0]
+        cur.execute(f"PRAGMA max_page_count = {pages if full.is_set() else 1 << 30}")
+        cur.close()
+
+    _task_id, job_id = create(ctx, space_id, "long", make_samples(3000, seed=3))
+    outcome: list[object] = []
+    runner = threading.Thread(target=lambda: outcome.append(_run(job_id, ctx)))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while True:  # running, with a checkpoint stored: the disk fills mid-job
+        with ctx.factory() as s:
+            job = job_store.get_job(s, job_id)
+        if job.status == "running" and job.progress.get("samples_done", 0) > 0:
+            break
+        assert job.status in ("queued", "running") and time.monotonic() < deadline, job.status
+        time.sleep(0.05)
+    full.set()
+    runner.join(120)
+    assert not runner.is_alive() and len(outcome) == 1
+    assert isinstance(outcome[0], TransientJobError) and "disk is full" in str(outcome[0]), outcome
+    full.clear()
+    with ctx.factory() as s:
+        job = job_store.get_job(s, job_id)
+        assert s.execute(text("PRAGMA max_page_count")).scalar_one() == 1 << 30
+    assert job.status == "queued" and job.attempts == 0, (job.status, job.attempts, job.error)
+    assert run_job(job_id, ctx) == "succeeded"  # the disk mended: the retry resumes it
+    with ctx.factory() as s:
+        assert job_store.get_job(s, job_id).attempts == 1

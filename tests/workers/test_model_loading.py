@@ -209,7 +209,7 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path: Path
                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                  max_position_embeddings=64)).save_pretrained(small)
     tokenizer.save_pretrained(small)
-    with pytest.raises(ModelUnavailable, match=rf"tokenizer has {len(tokenizer)} tokens but the model has "
-                                               rf"{len(tokenizer) - 40} rows"):
+    with pytest.raises(ModelUnavailable, match=rf"tokenizer has text tokens up to id {len(tokenizer) - 1} but the "
+                                               rf"model has {len(tokenizer) - 40} rows"):
         load_causal_lm(str(small), device="cpu")
     assert len(AutoTokenizer.from_pretrained(small)) == len(tokenizer)
