@@ -246,6 +246,23 @@ def install_error_handlers(app: FastAPI) -> None:
 _installed = False
 
 
+def _redact_record(record: logging.LogRecord, clean: str) -> None:
+    """Mask the secrets of ``record`` whose formatted message is ``clean`` once masked. Its arguments are masked one by
+    one and kept, since a formatter may read them (uvicorn's access lines take the client, method, path and status
+    from ``args``: collapsed into the message, each such line was a "--- Logging error ---" with a traceback, and the
+    exception being handled printed the secret unmasked); a secret that only their formatting makes is masked in the
+    message, with the arguments dropped, except for an access line, which must keep them."""
+    if isinstance(record.args, tuple) and record.args:
+        record.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in record.args)
+        try:
+            kept = redact_secrets(record.getMessage()) == record.getMessage()
+        except (TypeError, ValueError):
+            kept = False
+        if kept or record.name == "uvicorn.access":
+            return
+    record.msg, record.args = clean, None
+
+
 def install_log_redaction() -> None:
     """Mask secrets (URL passwords, API keys, tokens) in every log record of this process, once.
 
@@ -264,7 +281,7 @@ def install_log_redaction() -> None:
             message = record.getMessage()
             clean = redact_secrets(message)
             if clean != message:
-                record.msg, record.args = clean, None
+                _redact_record(record, clean)
             if record.exc_info and record.exc_info[0] is not None:
                 record.exc_text = redact_secrets(logging.Formatter().formatException(record.exc_info))
         except Exception:  # never let redaction break logging

@@ -61,3 +61,47 @@ def test_own_origin_matches_what_a_browser_sends(host: str, port: int) -> None:
     assert _normal_origin(f"http://{name}:{port}") == _origin_of("http", f"{name}:{port}")
     assert _host_name(f"{name}:{port}") == name
     assert _host_name(f"[::1]:{port}") == "::1"
+
+
+def test_an_idle_client_saves_no_more_than_its_burst() -> None:
+    """The bucket's fill is capped at its burst: without the cap an idle client saved up without bound (a mutation
+    of the cap survived the property test above, whose gaps are short)."""
+    bucket = TokenBucket(1.0, 3)
+    assert bucket.take("c", now=0.0) == 0
+    assert [bucket.take("c", now=1000.0) == 0 for _ in range(10)] == [True] * 3 + [False] * 7
+
+
+def test_access_lines_keep_their_fields_and_mask_secrets(capsys: object) -> None:
+    """uvicorn's access formatter reads the client, method, path and status from the record's arguments: the log
+    redaction folded them into the message, so a request whose URL held a key-like string (a task named
+    ``fa_molecules_v2``, a key in a query string) logged "--- Logging error ---" and a traceback in place of its
+    line, and the exception being handled printed the secret unmasked (an operations review, 2026-12-07)."""
+    import io
+    import logging
+
+    from uvicorn.logging import AccessFormatter
+
+    from service.errors import install_log_redaction
+
+    install_log_redaction()
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s', use_colors=False))
+    access = logging.getLogger("uvicorn.access")
+    access.addHandler(handler)
+    old_level, access.propagate = access.level, False
+    access.setLevel(logging.INFO)
+    secret = "fa_" + "Q" * 43
+    try:
+        access.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5555", "GET", f"/v1/tasks?api_key={secret}&token=t0ken",
+                    "1.1", 404)
+        logging.getLogger("atlas.test").warning("opened %s with password=%s", "db", "hunter2secret")
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(old_level)
+        access.propagate = True
+    line = out.getvalue()
+    assert line.startswith('127.0.0.1:5555 - "GET /v1/tasks?api_key=***&token=*** HTTP/1.1" 404'), line
+    assert secret not in line and "Logging error" not in line
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert "Logging error" not in err and secret not in err
