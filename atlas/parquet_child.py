@@ -52,15 +52,15 @@ def read_parquet_isolated(data: bytes, filename: str, mode: Mode, limits: Sample
     except subprocess.TimeoutExpired:
         raise InvalidInput(f"{filename}: not a readable Parquet file: reading it took over {CHILD_TIMEOUT_S:.0f} s",
                            {"filename": filename}) from None
-    if done.returncode < 0:  # killed by a signal: the reader aborted on the file
+    try:  # an answer written whole stands, however the child ended after it
+        answer = json.loads(done.stdout) if done.stdout else None
+    except ValueError:
+        answer = None
+    if done.returncode < 0 and not isinstance(answer, dict):  # killed by a signal: the reader aborted on the file
         log.warning("the Parquet reader of %r crashed (signal %d): %s", filename, -done.returncode,
                     done.stderr[-500:].decode(errors="replace"))
         raise InvalidInput(f"{filename}: not a readable Parquet file: its reader crashed on it (signal "
                            f"{-done.returncode})", {"filename": filename})
-    try:
-        answer = json.loads(done.stdout) if done.returncode == 0 else None
-    except ValueError:
-        answer = None
     if not isinstance(answer, dict):
         raise RuntimeError(f"the Parquet reader process failed (exit status {done.returncode}): "
                            f"{done.stderr[-2000:].decode(errors='replace')}")
@@ -90,6 +90,9 @@ def _child() -> None:
                   "detail": None}
     sys.stdout.buffer.write(json.dumps(answer).encode())
     sys.stdout.buffer.flush()
+    # no interpreter teardown: pyarrow's C++ threads ending with it aborted the child now and then ("terminate called
+    # without an active exception", SIGABRT) after its answer was written, and a valid file was refused at random
+    os._exit(0)
 
 
 if __name__ == "__main__":
