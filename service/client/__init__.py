@@ -15,6 +15,7 @@ from service.client.aio import AsyncAtlasClient
 from service.client.calls import DEFAULT_URL
 from service.client.errors import (
     AtlasClientError,
+    BadGateway,
     ClientClosed,
     Conflict,
     Forbidden,
@@ -36,6 +37,7 @@ __all__ = [
     "AsyncAtlasClient",
     "AtlasClient",
     "AtlasClientError",
+    "BadGateway",
     "ClientClosed",
     "Conflict",
     "Forbidden",

@@ -1,9 +1,10 @@
 """The client, defined once: :class:`AsyncAtlasClient` (the sync :class:`~service.client.AtlasClient` runs
 these same coroutines on a private event loop).
 
-Reads (GETs and the read-only POSTs) are retried with tenacity on connection errors, 429 and 503,
-honouring ``Retry-After``; so are ``add_task`` and ``append`` given an ``idempotency_key`` (the service answers
-a repeat with the first request's task and job), while writes without one are never retried. Job progress is
+Reads (GETs and the read-only POSTs) are retried with tenacity on connection errors, 429, 502, 503 and 504,
+honouring ``Retry-After``; so are ``add_task`` and ``append``, which carry an ``Idempotency-Key`` (a fresh one per
+call unless given; the service answers a repeat with the first request's task and job), while other writes are never
+retried. Job progress is
 followed over server-sent events (httpx-sse), with polling as the fallback.
 """
 
@@ -195,9 +196,10 @@ class AsyncAtlasClient:
                        filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                        wait_timeout: float | None = None, idempotency_key: str | None = None) -> TaskCreated:
         """``POST /v1/tasks`` from a file path / bytes (``file``) or records (``samples``); with ``wait``
-        the job is followed until it ends (``on_progress`` sees every update). With ``idempotency_key`` the
-        same call can be sent again safely — this client does so on a failed connection, 429 and 503, as for a
-        read: the service answers the first one's task and job."""
+        the job is followed until it ends (``on_progress`` sees every update). The call carries an
+        ``Idempotency-Key`` (``idempotency_key``, else a fresh one; ``""`` sends none), so it is sent again safely —
+        this client does so on a failed connection, 429, 502, 503 and 504, as for a read: the service answers the
+        first one's task and job. Give your own key to make your own retries of the call safe too."""
         created: TaskCreated = await self._send(calls.add_task(name, file, samples, mode, metadata, space, filename,
                                                                idempotency_key))
         if not wait:
@@ -208,9 +210,9 @@ class AsyncAtlasClient:
     async def append(self, task_id: int, file: FileArg = None, *, samples: Sequence[SampleArg] | None = None,
                      filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                      wait_timeout: float | None = None, idempotency_key: str | None = None) -> JobOut:
-        """``POST /v1/tasks/{id}/samples``; the job (final with ``wait``). With ``idempotency_key`` the same call
-        can be sent again safely (this client does so on a failed connection, 429 and 503): the samples are
-        appended once."""
+        """``POST /v1/tasks/{id}/samples``; the job (final with ``wait``). The call carries an ``Idempotency-Key``
+        (``idempotency_key``, else a fresh one; ``""`` sends none), so it is sent again safely (this client does so
+        on a failed connection, 429, 502, 503 and 504): the samples are appended once."""
         accepted = await self._send(calls.append(task_id, file, samples, filename, idempotency_key))
         if not wait:
             return accepted.job  # type: ignore[no-any-return]

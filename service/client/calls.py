@@ -7,6 +7,7 @@ import json
 import numbers
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -224,8 +225,12 @@ def _record(sample: SampleArg, i: int) -> dict[str, str]:
 
 
 def idempotency(key: str | None) -> dict[str, str] | None:
-    """The ``Idempotency-Key`` header of a write (``None``: no header)."""
-    return {"Idempotency-Key": key} if key is not None else None
+    """The ``Idempotency-Key`` header of a write: ``key``, a fresh one when ``None`` (so the write is retried safely
+    when its answer is lost: a cut connection after the service stored the task raised ``Unreachable``, and the
+    caller's retry met a 409 or appended twice), none when ``""``."""
+    if key == "":
+        return None
+    return {"Idempotency-Key": key if key is not None else f"client-{uuid.uuid4()}"}
 
 
 def add_task(name: str, file: FileArg, samples: Sequence[SampleArg] | None, mode: str,

@@ -84,6 +84,11 @@ class Unavailable(AtlasClientError):
     """503: no model serves the space, or the store is busy; ``retry_after`` says when to retry."""
 
 
+class BadGateway(Unavailable):
+    """502 or 504 from a proxy in front of the service (it is restarting, or did not answer in time): retried and
+    waited out as a 503 is."""
+
+
 ERRORS_BY_CODE: dict[str, type[AtlasClientError]] = {
     "unreachable": Unreachable, "invalid_input": InvalidInput, "not_found": NotFound, "conflict": Conflict,
     "not_ready": NotReady, "incompatible_space": IncompatibleSpace, "payload_too_large": PayloadTooLarge,
@@ -96,7 +101,8 @@ ERRORS_BY_CODE: dict[str, type[AtlasClientError]] = {
 
 ERRORS_BY_STATUS: dict[int, type[AtlasClientError]] = {
     401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: PayloadTooLarge,
-    415: UnsupportedMediaType, 422: InvalidInput, 429: RateLimited, 503: Unavailable,
+    415: UnsupportedMediaType, 422: InvalidInput, 429: RateLimited, 502: BadGateway, 503: Unavailable,
+    504: BadGateway,
 }
 """Fallback by HTTP status for codes this client does not know."""
 
