@@ -68,7 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(answer.content)
 
-    do_GET = do_POST = do_DELETE = do_PATCH = _handle
+    do_GET = do_POST = do_DELETE = do_PATCH = _handle  # noqa: N815 (http.server's names)
 
 
 @pytest.fixture
