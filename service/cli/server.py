@@ -38,12 +38,31 @@ APP_LOGGERS = ("atlas", "workers", "service", "fisher_atlas")
 """The packages whose loggers ``serve`` writes to stderr beside uvicorn's."""
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+"""uvicorn's log levels (``--log-level``)."""
+LOG_TIME = "%(asctime)s "
+"""Every line of the service's log starts with its time (none did: an operator could not tell when anything
+happened; an operations review, 2026-12-07)."""
+
+
+def uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn's logging configuration with the time in front of each line (its access lines and its own)."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = LOG_TIME + formatter["fmt"]
+    return config
+
+
 def app_logging(level: str) -> None:
     """Write the service's own loggers (:data:`APP_LOGGERS`) to stderr at uvicorn's ``--log-level``, in its format.
     uvicorn configures its loggers only: an index rebuilt at start from a corrupt file, a job's outcome and the
     sweep's re-queued jobs went unsaid (warnings reached stderr bare, through Python's last-resort handler)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(f"{LOG_TIME}%(levelname)s:     %(name)s: %(message)s"))
     numeric = logging.DEBUG if level.lower() == "trace" else logging.getLevelName(level.upper())
     for name in APP_LOGGERS:
         logger = logging.getLogger(name)
@@ -98,7 +117,8 @@ def serve(
     queue: Annotated[str | None, typer.Option(envvar="FISHER_ATLAS_QUEUE", help="inprocess or celery.")] = None,
     sketch_dim: Annotated[int | None, typer.Option(envvar="FISHER_ATLAS_SKETCH_DIM", help="Signature length m.")]
     = None,
-    log_level: Annotated[str, typer.Option(envvar="FISHER_ATLAS_LOG_LEVEL", help="uvicorn log level.")] = "info",
+    log_level: Annotated[str, typer.Option(envvar="FISHER_ATLAS_LOG_LEVEL",
+                                           help="Log level: critical, error, warning, info, debug or trace.")] = "info",
 ) -> None:
     """Run the HTTP service (embedded defaults: SQLite, on-disk FAISS, in-process worker, bundled model)."""
     import uvicorn
@@ -107,6 +127,10 @@ def serve(
     from service.app import create_app
     from service.auth import check_bind_allowed, check_origins_allowed, count_active_keys
 
+    if log_level.lower() not in LOG_LEVELS:  # uvicorn's KeyError came as a traceback, after the migration
+        raise fail(f"--log-level (FISHER_ATLAS_LOG_LEVEL) must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}",
+                   2)
+    log_level = log_level.lower()
     s = settings(host=host, port=port, data_dir=data_dir, database_url=database_url, model=model, queue=queue,
                  sketch_dim=sketch_dim)
     try:
@@ -126,7 +150,8 @@ def serve(
         raise fail(str(exc)) from None
     check_port_free(s.host, s.port)
     app_logging(log_level)
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=log_level, proxy_headers=False)
+    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=log_level, proxy_headers=False,
+                log_config=uvicorn_log_config())
 
 
 @app.command()

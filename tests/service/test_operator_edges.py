@@ -68,10 +68,29 @@ def test_a_corrupt_index_is_rebuilt_with_a_warning_that_serve_writes(serve: Any,
             assert r.status_code == 200 and r.json()["matches"][0]["name"] == "prose", r.text  # rebuilt from SQL
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     said = err.decode()
     assert "WARNING:     atlas.index: index of space 1: rebuilt (checksum mismatch" in said, said[-3000:]
     assert "INFO:     workers.calibration" not in said or "routing calibrated" in said  # the app's own loggers
+    # every line starts with its time, uvicorn's own and access lines too (an operations review, 2026-12-07)
+    import re
+
+    stamped = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING|ERROR|DEBUG|CRITICAL)")
+    lines = [ln for ln in (said + out.decode()).splitlines()
+             if re.match(r"^\S*(INFO|WARNING|ERROR)", ln) or stamped.match(ln)]
+    assert lines and all(stamped.match(ln) for ln in lines), lines[:5]
+    assert any('"POST /v1/route HTTP/1.1" 200' in ln for ln in lines), lines[-5:]  # an access line (stdout)
+
+
+def test_a_log_level_uvicorn_does_not_know_is_a_usage_error(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``--log-level verbose`` was a 60-line traceback (uvicorn's KeyError), after the database was migrated."""
+    from service.cli import main
+
+    assert main(["serve", "--data-dir", str(tmp_path / "data"), "--log-level", "verbose"]) == 2
+    err = capsys.readouterr().err
+    assert "--log-level (FISHER_ATLAS_LOG_LEVEL) must be one of critical, error, warning, info" in err
+    assert "Traceback" not in err and not (tmp_path / "data").exists()
 
 
 def test_serve_on_a_port_in_use_stops_before_loading_its_model(tmp_path: Path,
