@@ -287,8 +287,9 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
         load_kwargs["device_map"] = str(torch_device)  # load straight onto the GPU, no full CPU copy
     try:
         with _quiet_unless_terminal():
-            model, loading = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, output_loading_info=True,
-                                                                  **load_kwargs)
+            loaded: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, output_loading_info=True,
+                                                               **load_kwargs)
+        model, loading = loaded  # with output_loading_info: (model, {"missing_keys": [...], ...})
     except Exception as ex:
         raise _unavailable(name, revision, is_local, "model weights", ex) from ex
     missing = sorted(loading.get("missing_keys") or [])

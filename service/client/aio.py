@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
@@ -25,7 +25,15 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples
 from service.client import calls
 from service.client.calls import Call, FileArg, JobWatch, ProgressCallback, SampleArg, id_list, path_id
-from service.client.errors import AtlasClientError, ClientClosed, InvalidInput, RateLimited, Unavailable, Unreachable
+from service.client.errors import (
+    AtlasClientError,
+    ClientClosed,
+    CreatedButNotDone,
+    InvalidInput,
+    RateLimited,
+    Unavailable,
+    Unreachable,
+)
 from service.client.exports import import_source, write_export
 from service.schemas import (
     AlignMatrixResponse,
@@ -164,13 +172,16 @@ class AsyncAtlasClient:
         return calls.parse(call, resp)
 
     async def _send(self, call: Call[Any]) -> Any:
-        if not call.idempotent or self.retries == 1:
-            return await self._once(call)
-        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries), wait=_wait_for,
-                                           retry=retry_if_exception(_retryable), reraise=True):
-            with attempt:
+        try:
+            if not call.idempotent or self.retries == 1:
                 return await self._once(call)
-        raise AssertionError("unreachable")  # pragma: no cover
+            async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries), wait=_wait_for,
+                                               retry=retry_if_exception(_retryable), reraise=True):
+                with attempt:
+                    return await self._once(call)
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            call.close()  # a path's upload, streamed from the file it opened
 
     # -- health ------------------------------------------------------------------------------------
 
@@ -191,7 +202,7 @@ class AsyncAtlasClient:
 
     # -- tasks -------------------------------------------------------------------------------------
 
-    async def add_task(self, name: str, file: FileArg = None, *, samples: Sequence[SampleArg] | None = None,
+    async def add_task(self, name: str, file: FileArg = None, *, samples: Iterable[SampleArg] | None = None,
                        mode: str = "text", metadata: dict[str, Any] | None = None, space: str | int | None = None,
                        filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                        wait_timeout: float | None = None, idempotency_key: str | None = None) -> TaskCreated:
@@ -204,10 +215,14 @@ class AsyncAtlasClient:
                                                                idempotency_key))
         if not wait:
             return created
-        job = await self.wait_job(created.job.id, on_progress=on_progress, timeout=wait_timeout)
+        try:
+            job = await self.wait_job(created.job.id, on_progress=on_progress, timeout=wait_timeout)
+        except TimeoutError as exc:  # the created task was lost with the wait (the message named the job alone)
+            raise CreatedButNotDone(f"task {created.task.id} ({created.task.name!r}) was created; {exc}",
+                                    created) from exc
         return TaskCreated(task=await self.get_task(created.task.id), job=job)
 
-    async def append(self, task_id: int, file: FileArg = None, *, samples: Sequence[SampleArg] | None = None,
+    async def append(self, task_id: int, file: FileArg = None, *, samples: Iterable[SampleArg] | None = None,
                      filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                      wait_timeout: float | None = None, idempotency_key: str | None = None) -> JobOut:
         """``POST /v1/tasks/{id}/samples``; the job (final with ``wait``). The call carries an ``Idempotency-Key``

@@ -25,7 +25,7 @@ from service.schemas_routing import RouteResponse
 DEFAULT_URL = "http://127.0.0.1:8000"
 T = TypeVar("T", bound=BaseModel)
 ProgressCallback = Callable[[JobOut], None]
-FileArg = str | os.PathLike[str] | bytes | None
+FileArg = str | os.PathLike[str] | bytes | BinaryIO | None
 FilePart = tuple[str, bytes | BinaryIO, str]
 """A multipart file part: its name, its content (bytes, or a binary file streamed by httpx) and content type."""
 IDEMPOTENT_POSTS = ("/v1/route", "/v1/align/matrix")
@@ -46,6 +46,15 @@ class Call(Generic[T]):
     as_json: bool = False
     """Without a model: return the decoded JSON instead of the raw bytes."""
     headers: dict[str, str] | None = None
+    opened: list[BinaryIO] = field(default_factory=list)
+    """Files this call opened (a path's upload, streamed; httpx reads a file part from its start at each sending,
+    a retry's too): closed by :meth:`close`."""
+
+    def close(self) -> None:
+        """Close the files this call opened (a caller's own file stays open)."""
+        for f in self.opened:
+            f.close()
+        self.opened.clear()
 
     @property
     def idempotent(self) -> bool:
@@ -124,6 +133,8 @@ def parse(call: Call[T], resp: httpx.Response) -> Any:
 def decode(call: Call[T], resp: httpx.Response) -> Any:
     """:func:`parse` of an answer whose status was already judged."""
     if call.model is None and not call.as_json:
+        if call.method == "DELETE" and resp.status_code != 204:  # the service's delete answers 204, no content
+            raise unexpected(resp, f"{_not_ours(resp)}, {NOT_THE_SERVICE}")
         return resp.content
     try:
         if call.model is None:
@@ -197,22 +208,30 @@ SampleArg = str | Mapping[str, str]
 """One sample of ``add_task``/``append``: a text, or a ``{"text"}`` / ``{"prompt", "completion"}`` mapping."""
 
 
-def upload(file: FileArg, samples: Sequence[SampleArg] | None, filename: str | None
+def upload(file: FileArg, samples: Iterable[SampleArg] | None, filename: str | None
            ) -> tuple[dict[str, FilePart] | None, list[dict[str, str]] | None]:
     """Multipart file part or JSON records of an upload (exactly one of ``file`` / ``samples``); a text sample
     becomes ``{"text": ...}`` as in the library (a list of texts raised "dictionary update sequence element #0
-    has length 1")."""
+    has length 1"); samples may come from any iterable (a generator was refused). A path is opened and streamed
+    (its bytes were read whole into memory: ~200 MB of client for a 50 MB file), as is a binary file given open
+    (a raw ``TypeError`` before), whole from its start; the caller of :func:`add_task` / :func:`append` closes a
+    file it opened (:meth:`Call.close`)."""
     if (file is None) == (samples is None):
         raise ValueError("give exactly one of 'file' or 'samples'")
     if samples is not None:
-        if isinstance(samples, str | bytes) or not isinstance(samples, Sequence):
-            raise TypeError(f"samples are a list of texts or dicts, not {type(samples).__name__}")
+        if isinstance(samples, str | bytes | Mapping) or not isinstance(samples, Iterable):
+            raise TypeError(f"samples are an iterable of texts or dicts, not {type(samples).__name__}")
         return None, [_record(s, i) for i, s in enumerate(samples)]
     if isinstance(file, bytes):
         return {"file": (filename or "upload.jsonl", file, "application/octet-stream")}, None
     assert file is not None
-    path = Path(os.fspath(file))
-    return {"file": (filename or path.name, path.read_bytes(), "application/octet-stream")}, None
+    if hasattr(file, "read"):
+        if not hasattr(file, "seek") or not hasattr(file, "tell"):
+            raise TypeError("a file given open must be seekable (it is sent from its start, again on a retry)")
+        name = filename or Path(str(getattr(file, "name", "upload.jsonl"))).name
+        return {"file": (name, cast(BinaryIO, file), "application/octet-stream")}, None
+    path = Path(os.fspath(cast("str | os.PathLike[str]", file)))
+    return {"file": (filename or path.name, path.open("rb"), "application/octet-stream")}, None
 
 
 def _record(sample: SampleArg, i: int) -> dict[str, str]:
@@ -233,11 +252,12 @@ def idempotency(key: str | None) -> dict[str, str] | None:
     return {"Idempotency-Key": key if key is not None else f"client-{uuid.uuid4()}"}
 
 
-def add_task(name: str, file: FileArg, samples: Sequence[SampleArg] | None, mode: str,
+def add_task(name: str, file: FileArg, samples: Iterable[SampleArg] | None, mode: str,
              metadata: dict[str, Any] | None, space: str | int | None, filename: str | None,
              idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks`` as JSON records or a multipart upload."""
     files, records = upload(file, samples, filename)
+    opened = _opened(file, files)
     headers = idempotency(idempotency_key)
     if records is not None:
         body: dict[str, Any] = {"name": name, "mode": mode, "metadata": metadata or {}, "samples": records}
@@ -250,7 +270,7 @@ def add_task(name: str, file: FileArg, samples: Sequence[SampleArg] | None, mode
         raise InvalidInput(0, "invalid_input", f"the metadata cannot be sent as JSON: {exc}") from None
     if space is not None:
         data["space"] = str(space)
-    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers)
+    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers, opened=opened)
 
 
 def path_id(value: object, what: str = "id") -> int:
@@ -277,15 +297,23 @@ def id_list(values: object, what: str = "id") -> list[int]:
     return [path_id(v, what) for v in items]
 
 
-def append(task_id: int, file: FileArg, samples: Sequence[SampleArg] | None, filename: str | None,
+def append(task_id: int, file: FileArg, samples: Iterable[SampleArg] | None, filename: str | None,
            idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks/{id}/samples``."""
     files, records = upload(file, samples, filename)
+    opened = _opened(file, files)
     headers = idempotency(idempotency_key)
     path = f"/v1/tasks/{path_id(task_id, 'task id')}/samples"
     if records is not None:
         return Call("POST", path, JobAccepted, json={"samples": records}, headers=headers)
-    return Call("POST", path, JobAccepted, files=files, headers=headers)
+    return Call("POST", path, JobAccepted, files=files, headers=headers, opened=opened)
+
+
+def _opened(file: FileArg, files: dict[str, FilePart] | None) -> list[BinaryIO]:
+    """The file part :func:`upload` opened for a path (not a caller's open file)."""
+    if files is None or isinstance(file, bytes) or hasattr(file, "read"):
+        return []
+    return [content for _, content, _ in files.values() if not isinstance(content, bytes)]
 
 
 def route(prompt: str | Sequence[str], k: int, threshold: float | None, candidates: int | None,

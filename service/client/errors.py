@@ -89,6 +89,15 @@ class BadGateway(Unavailable):
     waited out as a 503 is."""
 
 
+class CreatedButNotDone(TimeoutError):
+    """``add_task(wait=True)`` whose wait ended before the job did (``wait_timeout``): the task exists, and
+    ``created`` (a ``TaskCreated``) says which, with its job; the job may well be running still."""
+
+    def __init__(self, message: str, created: Any) -> None:
+        super().__init__(message)
+        self.created = created
+
+
 ERRORS_BY_CODE: dict[str, type[AtlasClientError]] = {
     "unreachable": Unreachable, "invalid_input": InvalidInput, "not_found": NotFound, "conflict": Conflict,
     "not_ready": NotReady, "incompatible_space": IncompatibleSpace, "payload_too_large": PayloadTooLarge,

@@ -26,7 +26,7 @@ from service.schemas import JobOut
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import BinaryIO
 
     from service.client.calls import FileArg, ProgressCallback, SampleArg
@@ -141,11 +141,11 @@ class AtlasClient:
         # holds them to the async client's signatures; at run time the loop at the end of this module makes them)
         def health(self) -> Health: ...
         def ready(self) -> Readiness: ...
-        def add_task(self, name: str, file: FileArg = None, *, samples: Sequence[SampleArg] | None = None,
+        def add_task(self, name: str, file: FileArg = None, *, samples: Iterable[SampleArg] | None = None,
                      mode: str = "text", metadata: dict[str, Any] | None = None, space: str | int | None = None,
                      filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                      wait_timeout: float | None = None, idempotency_key: str | None = None) -> TaskCreated: ...
-        def append(self, task_id: int, file: FileArg = None, *, samples: Sequence[SampleArg] | None = None,
+        def append(self, task_id: int, file: FileArg = None, *, samples: Iterable[SampleArg] | None = None,
                    filename: str | None = None, wait: bool = False, on_progress: ProgressCallback | None = None,
                    wait_timeout: float | None = None, idempotency_key: str | None = None) -> JobOut: ...
         def get_task(self, task_id: int) -> TaskOut: ...

@@ -12,12 +12,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from service.client import AtlasClient, BadGateway, Unavailable
+from service.client import AtlasClient, AtlasClientError, BadGateway, CreatedButNotDone, Unavailable
 
 
 class _Proxy(ThreadingHTTPServer):
@@ -46,6 +47,14 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.seen.append((self.command, self.path, self.headers.get("Idempotency-Key")))
             step = self.server.script.pop(0) if self.server.script else "forward"
+        if step == "login":  # another server's page, with a 200
+            page = b"<html>login</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
         if step in ("502", "504"):
             page = b"<html><body><h1>Bad Gateway</h1>nginx</body></html>"
             self.send_response(int(step))
@@ -112,3 +121,41 @@ def test_a_proxys_502_and_504_are_retried_and_waited_out(proxy: _Proxy) -> None:
         with pytest.raises(BadGateway) as info:  # past the client's retries: a typed error, an Unavailable
             cl.get_task(created.task.id)
         assert isinstance(info.value, Unavailable) and info.value.status == 502
+
+
+def test_files_stream_and_are_sent_whole_again_and_samples_come_from_any_iterable(proxy: _Proxy,
+                                                                                  tmp_path: Path) -> None:
+    """A path's upload was read whole into memory; it is streamed from the file now, and a retry sends it from its
+    start again; an open binary file and a generator of samples are taken (a raw TypeError and a refusal before)."""
+    lines = [f'{{"text": "sample number {i} of a streamed file"}}' for i in range(40)]
+    path = tmp_path / "streamed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with AtlasClient(proxy.url, timeout=60) as cl:
+        proxy.script = ["drop"]  # the first sending's answer is lost: the file is sent again, whole
+        created = cl.add_task("streamed", file=path, wait=True)
+        assert created.task.n_samples == 40 and created.job.status == "succeeded"
+        more = tmp_path / "more.jsonl"
+        more.write_text("\n".join(line.replace("streamed", "second") for line in lines) + "\n")
+        with more.open("rb") as f:
+            f.readline()  # a caller's file is sent whole, from its start, and left open
+            proxy.script = ["drop"]
+            job = cl.append(created.task.id, f, wait=True)
+            assert not f.closed
+        assert job.status == "succeeded" and cl.get_task(created.task.id).n_samples == 80
+        made = cl.add_task("generated", samples=(f"generated sample {i} of text" for i in range(5)), wait=True)
+        assert made.task.n_samples == 5
+
+
+def test_a_delete_answered_by_another_server_and_a_wait_that_ends_first_say_so(proxy: _Proxy) -> None:
+    with AtlasClient(proxy.url, timeout=60) as cl:
+        created = cl.add_task("fox", samples=SAMPLES, wait=True)
+        proxy.script = ["login"]  # a 200 page of another server was taken as the delete done
+        with pytest.raises(AtlasClientError) as info:
+            cl.delete_task(created.task.id)
+        assert info.value.code == "unexpected_answer"
+        assert cl.get_task(created.task.id).id == created.task.id
+        big = [{"text": f"a longer sample number {i} " * 20} for i in range(300)]
+        with pytest.raises(CreatedButNotDone) as waited:  # the created task was lost with the wait
+            cl.add_task("slow", samples=big, wait=True, wait_timeout=0.01)
+        assert isinstance(waited.value, TimeoutError) and waited.value.created.task.name == "slow"
+        assert f"task {waited.value.created.task.id} ('slow') was created" in str(waited.value)
