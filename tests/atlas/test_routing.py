@@ -338,3 +338,43 @@ def test_calibration_and_view_picks_are_evenly_spaced_subsets(n: int, cap: int, 
         assert gaps.max() - gaps.min() <= 1
     sub = view_pick(pick, views)
     assert set(sub) <= set(pick) and len(sub) == min(len(pick), views) and sub == sorted(sub)
+
+
+@given(st.integers(1, 40), st.integers(1, 12), st.integers(0, 2**31 - 1))
+@settings(max_examples=60, deadline=None)
+def test_the_denominator_is_its_documented_formula(n: int, m: int, seed: int) -> None:
+    """``√(max(Ŝ, 0)(1 + κ/n_s) + n₀ σ̄²/n)``, with ``Ŝ = (‖Σψ‖² − Σ‖ψ‖²) / (n(n − 1))`` and ``σ̄² = Σ‖ψ‖² / n``,
+    computed here from the draws themselves (a noise term off by a factor of ``n`` passed every test: a test-suite
+    audit, 2026-12-07)."""
+    rng = np.random.default_rng(seed)
+    draws = rng.normal(size=(n, m)) + rng.normal(size=m)  # a shared mean and noise
+    n_samples = int(rng.integers(1, n + 1))
+    sums, sq = draws.sum(0), float((draws * draws).sum())
+    s_hat = (float(sums @ sums) - sq) / (n * (n - 1)) if n >= 2 else 0.0
+    sigma2 = sq / n
+    want = np.sqrt(max(s_hat, 0.0) * (1 + routing.PRIOR_SAMPLES / n_samples) + routing.PRIOR_DRAWS * sigma2 / n)
+    got = routing.denominator(sums, np.asarray(sq), n, n_samples)
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_the_typical_score_keeps_the_newest_scores() -> None:
+    """Past ``MAX_CAL_SCORES`` the newest held-out scores count (appends add theirs at the end): keeping the oldest
+    instead passed every test, whose lists were never that long."""
+    cap = routing.MAX_CAL_SCORES
+    old, new = [0.9] * 44, [0.1] * cap
+    kept = (sum(new) + routing.PRIOR_SAMPLES * routing.TYPICAL_PRIOR) / (cap + routing.PRIOR_SAMPLES)
+    assert routing.typical_score(old + new) == pytest.approx(kept)
+    assert routing.typical_score(old + new) != pytest.approx(routing.typical_score(new + old))
+
+
+def test_fit_leaves_a_task_of_too_few_positives_alone() -> None:
+    """A task with fewer than ``MIN_CALIBRATION`` positives keeps its threshold whatever the wrong prompts it takes
+    (a guard no test held: a cap from a few scores would be noise)."""
+    few = routing.MIN_CALIBRATION - 1
+    own = [FitItem(label=0, scores={0: 0.8, 1: 0.1}) for _ in range(few)]
+    wrong = [FitItem(label=None, scores={0: 0.5 + 0.01 * i, 1: 0.0}) for i in range(6)]
+    res = fit_thresholds(own + wrong, {0: 0.1}, {0: []}, default=0.1)
+    assert 0 not in res.thresholds
+    enough = own + [FitItem(label=0, scores={0: 0.8, 1: 0.1})]  # one more positive: now it is tuned
+    res = fit_thresholds(enough + wrong, {0: 0.1}, {0: []}, default=0.1)
+    assert res.thresholds[0] > 0.55

@@ -527,3 +527,23 @@ def test_a_json_document_without_a_suffix_is_refused() -> None:
             read_samples(data.encode(), "samples", "text")
     assert read_samples(b"[citation needed] is text\n{braces} too\n", "notes", "text") == [
         Sample(text="[citation needed] is text"), Sample(text="{braces} too")]
+
+
+def test_metadata_limits_hold_at_their_bounds() -> None:
+    """A byte or a level more than the limit is refused, the limit itself taken (no test held either bound)."""
+    from atlas.samples import MAX_METADATA_BYTES, MAX_METADATA_DEPTH
+
+    def nested(levels: int) -> dict[str, object]:
+        value: dict[str, object] = {}
+        for _ in range(levels - 1):
+            value = {"a": value}
+        return value
+
+    assert check_metadata(nested(MAX_METADATA_DEPTH))
+    with pytest.raises(InvalidInput, match="levels|deep|nest"):
+        check_metadata(nested(MAX_METADATA_DEPTH + 1))
+    frame = len(json.dumps({"k": ""}, separators=(",", ":")).encode())
+    assert check_metadata({"k": "é" * ((MAX_METADATA_BYTES - frame) // 2)})  # two bytes a character: at the limit
+    with pytest.raises(InvalidInput, match=f"has {MAX_METADATA_BYTES + 1} bytes as JSON; the limit is "
+                                           f"{MAX_METADATA_BYTES}"):
+        check_metadata({"k": "x" * (MAX_METADATA_BYTES - frame + 1)})

@@ -149,3 +149,17 @@ def test_a_pair_brings_its_prompt_to_the_template_not_its_completion() -> None:
         assert tpl.missing(TermCounts.from_texts(["Translate moon into German:"])) > 0
     text = LexicalDelta.of_samples(pairs, "text").counts  # the counts still cover the completions in text mode
     assert set(TermCounts.from_texts(["answer"]).keys.tolist()) <= set(text.keys.tolist())
+
+
+def test_the_false_reject_estimate_and_its_activation_bound() -> None:
+    """Laplace's rule ``(misses + 1) / (checks + 2)``, active at most ``TEMPLATE_FALSE_REJECT``: 48 checks without
+    a miss reach 0.02 exactly and activate the test, 47 do not (neither the rule nor the bound was held by a test:
+    a test-suite audit, 2026-12-07)."""
+    import numpy as np
+
+    keys = np.array([7, 11], dtype=np.uint32)
+    assert TaskTemplate(keys, 50, 10, 3).false_reject == 4 / 12
+    at_bound = TaskTemplate(keys, 50, 48, 0)
+    assert at_bound.false_reject == TEMPLATE_FALSE_REJECT == 1 / 50 and at_bound.active
+    assert not TaskTemplate(keys, 50, 47, 0).active
+    assert not TaskTemplate(np.array([], dtype=np.uint32), 50, 480, 0).active  # no term: nothing to test

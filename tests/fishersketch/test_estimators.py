@@ -272,3 +272,20 @@ def test_states_of_extreme_scales_align_as_at_scale_one(seed: int, scales: list[
     for name in ("fisher", "activation", "error", "proxy", "rho", "log_rho_a", "log_rho_b", "se", "fisher_eb"):
         np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-9, atol=1e-12, err_msg=name)
     assert got.pair_flags == want.pair_flags
+
+
+def test_a_joint_term_near_zero_is_clamped_and_rho_bounded_from_below() -> None:
+    """Two tasks of the same activations and the same errors (both factors 1) paired oppositely: where their
+    activations align their errors are orthogonal, and the other way round, so the Fisher cross term is 0 — its
+    estimate is clamped at its floor (flag ``clamped``) and ρ = fisher / proxy falls to its lower bound (flag
+    ``rho_bounded``). Neither flag, nor the lower bound, was asserted anywhere (a test-suite audit, 2026-12-07:
+    both mutants survived)."""
+    n = 200
+    half = (np.arange(n) % 2 == 0)[:, None]
+    a = np.where(half, np.eye(6)[0], np.eye(6)[1])
+    v, z = np.eye(9)[0], np.eye(9)[1]
+    sk = Sketcher(SketchSpec(d=6, K=9, m=256, seed=5, error_projection="dense"))
+    r = align(sk.sketch(a, np.where(half, v, z), np.arange(n)), sk.sketch(a, np.where(half, z, v), np.arange(n) + n))
+    assert r.activation == pytest.approx(1.0) and r.error == pytest.approx(1.0)
+    assert "clamped" in r.flags and "rho_bounded" in r.flags, r.flags
+    assert r.rho == pytest.approx(1.0 / RHO_MAX) and r.fisher == pytest.approx(0.0, abs=1e-6)
