@@ -375,6 +375,6 @@ def test_fit_leaves_a_task_of_too_few_positives_alone() -> None:
     wrong = [FitItem(label=None, scores={0: 0.5 + 0.01 * i, 1: 0.0}) for i in range(6)]
     res = fit_thresholds(own + wrong, {0: 0.1}, {0: []}, default=0.1)
     assert 0 not in res.thresholds
-    enough = own + [FitItem(label=0, scores={0: 0.8, 1: 0.1})]  # one more positive: now it is tuned
+    enough = [*own, FitItem(label=0, scores={0: 0.8, 1: 0.1})]  # one more positive: now it is tuned
     res = fit_thresholds(enough + wrong, {0: 0.1}, {0: []}, default=0.1)
     assert res.thresholds[0] > 0.55
