@@ -9,14 +9,9 @@ import torch
 from atlas.baselines import BaselineSums
 from atlas.errors import IncompatibleSpace
 from atlas.samples import Sample
-
-fishersketch = pytest.importorskip("fishersketch")
-if not hasattr(fishersketch, "Sketcher"):  # pragma: no cover - while fishersketch is being written
-    pytest.skip("fishersketch.Sketcher is not available yet", allow_module_level=True)
-
-from fishersketch import Sketcher, SketchSpec, SketchState  # noqa: E402
-from workers.extraction import ExtractionResult, Extractor, Progress  # noqa: E402
-from workers.model_loading import LoadedModel  # noqa: E402
+from fishersketch import Sketcher, SketchSpec, SketchState
+from workers.extraction import ExtractionResult, Extractor, Progress
+from workers.model_loading import LoadedModel
 
 M = 64
 

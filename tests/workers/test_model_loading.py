@@ -121,10 +121,6 @@ def test_bundled_resolves_to_module_directory(monkeypatch: pytest.MonkeyPatch, g
 
 
 def test_make_spec_matches_model(gpt2_lm: LoadedModel) -> None:
-    try:
-        from fishersketch import SketchSpec  # noqa: F401
-    except ImportError:
-        pytest.skip("fishersketch is not available yet")
     spec = gpt2_lm.make_spec(m=256, seed=3)
     assert (spec.d, spec.K, spec.m, spec.seed) == (gpt2_lm.d, gpt2_lm.K, 256, 3)
 
