@@ -26,7 +26,7 @@ from service.auth import check_origins_allowed
 from service.body_limit import ENVELOPE_BYTES, BodyLimit, BodyLimitMiddleware, BufferedBytes
 from service.container import Container
 from service.dashboard import mount_dashboard
-from service.errors import install_error_handlers
+from service.errors import install_error_handlers, template_of
 from service.metrics import Metrics
 from service.routes import fit, health, jobs, keys, query, spaces, tasks
 from service.schemas import SamplesAppend, TaskCreate
@@ -53,7 +53,10 @@ PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/r
 
 
 class MetricsMiddleware:
-    """Pure ASGI middleware counting requests and their latency by route template."""
+    """Pure ASGI middleware counting requests and their latency by route template: the route the router chose, else
+    the request's template in the OpenAPI paths (an answer given before routing — a 401, 403, 413 or 429 of the
+    security layer — was ``unmatched``, with the scanners' 404s), ``/dashboard`` or the docs' path, else
+    ``unmatched`` (:func:`service.errors.template_of`)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -75,8 +78,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, wrapped)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            template = getattr(scope.get("route"), "path", None) or template_of(scope) or "unmatched"
             method = scope.get("method", "GET")
             self.metrics.requests.labels(method, template, str(status)).inc()
             self.metrics.request_seconds.labels(method, template).observe(time.perf_counter() - t0)

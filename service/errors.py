@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -168,17 +169,44 @@ def _allowed_methods(request: Request) -> str | None:
     """Every method the OpenAPI document gives the request's path: Starlette's 405 named those of the first route
     matching the path alone (``OPTIONS /v1/tasks`` said ``Allow: POST``, its GET left out: an API review, 2026-12-07).
     ``None`` for a path the document does not hold."""
+    path = _app_path(request.scope)
+    methods = set().union(*(m for regex, _, m in path_templates(request.app) if regex.match(path)))  # (no HEAD)
+    return ", ".join(sorted(methods)) or None
+
+
+def path_templates(app: Any) -> list[tuple[re.Pattern[str], str, set[str]]]:
+    """The OpenAPI document's paths: each one's compiled pattern, its template and its methods (cached on the app)."""
     from starlette.routing import compile_path
 
-    templates = getattr(request.app.state, "method_templates", None)
+    templates = getattr(app.state, "method_templates", None)
     if templates is None:
-        templates = [(compile_path(path)[0], {m.upper() for m in item if m in _HTTP_METHODS})
-                     for path, item in request.app.openapi().get("paths", {}).items()]
-        request.app.state.method_templates = templates
-    path, root = request.scope.get("path", ""), request.scope.get("root_path", "")
-    path = path[len(root):] if root and path.startswith(root) else path
-    methods = set().union(*(m for regex, m in templates if regex.match(path)))  # (HEAD is not served)
-    return ", ".join(sorted(methods)) or None
+        templates = [(compile_path(path)[0], path, {m.upper() for m in item if m in _HTTP_METHODS})
+                     for path, item in app.openapi().get("paths", {}).items()]
+        app.state.method_templates = templates
+    return templates
+
+
+def _app_path(scope: Any) -> str:
+    """The request's path below the app's root (a mount's own root, which routing writes into the scope, ignored)."""
+    path, root = scope.get("path", ""), scope.get("app_root_path", scope.get("root_path", ""))
+    return str(path[len(root):] if root and path.startswith(root) else path)
+
+
+def template_of(scope: Any) -> str | None:
+    """The route template of a request that reached no route (answered before routing: a 401, 403, 413 or 429 of the
+    security layer), from the OpenAPI paths; the dashboard's and the docs' own paths; ``None`` for any other path."""
+    app, path = scope.get("app"), _app_path(scope)
+    if app is not None and hasattr(app, "openapi"):
+        method = str(scope.get("method", "GET")).upper()
+        matching = [(t, m) for regex, t, m in path_templates(app) if regex.match(path)]
+        for template, methods in matching:  # the one of the request's method, else any (a 405)
+            if method in methods:
+                return template
+        if matching:
+            return matching[0][0]
+    if path == "/dashboard" or path.startswith("/dashboard/"):
+        return "/dashboard"
+    return path if path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect") else None
 
 
 _HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})

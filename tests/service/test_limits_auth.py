@@ -173,6 +173,14 @@ def test_scopes_are_enforced(serve, tiny_lm) -> None:
     assert r.status_code == 403 and r.json()["code"] == "forbidden"
     assert call("POST", "/v1/tasks", write, json=sample) == 202
     assert call("GET", "/v1/tasks", write) == 200  # write implies read
+    # the refused requests are counted by their route (answered before routing, they were all "unmatched": an
+    # operations review, 2026-12-07), the dashboard's by its mount; a path no route has stays "unmatched"
+    assert call("GET", "/dashboard/", None) == 200 and call("GET", "/no/such/path", read) == 404
+    counted = "\n".join(ln for ln in httpx.get(f"{url}/metrics").text.splitlines()
+                        if ln.startswith("fisher_atlas_http_requests_total{"))
+    assert 'fisher_atlas_http_requests_total{method="GET",route="/v1/tasks",status="401"} 3.0' in counted, counted
+    assert 'route="/dashboard",status="200"' in counted
+    assert 'route="unmatched",status="401"' not in counted and 'route="unmatched",status="404"' in counted
     # fit: a dry run stores nothing and routes prompts, so a read key may preview (it was 403); storing needs write
     fit = {"examples": [{"prompt": "hello world, hello fox", "label": "none"}] * 2}
     assert call("POST", "/v1/route/fit", read, json={**fit, "dry_run": True}) == 200
