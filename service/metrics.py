@@ -18,6 +18,9 @@ Metrics
 ``fisher_atlas_job_duration_seconds`` (summary from SQL), ``fisher_atlas_job_tokens_total``,
 ``fisher_atlas_job_tokens_per_second`` (last finished job), ``fisher_atlas_jobs{status}``,
 ``fisher_atlas_queue_depth``, ``fisher_atlas_index_size``.
+    Read from SQL at each scrape, so every replica reports the same: the job figures are of the succeeded jobs the
+    store holds (its latest 10,000) and fall when tasks and their jobs are deleted — gauges, whatever their names
+    (``_total`` is kept for the dashboards built on it); do not take their ``rate()``.
 """
 
 from __future__ import annotations
@@ -56,16 +59,19 @@ class _StoreCollector(Collector):
             jobs.add_metric([status], float(n))
         duration = SummaryMetricFamily(
             "fisher_atlas_job_duration_seconds",
-            "Wall time of finished jobs (started to finished).",
+            "Wall time (started to finished) of the succeeded jobs the store holds, its latest 10,000: read from "
+            "SQL, so it falls when tasks and their jobs are deleted (not a counter: no rate()).",
             count_value=int(s.get("duration_count", 0)),
             sum_value=float(s.get("duration_sum", 0.0)),
         )
         tokens = GaugeMetricFamily(
-            "fisher_atlas_job_tokens_total", "Tokens processed by finished jobs.", value=float(s.get("tokens_total", 0))
+            "fisher_atlas_job_tokens_total", "Tokens counted by the succeeded jobs the store holds, its latest 10,000: a "
+            "gauge read from SQL, which falls when tasks and their jobs are deleted (not a counter: no rate()).",
+            value=float(s.get("tokens_total", 0))
         )
         tps = GaugeMetricFamily(
             "fisher_atlas_job_tokens_per_second",
-            "Tokens per second of the most recently finished job.",
+            "Tokens per second of the latest (highest id) succeeded job.",
             value=float(s.get("last_tokens_per_s", 0.0)),
         )
         depth = GaugeMetricFamily(
