@@ -65,8 +65,9 @@ class _StoreCollector(Collector):
             sum_value=float(s.get("duration_sum", 0.0)),
         )
         tokens = GaugeMetricFamily(
-            "fisher_atlas_job_tokens_total", "Tokens counted by the succeeded jobs the store holds, its latest 10,000: a "
-            "gauge read from SQL, which falls when tasks and their jobs are deleted (not a counter: no rate()).",
+            "fisher_atlas_job_tokens_total",
+            "Tokens counted by the succeeded jobs the store holds, its latest 10,000: a gauge read from SQL, which "
+            "falls when tasks and their jobs are deleted (not a counter: no rate()).",
             value=float(s.get("tokens_total", 0))
         )
         tps = GaugeMetricFamily(
