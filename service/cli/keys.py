@@ -71,7 +71,7 @@ def create(name: Annotated[str, typer.Option(help="A name for the key.")],
             raise fail(exc.message) from None
     else:
         with client(url, api_key, timeout) as cl:
-            out = cl.create_key(name, wanted)
+            out = cl.create_key(name, wanted).model_dump(mode="json")
     emit(json, out, f"created key {out['id']} ({out['name']}, scopes {','.join(out['scopes'])}):\n{out['key']}\n"
          "store it now: it is shown only once")
 
@@ -88,7 +88,7 @@ def list_keys(all_keys: Annotated[bool, typer.Option("--all", help="Include revo
             data = [_row(k) for k in apikeys.list_api_keys(session, include_revoked=all_keys)]
     else:
         with client(url, api_key, timeout) as cl:
-            data = list(cl.list_keys(include_revoked=all_keys).get("items", []))
+            data = [k.model_dump(mode="json") for k in cl.list_keys(include_revoked=all_keys).items]
     lines = [f"{d['id']:>4}  {d['prefix']}…  {','.join(str(x) for x in d['scopes']):<18} {d['name']}"
              + ("  (revoked)" if d.get("revoked") else "") for d in data]
     emit(json, data, "\n".join(lines) if lines else "no API keys")
@@ -118,5 +118,5 @@ def current(url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, j
     """Show the key in use (--api-key or FISHER_ATLAS_API_KEY) and its scopes (any key may ask)."""
     with client(url, api_key, timeout) as cl:
         me = cl.current_key()
-    who = "anonymous (the service asks no key)" if me.get("key_id") is None else f"key {me['key_id']} ({me['name']})"
-    emit(json, me, f"{who}: scopes {','.join(me['scopes'])}")
+    who = "anonymous (the service asks no key)" if me.key_id is None else f"key {me.key_id} ({me.name})"
+    emit(json, me, f"{who}: scopes {','.join(me.scopes)}")

@@ -39,10 +39,13 @@ from service.schemas import (
     AlignMatrixResponse,
     AlignResponse,
     AtlasResponse,
+    CurrentKey,
     Health,
     ImportResult,
     JobList,
     JobOut,
+    KeyCreated,
+    KeyList,
     Readiness,
     SourcesResponse,
     SpaceList,
@@ -493,23 +496,22 @@ class AsyncAtlasClient:
 
     # -- keys ---------------------------------------------------------------------------------------
 
-    async def current_key(self) -> dict[str, Any]:
+    async def current_key(self) -> CurrentKey:
         """``GET /v1/keys/current`` (any key): the calling key's ``key_id``, ``name`` and ``scopes`` (``key_id``
         null and every scope when the service asks no key)."""
-        return await self._send(Call("GET", "/v1/keys/current", None, as_json=True))
+        return await self._send(Call("GET", "/v1/keys/current", CurrentKey))
 
-    async def create_key(self, name: str, scopes: Sequence[str] | str = ("read",)) -> dict[str, Any]:
+    async def create_key(self, name: str, scopes: Sequence[str] | str = ("read",)) -> KeyCreated:
         """``POST /v1/keys`` (admin): the new key, its plaintext shown this once (``scopes``: a list, or one string
         ``"read,write"`` as the CLI takes it; ``"read"`` was sent as four scopes, one a letter)."""
         wanted = [w.strip() for w in scopes.split(",") if w.strip()] if isinstance(scopes, str) else list(scopes)
-        return await self._send(Call("POST", "/v1/keys", None, json={"name": name, "scopes": wanted},
-                                     as_json=True))
+        return await self._send(Call("POST", "/v1/keys", KeyCreated, json={"name": name, "scopes": wanted}))
 
-    async def list_keys(self, *, include_revoked: bool = False) -> dict[str, Any]:
+    async def list_keys(self, *, include_revoked: bool = False) -> KeyList:
         """``GET /v1/keys`` (admin): the active keys (and revoked ones with ``include_revoked``), never their
         plaintext."""
         params = {"include_revoked": "true"} if include_revoked else {}
-        return await self._send(Call("GET", "/v1/keys", None, params=params, as_json=True))
+        return await self._send(Call("GET", "/v1/keys", KeyList, params=params))
 
     async def revoke_key(self, key_id: int) -> None:
         """``DELETE /v1/keys/{id}`` (admin)."""

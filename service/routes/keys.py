@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
@@ -14,6 +13,7 @@ from atlas.store import Store
 from atlas.vocabulary import Scope
 from service.deps import AdminPrincipal, ContainerDep, ReadPrincipal
 from service.routes import MAX_ID, error_responses
+from service.schemas import CurrentKey, KeyCreated, KeyList, KeyOut
 from service.uploads import BoundedJSONRoute
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=BoundedJSONRoute)
@@ -26,39 +26,6 @@ class KeyCreate(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     scopes: list[Scope] = Field(min_length=1, max_length=3)
-
-
-class KeyOut(BaseModel):
-    """A key without its secret."""
-
-    id: int
-    name: str
-    prefix: str
-    scopes: list[str]
-    created_at: dt.datetime | None = None
-    last_used_at: dt.datetime | None = None
-    revoked: bool = False
-
-
-class KeyCreated(KeyOut):
-    """A new key: ``key`` is the plaintext, shown only in this answer."""
-
-    key: str
-
-
-class CurrentKey(BaseModel):
-    """The key of the calling request: ``key_id`` is null for an anonymous caller (the service asks no key, and
-    such a caller holds every scope)."""
-
-    key_id: int | None
-    name: str
-    scopes: list[Scope]
-
-
-class KeyList(BaseModel):
-    """All keys."""
-
-    items: list[KeyOut]
 
 
 def _out(k: object) -> dict:

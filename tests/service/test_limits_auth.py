@@ -201,7 +201,7 @@ def test_scopes_are_enforced(serve, tiny_lm) -> None:
         assert isinstance(got.json()["key_id"], int)
     assert call("GET", "/v1/keys/current", None) == 401 and call("GET", "/v1/keys/current", revoked) == 401
     with AtlasClient(url, api_key=read) as c:
-        assert c.current_key()["scopes"] == ["read"]
+        assert c.current_key().scopes == ["read"]
         assert c.list_tasks().total == 1
         with pytest.raises(AtlasClientError) as exc:
             c.delete_task(1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import inspect
 from pathlib import Path
+from typing import Any
 
 from mypy import api
 
@@ -58,3 +59,26 @@ def test_a_script_using_the_sync_client_is_type_checked(tmp_path: Path) -> None:
     assert any(":5: error:" in line and "[arg-type]" in line for line in lines), out
     assert any(":6: error:" in line and "timeot" in line for line in lines), out
     assert any(":7: error:" in line and "no_such_method" in line for line in lines), out
+
+
+def test_the_key_methods_return_models_and_read_as_dicts_with_a_warning(serve: Any, tiny_lm: Any) -> None:
+    """``current_key``, ``create_key`` and ``list_keys`` returned dicts although every method is documented to
+    return a response model (a client review, 2026-12-07); the old subscript still reads a field, deprecated."""
+    import warnings
+
+    from service.client import AtlasClient
+    from service.schemas import CurrentKey, KeyCreated, KeyList
+
+    svc = serve(lm=tiny_lm)
+    with AtlasClient(svc.url) as c:
+        created = c.create_key("root", ["admin"])
+        assert isinstance(created, KeyCreated) and created.key.startswith("fa_") and created.scopes == ["admin"]
+    with AtlasClient(svc.url, api_key=created.key) as c:
+        me = c.current_key()
+        keys = c.list_keys()
+        assert isinstance(me, CurrentKey) and me.key_id == created.id and me.name == "root"
+        assert isinstance(keys, KeyList) and [k.id for k in keys.items] == [created.id]
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            assert me["scopes"] == ["admin"] and me.get("key_id") == created.id and me.get("absent", 7) == 7
+        assert len(said) == 3 and all(issubclass(w.category, DeprecationWarning) for w in said)
