@@ -306,7 +306,12 @@ def install_log_redaction() -> None:
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
         try:
-            message = record.getMessage()
+            try:
+                message = record.getMessage()
+            except (TypeError, ValueError):  # arguments the message cannot take: the handler prints them raw
+                if isinstance(record.args, tuple):
+                    record.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in record.args)
+                raise
             clean = redact_secrets(message)
             if clean != message:
                 _redact_record(record, clean)

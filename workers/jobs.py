@@ -222,12 +222,18 @@ def _release_after_store_error(ctx: WorkerContext, claim: job_store.Claim, exc: 
     and two minutes of a full disk failed a job for good, "out of memory or killed?". Another store error (a lock
     wait, a statement timeout) counts, as before."""
     # a restart, a dropped link, a refused connection; a full or read-only disk
-    outage = db.is_unreachable_error(exc) or db.storage_fault(exc) is not None
+    fault = db.storage_fault(exc)
+    outage = db.is_unreachable_error(exc) or fault is not None
+    said = (f"store unavailable: {exc}" if fault is None else
+            f"the store cannot be written ({fault}): the job is retried, uncounted, until its data directory is "
+            "mended (free space, make it writable) — cancel it to stop")
+    if fault is not None:
+        log.error("job %s: %s", claim.job_id, said)
     start = time.monotonic()
     while True:
         try:
             with ctx.factory.begin() as s:
-                job_store.release_job(s, claim.job_id, claim.lease, f"store unavailable: {exc}",
+                job_store.release_job(s, claim.job_id, claim.lease, said,
                                       count_attempt=not outage, worker=ctx.worker_id)
             return
         except _TRANSIENT:

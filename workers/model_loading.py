@@ -175,10 +175,11 @@ class LoadedModel:
         embeddings = model.get_input_embeddings()
         rows = int(getattr(embeddings, "num_embeddings", 0) or getattr(getattr(embeddings, "weight", None), "shape",
                                                                          (K,))[0])
-        # a text token the model has no row for: samples dropped ("token_out_of_range"), jobs failed, prompts refused
-        # (special tokens are not counted: a pad token added without resizing the model is never fed to it)
-        special = set(getattr(tokenizer, "all_special_ids", None) or [])
-        highest = max((i for i in tokenizer.get_vocab().values() if i not in special), default=-1)
+        # a token the model has no row for: samples dropped ("token_out_of_range"), jobs failed, prompts refused
+        # (the pad token is not counted: one added without resizing the model is never fed to it — padding uses an
+        # id the model has; a BOS, EOS or other special token is fed, and is counted)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        highest = max((i for i in tokenizer.get_vocab().values() if i != pad), default=-1)
         if highest >= min(rows, K):
             raise ModelUnavailable(
                 f"model {name!r}: its tokenizer has text tokens up to id {highest} but the model has {min(rows, K)} "

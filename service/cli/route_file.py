@@ -21,7 +21,7 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
 
 
 EMPTY_SPACE = ("none: the space has no ready task to route to (add one first; tasks made with another model are in "
-               "that model's space, which `tasks list` shows: route there with --space)")
+               "that model's space — `tasks list --json` gives each task's space_id: route there with --space)")
 """What a route answer without matches says: its space holds no ready task (a store opened with another model
 serves an empty space of its own, and "add one first" alone misled)."""
 

@@ -85,7 +85,8 @@ class AsyncAtlasClient:
     timeout
         Seconds each network operation may take (connect, each read: httpx's timeout); ``wait_job`` has its own.
     retries
-        Attempts of a read, or of a write with an idempotency key, on connection errors, 429 and 503 (1: no retry).
+        Attempts of a read, or of a write with an idempotency key (``add_task`` and ``append`` send one unless told
+        not to), on connection errors, 429, 502, 503 and 504 (1: no retry).
     transport, limits
         Optional httpx transport (e.g. ``httpx.ASGITransport``) and pool limits.
     """

@@ -226,12 +226,28 @@ def upload(file: FileArg, samples: Iterable[SampleArg] | None, filename: str | N
         return {"file": (filename or "upload.jsonl", file, "application/octet-stream")}, None
     assert file is not None
     if hasattr(file, "read"):
-        if not hasattr(file, "seek") or not hasattr(file, "tell"):
-            raise TypeError("a file given open must be seekable (it is sent from its start, again on a retry)")
         name = filename or Path(str(getattr(file, "name", "upload.jsonl"))).name
-        return {"file": (name, cast(BinaryIO, file), "application/octet-stream")}, None
+        stream = cast(BinaryIO, file)
+        if not _regular(stream):  # a pipe or stdin: httpx would declare its fstat size, 0 (read whole, as before)
+            return {"file": (name, stream.read(), "application/octet-stream")}, None
+        return {"file": (name, stream, "application/octet-stream")}, None
     path = Path(os.fspath(cast("str | os.PathLike[str]", file)))
+    if not path.is_file():  # a named pipe, /dev/stdin, a process substitution: read whole, as before
+        return {"file": (filename or path.name, path.read_bytes(), "application/octet-stream")}, None
     return {"file": (filename or path.name, path.open("rb"), "application/octet-stream")}, None
+
+
+def _regular(stream: BinaryIO) -> bool:
+    """Whether an open file can be streamed by httpx: seekable, and a regular file when it has a descriptor (httpx
+    sends ``fstat``'s size as the part's length)."""
+    import stat
+
+    if not getattr(stream, "seekable", lambda: False)():
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):  # no descriptor (BytesIO): its length is read by seeking
+        return True
 
 
 def _record(sample: SampleArg, i: int) -> dict[str, str]:
@@ -256,21 +272,22 @@ def add_task(name: str, file: FileArg, samples: Iterable[SampleArg] | None, mode
              metadata: dict[str, Any] | None, space: str | int | None, filename: str | None,
              idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks`` as JSON records or a multipart upload."""
+    if file is not None:  # the form's fields first: a file is opened only for a call that is sent (and closed)
+        try:
+            data = {"name": name, "mode": mode, "metadata": json.dumps(metadata or {}, allow_nan=False)}
+        except (TypeError, ValueError) as exc:  # a set, NaN: what the JSON body's path says too
+            raise InvalidInput(0, "invalid_input", f"the metadata cannot be sent as JSON: {exc}") from None
+        if space is not None:
+            data["space"] = str(space)
     files, records = upload(file, samples, filename)
-    opened = _opened(file, files)
     headers = idempotency(idempotency_key)
     if records is not None:
         body: dict[str, Any] = {"name": name, "mode": mode, "metadata": metadata or {}, "samples": records}
         if space is not None:
             body["space"] = str(space)
         return Call("POST", "/v1/tasks", TaskCreated, json=body, headers=headers)
-    try:
-        data = {"name": name, "mode": mode, "metadata": json.dumps(metadata or {}, allow_nan=False)}
-    except (TypeError, ValueError) as exc:  # a set, NaN: what the JSON body's path says too
-        raise InvalidInput(0, "invalid_input", f"the metadata cannot be sent as JSON: {exc}") from None
-    if space is not None:
-        data["space"] = str(space)
-    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers, opened=opened)
+    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers,
+                opened=_opened(file, files))
 
 
 def path_id(value: object, what: str = "id") -> int:
@@ -300,13 +317,12 @@ def id_list(values: object, what: str = "id") -> list[int]:
 def append(task_id: int, file: FileArg, samples: Iterable[SampleArg] | None, filename: str | None,
            idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks/{id}/samples``."""
+    path = f"/v1/tasks/{path_id(task_id, 'task id')}/samples"  # (checked before a file is opened)
     files, records = upload(file, samples, filename)
-    opened = _opened(file, files)
     headers = idempotency(idempotency_key)
-    path = f"/v1/tasks/{path_id(task_id, 'task id')}/samples"
     if records is not None:
         return Call("POST", path, JobAccepted, json={"samples": records}, headers=headers)
-    return Call("POST", path, JobAccepted, files=files, headers=headers, opened=opened)
+    return Call("POST", path, JobAccepted, files=files, headers=headers, opened=_opened(file, files))
 
 
 def _opened(file: FileArg, files: dict[str, FilePart] | None) -> list[BinaryIO]:

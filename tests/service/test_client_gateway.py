@@ -159,3 +159,29 @@ def test_a_delete_answered_by_another_server_and_a_wait_that_ends_first_say_so(p
             cl.add_task("slow", samples=big, wait=True, wait_timeout=0.01)
         assert isinstance(waited.value, TimeoutError) and waited.value.created.task.name == "slow"
         assert f"task {waited.value.created.task.id} ('slow') was created" in str(waited.value)
+
+
+def test_a_pipe_is_uploaded_by_path_or_open(proxy: _Proxy, tmp_path: Path) -> None:
+    """A named pipe or process substitution (``add t <(cat s.jsonl)``) and an open pipe have no size to stream by:
+    they are read whole, as before files were streamed (a diff review, 2026-12-07: "Too much data for declared
+    Content-Length", a raw h11 error)."""
+    import os
+
+    body = b"".join(b'{"text": "piped sample %d of some text"}\n' % i for i in range(6))
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as w:
+            w.write(body)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    with AtlasClient(proxy.url, timeout=60) as cl:
+        assert cl.add_task("fifo", file=fifo, wait=True).task.n_samples == 6
+        writer.join(10)
+        r, w = os.pipe()
+        os.write(w, body)
+        os.close(w)
+        with os.fdopen(r, "rb") as pipe:
+            assert cl.add_task("pipe", file=pipe, filename="p.jsonl", wait=True).task.n_samples == 6

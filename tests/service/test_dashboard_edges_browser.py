@@ -65,11 +65,23 @@ def test_colour_by_a_metadata_key_named_like_an_object_member(serve: Any, tiny_l
     with httpx.Client(base_url=svc.url, timeout=60) as http:
         _add(http, "prose", PROSE, metadata={"constructor": "lab"})
         _add(http, "code", CODE)  # no such key: its group is "none"
+        _add(http, "shout", [t.upper() for t in PROSE], metadata={"constructor": "none"})  # a value "none"
     page.goto(f"{svc.url}/dashboard/#/atlas")
-    page.locator("[data-testid=atlas-point]").nth(1).wait_for()
+    page.locator("[data-testid=atlas-point]").nth(2).wait_for()
     page.select_option("#atlas-colour", "meta:constructor")
     legend = page.locator("[data-testid=atlas-legend]").inner_text()
     assert "lab · 1 task" in legend and "none · 1 task" in legend and "function" not in legend, legend
+    # the value "none" and the missing value are two groups, each picked alone; the picked entry keeps the focus
+    entries = page.locator("[data-testid=legend-item]")
+    assert entries.count() == 3
+    for i in range(3):
+        entries.nth(i).focus()
+        page.keyboard.press("Enter")
+        group = page.evaluate("document.activeElement.dataset.group")
+        assert group == entries.nth(i).get_attribute("data-group")  # not thrown to <body> by the redraw
+        lit = page.locator("[data-testid=atlas-point]:not(.dim)").count()
+        assert lit == 1 and page.locator("[aria-pressed=true]").count() == 1, (i, lit)
+        page.keyboard.press("Enter")  # off again
 
 
 def test_identical_tasks_are_drawn_apart_on_the_map(serve: Any, tiny_lm: Any, page: Any) -> None:
@@ -400,6 +412,11 @@ def test_names_break_between_graphemes_and_keep_short_words_whole(serve: Any, ti
     assert emoji_parts[0] == "a" + "\U0001F44D" * 15, emoji_parts  # 16 graphemes, then a break
     page.fill("[data-testid=add-name]", "\U0001F44D" * 200)  # the add form is on the atlas page
     assert page.locator("[data-testid=add-name]").input_value() == "\U0001F44D" * 200
+    # past the service's 300 characters the form says so before sending anything
+    page.fill("[data-testid=add-name]", "\U0001F44D" * 301)
+    page.fill("[data-testid=add-paste]", "one sample\nanother sample")
+    page.click("[data-testid=add-submit]")
+    page.locator("[data-testid=error]", has_text="at most 300 characters").wait_for()
 
 
 def test_keyboard_focus_escape_titles_and_links_that_keep_the_view(serve: Any, tiny_lm: Any, page: Any) -> None:

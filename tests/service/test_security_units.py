@@ -105,3 +105,17 @@ def test_access_lines_keep_their_fields_and_mask_secrets(capsys: object) -> None
     assert secret not in line and "Logging error" not in line
     err = capsys.readouterr().err  # type: ignore[attr-defined]
     assert "Logging error" not in err and secret not in err
+
+
+def test_arguments_a_message_cannot_take_are_masked_before_they_are_printed() -> None:
+    """``log.warning("no placeholder", "token=abc123")`` cannot be formatted: logging's handler prints "--- Logging
+    error ---" with the record's arguments as they are, and the secret went out unmasked (a diff review,
+    2026-12-07). The record the factory makes holds them masked."""
+    import logging
+
+    from service.errors import install_log_redaction
+
+    install_log_redaction()
+    record = logging.getLogRecordFactory()("atlas.test", logging.WARNING, __file__, 1, "no placeholder",
+                                           ("token=abc123secret", 7), None)
+    assert record.args == ("token=***", 7)

@@ -98,6 +98,7 @@ def test_a_full_disk_requeues_the_job_without_counting_an_attempt(ctx: WorkerCon
         job = job_store.get_job(s, job_id)
         assert s.execute(text("PRAGMA max_page_count")).scalar_one() == 1 << 30
     assert job.status == "queued" and job.attempts == 0, (job.status, job.attempts, job.error)
+    assert "the store cannot be written (database or disk is full)" in (job.error or "")  # what the operator reads
     assert run_job(job_id, ctx) == "succeeded"  # the disk mended: the retry resumes it
     with ctx.factory() as s:
         assert job_store.get_job(s, job_id).attempts == 1

@@ -209,3 +209,13 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path: Path
                                                rf"model has {len(tokenizer) - 40} rows"):
         load_causal_lm(str(small), device="cpu")
     assert len(AutoTokenizer.from_pretrained(small)) == len(tokenizer)
+    # a special token fed to the model (a BOS added without resizing it) counts; an added pad token does not
+    fits = tmp_path / "fits"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                 max_position_embeddings=64)).save_pretrained(fits)
+    grown = AutoTokenizer.from_pretrained(small)
+    grown.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    grown.save_pretrained(fits)
+    with pytest.raises(ModelUnavailable, match=rf"text tokens up to id {len(tokenizer)} "):
+        load_causal_lm(str(fits), device="cpu")

@@ -338,17 +338,18 @@
       const key = typeof v === "object" ? JSON.stringify(v) : v;
       return map.get(key) || "#6b7280";
     };
-    const legend = shown.map((v) => ({ label: String(v), colour: map.get(v), count: counts.get(v) }));
+    // each entry's key tells it apart whatever its label (a metadata value "none" or "other", 1 and "1")
+    const legend = shown.map((v, i) => ({ key: `v${i}`, label: String(v), colour: map.get(v), count: counts.get(v) }));
     if (other) {
-      legend.push({ label: "other", colour: "#6b7280",
+      legend.push({ key: "other", label: "other", colour: "#6b7280",
         count: distinct.slice(shown.length).reduce((a, v) => a + counts.get(v), 0) });
     }
     const none = values.length - present.length;
-    if (none) legend.push({ label: "none", colour: NO_GROUP, count: none });
-    const groupOf = (v) => {  // the legend entry of a value
+    if (none) legend.push({ key: "none", label: "none", colour: NO_GROUP, count: none });
+    const index = new Map(shown.map((v, i) => [v, `v${i}`]));
+    const groupOf = (v) => {  // the key of a value's legend entry
       if (v === null || v === undefined || v === "") return "none";
-      const key = typeof v === "object" ? JSON.stringify(v) : v;
-      return map.has(key) ? String(key) : "other";
+      return index.get(typeof v === "object" ? JSON.stringify(v) : v) || "other";
     };
     return { colourOf, groupOf, legend, numeric: null };
   }
@@ -663,13 +664,17 @@
           const what = atlasState.colourBy === "cluster" && g.label !== "none" ? `cluster ${g.label}` : g.label;
           // a toggle that dims every other group's marks: a group is told by more than its colour (WCAG 1.4.1; twelve
           // hues, some close, and no labels past 60 tasks)
-          const picked = atlasState.pickedGroup === g.label;
+          const picked = atlasState.pickedGroup === g.key;
           return h("button", { type: "button", class: `legend-item${picked ? " picked" : ""}`, "aria-pressed": String(picked),
-            "data-testid": "legend-item", "data-group": g.label, title: picked ? "show every group" : "show this group alone",
-            onclick: () => { atlasState.pickedGroup = picked ? null : g.label; draw({ mapOnly: true }); } },
+            "data-testid": "legend-item", "data-group": g.key, title: picked ? "show every group" : "show this group alone",
+            onclick: () => {
+              atlasState.pickedGroup = picked ? null : g.key;
+              draw({ mapOnly: true });  // the legend is drawn anew: the focus goes back to this entry's button
+              legendBox.querySelector(`[data-group="${CSS.escape(g.key)}"]`)?.focus({ preventScroll: true });
+            } },
           sw, `${what} · ${g.count} task${g.count === 1 ? "" : "s"}`);
         });
-      if (atlasState.pickedGroup !== null && !groups.legend.some((g) => g.label === atlasState.pickedGroup)) atlasState.pickedGroup = null;
+      if (atlasState.pickedGroup !== null && !groups.legend.some((g) => g.key === atlasState.pickedGroup)) atlasState.pickedGroup = null;
       for (const mark of marks.children) {
         mark.classList.toggle("dim", atlasState.pickedGroup !== null && mark.getAttribute("data-group") !== atlasState.pickedGroup);
       }
@@ -2152,6 +2157,11 @@
       let path = "/tasks";
       if (target.value === "") {
         if (!name.value.trim()) { showError(new Error("give the task a name"), "Upload"); return; }
+        // the service's bound, counted as it counts (code points of the NFC form), before the file is sent
+        if (Array.from(name.value.trim().normalize("NFC")).length > 300) {
+          showError(new Error("a task name has at most 300 characters"), "Upload");
+          return;
+        }
         if (meta.value.trim()) {
           let parsed;
           try { parsed = JSON.parse(meta.value); } catch (err) { showError(new Error(`metadata is not JSON: ${err.message}`), "Upload"); return; }
