@@ -29,17 +29,7 @@ def test_a_database_outage_requeues_the_job_without_counting_an_attempt(ctx: Wor
     ctx = WorkerContext(settings=ctx.settings.model_copy(update={"job_stale_after_s": 4 * OUTAGE_S}),
                         factory=ctx.factory, lm=ctx.lm)  # the release waits out half the stale window
     _task_id, job_id = create(ctx, space_id, "long", make_samples(3000, seed=3))
-    outcome: list[object] = []
-    runner = threading.Thread(target=lambda: outcome.append(_run(job_id, ctx)))
-    runner.start()
-    deadline = time.monotonic() + 60
-    while True:  # running, with a checkpoint stored: the outage strikes mid-job
-        with ctx.factory() as s:
-            job = job_store.get_job(s, job_id)
-        if job.status == "running" and job.progress.get("samples_done", 0) > 0:
-            break
-        assert job.status in ("queued", "running") and time.monotonic() < deadline, job.status
-        time.sleep(0.05)
+    runner, outcome = _running_past_a_checkpoint(ctx, job_id)  # the outage strikes mid-job
     pg_outage(db_url, OUTAGE_S)
     runner.join(60)
     assert not runner.is_alive() and len(outcome) == 1
@@ -51,6 +41,22 @@ def test_a_database_outage_requeues_the_job_without_counting_an_attempt(ctx: Wor
     assert run_job(job_id, ctx) == "succeeded"  # the retry resumes it
     with ctx.factory() as s:
         assert job_store.get_job(s, job_id).attempts == 1
+
+
+def _running_past_a_checkpoint(ctx: WorkerContext, job_id: int) -> tuple[threading.Thread, list[object]]:
+    """The job run in a thread (its outcome, or its :class:`TransientJobError`, appended to the list), returned once
+    it is running with a checkpoint stored."""
+    outcome: list[object] = []
+    runner = threading.Thread(target=lambda: outcome.append(_run(job_id, ctx)))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while True:
+        with ctx.factory() as s:
+            job = job_store.get_job(s, job_id)
+        if job.status == "running" and job.progress.get("samples_done", 0) > 0:
+            return runner, outcome
+        assert job.status in ("queued", "running") and time.monotonic() < deadline, job.status
+        time.sleep(0.05)
 
 
 def _run(job_id: int, ctx: WorkerContext) -> object:
@@ -78,17 +84,7 @@ def test_a_full_disk_requeues_the_job_without_counting_an_attempt(ctx: WorkerCon
         cur.close()
 
     _task_id, job_id = create(ctx, space_id, "long", make_samples(3000, seed=3))
-    outcome: list[object] = []
-    runner = threading.Thread(target=lambda: outcome.append(_run(job_id, ctx)))
-    runner.start()
-    deadline = time.monotonic() + 60
-    while True:  # running, with a checkpoint stored: the disk fills mid-job
-        with ctx.factory() as s:
-            job = job_store.get_job(s, job_id)
-        if job.status == "running" and job.progress.get("samples_done", 0) > 0:
-            break
-        assert job.status in ("queued", "running") and time.monotonic() < deadline, job.status
-        time.sleep(0.05)
+    runner, outcome = _running_past_a_checkpoint(ctx, job_id)  # the disk fills mid-job
     full.set()
     runner.join(120)
     assert not runner.is_alive() and len(outcome) == 1
