@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from atlas.samples import METADATA_DOC as _META_DOC
 from atlas.samples import Metadata
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
-from atlas.vocabulary import Scope as ScopeName
 
 MAX_ID = 2**53 - 1
 """Largest accepted id in paths, queries and bodies (JSON-safe, fits every database's BIGINT)."""
@@ -463,59 +462,3 @@ class Readiness(_Out):
     ready: bool
     checks: dict[str, bool]
     detail: dict[str, Any] = Field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------------------------------
-# API keys (``/v1/keys``)
-# --------------------------------------------------------------------------------------------------
-
-
-class _KeyMapping(BaseModel):
-    """The client's key methods returned dicts until 2026-12-07: ``key["scopes"]`` and ``key.get(...)`` still read a
-    field, with a :class:`DeprecationWarning` (read the attribute)."""
-
-    def __getitem__(self, name: str) -> Any:
-        warnings.warn(f"{type(self).__name__}[{name!r}] is deprecated: read .{name}", DeprecationWarning, stacklevel=2)
-        try:
-            return getattr(self, name)
-        except AttributeError:
-            raise KeyError(name) from None
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """``self[name]``, or ``default`` for a field it has not (deprecated: read the attribute)."""
-        warnings.warn(f"{type(self).__name__}.get({name!r}) is deprecated: read .{name}", DeprecationWarning,
-                      stacklevel=2)
-        return getattr(self, name, default)
-
-
-class KeyOut(_KeyMapping):
-    """A key without its secret."""
-
-    id: int
-    name: str
-    prefix: str
-    scopes: list[str]
-    created_at: dt.datetime | None = None
-    last_used_at: dt.datetime | None = None
-    revoked: bool = False
-
-
-class KeyCreated(KeyOut):
-    """A new key: ``key`` is the plaintext, shown only in this answer."""
-
-    key: str
-
-
-class CurrentKey(_KeyMapping):
-    """The key of the calling request: ``key_id`` is null for an anonymous caller (the service asks no key, and
-    such a caller holds every scope)."""
-
-    key_id: int | None
-    name: str
-    scopes: list[ScopeName]
-
-
-class KeyList(_KeyMapping):
-    """All keys."""
-
-    items: list[KeyOut]

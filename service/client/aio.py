@@ -20,7 +20,6 @@ from urllib.parse import quote
 
 import httpx
 from httpx_sse import aconnect_sse
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples
 from service.client import calls
@@ -30,22 +29,19 @@ from service.client.errors import (
     ClientClosed,
     CreatedButNotDone,
     InvalidInput,
-    RateLimited,
     Unavailable,
     Unreachable,
 )
 from service.client.exports import import_source, write_export
+from service.client.retry import send_with_retries
 from service.schemas import (
     AlignMatrixResponse,
     AlignResponse,
     AtlasResponse,
-    CurrentKey,
     Health,
     ImportResult,
     JobList,
     JobOut,
-    KeyCreated,
-    KeyList,
     Readiness,
     SourcesResponse,
     SpaceList,
@@ -54,23 +50,13 @@ from service.schemas import (
     TaskList,
     TaskOut,
 )
+from service.schemas_keys import CurrentKey, KeyCreated, KeyList
 from service.schemas_routing import FitResponse, RouteResponse, RoutingInfo
 
 FINAL_POLL_S = 5.0
 """Time a ``wait_job`` poll past its deadline still has to answer (it says whether the job has ended)."""
 STREAM_READ_TIMEOUT_S = 60.0
 """Longest silence of a progress stream before it counts as lost (the service pings every 15 s)."""
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, Unreachable | RateLimited | Unavailable)
-
-
-def _wait_for(retry_state: Any) -> float:
-    exc = retry_state.outcome.exception() if retry_state.outcome else None
-    backoff = wait_exponential(multiplier=0.2, max=5.0)(retry_state)
-    retry_after = getattr(exc, "retry_after", None)
-    return min(float(retry_after), 30.0) if retry_after else backoff
 
 
 class AsyncAtlasClient:
@@ -177,13 +163,7 @@ class AsyncAtlasClient:
 
     async def _send(self, call: Call[Any]) -> Any:
         try:
-            if not call.idempotent or self.retries == 1:
-                return await self._once(call)
-            async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries), wait=_wait_for,
-                                               retry=retry_if_exception(_retryable), reraise=True):
-                with attempt:
-                    return await self._once(call)
-            raise AssertionError("unreachable")  # pragma: no cover
+            return await send_with_retries(self._once, call, self.retries)
         finally:
             call.close()  # a path's upload, streamed from the file it opened
 

@@ -34,12 +34,9 @@ if TYPE_CHECKING:
         AlignMatrixResponse,
         AlignResponse,
         AtlasResponse,
-        CurrentKey,
         Health,
         ImportResult,
         JobList,
-        KeyCreated,
-        KeyList,
         Readiness,
         SourcesResponse,
         SpaceList,
@@ -48,6 +45,7 @@ if TYPE_CHECKING:
         TaskList,
         TaskOut,
     )
+    from service.schemas_keys import CurrentKey, KeyCreated, KeyList
     from service.schemas_routing import FitResponse, RouteResponse, RoutingInfo
 
 _DONE = object()

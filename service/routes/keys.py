@@ -13,7 +13,7 @@ from atlas.store import Store
 from atlas.vocabulary import Scope
 from service.deps import AdminPrincipal, ContainerDep, ReadPrincipal
 from service.routes import MAX_ID, error_responses
-from service.schemas import CurrentKey, KeyCreated, KeyList, KeyOut
+from service.schemas_keys import CurrentKey, KeyCreated, KeyList, KeyOut
 from service.uploads import BoundedJSONRoute
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=BoundedJSONRoute)

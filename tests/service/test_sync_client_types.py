@@ -67,7 +67,7 @@ def test_the_key_methods_return_models_and_read_as_dicts_with_a_warning(serve: A
     import warnings
 
     from service.client import AtlasClient
-    from service.schemas import CurrentKey, KeyCreated, KeyList
+    from service.schemas_keys import CurrentKey, KeyCreated, KeyList
 
     svc = serve(lm=tiny_lm)
     with AtlasClient(svc.url) as c:
