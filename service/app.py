@@ -28,6 +28,7 @@ from service.container import Container
 from service.dashboard import mount_dashboard
 from service.errors import install_error_handlers, template_of
 from service.metrics import Metrics
+from service.request_ids import RequestIdMiddleware
 from service.routes import fit, health, jobs, keys, query, spaces, tasks
 from service.schemas import SamplesAppend, TaskCreate
 from service.security import SecurityMiddleware, document_security_responses, serve_docs_offline
@@ -183,7 +184,8 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
                            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                            allow_headers=["content-type", "x-api-key", "authorization", "idempotency-key",
                                           "last-event-id"],
-                           expose_headers=["retry-after", "server-timing"], max_age=600)
+                           expose_headers=["retry-after", "server-timing", "x-request-id"], max_age=600)
     app.add_middleware(MetricsMiddleware, metrics=container.metrics)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries its id, a refused one too
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -157,7 +157,8 @@ def run_job(job_id: int, ctx: WorkerContext) -> str:
                        "stopped each time without finishing (out of memory or killed?)")
     if claim.cancel_requested:
         return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
-    log.info("job %s: claimed by %s (attempt %s)", job_id, ctx.worker_id, claim.attempts)
+    log.info("job %s (%s of task %s): claimed by %s (attempt %s)", job_id, claim.kind, claim.task_id, ctx.worker_id,
+             claim.attempts)  # the task named, so a job's lines can be found from it (an operations review)
     try:
         with _Heartbeat(ctx, job_id, claim.lease) as beat:
             return _execute(ctx, claim, beat)
@@ -191,7 +192,7 @@ def _finish(ctx: WorkerContext, claim: job_store.Claim, status: str, error: str)
         done = job_store.finish_job(s, claim.job_id, claim.lease, status, error)
     if not done:
         return "lost"
-    log.info("job %s: %s (%s)", claim.job_id, status, error)
+    log.info("job %s (task %s): %s (%s)", claim.job_id, claim.task_id, status, error)
     return status
 
 
@@ -390,9 +391,10 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
         else:
             job_store.finish_locked(s, job, outcome, error)
     if outcome != JOB_SUCCEEDED:
-        log.info("job %s: %s (%s)", claim.job_id, outcome, error)
+        log.info("job %s (task %s): %s (%s)", claim.job_id, claim.task_id, outcome, error)
         return outcome
-    log.info("job %s: succeeded (%s samples used, %s tokens)", claim.job_id, res.samples_used, res.tokens)
+    log.info("job %s (task %s): succeeded (%s samples used, %s tokens)", claim.job_id, claim.task_id,
+             res.samples_used, res.tokens)
     if ctx.index is not None:
         try:
             ctx.index.catch_up(claim.space_id)

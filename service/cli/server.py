@@ -46,7 +46,8 @@ happened; an operations review, 2026-12-07)."""
 
 
 def uvicorn_log_config() -> dict[str, Any]:
-    """uvicorn's logging configuration with the time in front of each line (its access lines and its own)."""
+    """uvicorn's logging configuration with the time in front of each line (its access lines and its own), and the
+    request's id at the end of an access line."""
     import copy
 
     from uvicorn.config import LOGGING_CONFIG
@@ -54,6 +55,10 @@ def uvicorn_log_config() -> dict[str, Any]:
     config = copy.deepcopy(LOGGING_CONFIG)
     for formatter in config["formatters"].values():
         formatter["fmt"] = LOG_TIME + formatter["fmt"]
+    # an access line ends with its request's id, the X-Request-ID of its answer
+    config["formatters"]["access"]["fmt"] += " [%(request_id)s]"
+    config.setdefault("filters", {})["request_id"] = {"()": "service.request_ids.RequestIdFilter"}
+    config["handlers"]["access"]["filters"] = ["request_id"]
     return config
 
 

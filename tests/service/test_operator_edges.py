@@ -66,6 +66,11 @@ def test_a_corrupt_index_is_rebuilt_with_a_warning_that_serve_writes(serve: Any,
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             r = http.post("/v1/route", json={"prompt": "The lazy fox and the dog."})
             assert r.status_code == 200 and r.json()["matches"][0]["name"] == "prose", r.text  # rebuilt from SQL
+            rid = r.headers["x-request-id"]  # each answer's id, and its access line's (below)
+            given = http.get("/v1/tasks/999", headers={"X-Request-ID": "client-id.42"})
+            forged = http.get("/v1/tasks", headers={"X-Request-ID": "bad id] 200 [x"})  # a forged log line
+            assert given.status_code == 404 and given.headers["x-request-id"] == "client-id.42"
+            assert len(forged.headers["x-request-id"]) == 16 and " " not in forged.headers["x-request-id"]
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=30)
@@ -79,7 +84,8 @@ def test_a_corrupt_index_is_rebuilt_with_a_warning_that_serve_writes(serve: Any,
     lines = [ln for ln in (said + out.decode()).splitlines()
              if re.match(r"^\S*(INFO|WARNING|ERROR)", ln) or stamped.match(ln)]
     assert lines and all(stamped.match(ln) for ln in lines), lines[:5]
-    assert any('"POST /v1/route HTTP/1.1" 200' in ln for ln in lines), lines[-5:]  # an access line (stdout)
+    assert any(f'"POST /v1/route HTTP/1.1" 200 OK [{rid}]' in ln for ln in lines), lines[-5:]  # an access line
+    assert any('"GET /v1/tasks/999 HTTP/1.1" 404 Not Found [client-id.42]' in ln for ln in lines), lines[-5:]
 
 
 def test_a_log_level_uvicorn_does_not_know_is_a_usage_error(tmp_path: Path,

@@ -190,3 +190,16 @@ def test_an_unexpected_errors_secrets_are_not_stored(ctx: WorkerContext, space_i
         error = job_store.get_job(s, job_id).error
     assert error.startswith("RuntimeError: could not reach postgresql://atlas:***@db:5432/atlas"), error
     assert "hunter2" not in error and "0123456789" not in error
+
+
+def test_a_jobs_log_lines_name_its_task(ctx: WorkerContext, space_id: int, caplog: pytest.LogCaptureFixture) -> None:
+    """"job 6: claimed by …" and "job 6: succeeded" did not name the task, so an operator could not find a task's
+    jobs in the log (an operations review, 2026-12-07)."""
+    import logging
+
+    task_id, job_id = create(ctx, space_id, "logged", make_samples(6, seed=41))
+    with caplog.at_level(logging.INFO, logger="workers.jobs"):
+        assert run_job(job_id, ctx) == "succeeded"
+    said = [r.getMessage() for r in caplog.records if r.name == "workers.jobs"]
+    assert any(m.startswith(f"job {job_id} (create of task {task_id}): claimed by ") for m in said), said
+    assert any(m.startswith(f"job {job_id} (task {task_id}): succeeded (") for m in said), said
