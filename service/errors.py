@@ -274,6 +274,11 @@ def install_error_handlers(app: FastAPI) -> None:
 _installed = False
 
 
+def _masked_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A log record's arguments with the secrets of its strings masked (the others as they are)."""
+    return tuple(redact_secrets(a) if isinstance(a, str) else a for a in args)
+
+
 def _redact_record(record: logging.LogRecord, clean: str) -> None:
     """Mask the secrets of ``record`` whose formatted message is ``clean`` once masked. Its arguments are masked one by
     one and kept, since a formatter may read them (uvicorn's access lines take the client, method, path and status
@@ -281,7 +286,7 @@ def _redact_record(record: logging.LogRecord, clean: str) -> None:
     exception being handled printed the secret unmasked); a secret that only their formatting makes is masked in the
     message, with the arguments dropped, except for an access line, which must keep them."""
     if isinstance(record.args, tuple) and record.args:
-        record.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in record.args)
+        record.args = _masked_args(record.args)
         try:
             kept = redact_secrets(record.getMessage()) == record.getMessage()
         except (TypeError, ValueError):
@@ -310,7 +315,7 @@ def install_log_redaction() -> None:
                 message = record.getMessage()
             except (TypeError, ValueError):  # arguments the message cannot take: the handler prints them raw
                 if isinstance(record.args, tuple):
-                    record.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in record.args)
+                    record.args = _masked_args(record.args)
                 raise
             clean = redact_secrets(message)
             if clean != message:

@@ -209,32 +209,33 @@ SampleArg = str | Mapping[str, str]
 
 
 def upload(file: FileArg, samples: Iterable[SampleArg] | None, filename: str | None
-           ) -> tuple[dict[str, FilePart] | None, list[dict[str, str]] | None]:
+           ) -> tuple[dict[str, FilePart] | None, list[dict[str, str]] | None, list[BinaryIO]]:
     """Multipart file part or JSON records of an upload (exactly one of ``file`` / ``samples``); a text sample
     becomes ``{"text": ...}`` as in the library (a list of texts raised "dictionary update sequence element #0
     has length 1"); samples may come from any iterable (a generator was refused). A path is opened and streamed
     (its bytes were read whole into memory: ~200 MB of client for a 50 MB file), as is a binary file given open
-    (a raw ``TypeError`` before), whole from its start; the caller of :func:`add_task` / :func:`append` closes a
-    file it opened (:meth:`Call.close`)."""
+    (a raw ``TypeError`` before), whole from its start. The third value: the file this opened (a path's), which the
+    call closes (:meth:`Call.close`); a caller's open file stays open."""
     if (file is None) == (samples is None):
         raise ValueError("give exactly one of 'file' or 'samples'")
     if samples is not None:
         if isinstance(samples, str | bytes | Mapping) or not isinstance(samples, Iterable):
             raise TypeError(f"samples are an iterable of texts or dicts, not {type(samples).__name__}")
-        return None, [_record(s, i) for i, s in enumerate(samples)]
+        return None, [_record(s, i) for i, s in enumerate(samples)], []
     if isinstance(file, bytes):
-        return {"file": (filename or "upload.jsonl", file, "application/octet-stream")}, None
+        return {"file": (filename or "upload.jsonl", file, "application/octet-stream")}, None, []
     assert file is not None
     if hasattr(file, "read"):
         name = filename or Path(str(getattr(file, "name", "upload.jsonl"))).name
         stream = cast(BinaryIO, file)
         if not _regular(stream):  # a pipe or stdin: httpx would declare its fstat size, 0 (read whole, as before)
-            return {"file": (name, stream.read(), "application/octet-stream")}, None
-        return {"file": (name, stream, "application/octet-stream")}, None
+            return {"file": (name, stream.read(), "application/octet-stream")}, None, []
+        return {"file": (name, stream, "application/octet-stream")}, None, []
     path = Path(os.fspath(cast("str | os.PathLike[str]", file)))
     if not path.is_file():  # a named pipe, /dev/stdin, a process substitution: read whole, as before
-        return {"file": (filename or path.name, path.read_bytes(), "application/octet-stream")}, None
-    return {"file": (filename or path.name, path.open("rb"), "application/octet-stream")}, None
+        return {"file": (filename or path.name, path.read_bytes(), "application/octet-stream")}, None, []
+    opened = path.open("rb")
+    return {"file": (filename or path.name, opened, "application/octet-stream")}, None, [opened]
 
 
 def _regular(stream: BinaryIO) -> bool:
@@ -279,15 +280,14 @@ def add_task(name: str, file: FileArg, samples: Iterable[SampleArg] | None, mode
             raise InvalidInput(0, "invalid_input", f"the metadata cannot be sent as JSON: {exc}") from None
         if space is not None:
             data["space"] = str(space)
-    files, records = upload(file, samples, filename)
+    files, records, opened = upload(file, samples, filename)
     headers = idempotency(idempotency_key)
     if records is not None:
         body: dict[str, Any] = {"name": name, "mode": mode, "metadata": metadata or {}, "samples": records}
         if space is not None:
             body["space"] = str(space)
         return Call("POST", "/v1/tasks", TaskCreated, json=body, headers=headers)
-    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers,
-                opened=_opened(file, files))
+    return Call("POST", "/v1/tasks", TaskCreated, data=data, files=files, headers=headers, opened=opened)
 
 
 def path_id(value: object, what: str = "id") -> int:
@@ -318,18 +318,11 @@ def append(task_id: int, file: FileArg, samples: Iterable[SampleArg] | None, fil
            idempotency_key: str | None = None) -> Call[Any]:
     """``POST /v1/tasks/{id}/samples``."""
     path = f"/v1/tasks/{path_id(task_id, 'task id')}/samples"  # (checked before a file is opened)
-    files, records = upload(file, samples, filename)
+    files, records, opened = upload(file, samples, filename)
     headers = idempotency(idempotency_key)
     if records is not None:
         return Call("POST", path, JobAccepted, json={"samples": records}, headers=headers)
-    return Call("POST", path, JobAccepted, files=files, headers=headers, opened=_opened(file, files))
-
-
-def _opened(file: FileArg, files: dict[str, FilePart] | None) -> list[BinaryIO]:
-    """The file part :func:`upload` opened for a path (not a caller's open file)."""
-    if files is None or isinstance(file, bytes) or hasattr(file, "read"):
-        return []
-    return [content for _, content, _ in files.values() if not isinstance(content, bytes)]
+    return Call("POST", path, JobAccepted, files=files, headers=headers, opened=opened)
 
 
 def route(prompt: str | Sequence[str], k: int, threshold: float | None, candidates: int | None,
