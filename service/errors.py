@@ -24,8 +24,10 @@ from starlette.requests import ClientDisconnect
 
 from atlas.db import is_busy_error, is_unreachable_error, storage_fault
 from atlas.errors import AtlasError, DatabaseBusy, DatabaseUnavailable, IncompatibleSpace, InvalidInput
-from atlas.redaction import bounded, redact_cut, redact_secrets, truncate
+from atlas.redaction import bounded, redact_cut, truncate
 from fishersketch import CorruptState, SketchError, SpecMismatch
+from service.logs import install_log_redaction
+from service.request_ids import REQUEST_ID
 
 logger = logging.getLogger("fisher_atlas.service")
 
@@ -251,9 +253,13 @@ async def _client_disconnect(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """A 500, logged with its traceback. Starlette answers it outside every middleware, so its ``X-Request-ID`` is
+    set here (the request's id, which :class:`service.request_ids.RequestIdMiddleware` leaves set on an error)."""
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    rid = REQUEST_ID.get()
     return JSONResponse(
-        error_body("internal_error", "internal server error; see the service log", None), status_code=500
+        error_body("internal_error", f"internal server error; see the service log (request {rid})", None),
+        status_code=500, headers={"X-Request-ID": rid},
     )
 
 
@@ -269,61 +275,3 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ClientDisconnect, _client_disconnect)
     app.add_exception_handler(Exception, _unexpected)
     install_log_redaction()
-
-
-_installed = False
-
-
-def _masked_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A log record's arguments with the secrets of its strings masked (the others as they are)."""
-    return tuple(redact_secrets(a) if isinstance(a, str) else a for a in args)
-
-
-def _redact_record(record: logging.LogRecord, clean: str) -> None:
-    """Mask the secrets of ``record`` whose formatted message is ``clean`` once masked. Its arguments are masked one by
-    one and kept, since a formatter may read them (uvicorn's access lines take the client, method, path and status
-    from ``args``: collapsed into the message, each such line was a "--- Logging error ---" with a traceback, and the
-    exception being handled printed the secret unmasked); a secret that only their formatting makes is masked in the
-    message, with the arguments dropped, except for an access line, which must keep them."""
-    if isinstance(record.args, tuple) and record.args:
-        record.args = _masked_args(record.args)
-        try:
-            kept = redact_secrets(record.getMessage()) == record.getMessage()
-        except (TypeError, ValueError):
-            kept = False
-        if kept or record.name == "uvicorn.access":
-            return
-    record.msg, record.args = clean, None
-
-
-def install_log_redaction() -> None:
-    """Mask secrets (URL passwords, API keys, tokens) in every log record of this process, once.
-
-    A log-record factory formats the message eagerly and masks it, and masks the traceback text, so
-    handlers configured by anyone (uvicorn, Celery, the root) only ever see redacted text.
-    """
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    previous = logging.getLogRecordFactory()
-
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = previous(*args, **kwargs)
-        try:
-            try:
-                message = record.getMessage()
-            except (TypeError, ValueError):  # arguments the message cannot take: the handler prints them raw
-                if isinstance(record.args, tuple):
-                    record.args = _masked_args(record.args)
-                raise
-            clean = redact_secrets(message)
-            if clean != message:
-                _redact_record(record, clean)
-            if record.exc_info and record.exc_info[0] is not None:
-                record.exc_text = redact_secrets(logging.Formatter().formatException(record.exc_info))
-        except Exception:  # never let redaction break logging
-            pass
-        return record
-
-    logging.setLogRecordFactory(factory)

@@ -5,7 +5,6 @@ of it can be matched (neither carried an id: an operations review, 2026-12-07)."
 from __future__ import annotations
 
 import contextvars
-import logging
 import re
 import uuid
 
@@ -36,15 +35,7 @@ class RequestIdMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
             await send(message)
 
-        try:
-            await self.app(scope, receive, with_id)
-        finally:
-            REQUEST_ID.reset(token)
-
-
-class RequestIdFilter(logging.Filter):
-    """Gives every record a ``request_id`` attribute (for a format's ``%(request_id)s``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = REQUEST_ID.get()
-        return True
+        # An error escaping the app keeps the id set: Starlette renders the 500 and uvicorn logs it outside this
+        # middleware, in this request's context (its own task's), and both name the id (neither did).
+        await self.app(scope, receive, with_id)
+        REQUEST_ID.reset(token)

@@ -269,7 +269,7 @@ def serve_space(ctx: WorkerContext) -> SpaceKey:
     return key
 
 
-def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "INFO") -> None:
+def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "INFO", banner: bool = True) -> None:
     """Run a worker in this process (``fisher-atlas worker``); returns when it stops.
 
     The worker loads its model at once, announces it, and serves both kinds of work of its space:
@@ -277,6 +277,7 @@ def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "I
     (:class:`workers.prompt_remote.PromptServer`, one micro-batching loop). ``pool`` defaults to
     ``solo`` for one job at a time (one process per GPU) and ``prefork`` for more. The settings are
     read from the environment when this module is imported; set the ``FISHER_ATLAS_*`` variables first.
+    ``banner=False`` leaves out Celery's start banner (stdout lines outside the log: JSON logs are objects only).
     """
     from workers.prompt_batcher import PromptBatcher
     from workers.prompt_remote import PromptServer
@@ -294,14 +295,15 @@ def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "I
              app.conf.task_default_queue)
     pool = pool or ("solo" if concurrency == 1 else "prefork")
     try:
-        _worker_main(concurrency, pool, loglevel)
+        _worker_main(concurrency, pool, loglevel, banner)
     finally:
         server.stop()
         batcher.close()
 
 
-def _worker_main(concurrency: int, pool: str, loglevel: str) -> None:
+def _worker_main(concurrency: int, pool: str, loglevel: str, banner: bool = True) -> None:
     app.worker_main([
+        *([] if banner else ["--quiet"]),  # celery's own option, before its sub-command
         "worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--loglevel={loglevel}",
         f"--queues={app.conf.task_default_queue}", "--without-gossip", "--without-mingle",
     ])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import socket
@@ -12,6 +11,12 @@ from typing import Annotated, Any
 import typer
 
 from service.cli.common import DatabaseUrl, DataDir, Model, fail
+from service.logs import LOG_FORMATS, LOG_LEVELS
+
+LogLevel = Annotated[str, typer.Option(envvar="FISHER_ATLAS_LOG_LEVEL",
+                                       help="Log level: critical, error, warning, info, debug or trace.")]
+LogFormat = Annotated[str, typer.Option(envvar="FISHER_ATLAS_LOG_FORMAT",
+                                        help="Log lines as text, or json (one object a line, for a log pipeline).")]
 
 app = typer.Typer()
 
@@ -34,46 +39,16 @@ def settings(**flags: Any) -> Any:
         raise fail(f"invalid settings: {name} must be JSON (a list is written '[\"a\", \"b\"]')", 2) from None
 
 
-APP_LOGGERS = ("atlas", "workers", "service", "fisher_atlas")
-"""The packages whose loggers ``serve`` writes to stderr beside uvicorn's."""
-
-
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-"""uvicorn's log levels (``--log-level``)."""
-LOG_TIME = "%(asctime)s "
-"""Every line of the service's log starts with its time (none did: an operator could not tell when anything
-happened; an operations review, 2026-12-07)."""
-
-
-def uvicorn_log_config() -> dict[str, Any]:
-    """uvicorn's logging configuration with the time in front of each line (its access lines and its own), and the
-    request's id at the end of an access line."""
-    import copy
-
-    from uvicorn.config import LOGGING_CONFIG
-
-    config = copy.deepcopy(LOGGING_CONFIG)
-    for formatter in config["formatters"].values():
-        formatter["fmt"] = LOG_TIME + formatter["fmt"]
-    # an access line ends with its request's id, the X-Request-ID of its answer
-    config["formatters"]["access"]["fmt"] += " [%(request_id)s]"
-    config.setdefault("filters", {})["request_id"] = {"()": "service.request_ids.RequestIdFilter"}
-    config["handlers"]["access"]["filters"] = ["request_id"]
-    return config
-
-
-def app_logging(level: str) -> None:
-    """Write the service's own loggers (:data:`APP_LOGGERS`) to stderr at uvicorn's ``--log-level``, in its format.
-    uvicorn configures its loggers only: an index rebuilt at start from a corrupt file, a job's outcome and the
-    sweep's re-queued jobs went unsaid (warnings reached stderr bare, through Python's last-resort handler)."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"{LOG_TIME}%(levelname)s:     %(name)s: %(message)s"))
-    numeric = logging.DEBUG if level.lower() == "trace" else logging.getLevelName(level.upper())
-    for name in APP_LOGGERS:
-        logger = logging.getLogger(name)
-        logger.handlers = [handler]
-        logger.setLevel(numeric if isinstance(numeric, int) else logging.INFO)
-        logger.propagate = False
+def check_logging(log_level: str, log_format: str) -> tuple[str, str]:
+    """``--log-level`` and ``--log-format`` in lower case, or exit 2 naming what they may be (an unknown level was
+    uvicorn's ``KeyError`` as a traceback, after the migration)."""
+    if log_level.lower() not in LOG_LEVELS:
+        raise fail(f"--log-level (FISHER_ATLAS_LOG_LEVEL) must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}",
+                   2)
+    if log_format.lower() not in LOG_FORMATS:
+        raise fail(f"--log-format (FISHER_ATLAS_LOG_FORMAT) must be one of {', '.join(LOG_FORMATS)}, "
+                   f"not {log_format!r}", 2)
+    return log_level.lower(), log_format.lower()
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -122,8 +97,8 @@ def serve(
     queue: Annotated[str | None, typer.Option(envvar="FISHER_ATLAS_QUEUE", help="inprocess or celery.")] = None,
     sketch_dim: Annotated[int | None, typer.Option(envvar="FISHER_ATLAS_SKETCH_DIM", help="Signature length m.")]
     = None,
-    log_level: Annotated[str, typer.Option(envvar="FISHER_ATLAS_LOG_LEVEL",
-                                           help="Log level: critical, error, warning, info, debug or trace.")] = "info",
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run the HTTP service (embedded defaults: SQLite, on-disk FAISS, in-process worker, bundled model)."""
     import uvicorn
@@ -131,11 +106,9 @@ def serve(
     from atlas.db import make_engine, session_factory
     from service.app import create_app
     from service.auth import check_bind_allowed, check_origins_allowed, count_active_keys
+    from service.logs import app_logging, uvicorn_log_config
 
-    if log_level.lower() not in LOG_LEVELS:  # uvicorn's KeyError came as a traceback, after the migration
-        raise fail(f"--log-level (FISHER_ATLAS_LOG_LEVEL) must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}",
-                   2)
-    log_level = log_level.lower()
+    log_level, log_format = check_logging(log_level, log_format)
     s = settings(host=host, port=port, data_dir=data_dir, database_url=database_url, model=model, queue=queue,
                  sketch_dim=sketch_dim)
     try:
@@ -154,9 +127,9 @@ def serve(
     except RuntimeError as exc:
         raise fail(str(exc)) from None
     check_port_free(s.host, s.port)
-    app_logging(log_level)
+    app_logging(log_level, log_format)
     uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=log_level, proxy_headers=False,
-                log_config=uvicorn_log_config())
+                log_config=uvicorn_log_config(log_format))
 
 
 @app.command()
@@ -165,16 +138,23 @@ def worker(
     data_dir: DataDir = None,
     database_url: DatabaseUrl = None,
     model: Model = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run a worker: loads its model, serves routing prompts (Redis) and upload jobs (Celery) of its space."""
+    from service.logs import worker_logging
+
+    log_level, log_format = check_logging(log_level, log_format)
     # The Celery app reads its settings from the environment at import: flags become env twins first.
     for value, env in ((data_dir, "DATA_DIR"), (database_url, "DATABASE_URL"), (model, "MODEL")):
         if value is not None:
             os.environ[f"FISHER_ATLAS_{env}"] = str(value)
     migrate_db(settings())
+    worker_logging(log_level, log_format)
     from workers.celery_app import run_worker
 
-    run_worker(concurrency=concurrency)
+    run_worker(concurrency=concurrency, loglevel="DEBUG" if log_level == "trace" else log_level.upper(),
+               banner=log_format == "text")
 
 
 @app.command()

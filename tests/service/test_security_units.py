@@ -81,14 +81,15 @@ def test_access_lines_keep_their_fields_and_mask_secrets(capsys: object) -> None
 
     from uvicorn.logging import AccessFormatter
 
-    from service.errors import install_log_redaction
+    from service.logs import install_log_redaction
 
     install_log_redaction()
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s', use_colors=False))
     access = logging.getLogger("uvicorn.access")
-    access.addHandler(handler)
+    # this handler alone: an earlier test's uvicorn left its handler on a stream pytest has since closed
+    old_handlers, access.handlers = access.handlers, [handler]
     old_level, access.propagate = access.level, False
     access.setLevel(logging.INFO)
     secret = "fa_" + "Q" * 43
@@ -97,7 +98,7 @@ def test_access_lines_keep_their_fields_and_mask_secrets(capsys: object) -> None
                     "1.1", 404)
         logging.getLogger("atlas.test").warning("opened %s with password=%s", "db", "hunter2secret")
     finally:
-        access.removeHandler(handler)
+        access.handlers = old_handlers
         access.setLevel(old_level)
         access.propagate = True
     line = out.getvalue()
@@ -113,7 +114,7 @@ def test_arguments_a_message_cannot_take_are_masked_before_they_are_printed() ->
     2026-12-07). The record the factory makes holds them masked."""
     import logging
 
-    from service.errors import install_log_redaction
+    from service.logs import install_log_redaction
 
     install_log_redaction()
     record = logging.getLogRecordFactory()("atlas.test", logging.WARNING, __file__, 1, "no placeholder",
