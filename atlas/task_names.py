@@ -50,4 +50,8 @@ def normalize_name(name: str, *, imported: bool = False, keep_form: bool = False
                            "client's find_task and fit labels take a name or an id); add a letter", {"name": clean})
     if keep_form:  # an import's name whose normal form another of its tasks has (both were stored apart)
         return clean
-    return unicodedata.normalize("NFC", clean)  # one stored form: a decomposed 'café' is the same name
+    stored = unicodedata.normalize("NFC", clean)  # one stored form: a decomposed 'café' is the same name
+    if len(stored) > 300:  # NFC can lengthen a name (U+0958 is two characters in it): 300 of U+0958 made 600
+        raise InvalidInput(f"a task name must have 1 to 300 characters; this one has {len(stored)} in its normal form "
+                           "(NFC, as it is stored: some characters are written as two)", {"name": name[:300]})
+    return stored

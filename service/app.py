@@ -27,6 +27,7 @@ from service.body_limit import ENVELOPE_BYTES, BodyLimit, BodyLimitMiddleware, B
 from service.container import Container
 from service.dashboard import mount_dashboard
 from service.errors import install_error_handlers, template_of
+from service.head_requests import HeadAsGetMiddleware
 from service.metrics import Metrics
 from service.request_ids import RequestIdMiddleware
 from service.routes import fit, health, jobs, keys, query, spaces, tasks
@@ -168,6 +169,7 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
     mount_dashboard(app)
     serve_docs_offline(app)
 
+    app.add_middleware(HeadAsGetMiddleware)  # innermost: the router sees a GET
     app.add_middleware(
         BodyLimitMiddleware,
         limit=BodyLimit(settings.max_upload_bytes + ENVELOPE_BYTES, "max_upload_bytes", settings.max_upload_bytes),

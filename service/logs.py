@@ -30,6 +30,9 @@ LOG_TIME = "%(asctime)s "
 review, 2026-12-07)."""
 TEXT_FORMAT = f"{LOG_TIME}%(levelname)s:     %(name)s: %(message)s%(request_tag)s"
 """The service's and the worker's own lines (uvicorn's keep their own format, with the time in front)."""
+CLIENT_ERROR_LOGGERS = ("python_multipart", "multipart")
+"""Libraries that log a client's malformed body (already answered 422) as a warning: written at ERROR only (their
+lines reached stderr bare, without time or level, through Python's last-resort handler: an API fuzz, 2026-12-07)."""
 _ACCESS_FIELDS = ("client", "method", "path", "http_version", "status")
 """What an access line's arguments are (uvicorn's ``client_addr, method, full_path, http_version, status_code``)."""
 
@@ -115,10 +118,10 @@ def app_logging(level: str, log_format: str = "text") -> None:
     ``log_format``. uvicorn configures its loggers only: an index rebuilt at start from a corrupt file, a job's outcome
     and the sweep's re-queued jobs went unsaid (warnings reached stderr bare, through Python's last-resort handler)."""
     handler = log_handler(log_format)
-    for name in APP_LOGGERS:
+    for name in (*APP_LOGGERS, *CLIENT_ERROR_LOGGERS):
         logger = logging.getLogger(name)
         logger.handlers = [handler]
-        logger.setLevel(numeric_level(level))
+        logger.setLevel(max(numeric_level(level), logging.ERROR if name in CLIENT_ERROR_LOGGERS else 0))
         logger.propagate = False
 
 

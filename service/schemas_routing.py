@@ -11,6 +11,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     field_validator,
@@ -48,9 +49,10 @@ class RouteRequest(BaseModel):
         description="A batch of non-empty prompts (an empty one is a 422 whose `loc` ends with its index).")
     k: StrictInt = Field(default=5, ge=1, le=MAX_ROUTE_K, description="Matches returned per prompt (a JSON integer: "
                          "`true` or `\"3\"` is refused).")
-    threshold: float | None = Field(
+    threshold: StrictFloat | None = Field(
         default=None, ge=-1.0, le=1.0, allow_inf_nan=False,
-        description="Open-set threshold on the best score; `none` is true below it. Default: the service's.",
+        description="Open-set threshold on the best score; `none` is true below it. Default: the service's (a JSON "
+                    "number: `true` or `\"0.3\"` is refused).",
     )
     candidates: StrictInt | None = Field(
         default=None, ge=1, le=4096,
@@ -259,9 +261,10 @@ class ThresholdPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    threshold: float | None = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False,
-                                    description="The override; null clears it. Left as it is when the body does not "
-                                    "name it.")
+    threshold: StrictFloat | None = Field(default=None, ge=-1.0, le=1.0, allow_inf_nan=False,
+                                          description="The override; null clears it. Left as it is when the body does "
+                                          "not name it. A JSON number: `false` stored 0.0, `true` 1.0 (an API fuzz, "
+                                          "2026-12-07).")
     template: StrictBool | None = Field(
         default=None, json_schema_extra=_no_default,
         description="false: prompts lacking the task's template are no longer answered `none` for it; true: they are "
@@ -270,7 +273,7 @@ class ThresholdPatch(BaseModel):
         default=None, json_schema_extra=_no_default,
         description="false: the task's novelty test is off (its prompts are held to its full-rate route threshold "
                     "alone); true: on again (docs/SCORES.md, 'Open set: novelty test').")
-    false_reject_rate: float | None = Field(
+    false_reject_rate: StrictFloat | None = Field(
         default=None, gt=0.0, le=MAX_FALSE_REJECT_RATE, json_schema_extra=_no_default,
         description="Re-calibrate the task's threshold so that at most this share of its own prompts is answered "
                     "`none` (default 0.05; from its stored held-out scores, no model run; later appends keep it). "

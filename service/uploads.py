@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.types import Scope
 
 from atlas.errors import AtlasError, InvalidInput, PayloadTooLarge
@@ -282,9 +283,47 @@ def _refuse_repeated_keys(body: bytes, keys_given: int) -> None:
         raise InvalidInput(f"the request body: {exc.message}", exc.detail) from None
 
 
-async def _read_multipart(request: Request, max_upload_bytes: int, with_task_fields: bool) -> Upload:
+class _Utf8MultiPartParser(MultiPartParser):
+    """Starlette's multipart parser with every text field UTF-8 or refused. It decoded a field that is not UTF-8 as
+    Latin-1 (``bad\\xff\\xfename`` stored as ``badÿþname``), and a ``charset`` of the body's type as that charset (a
+    UTF-8 ``naïve`` under ``charset=latin-1`` stored as ``naÃ¯ve``), where a JSON body or a file of the same bytes
+    is refused (an API fuzz, 2026-12-07)."""
+
+    def on_part_end(self) -> None:
+        if self._current_part.file is None:
+            try:
+                bytes(self._current_part.data).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MultiPartException(f"form field {self._current_part.field_name!r} is not valid UTF-8 (byte "
+                                         f"{exc.start})") from None
+        super().on_part_end()
+
+
+def _check_form_charset(request: Request) -> None:
+    """Refuse a multipart body whose type names a charset other than UTF-8 (its fields are read as UTF-8)."""
+    import codecs
+
+    from python_multipart.multipart import parse_options_header
+
+    charset = parse_options_header(request.headers.get("content-type", ""))[1].get(b"charset")
+    if charset is None:
+        return
+    name = charset.decode("latin-1")
     try:
-        form = await request.form(max_files=1, max_fields=32)
+        utf8 = codecs.lookup(name).name == "utf-8"
+    except LookupError:
+        utf8 = False
+    if not utf8:
+        raise InvalidInput(f"a multipart body's fields are read as UTF-8: charset={name!r} is not taken (send UTF-8 "
+                           "and leave the charset out, or name utf-8)", {"charset": name[:40]})
+
+
+async def _read_multipart(request: Request, max_upload_bytes: int, with_task_fields: bool) -> Upload:
+    _check_form_charset(request)
+    try:
+        form = await _Utf8MultiPartParser(request.headers, request.stream(), max_files=1, max_fields=32).parse()
+    except MultiPartException as exc:
+        raise InvalidInput(f"malformed multipart body: {exc.message}") from None
     except StarletteHTTPException as exc:
         if exc.status_code == 413:
             raise

@@ -97,6 +97,10 @@ def test_serve_writes_json_lines_with_each_answers_request_id(tiny_model_dir: Pa
         wait_ready(port, proc, 90)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             rid = http.get("/v1/tasks/999").headers["x-request-id"]
+            # a malformed multipart body: python-multipart's warning was a bare line (no time, no JSON)
+            garbage = http.post("/v1/tasks", content=b"garbage",
+                                headers={"content-type": "multipart/form-data; boundary=XX"})
+            assert garbage.status_code == 422, garbage.text
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=30)
