@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     prompt_max_pending: int = Field(default=1024, ge=1, description="Waiting prompts beyond which /v1/route is 429 "
                                     "(a request of more prompts than this on its own: 413).")
     prompt_timeout_s: float = Field(default=10.0, gt=0, le=600, description="Longest wait for a remote worker.")
+    shutdown_grace_s: float = Field(
+        default=20.0, ge=0, le=3600, description="At SIGTERM, how long `serve` lets open requests finish before it "
+        "closes them (a running job is released at once); keep it under the orchestrator's grace period (30 s).")
 
     allowed_hosts: list[str] = Field(
         default_factory=list, description="Host names accepted besides localhost, loopback IPs and `host` "

@@ -92,6 +92,9 @@ class Container:
         self.started = False
         self._stop = threading.Event()
         self._bg: threading.Thread | None = None
+        self._lifecycle = threading.Lock()
+        self._stop_asked = False  # a signal came: the job runner is not started any more
+        self._runner_running = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -185,7 +188,10 @@ class Container:
         self.runner = InProcessRunner(ctx)
         self.queue = self.runner
         if self.overrides.get("start_runner", True) and self.lm is not None:
-            self.runner.start()
+            with self._lifecycle:
+                if not self._stop_asked:  # a SIGTERM during the model's load: no job is claimed on the way out
+                    self.runner.start()
+                    self._runner_running = True
 
     def _start_remote(self) -> None:
         """No model here: prompts over Redis, jobs on the Celery queue of each space's model."""
@@ -200,6 +206,19 @@ class Container:
                                                      max_pending=s.prompt_max_pending)
         self.require_store().is_served = lambda space: bool(prompts.workers(SpaceKey.of(space).serving_key))
         self.queue = CeleryJobQueue(create_celery(s))
+
+    def begin_stop(self) -> bool:
+        """The first step of a stop, at the signal (non-blocking): the job runner releases its running jobs at their
+        next batch and takes no new one, while the service lets its open requests finish; a runner not started yet
+        (the model still loads) is not started at all. Returns whether no job can be running here — nothing of this
+        process then needs a clean stop, and it may exit at once (a model's load of minutes held a SIGTERM until it
+        ended, then started the runner and served before it stopped: a lifecycle review, 2026-12-07)."""
+        with self._lifecycle:
+            self._stop_asked = True
+            running = self._runner_running
+        if running and self.runner is not None:
+            self.runner.begin_stop()
+        return not running and not self.started
 
     def stop(self) -> None:
         """Stop the runner, the prompt loop and the index thread; persist the index; close the pool."""

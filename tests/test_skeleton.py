@@ -9,6 +9,9 @@ from pathlib import Path
 
 import yaml
 
+from atlas.settings import Settings
+from workers.prompt_remote import STOP_DRAIN_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,6 +60,13 @@ def test_compose_has_the_scale_out_services_with_health_and_ordering() -> None:
     assert "volumes" not in services["api"]
     # both exit when the database does not answer at start (an outage review restarted both): compose starts them again
     assert services["api"]["restart"] == services["worker"]["restart"] == "unless-stopped"
+    # a stop is a clean stop (a lifecycle review): an init as PID 1, and more time than the service's own bounds
+    def seconds(text: str) -> float:
+        return float(text.removesuffix("s"))
+
+    assert services["api"]["init"] is services["worker"]["init"] is True
+    assert seconds(services["api"]["stop_grace_period"]) > Settings().shutdown_grace_s
+    assert seconds(services["worker"]["stop_grace_period"]) > STOP_DRAIN_S + 10
 
 
 def test_cli_help_lists_every_subcommand() -> None:

@@ -86,10 +86,16 @@ class InProcessRunner:
         self._threads.append(sweeper)
         return recovered
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the threads; running jobs are released at their next batch and resume later."""
+    def begin_stop(self) -> None:
+        """Ask the threads to stop, without waiting: running jobs are released at their next batch (and resume later),
+        queued ones stay queued in SQL. Safe from a signal handler (the service calls it at SIGTERM, before it lets
+        its open requests finish)."""
         self._stopping.set()
         self.ctx.shutdown.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the threads; running jobs are released at their next batch and resume later."""
+        self.begin_stop()
         for _ in range(self.n_threads):
             self._queue.put(_STOP)
         deadline = time.monotonic() + timeout

@@ -314,6 +314,30 @@ class PromptBatcher:
                     "mean_batch": self.prompts_done / self.batches if self.batches else 0.0,
                     "prompts_per_s": self._rate}
 
+    def cancel_waiting(self) -> int:
+        """Cancel the requests that wait for a batch (their futures end cancelled; the batch being run goes on);
+        returns how many. A stopping worker gives those back for another to answer, rather than computing them
+        for callers that stopped waiting when it withdrew."""
+        with self._cond:
+            waiting = list(self._queue)
+            self._queue.clear()
+            for req in waiting:
+                req.future.cancel()
+                self._pending -= len(req.prepared)
+            self._cond.notify_all()
+        return len(waiting)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no prompt waits or runs (the batch being run is answered); whether that came in time."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
     def close(self) -> None:
         """Finish the queued requests, then stop the loop."""
         with self._cond:

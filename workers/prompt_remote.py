@@ -53,6 +53,9 @@ HEARTBEAT_S = 1.0
 """Period of a worker's announcement refresh and dead-worker sweep."""
 WORKER_TTL_S = 3.0
 """Expiry of a worker's announcement: a worker silent this long is dead."""
+STOP_DRAIN_S = 20.0
+"""At a worker's stop, the longest wait for the prompt batch being run to be answered (a batch of 64 prompts takes
+about 10 s on a 2-core CPU; past this its requests are given back for another worker)."""
 REPLY_TTL_S = 60
 """Expiry of an unread reply list."""
 WORKERS_MAX_AGE_S = 0.5
@@ -335,7 +338,8 @@ class PromptServer:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.inflight = _inflight_key(self.key, self.worker_id)
         self.clock = SharedClock()
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the heartbeat's: the announcement is withdrawn
+        self._stop_taking = threading.Event()  # the serving thread's: no request is taken
         self._threads: list[threading.Thread] = []
 
     def start(self) -> PromptServer:
@@ -352,10 +356,21 @@ class PromptServer:
             self._threads.append(t)
         return self
 
-    def stop(self) -> None:
-        """Withdraw the announcement, stop taking requests, give back what was taken."""
+    def stop(self, drain_s: float = STOP_DRAIN_S) -> None:
+        """Stop taking requests; give back the ones waiting for a batch (another worker answers them); answer the
+        batch being run while still announced (its callers wait for it); then withdraw the announcement and give back
+        what is left. It withdrew at once and then computed every request taken, for up to 35 s, for callers the API
+        had already answered 503 (a lifecycle review, 2026-12-07)."""
+        self._stop_taking.set()
+        for t in self._threads[:1]:  # the serving thread
+            t.join(timeout=5)
+        given_back = self.batcher.cancel_waiting()
+        if not self.batcher.wait_idle(drain_s):
+            log.warning("the prompt batch being run did not end in %.0f s; its requests are given back", drain_s)
+        if given_back:
+            log.info("gave back %d prompt requests for another worker", given_back)
         self._stop.set()
-        for t in self._threads:
+        for t in self._threads[1:]:
             t.join(timeout=5)
         try:
             self.redis.delete(_worker_key(self.key, self.worker_id))
@@ -401,7 +416,7 @@ class PromptServer:
     def _serve(self) -> None:
         queue = _queue_key(self.key)
         outage = OutageLog(log, "taking prompt requests")
-        while not self._stop.is_set():
+        while not self._stop_taking.is_set():
             try:
                 raw = self.redis.blmove(queue, self.inflight, 1, "LEFT", "RIGHT")
             except Exception as exc:
@@ -455,6 +470,8 @@ class PromptServer:
         fut.add_done_callback(lambda f: self._reply_done(raw, msg, f))
 
     def _reply_done(self, raw: bytes, msg: dict[str, Any], fut: Future[list[SketchState]]) -> None:
+        if fut.cancelled():  # given back at stop: it stays in flight, and goes back to the queue
+            return
         exc = fut.exception()
         if exc is None:
             data = encode_reply(msg["id"], fut.result())

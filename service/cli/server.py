@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -107,6 +108,9 @@ def serve(
     from service.app import create_app
     from service.auth import check_bind_allowed, check_origins_allowed, count_active_keys
     from service.logs import app_logging, uvicorn_log_config
+    from service.process import AtlasServer, exit_on_stop_signals
+
+    exit_on_stop_signals()  # from the first line: a stop during the migration, or as PID 1
 
     log_level, log_format = check_logging(log_level, log_format)
     s = settings(host=host, port=port, data_dir=data_dir, database_url=database_url, model=model, queue=queue,
@@ -128,8 +132,14 @@ def serve(
         raise fail(str(exc)) from None
     check_port_free(s.host, s.port)
     app_logging(log_level, log_format)
-    uvicorn.run(create_app(s), host=s.host, port=s.port, log_level=log_level, proxy_headers=False,
-                log_config=uvicorn_log_config(log_format))
+    app = create_app(s)
+    server = AtlasServer(uvicorn.Config(app, host=s.host, port=s.port, log_level=log_level, proxy_headers=False,
+                                        log_config=uvicorn_log_config(log_format),
+                                        timeout_graceful_shutdown=s.shutdown_grace_s), app.state.container)
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: uvicorn's own forced exit
+        server.run()
+    if not server.started:  # its startup failed (uvicorn.run's rule)
+        raise fail("the service did not start (see the log above)", 3)
 
 
 @app.command()
@@ -143,7 +153,9 @@ def worker(
 ) -> None:
     """Run a worker: loads its model, serves routing prompts (Redis) and upload jobs (Celery) of its space."""
     from service.logs import worker_logging
+    from service.process import exit_on_stop_signals
 
+    exit_on_stop_signals()  # until Celery's own handlers: a stop during the model's load, or as PID 1
     log_level, log_format = check_logging(log_level, log_format)
     # The Celery app reads its settings from the environment at import: flags become env twins first.
     for value, env in ((data_dir, "DATA_DIR"), (database_url, "DATABASE_URL"), (model, "MODEL")):

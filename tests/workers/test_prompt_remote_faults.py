@@ -207,3 +207,53 @@ def test_orphaned_requests_are_failed_with_one_registry_read_per_model(worker: t
         api.close()
     assert reads == [space.serving_key]
     assert all(isinstance(e, ModelUnavailable) for e in errors), errors
+
+
+def test_a_stopping_worker_answers_its_running_batch_and_gives_back_the_waiting_ones(
+        worker: tuple[PromptServer, SpaceKey], redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At stop a worker withdrew its announcement at once — the API answered every waiting caller 503 — and then
+    computed every request it had taken, for up to 35 s, ending in SIGABRT as its interpreter exited under a running
+    batch (a lifecycle review, 2026-12-07). Now the batch being run is answered while the worker is still announced,
+    and the requests waiting for a batch are given back, uncomputed, for another worker."""
+    server, space = worker
+    real = server.batcher.sketch_prepared
+    running = threading.Event()
+    batches: list[int] = []
+
+    def slow_model(prepared: Any, *args: Any, **kwargs: Any) -> Any:
+        batches.append(len(prepared))
+        running.set()
+        time.sleep(1.5)  # a large model's batch
+        return real(prepared, *args, **kwargs)
+
+    monkeypatch.setattr(server.batcher, "sketch_prepared", slow_model)
+    api = RedisPromptSketcher(REDIS_URL, timeout_s=15.0)
+    prompts = [f"prompt number {i} of a batch" for i in range(40)]  # 40 + 40 > 64: one request a batch
+
+    async def ask(delay: float) -> Any:
+        await asyncio.sleep(delay)
+        try:
+            return len(await api.sketch(space, prompts))
+        except ModelUnavailable as exc:
+            return exc
+
+    async def scenario() -> list[Any]:
+        return await asyncio.gather(ask(0.0), ask(0.3), ask(0.3))
+
+    answers: list[Any] = []
+    asker = threading.Thread(target=lambda: answers.extend(asyncio.run(scenario())))
+    asker.start()
+    try:
+        assert running.wait(20)
+        time.sleep(0.8)  # the other two requests are taken and wait for a batch
+        t0 = time.monotonic()
+        server.stop()
+        stopped_in = time.monotonic() - t0
+        asker.join(timeout=30)
+    finally:
+        api.close()
+    assert answers[0] == 40, answers  # the running batch's caller is answered
+    assert all(isinstance(a, ModelUnavailable) for a in answers[1:]), answers  # no worker left for the others
+    assert batches == [40] and stopped_in < 8, (batches, stopped_in)  # given back uncomputed
+    assert redis_client.llen(_inflight_key(space.serving_key, server.worker_id)) == 0
+    assert redis_client.llen(_queue_key(space.serving_key)) <= 2  # back in the queue (or failed by the API)
