@@ -342,7 +342,8 @@ class AlignMatrixRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"task_ids": [1, 2, 3]}]})
 
     task_ids: list[Annotated[StrictInt, Field(ge=1, le=MAX_ID)]] = Field(
-        min_length=1, description="Distinct task ids (JSON integers), all ready, all in one space.")
+        min_length=1, json_schema_extra={"uniqueItems": True},
+        description="Distinct task ids (JSON integers), all ready, all in one space.")
 
 
 class PairFlags(_Out):

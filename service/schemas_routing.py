@@ -14,6 +14,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -30,6 +31,10 @@ def _non_empty(prompt: str) -> str:
     return prompt
 
 
+NonEmptyPrompt = Annotated[str, AfterValidator(_non_empty), WithJsonSchema({"type": "string", "minLength": 1})]
+"""A batch's prompt: refused when empty, and ``minLength: 1`` in the schema too (an API fuzz, 2026-12-07)."""
+
+
 class RouteRequest(BaseModel):
     """Route one prompt (``prompt``) or a batch (``prompts``) to the nearest stored tasks."""
 
@@ -44,7 +49,7 @@ class RouteRequest(BaseModel):
     )
 
     prompt: str | None = Field(default=None, min_length=1, description="One prompt.")
-    prompts: list[Annotated[str, AfterValidator(_non_empty)]] | None = Field(
+    prompts: list[NonEmptyPrompt] | None = Field(
         default=None, min_length=1, max_length=64,
         description="A batch of non-empty prompts (an empty one is a 422 whose `loc` ends with its index).")
     k: StrictInt = Field(default=5, ge=1, le=MAX_ROUTE_K, description="Matches returned per prompt (a JSON integer: "

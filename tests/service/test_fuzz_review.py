@@ -104,3 +104,14 @@ def test_head_is_answered_wherever_get_is(serve: Any, tiny_lm: Any) -> None:
         stream = http.head(f"/v1/jobs/{job}/events", timeout=10)  # a stream's head ends at once
         assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
         assert http.head("/v1/route").status_code == 405  # POST only: no GET to answer as
+
+
+def test_the_schema_states_the_rules_the_service_applies(tmp_path: Any) -> None:
+    """A schema-valid body was refused: an empty prompt of a batch, a task id given twice in a matrix."""
+    from atlas.settings import Settings
+    from service.app import create_app
+
+    components = create_app(Settings(data_dir=tmp_path / "data")).openapi()["components"]["schemas"]
+    prompts = components["RouteRequest"]["properties"]["prompts"]["anyOf"][0]
+    assert prompts["items"] == {"type": "string", "minLength": 1}
+    assert components["AlignMatrixRequest"]["properties"]["task_ids"]["uniqueItems"] is True
