@@ -69,7 +69,8 @@ class AsyncAtlasClient:
     api_key
         Sent as ``X-API-Key`` (default ``$FISHER_ATLAS_API_KEY``).
     timeout
-        Seconds each network operation may take (connect, each read: httpx's timeout); ``wait_job`` has its own.
+        Seconds each network operation may take (connect, each read: httpx's timeout; default
+        ``$FISHER_ATLAS_TIMEOUT`` or 60); ``wait_job`` has its own.
     retries
         Attempts of a read, or of a write with an idempotency key (``add_task`` and ``append`` send one unless told
         not to), on connection errors, 429, 502, 503 and 504 (1: no retry).
@@ -77,7 +78,7 @@ class AsyncAtlasClient:
         Optional httpx transport (e.g. ``httpx.ASGITransport``) and pool limits.
     """
 
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float | None = None,
                  retries: int = 3, transport: httpx.AsyncBaseTransport | None = None,
                  limits: httpx.Limits | None = None) -> None:
         self.base_url = (base_url or os.environ.get("FISHER_ATLAS_URL") or calls.DEFAULT_URL).rstrip("/")
@@ -90,7 +91,7 @@ class AsyncAtlasClient:
         self.retries = max(1, retries)
         headers = {"X-API-Key": self.api_key} if self.api_key else {}
         self._pool_settings: dict[str, Any] = dict(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
+            base_url=self.base_url, headers=headers, timeout=calls.resolve_timeout(timeout), transport=transport,
             limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=100),
         )
         self._http = httpx.AsyncClient(**self._pool_settings)

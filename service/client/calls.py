@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import numbers
 import os
 import time
@@ -79,6 +80,24 @@ def real_number(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidInput(0, "invalid_input", f"{what} is a number, not {type(value).__name__}")
     return float(value)
+
+
+DEFAULT_TIMEOUT_S = 60.0
+"""Seconds a network operation of the client may take when neither ``timeout`` nor ``$FISHER_ATLAS_TIMEOUT`` says."""
+
+
+def resolve_timeout(timeout: float | None) -> float:
+    """``timeout``, else ``$FISHER_ATLAS_TIMEOUT`` (the CLI's variable: a shell that sets it for the CLI sets it for a
+    script's client too), else :data:`DEFAULT_TIMEOUT_S`; refused (``invalid_input``) unless a positive number."""
+    source = "timeout" if timeout is not None else "FISHER_ATLAS_TIMEOUT"
+    raw: object = timeout if timeout is not None else os.environ.get("FISHER_ATLAS_TIMEOUT", DEFAULT_TIMEOUT_S)
+    try:
+        value = float(raw) if not isinstance(raw, bool) else math.nan  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidInput(0, "invalid_input", f"{source} must be a positive number of seconds, not {raw!r}")
+    return value
 
 
 def check_url(url: str) -> None:

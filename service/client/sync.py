@@ -59,7 +59,7 @@ class AtlasClient:
     thread: keep it short, and hand work for a GUI's thread over a queue.
     """
 
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float | None = None,
                  retries: int = 3, **kwargs: Any) -> None:
         self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
         thread = threading.Thread(target=self._loop.run_forever, name="fisher-atlas-client", daemon=True)
@@ -220,7 +220,7 @@ async def _cancel_running() -> None:
     await asyncio.gather(*others, return_exceptions=True)
 
 
-async def _make(base_url: str | None, api_key: str | None, timeout: float, retries: int,
+async def _make(base_url: str | None, api_key: str | None, timeout: float | None, retries: int,
                 kwargs: dict[str, Any]) -> AsyncAtlasClient:
     return AsyncAtlasClient(base_url, api_key, timeout, retries, **kwargs)
 

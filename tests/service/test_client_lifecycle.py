@@ -221,3 +221,22 @@ def test_an_async_client_outlives_the_event_loops_it_is_used_on(serve: Any, tiny
     finally:
         finish.set()
         thread.join(30)
+
+
+def test_the_client_reads_its_timeout_from_the_cli_variable(silent_service: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FISHER_ATLAS_TIMEOUT`` set for the CLI left a script's client at 60 s (an operations review, 2026-12-07)."""
+    from service.client import AtlasClientError
+
+    monkeypatch.setenv("FISHER_ATLAS_TIMEOUT", "0.5")
+    with AtlasClient(silent_service, retries=1) as c:
+        t0 = time.monotonic()
+        with pytest.raises(AtlasClientError) as caught:
+            c.get_task(1)
+        assert caught.value.code == "timed_out" and time.monotonic() - t0 < 5
+    with AtlasClient(silent_service, retries=1, timeout=30) as c:  # an argument wins
+        assert c._async._pool_settings["timeout"] == 30
+    for bad in ("0", "-1", "soon", "nan"):
+        monkeypatch.setenv("FISHER_ATLAS_TIMEOUT", bad)
+        with pytest.raises(InvalidInput, match="FISHER_ATLAS_TIMEOUT must be a positive number"):
+            AtlasClient(silent_service)
