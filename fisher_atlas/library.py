@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gzip
 import logging
 import threading
 import time
@@ -10,7 +12,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, BinaryIO, overload
 
 from pydantic import ValidationError
 
@@ -336,12 +338,16 @@ class Atlas:
         return amap
 
     def export(self, path: str | Path) -> Path:
-        """Write the default space as JSON lines (the format of ``GET /v1/spaces/{id}/export``)."""
+        """Write the default space as JSON lines (the format of ``GET /v1/spaces/{id}/export``), gzipped when the
+        path ends in ``.gz`` (as the CLI's export; it wrote plain text under that name)."""
         path = Path(path)
         if path.is_dir() or not path.parent.is_dir():
             raise InvalidInput(f"cannot write {str(path)[:200]!r}: give a file path in an existing directory")
         _, lines = self._c.spaces.export_lines(None)
-        with path.open("wb") as f:
+        with path.open("wb") as raw, contextlib.ExitStack() as stack:
+            f: BinaryIO | gzip.GzipFile = raw
+            if path.name.lower().endswith(".gz"):
+                f = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0))
             for line in lines:
                 f.write(line)
         return path
@@ -352,8 +358,9 @@ class Atlas:
         are aligned and recommended, but prompts do not route to them here."""
         if not _is_file(path):
             raise InvalidInput(f"no such file: {str(path)[:200]!r}")
-        with Path(path).open("rb") as file:
-            space_id, imported, _ = self._c.spaces.import_file(file, on_conflict=on_conflict)
+        with Path(path).open("rb") as file:  # a gzipped export as it is
+            space_id, imported, _ = self._c.spaces.import_file(file, on_conflict=on_conflict,
+                                                               max_bytes=self._c.settings.max_import_bytes)
         note = self._c.unserved_reason(space_id)
         if note is not None:
             warnings.warn(note, UserWarning, stacklevel=2)

@@ -92,7 +92,7 @@ async def import_space(
                                   {"max_import_bytes": limit})
         # read where it was spooled (a memory map of the temporary file), not copied into memory
         space_id, imported, skipped = await run_in_threadpool(c.spaces.import_file, file.file,
-                                                              on_conflict=on_conflict)
+                                                              on_conflict=on_conflict, max_bytes=limit)
     finally:
         await form.close()
     note = await run_in_threadpool(c.unserved_reason, space_id)

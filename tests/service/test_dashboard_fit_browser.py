@@ -141,7 +141,11 @@ def test_fit_card_previews_then_stores_the_thresholds_the_api_computes(serve: An
                            ('prompt,label\nfine,prose\n"a"b,prose\n', "line 3"),
                            ("prompt,label\n\nhello,\n", "line 3"), ("text,name\nhello,prose\n", "line 1"),
                            ("prompt,label,label\nhello there,x,prose\n", "line 1"),
-                           ("prompt,label\nfine,prose\nthe fox, the dog,prose\n", "line 3")):
+                           ("prompt,label\nfine,prose\nthe fox, the dog,prose\n", "line 3"),
+                           # a repeated key (JSON.parse kept the last) and an id written 1.0, refused as by the CLI
+                           ('{"prompt": "a, b", "label": "none"}\n{"prompt": "x y", "label": "none", "label": "prose"}',
+                            'line 2: key "label" is given more than once'),
+                           ('{"prompt": "a fox", "label": 1.0}', "line 1: expected a JSON object")):
             _fill(page, text)
             card.locator("[data-testid=fit-preview]").click()
             card.locator("[data-testid=error]", has_text=line).wait_for()

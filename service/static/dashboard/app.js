@@ -1733,10 +1733,39 @@
       try { rec = JSON.parse(lines[i]); } catch (_) { rec = undefined; }
       const ok = rec && typeof rec === "object" && !Array.isArray(rec) && typeof rec.prompt === "string"
         && rec.prompt.length > 0 && (typeof rec.label === "string" || Number.isInteger(rec.label));
-      if (!ok) throw new Error(`line ${i + 1}: expected a JSON object with a non-empty "prompt" and a "label" (a task name or id, or "none").`);
+      const top = ok ? topLevelMembers(lines[i]) : [];
+      const twice = top.map((m) => m.key).find((k, at, keys) => keys.indexOf(k) !== at);
+      if (twice !== undefined) throw new Error(`line ${i + 1}: key "${twice}" is given more than once (JSON keeps the last; say it once).`);
+      const label = top.find((m) => m.key === "label");
+      if (!ok || (typeof rec.label === "number" && !/^-?\d+$/.test(label.value)))
+        throw new Error(`line ${i + 1}: expected a JSON object with a non-empty "prompt" and a "label" (a task name or id, or "none").`);
       examples.push({ prompt: rec.prompt, label: rec.label }); examples.lines.push(i + 1);
     }
     return examples;
+  }
+  // The members of a JSON object's text (one that JSON.parse has read) at its top level, in order, each key with the
+  // raw text of its value: JSON.parse keeps the last of a repeated key, and reads 1.0 as the task id 1, where the CLI's
+  // fit refuses both (a parity review, 2026-12-07).
+  function topLevelMembers(text) {
+    const members = [];
+    let depth = 0, key = null, valueAt = -1;
+    const close = (end) => {
+      if (key !== null) members.push({ key, value: text.slice(valueAt, end).trim() });
+      key = null;
+    };
+    for (let i = 0; i < text.length; i++) {
+      const c = text[i];
+      if (c === '"') {
+        let j = i + 1;
+        while (text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+        const rest = text.slice(j + 1).match(/^\s*:/);
+        if (depth === 1 && key === null && rest) { key = JSON.parse(text.slice(i, j + 1)); valueAt = j + 1 + rest[0].length; i = j + rest[0].length; }
+        else i = j;
+      } else if (c === "{" || c === "[") depth++;
+      else if (c === "}" || c === "]") { if (depth === 1) close(i); depth--; }
+      else if (c === "," && depth === 1) close(i);
+    }
+    return members;
   }
   // CSV (RFC 4180: a field in double quotes may hold the delimiter, line breaks and "" for a quote) or TSV rows, each
   // with the line it ends on; a malformed row (text after a closing quote, a quote left open) names the line it starts on.

@@ -1,0 +1,49 @@
+"""The surfaces agree (a parity review of REST, CLI, client, library and dashboard, 2026-12-07; each case failed
+before its fix):
+
+* ``export x.jsonl.gz`` from the CLI was refused by the REST import and by library mode ("not a FisherAtlas space
+  export header"), and library mode's ``export("x.jsonl.gz")`` wrote plain text under that name.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fisher_atlas import Atlas
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "A lazy dog sleeps while the fox runs.",
+         "The brown fox and the dog are friends.", "The fox jumps over the fence by the road."]
+
+
+def test_a_gzipped_export_moves_between_library_rest_and_back(tmp_path: Path, tiny_model_dir: Path, tiny_lm: Any,
+                                                             serve: Any) -> None:
+    packed = tmp_path / "space.jsonl.gz"
+    with Atlas(tmp_path / "lib", model=str(tiny_model_dir), sketch_dim=128, device="cpu") as atlas:
+        atlas.add("prose", TEXTS, progress=False)
+        atlas.export(packed)
+    assert packed.read_bytes()[:2] == b"\x1f\x8b"  # gzipped, as its name says
+    lines = gzip.decompress(packed.read_bytes()).splitlines()
+    assert len(lines) == 3  # header, the task, trailer
+    served = serve(lm=tiny_lm, sketch_dim=128)
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        r = http.post("/v1/spaces/import", files={"file": ("space.jsonl.gz", packed.read_bytes())})
+        assert r.status_code == 200 and r.json()["imported"] == 1, r.text
+        bad = http.post("/v1/spaces/import?on_conflict=skip",
+                        files={"file": ("cut.jsonl.gz", packed.read_bytes()[:-20])})
+        assert bad.status_code == 422 and "gzipped but cannot be decompressed" in bad.json()["message"], bad.text
+        again = http.get(f"/v1/spaces/{r.json()['space_id']}/export").content
+    (tmp_path / "rest.jsonl.gz").write_bytes(gzip.compress(again))
+    with Atlas(tmp_path / "lib2", model=str(tiny_model_dir), sketch_dim=128, device="cpu") as atlas:
+        assert atlas.import_(tmp_path / "rest.jsonl.gz") == 1
+        assert atlas.task("prose").status == "ready"
+
+
+def test_a_gzipped_export_is_inflated_no_further_than_the_import_limit(serve: Any, tiny_lm: Any) -> None:
+    served = serve(lm=tiny_lm, sketch_dim=128, max_import_bytes=1 << 20)
+    bomb = gzip.compress(b"\n" * (8 << 20))  # 8 MiB of line breaks in a few KiB
+    r = httpx.post(served.url + "/v1/spaces/import", files={"file": ("bomb.jsonl.gz", bomb)}, timeout=60)
+    assert r.status_code == 413 and "gzipped export holds more than the import limit" in r.json()["message"], r.text
