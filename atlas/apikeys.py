@@ -57,6 +57,8 @@ def create_api_key(session: Session, name: str, scopes: Sequence[str], *,
     bad = [s for s in scopes if s not in SCOPES]
     if not scopes or bad:
         raise InvalidInput(f"scopes must be a non-empty subset of {', '.join(SCOPES)}", {"invalid": bad})
+    if not 1 <= len(name) <= 200:  # as the API's body (it kept the first 200 of a longer local one, silently)
+        raise InvalidInput(f"a key name must have 1 to 200 characters, not {len(name)}", {"name": name[:200]})
     if not is_storable_text(name):
         raise InvalidInput("a key name cannot hold NUL characters or lone surrogates")
     refuse_control_chars(name, "a key name")  # as a task name (it rewrote the terminal of `keys list`)
@@ -68,7 +70,7 @@ def create_api_key(session: Session, name: str, scopes: Sequence[str], *,
                            "key checks on for every request, and without an admin key no caller could manage keys)",
                            {"scopes": list(scopes)})
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(name=name[:200], prefix=plaintext[:10], key_hash=hash_key(plaintext),
+    key = ApiKey(name=name, prefix=plaintext[:10], key_hash=hash_key(plaintext),
                  scopes=sorted(set(scopes), key=_RANK.__getitem__))
     session.add(key)
     session.flush()

@@ -256,7 +256,10 @@ def follow(cl: Any, job_id: int, label: str, *, quiet: bool = False, timeout: fl
             stop.set()
         update(job)
     if not quiet:
-        console.print(f"{_job_label(label, job.id)} {job.status} in {time.monotonic() - t0:.1f} s"
+        # the job's own run time (the wait's, for a job that ended before it began, said "in 0.0 s": a parity review)
+        took = ((job.finished_at - job.started_at).total_seconds() if job.finished_at and job.started_at
+                else time.monotonic() - t0)
+        console.print(f"{_job_label(label, job.id)} {job.status} in {took:.1f} s"
                       + (f": {job.error}" if job.error else ""))
     return job
 

@@ -66,7 +66,7 @@ def create(name: Annotated[str, typer.Option(help="A name for the key.")],
         try:
             with _db(data_dir, database_url, create=True) as session:
                 key, plaintext = apikeys.create_api_key(session, name, wanted)
-                out: dict[str, Any] = {"id": key.id, "name": key.name, "scopes": list(key.scopes), "key": plaintext}
+                out: dict[str, Any] = {**_row(key), "key": plaintext}  # the fields the API's answer has
         except AtlasError as exc:
             raise fail(exc.message) from None
     else:

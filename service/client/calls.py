@@ -285,6 +285,9 @@ def idempotency(key: str | None) -> dict[str, str] | None:
     caller's retry met a 409 or appended twice), none when ``""``."""
     if key == "":
         return None
+    if key is not None and not (isinstance(key, str) and key.isascii() and key.isprintable()):
+        # an HTTP header carries printable ASCII: a non-ASCII key failed as "the request cannot be sent as JSON"
+        raise InvalidInput(0, "invalid_input", f"the idempotency key must be printable ASCII, not {key!r:.60}")
     return {"Idempotency-Key": key if key is not None else f"client-{uuid.uuid4()}"}
 
 

@@ -47,3 +47,43 @@ def test_a_gzipped_export_is_inflated_no_further_than_the_import_limit(serve: An
     bomb = gzip.compress(b"\n" * (8 << 20))  # 8 MiB of line breaks in a few KiB
     r = httpx.post(served.url + "/v1/spaces/import", files={"file": ("bomb.jsonl.gz", bomb)}, timeout=60)
     assert r.status_code == 413 and "gzipped export holds more than the import limit" in r.json()["message"], r.text
+
+
+def test_keys_create_local_checks_and_answers_as_the_api(tmp_path: Path, capsys: Any) -> None:
+    """``keys create --local`` kept the first 200 characters of a longer name (the API refuses it) and printed four of
+    the API answer's fields: a script reading ``prefix`` broke on the bootstrap path."""
+    import json
+
+    from service.cli import main
+
+    data = str(tmp_path / "data")
+    assert main(["keys", "create", "--local", "--data-dir", data, "--name", "x" * 250, "--scopes", "admin"]) == 1
+    assert "a key name must have 1 to 200 characters, not 250" in capsys.readouterr().err
+    assert main(["keys", "create", "--local", "--data-dir", data, "--name", "root", "--scopes", "admin",
+                 "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert set(created) == {"id", "name", "prefix", "scopes", "created_at", "last_used_at", "revoked", "key"}
+    assert created["key"].startswith(created["prefix"]) and created["revoked"] is False
+
+
+def test_jobs_wait_says_the_jobs_own_time_and_a_bad_idempotency_key_is_named(serve: Any, tiny_lm: Any,
+                                                                            capsys: Any) -> None:
+    import re
+
+    from service.cli import main
+    from service.client import AtlasClient, InvalidInput
+
+    served = serve(lm=tiny_lm, sketch_dim=128)
+    with AtlasClient(served.url) as client:
+        job = client.add_task("prose", samples=TEXTS, wait=True).job
+        try:
+            client.add_task("other", samples=TEXTS, idempotency_key="a bé")
+            raise AssertionError("sent")
+        except InvalidInput as exc:
+            assert "idempotency key must be printable ASCII" in exc.message
+        ran = (job.finished_at - job.started_at).total_seconds()
+    capsys.readouterr()
+    assert main(["jobs", "wait", str(job.id), "--url", served.url]) == 0
+    said = "".join(capsys.readouterr())  # (the CLI's progress lines are on stderr)
+    took = float(re.search(r"succeeded in ([\d.]+) s", said)[1])  # type: ignore[index]
+    assert abs(took - ran) < 0.06, (said, ran)
