@@ -30,6 +30,7 @@ for module in (server, tasks, queries):
         app.registered_commands.append(command)
 app.add_typer(tasks.tasks_app, name="tasks")
 app.add_typer(tasks.jobs_app, name="jobs")
+app.add_typer(tasks.spaces_app, name="spaces")
 app.add_typer(keys.app, name="keys")
 
 

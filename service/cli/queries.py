@@ -68,7 +68,10 @@ def route(prompt: Annotated[str | None, typer.Argument(help="The prompt (or --fi
                                    "'-' reads stdin. One answer a line, as each batch of 64 is answered (--json: one "
                                    "JSON object a line, with its 'line').")] = None,
           k: Annotated[int, typer.Option("-k", min=1, max=100)] = 5,
-          threshold: Annotated[float | None, typer.Option(help="Open-set threshold.")] = None,
+          threshold: Annotated[float | None, typer.Option(help="Open-set threshold, -1 to 1 (default: each "
+                                                                "task's own).")] = None,
+          candidates: Annotated[int | None, typer.Option(min=1, max=4096, help="FAISS candidates re-ranked exactly "
+                                                         "(default max(k, 32)).")] = None,
           url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
           json: Json = False) -> None:
     """Route a prompt, or every prompt of a file, to the nearest stored tasks ("none" below the threshold)."""
@@ -77,13 +80,13 @@ def route(prompt: Annotated[str | None, typer.Argument(help="The prompt (or --fi
     if (prompt is None) == (file is None):
         raise fail("give one prompt, or --file with a prompt a line", 2)
     if file is not None:
-        route_file(file, k, threshold, url, api_key, space, timeout, json)
+        route_file(file, k, threshold, candidates, url, api_key, space, timeout, json)
         return
     if not prompt:
         raise fail("the prompt is empty")
     try:
         with client(url, api_key, timeout) as cl:
-            res = cl.route(prompt, k=k, threshold=threshold, space=space)
+            res = cl.route(prompt, k=k, threshold=threshold, candidates=candidates, space=space)
     except AtlasClientError as exc:  # one prompt: the API's "prompt 0" names no place in anything the user gave
         message = re.sub(r"^prompt 0(: | )", lambda m: "" if m.group(1) == ": " else "the prompt ", exc.message)
         if message == exc.message:

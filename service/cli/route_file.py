@@ -112,8 +112,8 @@ def refused_prompt(detail: Any) -> int | None:
     return None
 
 
-def route_file(file: Path, k: int, threshold: float | None, url: str | None, api_key: str | None,
-               space: str | None, timeout: float, as_json: bool) -> None:
+def route_file(file: Path, k: int, threshold: float | None, candidates: int | None, url: str | None,
+               api_key: str | None, space: str | None, timeout: float, as_json: bool) -> None:
     """Route the prompts of ``file`` in batches of :data:`ROUTE_BATCH`, each answer printed as its batch is answered
     (``file:line: answer …`` / ``none: …``; ``as_json``: a JSON object a line, with its ``line``). A prompt the
     service refuses (too short, too long) is reported by its line — on stderr, or with ``as_json`` as a line
@@ -126,7 +126,7 @@ def route_file(file: Path, k: int, threshold: float | None, url: str | None, api
     def answer(cl: Any, batch: list[tuple[int, str]]) -> None:
         while batch:
             try:
-                res = cl.route([p for _, p in batch], k=k, threshold=threshold, space=space)
+                res = cl.route([p for _, p in batch], k=k, threshold=threshold, candidates=candidates, space=space)
                 break
             except AtlasClientError as exc:
                 at = refused_prompt(exc.detail)

@@ -1,4 +1,5 @@
-"""Task and job commands: ``add``, ``append``, ``tasks list|show|delete``, ``jobs list|show|cancel``."""
+"""Task, job and space commands: ``add``, ``append``, ``tasks list|show|update|delete``, ``jobs list|show|wait|cancel``,
+``spaces list|show``."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ from service.cli.common import (
 )
 
 app = typer.Typer()
-tasks_app = typer.Typer(help="List, show and delete tasks.", no_args_is_help=True)
+tasks_app = typer.Typer(help="List, show, update and delete tasks.", no_args_is_help=True)
+spaces_app = typer.Typer(help="List and show spaces (a model and sketch; --space takes an id or model name).",
+                         no_args_is_help=True)
 jobs_app = typer.Typer(help="List, show, follow and cancel jobs.", no_args_is_help=True)
 
 FileArg = Annotated[Path, typer.Argument(help="JSONL, JSON, CSV, TSV, Parquet or plain text (one sample per line); "
@@ -117,6 +120,22 @@ def tasks_show(name: str, url: Url = None, api_key: ApiKey = None, space: Space 
          f"{t.n_tokens} tokens, version {t.version}; metadata {jsonlib.dumps(t.metadata, ensure_ascii=False)}")
 
 
+@tasks_app.command("update")
+def tasks_update(name: str,
+                 metadata: Annotated[str, typer.Option(help="A JSON object merged into the task's metadata; a key "
+                                                             "set to null is removed.")],
+                 url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
+                 json: Json = False) -> None:
+    """Update a task's metadata (no model run): only REST and the client could, so a typo of ``add --metadata`` meant
+    a new task (a parity review, 2026-12-07)."""
+    meta = json_object(metadata, "--metadata")
+    if meta is None:
+        raise fail("--metadata is a JSON object, such as '{\"owner\": \"me\"}' (a key set to null is removed)", 2)
+    with client(url, api_key, timeout) as cl:
+        t = cl.patch_task(cl.find_task(name, space=space).id, meta)
+    emit(json, t, f"task {t.id} ({t.name}): metadata {jsonlib.dumps(t.metadata, ensure_ascii=False)}")
+
+
 @tasks_app.command("delete")
 def tasks_delete(name: str, yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
                  url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
@@ -187,3 +206,25 @@ def jobs_cancel(job_id: int, url: Url = None, api_key: ApiKey = None, timeout: T
     ended = j.status in ("succeeded", "failed", "cancelled") and not j.cancel_requested
     emit(json, j, f"job {j.id}: {j.status}" + (" (cancel requested)" if j.cancel_requested else "")
          + (" (it had already ended: nothing to cancel)" if ended and j.status != "cancelled" else ""))
+
+
+@spaces_app.command("list")
+def spaces_list(url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0, json: Json = False) -> None:
+    """List the spaces: what ``--space`` takes (nothing in the CLI listed them: a parity review, 2026-12-07)."""
+    with client(url, api_key, timeout) as cl:
+        found = cl.spaces()
+    lines = [f"{'id':>4}  {'tasks':>6}  {'m':>6}  model"]
+    lines += [f"{s.id:>4}  {s.n_tasks or 0:>6}  {s.m:>6}  {s.model_name}" + ("  (default)" if s.default else "")
+              for s in found.items]
+    emit(json, found, "\n".join(lines))
+
+
+@spaces_app.command("show")
+def spaces_show(space: Annotated[str, typer.Argument(help="Space id or model name (default: the service's).")]
+                = "default", url: Url = None, api_key: ApiKey = None, timeout: Timeout = 120.0,
+                json: Json = False) -> None:
+    """Show one space: its model, fingerprints and sketch."""
+    with client(url, api_key, timeout) as cl:
+        s = cl.get_space(space)
+    emit(json, s, f"space {s.id}{' (default)' if s.default else ''}: model {s.model_name} ({s.model_fingerprint}), "
+         f"d {s.d}, K {s.K}, sketch m {s.m}, seed {s.seed}; {s.n_tasks or 0} tasks")

@@ -87,3 +87,30 @@ def test_jobs_wait_says_the_jobs_own_time_and_a_bad_idempotency_key_is_named(ser
     said = "".join(capsys.readouterr())  # (the CLI's progress lines are on stderr)
     took = float(re.search(r"succeeded in ([\d.]+) s", said)[1])  # type: ignore[index]
     assert abs(took - ran) < 0.06, (said, ran)
+
+
+def test_the_cli_updates_metadata_lists_spaces_and_passes_candidates(serve: Any, tiny_lm: Any, capsys: Any) -> None:
+    """Task metadata could be changed only over REST or the client; no command listed the spaces ``--space`` takes;
+    ``route`` had no ``--candidates``."""
+    import json
+
+    from service.cli import main
+    from service.client import AtlasClient
+
+    served = serve(lm=tiny_lm, sketch_dim=128)
+    with AtlasClient(served.url) as client:
+        client.add_task("prose", samples=TEXTS, metadata={"owner": "me", "typo": 1}, wait=True)
+    url = ["--url", served.url, "--json"]
+    capsys.readouterr()
+    assert main(["tasks", "update", "prose", "--metadata", '{"typo": null, "team": "nlp"}', *url]) == 0
+    assert json.loads(capsys.readouterr().out)["metadata"] == {"owner": "me", "team": "nlp"}
+    assert main(["tasks", "update", "prose", "--metadata", "", *url]) == 2  # no object given
+    capsys.readouterr()
+    assert main(["spaces", "list", *url]) == 0
+    (space,) = json.loads(capsys.readouterr().out)["items"]
+    assert space["default"] and space["n_tasks"] == 1
+    assert main(["spaces", "show", str(space["id"]), *url]) == 0
+    assert json.loads(capsys.readouterr().out)["model_fingerprint"] == space["model_fingerprint"]
+    assert main(["route", "a fox and a dog", "--candidates", "1", *url]) == 0
+    assert len(json.loads(capsys.readouterr().out)["matches"]) == 1
+    assert main(["route", "a fox and a dog", "--candidates", "0", *url]) == 2
