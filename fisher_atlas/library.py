@@ -315,10 +315,10 @@ class Atlas:
         """Fisher alignment of two tasks with its factors."""
         return self._c.queries.align(self._find(a)[0], self._find(b)[0])[2]
 
-    def matrix(self, names: Sequence[str] | None = None) -> analysis.Matrices:
-        """Alignment matrices of the named tasks (default: the default space's first ready tasks by id, up to
-        :data:`atlas.vocabulary.MATRIX_DEFAULT_TASKS` as the CLI's ``matrix`` and the dashboard take; tasks of other
-        spaces cannot be compared with them)."""
+    def matrix(self, names: Sequence[str] | None = None, *, space: str | int = "default") -> analysis.Matrices:
+        """Alignment matrices of the named tasks (default: the first ready tasks by id of ``space`` — an id or model
+        name, default the loaded model's — up to :data:`atlas.vocabulary.MATRIX_DEFAULT_TASKS` as the CLI's
+        ``matrix`` and the dashboard take; tasks of other spaces cannot be compared with them)."""
         if isinstance(names, str):  # iterated by characters: "no task named 's'"
             raise InvalidInput("matrix takes a list of task names (two or more), not one string")
         if names is not None:
@@ -327,14 +327,15 @@ class Atlas:
                 raise InvalidInput(f"matrix takes two or more task names, not {len(ids)}")
         else:
             top = min(MATRIX_DEFAULT_TASKS, int(self.settings.max_matrix_tasks))
-            ids = [t.id for t in self._all_tasks(top, space_ref="default", status=TaskStatus.READY)]
+            ids = [t.id for t in self._all_tasks(top, space_ref=str(space), status=TaskStatus.READY)]
         return self._c.queries.matrix(ids)
 
-    def atlas(self) -> analysis.AtlasMap:
-        """The 2-D map of the default space (an even subset of its ready tasks above ``max_matrix_tasks``: ``extra``
-        holds ``space_id``, ``total`` and ``sampled``, as the REST answer does)."""
-        space, amap, total, sampled = self._c.queries.atlas()
-        amap.extra.update(space_id=int(space.id), total=int(total), sampled=bool(sampled))
+    def atlas(self, *, space: str | int | None = None) -> analysis.AtlasMap:
+        """The 2-D map of ``space`` (an id or model name; default the loaded model's: only it could be mapped, an
+        imported space of another model not at all) — an even subset of its ready tasks above ``max_matrix_tasks``:
+        ``extra`` holds ``space_id``, ``total`` and ``sampled``, as the REST answer does."""
+        space_row, amap, total, sampled = self._c.queries.atlas(None if space is None else str(space))
+        amap.extra.update(space_id=int(space_row.id), total=int(total), sampled=bool(sampled))
         return amap
 
     def export(self, path: str | Path) -> Path:

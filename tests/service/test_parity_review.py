@@ -114,3 +114,35 @@ def test_the_cli_updates_metadata_lists_spaces_and_passes_candidates(serve: Any,
     assert main(["route", "a fox and a dog", "--candidates", "1", *url]) == 0
     assert len(json.loads(capsys.readouterr().out)["matches"]) == 1
     assert main(["route", "a fox and a dog", "--candidates", "0", *url]) == 2
+
+
+def test_library_maps_and_compares_another_models_space(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """An imported space of another model could be aligned task by task in library mode, but not mapped
+    (``atlas()`` took no space) nor given to ``matrix()``'s default (the loaded model's space only)."""
+    import hashlib
+    import json
+
+    export = tmp_path / "space.jsonl"
+    with Atlas(tmp_path / "a", model=str(tiny_model_dir), sketch_dim=128, device="cpu") as atlas:
+        atlas.add("prose", TEXTS, progress=False)
+        atlas.add("more prose", [t.upper() for t in TEXTS], progress=False)
+        atlas.export(export)
+    lines = export.read_bytes().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["space"]["model_fingerprint"] = "another-model@1"
+    body = [(json.dumps(header) + "\n").encode(), *lines[1:-1]]
+    body.append((json.dumps({"trailer": True, "n_tasks": len(lines) - 2,
+                             "sha256": hashlib.sha256(b"".join(body)).hexdigest()}) + "\n").encode())
+    export.write_bytes(b"".join(body))
+    with Atlas(tmp_path / "b", model=str(tiny_model_dir), sketch_dim=128, device="cpu") as atlas:
+        atlas.add("here", TEXTS, progress=False)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # its prompts do not route here: said, and expected
+            atlas.import_(export)
+        other = atlas.task("prose").space_id
+        mapped = atlas.atlas(space=other)
+        assert mapped.extra["space_id"] == other and sorted(p.name for p in mapped.points) == ["more prose", "prose"]
+        assert atlas.matrix(space=other).ids == [atlas.task("prose").id, atlas.task("more prose").id]
+        assert [p.name for p in atlas.atlas().points] == ["here"]  # the default: the loaded model's space
