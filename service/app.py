@@ -26,7 +26,7 @@ from service.auth import check_origins_allowed
 from service.body_limit import ENVELOPE_BYTES, BodyLimit, BodyLimitMiddleware, BufferedBytes
 from service.container import Container
 from service.dashboard import mount_dashboard
-from service.errors import install_error_handlers, template_of
+from service.errors import install_error_handlers, template_of, unexpected_error
 from service.head_requests import HeadAsGetMiddleware
 from service.metrics import Metrics
 from service.request_ids import RequestIdMiddleware
@@ -188,6 +188,7 @@ def create_app(settings: Settings | None = None, *, overrides: dict[str, Any] | 
                                           "last-event-id"],
                            expose_headers=["retry-after", "server-timing", "x-request-id"], max_age=600)
     app.add_middleware(MetricsMiddleware, metrics=container.metrics)
-    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries its id, a refused one too
+    # outermost: every answer carries its id, a refused one and a 500 too
+    app.add_middleware(RequestIdMiddleware, on_error=unexpected_error)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

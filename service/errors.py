@@ -126,7 +126,7 @@ async def _sketch_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, SpecMismatch):
         return await _atlas_error(request, IncompatibleSpace(str(exc)))
     if isinstance(exc, CorruptState):  # stored data, not the request: a real server error
-        return await _unexpected(request, exc)
+        return await unexpected_error(request, exc)
     return await _atlas_error(request, InvalidInput(str(exc)))
 
 
@@ -243,7 +243,7 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
         return await _atlas_error(request, DatabaseUnavailable(
             f"the database cannot be written ({fault}); the operator must make the data directory writable "
             "(permissions, free space) — nothing was stored", None, retry_after_s=60.0))
-    return await _unexpected(request, exc)
+    return await unexpected_error(request, exc)
 
 
 async def _client_disconnect(request: Request, exc: Exception) -> JSONResponse:
@@ -252,9 +252,9 @@ async def _client_disconnect(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body("client_disconnected", "the client closed the connection", None), status_code=400)
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    """A 500, logged with its traceback. Starlette answers it outside every middleware, so its ``X-Request-ID`` is
-    set here (the request's id, which :class:`service.request_ids.RequestIdMiddleware` leaves set on an error)."""
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """A 500, logged with its traceback, naming the request's id (:class:`service.request_ids.RequestIdMiddleware`
+    answers with it while the id is set; the app's last-resort handler, outside every middleware, is this too)."""
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     rid = REQUEST_ID.get()
     return JSONResponse(
@@ -273,5 +273,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DBAPIError, _database_error)
     app.add_exception_handler(PoolTimeout, _database_error)
     app.add_exception_handler(ClientDisconnect, _client_disconnect)
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(Exception, unexpected_error)
     install_log_redaction()

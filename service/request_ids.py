@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextvars
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("fisher_atlas_request_id", default="-")
@@ -17,10 +20,15 @@ _SANE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 class RequestIdMiddleware:
-    """Pure ASGI middleware: the request's id into :data:`REQUEST_ID` and the answer's ``X-Request-ID`` header."""
+    """Pure ASGI middleware: the request's id into :data:`REQUEST_ID` and the answer's ``X-Request-ID`` header. An
+    error escaping the app is answered here by ``on_error`` (the 500 of :func:`service.errors.unexpected_error`)
+    while the id is still set: Starlette rendered it outside every middleware, so neither the 500's answer nor its
+    log lines named the request."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, on_error: Callable[[Request, Exception], Awaitable[Response]] | None = None
+                 ) -> None:
         self.app = app
+        self.on_error = on_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -29,13 +37,24 @@ class RequestIdMiddleware:
         given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _SANE.fullmatch(given) else uuid.uuid4().hex[:16]
         token = REQUEST_ID.set(rid)
+        started = False
 
         async def with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                started = True
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    headers.append((b"x-request-id", rid.encode()))
+                message["headers"] = headers
             await send(message)
 
-        # An error escaping the app keeps the id set: Starlette renders the 500 and uvicorn logs it outside this
-        # middleware, in this request's context (its own task's), and both name the id (neither did).
-        await self.app(scope, receive, with_id)
-        REQUEST_ID.reset(token)
+        try:
+            await self.app(scope, receive, with_id)
+        except Exception as exc:
+            if started or self.on_error is None:  # an answer under way cannot become a 500
+                raise
+            response = await self.on_error(Request(scope, receive), exc)
+            await response(scope, receive, with_id)
+        finally:
+            REQUEST_ID.reset(token)

@@ -301,6 +301,18 @@ def run_worker(concurrency: int = 1, pool: str | None = None, loglevel: str = "I
         batcher.close()
 
 
+@signals.worker_ready.connect
+def _sighup_stops(sender: Any = None, **_: Any) -> None:
+    """``worker_ready``: SIGHUP becomes a warm shutdown, as SIGTERM is. Celery makes it a restart (``exec`` of the same
+    command, model load and all) whenever its output is not a terminal — a container, a unit, a log file: a worker
+    told to stop went on serving (a review, 2026-12-07)."""
+    from celery.apps.worker import install_worker_term_handler
+
+    controller = getattr(sender, "controller", None)
+    if controller is not None:
+        install_worker_term_handler(controller, sig="SIGHUP")
+
+
 def _worker_main(concurrency: int, pool: str, loglevel: str, banner: bool = True) -> None:
     app.worker_main([
         *([] if banner else ["--quiet"]),  # celery's own option, before its sub-command
