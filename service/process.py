@@ -22,10 +22,6 @@ import uvicorn
 
 log = logging.getLogger("fisher_atlas.service")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-"""The signals that stop a process cleanly (SIGHUP, a closed terminal's, as SIGTERM)."""
-
-
 def exit_on_stop_signals() -> None:
     """Until a process installs its own handlers, SIGTERM and SIGHUP end it (exit status 128 + the signal) through
     ``SystemExit``: finally blocks run, a migration's transaction is rolled back. As PID 1 a process with no handler

@@ -410,6 +410,9 @@ class InProcessPromptSketcher:
         return {"mode": "inprocess", **(self.batcher.stats() if self.batcher else {})}
 
     def close(self) -> None:
-        """Stop the batching loop."""
+        """Stop the batching loop: the prompts still waiting are cancelled, not computed (the service closes it at its
+        stop, once its open requests are answered or closed: the prompts of requests cut at the grace period's end
+        held the stop for up to 30 s more), the batch being run is finished."""
         if self.batcher is not None:
+            self.batcher.cancel_waiting()
             self.batcher.close()

@@ -257,3 +257,35 @@ def test_a_stopping_worker_answers_its_running_batch_and_gives_back_the_waiting_
     assert batches == [40] and stopped_in < 8, (batches, stopped_in)  # given back uncomputed
     assert redis_client.llen(_inflight_key(space.serving_key, server.worker_id)) == 0
     assert redis_client.llen(_queue_key(space.serving_key)) <= 2  # back in the queue (or failed by the API)
+
+
+def test_the_embedded_prompt_service_closes_without_computing_waiting_prompts(gpt2_lm: Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve``'s stop closes its prompt service once the open requests are answered or cut at the grace period's
+    end: the prompts still queued had no caller left, and computing them held the stop for up to 30 s more."""
+    from concurrent.futures import CancelledError
+
+    from workers.prompt_batcher import InProcessPromptSketcher
+
+    spec = gpt2_lm.make_spec(m=256)
+    service = InProcessPromptSketcher(Extractor(gpt2_lm, gpt2_lm.make_sketcher(spec)), model_name="tiny")
+    batcher = service.batcher
+    assert batcher is not None
+    real, running, batches = batcher.sketch_prepared, threading.Event(), []
+
+    def slow_model(prepared: Any, *args: Any, **kwargs: Any) -> Any:
+        batches.append(len(prepared))
+        running.set()
+        time.sleep(1.0)
+        return real(prepared, *args, **kwargs)
+
+    monkeypatch.setattr(batcher, "sketch_prepared", slow_model)
+    prepared = batcher.prepare([f"prompt number {i} of a batch" for i in range(40)])
+    first = batcher.submit(prepared)
+    assert running.wait(20)
+    waiting = [batcher.submit(prepared), batcher.submit(prepared)]
+    service.close()
+    assert len(first.result(timeout=10)) == 40 and batches == [40]
+    for fut in waiting:
+        with pytest.raises(CancelledError):
+            fut.result(timeout=1)
