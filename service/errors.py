@@ -257,9 +257,11 @@ async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     answers with it while the id is set; the app's last-resort handler, outside every middleware, is this too)."""
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     rid = REQUEST_ID.get()
+    known = rid != "-"  # "-": outside the middleware (nothing to name)
     return JSONResponse(
-        error_body("internal_error", f"internal server error; see the service log (request {rid})", None),
-        status_code=500, headers={"X-Request-ID": rid},
+        error_body("internal_error", "internal server error; see the service log" + (f" (request {rid})" if known
+                                                                                      else ""), None),
+        status_code=500, headers={"X-Request-ID": rid} if known else None,
     )
 
 
