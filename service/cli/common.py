@@ -165,7 +165,12 @@ def json_object(text: str | None, flag: str) -> dict[str, Any] | None:
         raise fail(f"{flag}: {exc.message}", 2) from None
     if not isinstance(value, dict):
         raise fail(f"{flag} must be a JSON object", 2)
-    return value
+    from atlas.samples import check_metadata
+
+    try:  # here, as the service would (its refusal named "form field 'metadata'", a field the user never typed)
+        return check_metadata(value, where=flag)
+    except InvalidInput as exc:
+        raise fail(f"422 invalid_input: {exc.message}") from None
 
 
 def sample_notes(job: JobOut) -> str:

@@ -106,6 +106,10 @@ def test_the_cli_updates_metadata_lists_spaces_and_passes_candidates(serve: Any,
     assert json.loads(capsys.readouterr().out)["metadata"] == {"owner": "me", "team": "nlp"}
     assert main(["tasks", "update", "prose", "--metadata", "", *url]) == 2  # no object given
     capsys.readouterr()
+    assert main(["add", "other", "-", "--metadata", '{"a": "b\\u0000c"}', *url]) == 1  # named by its flag
+    err = capsys.readouterr().err
+    assert "--metadata: NUL characters are not allowed" in err and "form field" not in err, err
+    capsys.readouterr()
     assert main(["spaces", "list", *url]) == 0
     (space,) = json.loads(capsys.readouterr().out)["items"]
     assert space["default"] and space["n_tasks"] == 1
