@@ -18,6 +18,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 from atlas.redaction import redact_secrets
+from service.request_ids import REQUEST_ID
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 """uvicorn's log levels (``--log-level``)."""
@@ -43,8 +44,6 @@ class RequestTagFilter(logging.Filter):
     the client's ``X-Request-ID`` (only the access line carried it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from service.request_ids import REQUEST_ID
-
         rid = REQUEST_ID.get()
         record.request_id = rid
         record.request_tag = "" if rid == "-" else f" [{rid}]"
@@ -75,24 +74,18 @@ class JsonLogFormatter(JsonFormatter):
             log_data.update(zip(_ACCESS_FIELDS, record.args, strict=True))
 
 
-def _formatter_config(log_format: str, fmt: str) -> dict[str, Any]:
-    """A ``dictConfig`` formatter: uvicorn's ``fmt`` with the time in front, or the JSON formatter."""
-    if log_format == "json":
-        return {"()": JsonLogFormatter}
-    return {"()": "uvicorn.logging.DefaultFormatter", "fmt": fmt, "use_colors": False}
-
-
 def uvicorn_log_config(log_format: str = "text") -> dict[str, Any]:
     """uvicorn's logging configuration in ``log_format``: as text, its own lines with the time in front and an access
     line ending with its request's id (the ``X-Request-ID`` of its answer); as JSON, :class:`JsonLogFormatter`."""
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
-    for formatter in config["formatters"].values():
-        formatter["fmt"] = LOG_TIME + formatter["fmt"]
-    config["formatters"]["access"]["fmt"] += " [%(request_id)s]"
     if log_format == "json":
-        config["formatters"] = {name: _formatter_config("json", "") for name in config["formatters"]}
+        config["formatters"] = {name: {"()": JsonLogFormatter} for name in config["formatters"]}
+    else:
+        for formatter in config["formatters"].values():
+            formatter["fmt"] = LOG_TIME + formatter["fmt"]
+        config["formatters"]["access"]["fmt"] += " [%(request_id)s]"
     config.setdefault("filters", {})["request_id"] = {"()": RequestTagFilter}
     for handler in config["handlers"].values():
         handler["filters"] = ["request_id"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -152,7 +153,7 @@ def worker(
     log_format: LogFormat = "text",
 ) -> None:
     """Run a worker: loads its model, serves routing prompts (Redis) and upload jobs (Celery) of its space."""
-    from service.logs import worker_logging
+    from service.logs import numeric_level, worker_logging
     from service.process import exit_on_stop_signals
 
     exit_on_stop_signals()  # until Celery's own handlers: a stop during the model's load, or as PID 1
@@ -165,7 +166,7 @@ def worker(
     worker_logging(log_level, log_format)
     from workers.celery_app import run_worker
 
-    run_worker(concurrency=concurrency, loglevel="DEBUG" if log_level == "trace" else log_level.upper(),
+    run_worker(concurrency=concurrency, loglevel=logging.getLevelName(numeric_level(log_level)),
                banner=log_format == "text")
 
 
