@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, overload
 from pydantic import ValidationError
 
 from atlas import analysis
-from atlas.errors import AtlasError, InvalidInput, ModelUnavailable, PayloadTooLarge
+from atlas.errors import AtlasError, InvalidInput, ModelUnavailable, NotFound, PayloadTooLarge
 from atlas.repository import check_mode
 from atlas.route_fit import FIT_EXAMPLE_FORM, fit_examples, prompt_batch
 from atlas.sample_io import SampleLimits, parse_upload
@@ -27,7 +27,7 @@ from atlas.services.thresholds import FitResult
 from atlas.settings import Settings
 from atlas.vocabulary import MATRIX_DEFAULT_TASKS, JobStatus, TaskStatus
 from service.container import Container
-from service.schemas import JobOut, TaskOut
+from service.schemas import MAX_ID, JobOut, TaskOut
 from service.schemas_routing import RoutingInfo
 from service.views import job_out, task_out
 from workers.extraction_results import sample_notes
@@ -208,7 +208,37 @@ class Atlas:
         """Delete a task."""
         self._c.tasks.delete(self._find(name)[0])
 
-    def _wait(self, job_id: int, progress: bool | Callable[[JobOut], None] | None, label: str) -> None:
+    # -- jobs ----------------------------------------------------------------------------------------
+
+    def jobs(self, name: str | None = None, *, status: str | None = None, limit: int = 50) -> list[JobOut]:
+        """Jobs, newest first: of the task ``name`` or of every task, of one ``status`` (``queued``, ``running``,
+        ``succeeded``, ``failed``, ``cancelled``) or any, at most ``limit`` (1..1000) — as ``GET /v1/jobs``.
+
+        With ``add(..., wait=False)``, ``jobs(name)[0]`` is the task's job just queued.
+        """
+        task_id = self._find(name)[0] if name is not None else None
+        page = self._c.jobs.page(task_id=task_id, status=status, limit=limit)
+        return [job_out(j) for j in page.items]
+
+    def job(self, job_id: int) -> JobOut:
+        """One job: its status, progress, result and error (:class:`~atlas.errors.NotFound` if it does not
+        exist)."""
+        return job_out(self._c.jobs.get(_check_job_id(job_id)))
+
+    def wait(self, job_id: int, *, progress: bool | Callable[[JobOut], None] | None = True) -> JobOut:
+        """Wait for a job to end and return it; raise :class:`~atlas.errors.AtlasError` if it did not succeed
+        (failed or cancelled), as ``add`` and ``append`` do. ``progress`` as in :meth:`add`."""
+        _check_progress(progress)
+        return job_out(self._wait(_check_job_id(job_id), progress, f"job {job_id}"))
+
+    def cancel(self, job_id: int) -> JobOut:
+        """Cancel a job: a queued one at once, a running one at its next batch (it keeps nothing half-written); a
+        finished job is returned unchanged."""
+        return job_out(self._c.jobs.cancel(_check_job_id(job_id)))
+
+    def _wait(self, job_id: int, progress: bool | Callable[[JobOut], None] | None, label: str) -> Any:
+        """Poll a job until it ends (with a progress bar or callback); return its row, or raise if it did not
+        succeed."""
         bar = None
         if progress is True:
             from rich.console import Console
@@ -242,6 +272,7 @@ class Atlas:
         notes = sample_notes(job.result)
         if notes:  # samples left out or cut are no error, but must not pass unseen
             log.warning("%s: %s", label, "; ".join(notes))
+        return job
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -320,11 +351,9 @@ class Atlas:
         name, default the loaded model's — up to :data:`atlas.vocabulary.MATRIX_DEFAULT_TASKS` as the CLI's
         ``matrix`` and the dashboard take; tasks of other spaces cannot be compared with them)."""
         if isinstance(names, str):  # iterated by characters: "no task named 's'"
-            raise InvalidInput("matrix takes a list of task names (two or more), not one string")
-        if names is not None:
+            raise InvalidInput("matrix takes a list of task names, not one string")
+        if names is not None:  # one name is a 1 x 1 matrix, as the REST API answers; none is refused there
             ids = [self._find(n)[0] for n in names]
-            if len(ids) < 2:
-                raise InvalidInput(f"matrix takes two or more task names, not {len(ids)}")
         else:
             top = min(MATRIX_DEFAULT_TASKS, int(self.settings.max_matrix_tasks))
             ids = [t.id for t in self._all_tasks(top, space_ref=str(space), status=TaskStatus.READY)]
@@ -371,6 +400,15 @@ class Atlas:
 def _check_name(name: object) -> None:
     if not isinstance(name, str):  # an id: AttributeError "'int' object has no attribute 'strip'"
         raise InvalidInput(f"a task is named by its name (a string), not {type(name).__name__} {name!r:.40}")
+
+
+def _check_job_id(job_id: object) -> int:
+    """A job id as an ``int`` (a bool, float or string is refused: ``job("3")`` would find no job, ``True`` job 1)."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise InvalidInput(f"a job id is an int, not a {type(job_id).__name__}")
+    if not 1 <= job_id <= MAX_ID:  # past SQLite's 64-bit integers an OverflowError, not "no such job"
+        raise NotFound(f"job {job_id} does not exist", {"job_id": job_id})
+    return job_id
 
 
 def _check_progress(progress: object) -> None:

@@ -406,8 +406,8 @@ def matrix(names: Annotated[list[str] | None, typer.Argument(help="Tasks (defaul
             # The space's own tasks: GET /v1/tasks without a space lists every space's (mixing them is a 409).
             ids = [t.id for t in cl.list_tasks(space=space if space is not None else "default", status="ready",
                                                limit=MATRIX_DEFAULT_TASKS).items]
-        if len(ids) < 2:
-            raise fail("a matrix needs at least two ready tasks")
+        if not ids:  # one task is a 1 x 1 matrix, as the REST API answers
+            raise fail("no ready task to compare" + (f" in space {space!r}" if space is not None else ""))
         res = cl.align_matrix(ids)
     _write_out(out, res, "matrix", f"Fisher alignment of {len(ids)} tasks")
     emit(json, res, f"wrote {out} ({len(ids)} tasks)")

@@ -151,6 +151,12 @@ def test_plot_commands(keyed: dict[str, Any], plots: Any, tmp_path: Path, capsys
     monkeypatch.chdir(cwd)
     assert main(["matrix", "fox", "loops", "--json"]) == 0 and main(["atlas", "--json"]) == 0
     assert '"ids"' in capsys.readouterr().out and not list(cwd.iterdir())
+    # one task is a 1 x 1 matrix, as the REST API and the client answer (the CLI refused it before 2026-12-07)
+    assert main(["matrix", "fox", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["names"] == ["fox"] and one["fisher"] == [[pytest.approx(1.0, abs=1e-6)]]
+    assert main(["matrix", "fox", "--out", str(tmp_path / "one.png")]) == 0
+    non_blank_png(tmp_path / "one.png")
     bars = tmp_path / "factors.svg"
     assert main(["recommend", "fox", "--plot", str(bars), "-k", "2"]) == 0
     assert "<svg" in bars.read_text()

@@ -81,6 +81,9 @@ def test_atlas_draws_one_mark_per_task_and_click_opens_task_page(
     sources.first.wait_for()
     assert 1 <= sources.count() <= len(dashboard_service.tasks) - 1
     assert page.locator("[data-testid=source-row] [data-factor=fisher]").count() == sources.count()
+    others = len(dashboard_service.tasks) - 1  # how many were compared, and of how many at most, is said
+    assert page.locator("[data-testid=sources-scope]").inner_text().startswith(
+        f"The best {sources.count()} of the {others} tasks nearest this one by signature (up to 64 compared)")
     page.locator("[data-testid=nearest-row]").first.wait_for()
     assert page.locator("[data-testid=nearest-row]").count() == len(dashboard_service.tasks) - 1
     assert page.locator("[data-testid=dark-neighbours] .loading").count() == 0

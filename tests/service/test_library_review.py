@@ -100,8 +100,10 @@ def test_answers_are_the_api_types_and_library_answers_plot(tmp_path: Path, tiny
                 fn(*args)
         with pytest.raises(InvalidInput, match="progress"):
             atlas.add("yes", PROSE, progress="yes")  # type: ignore[arg-type]
-        with pytest.raises(InvalidInput, match="two or more"):
-            atlas.matrix(["prose"])
+        with pytest.raises(InvalidInput, match="at least one"):
+            atlas.matrix([])
+        one = atlas.matrix(["prose"])  # 1 x 1, as the REST API and the client answer (refused here before)
+        assert one.names == ["prose"] and one.fisher[0][0] == pytest.approx(1.0, abs=1e-6)
         assert [t.name for t in atlas.tasks()] == ["prose", "code"]  # none of them stored a task
 
 

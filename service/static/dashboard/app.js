@@ -24,6 +24,8 @@
   const POLL_MS = 1500;
   const RECONTACT_MS = 10 * 60 * 1000;  // how long an upload's panel asks again for a job it lost contact with
   const NEIGHBOUR_CHUNK = 127;  // other tasks per matrix of a task page's neighbours (max_matrix_tasks is 256)
+  const SOURCES_SHOWN = 8;  // a task page's recommended sources (k)
+  const SOURCE_CANDIDATES = 64;  // nearest tasks by signature compared for them (said on the page)
   const DELETE_ARMED_MS = 5000;  // how long "Delete …? Click again" waits for the second click
 
   // ------------------------------------------------------------------ DOM helpers
@@ -1364,7 +1366,7 @@
     // recommended sources
     (async () => {
       try {
-        const res = await api(`/tasks/${encodeURIComponent(task.id)}/sources${qs({ k: 8, candidates: 64 })}`);
+        const res = await api(`/tasks/${encodeURIComponent(task.id)}/sources${qs({ k: SOURCES_SHOWN, candidates: SOURCE_CANDIDATES })}`);
         if (!ctx.alive()) return;
         const sources = (res && res.sources) || [];
         if (!sources.length) {
@@ -1372,7 +1374,7 @@
           return;
         }
         sourcesCard.replaceChildren(h("h2", {}, "Recommended sources"),
-          h("p", { class: "muted small" }, "Ranked by empirical-Bayes-shrunk Fisher alignment. Bars: Fisher (shrunk), activation-only, error-only on 0–1; coupling ρ on a log axis 0.1–10 from the centre line ρ = 1, whisker ρ ×/÷ e^SE (SE of log ρ)."),
+          h("p", { class: "muted small", "data-testid": "sources-scope" }, `The best ${sources.length} of the ${res.compared ?? sources.length} tasks nearest this one by signature (up to ${SOURCE_CANDIDATES} compared), ranked by empirical-Bayes-shrunk Fisher alignment. Bars: Fisher (shrunk), activation-only, error-only on 0–1; coupling ρ on a log axis 0.1–10 from the centre line ρ = 1, whisker ρ ×/÷ e^SE (SE of log ρ).`),
           h("ol", { class: "sources" }, sources.map((src, i) => h("li", { class: "source-row", "data-testid": "source-row", "data-task-id": src.task_id },
             h("div", { class: "source-head" },
               h("span", { class: "rank" }, String(i + 1)),
