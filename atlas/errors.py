@@ -1,8 +1,9 @@
 """Domain exceptions.
 
 Every error the product raises on purpose is an :class:`AtlasError` carrying the HTTP status
-and a stable machine-readable ``code``. The HTTP layer renders all of them with one handler
-as ``{"code", "message", "detail"}``; no other layer knows about HTTP beyond this number.
+and a stable machine-readable ``code``. The HTTP layer renders all of them with one function,
+``service.errors.error_response`` (secrets masked, sizes bounded), as ``{"code", "message", "detail"}``; no other
+layer knows about HTTP beyond this number.
 """
 
 from __future__ import annotations
@@ -33,10 +34,6 @@ class AtlasError(Exception):
         self.detail = detail
         if retry_after_s is not None:
             self.retry_after_s = float(retry_after_s)
-
-    def to_body(self) -> dict[str, Any]:
-        """Return the error body ``{"code", "message", "detail"}``."""
-        return {"code": self.code, "message": self.message, "detail": self.detail}
 
 
 class InvalidInput(AtlasError):

@@ -375,18 +375,6 @@ def release_job(session: Session, job_id: int, lease: str, error: str | None = N
     return bool(rows == 1)
 
 
-def fail_exhausted(session: Session, job_id: int, max_attempts: int) -> bool:
-    """Fail a job that has been claimed ``max_attempts`` times without finishing (a poison job)."""
-    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
-    if job is None or job.status in JOB_FINAL_STATUSES or job.attempts < max_attempts:
-        return False
-    _finish(session, job, JOB_FAILED, error=f"gave up after {job.attempts} attempts (the worker died each time)")
-    if job.kind == "create" and job.task_id is not None:
-        mark_task_failed_if_empty(session, job.task_id)
-    session.flush()
-    return True
-
-
 DEAD_WORKER_NOTE = "its worker stopped (no heartbeat); queued again for a worker of its model"
 
 

@@ -5,19 +5,18 @@ runner for a job id. Implementations live in ``workers`` (``workers.inprocess.In
 ``workers.celery_app.CeleryJobQueue``), so ``atlas`` never imports them. A lost wake-up is harmless:
 every runner sweeps SQL for queued and stale jobs.
 
-Order of operations in a request that creates a job::
+Order of operations in a request that creates a job (``atlas.services.tasks.TaskService.create``)::
 
-    ensure_capacity(queue, settings.max_queued_jobs)     # 429 before anything is stored
-    with factory.begin() as session:
-        task, job = repository.create_task_with_job(...)  # one transaction
-    queue.enqueue(job.id)                                 # after commit: the runner must see the row
+    with store.session() as session:                      # one transaction
+        check_queue(session, space)                       # 429 before anything is stored: queued SQL rows of
+                                                          # the space's model, not this queue's depth
+        task, job, created = repository.create_or_replay_task(...)
+    queue.enqueue(job.id, serving_key)                    # after commit: the runner must see the row
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
-
-from atlas.errors import QueueFull
 
 
 @runtime_checkable
@@ -36,12 +35,3 @@ class JobQueue(Protocol):
         """Jobs waiting to start (not counting running ones)."""
         ...
 
-
-def ensure_capacity(queue: JobQueue, limit: int) -> None:
-    """Raise :class:`~atlas.errors.QueueFull` (429) when ``limit`` or more jobs are waiting."""
-    waiting = queue.depth()
-    if waiting >= limit:
-        raise QueueFull(
-            f"the job queue is full ({waiting} jobs waiting, limit {limit}); retry later",
-            {"depth": waiting, "limit": limit},
-        )

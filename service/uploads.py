@@ -174,15 +174,17 @@ def _bounded_json(body: bytes, limit: int) -> Any:
     # UTF-8, as RFC 8259 says: the count reads UTF-8 bytes (json.loads decoded UTF-16 and UTF-32 too, past the count)
     encoding = json.detect_encoding(body)
     if encoding not in ("utf-8", "utf-8-sig"):
-        raise HTTPException(422, f"the request body is not UTF-8 (it reads as {encoding}); JSON is sent as UTF-8")
+        raise DomainErrorInBody(InvalidInput(f"the request body is not UTF-8 (it reads as {encoding}); JSON is sent "
+                                             "as UTF-8", {"encoding": encoding}))
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise HTTPException(422, f"the request body is not UTF-8 (byte {exc.start}); JSON is sent as UTF-8") from None
+        raise DomainErrorInBody(InvalidInput(f"the request body is not UTF-8 (byte {exc.start}); JSON is sent as "
+                                             "UTF-8", {"byte": exc.start})) from None
     try:
         return json.loads(text, object_pairs_hook=unique_keys_object)
     except InvalidInput as exc:  # FastAPI turns any other exception of the body's parse into a 400
-        raise HTTPException(422, f"the request body: {exc.message}") from None
+        raise DomainErrorInBody(InvalidInput(f"the request body: {exc.message}", exc.detail)) from None
 
 
 def large_body(scope: Scope) -> bool:

@@ -128,7 +128,7 @@ def _released(factory: sessionmaker[Session], reason: str) -> int:
     return job_id
 
 
-def test_release_and_poison(factory: sessionmaker[Session]) -> None:
+def test_release_and_reclaim(factory: sessionmaker[Session]) -> None:
     job_id = _released(factory, "database hiccup")
     with factory.begin() as s:
         assert job_store.get_job(s, job_id).status == "queued"
@@ -137,11 +137,9 @@ def test_release_and_poison(factory: sessionmaker[Session]) -> None:
         assert job_store.recoverable_jobs(s, stale_after_s=60, queued_older_than_s=3600) == []
         claim = job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
     _checkpoint(factory, job_id, claim.lease)
-    with factory.begin() as s:
-        assert not job_store.fail_exhausted(s, job_id, max_attempts=3)
-        assert job_store.fail_exhausted(s, job_id, max_attempts=2)
     with factory() as s:
-        assert job_store.get_job(s, job_id).status == "failed" and job_store.get_checkpoint(s, job_id) is None
+        assert job_store.get_job(s, job_id).attempts == 2 and job_store.get_checkpoint(s, job_id) is not None
+    # giving up on a job whose worker died every time: workers.jobs.run_job (tests/workers/test_jobs.py)
 
 
 def test_cancelling_a_released_job_drops_the_checkpoint_it_waited_with(factory: sessionmaker[Session]) -> None:

@@ -203,3 +203,22 @@ def test_a_jobs_log_lines_name_its_task(ctx: WorkerContext, space_id: int, caplo
     said = [r.getMessage() for r in caplog.records if r.name == "workers.jobs"]
     assert any(m.startswith(f"job {job_id} (create of task {task_id}): claimed by ") for m in said), said
     assert any(m.startswith(f"job {job_id} (task {task_id}): succeeded (") for m in said), said
+
+
+def test_a_job_whose_worker_died_every_time_fails_for_good(ctx: WorkerContext, space_id: int) -> None:
+    """The poison-job rule: a job claimed ``max_attempts`` times without finishing (its worker killed each time)
+    fails at the next claim, with its task, instead of killing every worker in turn."""
+    task_id, job_id = create(ctx, space_id, "poison", make_samples(3))
+    assert ctx.max_attempts is not None
+    for i in range(ctx.max_attempts):  # claimed, then its worker died: the heartbeat goes stale
+        with ctx.factory.begin() as s:
+            assert job_store.claim_job(s, job_id, worker=f"dead-{i}", stale_after_s=0) is not None
+            s.execute(update(Job).where(Job.id == job_id).values(
+                heartbeat_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC)))
+    assert run_job(job_id, ctx) == "failed"
+    with ctx.factory() as s:
+        job = job_store.get_job(s, job_id)
+        assert job.status == "failed" and job.attempts == ctx.max_attempts + 1
+        assert job.error == (f"gave up after {ctx.max_attempts} attempts; the worker stopped each time without "
+                             "finishing (out of memory or killed?)")
+        assert repository.get_task(s, task_id).status == "failed"  # a create job's task keeps no signature

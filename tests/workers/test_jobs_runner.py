@@ -8,8 +8,7 @@ import time
 import pytest
 
 from atlas import job_store
-from atlas.errors import QueueFull
-from atlas.queue import JobQueue, ensure_capacity
+from atlas.queue import JobQueue
 from tests.workers.job_helpers import create, make_samples, reference, stored_state
 from workers.inprocess import InProcessRunner
 from workers.worker_context import WorkerContext
@@ -70,6 +69,3 @@ def test_queue_capacity(ctx: WorkerContext, space_id: int) -> None:
     for job_id in ids + ids[:1]:  # a duplicate wake-up is ignored
         runner.enqueue(job_id)
     assert runner.depth() == 3
-    ensure_capacity(runner, 4)
-    with pytest.raises(QueueFull):
-        ensure_capacity(runner, 3)
