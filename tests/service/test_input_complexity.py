@@ -56,7 +56,8 @@ def test_an_open_string_body_is_refused_at_once(serve: Any, tiny_lm: Any) -> Non
         r = http.post("/v1/route", content=utf16, headers={"content-type": "application/json"})  # past the count
         assert r.status_code == 422 and "not UTF-8" in r.json()["message"], r.text
         assert r.json()["detail"] == {"encoding": "utf-16-le"}
-        r = http.post("/v1/route", content=b'{"prompt": "a b", "x": "\xff"}', headers={"content-type": "application/json"})
+        r = http.post("/v1/route", content=b'{"prompt": "a b", "x": "\xff"}',
+                      headers={"content-type": "application/json"})
         assert r.status_code == 422 and r.json()["detail"] == {"byte": 24}, r.text
         # a repeated key names it in the detail on every route, as a task's upload did (a maintainability review:
         # /v1/route's 422 had "detail": null)
