@@ -162,6 +162,17 @@ def _just_above(item: FitItem, task: int) -> float:
     return threshold
 
 
+def _highest_accepting(item: FitItem, task: int) -> float:
+    """The highest threshold of ``task`` that still accepts ``item`` (a short prompt): its whole-scale score, or —
+    where that minus its drop rounds above its score — stepped down as :func:`_just_above` steps up (a cap at the
+    whole-scale score itself rejected the very prompt it was set from, by one rounding)."""
+    score, threshold = float(item.scores[task]), item.whole_score(task)
+    step = float(np.spacing(max(abs(score), abs(threshold), abs(item.length_drops.get(task, 0.0)))))
+    while score < item.threshold(task, threshold):
+        threshold -= step
+    return threshold
+
+
 def _rate_of(rate: float | Mapping[int, float], task: int) -> float:
     """One rate, or each task's own by id (the default for a task not named)."""
     return float(rate.get(task, FALSE_REJECT_RATE)) if isinstance(rate, Mapping) else float(rate)
@@ -221,7 +232,7 @@ def fit_thresholds(
         own = [it for it in items if it.label == t and t in it.scores]
         pos = [float(it.scores[t]) for it in own if t not in it.length_drops]
         pos += [float(s) for s in held_out.get(t, ())]
-        short = [it.whole_score(t) for it in own if t in it.length_drops]
+        short = [_highest_accepting(it, t) for it in own if t in it.length_drops]
         short += [float(s) for s in (short_held_out or {}).get(t, ())]
         if len(pos) + len(short) < MIN_CALIBRATION:
             continue

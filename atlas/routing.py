@@ -116,12 +116,42 @@ def unit_means(state: Any) -> np.ndarray:
     return np.asarray(np.where(norms > 0, sums / np.where(norms > 0, norms, 1.0), 0.0))
 
 
+def clipped_scores(dots: Any, dens: Any) -> np.ndarray:
+    """Route scores from their parts, the one place of the formula: ``⟨p̂, μ_t⟩ / den_t`` clipped to [−1, 1], 0
+    where the denominator (:func:`denominator`) is not positive.
+
+    Parameters
+    ----------
+    dots : array_like, shape (T,) or ()
+        ``⟨p̂, μ_t⟩``: the prompt's unit ``ae`` mean against each task's ``ae`` mean.
+    dens : array_like, shape (T,) or ()
+        Each task's :func:`denominator`.
+
+    Returns
+    -------
+    np.ndarray, shape (T,) or ()
+    """
+    dots, dens = np.asarray(dots, dtype=np.float64), np.asarray(dens, dtype=np.float64)
+    ok = dens > 0
+    return np.asarray(np.clip(np.where(ok, dots / np.where(ok, dens, 1.0), 0.0), -1.0, 1.0))
+
+
 def score(unit: np.ndarray, sums_ae: np.ndarray, sq_ae: float, n: int, n_samples: int | None = None) -> float:
-    """Route score of a task given by its ``ae`` sums (see the module notes), clipped to [−1, 1]."""
+    """Route score of a task given by its ``ae`` sums (see the module notes), clipped to [−1, 1].
+
+    Parameters
+    ----------
+    unit : np.ndarray, shape (m,)
+        The prompt's unit ``ae`` mean (:func:`unit_signature`).
+    sums_ae, sq_ae : np.ndarray, shape (m,), and float
+        The task's ``ae`` sums and sum of squared norms.
+    n : int
+        The task's draws.
+    n_samples : int, optional
+        The task's samples (default ``n``), for the evidence prior.
+    """
     den = denominator(sums_ae, np.asarray(sq_ae, dtype=np.float64), n, n_samples)
-    if den <= 0:
-        return 0.0
-    return float(np.clip(float(unit @ (sums_ae / n)) / den, -1.0, 1.0))
+    return float(clipped_scores(float(unit @ (sums_ae / n)) if n > 0 else 0.0, den))
 
 
 def leave_one_out_scores(task_state: Any, sample_states: Sequence[Any]) -> list[float]:
@@ -208,9 +238,7 @@ def state_view(state: Any) -> tuple[np.ndarray, np.ndarray, float]:
 def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
     """Route score of a task for a prompt, a cosine in [−1, 1] (see :mod:`atlas.routing`)."""
     mu, _, den = state_view(task_state)
-    if not den > 0:
-        return 0.0
-    return float(np.clip(float(prompt_unit @ mu[0]) / den, -1.0, 1.0))
+    return float(clipped_scores(float(prompt_unit @ mu[0]), den))
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -370,8 +398,7 @@ def rerank_route(
     views = [c.view if c.view is not None and len(c.view) == 3 else state_view(c.state) for c in candidates]
     den = np.array([v[2] for v in views])
     dots = np.array([float(v[0][0] @ unit) for v in views])
-    ok = den > 0
-    score = np.clip(np.where(ok, dots / np.where(ok, den, 1.0), 0.0), -1.0, 1.0)
+    score = clipped_scores(dots, den)
     faiss = np.array([_f(c.faiss_score) for c in candidates])
     if whitening is not None:
         near, rank = rank_parts(mu_p, candidates, views, whitening, dots)

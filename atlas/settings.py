@@ -1,6 +1,10 @@
 """Service settings, validated at start (pydantic-settings).
 
-Every setting has an environment twin ``FISHER_ATLAS_<NAME>`` and, for the CLI, a flag. The
+Every setting has an environment twin ``FISHER_ATLAS_<NAME>``; a few also have a flag of ``serve``, ``worker`` and
+``migrate`` (``--host``, ``--port``, ``--data-dir``, ``--database-url``, ``--model``, ``--queue``,
+``--sketch-dim``): the others are set by their variable. Two variables are CLI options, not settings:
+``FISHER_ATLAS_LOG_FORMAT`` (``serve``/``worker --log-format``) and ``FISHER_ATLAS_WORKER_CONCURRENCY`` (``worker
+--concurrency``: Celery jobs at once; ``worker_threads`` is the in-process runner's). The
 embedded defaults run everything in one process: SQLite and FAISS files under ``data_dir``, an
 in-process worker and the bundled model.
 """
@@ -30,7 +34,8 @@ class Settings(BaseSettings):
     port: int = 8000
 
     model: str = Field(default=DEFAULT_MODEL, description="'bundled', a hub name or a local directory.")
-    model_revision: str | None = None
+    model_revision: str | None = Field(
+        default=None, description="A hub model's revision (branch, tag or commit); ignored for a local directory.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     torch_threads: int | None = Field(
@@ -38,12 +43,14 @@ class Settings(BaseSettings):
     )
 
     sketch_dim: int = Field(default=4096, ge=64, le=65536, description="m, signature length.")
-    sketch_seed: int = 0
+    sketch_seed: int = Field(default=0, description="Seed of the sketch's random projections: part of a space's "
+                             "spec, so signatures of different seeds are never compared.")
     error_projection: Literal["auto", "srht", "dense"] = "auto"
 
     queue: Literal["inprocess", "celery"] = "inprocess"
     redis_url: str = "redis://127.0.0.1:6379/0"
-    worker_threads: int = Field(default=1, ge=1, le=64)
+    worker_threads: int = Field(default=1, ge=1, le=64, description="Jobs the in-process runner (`serve` on the "
+                                "embedded queue, library mode) runs at once.")
     max_queued_jobs: int = Field(default=64, ge=1, description="Queued jobs per model (the jobs waiting for "
                                  "the same workers); one more answers 429 queue_full.")
     checkpoint_every: int = Field(default=256, ge=1, description="Samples between job checkpoints.")
@@ -73,7 +80,8 @@ class Settings(BaseSettings):
     max_sample_chars: int = 100_000
     max_tokens_per_sample: int = 512
     max_prompt_chars: int = 20_000
-    max_matrix_tasks: int = 256
+    max_matrix_tasks: int = Field(default=256, description="Most tasks in one alignment matrix; the atlas map "
+                                  "draws an even subset of a larger space.")
 
     require_keys: bool | None = Field(
         default=None, description="Require API keys; default: only when bound to a non-loopback host."
@@ -149,7 +157,10 @@ class Settings(BaseSettings):
         default=None, description="An admin key (plaintext, or 'sha256:<hex>' of it) created at start if absent.")
 
     celery_queue: str = "fisher_atlas"
-    celery_visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
+    celery_visibility_timeout_s: int = Field(default=6 * 3600, ge=60, description="Seconds before Redis "
+                                             "re-delivers a job message not yet acknowledged (a job's message is "
+                                             "acknowledged when the job ends; a copy delivered while the job runs "
+                                             "finds it held and is skipped).")
     job_max_attempts: int = Field(default=5, ge=1)
 
     @field_validator("data_dir")

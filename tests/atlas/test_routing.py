@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from atlas import routing
@@ -150,6 +150,9 @@ def test_fit_never_raises_a_threshold_past_the_false_reject_cap(rows: list, held
 @given(st.lists(st.tuples(st.sampled_from([None, 0, 1]), st.floats(0, 1), st.floats(0, 1),
                           st.one_of(st.none(), st.floats(-0.2, 0.5))), min_size=1, max_size=40),
        st.lists(st.floats(0, 1), min_size=5, max_size=20))
+# found by hypothesis on 2026-12-07: the cap set at a short prompt's whole-scale score (0.005 − 0.125) held the prompt
+# to that minus its drop, 0.005 + 4e-18 — its own prompts rejected by one rounding
+@example(rows=[(0, 0.005, 0.0, -0.125)] * 2, held=[0.0] * 5)
 def test_fit_judges_short_prompts_as_the_router_does(rows: list, held: list[float]) -> None:
     """Prompts short for task 0 (a length drop) are predicted at ``threshold − drop``, as
     :func:`atlas.routing.prompt_threshold` holds them under any override; ``fit`` never lowers the accuracy with them,
