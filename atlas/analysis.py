@@ -54,7 +54,6 @@ from atlas.clusters import agglomerative_clusters as agglomerative_clusters
 from atlas.clusters import cluster_count as cluster_count
 from atlas.clusters import cluster_labels
 from atlas.clusters import silhouette as silhouette
-from atlas.settings import Settings
 
 if TYPE_CHECKING:
     from fishersketch import MatrixResult
@@ -64,15 +63,6 @@ ACTIVATION_DARK_MIN_ACTIVATION = 0.8
 
 ACTIVATION_DARK_MAX_FISHER = 0.3
 """A Fisher alignment Â_F at most this low counts as 'updates not alike'."""
-
-
-DEFAULT_ROUTE_THRESHOLD: float = Settings.model_fields["route_threshold"].default
-"""Default open-set threshold on the route score (``settings.route_threshold`` overrides it when set).
-
-Calibrated on the bundled model at m = 4096 with three stored tasks (SMILES, Shakespeare, BoolQ; 40
-samples each): the best score of held-out in-domain prompts was 0.08–0.62, that of off-domain prompts
-(Python, SQL, German, digits) 0.005–0.046. The score's scale depends on the model and on m (the sketch
-noise shrinks as 1/√m), so calibrate it for other models with held-out prompts."""
 
 
 def default_candidates(k: int) -> int:

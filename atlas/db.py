@@ -51,13 +51,6 @@ def normalize_url(url: str | URL) -> URL:
     return u
 
 
-def is_sqlite(url_or_engine: str | URL | Engine) -> bool:
-    """Whether a URL or engine points at SQLite."""
-    if isinstance(url_or_engine, Engine):
-        return url_or_engine.dialect.name == "sqlite"
-    return normalize_url(url_or_engine).get_backend_name() == "sqlite"
-
-
 def redact_url(url: str | URL) -> str:
     """A database (or broker) URL safe to print: the password replaced by ``***``.
 

@@ -279,19 +279,6 @@ class IndexManager:
         self._configure(si)
         return si
 
-    def rebuild(self, space_id: int) -> OpenReport:
-        """Rebuild a space's index from SQL and swap it in (searches continue on the old one)."""
-        t0 = time.perf_counter()
-        with self._apply_lock(space_id):
-            with self.factory() as session:
-                self._instance_id = self._instance_id or changes.instance_id(session)
-            si = self._build(space_id)
-            self._install(si)
-        self._catch_up_space(si)
-        report = OpenReport(space_id, "rebuilt", "requested", seconds=time.perf_counter() - t0)
-        self.reports[space_id] = report
-        return report
-
     # -- catching up ---------------------------------------------------------------------------
 
     def catch_up(self, space_id: int | None = None, *, wait: bool = True) -> int:

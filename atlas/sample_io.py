@@ -64,11 +64,6 @@ __all__ = [
 ]
 
 
-def sample_chars(sample: Sample) -> int:
-    """Characters of a sample (text, or prompt + completion)."""
-    return sum(len(v) for v in (sample.text, sample.prompt, sample.completion) if v is not None)
-
-
 # --------------------------------------------------------------------------------------------------
 # Readers
 # --------------------------------------------------------------------------------------------------

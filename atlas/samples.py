@@ -42,6 +42,11 @@ def main_field(sample: Sample) -> str | None:
     return sample.text if sample.text is not None else sample.completion
 
 
+def sample_chars(sample: Sample) -> int:
+    """Characters of a sample (text, or prompt + completion): what ``max_sample_chars`` bounds."""
+    return sum(len(v) for v in (sample.text, sample.prompt, sample.completion) if v is not None)
+
+
 def is_blank(value: str | None) -> bool:
     """Missing, empty, or whitespace only (Unicode's too: ``\u2028``, ``\x85``, ``\x1c``…, as ``str.strip``)."""
     return value is None or not value.strip()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.orm import Session
 
 from service.auth import Principal, authorize
 from service.container import Container
@@ -18,16 +17,6 @@ def get_container(request: Request) -> Container:
 
 
 ContainerDep = Annotated[Container, Depends(get_container)]
-
-
-def get_read_session(container: ContainerDep) -> Iterator[Session]:
-    """A read-only session (a snapshot on SQLite) for the request."""
-    assert container.store is not None
-    with container.store.read() as session:
-        yield session
-
-
-ReadSessionDep = Annotated[Session, Depends(get_read_session)]
 
 
 class Authorize:

@@ -19,7 +19,7 @@ from atlas.index import IndexManager
 from atlas.models import JOB_QUEUED, Job, Space, Task
 from atlas.ports import serving_key
 from atlas.queue import JobQueue
-from atlas.samples import Sample, is_blank, is_storable_text, main_field
+from atlas.samples import Sample, is_blank, is_storable_text, main_field, sample_chars
 from atlas.services.states import StateLoader
 from atlas.store import Store
 
@@ -65,7 +65,7 @@ class TaskService:
         filled = False  # a sample with something to sketch (its main field not blank)
         for i, smp in enumerate(samples):
             filled = filled or not is_blank(main_field(smp))
-            n = sum(len(v) for v in (smp.text, smp.prompt, smp.completion) if v is not None)
+            n = sample_chars(smp)
             if n > s.max_sample_chars:
                 raise PayloadTooLarge(
                     f"sample {i} has {n} characters; the limit is {s.max_sample_chars}",

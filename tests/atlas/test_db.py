@@ -15,7 +15,6 @@ def test_url_normalisation() -> None:
     assert db.normalize_url("postgresql://u@h/x").drivername == "postgresql+psycopg"
     assert db.normalize_url("postgres://u@h/x").drivername == "postgresql+psycopg"
     assert db.normalize_url("sqlite:///a.db").drivername == "sqlite"
-    assert db.is_sqlite("sqlite:///a.db") and not db.is_sqlite("postgresql://u@h/x")
 
 
 def test_sqlite_pragmas_and_transactions(tmp_path: Path) -> None:
