@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Query
+from fastapi import Path, Query
 
 from service.schemas import MAX_ID, RETRY_AFTER, ErrorBody
 
 __all__ = ["MAX_ID", "Limit", "Offset", "error_responses"]
+
+TaskId = Annotated[int, Path(ge=1, le=MAX_ID, description="Task id.")]
+"""A task id in a route's path (one definition: the OpenAPI document describes it alike everywhere)."""
 
 Offset = Annotated[int, Query(ge=0, le=MAX_ID)]
 """``offset`` query parameter of the paginated lists."""

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from service.auth import authorize
 from service.deps import ContainerDep, ReadPrincipal, WritePrincipal
-from service.routes import MAX_ID, error_responses
+from service.routes import TaskId, error_responses
 from service.schemas_routing import FitRequest, FitResponse, RoutingInfo, ThresholdPatch
 from service.uploads import BoundedJSONRoute
 
 router = APIRouter(prefix="/v1", tags=["queries"], route_class=BoundedJSONRoute)
-TaskId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
 @router.get("/tasks/{task_id}/routing", response_model=RoutingInfo, summary="A task's route threshold",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from atlas.sample_io import SampleLimits
 from atlas.vocabulary import MAX_SOURCES, TaskStatus
 from service.deps import ContainerDep, ReadPrincipal, UploadSlot, WritePrincipal
-from service.routes import MAX_ID, Limit, Offset, error_responses
+from service.routes import Limit, Offset, TaskId, error_responses
 from service.schemas import (
     JobAccepted,
     SamplesAppend,
@@ -28,7 +28,6 @@ from service.views import factor_fields, job_out, task_out
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=BoundedJSONRoute)
 
-TaskId = Annotated[int, Path(ge=1, le=MAX_ID, description="Task id.")]
 IdempotencyKey = Annotated[
     str | None,
     Header(alias="Idempotency-Key", max_length=200,
