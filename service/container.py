@@ -30,7 +30,7 @@ from atlas.index import IndexManager
 from atlas.models import Space
 from atlas.ports import PromptSketcher, SpaceKey
 from atlas.queue import JobQueue
-from atlas.services import JobService, QueryService, SpaceService, StateLoader, TaskService
+from atlas.services import JobService, KeyService, QueryService, SpaceService, StateLoader, TaskService
 from atlas.services.tasks import require_same_space
 from atlas.services.thresholds import ThresholdService
 from atlas.settings import Settings
@@ -129,6 +129,7 @@ class Container:
         observe = self.metrics.search_seconds
         self.tasks = TaskService(store, self.index, self.state_loader, self.queue, self.require_computable)
         self.jobs = JobService(store)
+        self.keys = KeyService(store, on_change=self._keys_changed)
         self.queries = QueryService(store, self.index, self.state_loader, self.prompts,
                                     observe=lambda kind, seconds: observe.labels(kind=kind).observe(seconds),
                                     observe_forward=self.metrics.forward_seconds.observe)
@@ -377,6 +378,13 @@ class Container:
         if self.lm is None:
             return False, self.model_error or "not loaded"
         return True, self.lm.name
+
+    def _keys_changed(self) -> None:
+        """Make the key gate (:func:`service.auth.key_gate`, made on first use) see a created or revoked key at once
+        (other replicas within its TTL)."""
+        gate = getattr(self, "key_gate", None)
+        if gate is not None:
+            gate.invalidate()
 
     def store_stats(self) -> dict[str, Any]:
         """Job and queue figures for ``/metrics`` (aggregated in SQL at scrape time)."""

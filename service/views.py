@@ -1,14 +1,15 @@
 """Rows and results to response models: one place that turns ORM rows into the API's ``TaskOut`` /
-``JobOut`` and a pair's factors into ``PairFactors`` fields."""
+``JobOut`` / ``KeyOut`` and a pair's factors into ``PairFactors`` fields."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from atlas.analysis import Factors
-from atlas.models import Job, Task
+from atlas.models import ApiKey, Job, Task
 from atlas.vocabulary import JobKind, JobStatus, Mode, TaskStatus
 from service.schemas import JobOut, JobProgress, JobResult, TaskOut
+from service.schemas_keys import KeyOut
 from workers.extraction_results import sample_notes
 from workers.job_progress import progress_view
 
@@ -22,6 +23,12 @@ def job_out(job: Job) -> JobOut:
         "started_at": job.started_at, "finished_at": job.finished_at, "attempts": job.attempts,
         "cancel_requested": job.cancel_requested,
     })
+
+
+def key_out(key: ApiKey) -> KeyOut:
+    """A key row as ``KeyOut`` (no secret: the API's answers and the CLI's ``keys --local`` print alike)."""
+    return KeyOut(id=key.id, name=key.name, prefix=key.prefix, scopes=list(key.scopes), created_at=key.created_at,
+                  last_used_at=key.last_used_at, revoked=key.revoked_at is not None)
 
 
 def job_result(result: dict[str, Any] | None) -> JobResult | None:

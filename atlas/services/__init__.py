@@ -11,13 +11,16 @@ and library mode (:class:`fisher_atlas.Atlas`) call the same methods.
 :class:`QueryService`           route (prompts through the :class:`~atlas.ports.PromptSketcher`), sources,
                                 align, matrix, atlas
 :class:`SpaceService`           list, get, export, import
+:class:`KeyService`             API keys: list, create, revoke
 ==============================  =======================================================================
 """
 
 from atlas.services.jobs import JobService
+from atlas.services.keys import KeyService
 from atlas.services.queries import QueryService, Timings
 from atlas.services.spaces import SpaceService
 from atlas.services.states import Loaded, StateLoader
 from atlas.services.tasks import TaskService
 
-__all__ = ["JobService", "Loaded", "QueryService", "SpaceService", "StateLoader", "TaskService", "Timings"]
+__all__ = ["JobService", "KeyService", "Loaded", "QueryService", "SpaceService", "StateLoader", "TaskService",
+           "Timings"]

@@ -46,12 +46,6 @@ def _db(data_dir: str | None, database_url: str | None, *, create: bool = False)
         engine.dispose()
 
 
-def _row(k: Any) -> dict[str, Any]:
-    return {"id": k.id, "name": k.name, "prefix": k.prefix, "scopes": list(k.scopes),
-            "created_at": k.created_at.isoformat(), "revoked": k.revoked_at is not None,
-            "last_used_at": k.last_used_at.isoformat() if k.last_used_at else None}
-
-
 @app.command()
 def create(name: Annotated[str, typer.Option(help="A name for the key.")],
            scopes: Annotated[str, typer.Option(help="Comma-separated: read, write, admin.")] = "read",
@@ -62,11 +56,12 @@ def create(name: Annotated[str, typer.Option(help="A name for the key.")],
     if local:
         from atlas import apikeys
         from atlas.errors import AtlasError
+        from service.views import key_out
 
         try:
             with _db(data_dir, database_url, create=True) as session:
                 key, plaintext = apikeys.create_api_key(session, name, wanted)
-                out: dict[str, Any] = {**_row(key), "key": plaintext}  # the fields the API's answer has
+                out: dict[str, Any] = {**key_out(key).model_dump(mode="json"), "key": plaintext}  # as the API's
         except AtlasError as exc:
             raise fail(exc.message) from None
     else:
@@ -83,9 +78,11 @@ def list_keys(all_keys: Annotated[bool, typer.Option("--all", help="Include revo
     """List keys (never their secrets)."""
     if local:
         from atlas import apikeys
+        from service.views import key_out
 
         with _db(data_dir, database_url) as session:
-            data = [_row(k) for k in apikeys.list_api_keys(session, include_revoked=all_keys)]
+            rows = apikeys.list_api_keys(session, include_revoked=all_keys)
+            data = [key_out(k).model_dump(mode="json") for k in rows]
     else:
         with client(url, api_key, timeout) as cl:
             data = [k.model_dump(mode="json") for k in cl.list_keys(include_revoked=all_keys).items]

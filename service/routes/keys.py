@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from atlas import apikeys
-from atlas.store import Store
 from atlas.vocabulary import Scope
 from service.deps import AdminPrincipal, ContainerDep, ReadPrincipal
 from service.routes import MAX_ID, error_responses
-from service.schemas_keys import CurrentKey, KeyCreated, KeyList, KeyOut
+from service.schemas_keys import CurrentKey, KeyCreated, KeyList
 from service.uploads import BoundedJSONRoute
+from service.views import key_out
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=BoundedJSONRoute)
 
@@ -28,19 +27,11 @@ class KeyCreate(BaseModel):
     scopes: list[Scope] = Field(min_length=1, max_length=3)
 
 
-def _out(k: object) -> dict:
-    return {"id": k.id, "name": k.name, "prefix": k.prefix, "scopes": list(k.scopes),  # type: ignore[attr-defined]
-            "created_at": k.created_at, "last_used_at": k.last_used_at,  # type: ignore[attr-defined]
-            "revoked": k.revoked_at is not None}  # type: ignore[attr-defined]
-
-
 @router.get("", response_model=KeyList, summary="List API keys", responses=error_responses(401, 403))
 def list_keys(c: ContainerDep, _: AdminPrincipal,
               include_revoked: Annotated[bool, Query(description="Also list revoked keys.")] = False) -> KeyList:
     """Active keys, and revoked ones with ``include_revoked`` (no secrets)."""
-    with _store(c).read() as session:
-        return KeyList(items=[KeyOut(**_out(k)) for k in apikeys.list_api_keys(session,
-                                                                               include_revoked=include_revoked)])
+    return KeyList(items=[key_out(k) for k in c.keys.list(include_revoked=include_revoked)])
 
 
 @router.get("/current", response_model=CurrentKey, summary="The calling key and its scopes",
@@ -56,34 +47,13 @@ def current_key(principal: ReadPrincipal) -> CurrentKey:
 async def create_key(body: KeyCreate, c: ContainerDep, _: AdminPrincipal) -> KeyCreated:
     """Create a key; its plaintext is returned once and stored only as a sha256 hash. While no admin key exists
     (the first key, which switches key checks on) only an admin key can be created (409)."""
-    def run() -> KeyCreated:
-        with _store(c).session() as session:
-            key, plaintext = apikeys.create_api_key(session, body.name, list(body.scopes), keep_an_admin=True)
-            created = KeyCreated(**_out(key), key=plaintext)
-        _keys_changed(c)
-        return created
-
-    return await run_in_threadpool(run)
+    key, plaintext = await run_in_threadpool(c.keys.create, body.name, list(body.scopes), keep_an_admin=True)
+    return KeyCreated(**key_out(key).model_dump(), key=plaintext)
 
 
 @router.delete("/{key_id}", status_code=204, response_class=Response, summary="Revoke an API key",
                responses=error_responses(401, 403, 404, 409, 422))
 def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_ID)], c: ContainerDep, _: AdminPrincipal) -> Response:
     """Revoke a key (idempotent); the last active admin key cannot be revoked (409)."""
-    with _store(c).session() as session:
-        apikeys.revoke_api_key(session, key_id)
-    _keys_changed(c)
+    c.keys.revoke(key_id)
     return Response(status_code=204)
-
-
-def _store(c: Any) -> Store:
-    """The started container's store."""
-    assert c.store is not None, "the service is not started"
-    return c.store
-
-
-def _keys_changed(c: object) -> None:
-    """Make the key gate see a created or revoked key at once (other replicas within its TTL)."""
-    gate = getattr(c, "key_gate", None)
-    if gate is not None:
-        gate.invalidate()
