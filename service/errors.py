@@ -43,8 +43,8 @@ _CODES_BY_STATUS = {
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "invalid_input",
-    429: "queue_full",
-    503: "model_unavailable",
+    429: "too_many_requests",  # a domain error says which (queue_full, uploads_busy, ...): these are the framework's
+    503: "service_unavailable",
 }
 
 
