@@ -395,7 +395,17 @@ def atlas_layout(tasks: Sequence[TaskState], *, n_clusters: int | None = None) -
 def layout_from_alignment(
     ids: Sequence[int], names: Sequence[str], fisher: np.ndarray, *, n_clusters: int | None = None
 ) -> AtlasMap:
-    """2-D map from a precomputed Fisher alignment matrix (see :func:`atlas_layout`)."""
+    """2-D map from a precomputed Fisher alignment matrix (see :func:`atlas_layout`).
+
+    Parameters
+    ----------
+    ids, names : sequences of length T
+        The tasks, in the matrix's order.
+    fisher : np.ndarray, (T, T)
+        Their Fisher alignments (symmetrised here; dissimilarity ``1 − A_F`` clipped to [0, 2]).
+    n_clusters : int, optional
+        Clusters to colour (default: chosen from the dissimilarities).
+    """
     a = np.asarray(fisher, dtype=np.float64)
     a = (a + a.T) / 2
     dis = np.clip(1.0 - a, 0.0, 2.0)

@@ -333,7 +333,8 @@ class SpaceNovelty:
     def rejects(self, vector: np.ndarray | None, task_id: int, false_reject_rate: float | None = None
                 ) -> tuple[bool, float | None, float | None]:
         """Whether the prompt is novel for the task: ``(rejects, distance, threshold)`` (``False, None, None``
-        when the prompt has no vector or the task is not tested at this rate, :meth:`tested`)."""
+        when the prompt has no vector or the task is not tested at this rate, :meth:`tested`); ``vector`` (r,),
+        the prompt's novelty vector."""
         if vector is None:
             return False, None, None
         d = self.distance(vector, task_id)

@@ -92,7 +92,11 @@ def totals(state: Any) -> tuple[np.ndarray, np.ndarray, int]:
 
 def denominator(sums: np.ndarray, sq: np.ndarray, n: int, n_samples: int | None = None,
                 prior_draws: float = PRIOR_DRAWS, prior_samples: float = PRIOR_SAMPLES) -> float:
-    """``√(max(Ŝ, 0) (1 + κ / n_s) + n₀ σ̄² / n)`` of one feature (0 when empty; see the module notes)."""
+    """``√(max(Ŝ, 0) (1 + κ / n_s) + n₀ σ̄² / n)`` of one feature (0 when empty; see the module notes).
+
+    ``sums`` (m,): the feature's sum over the task's ``n`` draws; ``sq`` (): the sum of the draws' squared norms;
+    ``n_samples``: samples (default ``n``), for the evidence prior κ / n_s.
+    """
     if n <= 0:
         return 0.0
     u = max((float(sums @ sums) - float(sq)) / (n * (n - 1.0)) if n >= 2 else 0.0, 0.0)
@@ -102,7 +106,7 @@ def denominator(sums: np.ndarray, sq: np.ndarray, n: int, n_samples: int | None 
 
 
 def unit_signature(state: Any) -> np.ndarray:
-    """The prompt's unit ``ae`` mean (zeros when it has no norm)."""
+    """The prompt's unit ``ae`` mean, shape (m,) (zeros when it has no norm)."""
     s, _, n = totals(state)
     mu = s[0] / max(n, 1)
     norm = float(np.linalg.norm(mu))
@@ -117,39 +121,17 @@ def unit_means(state: Any) -> np.ndarray:
 
 
 def clipped_scores(dots: Any, dens: Any) -> np.ndarray:
-    """Route scores from their parts, the one place of the formula: ``⟨p̂, μ_t⟩ / den_t`` clipped to [−1, 1], 0
-    where the denominator (:func:`denominator`) is not positive.
-
-    Parameters
-    ----------
-    dots : array_like, shape (T,) or ()
-        ``⟨p̂, μ_t⟩``: the prompt's unit ``ae`` mean against each task's ``ae`` mean.
-    dens : array_like, shape (T,) or ()
-        Each task's :func:`denominator`.
-
-    Returns
-    -------
-    np.ndarray, shape (T,) or ()
-    """
+    """Route scores from their parts, the one place of the formula: ``dots / dens`` clipped to [−1, 1], 0 where a
+    denominator is not positive. ``dots`` (T,) or (): ``⟨p̂, μ_t⟩``, the prompt's unit ``ae`` mean against each task's
+    ``ae`` mean; ``dens`` (T,) or (): each task's :func:`denominator`. Returns shape (T,) or ()."""
     dots, dens = np.asarray(dots, dtype=np.float64), np.asarray(dens, dtype=np.float64)
     ok = dens > 0
     return np.asarray(np.clip(np.where(ok, dots / np.where(ok, dens, 1.0), 0.0), -1.0, 1.0))
 
 
 def score(unit: np.ndarray, sums_ae: np.ndarray, sq_ae: float, n: int, n_samples: int | None = None) -> float:
-    """Route score of a task given by its ``ae`` sums (see the module notes), clipped to [−1, 1].
-
-    Parameters
-    ----------
-    unit : np.ndarray, shape (m,)
-        The prompt's unit ``ae`` mean (:func:`unit_signature`).
-    sums_ae, sq_ae : np.ndarray, shape (m,), and float
-        The task's ``ae`` sums and sum of squared norms.
-    n : int
-        The task's draws.
-    n_samples : int, optional
-        The task's samples (default ``n``), for the evidence prior.
-    """
+    """Route score of a task given by its ``ae`` sums (see the module notes), clipped to [−1, 1]: ``unit`` (m,) the
+    prompt's :func:`unit_signature`; ``sums_ae`` (m,), ``sq_ae``, ``n``, ``n_samples`` as in :func:`denominator`."""
     den = denominator(sums_ae, np.asarray(sq_ae, dtype=np.float64), n, n_samples)
     return float(clipped_scores(float(unit @ (sums_ae / n)) if n > 0 else 0.0, den))
 
@@ -236,7 +218,8 @@ def state_view(state: Any) -> tuple[np.ndarray, np.ndarray, float]:
 
 
 def route_score(prompt_unit: np.ndarray, task_state: Any) -> float:
-    """Route score of a task for a prompt, a cosine in [−1, 1] (see :mod:`atlas.routing`)."""
+    """Route score of a task for a prompt, a cosine in [−1, 1] (see :mod:`atlas.routing`): ``prompt_unit`` (m,),
+    :func:`unit_signature` of the prompt's state; ``task_state`` the task's routing state."""
     mu, _, den = state_view(task_state)
     return float(clipped_scores(float(prompt_unit @ mu[0]), den))
 

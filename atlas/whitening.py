@@ -86,7 +86,8 @@ class Whitening:
         return coef, sq, float(self.center @ unit)
 
     def task_terms(self, key: int, owner: Any, mu: np.ndarray) -> tuple[np.ndarray, float, float, float]:
-        """:meth:`terms` of ``mu / ‖mu‖`` and ``‖mu‖``, memoised per ``key`` while the same ``owner`` is given.
+        """:meth:`terms` of ``mu / ‖mu‖`` (``mu`` (m,), a task's feature mean) and ``‖mu‖``, memoised per ``key``
+        while the same ``owner`` is given.
 
         ``owner`` is the cached object ``mu`` belongs to (a task's view); a new object (the task
         changed) recomputes.

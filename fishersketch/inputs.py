@@ -104,7 +104,18 @@ def check_flags(flags: Any, ids: np.ndarray, name: str) -> np.ndarray:
 
 
 def check_starts(sample_starts: Any, ids: np.ndarray) -> np.ndarray:
-    """Validate ``sample_starts``: booleans, one per token, True wherever the sample id changes."""
+    """Validate ``sample_starts``: booleans, one per token, True wherever the sample id changes.
+
+    Parameters
+    ----------
+    sample_starts : array_like of bool, (n,)
+    ids : np.ndarray of int, (n,)
+        The tokens' sample ids.
+
+    Returns
+    -------
+    np.ndarray of bool, (n,)
+    """
     starts = check_flags(sample_starts, ids, "sample_starts")
     if ids.size > 1 and bool(np.any((ids[1:] != ids[:-1]) & ~starts[1:])):
         raise SketchError("sample_starts must be True wherever the sample id changes "

@@ -280,7 +280,23 @@ class Sketcher(Projector):
         return SampleStream(self, state)
 
     def sketch(self, a: Any, e: Any, sample_ids: Any, *, sample_starts: Any | None = None) -> SketchState:
-        """A new state holding one batch (``update`` of an empty state)."""
+        """A new state holding one batch (``update`` of an empty state).
+
+        Parameters
+        ----------
+        a : tensor or array, (n, d)
+            Head inputs (last hidden states) of the batch's n tokens.
+        e : tensor or array, (n, K)
+            Their output errors (softmax minus one-hot, or the spec's error kind).
+        sample_ids : tensor or array of int, (n,)
+            Sample of each token.
+        sample_starts : tensor or array of bool, (n,), optional
+            True at the first token of each sample (see :meth:`update`).
+
+        Returns
+        -------
+        SketchState
+        """
         return self.update(SketchState.empty(self.spec), a, e, sample_ids, sample_starts=sample_starts)
 
     def __repr__(self) -> str:
