@@ -136,6 +136,7 @@ class Container:
         self.spaces = SpaceService(store, self.index)
         self.thresholds = ThresholdService(store, self.queries)
         self.metrics.watch_store(self.store_stats)
+        self.metrics.watch_cache(self.state_loader.cache.stats)
         self._bg = threading.Thread(target=self._background, name="atlas-index-sync", daemon=True)
         self._bg.start()
         self.started = True

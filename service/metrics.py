@@ -21,6 +21,9 @@ Metrics
     Read from SQL at each scrape, so every replica reports the same: the job figures are of the succeeded jobs the
     store holds (its latest 10,000) and fall when tasks and their jobs are deleted — gauges, whatever their names
     (``_total`` is kept for the dashboards built on it); do not take their ``rate()``.
+``fisher_atlas_state_cache_{hits,misses,evictions}_total``, ``fisher_atlas_state_cache_{entries,bytes,max_bytes}``
+    The in-memory cache of task states this process routes and compares with (counters since start): a hit rate
+    falling, or evictions rising, under a steady load says the cache is smaller than the tasks routed to.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger("fisher_atlas.service")
@@ -85,6 +88,25 @@ class _StoreCollector(Collector):
         return [jobs, duration, tokens, tps, depth, index]
 
 
+class _CacheCollector(Collector):
+    """Reads a :class:`atlas.state_cache.StateCache`'s counters (``stats()``) at scrape time."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        s = self._stats()
+        out: list[Metric] = [CounterMetricFamily(f"fisher_atlas_state_cache_{name}", f"State cache {what}.",
+                                                 value=float(getattr(s, name)))
+                             for name, what in (("hits", "hits"), ("misses", "misses (states read from SQL)"),
+                                                ("evictions", "evictions (least recently used, to fit max_bytes)"))]
+        out += [GaugeMetricFamily(f"fisher_atlas_state_cache_{name}", f"State cache {what}.",
+                                  value=float(getattr(s, name)))
+                for name, what in (("entries", "entries (tasks)"), ("bytes", "bytes held"),
+                                   ("max_bytes", "byte budget"))]
+        return out
+
+
 class Metrics:
     """The metrics of one app; ``registry`` is what ``/metrics`` exposes."""
 
@@ -110,3 +132,7 @@ class Metrics:
     def watch_store(self, snapshot: Callable[[], JobStats]) -> None:
         """Register the scrape-time collector of job/queue figures."""
         self.registry.register(_StoreCollector(snapshot))
+
+    def watch_cache(self, stats: Callable[[], Any]) -> None:
+        """Register the scrape-time collector of the state cache's counters."""
+        self.registry.register(_CacheCollector(stats))

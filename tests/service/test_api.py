@@ -195,6 +195,11 @@ def test_task_lifecycle_queries_and_export_import(serve, tiny_lm, tmp_path: Path
                        metrics, re.M)
     forward = re.search(r"^fisher_atlas_prompt_forward_seconds_count (\S+)$", metrics, re.M)
     assert routes is not None and forward is not None and float(forward.group(1)) == float(routes.group(1)) >= 1
+    # the state cache's counters: routing and comparing read task states through it
+    cache = {m.group(1): float(m.group(2)) for m in re.finditer(r"^fisher_atlas_state_cache_(\w+) (\S+)$", metrics,
+                                                                re.M)}
+    assert cache["hits_total"] >= 1 and cache["misses_total"] >= 1 and cache["evictions_total"] == 0, cache
+    assert 1 <= cache["entries"] <= len(names) and 0 < cache["bytes"] <= cache["max_bytes"], cache
 
 
 def test_errors_share_one_body(serve, tiny_lm) -> None:
