@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     )
     index_nprobe: int = Field(default=32, ge=1, description="IVF lists probed per query (of sqrt(N) lists).")
     index_ivf_min_size: int = Field(default=4096, ge=1, description="Below this many signatures a space stays flat.")
+    index_gpu: bool = Field(default=False, description="Search flat indexes on a GPU copy: needs the `gpu` extra "
+                            "(faiss-gpu in place of faiss-cpu) and a CUDA device, else a warning and the CPU. For the "
+                            "process that searches: `serve` (a Celery worker builds no index).")
 
     prompt_service: Literal["auto", "inprocess", "redis"] = Field(
         default="auto",

@@ -154,7 +154,7 @@ def get_or_create_space(
     m: int,
     seed: int,
     spec: dict[str, Any],
-    previous_fingerprint: str | None = None,
+    previous_fingerprints: Sequence[str] = (),
 ) -> Space:
     """Return the space of (model fingerprint, sketch spec), creating it on first use.
 
@@ -166,9 +166,9 @@ def get_or_create_space(
         ``SketchSpec.fingerprint()``.
     model_name, d, K, m, seed, spec
         Descriptive copies (``spec`` is the JSON form of the ``SketchSpec``, enough to rebuild it).
-    previous_fingerprint
-        The key the same model had under an earlier fingerprint scheme
-        (:attr:`workers.model_identity.ModelFingerprint.previous_key`): a space stored under it, when none is
+    previous_fingerprints
+        The keys the same model had under earlier fingerprint schemes, newest first
+        (:attr:`workers.model_identity.ModelFingerprint.previous_keys`): a space stored under one, when none is
         stored under ``model_fingerprint``, is re-keyed to it (once) and returned, tasks and all.
     """
     stmt = select(Space).where(
@@ -177,13 +177,15 @@ def get_or_create_space(
     found = session.execute(stmt).scalar_one_or_none()
     if found is not None:
         return found
-    if previous_fingerprint is not None and previous_fingerprint != model_fingerprint:
+    for previous in previous_fingerprints:
+        if previous == model_fingerprint:
+            continue
         old = session.execute(select(Space).where(
-            Space.model_fingerprint == previous_fingerprint, Space.spec_fingerprint == spec_fingerprint
+            Space.model_fingerprint == previous, Space.spec_fingerprint == spec_fingerprint
         )).scalar_one_or_none()
         if old is not None:
             log.info("space %d re-keyed from model fingerprint %s to %s (content fingerprint of %s)",
-                     old.id, previous_fingerprint, model_fingerprint, model_name)
+                     old.id, previous, model_fingerprint, model_name)
             old.model_fingerprint, old.model_name = model_fingerprint, model_name
             session.flush()
             return old

@@ -1,4 +1,6 @@
-# FisherAtlas GPU worker: CUDA base, faiss-gpu. Same command as the documented one: `fisher-atlas worker`.
+# FisherAtlas GPU worker: CUDA base and torch's CUDA build. Same command as the documented one: `fisher-atlas worker`.
+# No faiss-gpu: a worker builds no index (the API replicas search; `FISHER_ATLAS_INDEX_GPU` is for an embedded
+# `serve` on a GPU machine, with the `gpu` extra).
 FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONTEND=noninteractive
 RUN apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3-pip \
@@ -13,7 +15,5 @@ COPY workers ./workers
 COPY service ./service
 COPY fisher_atlas ./fisher_atlas
 COPY migrations ./migrations
-# faiss-cpu (a base dependency) and faiss-gpu both install the `faiss` module: whichever went in last owned its
-# files. Remove both, then put the GPU build back alone.
-RUN pip install ".[scale,gpu]" && pip uninstall -y faiss-cpu faiss-gpu && pip install --no-deps "faiss-gpu>=1.8,<2"
+RUN pip install ".[scale]"
 CMD ["fisher-atlas", "worker"]

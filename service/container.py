@@ -118,7 +118,7 @@ class Container:
         prepare_keys(store, s)
         self._drop_final_checkpoints()
         self.index = IndexManager(store.read, s.data_dir / "index", kind=s.index_kind, nprobe=s.index_nprobe,
-                                  ivf_min_size=s.index_ivf_min_size)
+                                  ivf_min_size=s.index_ivf_min_size, use_gpu=s.index_gpu)
         self.index.open()
         self.state_loader = StateLoader(store, StateCache(STATE_CACHE_BYTES))
         if s.resolved_prompt_service() == "redis":
@@ -172,8 +172,8 @@ class Container:
             with self.store.session() as session:
                 space = ensure_space(session, self.lm, s)
                 self.store.default_space_id = int(space.id)
-                if self.lm.fingerprint.previous_key is not None:
-                    self.store.fingerprint_aliases[self.lm.fingerprint.previous_key] = self.lm.fingerprint.key()
+                for previous in self.lm.fingerprint.previous_keys:  # an export of before imports into this space
+                    self.store.fingerprint_aliases[previous] = self.lm.fingerprint.key()
                 _warn_if_elsewhere(session, space)
                 sketcher = self.lm.make_sketcher(SketchSpec.from_dict(space.spec))
             extractor = Extractor(self.lm, sketcher, max_tokens_per_sample=s.max_tokens_per_sample)

@@ -7,9 +7,14 @@ tokenizer — and over nothing else: not the directory a model was loaded from, 
 was spelled. So a model directory moved or copied to another machine keeps its spaces, and a model
 retrained in place, or given another tokenizer, gets a space of its own.
 
-Until 2026-11-25 the key was taken over (name or resolved path, requested revision, config, head):
-:meth:`ModelFingerprint.previous_key` computes that form, so that a space stored under it is re-keyed
-once (:func:`atlas.space_repository.get_or_create_space`) instead of being left behind.
+Earlier keys, :attr:`ModelFingerprint.previous_keys`, so that a space stored under one is re-keyed once
+(:func:`atlas.space_repository.get_or_create_space`) instead of being left behind:
+
+* until 2026-11-25 the key was taken over (name or resolved path, requested revision, config, head);
+* until 2026-12-07 the config's digest was taken over ``config.to_dict()``, which holds the defaults the installed
+  transformers fills in (4.x adds some 38 generation defaults that 5.x does not): the same model files under
+  another transformers version had another key, and a worker or replica of another version served an empty space.
+  The digest is now over the model's own ``config.json`` (:func:`config_sha256`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,17 +60,17 @@ class ModelFingerprint:
     revision : str or None
         The requested hub revision, else the commit the hub cache resolved, else None (descriptive).
     config_sha256 : str
-        SHA-256 of the canonical JSON of ``config.to_dict()`` without volatile keys
-        (library version, load path, dtype, attention implementation).
+        :func:`config_sha256`: the model's own ``config.json`` without volatile keys (library version, load path,
+        dtype, attention implementation).
     head_sha256 : str
         SHA-256 of the output-head weight (and bias) as little-endian float32, with shapes.
     weights_sha256 : str
         :func:`weights_sha256` of every parameter (a strided sample of each).
     tokenizer_sha256 : str
         :func:`tokenizer_sha256`: the vocabulary and the ids of fixed probe texts.
-    previous_key : str or None
-        The key this model had before content fingerprints (name, revision, config, head), used once to
-        re-key a space stored under it; None when unknown.
+    previous_keys : tuple of str
+        The keys this model had under earlier schemes (see the module docstring), newest first, used once to
+        re-key a space stored under one of them.
     """
 
     name: str
@@ -73,12 +79,11 @@ class ModelFingerprint:
     head_sha256: str
     weights_sha256: str
     tokenizer_sha256: str
-    previous_key: str | None = None
+    previous_keys: tuple[str, ...] = ()
 
     def key(self) -> str:
         """Short stable key (20 hex chars) over the content digests; equal keys ⇔ comparable states."""
-        blob = json.dumps(["fp2", self.config_sha256, self.head_sha256, self.weights_sha256, self.tokenizer_sha256])
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:20]
+        return content_key("fp3", self.config_sha256, self.head_sha256, self.weights_sha256, self.tokenizer_sha256)
 
     def to_dict(self) -> dict[str, str | None]:
         """Plain dict (JSON-serialisable)."""
@@ -87,8 +92,16 @@ class ModelFingerprint:
                 "tokenizer_sha256": self.tokenizer_sha256, "key": self.key()}
 
 
+def content_key(scheme: str, config_digest: str, head_digest: str, weights_digest: str, tokenizer_digest: str) -> str:
+    """A content key (20 hex chars) of one scheme: ``"fp3"`` now, ``"fp2"`` with :func:`library_config_sha256`
+    before 2026-12-07."""
+    blob = json.dumps([scheme, config_digest, head_digest, weights_digest, tokenizer_digest])
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:20]
+
+
 def previous_key(name: str, revision: str | None, config_digest: str, head_digest: str) -> str:
-    """The key of the fingerprint before content digests: over (name, revision, config, head)."""
+    """The key of the fingerprint before content digests: over (name, revision, config, head), the config's digest
+    :func:`library_config_sha256`."""
     blob = json.dumps([name, revision, config_digest, head_digest])
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:20]
 
@@ -101,9 +114,30 @@ def _strip_volatile(obj: Any) -> Any:
     return obj
 
 
-def config_sha256(config: Any) -> str:
-    """SHA-256 (hex) of the canonical JSON of ``config.to_dict()`` without volatile keys."""
-    canonical = json.dumps(_strip_volatile(config.to_dict()), sort_keys=True, separators=(",", ":"), default=str)
+def config_sha256(config: Any, config_file: Path | None = None) -> str:
+    """SHA-256 (hex) of the model's configuration as its files state it: the canonical JSON of ``config_file`` (its
+    ``config.json``) without volatile keys; for a model built in memory (no file), of ``config.to_diff_dict()``,
+    what ``save_pretrained`` would write. Not ``config.to_dict()``, which holds the defaults the installed transformers
+    fills in: they change with its version (the module docstring)."""
+    stated: Any = None
+    if config_file is not None:
+        try:
+            stated = json.loads(Path(config_file).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            stated = None
+    if not isinstance(stated, dict):
+        stated = config.to_diff_dict()
+    return _canonical_sha256(stated)
+
+
+def library_config_sha256(config: Any) -> str:
+    """The config digest of the keys before 2026-12-07: over ``config.to_dict()`` (the installed library's
+    defaults included), for :attr:`ModelFingerprint.previous_keys`."""
+    return _canonical_sha256(config.to_dict())
+
+
+def _canonical_sha256(config_dict: dict[str, Any]) -> str:
+    canonical = json.dumps(_strip_volatile(config_dict), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

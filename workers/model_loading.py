@@ -35,7 +35,9 @@ from workers.model_checks import verify_causal, verify_head
 from workers.model_identity import (
     ModelFingerprint,
     config_sha256,
+    content_key,
     head_sha256,
+    library_config_sha256,
     previous_key,
     tokenizer_sha256,
     weights_sha256,
@@ -137,7 +139,8 @@ class LoadedModel:
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, name: str, revision: str | None = None,
-                   resolved_revision: str | None = None, verify: bool = True) -> LoadedModel:
+                   resolved_revision: str | None = None, verify: bool = True,
+                   config_file: Path | None = None) -> LoadedModel:
         """Wrap an already-built model (e.g. random weights for tests and benchmarks).
 
         Parameters
@@ -153,6 +156,9 @@ class LoadedModel:
             The commit the hub cache resolved it to, when known (descriptive).
         verify : bool
             Run :func:`verify_head` and :func:`verify_causal`.
+        config_file : Path, optional
+            The ``config.json`` the model was loaded from: its fingerprint's config digest is taken over it
+            (:func:`workers.model_identity.config_sha256`).
 
         Raises
         ------
@@ -190,11 +196,14 @@ class LoadedModel:
         except ValueError as ex:
             raise ModelUnavailable(f"model {name!r}: unsupported logit transform: {ex}",
                                    detail={"model": name}) from None
-        config_digest, head_digest = config_sha256(model.config), head_sha256(weight, bias)
+        head_digest, weights_digest, tokenizer_digest = (head_sha256(weight, bias), weights_sha256(model),
+                                                         tokenizer_sha256(tokenizer))
+        library_digest = library_config_sha256(model.config)  # the keys before 2026-12-07 took it
         fingerprint = ModelFingerprint(
-            name=name, revision=resolved_revision or revision, config_sha256=config_digest, head_sha256=head_digest,
-            weights_sha256=weights_sha256(model), tokenizer_sha256=tokenizer_sha256(tokenizer),
-            previous_key=previous_key(name, revision, config_digest, head_digest),
+            name=name, revision=resolved_revision or revision, config_sha256=config_sha256(model.config, config_file),
+            head_sha256=head_digest, weights_sha256=weights_digest, tokenizer_sha256=tokenizer_digest,
+            previous_keys=(content_key("fp2", library_digest, head_digest, weights_digest, tokenizer_digest),
+                           previous_key(name, revision, library_digest, head_digest)),
         )
         max_positions = None
         for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
@@ -306,7 +315,22 @@ def load_causal_lm(name: str, revision: str | None = None, device: str = "auto",
     if fp_revision is None and not is_local:  # as the key of before took it (set by transformers 4, not 5)
         fp_revision = getattr(model.config, "_commit_hash", None)
     return LoadedModel.from_model(model, tokenizer, name=fp_name, revision=fp_revision, resolved_revision=resolved,
-                                  verify=verify)
+                                  verify=verify, config_file=_config_file(source, kwargs))
+
+
+def _config_file(source: str, kwargs: dict[str, Any]) -> Path | None:
+    """The ``config.json`` a model was loaded from (a local directory's, or the hub cache's copy; ``None`` when it
+    cannot be found: the fingerprint then reads the loaded config)."""
+    local = Path(source) / "config.json"
+    if local.is_file():
+        return local
+    try:
+        from transformers.utils import cached_file
+
+        found = cached_file(source, "config.json", revision=kwargs.get("revision"), local_files_only=True)
+    except Exception:  # any failure means "not found": the loaded config is read instead
+        return None
+    return Path(found) if found else None
 
 
 def sketch_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:

@@ -120,5 +120,5 @@ def ensure_space(session: Session, lm: LoadedModel, settings: Settings) -> Space
     return repository.get_or_create_space(
         session, model_fingerprint=lm.fingerprint.key(), spec_fingerprint=spec.fingerprint(), model_name=lm.name,
         d=spec.d, K=spec.K, m=spec.m, seed=spec.seed, spec=spec.to_dict(),
-        previous_fingerprint=lm.fingerprint.previous_key,
+        previous_fingerprints=lm.fingerprint.previous_keys,
     )

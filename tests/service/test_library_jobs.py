@@ -51,3 +51,4 @@ def test_a_job_started_without_waiting_is_followed_waited_for_and_cancelled(tmp_
             atlas.jobs(status="done")
         with pytest.raises(NotFound):
             atlas.jobs("no-such-task")
+

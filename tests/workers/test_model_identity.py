@@ -37,7 +37,7 @@ def test_a_moved_or_copied_model_keeps_its_key(gpt2_dir: Path, gpt2_lm: LoadedMo
     assert lm.fingerprint.key() == gpt2_lm.fingerprint.key()
     assert lm.fingerprint.name == str(moved.resolve()) != gpt2_lm.fingerprint.name
     # the path-based key of before differs: that is what left a moved model's tasks behind
-    assert lm.fingerprint.previous_key != gpt2_lm.fingerprint.previous_key
+    assert lm.fingerprint.previous_keys[-1] != gpt2_lm.fingerprint.previous_keys[-1]
 
 
 def test_retrained_body_weights_give_another_key(gpt2_dir: Path, gpt2_lm: LoadedModel, tmp_path: Path) -> None:
@@ -90,15 +90,17 @@ def test_a_masked_lm_is_refused_as_not_causal(tmp_path: Path) -> None:
     assert info.value.detail["early_change"] > 0
 
 
-def test_a_space_under_the_previous_key_is_re_keyed_with_its_tasks(
-        factory: sessionmaker[Session], db_url: str, gpt2_dir: Path, gpt2_lm: LoadedModel, tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", [0, 1], ids=["library-config-key", "path-key"])
+def test_a_space_under_a_previous_key_is_re_keyed_with_its_tasks(
+        factory: sessionmaker[Session], db_url: str, gpt2_dir: Path, gpt2_lm: LoadedModel, tmp_path: Path,
+        scheme: int) -> None:
     settings = Settings(data_dir=tmp_path, database_url=db_url, model=str(gpt2_dir), device="cpu", sketch_dim=256)
     fp = gpt2_lm.fingerprint
-    assert fp.previous_key is not None and fp.previous_key != fp.key()
+    assert len(set(fp.previous_keys)) == 2 and fp.key() not in fp.previous_keys
     spec = gpt2_lm.make_spec(m=256, seed=settings.sketch_seed, error_projection=settings.error_projection)
-    with factory.begin() as s:  # what the version before content fingerprints stored
+    with factory.begin() as s:  # what a version before stored
         old = repository.get_or_create_space(
-            s, model_fingerprint=fp.previous_key, spec_fingerprint=spec.fingerprint(), model_name=fp.name,
+            s, model_fingerprint=fp.previous_keys[scheme], spec_fingerprint=spec.fingerprint(), model_name=fp.name,
             d=spec.d, K=spec.K, m=spec.m, seed=spec.seed, spec=spec.to_dict())
         task, _ = repository.create_task_with_job(s, old.id, "kept", "text", None, [Sample(text="a b c d")])
         old_id, task_id = old.id, task.id
@@ -150,7 +152,7 @@ def test_an_export_written_under_the_previous_key_imports_into_the_models_space(
     header, *lines, trailer = export.read_text().splitlines()
     head = json.loads(header)
     assert head["space"]["model_fingerprint"] == gpt2_lm.fingerprint.key()
-    head["space"]["model_fingerprint"] = gpt2_lm.fingerprint.previous_key  # as the version before wrote it
+    head["space"]["model_fingerprint"] = gpt2_lm.fingerprint.previous_keys[0]  # as the version before wrote it
     body = "\n".join([json.dumps(head), *lines]) + "\n"
     end = json.loads(trailer) | {"sha256": hashlib.sha256(body.encode()).hexdigest()}
     export.write_text(body + json.dumps(end) + "\n")
@@ -158,3 +160,30 @@ def test_an_export_written_under_the_previous_key_imports_into_the_models_space(
         assert atlas.import_(export) == 1
         assert [t.name for t in atlas.tasks()] == ["foxes"]  # in the served space, not a stranded one
         assert atlas.route(texts[0], threshold=-1.0).matches[0].name == "foxes"
+
+
+def test_the_key_is_the_model_files_not_the_installed_transformers_defaults(
+        gpt2_dir: Path, gpt2_lm: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packaging review (2026-12-07): the same model directory under transformers 4.56 had another key than under
+    5.25 (``config.to_dict()`` held 38 more library defaults), so a store's tasks were in "another space" and a
+    worker of another version served an empty one. The digest is over the model's ``config.json``."""
+    from transformers import PretrainedConfig
+
+    to_dict, to_diff_dict = PretrainedConfig.to_dict, PretrainedConfig.to_diff_dict
+    # another library version: more defaults filled in, and another idea of what differs from them
+    monkeypatch.setattr(PretrainedConfig, "to_dict", lambda self: {**to_dict(self), "top_k": 50, "num_beams": 1})
+    monkeypatch.setattr(PretrainedConfig, "to_diff_dict",
+                        lambda self: {**to_diff_dict(self), "add_cross_attention": False})
+    other = load_causal_lm(str(gpt2_dir), device="cpu").fingerprint
+    assert other.key() == gpt2_lm.fingerprint.key()
+    assert other.previous_keys[0] != gpt2_lm.fingerprint.previous_keys[0]  # the library-config key of before moved
+    monkeypatch.undo()
+    # what the config states still counts: another layer-norm epsilon is another model
+    changed = shutil.copytree(gpt2_dir, tmp_path / "model")
+    config = json.loads((changed / "config.json").read_text())
+    config["layer_norm_epsilon"] = 1e-3
+    (changed / "config.json").write_text(json.dumps(config))
+    assert load_causal_lm(str(changed), device="cpu").fingerprint.key() != gpt2_lm.fingerprint.key()
+    # a model built in memory (no file) is keyed by what save_pretrained would write: the same key
+    built = LoadedModel.from_model(AutoModelForCausalLM.from_pretrained(gpt2_dir), gpt2_lm.tokenizer, name="mem")
+    assert built.fingerprint.key() == gpt2_lm.fingerprint.key()
