@@ -22,6 +22,7 @@ from atlas.queue import JobQueue
 from atlas.samples import Sample, is_blank, is_storable_text, main_field, sample_chars
 from atlas.services.states import StateLoader
 from atlas.store import Store
+from atlas.upload_repository import EncodedSamples
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class TaskService:
         """Validate, store the task and its samples, and queue its job (all or nothing)."""
         self.check_samples(samples)
         self._check_computable(space_ref=space_ref)
+        samples = EncodedSamples(samples)  # before the write transaction: see EncodedSamples
         with self.store.session() as session:
             space = self.store.resolve_space(session, space_ref)
             replay = self._is_replay(session, idempotency_key)
@@ -147,6 +149,7 @@ class TaskService:
         """Store more samples for a task and queue an ``append`` job."""
         self.check_samples(samples)
         self._check_computable(task_id=task_id)
+        samples = EncodedSamples(samples)  # before the write transaction: see EncodedSamples
         with self.store.session() as session:
             task = repo.get_task(session, task_id)
             replay = self._is_replay(session, idempotency_key)
