@@ -122,6 +122,23 @@ class DatabaseUnavailable(AtlasError):
     code = "database_unavailable"
 
 
+class StorageFull(AtlasError):
+    """The server has no space left for the request's data: its temporary directory (``TMPDIR``, where uploads over
+    1 MB are spooled) or its data directory (507); nothing was stored."""
+
+    status_code = 507
+    code = "insufficient_storage"
+    retry_after_s = 30.0
+
+
+class ResourcesExhausted(AtlasError):
+    """The server is out of a process resource (open files); retry shortly (503)."""
+
+    status_code = 503
+    code = "resources_exhausted"
+    retry_after_s = 2.0
+
+
 class DatabaseBusy(AtlasError):
     """The database is locked by another writer or out of connections; retry shortly (503)."""
 

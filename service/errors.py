@@ -8,6 +8,7 @@ rendered as ``500 internal_error`` without leaking internals.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -23,7 +24,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from atlas.db import is_busy_error, is_unreachable_error, storage_fault
-from atlas.errors import AtlasError, DatabaseBusy, DatabaseUnavailable, IncompatibleSpace, InvalidInput
+from atlas.errors import (
+    AtlasError,
+    DatabaseBusy,
+    DatabaseUnavailable,
+    IncompatibleSpace,
+    InvalidInput,
+    ResourcesExhausted,
+    StorageFull,
+)
 from atlas.redaction import bounded, redact_cut, truncate
 from fishersketch import CorruptState, SketchError, SpecMismatch
 from service.logs import install_log_redaction
@@ -105,10 +114,10 @@ def _encodable(value: Any) -> Any:
 
 
 def error_response(exc: AtlasError) -> JSONResponse:
-    """A domain error as its response: its status and body, with ``Retry-After`` on a 429 or 503 and
+    """A domain error as its response: its status and body, with ``Retry-After`` on a 429, 503 or 507 and
     ``WWW-Authenticate`` on a 401 — what the handlers and the security middleware (before any route) both send."""
     headers = None
-    if exc.status_code in (429, 503):
+    if exc.status_code in (429, 503, 507):
         wait = exc.retry_after_s if exc.retry_after_s is not None else 1.0
         headers = {"Retry-After": str(max(1, math.ceil(wait)))}
     if exc.status_code == 401:
@@ -157,6 +166,10 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         return error_response(exc.error)
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
+    if status == 400 and (mapped := os_error(exc.__cause__)) is not None:  # the server's fault, not the body's
+        logger.warning("%s on %s %s while reading the body: %s", mapped.code, request.method, request.url.path,
+                       exc.__cause__)
+        return error_response(mapped)
     if status == 400:  # FastAPI's "error parsing the body": malformed input, rendered as such
         status = 422
     code = _CODES_BY_STATUS.get(status, "http_error")
@@ -246,6 +259,29 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     return await unexpected_error(request, exc)
 
 
+def os_error(exc: BaseException | None) -> AtlasError | None:
+    """The domain error of an ``OSError`` the server can name: no space (507 :class:`StorageFull`), too many open
+    files (503 :class:`ResourcesExhausted`); ``None`` for any other (a 500 or the caller's own rendering)."""
+    if not isinstance(exc, OSError):
+        return None
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFull("the server has no space left for this request's data (its temporary directory, TMPDIR, "
+                           "or its data directory); nothing was stored: retry later, or ask the operator to free "
+                           "space", None)
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return ResourcesExhausted("the server has too many open files right now; retry shortly", None)
+    return None
+
+
+async def _os_error(request: Request, exc: Exception) -> JSONResponse:
+    """A full disk or too many open files: 507 / 503 naming it (a full TMPDIR answered uploads and imports 500)."""
+    mapped = os_error(exc)
+    if mapped is None:
+        return await unexpected_error(request, exc)
+    logger.warning("%s on %s %s: %s", mapped.code, request.method, request.url.path, exc)
+    return error_response(mapped)
+
+
 async def _client_disconnect(request: Request, exc: Exception) -> JSONResponse:
     """The client went away mid-request (nobody reads the answer): one info line, not a 500 with a traceback."""
     logger.info("client disconnected during %s %s; nothing was stored", request.method, request.url.path)
@@ -275,5 +311,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DBAPIError, _database_error)
     app.add_exception_handler(PoolTimeout, _database_error)
     app.add_exception_handler(ClientDisconnect, _client_disconnect)
+    app.add_exception_handler(OSError, _os_error)
     app.add_exception_handler(Exception, unexpected_error)
     install_log_redaction()

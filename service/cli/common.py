@@ -25,8 +25,9 @@ Timeout = Annotated[float, typer.Option("--timeout", envvar="FISHER_ATLAS_TIMEOU
                                          help="Timeout of one request, s (a read that times out or meets a busy "
                                               "service is tried up to 3 times, waiting as it says, at most 30 s).")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-DataDir = Annotated[str | None, typer.Option("--data-dir", envvar="FISHER_ATLAS_DATA_DIR",
-                                             help="SQLite, FAISS and upload files.")]
+DataDir = Annotated[str | None, typer.Option(
+    "--data-dir", envvar="FISHER_ATLAS_DATA_DIR",
+    help="SQLite and FAISS files (uploads are stored in the database; large ones spool to TMPDIR while read).")]
 DatabaseUrl = Annotated[str | None, typer.Option("--database-url", envvar="FISHER_ATLAS_DATABASE_URL",
                                                  help="SQLAlchemy URL, e.g. postgresql+psycopg://...")]
 Model = Annotated[str | None, typer.Option("--model", envvar="FISHER_ATLAS_MODEL",
