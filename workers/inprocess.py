@@ -18,6 +18,7 @@ from collections import OrderedDict
 
 from atlas import job_store
 from workers.jobs import TransientJobError, run_job
+from workers.redis_options import OutageLog
 from workers.worker_context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ class InProcessRunner:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.outcomes: OrderedDict[int, str] = OrderedDict()  # the last OUTCOMES_KEPT jobs' (for tests and logs)
+        # a database that cannot be written (full, read-only, locked) failed every sweep: one traceback per outage,
+        # not 55 lines every few seconds
+        self._sweep_outage = OutageLog(log, "the job sweep")
 
     # -- JobQueue ----------------------------------------------------------------------------
 
@@ -130,9 +134,10 @@ class InProcessRunner:
                 ids = job_store.recoverable_jobs(
                     s, stale_after_s=stale, queued_older_than_s=0.0 if include_recent else stale,
                     model_fingerprint=model)
-        except Exception:
-            log.exception("job sweep failed")
+        except Exception as exc:
+            self._sweep_outage.failed(exc)
             return 0
+        self._sweep_outage.ok()
         before = self.depth()
         for job_id in ids:
             self.enqueue(job_id)

@@ -69,3 +69,26 @@ def test_queue_capacity(ctx: WorkerContext, space_id: int) -> None:
     for job_id in ids + ids[:1]:  # a duplicate wake-up is ignored
         runner.enqueue(job_id)
     assert runner.depth() == 3
+
+
+def test_a_failing_sweep_logs_its_outage_once_not_a_traceback_each_time(
+        ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A resource review (2026-12-07): with the database full or read-only, every sweep (every few seconds) logged
+    "job sweep failed" with a 55-line traceback."""
+    import sqlite3
+
+    runner = InProcessRunner(ctx, threads=1)  # not started: sweeps called by hand
+
+    def locked(*args: object, **kwargs: object) -> list[int]:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    real = job_store.recoverable_jobs
+    monkeypatch.setattr(job_store, "recoverable_jobs", locked)
+    with caplog.at_level("DEBUG", logger="workers.inprocess"):
+        assert [runner.sweep() for _ in range(5)] == [0] * 5
+        monkeypatch.setattr(job_store, "recoverable_jobs", real)
+        runner.sweep()
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [r.getMessage() for r in warnings][0] == "the job sweep failed; retrying until it works"
+    assert warnings[0].exc_info is not None and len(warnings) == 2  # one traceback, then "works again"
+    assert warnings[1].getMessage().startswith("the job sweep works again after")
