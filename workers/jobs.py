@@ -153,10 +153,10 @@ def run_job(job_id: int, ctx: WorkerContext) -> str:
     if claim is None:
         return "skipped"
     if claim.attempts > (ctx.max_attempts or ctx.settings.job_max_attempts):
-        return _finish(ctx, claim, JOB_FAILED, f"gave up after {claim.attempts - 1} attempts; the worker "
-                       "stopped each time without finishing (out of memory or killed?)")
+        return _finish_or_release(ctx, claim, JOB_FAILED, f"gave up after {claim.attempts - 1} attempts; the worker "
+                                  "stopped each time without finishing (out of memory or killed?)")
     if claim.cancel_requested:
-        return _finish(ctx, claim, JOB_CANCELLED, "cancelled by request")
+        return _finish_or_release(ctx, claim, JOB_CANCELLED, "cancelled by request")
     log.info("job %s (%s of task %s): claimed by %s (attempt %s)", job_id, claim.kind, claim.task_id, ctx.worker_id,
              claim.attempts)  # the task named, so a job's lines can be found from it (an operations review)
     try:
@@ -169,10 +169,10 @@ def run_job(job_id: int, ctx: WorkerContext) -> str:
         _release_after_store_error(ctx, claim, exc)
         raise TransientJobError(f"job {job_id}: store unavailable: {exc}") from exc
     except AtlasError as exc:
-        return _finish(ctx, claim, JOB_FAILED, exc.message)
+        return _finish_or_release(ctx, claim, JOB_FAILED, exc.message)
     except Exception as exc:
         log.error("job %s failed:\n%s", job_id, traceback.format_exc())
-        return _finish(ctx, claim, JOB_FAILED, f"{type(exc).__name__}: {exc}")
+        return _finish_or_release(ctx, claim, JOB_FAILED, f"{type(exc).__name__}: {exc}")
 
 
 def _serves(ctx: WorkerContext, job_id: int) -> bool:
@@ -194,6 +194,17 @@ def _finish(ctx: WorkerContext, claim: job_store.Claim, status: str, error: str)
         return "lost"
     log.info("job %s (task %s): %s (%s)", claim.job_id, claim.task_id, status, error)
     return status
+
+
+def _finish_or_release(ctx: WorkerContext, claim: job_store.Claim, status: str, error: str) -> str:
+    """:func:`_finish`, or, when the store fails (down, full, read-only), the job given back as after any store error
+    (:func:`_release_after_store_error`): its end is written by its next claim (a cancel asked is kept). Before, a job
+    cancelled on a full disk stayed ``running`` until a sweep found it stale, and the sweep counted an attempt."""
+    try:
+        return _finish(ctx, claim, status, error)
+    except _TRANSIENT as exc:
+        _release_after_store_error(ctx, claim, exc)
+        raise TransientJobError(f"job {claim.job_id}: store unavailable while ending it: {exc}") from exc
 
 
 def _try_release(ctx: WorkerContext, claim: job_store.Claim, error: str, *, count_attempt: bool = True) -> None:

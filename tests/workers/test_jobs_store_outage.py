@@ -98,3 +98,40 @@ def test_a_full_disk_requeues_the_job_without_counting_an_attempt(ctx: WorkerCon
     assert run_job(job_id, ctx) == "succeeded"  # the disk mended: the retry resumes it
     with ctx.factory() as s:
         assert job_store.get_job(s, job_id).attempts == 1
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_cancel_the_store_cannot_write_gives_the_job_back_and_ends_it_later(ctx: WorkerContext,
+                                                                             space_id: int) -> None:
+    """A resource review (2026-12-07): a job whose cancel was asked, claimed while the disk was full, raised out of
+    ``run_job`` when its end could not be written ("unexpected error in the runner"), stayed ``running`` until a
+    sweep found it stale, and the sweep counted an attempt. The store's error comes from SQLite here ("database or
+    disk is full", raised for the statement that writes the job's end)."""
+    import sqlite3
+
+    from sqlalchemy import event
+
+    _task_id, job_id = create(ctx, space_id, "cancelled", make_samples(4, seed=5))
+    with ctx.factory.begin() as s:  # running on a worker, asked to stop, then given back (its worker stopping)
+        claim = job_store.claim_job(s, job_id, worker="w", stale_after_s=60)
+        job_store.request_cancel(s, job_id)
+        assert job_store.release_job(s, job_id, claim.lease, "worker shut down", count_attempt=False)
+    engine = ctx.factory.kw["bind"]
+    full = threading.Event()
+    full.set()
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def disk_full(_conn: object, _cursor: object, statement: str, params: object, *_: object) -> None:
+        if full.is_set() and statement.lstrip().upper().startswith("UPDATE JOBS") and "cancelled" in str(params):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    outcome = _run(job_id, ctx)
+    assert isinstance(outcome, TransientJobError) and "disk is full" in str(outcome), outcome
+    with ctx.factory() as s:
+        job = job_store.get_job(s, job_id)
+    assert job.status == "queued" and job.cancel_requested, (job.status, job.error)
+    assert job.attempts == 0  # a full disk is not an attempt
+    full.clear()  # space again: the next claim writes its end
+    assert run_job(job_id, ctx) == "cancelled"
+    with ctx.factory() as s:
+        assert job_store.get_job(s, job_id).status == "cancelled"
