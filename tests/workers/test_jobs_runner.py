@@ -89,6 +89,6 @@ def test_a_failing_sweep_logs_its_outage_once_not_a_traceback_each_time(
         monkeypatch.setattr(job_store, "recoverable_jobs", real)
         runner.sweep()
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert [r.getMessage() for r in warnings][0] == "the job sweep failed; retrying until it works"
+    assert warnings and warnings[0].getMessage() == "the job sweep failed; retrying until it works"
     assert warnings[0].exc_info is not None and len(warnings) == 2  # one traceback, then "works again"
     assert warnings[1].getMessage().startswith("the job sweep works again after")
