@@ -143,6 +143,17 @@ class Space(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class ModelKeyAlias(Base):
+    """An earlier key of a model (:attr:`workers.model_identity.ModelFingerprint.previous_keys`) and its current one,
+    written by a process that loads the model (a worker, an embedded service): a process without the model (an API
+    replica of a scaled-out deployment) maps an export written under the earlier key into the model's space with it."""
+
+    __tablename__ = "model_key_aliases"
+
+    previous_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    model_fingerprint: Mapped[str] = mapped_column(String(200))
+
+
 class Task(Base):
     """A named set of samples with (once its first job succeeds) a state and a signature."""
 

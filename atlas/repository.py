@@ -56,6 +56,7 @@ from atlas.signature_repository import get_state_blob as get_state_blob
 from atlas.signature_repository import get_states as get_states
 from atlas.signature_repository import iter_signatures as iter_signatures
 from atlas.signature_repository import vector_to_bytes as vector_to_bytes
+from atlas.space_repository import current_model_key as current_model_key
 from atlas.space_repository import get_or_create_space as get_or_create_space
 from atlas.space_repository import get_space as get_space
 from atlas.space_repository import list_spaces as list_spaces

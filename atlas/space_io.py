@@ -444,7 +444,8 @@ def import_space(write: sessionmaker[Session], data: ExportBytes, *, on_conflict
     ``on_conflict``: ``"fail"`` (:class:`~atlas.errors.Conflict` if any task name already exists in
     the target space) or ``"skip"`` (such tasks are left out and named in ``skipped_names``).
     ``fingerprint_aliases`` maps an earlier model fingerprint of the loaded model to its current one, so an
-    export written before content fingerprints lands in the loaded model's space.
+    export written under an earlier key lands in the loaded model's space; so do the aliases stored by processes
+    loading the model (``model_key_aliases``: an API without the model).
 
     Memory: the file (or its memory map, :func:`map_export`) and one task's rows at a time — each task is flushed
     into the transaction and its ORM objects let go, so an import of thousands of tasks does not hold their states
@@ -456,6 +457,8 @@ def import_space(write: sessionmaker[Session], data: ExportBytes, *, on_conflict
     model_fingerprint = (fingerprint_aliases or {}).get(model_fingerprint, model_fingerprint)
     skipped: list[str] = []
     with write.begin() as session:
+        # an earlier key of a model some process here loads (a worker): its space, not a second one nobody serves
+        model_fingerprint = repo.current_model_key(session, model_fingerprint)
         space = repo.get_or_create_space(
             session, model_fingerprint=model_fingerprint, spec_fingerprint=spec.fingerprint(),
             model_name=model_name, d=spec.d, K=spec.K, m=spec.m, seed=spec.seed,

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from atlas.errors import NotFound
-from atlas.models import JOB_STATUSES, JOB_SUCCEEDED, TASK_READY, Job, SketchStateRow, Space, Task
+from atlas.models import JOB_STATUSES, JOB_SUCCEEDED, TASK_READY, Job, ModelKeyAlias, SketchStateRow, Space, Task
 from atlas.paging import Page
 from atlas.samples import name_forms
 
@@ -174,6 +174,7 @@ def get_or_create_space(
     stmt = select(Space).where(
         Space.model_fingerprint == model_fingerprint, Space.spec_fingerprint == spec_fingerprint
     )
+    record_key_aliases(session, model_fingerprint, previous_fingerprints)
     found = session.execute(stmt).scalar_one_or_none()
     if found is not None:
         return found
@@ -199,6 +200,24 @@ def get_or_create_space(
     except IntegrityError:  # created concurrently by another transaction
         return session.execute(stmt).scalar_one()
     return space
+
+
+def record_key_aliases(session: Session, model_fingerprint: str, previous_keys: Sequence[str]) -> None:
+    """Store ``previous key -> model_fingerprint`` for each earlier key of the model (kept if already stored)."""
+    for previous in previous_keys:
+        if previous == model_fingerprint or session.get(ModelKeyAlias, previous) is not None:
+            continue
+        try:
+            with session.begin_nested():
+                session.add(ModelKeyAlias(previous_key=previous, model_fingerprint=model_fingerprint))
+        except IntegrityError:  # stored concurrently by another process loading the model
+            pass
+
+
+def current_model_key(session: Session, key: str) -> str:
+    """The current key of a model given one of its earlier keys (:class:`ModelKeyAlias`), else ``key`` itself."""
+    alias = session.get(ModelKeyAlias, key)
+    return alias.model_fingerprint if alias is not None else key
 
 
 def get_space(session: Session, space_id: int) -> Space:

@@ -5,7 +5,7 @@ WORKDIR /app
 # CPU build of torch first, so that the package's torch range is already satisfied.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install "torch==2.13.0" --index-url "$TORCH_INDEX_URL"
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md alembic.ini LICENSE THIRD_PARTY_NOTICES.md ./
 COPY fishersketch ./fishersketch
 COPY atlas ./atlas
 COPY workers ./workers

@@ -8,7 +8,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3.11 pyth
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
 RUN pip install "torch==2.13.0"
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md alembic.ini LICENSE THIRD_PARTY_NOTICES.md ./
 COPY fishersketch ./fishersketch
 COPY atlas ./atlas
 COPY workers ./workers

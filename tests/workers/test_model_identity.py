@@ -187,3 +187,34 @@ def test_the_key_is_the_model_files_not_the_installed_transformers_defaults(
     # a model built in memory (no file) is keyed by what save_pretrained would write: the same key
     built = LoadedModel.from_model(AutoModelForCausalLM.from_pretrained(gpt2_dir), gpt2_lm.tokenizer, name="mem")
     assert built.fingerprint.key() == gpt2_lm.fingerprint.key()
+
+
+@pytest.mark.parametrize("scheme", [0, 1], ids=["library-config-key", "path-key"])
+def test_an_export_under_an_earlier_key_imports_into_the_served_space_where_no_model_is_loaded(
+        gpt2_dir: Path, gpt2_lm: LoadedModel, tmp_path: Path, scheme: int) -> None:
+    """A diff review (2026-12-07): an API replica without the model (a scaled-out deployment) knew no earlier key, so
+    an export written before the key changed made a second space that no worker served. A process that loads the
+    model stores its earlier keys (``model_key_aliases``); the import reads them."""
+    from fisher_atlas import Atlas
+
+    texts = [f"the {w} fox jumps over the lazy dog number {i}" for i, w in enumerate(["red", "blue"] * 8)]
+    with Atlas(tmp_path / "old", model=str(gpt2_dir), sketch_dim=256, device="cpu") as atlas:
+        atlas.add("foxes", texts, progress=False)
+        export = atlas.export(tmp_path / "space.jsonl")
+    header, *lines, trailer = export.read_text().splitlines()
+    head = json.loads(header)
+    head["space"]["model_fingerprint"] = gpt2_lm.fingerprint.previous_keys[scheme]  # as a version before wrote it
+    body = "\n".join([json.dumps(head), *lines]) + "\n"
+    end = json.loads(trailer) | {"sha256": hashlib.sha256(body.encode()).hexdigest()}
+    export.write_text(body + json.dumps(end) + "\n")
+    served = tmp_path / "served"
+    with Atlas(served, model=str(gpt2_dir), sketch_dim=256, device="cpu"):
+        pass  # a worker's start: the model's space, and its earlier keys stored
+    with Atlas(served, require_model=False, model=str(tmp_path / "no-model-here"), sketch_dim=256,
+               device="cpu") as api:  # a replica without the model
+        with pytest.warns(UserWarning, match="space 1 is not served by this service"):  # space 1: the served one
+            assert api.import_(export) == 1
+    with Atlas(served, model=str(gpt2_dir), sketch_dim=256, device="cpu") as atlas:
+        assert [t.name for t in atlas.tasks()] == ["foxes"]
+        assert atlas.task("foxes").space_id == 1  # the served space, not a second one
+        assert atlas.route(texts[0], threshold=-1.0).matches[0].name == "foxes"
