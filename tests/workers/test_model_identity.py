@@ -210,10 +210,9 @@ def test_an_export_under_an_earlier_key_imports_into_the_served_space_where_no_m
     served = tmp_path / "served"
     with Atlas(served, model=str(gpt2_dir), sketch_dim=256, device="cpu"):
         pass  # a worker's start: the model's space, and its earlier keys stored
-    with Atlas(served, require_model=False, model=str(tmp_path / "no-model-here"), sketch_dim=256,
-               device="cpu") as api:  # a replica without the model
-        with pytest.warns(UserWarning, match="space 1 is not served by this service"):  # space 1: the served one
-            assert api.import_(export) == 1
+    with Atlas(served, require_model=False, model=str(tmp_path / "no-model-here"), sketch_dim=256,  # no model here
+               device="cpu") as api, pytest.warns(UserWarning, match="space 1 is not served by this service"):
+        assert api.import_(export) == 1  # into space 1: the served one
     with Atlas(served, model=str(gpt2_dir), sketch_dim=256, device="cpu") as atlas:
         assert [t.name for t in atlas.tasks()] == ["foxes"]
         assert atlas.task("foxes").space_id == 1  # the served space, not a second one
