@@ -251,7 +251,11 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
         what = "unreachable" if isinstance(retry, DatabaseUnavailable) else "busy"
         logger.warning("database %s on %s %s: %s", what, request.method, request.url.path, type(exc).__name__)
         return await _atlas_error(request, retry)
-    if (fault := storage_fault(exc)) is not None:  # a retry cannot cure it before an operator does: 60 s
+    if (fault := storage_fault(exc)) is not None and near_open_file_limit():  # SQLite: "unable to open database
+        logger.warning("too many open files on %s %s: %s", request.method, request.url.path, fault)  # file"
+        return await _atlas_error(request, ResourcesExhausted(
+            "the server has too many open files right now; retry shortly", None))
+    if fault is not None:  # a retry cannot cure it before an operator does: 60 s
         logger.error("database storage fault on %s %s: %s", request.method, request.url.path, fault)
         return await _atlas_error(request, DatabaseUnavailable(
             f"the database cannot be written ({fault}); the operator must make the data directory writable "
@@ -271,6 +275,23 @@ def os_error(exc: BaseException | None) -> AtlasError | None:
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         return ResourcesExhausted("the server has too many open files right now; retry shortly", None)
     return None
+
+
+def near_open_file_limit(margin: int = 8) -> bool:
+    """Whether this process holds within ``margin`` of its open-file limit: SQLite says "unable to open database
+    file" for that too, which read as a storage fault an operator must mend (503 with Retry-After 60, a resource
+    review) when it lasts a moment."""
+    import resource
+
+    import psutil
+
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return soft != resource.RLIM_INFINITY and psutil.Process().num_fds() >= soft - margin
+    except OSError as exc:  # counting them needs a descriptor too
+        return exc.errno in (errno.EMFILE, errno.ENFILE)
+    except psutil.Error:
+        return False
 
 
 async def _os_error(request: Request, exc: Exception) -> JSONResponse:

@@ -103,3 +103,30 @@ def test_the_server_s_own_os_errors_are_named_not_blamed_on_the_body() -> None:
     assert files is not None and files.status_code == 503 and files.retry_after_s
     assert os_error(OSError(errno.EACCES, "Permission denied")) is None  # not the server's to name: a 500
     assert os_error(ValueError("x")) is None
+
+
+def test_running_out_of_open_files_is_told_from_a_storage_fault() -> None:
+    """SQLite says "unable to open database file" when the process is out of descriptors too: it read as a storage
+    fault (503, "the operator must make the data directory writable", Retry-After 60) for a condition of a moment."""
+    import sys
+
+    code = (
+        "import os, resource\n"
+        "from service.errors import near_open_file_limit\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "print(near_open_file_limit())\n"
+        "held = []\n"
+        "try:\n"
+        "    while True:\n"
+        "        held.append(os.open(os.devnull, os.O_RDONLY))\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(near_open_file_limit())\n"
+        "for fd in held[:20]:\n"
+        "    os.close(fd)\n"
+        "print(near_open_file_limit())\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True", "False"]
