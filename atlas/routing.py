@@ -248,6 +248,16 @@ def evidence_prior(n_samples: Any) -> np.ndarray:
     return np.asarray(np.sqrt(ns / (ns + PRIOR_SAMPLES)))
 
 
+def lexical_prior(n_samples: Any) -> np.ndarray:
+    """``n_s / (n_s + κ)`` per task, the weight of its lexical score (:func:`atlas.lexical.hybrid_key`): the
+    :func:`evidence_prior` squared, as much as the Fisher ranking is shrunk in all (its denominator's prior and the
+    ranking's, each ``√(n_s / (n_s + κ))``): ×0.43 at three samples, ×0.91 at 40. A profile of a few short samples
+    has so few terms that each shared word weighs more in its cosine than in a large task's; shrunk by
+    :func:`evidence_prior` alone, three questions of one class took other classes' questions on a word or two (a
+    generalisation audit, 2026-12-07; docs/SCORES.md, "Lexical evidence")."""
+    return np.asarray(evidence_prior(n_samples) ** 2)
+
+
 def _n_samples(candidates: Sequence[Candidate]) -> np.ndarray:
     """The candidates' sample counts (at least 1), shape (T,)."""
     return np.array([max(int(getattr(c.state, "n_samples", 1) or 1), 1) for c in candidates], dtype=np.float64)
@@ -390,7 +400,7 @@ def rerank_route(
     lex, key = None, rank
     if prompt_terms is not None and all(c.terms is not None for c in candidates):
         key, lex = lexical.hybrid_key(rank, prompt_terms, [c.terms for c in candidates],
-                                      evidence_prior(_n_samples(candidates)))
+                                      lexical_prior(_n_samples(candidates)))
     order = sorted(range(len(candidates)),
                    key=lambda i: (-round(_f(key[i]), 9), -round(_f(rank[i]), 9), -round(_f(score[i]), 9),
                                   -round(float(faiss[i]), 6), candidates[i].name))[:k]

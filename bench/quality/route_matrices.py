@@ -81,7 +81,7 @@ def hybrid_best(rank: np.ndarray, sig: np.ndarray, prompt_terms: list[Any], task
     from atlas.analysis import default_candidates
     from atlas.lexical import hybrid_key
 
-    prior = routing.evidence_prior(n_samples)
+    prior = routing.lexical_prior(n_samples)
     extra = np.array([], dtype=int) if always is None else np.intersect1d(always, cols)
     out = np.empty(len(rank), dtype=int)
     for i in range(len(rank)):

@@ -82,7 +82,7 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndar
     """Top-3 task indices per prompt for every router (``typical``: the tasks' typical scores, (T,))."""
     from atlas.analysis import Candidate, default_candidates, rerank_route, state_view
     from atlas.lexical import hybrid_key, lexical_scores
-    from atlas.routing import evidence_prior, unit_means
+    from atlas.routing import lexical_prior, unit_means
     from atlas.whitening import fit_space_whitening
     from bench.quality.embed import UtteranceRouter, centroid_rank
 
@@ -112,7 +112,7 @@ def route_all(index: RoutingIndex, feats: list[PromptFeatures], typical: np.ndar
                                  np.concatenate([np.full(len(e), i) for i, e in enumerate(index.minilm)]), len(names))
         centroids = np.stack([e.mean(0) for e in index.minilm])
     n_cand = default_candidates(3)
-    prior = evidence_prior([int(s.n_samples) for s in index.states])
+    prior = lexical_prior([int(s.n_samples) for s in index.states])
     for i, f in enumerate(feats):
         out["FisherSketch (signature cosine, paper rule)"].append(faiss_top[i, :3].tolist())
         cands = [Candidate(task_id=int(j), name=names[j], state=index.states[j], faiss_score=0.0, view=views[j],

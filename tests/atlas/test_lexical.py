@@ -205,7 +205,7 @@ def test_rerank_orders_by_the_fused_score_of_every_candidate(tasks: list, prompt
     lex = lexical_scores(pt, [c.terms for c in cands])
     ranks = routing.unwhitened_rank([routing.route_score(routing.unit_signature(_state(99, 0.5, n_samples=1)), c.state)
                                      for c in cands], cands)
-    key = fuse(ranks, lex * routing.evidence_prior([c.state.n_samples for c in cands]))
+    key = fuse(ranks, lex * routing.lexical_prior([c.state.n_samples for c in cands]))
     got = [m.task_id for m in ans.matches]
     assert len(got) == min(k, len(cands))
     assert all(0.0 <= m.lexical <= 1.0 for m in ans.matches)
