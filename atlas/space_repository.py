@@ -169,7 +169,8 @@ def get_or_create_space(
     previous_fingerprints
         The keys the same model had under earlier fingerprint schemes, newest first
         (:attr:`workers.model_identity.ModelFingerprint.previous_keys`): a space stored under one, when none is
-        stored under ``model_fingerprint``, is re-keyed to it (once) and returned, tasks and all.
+        stored under ``model_fingerprint``, is re-keyed to it (once) and returned, tasks and all; each is stored as
+        an alias (:func:`record_key_aliases`), which an import in a process without the model reads.
     """
     stmt = select(Space).where(
         Space.model_fingerprint == model_fingerprint, Space.spec_fingerprint == spec_fingerprint

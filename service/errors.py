@@ -251,8 +251,9 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
         what = "unreachable" if isinstance(retry, DatabaseUnavailable) else "busy"
         logger.warning("database %s on %s %s: %s", what, request.method, request.url.path, type(exc).__name__)
         return await _atlas_error(request, retry)
-    if (fault := storage_fault(exc)) is not None and near_open_file_limit():  # SQLite: "unable to open database
-        logger.warning("too many open files on %s %s: %s", request.method, request.url.path, fault)  # file"
+    fault = storage_fault(exc)
+    if fault is not None and near_open_file_limit():  # SQLite's "unable to open database file": out of descriptors
+        logger.warning("too many open files on %s %s: %s", request.method, request.url.path, fault)
         return await _atlas_error(request, ResourcesExhausted(
             "the server has too many open files right now; retry shortly", None))
     if fault is not None:  # a retry cannot cure it before an operator does: 60 s
@@ -281,16 +282,16 @@ def near_open_file_limit(margin: int = 8) -> bool:
     """Whether this process holds within ``margin`` of its open-file limit: SQLite says "unable to open database
     file" for that too, which read as a storage fault an operator must mend (503 with Retry-After 60, a resource
     review) when it lasts a moment."""
-    import resource
-
     import psutil
 
     try:
+        import resource  # POSIX only
+
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return soft != resource.RLIM_INFINITY and psutil.Process().num_fds() >= soft - margin
     except OSError as exc:  # counting them needs a descriptor too
         return exc.errno in (errno.EMFILE, errno.ENFILE)
-    except psutil.Error:
+    except (ImportError, psutil.Error):
         return False
 
 

@@ -140,9 +140,9 @@ def test_a_cached_hub_model_loads_when_the_hub_is_unreachable(gpt2_dir: Path, gp
     assert "is not reachable" in out.stderr and "local cache only" in out.stderr
 
 
-def test_an_export_written_under_the_previous_key_imports_into_the_models_space(
-        gpt2_dir: Path, gpt2_lm: LoadedModel, tmp_path: Path) -> None:
-    """A library (or service) upgraded to content fingerprints imports an older export into its own space."""
+def _export_under_key(gpt2_dir: Path, gpt2_lm: LoadedModel, tmp_path: Path, key: str) -> tuple[list[str], Path]:
+    """A one-task export of the model's space rewritten as a version of before wrote it: its space under ``key``
+    (checksum made again). Returns the task's texts and the file."""
     from fisher_atlas import Atlas
 
     texts = [f"the {w} fox jumps over the lazy dog number {i}" for i, w in enumerate(["red", "blue"] * 8)]
@@ -152,10 +152,19 @@ def test_an_export_written_under_the_previous_key_imports_into_the_models_space(
     header, *lines, trailer = export.read_text().splitlines()
     head = json.loads(header)
     assert head["space"]["model_fingerprint"] == gpt2_lm.fingerprint.key()
-    head["space"]["model_fingerprint"] = gpt2_lm.fingerprint.previous_keys[0]  # as the version before wrote it
+    head["space"]["model_fingerprint"] = key
     body = "\n".join([json.dumps(head), *lines]) + "\n"
     end = json.loads(trailer) | {"sha256": hashlib.sha256(body.encode()).hexdigest()}
     export.write_text(body + json.dumps(end) + "\n")
+    return texts, export
+
+
+def test_an_export_written_under_the_previous_key_imports_into_the_models_space(
+        gpt2_dir: Path, gpt2_lm: LoadedModel, tmp_path: Path) -> None:
+    """A library (or service) upgraded to content fingerprints imports an older export into its own space."""
+    from fisher_atlas import Atlas
+
+    texts, export = _export_under_key(gpt2_dir, gpt2_lm, tmp_path, gpt2_lm.fingerprint.previous_keys[0])
     with Atlas(tmp_path / "new", model=str(gpt2_dir), sketch_dim=256, device="cpu") as atlas:
         assert atlas.import_(export) == 1
         assert [t.name for t in atlas.tasks()] == ["foxes"]  # in the served space, not a stranded one
@@ -197,16 +206,7 @@ def test_an_export_under_an_earlier_key_imports_into_the_served_space_where_no_m
     model stores its earlier keys (``model_key_aliases``); the import reads them."""
     from fisher_atlas import Atlas
 
-    texts = [f"the {w} fox jumps over the lazy dog number {i}" for i, w in enumerate(["red", "blue"] * 8)]
-    with Atlas(tmp_path / "old", model=str(gpt2_dir), sketch_dim=256, device="cpu") as atlas:
-        atlas.add("foxes", texts, progress=False)
-        export = atlas.export(tmp_path / "space.jsonl")
-    header, *lines, trailer = export.read_text().splitlines()
-    head = json.loads(header)
-    head["space"]["model_fingerprint"] = gpt2_lm.fingerprint.previous_keys[scheme]  # as a version before wrote it
-    body = "\n".join([json.dumps(head), *lines]) + "\n"
-    end = json.loads(trailer) | {"sha256": hashlib.sha256(body.encode()).hexdigest()}
-    export.write_text(body + json.dumps(end) + "\n")
+    texts, export = _export_under_key(gpt2_dir, gpt2_lm, tmp_path, gpt2_lm.fingerprint.previous_keys[scheme])
     served = tmp_path / "served"
     with Atlas(served, model=str(gpt2_dir), sketch_dim=256, device="cpu"):
         pass  # a worker's start: the model's space, and its earlier keys stored
