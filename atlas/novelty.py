@@ -372,10 +372,12 @@ class NoveltyCache(SpaceFitCache[SpaceNovelty]):
         super().__init__(NOVELTY_MAX_TASKS, NOVELTY_REFIT_S)
 
     def get(self, space_id: int, mark: int, task_ids: Callable[[], Sequence[int]],
-            load: VectorsLoader, lazy_load: VectorsLoader | None = None) -> SpaceNovelty | None:
+            load: VectorsLoader, lazy_load: VectorsLoader | None = None, *, detached: bool = False
+            ) -> SpaceNovelty | None:
         """The space's model (fitted now when stale, on at most :data:`NOVELTY_FIT_TASKS` of its tasks, evenly
         spaced by id; the others calibrated on first use by ``lazy_load``, or ``load`` when not given); ``None``
-        when none of the tasks it is fitted on has enough vectors."""
+        when none of the tasks it is fitted on has enough vectors. ``detached``: ``task_ids`` and ``load`` read in
+        sessions of their own, so a large space re-fits in the background (:meth:`SpaceFitCache.fitted`)."""
 
         def fit(ids: Sequence[int] | np.ndarray) -> SpaceNovelty | None:
             chosen = np.asarray(ids, dtype=np.int64)
@@ -384,4 +386,4 @@ class NoveltyCache(SpaceFitCache[SpaceNovelty]):
             loaded = load([int(i) for i in chosen])
             return SpaceNovelty.fit({int(t): loaded.get(int(t)) for t in chosen}, loader=lazy_load or load)
 
-        return self.fitted(space_id, mark, task_ids, fit)
+        return self.fitted(space_id, mark, task_ids, fit, detached=detached)

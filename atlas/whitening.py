@@ -196,8 +196,8 @@ class WhiteningCache(SpaceFitCache[SpaceWhitening]):
         super().__init__(WHITEN_MAX_TASKS, WHITEN_REFIT_S)
 
     def get(self, space_id: int, mark: int, task_ids: Callable[[], np.ndarray],
-            load: MeansLoader) -> SpaceWhitening | None:
-        """The space's transforms (fitted now when stale).
+            load: MeansLoader, *, detached: bool = False) -> SpaceWhitening | None:
+        """The space's transforms (fitted now when stale; in the background in a large space when ``detached``).
 
         Parameters
         ----------
@@ -208,6 +208,8 @@ class WhiteningCache(SpaceFitCache[SpaceWhitening]):
             fit costs the route path nothing.
         load
             Reads the unit routing means of the tasks it is given (see :data:`MeansLoader`).
+        detached
+            ``task_ids`` and ``load`` read in sessions of their own (:meth:`SpaceFitCache.fitted`).
         """
 
         def fit(ids: TaskIds) -> SpaceWhitening | None:
@@ -217,4 +219,4 @@ class WhiteningCache(SpaceFitCache[SpaceWhitening]):
             ae, error, typicals = load([int(i) for i in chosen])
             return fit_space_whitening(ae, error, typicals=typicals) if len(ae) else None
 
-        return self.fitted(space_id, mark, task_ids, fit)
+        return self.fitted(space_id, mark, task_ids, fit, detached=detached)

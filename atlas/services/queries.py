@@ -89,6 +89,11 @@ class QueryService:
         self._analyses: ContentLru[analysis.Matrices | analysis.AtlasMap] = ContentLru(ANALYSIS_CACHE_BYTES,
                                                                                          _analysis_bytes)
 
+    def wait_refits(self, timeout_s: float | None = None) -> None:
+        """Wait for the spaces' background re-fits running now (:mod:`atlas.space_fit_cache`)."""
+        self.whitenings.wait_refits(timeout_s)
+        self.novelties.wait_refits(timeout_s)
+
     # -- helpers ---------------------------------------------------------------------------------
 
     def space_key(self, space_ref: str | None) -> SpaceKey:
@@ -212,13 +217,12 @@ class QueryService:
                                                                     length_views=c.length_views if by_length else None)
                     for c in routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})}
             mark = self._snapshot_mark(session, space_id, snapshot)
-            whitening = self.whitenings.get(space_id, mark,
-                                            lambda: self.index.ids(space_id),
-                                            lambda ids: self._routing_means(session, space, ids))
+            whitening = self.whitenings.get(space_id, mark, lambda: self.index.ids(space_id),
+                                            lambda ids: self._read_routing_means(space_id, ids), detached=True)
             vectors = getattr(states, "novelty", None)
             novelty = None
             if vectors is not None and per_task and self.settings.route_novelty:
-                novelty = self._novelty_model(session, space_id, mark)
+                novelty = self._novelty_model(space_id, mark)
         terms: list[TermCounts | None] = [None] * len(states)
         if texts is not None and self.settings.route_lexical:
             terms = [TermCounts.from_texts([t]) for t in texts]
@@ -238,7 +242,7 @@ class QueryService:
         if not self.settings.route_novelty:
             return frozenset()
         with self.store.read() as session:
-            model = self._novelty_model(session, space_id, self._snapshot_mark(session, space_id))
+            model = self._novelty_model(space_id, self._snapshot_mark(session, space_id))
         return frozenset() if model is None else frozenset(
             t for t, rate in rates.items() if model.tested(int(t), split_rates(float(rate))[1]))
 
@@ -250,11 +254,11 @@ class QueryService:
         change when already read (:meth:`_fresh_index`), else read here."""
         return min(self.index.content_mark(space_id), changes.last_seq(session) if snapshot is None else snapshot)
 
-    def _novelty_model(self, session: Session, space_id: int, mark: int) -> SpaceNovelty | None:
-        """The space's novelty model at content mark ``mark`` (re-fitted when stale from ``session``; a task outside
-        the fit read later by :meth:`_read_novelty_vectors`)."""
+    def _novelty_model(self, space_id: int, mark: int) -> SpaceNovelty | None:
+        """The space's novelty model at content mark ``mark`` (re-fitted when stale, in the background in a large
+        space; its vectors, and later those of a task outside the fit, read by :meth:`_read_novelty_vectors`)."""
         return self.novelties.get(space_id, mark, lambda: [int(i) for i in self.index.ids(space_id)],
-                                  lambda ids: novelty_vectors(session, ids), self._read_novelty_vectors)
+                                  self._read_novelty_vectors, detached=True)
 
     def _read_novelty_vectors(self, task_ids: list[int]) -> Mapping[int, np.ndarray]:
         """The tasks' stored novelty vectors, in a read session of its own (a task calibrated on its first use,
@@ -277,14 +281,18 @@ class QueryService:
             self._prompt_side[space_id] = (mark, ids)
         return ids
 
-    def _routing_means(self, session: Session, space: Space, task_ids: list[int]
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _read_routing_means(self, space_id: int, task_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Unit ``ae`` and error means, shapes (n, m), of what each task routes on (its prompt-side state
-        for a completion task), and the tasks' typical scores (n,): what the space's whitening is fitted on."""
-        loaded = self.states.load(session, space, task_ids)
-        cands = routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})
+        for a completion task), and the tasks' typical scores (n,): what the space's whitening is fitted on. Read
+        in a session of its own (a large space's re-fit runs in the background), from a snapshot at least as
+        recent as the route's that asked for it."""
+        with self.store.read() as session:
+            space = sql.get_space(session, space_id)
+            m = space.m
+            loaded = self.states.load(session, space, task_ids)
+            cands = routing_repo.route_candidates(session, self.store.spec_of(space), loaded, {})
         if not cands:
-            return np.zeros((0, space.m)), np.zeros((0, space.m)), np.zeros(0)
+            return np.zeros((0, m)), np.zeros((0, m)), np.zeros(0)
         means = np.stack([unit_means(c.state) for c in cands])  # (n, 2, m)
         typicals = np.array([np.nan if c.typical is None else c.typical for c in cands])
         return means[:, 0], means[:, 1], typicals

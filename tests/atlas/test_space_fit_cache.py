@@ -79,3 +79,61 @@ def test_novelty_cache_fits_the_loaded_vectors() -> None:
     assert model is not None and model.tested(1) and model.tested(2)
     assert cache.get(3, mark=5, task_ids=lambda: [1, 2], load=load) is model
     assert loads == [[1, 2]]
+
+
+def test_a_large_space_refits_in_the_background_when_detached() -> None:
+    """A stale fit of a large space is served at once and re-fitted on a thread of its own, one re-fit at a time;
+    a small space still re-fits on the caller's thread."""
+    import threading
+
+    release, entered = threading.Event(), threading.Event()
+    calls: list[list[int]] = []
+
+    def slow_fit(ids: object) -> int:
+        got = [int(i) for i in ids]  # type: ignore[attr-defined]
+        calls.append(got)
+        if len(calls) > 1:  # the first fit (no fit of before) runs on the caller's thread
+            entered.set()
+            assert release.wait(10)
+        return sum(got)
+
+    cache: SpaceFitCache[int] = SpaceFitCache(max_tasks=2, refit_s=0.0)
+    assert cache.fitted(1, mark=0, task_ids=lambda: [1, 2, 3], fit=slow_fit, detached=True) == 6
+    # The mark moves: the route is answered with the fit of before while the re-fit waits on `release`.
+    assert cache.fitted(1, mark=1, task_ids=lambda: [1, 2, 3, 4], fit=slow_fit, detached=True) == 6
+    assert entered.wait(10)
+    assert cache.fitted(1, mark=2, task_ids=lambda: [1, 2, 3, 4, 5], fit=slow_fit, detached=True) == 6
+    assert len(calls) == 2  # one re-fit of a space at a time
+    release.set()
+    cache.wait_refits(10)
+    assert cache.fitted(1, mark=1, task_ids=lambda: [9], fit=slow_fit, detached=True) == 10  # the re-fit's, at mark 1
+    small: SpaceFitCache[int] = SpaceFitCache(max_tasks=10, refit_s=0.0)
+    fit = Counting()
+    small.fitted(1, mark=0, task_ids=lambda: [2, 2], fit=fit, detached=True)
+    assert small.fitted(1, mark=1, task_ids=lambda: [2, 4], fit=fit, detached=True) == 6  # below max_tasks: now
+
+
+def test_a_failed_background_refit_keeps_the_fit_of_before_and_clear_drops_a_late_one() -> None:
+    import threading
+
+    cache: SpaceFitCache[int] = SpaceFitCache(max_tasks=1, refit_s=0.0)
+    assert cache.fitted(1, mark=0, task_ids=lambda: [4], fit=lambda ids: 4, detached=True) == 4
+
+    def broken(ids: object) -> int:
+        raise RuntimeError("store down")
+
+    assert cache.fitted(1, mark=1, task_ids=lambda: [5], fit=broken, detached=True) == 4
+    cache.wait_refits(10)
+    assert cache.fitted(1, mark=1, task_ids=lambda: [5], fit=broken, detached=True) == 4  # still served
+    cache.wait_refits(10)
+    gate = threading.Event()
+
+    def late(ids: object) -> int:
+        assert gate.wait(10)
+        return 8
+
+    assert cache.fitted(1, mark=2, task_ids=lambda: [8], fit=late, detached=True) == 4
+    cache.clear()
+    gate.set()
+    cache.wait_refits(10)
+    assert cache.fitted(1, mark=2, task_ids=lambda: [7], fit=lambda ids: 7, detached=True) == 7  # fitted anew

@@ -234,3 +234,32 @@ def test_library_routes_by_the_hybrid_of_ranking_and_stored_terms(tmp_path: Path
             assert all(m.lexical is not None and 0.0 <= m.lexical <= 1.0 for m in a.matches)
             assert a.matches[0].name == f"topic{t}"  # (route_lexical=False: 15 of 16 on this run)
             assert a.matches[0].lexical == max(m.lexical for m in a.matches)
+
+
+def test_a_large_space_is_refitted_in_the_background_after_a_change(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A space at the cache's size limit (lowered here to 1 task) is answered with its fit of before right after a
+    change, and with the re-fit once the background re-fit has read the store (a scale review found the route that
+    found the fit stale waiting 0.4–1.2 s for the re-fit with 2,000 tasks)."""
+    with Atlas(tmp_path / "atlas", model=str(tiny_model_dir), sketch_dim=128, device="cpu",
+               route_lexical=False) as atlas:
+        for t in range(WHITEN_MIN_TASKS + 1):
+            atlas.add(f"topic{t}", _texts(t, 6, seed=1), progress=False)
+        queries = atlas._container.queries
+        assert queries is not None
+        queries.whitenings.max_tasks, queries.whitenings.refit_s = 1, 0.0
+        prompt = _texts(0, 1, seed=2)[0]
+
+        def ranks() -> dict[str, float]:
+            answer = atlas.route(prompt, k=WHITEN_MIN_TASKS + 1, threshold=-1.0)
+            assert isinstance(answer, routing.RouteAnswer)
+            return {m.name: float(m.rank_score) for m in answer.matches if m.rank_score is not None}
+
+        before = ranks()
+        atlas.delete(f"topic{WHITEN_MIN_TASKS}")
+        stale = ranks()  # served at once by the fit of before; the re-fit starts in the background
+        assert f"topic{WHITEN_MIN_TASKS}" not in stale
+        assert all(stale[n] == pytest.approx(before[n], abs=1e-12) for n in stale)
+        queries.wait_refits(30)
+        fresh = ranks()
+        assert set(fresh) == set(stale)
+        assert max(abs(fresh[n] - stale[n]) for n in fresh) > 1e-6  # the transform of the 16 tasks left
