@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-from sqlalchemy import delete, exists, func, select, update
+from sqlalchemy import delete, exists, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -35,7 +35,6 @@ from atlas.models import (
     TASK_FAILED,
     TASK_PENDING,
     TASK_READY,
-    TASK_STATUSES,
     BaselineRow,
     Job,
     JobRequest,
@@ -60,7 +59,7 @@ from atlas.space_repository import current_model_key as current_model_key
 from atlas.space_repository import get_or_create_space as get_or_create_space
 from atlas.space_repository import get_space as get_space
 from atlas.space_repository import list_spaces as list_spaces
-from atlas.space_repository import name_starts_with
+from atlas.space_repository import list_tasks as list_tasks
 from atlas.task_names import normalize_name
 from atlas.upload_repository import decode_samples as decode_samples
 from atlas.upload_repository import encode_samples as encode_samples
@@ -297,44 +296,6 @@ def lock_task(session: Session, task_id: int) -> Task | None:
     """Load a task with a row lock (PostgreSQL ``FOR UPDATE``) for a read-modify-write; ``None`` if gone."""
     stmt = select(Task).where(Task.id == task_id).with_for_update(of=Task).execution_options(populate_existing=True)
     return session.execute(stmt).scalar_one_or_none()
-
-
-def list_tasks(
-    session: Session,
-    *,
-    space_id: int | None = None,
-    name_prefix: str | None = None,
-    status: str | None = None,
-    offset: int = 0,
-    limit: int = 50,
-) -> Page[Task]:
-    """List tasks (oldest first) with optional filters; ``total`` counts all matches.
-
-    Parameters
-    ----------
-    space_id
-        Only tasks of this space.
-    name_prefix
-        Only names starting with this text (case-sensitive; ``%`` and ``_`` are literal).
-    status
-        ``pending``, ``ready`` or ``failed``.
-    offset, limit
-        Page window (``limit`` 1..1000).
-    """
-    if not 1 <= limit <= 1000 or offset < 0:
-        raise InvalidInput("limit must be in 1..1000 and offset >= 0", {"offset": offset, "limit": limit})
-    if status is not None and status not in TASK_STATUSES:
-        raise InvalidInput(f"status must be one of {', '.join(TASK_STATUSES)}", {"status": status})
-    conds = []
-    if space_id is not None:
-        conds.append(Task.space_id == space_id)
-    if name_prefix:
-        conds.append(name_starts_with(name_prefix))
-    if status is not None:
-        conds.append(Task.status == status)
-    total = session.execute(select(func.count()).select_from(Task).where(*conds)).scalar_one()
-    items = session.execute(select(Task).where(*conds).order_by(Task.id).offset(offset).limit(limit)).scalars()
-    return Page(items=list(items), total=int(total), offset=offset, limit=limit)
 
 
 def update_task(

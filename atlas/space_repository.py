@@ -16,10 +16,21 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from atlas.errors import NotFound
-from atlas.models import JOB_STATUSES, JOB_SUCCEEDED, TASK_READY, Job, ModelKeyAlias, SketchStateRow, Space, Task
+from atlas.errors import InvalidInput, NotFound
+from atlas.models import (
+    JOB_STATUSES,
+    JOB_SUCCEEDED,
+    TASK_READY,
+    TASK_STATUSES,
+    Job,
+    ModelKeyAlias,
+    SketchStateRow,
+    Space,
+    Task,
+)
 from atlas.paging import Page
 from atlas.samples import name_forms
+from atlas.vocabulary import MAX_LISTED_IDS
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +108,60 @@ def name_starts_with(prefix: str) -> Any:
     return and_(Task.name.startswith(prefix, autoescape=True), func.substr(Task.name, 1, len(prefix)) == prefix)
 
 
+def ids_filter(task_ids: Sequence[int] | None) -> list[Any]:
+    """The ``WHERE`` condition of a list's ``task_ids`` filter (none when ``None``)."""
+    if task_ids is None:
+        return []
+    if len(task_ids) > MAX_LISTED_IDS:
+        raise InvalidInput(f"at most {MAX_LISTED_IDS} task ids may be listed at once", {"ids": len(task_ids)})
+    return [Task.id.in_(sorted({int(t) for t in task_ids}))]
+
+
+def list_tasks(
+    session: Session,
+    *,
+    space_id: int | None = None,
+    name_prefix: str | None = None,
+    status: str | None = None,
+    task_ids: Sequence[int] | None = None,
+    offset: int = 0,
+    limit: int = 50,
+) -> Page[Task]:
+    """List tasks (oldest first) with optional filters; ``total`` counts all matches.
+
+    Parameters
+    ----------
+    space_id
+        Only tasks of this space.
+    name_prefix
+        Only names starting with this text (case-sensitive; ``%`` and ``_`` are literal).
+    status
+        ``pending``, ``ready`` or ``failed``.
+    task_ids
+        Only these tasks (at most 1,000 ids; an unknown id is not listed).
+    offset, limit
+        Page window (``limit`` 1..1000).
+    """
+    if not 1 <= limit <= 1000 or offset < 0:
+        raise InvalidInput("limit must be in 1..1000 and offset >= 0", {"offset": offset, "limit": limit})
+    if status is not None and status not in TASK_STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(TASK_STATUSES)}", {"status": status})
+    conds = []
+    if space_id is not None:
+        conds.append(Task.space_id == space_id)
+    if name_prefix:
+        conds.append(name_starts_with(name_prefix))
+    if status is not None:
+        conds.append(Task.status == status)
+    conds.extend(ids_filter(task_ids))
+    total = session.execute(select(func.count()).select_from(Task).where(*conds)).scalar_one()
+    items = session.execute(select(Task).where(*conds).order_by(Task.id).offset(offset).limit(limit)).scalars()
+    return Page(items=list(items), total=int(total), offset=offset, limit=limit)
+
+
 def tasks_by_exact_name(session: Session, name: str, *, space_id: int | None, status: str | None,
-                        name_prefix: str | None, default_space_id: int | None, offset: int, limit: int
-                        ) -> Page[Task]:
+                        name_prefix: str | None, default_space_id: int | None, offset: int, limit: int,
+                        task_ids: Sequence[int] | None = None) -> Page[Task]:
     """Tasks named exactly ``name`` (default space first, then oldest), with the list filters."""
     conds: list[Any] = [Task.name.in_(name_forms(name))]
     if space_id is not None:
@@ -108,6 +170,7 @@ def tasks_by_exact_name(session: Session, name: str, *, space_id: int | None, st
         conds.append(Task.status == status)
     if name_prefix:
         conds.append(name_starts_with(name_prefix))
+    conds.extend(ids_filter(task_ids))
     total = int(session.execute(select(func.count()).select_from(Task).where(*conds)).scalar_one())
     order = (Task.space_id != (default_space_id or -1), Task.id)
     items = list(session.execute(select(Task).where(*conds).order_by(*order).offset(offset).limit(limit)).scalars())

@@ -69,6 +69,8 @@ class Scope(StrEnum):
 
 MAX_SOURCES = 100
 """Sources one recommendation returns at most (REST, client, CLI and library alike)."""
+MAX_LISTED_IDS = 1000
+"""Most task ids one list request may filter by (``GET /v1/tasks?id=…``)."""
 MATRIX_DEFAULT_TASKS = 40
 """Tasks of an alignment matrix when none are named: the space's first ready tasks by id (CLI, library and dashboard
 alike; a heatmap of more has unreadable labels)."""

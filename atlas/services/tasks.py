@@ -195,9 +195,10 @@ class TaskService:
         return page.items[0]
 
     def page(self, *, space_ref: str | None = None, name: str | None = None, name_prefix: str | None = None,
-             status: str | None = None, offset: int = 0, limit: int = 50) -> repo.Page[Task]:
+             status: str | None = None, task_ids: Sequence[int] | None = None, offset: int = 0, limit: int = 50
+             ) -> repo.Page[Task]:
         """List tasks with filters (``name``: exact, normalised like a stored name — stripped; ``name_prefix``:
-        prefix, in NFC as stored names are: a decomposed "cafe\u0301" finds "café")."""
+        prefix, in NFC as stored names are: a decomposed "cafe\u0301" finds "café"; ``task_ids``: only these)."""
         name = name.strip() if name is not None else None
         name_prefix = unicodedata.normalize("NFC", name_prefix) if name_prefix else name_prefix
         with self.store.read() as session:
@@ -207,9 +208,10 @@ class TaskService:
                 return repo.Page(items=[], total=0, offset=offset, limit=limit)  # no stored name holds a NUL
             if name is None:
                 return repo.list_tasks(session, space_id=space_id, name_prefix=name_prefix, status=status,
-                                       offset=offset, limit=limit)
+                                       task_ids=task_ids, offset=offset, limit=limit)
             return sql.tasks_by_exact_name(session, name, space_id=space_id, status=status, name_prefix=name_prefix,
-                                           default_space_id=self.store.default_space_id, offset=offset, limit=limit)
+                                           default_space_id=self.store.default_space_id, offset=offset, limit=limit,
+                                           task_ids=task_ids)
 
 
 def require_same_space(space: Space, served_space_id: int | None) -> None:

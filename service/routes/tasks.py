@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from atlas.sample_io import SampleLimits
-from atlas.vocabulary import MAX_SOURCES, TaskStatus
+from atlas.vocabulary import MAX_LISTED_IDS, MAX_SOURCES, TaskStatus
 from service.deps import ContainerDep, ReadPrincipal, UploadSlot, WritePrincipal
 from service.routes import Limit, Offset, TaskId, error_responses
 from service.schemas import (
@@ -114,12 +114,15 @@ def list_tasks(
     name: Annotated[str | None, Query(max_length=300, description="Exact task name.")] = None,
     name_prefix: Annotated[str | None, Query(max_length=300, description="Task names starting with this.")] = None,
     status: Annotated[TaskStatus | None, Query()] = None,
+    task_ids: Annotated[list[int] | None, Query(
+        alias="id", max_length=MAX_LISTED_IDS,
+        description=f"Only these task ids (repeat the parameter: `id=3&id=7`; at most {MAX_LISTED_IDS}).")] = None,
     offset: Offset = 0,
     limit: Limit = 50,
 ) -> TaskList:
-    """Tasks, oldest first, filtered by space, exact name or name prefix, and status; paginated."""
-    page = c.tasks.page(space_ref=space, name=name, name_prefix=name_prefix, status=status, offset=offset,
-                        limit=limit)
+    """Tasks, oldest first, filtered by space, exact name or name prefix, status and ids; paginated."""
+    page = c.tasks.page(space_ref=space, name=name, name_prefix=name_prefix, status=status, task_ids=task_ids,
+                        offset=offset, limit=limit)
     return TaskList(items=[task_out(t) for t in page.items], total=page.total, offset=page.offset,
                     limit=page.limit)
 

@@ -250,6 +250,33 @@
     }
     return items;
   }
+  // The tasks of these ids (the map's, at most 256; the list filtered by id, 200 a request).
+  async function tasksByIds(ids) {
+    const out = [];
+    for (let i = 0; i < ids.length; i += 200) {
+      const chunk = ids.slice(i, i + 200).map((id) => `id=${encodeURIComponent(id)}`).join("&");
+      const page = await api(`/tasks?limit=200&${chunk}`);
+      out.push(...((page && page.items) || []));
+    }
+    return out;
+  }
+  // What the atlas view shows of a space, read in a bounded number of requests whatever its size: the map, the tasks
+  // on it, how many tasks the space has, and those still processing or failed (not on the map). Listing every task
+  // (the first version) read only the 2,000 oldest, so past them points had no task and the page stopped refreshing.
+  async function atlasData(space) {
+    const atlas = await api(`/atlas${qs({ space })}`);
+    const where = { space: (atlas && atlas.space_id) ?? space };
+    const points = (atlas && atlas.points) || [];
+    const [mapped, all, pending, failed] = await Promise.all([
+      tasksByIds(points.map((p) => p.task_id)),
+      api(`/tasks${qs({ ...where, limit: 1 })}`),
+      api(`/tasks${qs({ ...where, status: "pending", limit: 200 })}`),
+      api(`/tasks${qs({ ...where, status: "failed", limit: 1 })}`),
+    ]);
+    const total = (page) => (page && Number.isFinite(page.total) ? page.total : 0);
+    return { atlas, mapped, pendingTasks: (pending && pending.items) || [],
+      counts: { total: total(all), pending: total(pending), failed: total(failed) } };
+  }
   const taskName = (t) => (t && (t.name ?? `task ${t.id}`)) || "";
   const taskSamples = (t) => pick(t, "n_samples", "sample_count", "samples");
   const taskTokens = (t) => pick(t, "n_tokens", "token_count", "tokens");
@@ -523,12 +550,12 @@
   const atlasState = { colourBy: "cluster", space: "", pickedGroup: null };
 
   async function viewAtlas(ctx) {
-    const [atlas, tasks, spaceList] = await Promise.all([
-      api(`/atlas${qs({ space: atlasState.space })}`),
-      listAllTasks(atlasState.space ? { space: atlasState.space } : {}),
+    const [data, spaceList] = await Promise.all([
+      atlasData(atlasState.space),
       api("/spaces").then((r) => (Array.isArray(r) ? r : (r && r.items) || [])).catch(() => []),
     ]);
     if (!ctx.alive()) return;
+    const { atlas, mapped: tasks, counts } = data;
     const byId = new Map(tasks.map((t) => [String(t.id), t]));
     const points = ((atlas && atlas.points) || []).map((p) => ({ ...p, task: byId.get(String(p.task_id)) }));
     const spaceOptions = spaceList.length
@@ -555,13 +582,12 @@
       "Hover for details, click to open a task.", tools));
 
     if (!points.length) {
-      const pending = tasks.filter((t) => t.status === "pending").length;
       root.append(emptyState("No tasks on the map yet",
-        tasks.length ? `${tasks.length} task(s) stored, ${pending} still processing — see Jobs.`
+        counts.total ? `${counts.total} task(s) stored, ${counts.pending} still processing — see Jobs.`
           : "Add a task with the form below, the CLI (fisher-atlas add NAME samples.jsonl --wait) or POST /v1/tasks.",
         "Tasks appear here as soon as their first job succeeds."), addPanel(tasks));
       view().replaceChildren(root);
-      watchTasks(ctx, tasks);
+      watchTasks(ctx, data);
       return;
     }
 
@@ -698,12 +724,10 @@
           h("td", {}, dot), h("td", {}, taskLink(p.task_id, truncate(p.name ?? taskName(p.task), 40))),
           h("td", { class: "num" }, fmtInt(taskSamples(p.task))));
         })));
-      const notReady = tasks.filter((t) => t.status !== "ready" && String(taskSpace(t)) === String(atlas.space_id ?? taskSpace(t)));
-      const pending = notReady.filter((t) => t.status === "pending").length;
-      const failed = notReady.filter((t) => t.status === "failed").length;
+      const { pending, failed } = counts;
       // (replaceChildren writes a null argument as the text "null": only nodes go in)
       listCard.replaceChildren(...[h("h2", {}, "Tasks"), h("div", { class: "scroll" }, table),
-        notReady.length ? h("p", { class: "muted small list-note", "data-testid": "atlas-not-ready" },
+        pending + failed ? h("p", { class: "muted small list-note", "data-testid": "atlas-not-ready" },
           [pending ? `${pending} processing` : null, failed ? `${failed} failed or cancelled` : null].filter(Boolean).join(", "),
           " — not on the map. ", h("a", { href: "#/jobs" }, "See jobs")) : null].filter(Boolean));
     }
@@ -724,16 +748,18 @@
       if (had) mapCard.querySelector(`circle[data-task-id="${CSS.escape(had)}"]`)?.focus({ preventScroll: true });
     });
     resized.observe(mapCard);
-    watchTasks(ctx, tasks);
+    watchTasks(ctx, data);
   }
 
   // Tasks added, finished or deleted elsewhere (CLI, API, another tab) land on the map without a reload: while
   // the page is shown, re-read the task list (every 3 s while a task is pending, else every 5 s) and redraw when
   // it changed — not while the add form has the focus (someone is typing; the form redraws when its job ends).
-  const taskStamp = (tasks) => tasks.map((t) => `${t.id}:${t.status}:${taskSamples(t)}`).sort().join(",");
-  function watchTasks(ctx, tasks) {
-    const drawn = taskStamp(tasks);
-    let pending = tasks.some((t) => t.status === "pending");
+  const taskStamp = (data) => [...data.mapped, ...data.pendingTasks].map((t) => `${t.id}:${t.status}:${taskSamples(t)}`)
+    .sort().join(",") + `|${((data.atlas && data.atlas.points) || []).map((p) => p.task_id).join(",")}`
+    + `|${data.counts.total}:${data.counts.pending}:${data.counts.failed}`;
+  function watchTasks(ctx, data) {
+    const drawn = taskStamp(data);
+    let pending = data.counts.pending > 0;
     const schedule = () => {
       const timer = setTimeout(check, pending ? POLL_MS * 2 : 5000);
       ctx.onCleanup(() => clearTimeout(timer));
@@ -741,13 +767,13 @@
     const check = async () => {
       if (!ctx.alive()) return;
       let now = null;
-      try { now = await listAllTasks(atlasState.space ? { space: atlasState.space } : {}); } catch (_) { now = null; }
+      try { now = await atlasData(atlasState.space); } catch (_) { now = null; }
       if (!ctx.alive()) return;
       // typing, or an upload running (its disabled button gave the focus back to the page): the form redraws the
       // page when its job ends
       const typing = addPanelNode && (addPanelNode.contains(document.activeElement) || addPanelNode.isBusy());
       if (now && taskStamp(now) !== drawn && !typing) { navigate({ keepScroll: true }); return; }
-      if (now) pending = now.some((t) => t.status === "pending");
+      if (now) pending = now.counts.pending > 0;
       schedule();
     };
     schedule();
