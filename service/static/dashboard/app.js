@@ -2475,16 +2475,15 @@
         const { jobs, source, tasks, totals = {} } = await fetchJobs();
         if (!ctx.alive()) return;
         const taskById = new Map((tasks || []).map((t) => [String(t.id), t]));
-        if (source === "jobs" && first) {
-          // names for the job rows (cheap: one list call)
-          try { for (const t of await listAllTasks({}, 500)) taskById.set(String(t.id), t); } catch (_) { /* names optional */ }
-          body.taskNames = taskById;
-        } else if (body.taskNames) for (const [k2, v] of body.taskNames) if (!taskById.has(k2)) taskById.set(k2, v);
-        if (source === "jobs") {  // tasks created since: their names, one call each (a few at a time)
+        if (source === "jobs") {
+          if (first) body.taskNames = new Map();
+          for (const [k2, v] of body.taskNames) if (!taskById.has(k2)) taskById.set(k2, v);
+          // names for the job rows not named yet: their tasks read by id (the oldest 500 tasks before, so a big
+          // store's newer jobs were named one call each, 20 at most)
           const unknown = [...new Set(jobs.map((j) => j.task_id).filter((id) => id !== null && id !== undefined && !taskById.has(String(id))))];
-          for (const t of await Promise.all(unknown.slice(0, 20).map((id) => api(`/tasks/${encodeURIComponent(id)}`).catch(() => null)))) {
-            if (t) { taskById.set(String(t.id), t); if (body.taskNames) body.taskNames.set(String(t.id), t); }
-          }
+          let named = [];
+          try { named = await tasksByIds(unknown); } catch (_) { /* names optional */ }
+          for (const t of named) { taskById.set(String(t.id), t); body.taskNames.set(String(t.id), t); }
           if (!ctx.alive()) return;
         }
         first = false;
