@@ -208,6 +208,15 @@ class Atlas:
         """Delete a task."""
         self._c.tasks.delete(self._find(name)[0])
 
+    def update(self, name: str, *, metadata: dict[str, Any] | None = None, rename: str | None = None) -> TaskOut:
+        """Rename the task ``name`` (``rename``: unique in its space) and/or merge ``metadata`` into its metadata (a
+        ``None`` value removes a key), as ``PATCH /v1/tasks/{id}``; no model run."""
+        if metadata is None and rename is None:
+            raise InvalidInput("give metadata, rename or both")
+        if rename is not None:
+            _check_name(rename)
+        return task_out(self._c.tasks.patch(self._find(name)[0], metadata, name=rename))
+
     # -- jobs ----------------------------------------------------------------------------------------
 
     def jobs(self, name: str | None = None, *, status: str | None = None, limit: int = 50) -> list[JobOut]:

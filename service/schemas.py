@@ -11,7 +11,7 @@ import datetime as dt
 import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from atlas.samples import METADATA_DOC as _META_DOC
 from atlas.samples import Metadata
@@ -119,14 +119,26 @@ class SamplesAppend(BaseModel):
 
 
 class TaskPatch(BaseModel):
-    """Metadata update: top-level keys are merged, a ``null`` value removes the key."""
+    """A task's update: a new name, and/or metadata merged into its own (top-level keys; a ``null`` value removes the
+    key). Neither runs the model."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"metadata": {"owner": "chem-team", "old": None}}]}
+        extra="forbid", json_schema_extra={"examples": [{"metadata": {"owner": "chem-team", "old": None}},
+                                                        {"name": "legal-contracts"}]}
     )
 
-    metadata: Metadata = Field(description="Top-level merge into the task's metadata: each key replaces the stored "
-                               f"one, a null value removes it; nested objects are replaced whole ({_META_DOC}).")
+    name: str | None = Field(default=None, min_length=1, max_length=300,
+                             description="A new name, unique in the task's space (the rules of a name at creation); "
+                                         "routes, lists and exports answer with it at once.")
+    metadata: Metadata | None = Field(
+        default=None, description="Top-level merge into the task's metadata: each key replaces the stored one, a null "
+                                  f"value removes it; nested objects are replaced whole ({_META_DOC}).")
+
+    @model_validator(mode="after")
+    def _something_to_change(self) -> TaskPatch:
+        if self.name is None and self.metadata is None:
+            raise ValueError("give a new name, metadata or both")
+        return self
 
 
 class TaskOut(_Out):

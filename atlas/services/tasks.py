@@ -162,10 +162,11 @@ class TaskService:
             self._enqueue(job.id, task_id, key, created=False)
         return job
 
-    def patch(self, task_id: int, metadata: dict[str, Any]) -> Task:
-        """Merge ``metadata`` into a task's metadata."""
+    def patch(self, task_id: int, metadata: dict[str, Any] | None = None, *, name: str | None = None) -> Task:
+        """Rename a task (``name``: unique in its space, 409 otherwise) and/or merge ``metadata`` into its metadata;
+        a ready task's rename is logged as a change, so caches keyed by task and other replicas follow it."""
         with self.store.session() as session:
-            return repo.update_task(session, task_id, metadata=metadata)
+            return repo.update_task(session, task_id, name=name, metadata=metadata)
 
     def delete(self, task_id: int) -> None:
         """Delete a task from the store, then from the index."""

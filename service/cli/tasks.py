@@ -122,17 +122,21 @@ def tasks_show(name: str, url: Url = None, api_key: ApiKey = None, space: Space 
 
 @tasks_app.command("update")
 def tasks_update(name: str,
-                 metadata: Annotated[str, typer.Option(help="A JSON object merged into the task's metadata; a key "
-                                                             "set to null is removed.")],
+                 metadata: Annotated[str | None, typer.Option(help="A JSON object merged into the task's metadata; a "
+                                                                    "key set to null is removed.")] = None,
+                 rename: Annotated[str | None, typer.Option("--rename", help="A new name for the task (unique in its "
+                                                                              "space).")] = None,
                  url: Url = None, api_key: ApiKey = None, space: Space = None, timeout: Timeout = 120.0,
                  json: Json = False) -> None:
-    """Update a task's metadata (no model run): only REST and the client could, so a typo of ``add --metadata`` meant
-    a new task (a parity review, 2026-12-07)."""
-    meta = json_object(metadata, "--metadata")
-    if meta is None:
+    """Rename a task or update its metadata (no model run): only REST and the client could update metadata, so a typo
+    of ``add --metadata`` meant a new task (a parity review, 2026-12-07), and no surface could rename."""
+    if metadata is None and rename is None:
+        raise fail("give --metadata, --rename or both", 2)
+    meta = json_object(metadata, "--metadata") if metadata is not None else None
+    if metadata is not None and meta is None:
         raise fail("--metadata is a JSON object, such as '{\"owner\": \"me\"}' (a key set to null is removed)", 2)
     with client(url, api_key, timeout) as cl:
-        t = cl.patch_task(cl.find_task(name, space=space).id, meta)
+        t = cl.patch_task(cl.find_task(name, space=space).id, meta, name=rename)
     emit(json, t, f"task {t.id} ({t.name}): metadata {jsonlib.dumps(t.metadata, ensure_ascii=False)}")
 
 

@@ -4,8 +4,7 @@ these same coroutines on a private event loop).
 Reads (GETs and the read-only POSTs) are retried with tenacity on connection errors, 429, 502, 503 and 504,
 honouring ``Retry-After``; so are ``add_task`` and ``append``, which carry an ``Idempotency-Key`` (a fresh one per
 call unless given; the service answers a repeat with the first request's task and job), while other writes are never
-retried. Job progress is
-followed over server-sent events (httpx-sse), with polling as the fallback.
+retried. Job progress is followed over server-sent events (httpx-sse), with polling as the fallback.
 """
 
 from __future__ import annotations
@@ -247,10 +246,11 @@ class AsyncAtlasClient:
             raise NotFound(404, "not_found", f"task {task.id} is not in space {space!r}")
         return task
 
-    async def patch_task(self, task_id: int, metadata: dict[str, Any]) -> TaskOut:
-        """``PATCH /v1/tasks/{id}``: merge ``metadata`` (``None`` values remove keys)."""
-        path = f"/v1/tasks/{path_id(task_id, 'task id')}"
-        return await self._send(Call("PATCH", path, TaskOut, json={"metadata": metadata}))
+    async def patch_task(self, task_id: int, metadata: dict[str, Any] | None = None, *, name: str | None = None
+                         ) -> TaskOut:
+        """``PATCH /v1/tasks/{id}``: rename the task (``name``) and/or merge ``metadata`` (``None`` removes a key)."""
+        body = {k: v for k, v in (("name", name), ("metadata", metadata)) if v is not None}
+        return await self._send(Call("PATCH", f"/v1/tasks/{path_id(task_id, 'task id')}", TaskOut, json=body))
 
     async def delete_task(self, task_id: int) -> None:
         """``DELETE /v1/tasks/{id}``."""

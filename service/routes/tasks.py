@@ -134,12 +134,13 @@ def get_task(task_id: TaskId, c: ContainerDep, _: ReadPrincipal) -> TaskOut:
 
 
 @router.patch(
-    "/{task_id}", response_model=TaskOut, summary="Update a task's metadata",
-    responses=error_responses(401, 403, 404, 422),
+    "/{task_id}", response_model=TaskOut, summary="Rename a task or update its metadata",
+    responses=error_responses(401, 403, 404, 409, 422),
 )
 def patch_task(task_id: TaskId, body: TaskPatch, c: ContainerDep, _: WritePrincipal) -> TaskOut:
-    """Merge ``metadata`` into the task's metadata (a ``null`` value removes the key)."""
-    return task_out(c.tasks.patch(task_id, body.metadata))
+    """Rename the task (``name``: 409 when its space has a task of that name) and/or merge ``metadata`` into its
+    metadata (a ``null`` value removes the key)."""
+    return task_out(c.tasks.patch(task_id, body.metadata, name=body.name))
 
 
 @router.delete(
