@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from atlas.routing import FALSE_REJECT_RATE, MIN_CALIBRATION
+from atlas.task_names import RESERVED_NAME
 from atlas.template import TEMPLATE_FALSE_REJECT
 
 NOVELTY_FALSE_REJECT = 0.10
@@ -29,14 +30,15 @@ budget gives by chance (with the test holding its default 2.5 %, ``fit`` turns i
 of label sets of any size, about 1 % typically)."""
 
 FIT_EXAMPLE_FORM = ('a labelled prompt is a (prompt, label) pair or an object {"prompt": ..., "label": ...}; a label '
-                    'is a task name or id, or "none"')
+                    'is a task name or id, or "none" (or None)')
 """What :func:`as_fit_example` accepts, for error messages."""
 
 
 def as_fit_example(example: object) -> tuple[str, str | int] | None:
     """One labelled prompt of ``fit`` as ``(prompt, label)``, from a pair or a mapping with ``prompt`` and
     ``label`` (a line of the labels file; other keys ignored); ``None`` when it is neither, or its prompt is not a
-    string or its label neither a string nor an integer (a bool is no label)."""
+    string or its label neither a string nor an integer (a bool is no label). A label ``None`` (JSON ``null``) is
+    ``"none"``, as semantic-router's ``fit`` reads a route of ``None``."""
     if isinstance(example, Mapping):
         if "prompt" not in example or "label" not in example:
             return None
@@ -45,6 +47,8 @@ def as_fit_example(example: object) -> tuple[str, str | int] | None:
         prompt, label = example
     else:
         return None
+    if label is None:
+        label = RESERVED_NAME
     if not isinstance(prompt, str) or isinstance(label, bool) or not isinstance(label, str | int):
         return None
     return prompt, label

@@ -205,8 +205,13 @@ class FitExample(BaseModel):
 
     prompt: str = Field(min_length=1)
     label: StrictStr | StrictInt = Field(
-        description='Task name or id, or "none" (the prompt belongs to no task); a JSON string or integer (`true` or '
-                    '`1.0` is refused, not read as id 1).')
+        description='Task name or id, or "none" (the prompt belongs to no task; `null` too); a JSON string or integer '
+                    '(`true` or `1.0` is refused, not read as id 1).')
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _null_is_none(cls, label: object) -> object:
+        return "none" if label is None else label
 
 
 class FitRequest(BaseModel):
