@@ -87,6 +87,13 @@ class Counts:
             "skipped_reasons": dict(result.skipped_reasons)})
 
 
+FEW_SAMPLES = 4
+"""A task of this many samples or fewer is told so by its job's notes: the ranking's minimum-evidence prior
+(:data:`atlas.routing.PRIOR_SAMPLES` pseudo-samples) weighs its evidence at half or less. A review of routes of a few
+utterances (2026-12-08) found a 1-sample route receiving 0 of 20 of its prompts, 3 samples 3 of 20, with empty
+notes."""
+
+
 def sample_notes(summary: dict[str, Any] | None) -> list[str]:
     """What a user should be told of a job's samples, from its :meth:`ExtractionResult.summary` (a succeeded
     job's ``Job.result``): ``["2 of 40 samples skipped (too_short: 2)", "1 cut to 512 tokens"]``, or ``[]``."""
@@ -101,6 +108,11 @@ def sample_notes(summary: dict[str, Any] | None) -> list[str]:
     if truncated:
         cap = summary.get("max_tokens_per_sample")
         notes.append(f"{truncated} cut to {f'{cap} tokens' if cap else 'the token cap'}")
+    task_samples = summary.get("task_samples")
+    if isinstance(task_samples, int) and _is_count(task_samples) and 0 < task_samples <= FEW_SAMPLES:
+        notes.append(f"the task has {task_samples} sample{'s' if task_samples > 1 else ''}: a task of {FEW_SAMPLES} or "
+                     "fewer receives a prompt only when it matches it far better than the other tasks, so it "
+                     "receives few of its own prompts (docs/SCORES.md, \"Route score\"); add samples to route to it")
     return notes
 
 

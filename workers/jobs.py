@@ -397,7 +397,7 @@ def _store(ctx: WorkerContext, claim: job_store.Claim, res: ExtractionResult,
                 calibration.store_routing_side(s, task.id, routing_side[0], merged, routing_side[1])
             if lexical is not None:
                 lexicon_repo.add_delta(s, task.id, lexical)
-            job_store.mark_succeeded(s, job, summary | {"change_seq": seq},
+            job_store.mark_succeeded(s, job, summary | {"change_seq": seq, "task_samples": merged.n_samples},
                                      final or job_progress.of_result(res, final=True))
         else:
             job_store.finish_locked(s, job, outcome, error)
