@@ -328,6 +328,7 @@ def update_task(
             task.meta = check_metadata(merged, where="the merged metadata")
     renamed = name is not None and normalize_name(name) != task.name
     if name is not None and renamed:
+        free_failed_name(session, task.space_id, normalize_name(name))  # as a create of that name may (not this task)
         task.name = normalize_name(name)
         try:
             with session.begin_nested():

@@ -91,8 +91,7 @@ class AsyncAtlasClient:
         headers = {"X-API-Key": self.api_key} if self.api_key else {}
         self._pool_settings: dict[str, Any] = dict(
             base_url=self.base_url, headers=headers, timeout=calls.resolve_timeout(timeout), transport=transport,
-            limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=100),
-        )
+            limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=100))
         self._http = httpx.AsyncClient(**self._pool_settings)
         self._http_loop: asyncio.AbstractEventLoop | None = None
         self._ended = False
@@ -146,7 +145,7 @@ class AsyncAtlasClient:
         return AtlasClientError(0, "unexpected_answer", f"{said} (not an answer the client can read)")
 
     def _check_open(self) -> None:
-        if self._ended or self._http.is_closed:
+        if self._ended or self._http.is_closed:  # a closed client's calls: say so, not httpx's RuntimeError
             raise ClientClosed(0, "client_closed", "the client is closed (close() or its with block); make a new one")
 
     async def _once(self, call: Call[Any]) -> Any:
@@ -166,8 +165,6 @@ class AsyncAtlasClient:
             return await send_with_retries(self._once, call, self.retries)
         finally:
             call.close()  # a path's upload, streamed from the file it opened
-
-    # -- health ------------------------------------------------------------------------------------
 
     async def health(self) -> Health:
         """``GET /healthz``."""
@@ -224,9 +221,11 @@ class AsyncAtlasClient:
     async def list_tasks(self, *, space: str | int | None = None, name: str | None = None,
                          name_prefix: str | None = None, status: str | None = None, offset: int = 0,
                          limit: int = 50, ids: Sequence[int] | None = None) -> TaskList:
-        """``GET /v1/tasks`` with filters (``ids``: only these tasks, at most 1,000) and pagination."""
+        """``GET /v1/tasks`` with filters (``ids``: only these tasks, at most 1,000; ``[]``: none) and pagination."""
+        if ids is not None and not (ids := [int(i) for i in ids]):  # httpx sends no parameter for []: every task
+            return TaskList(items=[], total=0, offset=offset, limit=limit)
         params = {"space": space, "name": name, "name_prefix": name_prefix, "status": status, "offset": offset,
-                  "limit": limit, "id": None if ids is None else [int(i) for i in ids]}
+                  "limit": limit, "id": ids}
         return await self._send(Call("GET", "/v1/tasks", TaskList, params=params))
 
     async def find_task(self, name_or_id: str | int, *, space: str | int | None = None) -> TaskOut:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from atlas.sample_io import SampleLimits
 from atlas.vocabulary import MAX_LISTED_IDS, MAX_SOURCES, TaskStatus
 from service.deps import ContainerDep, ReadPrincipal, UploadSlot, WritePrincipal
-from service.routes import Limit, Offset, TaskId, error_responses
+from service.routes import MAX_ID, Limit, Offset, TaskId, error_responses
 from service.schemas import (
     JobAccepted,
     SamplesAppend,
@@ -114,7 +115,7 @@ def list_tasks(
     name: Annotated[str | None, Query(max_length=300, description="Exact task name.")] = None,
     name_prefix: Annotated[str | None, Query(max_length=300, description="Task names starting with this.")] = None,
     status: Annotated[TaskStatus | None, Query()] = None,
-    task_ids: Annotated[list[int] | None, Query(
+    task_ids: Annotated[list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None, Query(
         alias="id", max_length=MAX_LISTED_IDS,
         description=f"Only these task ids (repeat the parameter: `id=3&id=7`; at most {MAX_LISTED_IDS}).")] = None,
     offset: Offset = 0,

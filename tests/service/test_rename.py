@@ -88,3 +88,19 @@ def test_cli_and_library_rename(serve: Any, tiny_lm: Any, tiny_model_dir: Path, 
                 assert getattr(exc, "status_code", None) in (409, 422), (bad, exc)
             else:
                 raise AssertionError(f"{bad} was accepted")
+
+
+def test_a_rename_may_take_the_name_of_a_failed_task_as_a_create_may(serve: Any, tiny_lm: Any) -> None:
+    served = serve(lm=tiny_lm, sketch_dim=128, overrides={"start_runner": False})
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        gone = http.post("/v1/tasks", json={"name": "gone", "samples": [{"text": "some text here"}]}).json()
+        assert http.post(f"/v1/jobs/{gone['job']['id']}/cancel").status_code == 200
+        assert http.get(f"/v1/tasks/{gone['task']['id']}").json()["status"] == "failed"
+        other = http.post("/v1/tasks", json={"name": "other", "samples": [{"text": "other text"}]}).json()
+        r = http.patch(f"/v1/tasks/{other['task']['id']}", json={"name": "gone"})  # 409 before
+        assert r.status_code == 200 and r.json()["name"] == "gone", r.text
+        assert http.get(f"/v1/tasks/{gone['task']['id']}").status_code == 404  # the failed task made room
+        # a task of that name that has not failed keeps it
+        third = http.post("/v1/tasks", json={"name": "third", "samples": [{"text": "third text"}]}).json()
+        assert http.patch(f"/v1/tasks/{third['task']['id']}", json={"name": "gone"}).status_code == 409
+

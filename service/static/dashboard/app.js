@@ -556,6 +556,10 @@
     ]);
     if (!ctx.alive()) return;
     const { atlas, mapped: tasks, counts } = data;
+    // what the add form may append to: every ready task of the space (up to 2,000), not only those on the map (an
+    // even sample of a space past 256 tasks)
+    const targets = await listAllTasks({ space: (atlas && atlas.space_id) ?? atlasState.space, status: "ready" });
+    if (!ctx.alive()) return;
     const byId = new Map(tasks.map((t) => [String(t.id), t]));
     const points = ((atlas && atlas.points) || []).map((p) => ({ ...p, task: byId.get(String(p.task_id)) }));
     const spaceOptions = spaceList.length
@@ -585,7 +589,7 @@
       root.append(emptyState("No tasks on the map yet",
         counts.total ? `${counts.total} task(s) stored, ${counts.pending} still processing — see Jobs.`
           : "Add a task with the form below, the CLI (fisher-atlas add NAME samples.jsonl --wait) or POST /v1/tasks.",
-        "Tasks appear here as soon as their first job succeeds."), addPanel(tasks));
+        "Tasks appear here as soon as their first job succeeds."), addPanel(targets));
       view().replaceChildren(root);
       watchTasks(ctx, data);
       return;
@@ -596,7 +600,7 @@
     const legendBox = h("div", { class: "legend", "data-testid": "atlas-legend" });
     const listCard = h("div", { class: "card list-card" });
     layout.append(mapCard, listCard);
-    root.append(layout, addPanel(tasks));
+    root.append(layout, addPanel(targets));
     view().replaceChildren(root);
 
     // The map is drawn at the card's own width (one unit a CSS pixel, up to 760): scaled down from 760 on a 390 px
@@ -754,7 +758,8 @@
   // Tasks added, finished or deleted elsewhere (CLI, API, another tab) land on the map without a reload: while
   // the page is shown, re-read the task list (every 3 s while a task is pending, else every 5 s) and redraw when
   // it changed — not while the add form has the focus (someone is typing; the form redraws when its job ends).
-  const taskStamp = (data) => [...data.mapped, ...data.pendingTasks].map((t) => `${t.id}:${t.status}:${taskSamples(t)}`)
+  const taskStamp = (data) => [...data.mapped, ...data.pendingTasks]
+    .map((t) => `${t.id}:${t.status}:${taskSamples(t)}:${taskName(t)}`)
     .sort().join(",") + `|${((data.atlas && data.atlas.points) || []).map((p) => p.task_id).join(",")}`
     + `|${data.counts.total}:${data.counts.pending}:${data.counts.failed}`;
   function watchTasks(ctx, data) {
@@ -2468,7 +2473,6 @@
     const body = h("div", { class: "stack" });
     root.append(notice, body);
     view().replaceChildren(root);
-    let first = true;
     const refresh = async () => {
       let active = false;
       try {
@@ -2476,17 +2480,14 @@
         if (!ctx.alive()) return;
         const taskById = new Map((tasks || []).map((t) => [String(t.id), t]));
         if (source === "jobs") {
-          if (first) body.taskNames = new Map();
-          for (const [k2, v] of body.taskNames) if (!taskById.has(k2)) taskById.set(k2, v);
-          // names for the job rows not named yet: their tasks read by id (the oldest 500 tasks before, so a big
-          // store's newer jobs were named one call each, 20 at most)
-          const unknown = [...new Set(jobs.map((j) => j.task_id).filter((id) => id !== null && id !== undefined && !taskById.has(String(id))))];
+          // names of the job rows' tasks, read by id at each poll (a rename elsewhere shows; the oldest 500 tasks were
+          // listed before, so a big store's newer jobs were named one call each, 20 at most)
+          const ids = [...new Set(jobs.map((j) => j.task_id).filter((id) => id !== null && id !== undefined))];
           let named = [];
-          try { named = await tasksByIds(unknown); } catch (_) { /* names optional */ }
-          for (const t of named) { taskById.set(String(t.id), t); body.taskNames.set(String(t.id), t); }
+          try { named = await tasksByIds(ids); } catch (_) { /* names optional */ }
+          for (const t of named) taskById.set(String(t.id), t);
           if (!ctx.alive()) return;
         }
-        first = false;
         const byNewest = (a, b) => String(pick(b, "created_at") || "").localeCompare(String(pick(a, "created_at") || "")) || Number(b.id) - Number(a.id);
         const running = jobs.filter((j) => j.status === "running" || j.status === "queued").sort(byNewest);
         const failed = jobs.filter((j) => j.status === "failed").sort(byNewest);
