@@ -244,8 +244,9 @@ class Container:
                 self.index.persist()
             except Exception:
                 log.warning("persisting the index failed", exc_info=True)
-        if self.queries is not None:  # a space's background re-fit reads the store: let it end first
-            self.queries.wait_refits(timeout_s=5)
+        queries = getattr(self, "queries", None)  # not made when the store could not be opened
+        if queries is not None:  # a space's background re-fit reads the store: let it end first
+            queries.wait_refits(timeout_s=5)
         if self.store is not None:
             self.store.close()
         self.started = False
