@@ -102,10 +102,16 @@ def test_the_library_logs_skipped_and_cut_samples(tmp_path: Path, tiny_model_dir
         task = atlas.add("mixed", SAMPLES, progress=False)
         assert task.n_samples == 3
         warned = [r.getMessage() for r in caplog.records if r.name.startswith("fisher_atlas")]
-        assert warned == [f"add mixed: 2 of 5 samples skipped (too_short: 2); 1 cut to {CAP} tokens"], warned
+        assert len(warned) == 1, warned
+        assert warned[0].startswith(f"add mixed: 2 of 5 samples skipped (too_short: 2); 1 cut to {CAP} tokens; "
+                                    "the task has 3 samples: "), warned  # and a task of 3 is told it is small
         caplog.clear()
-        atlas.append("mixed", [SAMPLES[0]], progress=False)
-        assert not [r for r in caplog.records if r.name.startswith("fisher_atlas")]
+        atlas.append("mixed", [SAMPLES[0]], progress=False)  # nothing left out; the task's 4 samples are still few
+        warned = [r.getMessage() for r in caplog.records if r.name.startswith("fisher_atlas")]
+        assert len(warned) == 1 and warned[0].startswith("append mixed: the task has 4 samples: "), warned
+        caplog.clear()
+        atlas.append("mixed", [SAMPLES[4]], progress=False)
+        assert not [r for r in caplog.records if r.name.startswith("fisher_atlas")]  # 5 samples: nothing to say
         assert [a.truncated for a in atlas.route([LONG, SAMPLES[0], LONG[:CAP]])] == [True, False, False]
 
 
