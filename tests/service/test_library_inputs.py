@@ -143,7 +143,7 @@ def test_wrongly_typed_arguments_are_invalid_input(tmp_path: Path, tiny_model_di
         calls: list[tuple[Any, tuple[Any, ...]]] = [
             (atlas.task, (1,)), (atlas.align, (1, 2)), (atlas.route, (None,)), (atlas.route, (b"hello world",)),
             (atlas.route, ({"a": 1},)), (atlas.matrix, ("prose",)),
-            (atlas.fit, ([("The fox jumps over the dog.", None)],)),
+            (atlas.fit, ([("The fox jumps over the dog.", 1.5)],)),  # (None is "none", as in semantic-router)
         ]
         for call, args in calls:
             with pytest.raises(InvalidInput):
